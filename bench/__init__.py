@@ -1,0 +1,13 @@
+"""Benchmarks for ggmux: an open-loop load generator and a side-by-side comparison.
+
+* ``bench.serving``: Poisson (or closed-loop) load against any
+  OpenAI-compatible server; per-request TTFT, time per output token and
+  end-to-end latency; ``run(config) -> results dict``.
+* ``bench.compare``: the same workload against several targets (one
+  instance, ggmux, nginx, llama.cpp's router) in alternating rounds, with
+  ratios relative to the direct instance.
+* ``bench.fake_openai``: a tiny stdlib OpenAI-compatible streaming server
+  for testing the harness without a model.
+
+Run from the repository root: ``python -m bench.serving --help``.
+"""

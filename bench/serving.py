@@ -1,0 +1,915 @@
+"""Open-loop load generator for OpenAI-compatible servers.
+
+Requests arrive as a Poisson process at ``rate`` requests per second (or all
+at once, gated by ``max_concurrency``, when the rate is infinite: a closed
+loop of that many connections). Each request names a model drawn from a
+weighted mix and carries a synthetic prompt. Per request it records:
+
+* ``ttfb``: seconds from writing the request to the end of the response
+  headers;
+* ``ttft``: seconds to the first SSE ``data:`` event that carries content
+  (streaming only);
+* ``tpot``: seconds per output token after the first,
+  ``(e2e - ttft) / (output_tokens - 1)`` (streaming, two tokens or more);
+* ``e2e``: seconds from writing the request to the end of the response body;
+* the HTTP status (0 when no response came), the model, the output token
+  count and any error text.
+
+The HTTP client is a small HTTP/1.1 keep-alive client on asyncio streams
+(content-length and chunked bodies), so the generator needs nothing outside
+the standard library and spends as little CPU as possible next to the
+servers it measures. uvloop is used when installed; tqdm draws the progress
+bar when installed; matplotlib draws ``--plot`` charts when installed.
+
+Usage (from the repository root)::
+
+    python -m bench.serving --base-url http://127.0.0.1:8080 \\
+        --models smollm2-135m:3,gemma3-270m:1 --rate 2 --duration 30 \\
+        --max-tokens 64 --out out.json --plot bench/out
+
+Library use::
+
+    from bench.serving import BenchConfig, run
+    results = run(BenchConfig(base_url=..., models=[("m", 1.0)], requests=10))
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import random
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+if __package__ in (None, ""):  # run as a script: make ``bench`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+logger = logging.getLogger(__name__)
+
+ENDPOINTS = ("chat", "completions", "get")
+"""``chat``: POST /v1/chat/completions; ``completions``: POST /v1/completions;
+``get``: GET ``path`` (a cheap path such as /health, for proxy overhead)."""
+
+DEFAULT_PATHS = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "get": "/health",
+}
+
+PERCENTILES = (50.0, 90.0, 99.0)
+
+# A small fixed vocabulary: prompts are reproducible from the seed and
+# tokenize to roughly 1.3 tokens per word on common tokenizers.
+_WORDS = (
+    "river mountain lantern copper garden whisper harbor meadow signal orbit "
+    "candle forest marble thunder velvet compass island ember glacier puzzle "
+    "falcon quartz harvest beacon canyon silver meadow rocket shadow willow "
+    "anchor bridge cobalt desert engine feather galaxy hollow ivory jungle "
+    "kettle ladder mirror nickel oyster pepper quiver ribbon saddle timber"
+).split()
+
+
+# --------------------------------------------------------------------------
+# configuration
+
+
+@dataclass(slots=True)
+class BenchConfig:
+    """One benchmark run.
+
+    Attributes:
+        base_url: server root, ``http://host:port`` (a trailing ``/v1`` is
+            accepted and folded into the endpoint path). HTTPS is not
+            supported.
+        models: ``(name, weight)`` pairs; each request draws a model with
+            probability proportional to its weight.
+        rate: mean arrival rate in requests per second (Poisson process);
+            ``math.inf`` sends as fast as ``max_concurrency`` allows.
+        duration: seconds over which arrivals are generated; with an
+            infinite rate, seconds during which new requests are started.
+        requests: number of requests (overrides ``duration`` when set).
+        max_concurrency: most requests in flight (and so connections);
+            ``None`` for no limit (required with an infinite rate and a
+            duration).
+        max_tokens: ``(low, high)`` output tokens requested, uniform.
+        prompt_words: ``(low, high)`` words of synthetic prompt, uniform.
+        stream: request SSE streaming (TTFT is measured only then).
+        endpoint: one of :data:`ENDPOINTS`.
+        path: request path overriding the endpoint's default.
+        temperature: sampling temperature sent with each request.
+        ignore_eos: send ``ignore_eos: true`` (llama.cpp's server honours
+            it; others ignore or reject it).
+        extra_body: fields merged into every JSON request body.
+        warmup: requests sent (one model each, round robin) before
+            measuring, excluded from the results; they also open the first
+            keep-alive connections.
+        seed: seed of the arrival times, model draws and prompts; equal
+            seeds give equal workloads.
+        timeout: seconds one request may take in all before it is recorded
+            as failed (status 0).
+        api_key: sent as ``Authorization: Bearer`` when set.
+        progress: draw a progress bar on stderr.
+    """
+
+    base_url: str = "http://127.0.0.1:8080"
+    models: list[tuple[str, float]] = field(default_factory=lambda: [("default", 1.0)])
+    rate: float = 1.0
+    duration: float | None = 10.0
+    requests: int | None = None
+    max_concurrency: int | None = None
+    max_tokens: tuple[int, int] = (64, 64)
+    prompt_words: tuple[int, int] = (32, 32)
+    stream: bool = True
+    endpoint: str = "chat"
+    path: str | None = None
+    temperature: float = 0.0
+    ignore_eos: bool = False
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    warmup: int = 0
+    seed: int = 0
+    timeout: float = 300.0
+    api_key: str | None = None
+    progress: bool = True
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` when the configuration cannot run."""
+        if self.endpoint not in ENDPOINTS:
+            raise ValueError(f"endpoint must be one of {ENDPOINTS}, not {self.endpoint!r}")
+        if not self.models or any(w <= 0 for _, w in self.models):
+            raise ValueError("models needs at least one model with a positive weight")
+        if self.rate <= 0:
+            raise ValueError("rate must be positive (use math.inf for a closed loop)")
+        if self.requests is None and self.duration is None:
+            raise ValueError("set requests or duration")
+        if self.requests is None and math.isinf(self.rate) and not self.max_concurrency:
+            raise ValueError("an infinite rate over a duration needs max_concurrency")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError("max_concurrency must be at least 1")
+        for name, (lo, hi) in (("max_tokens", self.max_tokens), ("prompt_words", self.prompt_words)):
+            if lo < 0 or hi < lo:
+                raise ValueError(f"{name} must be a range low <= high, not {(lo, hi)}")
+        if urlsplit(self.base_url).scheme != "http":
+            raise ValueError(f"base_url must be http://host:port, not {self.base_url!r}")
+
+
+@dataclass(slots=True)
+class RequestSpec:
+    """One planned request: when (seconds after start), which model, what body."""
+
+    index: int
+    at: float
+    model: str
+    prompt: str
+    max_tokens: int
+
+
+@dataclass(slots=True)
+class RequestResult:
+    """What one request measured; times in seconds, ``t_sent`` since start."""
+
+    index: int
+    model: str
+    t_sent: float
+    status: int = 0
+    ok: bool = False
+    error: str | None = None
+    queue_delay: float = 0.0
+    ttfb: float | None = None
+    ttft: float | None = None
+    e2e: float | None = None
+    tpot: float | None = None
+    output_tokens: int = 0
+    prompt_tokens: int | None = None
+
+
+# --------------------------------------------------------------------------
+# workload
+
+
+def _uniform_int(rng: random.Random, bounds: tuple[int, int]) -> int:
+    lo, hi = bounds
+    return lo if lo == hi else rng.randint(lo, hi)
+
+
+def make_prompt(rng: random.Random, words: int) -> str:
+    """A synthetic prompt of ``words`` random words after a fixed instruction."""
+    body = " ".join(rng.choice(_WORDS) for _ in range(words))
+    return f"Write a long story that uses these words: {body}"
+
+
+def plan(config: BenchConfig) -> Iterator[RequestSpec]:
+    """Yield the requests of ``config`` in arrival order (deterministic per seed).
+
+    Arrival times are seconds after the start: exponential gaps of mean
+    ``1 / rate`` (a Poisson process), or all 0 for an infinite rate. With
+    ``requests`` unset the plan ends after ``duration`` seconds of arrivals;
+    for an infinite rate it is endless and the caller stops dispatching.
+    """
+    rng = random.Random(config.seed)
+    names = [name for name, _ in config.models]
+    weights = [weight for _, weight in config.models]
+    at = 0.0
+    index = 0
+    while config.requests is None or index < config.requests:
+        if not math.isinf(config.rate):
+            at += rng.expovariate(config.rate)
+            if config.requests is None and config.duration is not None and at > config.duration:
+                return
+        model = rng.choices(names, weights)[0]
+        prompt = make_prompt(rng, _uniform_int(rng, config.prompt_words))
+        yield RequestSpec(index, at, model, prompt, _uniform_int(rng, config.max_tokens))
+        index += 1
+
+
+# --------------------------------------------------------------------------
+# HTTP/1.1 client
+
+
+class HTTPError(Exception):
+    """The server answered something this client cannot parse."""
+
+
+@dataclass(slots=True)
+class _Connection:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    reused: bool = False
+
+
+class ConnectionPool:
+    """Keep-alive HTTP/1.1 connections to one ``host:port``.
+
+    Connections are opened on demand and kept idle for reuse; the number
+    open is bounded by the caller's concurrency, not here.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self._idle: list[_Connection] = []
+        self.opened = 0
+
+    async def acquire(self) -> _Connection:
+        """An idle connection, or a new one (raises ``OSError`` on connect)."""
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.reader.at_eof() and not conn.writer.is_closing():
+                conn.reused = True
+                return conn
+            conn.writer.close()
+        reader, writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
+        self.opened += 1
+        return _Connection(reader, writer)
+
+    def release(self, conn: _Connection, keep: bool) -> None:
+        """Return ``conn`` for reuse when ``keep``, else close it."""
+        if keep and not conn.writer.is_closing():
+            self._idle.append(conn)
+        else:
+            conn.writer.close()
+
+    async def close(self) -> None:
+        """Close every idle connection."""
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.writer.close()
+        for conn in idle:
+            try:
+                await conn.writer.wait_closed()
+            except OSError:
+                pass
+
+
+@dataclass(slots=True)
+class _Response:
+    status: int
+    headers: dict[str, str]
+    conn: _Connection
+    keep_alive: bool
+
+
+async def _read_head(conn: _Connection) -> _Response:
+    raw = await conn.reader.readuntil(b"\r\n\r\n")
+    lines = raw.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
+        raise HTTPError(f"bad status line {lines[0]!r}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    keep = parts[0] == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+    return _Response(int(parts[1]), headers, conn, keep)
+
+
+async def _iter_body(resp: _Response) -> AsyncIterator[bytes]:
+    """Yield the response body as it arrives (content-length, chunked or to EOF)."""
+    reader = resp.conn.reader
+    if "chunked" in resp.headers.get("transfer-encoding", "").lower():
+        while True:
+            size_line = await reader.readuntil(b"\r\n")
+            size = int(size_line.split(b";", 1)[0].strip(), 16)
+            if size == 0:
+                # trailers, then the empty line that ends the message
+                while (await reader.readuntil(b"\r\n")) != b"\r\n":
+                    pass
+                return
+            data = await reader.readexactly(size + 2)
+            yield data[:-2]
+    elif "content-length" in resp.headers:
+        remaining = int(resp.headers["content-length"])
+        while remaining > 0:
+            data = await reader.read(min(remaining, 1 << 16))
+            if not data:
+                raise asyncio.IncompleteReadError(b"", remaining)
+            remaining -= len(data)
+            yield data
+    else:
+        resp.keep_alive = False
+        while data := await reader.read(1 << 16):
+            yield data
+
+
+async def _send(pool: ConnectionPool, head: bytes, body: bytes) -> _Response:
+    """Write one request and read the response head, retrying once on a stale connection."""
+    for attempt in (0, 1):
+        conn = await pool.acquire()
+        try:
+            conn.writer.write(head + body)
+            await conn.writer.drain()
+            return await _read_head(conn)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pool.release(conn, keep=False)
+            # A keep-alive connection the server closed while idle fails
+            # before any byte comes back: try once more on a fresh one.
+            if not conn.reused or attempt:
+                raise
+        except BaseException:
+            pool.release(conn, keep=False)
+            raise
+    raise AssertionError("unreachable")
+
+
+# --------------------------------------------------------------------------
+# one request
+
+
+def _request_body(config: BenchConfig, spec: RequestSpec) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": spec.model,
+        "max_tokens": spec.max_tokens,
+        "temperature": config.temperature,
+        "stream": config.stream,
+    }
+    if config.endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": spec.prompt}]
+    else:
+        body["prompt"] = spec.prompt
+    if config.ignore_eos:
+        body["ignore_eos"] = True
+    body.update(config.extra_body)
+    return body
+
+
+def _chunk_content(event: dict[str, Any]) -> str:
+    """The generated text in one streamed chunk (chat delta or completion text)."""
+    choices = event.get("choices") or []
+    if not choices:
+        return ""
+    choice = choices[0]
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        return (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+    return choice.get("text") or ""
+
+
+class _Client:
+    """Sends requests of one run and fills their :class:`RequestResult`."""
+
+    def __init__(self, config: BenchConfig) -> None:
+        url = urlsplit(config.base_url)
+        self.config = config
+        self.pool = ConnectionPool(url.hostname or "127.0.0.1", url.port or 80)
+        prefix = url.path.rstrip("/")
+        path = config.path or DEFAULT_PATHS[config.endpoint]
+        if prefix.endswith("/v1") and path.startswith("/v1/"):
+            prefix = prefix[: -len("/v1")]
+        self.path = prefix + path
+        self.method = "GET" if config.endpoint == "get" else "POST"
+        host = url.netloc
+        auth = f"Authorization: Bearer {config.api_key}\r\n" if config.api_key else ""
+        self._head_prefix = f"{self.method} {self.path} HTTP/1.1\r\nHost: {host}\r\n{auth}"
+
+    def _encode(self, spec: RequestSpec) -> tuple[bytes, bytes]:
+        if self.method == "GET":
+            return (self._head_prefix + "\r\n").encode(), b""
+        body = json.dumps(_request_body(self.config, spec)).encode()
+        accept = "text/event-stream" if self.config.stream else "application/json"
+        head = (
+            f"{self._head_prefix}Content-Type: application/json\r\nAccept: {accept}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        return head.encode(), body
+
+    async def send(self, spec: RequestSpec, result: RequestResult) -> None:
+        """Send ``spec`` and record into ``result``; never raises but cancellation."""
+        head, body = self._encode(spec)
+        start = time.perf_counter()
+        held: list[_Response] = []
+        try:
+            await asyncio.wait_for(self._exchange(head, body, start, result, held),
+                                   self.config.timeout)
+            result.e2e = time.perf_counter() - start
+            result.ok = result.status == 200 and result.error is None
+        except asyncio.TimeoutError:
+            result.error = f"timeout after {self.config.timeout:g} s"
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, HTTPError,
+                ValueError) as exc:
+            result.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            for resp in held:
+                self.pool.release(resp.conn, keep=resp.keep_alive and result.e2e is not None)
+        if result.ttft is not None and result.e2e is not None and result.output_tokens > 1:
+            result.tpot = (result.e2e - result.ttft) / (result.output_tokens - 1)
+
+    async def _exchange(self, head: bytes, body: bytes, start: float, result: RequestResult,
+                        held: list[_Response]) -> None:
+        resp = await _send(self.pool, head, body)
+        held.append(resp)
+        result.ttfb = time.perf_counter() - start
+        result.status = resp.status
+        if resp.status == 200 and self.config.stream and self.method == "POST":
+            await self._read_stream(resp, start, result)
+        else:
+            await self._read_whole(resp, result)
+
+    async def _read_whole(self, resp: _Response, result: RequestResult) -> None:
+        data = b"".join([chunk async for chunk in _iter_body(resp)])
+        if resp.status != 200:
+            result.error = f"HTTP {resp.status}: {data[:200].decode('utf-8', 'replace')}"
+            return
+        if self.method == "GET":
+            return
+        payload = json.loads(data)
+        usage = payload.get("usage") or {}
+        result.output_tokens = int(usage.get("completion_tokens") or 0)
+        result.prompt_tokens = usage.get("prompt_tokens")
+
+    async def _read_stream(self, resp: _Response, start: float, result: RequestResult) -> None:
+        buffer = b""
+        chunks = 0
+        usage: dict[str, Any] = {}
+        async for data in _iter_body(resp):
+            buffer = (buffer + data).replace(b"\r\n", b"\n")
+            while (end := buffer.find(b"\n\n")) >= 0:
+                event, buffer = buffer[:end], buffer[end + 2 :]
+                for line in event.split(b"\n"):
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        continue
+                    message = json.loads(payload)
+                    if "error" in message:
+                        result.error = json.dumps(message["error"])[:200]
+                        continue
+                    if _chunk_content(message):
+                        if result.ttft is None:
+                            result.ttft = time.perf_counter() - start
+                        chunks += 1
+                    usage = message.get("usage") or usage
+        result.output_tokens = int(usage.get("completion_tokens") or chunks)
+        result.prompt_tokens = usage.get("prompt_tokens")
+        if result.ttft is None and result.error is None:
+            result.error = "stream ended without content"
+
+
+# --------------------------------------------------------------------------
+# progress
+
+
+class _Progress:
+    """tqdm when installed, else one line on stderr rewritten once a second."""
+
+    def __init__(self, enabled: bool, total: int | None) -> None:
+        self.enabled = enabled
+        self.total = total
+        self.done = 0
+        self.failed = 0
+        self._bar: Any = None
+        self._last = 0.0
+        self._start = time.monotonic()
+        if not enabled:
+            return
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return
+        self._bar = tqdm(total=total, unit="req", dynamic_ncols=True, leave=False)
+
+    def update(self, ok: bool) -> None:
+        self.done += 1
+        self.failed += not ok
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.update(1)
+            if not ok:
+                self._bar.set_postfix(failed=self.failed, refresh=False)
+            return
+        now = time.monotonic()
+        if now - self._last >= 1.0:
+            self._last = now
+            of = f"/{self.total}" if self.total else ""
+            sys.stderr.write(
+                f"\r{self.done}{of} done, {self.failed} failed, {now - self._start:.0f} s"
+            )
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        elif self.enabled and self.done:
+            sys.stderr.write("\n")
+
+
+# --------------------------------------------------------------------------
+# statistics
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0..100) with linear interpolation, as numpy's default."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def describe(values: Sequence[float]) -> dict[str, float | int | None]:
+    """Count, mean, min, max and :data:`PERCENTILES` of ``values`` (seconds in, seconds out)."""
+    summary: dict[str, float | int | None] = {
+        "count": len(values),
+        "mean": sum(values) / len(values) if values else None,
+        "min": min(values) if values else None,
+        "max": max(values) if values else None,
+    }
+    for q in PERCENTILES:
+        summary[f"p{q:g}"] = percentile(values, q)
+    return summary
+
+
+def summarize(records: Sequence[RequestResult], elapsed: float) -> dict[str, Any]:
+    """Summary of ``records`` measured over ``elapsed`` seconds of wall time.
+
+    Latency statistics use successful requests only; throughputs are
+    successful requests (and their output tokens) per second of ``elapsed``.
+    """
+    good = [r for r in records if r.ok]
+    tokens = sum(r.output_tokens for r in good)
+    metrics = {
+        name: describe([v for r in good if (v := getattr(r, name)) is not None])
+        for name in ("ttfb", "ttft", "tpot", "e2e", "queue_delay")
+    }
+    return {
+        "requests": len(records),
+        "ok": len(good),
+        "failed": len(records) - len(good),
+        "status_counts": {str(k): v for k, v in sorted(Counter(r.status for r in records).items())},
+        "errors": dict(Counter(r.error for r in records if r.error).most_common(5)),
+        "elapsed_s": elapsed,
+        "request_throughput": len(good) / elapsed if elapsed > 0 else None,
+        "output_token_throughput": tokens / elapsed if elapsed > 0 else None,
+        "output_tokens": tokens,
+        "metrics": metrics,
+    }
+
+
+# --------------------------------------------------------------------------
+# the run
+
+
+async def run_async(config: BenchConfig) -> dict[str, Any]:
+    """Run ``config`` on the current event loop; see :func:`run` for the result."""
+    config.validate()
+    client = _Client(config)
+    try:
+        if config.warmup:
+            await _warmup(client, config)
+        return await _measure(client, config)
+    finally:
+        await client.pool.close()
+
+
+async def _warmup(client: _Client, config: BenchConfig) -> None:
+    width = config.max_concurrency or config.warmup
+    rng = random.Random(config.seed ^ 0x5EED)
+    specs = [
+        RequestSpec(-1 - i, 0.0, config.models[i % len(config.models)][0],
+                    make_prompt(rng, config.prompt_words[0]), config.max_tokens[0])
+        for i in range(config.warmup)
+    ]
+    for i in range(0, len(specs), width):
+        batch = specs[i : i + width]
+        results = [RequestResult(s.index, s.model, 0.0) for s in batch]
+        await asyncio.gather(*(client.send(s, r) for s, r in zip(batch, results, strict=True)))
+        for r in results:
+            if not r.ok:
+                logger.warning("warm-up request to %s failed: %s", r.model, r.error)
+
+
+async def _measure(client: _Client, config: BenchConfig) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    limit = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
+    progress = _Progress(config.progress, config.requests)
+    records: list[RequestResult] = []
+    tasks: set[asyncio.Task[None]] = set()
+    closed_loop_until = (
+        config.duration if config.requests is None and math.isinf(config.rate) else None
+    )
+
+    async def one(spec: RequestSpec, result: RequestResult) -> None:
+        try:
+            await client.send(spec, result)
+        finally:
+            if limit is not None:
+                limit.release()
+            progress.update(result.ok)
+
+    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    t0 = loop.time()
+    try:
+        for spec in plan(config):
+            delay = t0 + spec.at - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            arrived = loop.time()
+            if limit is not None:
+                await limit.acquire()
+            now = loop.time()
+            if closed_loop_until is not None and now - t0 >= closed_loop_until:
+                limit.release()  # type: ignore[union-attr]  # set by validate()
+                break
+            result = RequestResult(spec.index, spec.model, now - t0, queue_delay=now - arrived)
+            records.append(result)
+            task = asyncio.create_task(one(spec, result))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        progress.close()
+    elapsed = loop.time() - t0
+    per_model = {
+        name: summarize([r for r in records if r.model == name], elapsed)
+        for name, _ in config.models
+    }
+    return {
+        "config": asdict(config),
+        "started_at": started_at,
+        "connections_opened": client.pool.opened,
+        "summary": summarize(records, elapsed),
+        "per_model": per_model,
+        "requests": [asdict(r) for r in records],
+    }
+
+
+def run(config: BenchConfig) -> dict[str, Any]:
+    """Run one benchmark and return its results.
+
+    Returns a JSON-serialisable dict: ``config``, ``started_at`` (UTC ISO
+    time), ``connections_opened``, ``summary`` and ``per_model`` (see
+    :func:`summarize`; latencies in seconds) and ``requests`` (one
+    :class:`RequestResult` dict per measured request, in dispatch order).
+
+    Uses uvloop when installed. Raises ``ValueError`` for an invalid config
+    and ``RuntimeError`` when called from a running event loop (use
+    :func:`run_async` there).
+    """
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(run_async(config))
+    return uvloop.run(run_async(config))
+
+
+# --------------------------------------------------------------------------
+# report
+
+
+def _ms(value: float | int | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}"
+
+
+def format_summary(results: dict[str, Any]) -> str:
+    """Human-readable tables of one run's results (milliseconds)."""
+    summary = results["summary"]
+    lines = [
+        f"requests {summary['requests']}  ok {summary['ok']}  failed {summary['failed']}  "
+        f"statuses {summary['status_counts']}  elapsed {summary['elapsed_s']:.2f} s",
+        f"throughput {summary['request_throughput'] or 0:.2f} req/s, "
+        f"{summary['output_token_throughput'] or 0:.1f} output tok/s, "
+        f"connections opened {results['connections_opened']}",
+    ]
+    for error, count in summary["errors"].items():
+        lines.append(f"  error x{count}: {error}")
+    header = f"{'metric (ms)':<14}{'model':<24}{'n':>6}{'mean':>10}" + "".join(
+        f"{'p' + format(q, 'g'):>10}" for q in PERCENTILES
+    )
+    lines += ["", header, "-" * len(header)]
+    groups = [("all", summary)] + (
+        list(results["per_model"].items()) if len(results["per_model"]) > 1 else []
+    )
+    for metric in ("ttft", "tpot", "e2e", "ttfb"):
+        for name, group in groups:
+            stats = group["metrics"][metric]
+            if not stats["count"]:
+                continue
+            lines.append(
+                f"{metric:<14}{name[:23]:<24}{stats['count']:>6}{_ms(stats['mean']):>10}"
+                + "".join(f"{_ms(stats['p' + format(q, 'g')]):>10}" for q in PERCENTILES)
+            )
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], directory: Path, label: str = "") -> list[Path]:
+    """Write PNG charts of ``results`` under ``directory``; returns their paths.
+
+    Charts: the CDF of e2e latency and of TTFT per model, and TTFT against
+    send time. Returns ``[]`` (and logs) when matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        logger.warning("matplotlib is not installed: no charts (pip install matplotlib)")
+        return []
+    directory.mkdir(parents=True, exist_ok=True)
+    prefix = f"{label}-" if label else ""
+    good = [r for r in results["requests"] if r["ok"]]
+    models = sorted({r["model"] for r in good})
+    written: list[Path] = []
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, metric in zip(axes, ("e2e", "ttft"), strict=True):
+        for model in models:
+            values = sorted(r[metric] * 1000 for r in good if r["model"] == model and r[metric])
+            if values:
+                ys = [(i + 1) / len(values) for i in range(len(values))]
+                ax.step(values, ys, where="post", label=model)
+        ax.set_xlabel(f"{metric} (ms)")
+        ax.set_ylabel("fraction of requests")
+        ax.set_title(f"{metric} CDF")
+        ax.grid(alpha=0.3)
+        if ax.has_data():
+            ax.legend()
+    fig.tight_layout()
+    written.append(directory / f"{prefix}latency_cdf.png")
+    fig.savefig(written[-1], dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(11, 4))
+    for model in models:
+        points = [(r["t_sent"], r["ttft"] * 1000) for r in good if r["model"] == model and r["ttft"]]
+        if points:
+            ax.scatter(*zip(*points, strict=True), s=8, label=model)
+    ax.set_xlabel("send time (s since start)")
+    ax.set_ylabel("TTFT (ms)")
+    ax.set_title("TTFT over time")
+    ax.grid(alpha=0.3)
+    if ax.has_data():
+        ax.legend()
+    fig.tight_layout()
+    written.append(directory / f"{prefix}ttft_over_time.png")
+    fig.savefig(written[-1], dpi=100)
+    plt.close(fig)
+    return written
+
+
+# --------------------------------------------------------------------------
+# command line
+
+
+def parse_models(text: str) -> list[tuple[str, float]]:
+    """``"a:3,b:1"`` or ``"a,b"`` to ``[("a", 3.0), ("b", 1.0)]``."""
+    models = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, weight = item.rpartition(":") if ":" in item else (item, "", "1")
+        models.append((name, float(weight)))
+    return models
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    """``"64"`` to ``(64, 64)``, ``"32-128"`` to ``(32, 128)``."""
+    lo, _, hi = text.partition("-")
+    return int(lo), int(hi or lo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``bench.serving`` command line."""
+    p = argparse.ArgumentParser(
+        prog="python -m bench.serving",
+        description="Open-loop load generator for OpenAI-compatible servers.",
+    )
+    p.add_argument("--base-url", default="http://127.0.0.1:8080", help="server root URL")
+    p.add_argument("--models", default="default",
+                   help="comma-separated models with optional weights: a:3,b:1")
+    p.add_argument("--rate", type=float, default=1.0,
+                   help="mean arrivals per second (Poisson); 'inf' for a closed loop")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds of arrivals")
+    p.add_argument("--requests", type=int, help="number of requests (overrides --duration)")
+    p.add_argument("--max-concurrency", type=int, help="most requests in flight")
+    p.add_argument("--max-tokens", type=parse_range, default=(64, 64),
+                   help="output tokens per request, N or LOW-HIGH")
+    p.add_argument("--prompt-words", type=parse_range, default=(32, 32),
+                   help="synthetic prompt words, N or LOW-HIGH")
+    p.add_argument("--endpoint", choices=ENDPOINTS, default="chat")
+    p.add_argument("--path", help="request path overriding the endpoint's default")
+    p.add_argument("--no-stream", dest="stream", action="store_false",
+                   help="ask for whole responses (no TTFT)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--ignore-eos", action="store_true", help="send ignore_eos: true")
+    p.add_argument("--extra-body", type=json.loads, default={},
+                   help="JSON object merged into each request body")
+    p.add_argument("--warmup", type=int, default=0, help="unmeasured requests first")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
+    p.add_argument("--api-key")
+    p.add_argument("--out", type=Path, help="write the results as JSON here")
+    p.add_argument("--plot", type=Path, metavar="DIR", help="write PNG charts here")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """A :class:`BenchConfig` from parsed ``bench.serving`` arguments."""
+    return BenchConfig(
+        base_url=args.base_url,
+        models=parse_models(args.models),
+        rate=args.rate,
+        duration=args.duration,
+        requests=args.requests,
+        max_concurrency=args.max_concurrency,
+        max_tokens=args.max_tokens,
+        prompt_words=args.prompt_words,
+        stream=args.stream,
+        endpoint=args.endpoint,
+        path=args.path,
+        temperature=args.temperature,
+        ignore_eos=args.ignore_eos,
+        extra_body=args.extra_body,
+        warmup=args.warmup,
+        seed=args.seed,
+        timeout=args.timeout,
+        api_key=args.api_key,
+        progress=args.progress,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: run, print the tables, write JSON and charts; 1 if any request failed."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    config = config_from_args(args)
+    try:
+        results = run(config)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    print(format_summary(results))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=1))
+        print(f"results: {args.out}")
+    if args.plot:
+        for path in plot(results, args.plot):
+            print(f"chart: {path}")
+    return 0 if results["summary"]["failed"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

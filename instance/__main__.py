@@ -1,0 +1,7 @@
+"""``python -m ggmux.instance``: see :mod:`ggmux.instance.server`."""
+
+import sys
+
+from .server import main
+
+sys.exit(main())

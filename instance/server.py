@@ -1,0 +1,296 @@
+"""The instance process: one model behind an OpenAI-compatible HTTP server.
+
+Shared by the built-in llama-cpp-python instance and the fake instance used
+in tests; they differ only in their :class:`Backend`. The process:
+
+1. keeps stdout for state lines and starts the stdin command thread
+   (:mod:`ggmux.instance.protocol`);
+2. emits ``loading``, loads the backend, emits ``ready`` with ``n_ctx`` and
+   ``effective`` memory (bytes), or ``error`` and exits 1;
+3. serves HTTP on the listening socket the supervisor passed (``--fd``) or
+   on ``--host``/``--port`` when run by hand, one generation at a time
+   (llama.cpp contexts are not re-entrant), stopping a generation when its
+   client disconnects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import orjson
+
+from ..proxy.http import HttpConnection, HttpLimits, Request
+from . import protocol
+
+log = logging.getLogger("ggmux.instance")
+
+
+class BadRequest(ValueError):
+    """The request is invalid for this model (answered with 400)."""
+
+
+class Backend:
+    """What an instance serves. Methods other than ``load`` run on the one
+    generation thread; ``cancel`` is set when the client went away."""
+
+    name: str = "model"
+
+    def load(self) -> dict:
+        """Load the model; return the ``ready`` payload (n_ctx, effective)."""
+        raise NotImplementedError
+
+    def chat(self, body: dict, cancel: threading.Event) -> dict | Iterator[dict]:
+        raise NotImplementedError
+
+    def completion(self, body: dict, cancel: threading.Event) -> dict | Iterator[dict]:
+        raise NotImplementedError
+
+    def embedding(self, body: dict) -> dict:
+        raise NotImplementedError
+
+    def sleep(self) -> None:
+        """Free the weights, keep the process (``--sleep-idle-seconds``)."""
+
+    def wake(self) -> None:
+        """Reload the weights after :meth:`sleep`."""
+
+
+ROUTES = {
+    b"/v1/chat/completions": "chat",
+    b"/chat/completions": "chat",
+    b"/v1/completions": "completion",
+    b"/completions": "completion",
+    b"/v1/embeddings": "embedding",
+    b"/embeddings": "embedding",
+}
+
+
+class InstanceApp:
+    """HTTP handler of one instance; see the module docstring."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.loop = asyncio.get_event_loop()
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="generate")
+        self.lock = asyncio.Lock()
+        self.ready = False
+
+    async def handle(self, conn: HttpConnection, req: Request) -> None:
+        path = req.path
+        if path == b"/health":
+            if self.ready:
+                conn.send_json(req, 200, {"status": "ok"})
+            else:
+                conn.send_error(req, 503, "Loading model", headers=[(b"retry-after", b"1")])
+            return
+        if path in (b"/v1/models", b"/models"):
+            conn.send_json(
+                req,
+                200,
+                {
+                    "object": "list",
+                    "data": [{"id": self.backend.name, "object": "model", "owned_by": "ggmux"}],
+                },
+            )
+            return
+        kind = ROUTES.get(path)
+        if kind is None:
+            conn.send_error(req, 404, f"no route for {path.decode('latin-1')}")
+            return
+        if req.method != b"POST":
+            conn.send_error(req, 405, "use POST")
+            return
+        try:
+            body = orjson.loads(req.body)
+        except orjson.JSONDecodeError as e:
+            conn.send_error(req, 400, f"request body is not valid JSON: {e}")
+            return
+        if not isinstance(body, dict):
+            conn.send_error(req, 400, "request body must be a JSON object")
+            return
+        async with self.lock:
+            if req.disconnected:
+                conn.finish(req)
+                return
+            await self._generate(conn, req, kind, body)
+
+    async def _generate(self, conn: HttpConnection, req: Request, kind: str, body: dict) -> None:
+        cancel = threading.Event()
+        req.on_disconnect = cancel.set
+        loop = self.loop
+        backend = self.backend
+        fn = getattr(backend, kind)
+
+        def first():
+            if kind == "embedding":
+                return fn(body), None
+            out = fn(body, cancel)
+            if isinstance(out, dict):
+                return out, None
+            it = iter(out)
+            try:
+                chunk = next(it)
+            except StopIteration:
+                return None, iter(())
+            return chunk, it
+
+        try:
+            head, it = await loop.run_in_executor(self.executor, first)
+        except (BadRequest, ValueError, TypeError, KeyError) as e:
+            conn.send_error(req, 400, str(e) or type(e).__name__)
+            return
+        except Exception as e:
+            log.exception("generation failed")
+            conn.send_error(req, 500, f"generation failed: {e}")
+            return
+        if it is None:
+            conn.send_json(req, 200, head)
+            return
+        conn.start_stream(req)
+        if head is not None:
+            conn.send_chunk(b"data: " + orjson.dumps(head) + b"\n\n")
+
+        def rest() -> None:
+            send = conn.send_chunk
+            try:
+                for chunk in it:
+                    if cancel.is_set():
+                        break
+                    loop.call_soon_threadsafe(send, b"data: " + orjson.dumps(chunk) + b"\n\n")
+            except Exception as e:  # mid-stream: an error event, never a clean end
+                log.exception("generation failed mid-stream")
+                err = {"error": {"message": str(e), "type": "server_error", "code": 500}}
+                loop.call_soon_threadsafe(send, b"data: " + orjson.dumps(err) + b"\n\n")
+                return
+            finally:
+                close = getattr(it, "close", None)
+                if close is not None:
+                    close()
+            if not cancel.is_set():
+                loop.call_soon_threadsafe(send, b"data: [DONE]\n\n")
+
+        await loop.run_in_executor(self.executor, rest)
+        if req.disconnected:
+            conn.finish(req)
+        else:
+            conn.end_stream(req)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m ggmux.instance")
+    ap.add_argument("--model", required=True, help="GGUF file (or fake behaviour file)")
+    ap.add_argument("--name", default=None, help="model name reported in responses")
+    ap.add_argument("--fd", type=int, default=None, help="listening socket from the supervisor")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--ctx-size", type=int, default=2048)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--n-gpu-layers", type=int, default=0)
+    ap.add_argument("--fake", action="store_true", help="use the fake backend (tests)")
+    ap.add_argument("--measure", action="store_true", help="report memory needs and exit")
+    return ap.parse_args(argv)
+
+
+def make_backend(args: argparse.Namespace) -> Backend:
+    if args.fake:
+        from .fake import FakeBackend
+
+        return FakeBackend(args)
+    from .llama import LlamaBackend
+
+    return LlamaBackend(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m ggmux.instance``; returns the exit code."""
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+    )
+    args = parse_args(argv)
+    protocol.claim_stdout()
+    state = {"loading": True}
+    stop = threading.Event()
+
+    def on_command(cmd: str) -> None:
+        if cmd == "exit":
+            if state["loading"]:
+                os._exit(0)  # nothing served yet: nothing to finish
+            stop.set()
+            loop, ev = state.get("loop"), state.get("stop_event")
+            if loop is not None and ev is not None:
+                loop.call_soon_threadsafe(ev.set)
+        else:
+            log.warning("unknown command %r", cmd)
+
+    protocol.watch_stdin(on_command)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
+    backend = make_backend(args)
+    if args.measure:
+        protocol.emit("measured", **backend.measure())
+        return 0
+    protocol.emit("loading", progress=0.0)
+    t0 = time.monotonic()
+    rss0 = protocol.rss_bytes()
+    try:
+        payload = backend.load()
+    except Exception as e:
+        log.exception("load failed")
+        protocol.emit("error", error=f"{type(e).__name__}: {e}")
+        return 1
+    payload.setdefault("effective", {"host": max(0, protocol.rss_bytes() - rss0)})
+    payload["load_seconds"] = round(time.monotonic() - t0, 4)
+
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:  # pragma: no cover
+        pass
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    state["loop"] = loop
+    app = InstanceApp(backend)
+    limits = HttpLimits()
+    if args.fd is not None:
+        sock = socket.socket(fileno=args.fd)
+    else:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((args.host, args.port))
+        sock.listen(128)
+    sock.setblocking(False)
+    server = loop.run_until_complete(
+        loop.create_server(lambda: HttpConnection(app.handle, limits), sock=sock)
+    )
+    port = sock.getsockname()[1]
+    state["loading"] = False
+    app.ready = True
+    protocol.emit("ready", port=port, **payload)
+
+    stop_event = asyncio.Event()
+    state["stop_event"] = stop_event
+    if stop.is_set():
+        stop_event.set()
+
+    async def wait_stop() -> None:
+        await stop_event.wait()
+        server.close()
+        # let the generation in progress finish (stop-timeout bounds it)
+        async with app.lock:
+            pass
+
+    try:
+        loop.run_until_complete(wait_stop())
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -1,0 +1,167 @@
+"""Layout of the shared-memory state plane: table shapes and column indices.
+
+Every value is an aligned little-endian int64 word, so a single load or store
+of one value is atomic on x86-64 and aarch64. Tables are 2-D (or 3-D) int64
+arrays laid one after another after the header; their shapes follow from the
+header's sizes, so a reader needs only the segment name.
+
+Supervisor-written tables (``models``, ``replicas``, ``devices``) carry a
+sequence word in column 0 (see :mod:`ggmux.shm.seqlock`). Proxy-written
+tables (``counters``, ``waiters``) have one writer per row and no lock.
+
+Units: times are ``time.monotonic_ns()`` nanoseconds (CLOCK_MONOTONIC is
+shared by all processes on the host), memory is bytes, TTFT is microseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAGIC = 0x47474D5558534D31  # "GGMUXSM1"
+VERSION = 1
+
+# ---- header: int64 words -------------------------------------------------
+H_MAGIC = 0
+H_VERSION = 1
+H_N_MODELS = 2
+H_N_REPLICAS = 3
+H_N_PROXIES = 4
+H_N_DEVICES = 5
+H_GENERATION = 6  # bumped by the supervisor after every change a waiter could care about
+H_REGISTRY_SEQ = 7  # seqlock word of the registry blob
+H_REGISTRY_LEN = 8  # bytes of JSON in the blob
+H_REGISTRY_CAP = 9  # blob capacity, bytes
+H_SUPERVISOR_PID = 10
+H_STARTED_NS = 11
+H_MODELS_MAX = 12
+H_WORDS = 16
+
+# ---- models: one row per registered model, written by the supervisor ------
+M_SEQ = 0
+M_STATUS = 1  # ModelStatus
+M_REPLICAS = 2  # replicas that are ready (loaded)
+M_WAITERS = 3  # waiters summed over proxies at the last tick
+M_EXIT_CODE = 4  # last exit code of a crashed replica (0 if none)
+M_FAILED = 5  # 1 while the last unload ended with a crash / failed load
+M_FAILURES = 6  # consecutive failed loads
+M_RETRY_AT_NS = 7  # no new load before this time (backoff), 0 if none
+M_PROGRESS = 8  # load progress, per mille
+M_ETA_MS = 9  # estimated ms to ready, -1 if unknown
+M_MEM_MIN = 10
+M_MEM_MAX = 11
+M_MEM_EFFECTIVE = 12
+M_LOADS = 13  # completed loads
+M_EVICTIONS = 14
+M_LOAD_NS_TOTAL = 15  # sum of load durations
+M_ERROR_SEQ = 16  # bumped each time the error text (in the registry status blob) changes
+M_LAST_READY_NS = 17
+M_WORDS = 24
+
+# ---- replicas: one row per instance slot, written by the supervisor -------
+R_SEQ = 0
+R_MODEL = 1  # model index, -1 when the slot is free
+R_STATUS = 2  # ReplicaStatus
+R_PORT = 3
+R_PID = 4
+R_INCARNATION = 5  # unique per spawn; counters for another incarnation are stale
+R_STARTED_NS = 6
+R_READY_NS = 7
+R_WEIGHT = 8  # x1000
+R_PRIORITY = 9
+R_MAX_CONCURRENCY = 10  # 0 = unlimited
+R_WORDS = 16
+
+# ---- counters: [proxy, replica, word], each [proxy] row written by that proxy
+C_IN_FLIGHT = 0  # req_count: requests forwarded and not yet finished
+C_LAST_USED_NS = 1  # when a request last began or ended
+C_REQUESTS = 2
+C_ERRORS = 3
+C_TTFT_EWMA_US = 4
+C_TTFT_LAST_US = 5
+C_TTFT_COUNT = 6
+C_HELD_BYTES = 7
+C_INCARNATION = 8  # replica incarnation these counters belong to
+C_TTFT_SUM_US = 9
+C_WORDS = 16
+
+# ---- waiters: [proxy, model, word], each [proxy] row written by that proxy --
+W_COUNT = 0  # requests waiting for the model in this proxy
+W_FIRST_NS = 1  # arrival time of the oldest of them, 0 when none
+W_WORDS = 2
+
+# ---- devices: one row per memory device, written by the supervisor ---------
+D_SEQ = 0
+D_KIND = 1  # 0 host, 1 gpu
+D_INDEX = 2
+D_TOTAL = 3
+D_EXTERNAL = 4
+D_HELD = 5
+D_FREE = 6
+D_CALIBRATED_NS = 7
+D_WORDS = 8
+
+
+class ModelStatus:
+    """Model states (DESIGN.md "Model states"), as stored in ``M_STATUS``."""
+
+    UNLOADED = 0
+    LOADING = 1
+    LOADED = 2
+    SLEEPING = 3
+    STOPPING = 4
+    MEASURING = 5
+
+    NAMES = ("unloaded", "loading", "loaded", "sleeping", "stopping", "measuring")
+
+
+class ReplicaStatus:
+    """Replica slot states, as stored in ``R_STATUS``."""
+
+    FREE = 0
+    LOADING = 1
+    READY = 2
+    SLEEPING = 3
+    STOPPING = 4
+
+    NAMES = ("free", "loading", "ready", "sleeping", "stopping")
+
+
+@dataclass(slots=True, frozen=True)
+class Sizes:
+    """Table sizes of one segment.
+
+    ``models`` rows, ``replicas`` slots, ``proxies`` counter rows, ``devices``
+    memory devices and ``registry_cap`` bytes of registry JSON.
+    """
+
+    models: int
+    replicas: int
+    proxies: int
+    devices: int
+    registry_cap: int = 1 << 20
+
+    def offsets(self) -> dict[str, tuple[int, tuple[int, ...]]]:
+        """Byte offset and int64 shape of every table, in segment order."""
+        tables = {
+            "header": (H_WORDS,),
+            "models": (self.models, M_WORDS),
+            "replicas": (self.replicas, R_WORDS),
+            "counters": (self.proxies, self.replicas, C_WORDS),
+            "waiters": (self.proxies, self.models, W_WORDS),
+            "devices": (self.devices, D_WORDS),
+        }
+        out: dict[str, tuple[int, tuple[int, ...]]] = {}
+        off = 0
+        for name, shape in tables.items():
+            n = 1
+            for s in shape:
+                n *= s
+            out[name] = (off, shape)
+            off += 8 * n
+            off = (off + 63) & ~63  # each table on its own cache line
+        out["registry"] = (off, (self.registry_cap,))
+        return out
+
+    def total_bytes(self) -> int:
+        off, shape = self.offsets()["registry"]
+        return off + shape[0]

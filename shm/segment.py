@@ -1,0 +1,178 @@
+"""The shared-memory segment: create (supervisor) or attach (proxies).
+
+One POSIX segment per server, mode 0600, mapped as int64 numpy arrays whose
+shapes come from :class:`ggmux.shm.layout.Sizes`. The supervisor creates it,
+removing a stale segment of the same name first (left by a supervisor that
+was killed with SIGKILL); proxies attach read-write and write only their own
+counter and waiter rows.
+"""
+
+from __future__ import annotations
+
+import mmap
+import time
+
+import numpy as np
+import orjson
+import posix_ipc
+
+from . import layout as L
+from .seqlock import SeqlockBusy, fence
+
+
+def segment_name(port: int) -> str:
+    """Default segment name of the server on ``port``."""
+    return f"/ggmux-{port}"
+
+
+def queue_name(port: int) -> str:
+    """Default command-queue name of the server on ``port``."""
+    return f"/ggmux-{port}-q"
+
+
+class Segment:
+    """A mapped segment. Attributes are int64 views into shared memory.
+
+    ``header`` (H_WORDS,), ``models`` (models, M_WORDS), ``replicas``
+    (replicas, R_WORDS), ``counters`` (proxies, replicas, C_WORDS),
+    ``waiters`` (proxies, models, W_WORDS), ``devices`` (devices, D_WORDS),
+    ``registry`` (registry_cap,) uint8.
+    """
+
+    def __init__(self, name: str, mm: mmap.mmap, sizes: L.Sizes, owner: bool) -> None:
+        self.name = name
+        self.sizes = sizes
+        self.owner = owner
+        self._mm = mm
+        offs = sizes.offsets()
+        buf = memoryview(mm)
+        for table, (off, shape) in offs.items():
+            if table == "registry":
+                arr = np.frombuffer(buf, dtype=np.uint8, count=shape[0], offset=off)
+            else:
+                n = 1
+                for s in shape:
+                    n *= s
+                arr = np.frombuffer(buf, dtype=np.int64, count=n, offset=off).reshape(shape)
+            setattr(self, table, arr)
+        self._registry_cache: tuple[int, dict] | None = None
+
+    # ---- lifecycle ------------------------------------------------------
+    @classmethod
+    def create(cls, name: str, sizes: L.Sizes) -> "Segment":
+        """Create (replacing a stale one) and initialise a segment."""
+        try:
+            posix_ipc.unlink_shared_memory(name)
+        except posix_ipc.ExistentialError:
+            pass
+        shm = posix_ipc.SharedMemory(
+            name, posix_ipc.O_CREX, mode=0o600, size=sizes.total_bytes()
+        )
+        try:
+            mm = mmap.mmap(shm.fd, shm.size)
+        finally:
+            shm.close_fd()
+        seg = cls(name, mm, sizes, owner=True)
+        h = seg.header
+        h[L.H_VERSION] = L.VERSION
+        h[L.H_N_MODELS] = sizes.models
+        h[L.H_N_REPLICAS] = sizes.replicas
+        h[L.H_N_PROXIES] = sizes.proxies
+        h[L.H_N_DEVICES] = sizes.devices
+        h[L.H_REGISTRY_CAP] = sizes.registry_cap
+        h[L.H_STARTED_NS] = time.monotonic_ns()
+        seg.replicas[:, L.R_MODEL] = -1
+        fence()
+        h[L.H_MAGIC] = L.MAGIC  # last: an attacher that sees it sees the rest
+        return seg
+
+    @classmethod
+    def attach(cls, name: str) -> "Segment":
+        """Attach to an existing segment. Raises ``ValueError`` on a bad magic
+        or layout version, ``posix_ipc.ExistentialError`` if it is missing."""
+        shm = posix_ipc.SharedMemory(name)
+        try:
+            mm = mmap.mmap(shm.fd, shm.size)
+        finally:
+            shm.close_fd()
+        head = np.frombuffer(mm, dtype=np.int64, count=L.H_WORDS)
+        if int(head[L.H_MAGIC]) != L.MAGIC:
+            raise ValueError(f"{name}: not a ggmux segment (bad magic)")
+        if int(head[L.H_VERSION]) != L.VERSION:
+            raise ValueError(f"{name}: layout version {int(head[L.H_VERSION])} != {L.VERSION}")
+        sizes = L.Sizes(
+            models=int(head[L.H_N_MODELS]),
+            replicas=int(head[L.H_N_REPLICAS]),
+            proxies=int(head[L.H_N_PROXIES]),
+            devices=int(head[L.H_N_DEVICES]),
+            registry_cap=int(head[L.H_REGISTRY_CAP]),
+        )
+        del head
+        return cls(name, mm, sizes, owner=False)
+
+    def close(self) -> None:
+        """Drop the mapping (views must not be used afterwards)."""
+        for table in ("header", "models", "replicas", "counters", "waiters", "devices", "registry"):
+            if hasattr(self, table):
+                delattr(self, table)
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # a caller still holds a view; the mapping goes with the process
+
+    def unlink(self) -> None:
+        """Remove the segment's name (the supervisor does this on exit)."""
+        try:
+            posix_ipc.unlink_shared_memory(self.name)
+        except posix_ipc.ExistentialError:
+            pass
+
+    # ---- generation -----------------------------------------------------
+    @property
+    def generation(self) -> int:
+        return int(self.header[L.H_GENERATION])
+
+    def bump_generation(self) -> int:
+        """Supervisor only: announce a change waiters may care about."""
+        fence()
+        self.header[L.H_GENERATION] += 1
+        return int(self.header[L.H_GENERATION])
+
+    # ---- registry blob ----------------------------------------------------
+    def write_registry(self, doc: dict) -> None:
+        """Supervisor only: publish the registry (names, aliases, ...) as JSON.
+
+        Raises ``ValueError`` when it does not fit the blob capacity.
+        """
+        data = orjson.dumps(doc)
+        if len(data) > self.sizes.registry_cap:
+            raise ValueError(f"registry is {len(data)} bytes, capacity {self.sizes.registry_cap}")
+        h = self.header
+        h[L.H_REGISTRY_SEQ] += 1
+        fence()
+        self.registry[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+        h[L.H_REGISTRY_LEN] = len(data)
+        fence()
+        h[L.H_REGISTRY_SEQ] += 1
+
+    def read_registry(self, retries: int = 10_000) -> tuple[int, dict]:
+        """``(version, doc)``; ``version`` is the blob's even sequence word.
+
+        Cached: parsing happens only when the version changed.
+        """
+        h = self.header
+        for _ in range(retries):
+            s1 = int(h[L.H_REGISTRY_SEQ])
+            if s1 & 1:
+                continue
+            if self._registry_cache is not None and self._registry_cache[0] == s1:
+                return self._registry_cache
+            fence()
+            n = int(h[L.H_REGISTRY_LEN])
+            data = self.registry[:n].tobytes()
+            fence()
+            if int(h[L.H_REGISTRY_SEQ]) == s1:
+                doc = orjson.loads(data) if n else {}
+                self._registry_cache = (s1, doc)
+                return self._registry_cache
+        raise SeqlockBusy("registry blob stayed busy")

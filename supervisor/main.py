@@ -1,0 +1,713 @@
+"""The supervisor: one ``select.poll()`` loop that owns every child.
+
+Shaped like gunicorn's arbiter: each turn waits on one poll (child pipes,
+the command queue's descriptor, the signal wake-up pipe) with a timeout,
+handles signals, reads child output, then runs small named steps:
+``reap`` (exited children), ``escalate`` (stops and load deadlines past
+due), ``schedule`` (desired vs actual: loads and evictions), ``publish``
+(shared memory, generation, proxy wake-ups). No threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import orjson
+import posix_ipc
+
+from ..shm import layout as L
+from ..shm.segment import Segment
+from ..shm.seqlock import write_fields
+from .registry import Registry, instance_argv
+from .scheduler import ModelView, ReplicaView, Scheduler, Spawn, Stop
+
+log = logging.getLogger("ggmux.supervisor")
+
+NS = 1_000_000_000
+GiB = 1 << 30
+
+
+@dataclass(slots=True)
+class Config:
+    """Options of ``ggmux serve`` the supervisor needs (seconds, counts)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    proxies: int = 1
+    models_max: int = 4
+    stop_timeout: float = 10.0
+    term_timeout: float = 5.0  # SIGTERM -> SIGKILL
+    load_timeout: float | None = None  # None: 5 min + 20 s per GiB, capped at 6 h
+    load_wait: float = 300.0
+    replica_slots: int = 0  # 0: derived from models_max
+    shm_name: str = ""
+    mq_name: str = ""
+    proxy_args: list[str] = field(default_factory=list)
+
+
+def load_budget_s(size_bytes: int, override: float | None) -> float:
+    """Load deadline (s): ``override``, else 300 + 20 per GiB, capped at 6 h.
+
+    Large checkpoints on slow disks take minutes to map; llama.cpp's router
+    has no deadline at all, so a hung load holds its waiters forever.
+    """
+    if override is not None:
+        return override
+    return min(300.0 + 20.0 * size_bytes / GiB, 6 * 3600.0)
+
+
+def backoff_s(failures: int) -> float:
+    """Delay before the next load after ``failures`` failed loads in a row:
+    1 s doubling, capped at 5 min."""
+    return min(2.0 ** max(0, failures - 1), 300.0)
+
+
+class Child:
+    """A child process with non-blocking stdout/stderr line buffers."""
+
+    __slots__ = ("proc", "tag", "out", "err", "stdin_fd")
+
+    def __init__(self, proc: subprocess.Popen, tag: str) -> None:
+        self.proc = proc
+        self.tag = tag
+        self.out = b""
+        self.err = b""
+        self.stdin_fd = proc.stdin.fileno() if proc.stdin is not None else -1
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send(self, line: bytes) -> bool:
+        """Write a command line to the child's stdin without blocking."""
+        if self.stdin_fd < 0:
+            return False
+        try:
+            os.write(self.stdin_fd, line)
+            return True
+        except (BlockingIOError, BrokenPipeError, OSError):
+            return False
+
+    def close_stdin(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        self.stdin_fd = -1
+
+
+@dataclass(slots=True)
+class Replica:
+    slot: int
+    model: int
+    child: Child
+    incarnation: int
+    port: int
+    status: int = L.ReplicaStatus.LOADING
+    started_ns: int = 0
+    ready_ns: int = 0
+    deliberate: bool = False  # stop was asked for (eviction, unload, shutdown)
+    stop_ns: int = 0  # when `exit` was sent
+    stop_stage: int = 0  # 0 running, 1 exit sent, 2 SIGTERM sent, 3 SIGKILL sent
+    deadline_ns: int = 0  # load deadline
+    error: str = ""
+    progress: float = 0.0
+    effective: int = 0
+
+
+@dataclass(slots=True)
+class ModelRuntime:
+    """Supervisor-side state of one model (published to the models table)."""
+
+    failures: int = 0
+    retry_at_ns: int = 0
+    failed: bool = False
+    exit_code: int = 0
+    error: str = ""
+    loads: int = 0
+    evictions: int = 0
+    load_ns_total: int = 0
+    last_ready_ns: int = 0
+
+
+class Supervisor:
+    """See the module docstring. ``run()`` returns the process exit code."""
+
+    def __init__(self, cfg: Config, registry: Registry) -> None:
+        self.cfg = cfg
+        self.registry = registry
+        self.models = [ModelRuntime() for _ in registry.entries]
+        nslots = cfg.replica_slots or max(8, 2 * cfg.models_max + 4)
+        self.sizes = L.Sizes(
+            models=max(1, len(registry)),
+            replicas=nslots,
+            proxies=cfg.proxies,
+            devices=1,
+        )
+        self.scheduler = Scheduler(cfg.models_max)
+        self.replicas: dict[int, Replica] = {}  # slot -> replica
+        self.proxies: dict[int, Child] = {}  # proxy index -> child
+        self.proxy_ready: set[int] = set()
+        self.fds: dict[int, tuple[Child, str]] = {}
+        self.poller = select.poll()
+        self.incarnations = 0
+        self.stopping_all = False
+        self.dirty = True
+        self.errors_dirty = False
+        self.seg: Segment | None = None
+        self.mq: posix_ipc.MessageQueue | None = None
+        self._sig_r = self._sig_w = -1
+        self.python = sys.executable
+
+    # ---- setup / teardown ------------------------------------------------
+    def setup(self) -> None:
+        cfg = self.cfg
+        self.seg = Segment.create(cfg.shm_name, self.sizes)
+        self.seg.header[L.H_SUPERVISOR_PID] = os.getpid()
+        self.seg.header[L.H_MODELS_MAX] = cfg.models_max
+        self._publish_registry()
+        try:
+            posix_ipc.unlink_message_queue(cfg.mq_name)
+        except posix_ipc.ExistentialError:
+            pass
+        self.mq = posix_ipc.MessageQueue(
+            cfg.mq_name, posix_ipc.O_CREX, mode=0o600, max_messages=10, max_message_size=512
+        )
+        self.mq.block = False
+        self.poller.register(self.mq.mqd, select.POLLIN)
+        self._sig_r, self._sig_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self._sig_w, warn_on_full_buffer=False)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, _noop)
+        self.poller.register(self._sig_r, select.POLLIN)
+        for i in range(cfg.proxies):
+            self._spawn_proxy(i)
+        self._publish_all()
+
+    def teardown(self) -> None:
+        """Stop every child (exit, then SIGTERM, then SIGKILL) and remove the
+        segment and queue. Safe to call twice."""
+        self.stopping_all = True
+        for r in list(self.replicas.values()):
+            if r.stop_stage == 0:
+                self._stop(r, "server shutting down")
+        for c in self.proxies.values():
+            c.close_stdin()  # EOF: the proxy exits
+        deadline = time.monotonic() + self.cfg.stop_timeout + self.cfg.term_timeout
+        while self.replicas or self.proxies:
+            self._drain_signals()
+            self._reap()
+            self._escalate(time.monotonic_ns())
+            if time.monotonic() > deadline:
+                for c in [*(r.child for r in self.replicas.values()), *self.proxies.values()]:
+                    _kill(c.proc, signal.SIGKILL)
+            if self.replicas or self.proxies:
+                self._poll_once(20)
+        if self.seg is not None:
+            self.seg.unlink()
+            self.seg = None
+        if self.mq is not None:
+            try:
+                self.mq.close()
+                self.mq.unlink()
+            except posix_ipc.ExistentialError:
+                pass
+            self.mq = None
+        log.info("stopped")
+
+    # ---- main loop ---------------------------------------------------------
+    def run(self) -> int:
+        self.setup()
+        try:
+            if not self.wait_proxies_ready():
+                log.error("proxies did not start listening on %s:%d", self.cfg.host, self.cfg.port)
+                return 1
+            log.info(
+                "listening on http://%s:%d (%d proxies, models_max %d, %d models)",
+                self.cfg.host, self.cfg.port, self.cfg.proxies, self.cfg.models_max,
+                len(self.registry),
+            )
+            while not self.stopping_all:
+                busy = bool(self.replicas) or self._any_waiters()
+                self._poll_once(50 if busy else 250)
+                self.step()
+        finally:
+            self.teardown()
+        return 0
+
+    def step(self) -> None:
+        """One turn after the poll: the named idempotent steps."""
+        self._drain_signals()
+        self._drain_queue()
+        self._reap()
+        now = time.monotonic_ns()
+        self._escalate(now)
+        if not self.stopping_all:
+            self._schedule(now)
+        self._publish_if_dirty()
+
+    def _poll_once(self, timeout_ms: int) -> None:
+        try:
+            events = self.poller.poll(timeout_ms)
+        except InterruptedError:
+            return
+        for fd, ev in events:
+            owner = self.fds.get(fd)
+            if owner is None:
+                continue
+            child, stream = owner
+            self._read_child(fd, child, stream)
+
+    # ---- signals and commands ----------------------------------------------
+    def _drain_signals(self) -> None:
+        try:
+            data = os.read(self._sig_r, 512)
+        except (BlockingIOError, OSError):
+            return
+        for signum in data:
+            if signum in (signal.SIGTERM, signal.SIGINT):
+                if not self.stopping_all:
+                    log.info("received %s: stopping", signal.Signals(signum).name)
+                self.stopping_all = True
+            elif signum == signal.SIGHUP:
+                log.info("SIGHUP: reload is not implemented yet")
+
+    def _drain_queue(self) -> None:
+        mq = self.mq
+        if mq is None:
+            return
+        while True:
+            try:
+                msg, _ = mq.receive(0)
+            except posix_ipc.BusyError:
+                return
+            try:
+                cmd = orjson.loads(msg)
+            except orjson.JSONDecodeError:
+                log.warning("bad command %r", msg[:80])
+                continue
+            self._command(cmd)
+
+    def _command(self, cmd: dict) -> None:
+        op = cmd.get("op")
+        if op == "want":
+            return  # demand itself is read from the waiters table each tick
+        log.warning("unknown command %r", op)
+
+    # ---- child output ----------------------------------------------------------
+    def _register_child(self, child: Child, stdout: bool = True, stderr: bool = True) -> None:
+        for stream, f in (("out", child.proc.stdout if stdout else None),
+                          ("err", child.proc.stderr if stderr else None)):
+            if f is None:
+                continue
+            fd = f.fileno()
+            fl = fcntl.fcntl(fd, fcntl.F_GETFL)
+            fcntl.fcntl(fd, fcntl.F_SETFL, fl | os.O_NONBLOCK)
+            self.fds[fd] = (child, stream)
+            self.poller.register(fd, select.POLLIN | select.POLLHUP)
+
+    def _unregister_child(self, child: Child) -> None:
+        for f in (child.proc.stdout, child.proc.stderr):
+            if f is None or f.closed:
+                continue
+            fd = f.fileno()
+            # read what is left so no log line or state line is lost
+            if fd in self.fds:
+                self._read_child(fd, child, self.fds[fd][1])
+            if fd in self.fds:
+                del self.fds[fd]
+                self.poller.unregister(fd)
+            f.close()
+        child.close_stdin()
+
+    def _read_child(self, fd: int, child: Child, stream: str) -> None:
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError as e:
+                if e.errno == errno.EINTR:
+                    continue
+                data = b""
+            if not data:
+                if fd in self.fds:
+                    del self.fds[fd]
+                    self.poller.unregister(fd)
+                return
+            if stream == "err":
+                buf = child.err + data
+                *lines, child.err = buf.split(b"\n")
+                for line in lines:
+                    if line:
+                        log.info("[%s] %s", child.tag, line.decode("utf-8", "replace"))
+            else:
+                buf = child.out + data
+                *lines, child.out = buf.split(b"\n")
+                for line in lines:
+                    self._on_stdout_line(child, line)
+
+    def _on_stdout_line(self, child: Child, line: bytes) -> None:
+        if child.tag.startswith("proxy"):
+            if line.strip() == b"ready":
+                idx = int(child.tag.split("-", 1)[1])
+                self.proxy_ready.add(idx)
+            return
+        if not line.startswith(b"state:"):
+            log.warning("[%s] stray stdout: %r", child.tag, line[:200])
+            return
+        try:
+            msg = orjson.loads(line[6:])
+        except orjson.JSONDecodeError:
+            log.warning("[%s] bad state line: %r", child.tag, line[:200])
+            return
+        rep = next((r for r in self.replicas.values() if r.child is child), None)
+        if rep is None:
+            return
+        self._on_state(rep, msg)
+
+    def _on_state(self, rep: Replica, msg: dict) -> None:
+        state = msg.get("state")
+        now = time.monotonic_ns()
+        m = self.models[rep.model]
+        if state == "loading":
+            rep.progress = float(msg.get("progress") or 0.0)
+            self.dirty = True
+        elif state == "ready":
+            if rep.stop_stage:
+                return
+            rep.status = L.ReplicaStatus.READY
+            rep.ready_ns = now
+            rep.progress = 1.0
+            eff = msg.get("effective") or {}
+            rep.effective = int(sum(int(v) for v in eff.values())) if isinstance(eff, dict) else 0
+            m.loads += 1
+            m.load_ns_total += now - rep.started_ns
+            m.last_ready_ns = now
+            m.failures = 0
+            m.retry_at_ns = 0
+            m.failed = False
+            m.exit_code = 0
+            if m.error:
+                m.error = ""
+                self.errors_dirty = True
+            log.info(
+                "model %s ready on port %d in %.3f s (pid %d)",
+                self._name(rep.model), rep.port, (now - rep.started_ns) / NS, rep.child.pid,
+            )
+            self.dirty = True
+        elif state == "error":
+            rep.error = str(msg.get("error") or "load failed")
+        else:
+            log.debug("state %r from %s", state, rep.child.tag)
+
+    # ---- spawning --------------------------------------------------------------
+    def _spawn_proxy(self, idx: int) -> None:
+        seg = self.seg
+        seg.counters[idx] = 0  # a dead proxy's rows are zeroed before its replacement starts
+        seg.waiters[idx] = 0
+        cfg = self.cfg
+        argv = [
+            self.python, "-m", "ggmux.proxy", "--index", str(idx), "--shm", cfg.shm_name,
+            "--mq", cfg.mq_name, "--host", cfg.host, "--port", str(cfg.port),
+            "--load-wait", str(cfg.load_wait), *cfg.proxy_args,
+        ]
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
+            preexec_fn=_die_with_parent,
+        )
+        child = Child(proc, f"proxy-{idx}")
+        os.set_blocking(child.stdin_fd, False)
+        self.proxies[idx] = child
+        self._register_child(child, stdout=True, stderr=False)
+        log.debug("started proxy %d (pid %d)", idx, proc.pid)
+
+    def wait_proxies_ready(self, timeout: float = 30.0) -> bool:
+        """Block (polling) until every proxy listens; False on timeout."""
+        deadline = time.monotonic() + timeout
+        while len(self.proxy_ready) < self.cfg.proxies and time.monotonic() < deadline:
+            self._poll_once(50)
+            self.step()
+            if self.stopping_all:
+                return False
+        return len(self.proxy_ready) >= self.cfg.proxies
+
+    def _free_slot(self) -> int | None:
+        inflight = self.seg.counters[:, :, L.C_IN_FLIGHT].sum(axis=0)
+        for s in range(self.sizes.replicas):
+            if s not in self.replicas and inflight[s] <= 0:
+                return s
+        return None
+
+    def _spawn_instance(self, model: int, reason: str) -> None:
+        entry = self.registry.entries[model]
+        slot = self._free_slot()
+        if slot is None:
+            log.warning("no free replica slot for %s", entry.name)
+            return
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1024)
+        port = sock.getsockname()[1]
+        argv = instance_argv(entry, sock.fileno(), self.python)
+        try:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                pass_fds=(sock.fileno(),), preexec_fn=_die_with_parent,
+            )
+        finally:
+            sock.close()
+        child = Child(proc, f"{entry.name}#{slot}")
+        os.set_blocking(child.stdin_fd, False)
+        self.incarnations += 1
+        now = time.monotonic_ns()
+        budget = load_budget_s(entry.size_bytes, self.cfg.load_timeout)
+        rep = Replica(
+            slot=slot, model=model, child=child, incarnation=self.incarnations, port=port,
+            started_ns=now, deadline_ns=now + int(budget * NS),
+        )
+        self.replicas[slot] = rep
+        self._register_child(child)
+        log.info("loading %s in slot %d (pid %d, port %d): %s", entry.name, slot, proc.pid, port, reason)
+        self.dirty = True
+
+    # ---- stopping ----------------------------------------------------------------
+    def _stop(self, rep: Replica, reason: str) -> None:
+        """Ask a replica to exit; :meth:`_escalate` follows up with signals."""
+        if rep.stop_stage:
+            return
+        rep.deliberate = True
+        rep.stop_stage = 1
+        rep.stop_ns = time.monotonic_ns()
+        was_loading = rep.status == L.ReplicaStatus.LOADING
+        rep.status = L.ReplicaStatus.STOPPING
+        if not rep.child.send(b"exit\n"):
+            _kill(rep.child.proc, signal.SIGTERM)
+            rep.stop_stage = 2
+        log.info(
+            "stopping %s (slot %d, pid %d%s): %s", self._name(rep.model), rep.slot,
+            rep.child.pid, ", was loading" if was_loading else "", reason,
+        )
+        self.dirty = True
+
+    def _escalate(self, now: int) -> None:
+        cfg = self.cfg
+        for rep in list(self.replicas.values()):
+            if rep.stop_stage == 1 and now - rep.stop_ns > cfg.stop_timeout * NS:
+                log.warning("%s did not exit within stop-timeout %.1f s: SIGTERM",
+                            rep.child.tag, cfg.stop_timeout)
+                _kill(rep.child.proc, signal.SIGTERM)
+                rep.stop_stage = 2
+            elif rep.stop_stage == 2 and now - rep.stop_ns > (cfg.stop_timeout + cfg.term_timeout) * NS:
+                log.warning("%s ignored SIGTERM: SIGKILL", rep.child.tag)
+                _kill(rep.child.proc, signal.SIGKILL)
+                rep.stop_stage = 3
+            elif rep.status == L.ReplicaStatus.LOADING and now > rep.deadline_ns:
+                entry = self.registry.entries[rep.model]
+                budget = load_budget_s(entry.size_bytes, cfg.load_timeout)
+                rep.error = (
+                    f"load did not finish within {budget:.0f} s (5 min + 20 s per GiB of the "
+                    f"{entry.size_bytes / GiB:.2f} GiB checkpoint); raise --load-timeout"
+                )
+                log.error("%s: %s", entry.name, rep.error)
+                rep.deliberate = False  # counts as a failed load
+                rep.stop_stage = 3
+                rep.status = L.ReplicaStatus.STOPPING
+                _kill(rep.child.proc, signal.SIGKILL)
+                self.dirty = True
+
+    # ---- reaping -------------------------------------------------------------------
+    def _reap(self) -> None:
+        for idx, child in list(self.proxies.items()):
+            code = child.proc.poll()
+            if code is None:
+                continue
+            self._unregister_child(child)
+            del self.proxies[idx]
+            self.proxy_ready.discard(idx)
+            if not self.stopping_all:
+                log.error("proxy %d exited with code %s: restarting", idx, code)
+                self._spawn_proxy(idx)
+        for slot, rep in list(self.replicas.items()):
+            code = rep.child.proc.poll()
+            if code is None:
+                continue
+            self._unregister_child(rep.child)
+            del self.replicas[slot]
+            self._on_replica_exit(rep, code)
+            self.dirty = True
+
+    def _on_replica_exit(self, rep: Replica, code: int) -> None:
+        m = self.models[rep.model]
+        name = self._name(rep.model)
+        was_loading = rep.ready_ns == 0
+        if rep.deliberate:
+            log.info("%s (slot %d) stopped, exit code %d", name, rep.slot, code)
+            if not was_loading and not self.stopping_all:
+                m.evictions += 1
+            return
+        m.failed = True
+        m.exit_code = code
+        if was_loading:
+            m.failures += 1
+            delay = backoff_s(m.failures)
+            m.retry_at_ns = time.monotonic_ns() + int(delay * NS)
+            m.error = rep.error or f"instance exited with code {code} while loading"
+            log.error("%s failed to load (exit code %d, failure %d): %s; next try in %.0f s",
+                      name, code, m.failures, m.error, delay)
+        else:
+            m.error = rep.error or f"instance crashed with exit code {code}"
+            log.error("%s crashed (slot %d, exit code %d)", name, rep.slot, code)
+        self.errors_dirty = True
+
+    # ---- scheduling ------------------------------------------------------------------
+    def _any_waiters(self) -> bool:
+        return bool(self.seg is not None and self.seg.waiters[:, :, L.W_COUNT].any())
+
+    def _demand(self) -> tuple[np.ndarray, np.ndarray]:
+        w = self.seg.waiters
+        counts = w[:, :, L.W_COUNT].sum(axis=0)
+        firsts = w[:, :, L.W_FIRST_NS]
+        big = np.iinfo(np.int64).max
+        first = np.where(firsts > 0, firsts, big).min(axis=0)
+        return counts, first
+
+    def _schedule(self, now: int) -> None:
+        counts, first = self._demand()
+        c = self.seg.counters
+        inflight = c[:, :, L.C_IN_FLIGHT].sum(axis=0)
+        last_used = c[:, :, L.C_LAST_USED_NS].max(axis=0)
+        models = [
+            ModelView(i, int(counts[i]), int(first[i]), self.models[i].retry_at_ns)
+            for i in np.flatnonzero(counts > 0)
+        ]
+        names = {L.ReplicaStatus.LOADING: "loading", L.ReplicaStatus.READY: "ready",
+                 L.ReplicaStatus.SLEEPING: "sleeping", L.ReplicaStatus.STOPPING: "stopping"}
+        replicas = [
+            ReplicaView(r.slot, r.model, names[r.status], int(inflight[r.slot]),
+                        max(int(last_used[r.slot]), r.ready_ns))
+            for r in self.replicas.values()
+        ]
+        for i in range(len(self.registry)):
+            if int(counts[i]) != int(self.seg.models[i, L.M_WAITERS]):
+                self.dirty = True
+                break
+        for act in self.scheduler.plan(models, replicas, now):
+            if isinstance(act, Stop):
+                rep = self.replicas[act.slot]
+                idle_s = (now - max(rep.ready_ns, int(last_used[act.slot]))) / NS
+                self._stop(rep, f"{act.reason}, idle {idle_s:.1f} s, to make room for "
+                                f"{self._name(act.for_model)} (models_max {self.cfg.models_max})")
+            elif isinstance(act, Spawn):
+                self._spawn_instance(act.model, act.reason)
+
+    # ---- publishing ------------------------------------------------------------------
+    def _name(self, model: int) -> str:
+        return self.registry.entries[model].name
+
+    def _publish_registry(self) -> None:
+        doc = self.registry.doc()
+        doc["errors"] = {str(i): m.error for i, m in enumerate(self.models) if m.error}
+        self.seg.write_registry(doc)
+
+    def _publish_if_dirty(self) -> None:
+        if self.errors_dirty:
+            self._publish_registry()
+            self.errors_dirty = False
+            self.dirty = True
+        if self.dirty:
+            self._publish_all()
+
+    def _publish_all(self) -> None:
+        seg = self.seg
+        counts, _ = self._demand()
+        per_model: dict[int, list[Replica]] = {}
+        for r in self.replicas.values():
+            per_model.setdefault(r.model, []).append(r)
+        for slot in range(self.sizes.replicas):
+            r = self.replicas.get(slot)
+            if r is None:
+                if int(seg.replicas[slot, L.R_MODEL]) != -1:
+                    write_fields(seg.replicas, slot, {
+                        L.R_MODEL: -1, L.R_STATUS: L.ReplicaStatus.FREE, L.R_PORT: 0,
+                        L.R_PID: 0, L.R_INCARNATION: 0, L.R_READY_NS: 0,
+                    })
+                continue
+            write_fields(seg.replicas, slot, {
+                L.R_MODEL: r.model, L.R_STATUS: r.status, L.R_PORT: r.port,
+                L.R_PID: r.child.pid, L.R_INCARNATION: r.incarnation,
+                L.R_STARTED_NS: r.started_ns, L.R_READY_NS: r.ready_ns,
+                L.R_WEIGHT: 1000, L.R_PRIORITY: 0, L.R_MAX_CONCURRENCY: 0,
+            })
+        for i, m in enumerate(self.models):
+            reps = per_model.get(i, [])
+            statuses = {r.status for r in reps}
+            if L.ReplicaStatus.READY in statuses:
+                st = L.ModelStatus.LOADED
+            elif L.ReplicaStatus.LOADING in statuses:
+                st = L.ModelStatus.LOADING
+            elif L.ReplicaStatus.SLEEPING in statuses:
+                st = L.ModelStatus.SLEEPING
+            elif L.ReplicaStatus.STOPPING in statuses:
+                st = L.ModelStatus.STOPPING
+            else:
+                st = L.ModelStatus.UNLOADED
+            loading = [r for r in reps if r.status == L.ReplicaStatus.LOADING]
+            progress = int(1000 * max((r.progress for r in loading), default=0.0))
+            write_fields(seg.models, i, {
+                L.M_STATUS: st,
+                L.M_REPLICAS: sum(1 for r in reps if r.status == L.ReplicaStatus.READY),
+                L.M_WAITERS: int(counts[i]),
+                L.M_EXIT_CODE: m.exit_code,
+                L.M_FAILED: int(m.failed),
+                L.M_FAILURES: m.failures,
+                L.M_RETRY_AT_NS: m.retry_at_ns,
+                L.M_PROGRESS: progress,
+                L.M_ETA_MS: -1,
+                L.M_MEM_EFFECTIVE: sum(r.effective for r in reps),
+                L.M_LOADS: m.loads,
+                L.M_EVICTIONS: m.evictions,
+                L.M_LOAD_NS_TOTAL: m.load_ns_total,
+                L.M_LAST_READY_NS: m.last_ready_ns,
+            })
+        seg.bump_generation()
+        self.dirty = False
+        for c in self.proxies.values():
+            c.send(b"g")
+
+
+def _noop(signum, frame) -> None:  # noqa: ARG001 - the wake-up fd carries the signal
+    pass
+
+
+def _kill(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        proc.send_signal(sig)
+    except (ProcessLookupError, OSError):
+        pass
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the supervisor dies
+    (prctl PR_SET_PDEATHSIG), besides the stdin-EOF rule, so a supervisor
+    killed with SIGKILL never leaves children behind; and ignore SIGINT, so
+    a Ctrl-C in the terminal reaches only the supervisor, which stops the
+    children in order."""
+    _libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

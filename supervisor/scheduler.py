@@ -1,0 +1,122 @@
+"""Which model loads next and which replica makes room: pure decisions.
+
+Follows llama.cpp's router (tools/server/server-models.cpp) and fixes the
+holes its users report:
+
+* the admission queue holds *models*, not requests; a model's place is the
+  arrival time of its first waiter, and only the queue head may claim a
+  slot, so a burst of requests for one model starts one load;
+* free slots = ``models_max - running + stopping - claimed`` (a replica that
+  is stopping no longer counts, as in llama.cpp);
+* a victim is the least recently used replica that is loaded or sleeping,
+  has no request in flight, is not already stopping, and whose model has no
+  waiters; a busy replica is never evicted, so when nothing can be evicted
+  the head waits instead of failing with "model limit reached";
+* a replica that became ready counts as used at that moment, so it cannot
+  be chosen as a victim before the request that caused its load is served.
+
+:meth:`Scheduler.plan` takes a snapshot and returns actions; the supervisor
+carries them out. Keeping it pure keeps it testable without processes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ReplicaView:
+    """Scheduler's view of one running replica (times in ns)."""
+
+    slot: int
+    model: int
+    state: str  # "loading" | "ready" | "sleeping" | "stopping"
+    in_flight: int
+    last_used_ns: int  # max(last request start/end, ready time)
+
+
+@dataclass(slots=True)
+class ModelView:
+    """Demand for one model: ``waiters`` summed over proxies, ``first_ns``
+    the oldest waiter's arrival, ``blocked_until_ns`` the load backoff."""
+
+    index: int
+    waiters: int
+    first_ns: int
+    blocked_until_ns: int = 0
+
+
+@dataclass(slots=True)
+class Spawn:
+    model: int
+    reason: str
+
+
+@dataclass(slots=True)
+class Stop:
+    slot: int
+    model: int
+    reason: str
+    for_model: int = -1  # the queue head this eviction makes room for
+
+
+@dataclass(slots=True)
+class Scheduler:
+    """Admission queue and victim choice for ``models_max`` replicas."""
+
+    models_max: int
+    claimed: set[int] = field(default_factory=set)
+
+    def queue(self, models: list[ModelView], replicas: list[ReplicaView], now_ns: int) -> list[ModelView]:
+        """Models with waiters and no running replica, oldest first waiter
+        first (ties by index). Models in load backoff are left out: their
+        waiters are answered 503 by the proxies instead of respawning."""
+        running = {r.model for r in replicas if r.state != "stopping"}
+        q = [
+            m
+            for m in models
+            if m.waiters > 0 and m.index not in running and m.blocked_until_ns <= now_ns
+        ]
+        q.sort(key=lambda m: (m.first_ns, m.index))
+        return q
+
+    def pick_victim(
+        self, replicas: list[ReplicaView], wanted: set[int], exclude: set[int] = frozenset()
+    ) -> ReplicaView | None:
+        """Least recently used idle replica whose model nobody waits for."""
+        best = None
+        for r in replicas:
+            if r.state not in ("ready", "sleeping") or r.in_flight > 0:
+                continue
+            if r.model in wanted or r.slot in exclude:
+                continue
+            if best is None or r.last_used_ns < best.last_used_ns:
+                best = r
+        return best
+
+    def plan(
+        self, models: list[ModelView], replicas: list[ReplicaView], now_ns: int
+    ) -> list[Spawn | Stop]:
+        """Actions for this tick: loads for the queue head(s) while slots are
+        free, and at most one eviction per slot the head still needs."""
+        actions: list[Spawn | Stop] = []
+        running = sum(1 for r in replicas if r.state != "stopping")
+        free = self.models_max - running
+        wanted = {m.index for m in models if m.waiters > 0}
+        evicted: set[int] = set()
+        for m in self.queue(models, replicas, now_ns):
+            if free <= 0:
+                victim = self.pick_victim(replicas, wanted, evicted)
+                if victim is None:
+                    # every replica is busy or wanted: the head waits (no
+                    # "limit reached" error); later models wait behind it
+                    break
+                evicted.add(victim.slot)
+                actions.append(Stop(victim.slot, victim.model, "evicted (LRU idle)", m.index))
+                free += 1
+            actions.append(Spawn(m.index, f"{m.waiters} waiting since {m.first_ns}"))
+            free -= 1
+        return actions
