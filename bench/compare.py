@@ -72,14 +72,14 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.serving import BenchConfig, percentile, run  # noqa: E402
+from bench.serving import BenchConfig, percentile, run
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,8 @@ DIRECT_CMD = (
 )
 GGMUX_SERVE_ARGS = "serve --host 127.0.0.1 --port {port} --models-max 2 --proxies 2"
 FAKE_CMD = (
-    "{python} -m bench.fake_openai --port {port} --models " + ",".join(DEMO_MODELS)
+    "{python} -m bench.fake_openai --port {port} --models "
+    + ",".join(DEMO_MODELS)
     + " --ttft 0.02 --token-delay 0.005 --load-delay 0.5"
 )
 
@@ -142,12 +143,28 @@ class Settings:
     warmup: int = 2
 
 
-QUICK = Settings(rounds=2, overhead_requests=20, cheap_requests=100, throughput_seconds=2.0,
-                 concurrencies=(16, 64), ttft_requests=5, ttft_max_tokens=16,
-                 ttft_prompt_words=48, cold_rounds=2)
-FULL = Settings(rounds=5, overhead_requests=100, cheap_requests=500, throughput_seconds=5.0,
-                concurrencies=(16, 64), ttft_requests=20, ttft_max_tokens=32,
-                ttft_prompt_words=96, cold_rounds=5)
+QUICK = Settings(
+    rounds=2,
+    overhead_requests=20,
+    cheap_requests=100,
+    throughput_seconds=2.0,
+    concurrencies=(16, 64),
+    ttft_requests=5,
+    ttft_max_tokens=16,
+    ttft_prompt_words=48,
+    cold_rounds=2,
+)
+FULL = Settings(
+    rounds=5,
+    overhead_requests=100,
+    cheap_requests=500,
+    throughput_seconds=5.0,
+    concurrencies=(16, 64),
+    ttft_requests=20,
+    ttft_max_tokens=32,
+    ttft_prompt_words=96,
+    cold_rounds=5,
+)
 
 
 # --------------------------------------------------------------------------
@@ -166,15 +183,25 @@ class ProcessSet:
         self.workdir = workdir
         self._procs: list[tuple[str, subprocess.Popen[bytes]]] = []
 
-    def spawn(self, name: str, cmd: Sequence[str], env: dict[str, str] | None = None,
-              stdout: int | None = None) -> subprocess.Popen[bytes]:
+    def spawn(
+        self,
+        name: str,
+        cmd: Sequence[str],
+        env: dict[str, str] | None = None,
+        stdout: int | None = None,
+    ) -> subprocess.Popen[bytes]:
         """Start ``cmd``; stderr (and stdout unless given) go to ``workdir/name.log``."""
         log_path = self.workdir / f"{name}.log"
         logger.info("starting %s: %s", name, shlex.join(cmd))
         with open(log_path, "ab") as log_file:
             proc = subprocess.Popen(
-                list(cmd), stdin=subprocess.PIPE, stdout=stdout or log_file, stderr=log_file,
-                env=env, cwd=REPO_ROOT, start_new_session=True,
+                list(cmd),
+                stdin=subprocess.PIPE,
+                stdout=stdout or log_file,
+                stderr=log_file,
+                env=env,
+                cwd=REPO_ROOT,
+                start_new_session=True,
             )
         self._procs.append((name, proc))
         return proc
@@ -232,8 +259,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def http_request(base_url: str, method: str, path: str, body: dict[str, Any] | None = None,
-                 timeout: float = 5.0) -> tuple[int, Any]:
+def http_request(
+    base_url: str, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 5.0
+) -> tuple[int, Any]:
     """One request; returns ``(status, parsed JSON or text)``; raises ``OSError``."""
     host, _, port = base_url.removeprefix("http://").partition(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
@@ -251,8 +279,13 @@ def http_request(base_url: str, method: str, path: str, body: dict[str, Any] | N
         return resp.status, raw.decode("utf-8", "replace")
 
 
-def wait_ready(base_url: str, path: str, proc: subprocess.Popen[bytes] | None, timeout: float,
-               interval: float = 0.05) -> float:
+def wait_ready(
+    base_url: str,
+    path: str,
+    proc: subprocess.Popen[bytes] | None,
+    timeout: float,
+    interval: float = 0.05,
+) -> float:
     """Poll ``GET path`` until 200; returns seconds waited.
 
     Raises ``TargetError`` when ``proc`` exits first or ``timeout`` seconds pass.
@@ -332,8 +365,13 @@ def ggmux_env(python: str, workdir: Path) -> dict[str, str]:
     """
     env = dict(os.environ)
     paths = [str(REPO_ROOT)]
-    probe = subprocess.run([python, "-c", "import ggmux.instance"], capture_output=True,
-                           cwd=workdir, env=env)
+    probe = subprocess.run(
+        [python, "-c", "import ggmux.instance"],
+        check=False,
+        capture_output=True,
+        cwd=workdir,
+        env=env,
+    )
     if probe.returncode != 0:
         link = workdir / "pkgs" / "ggmux"
         link.parent.mkdir(exist_ok=True)
@@ -406,17 +444,25 @@ def start_nginx(ctx: Context) -> Target:
     tmp.mkdir(exist_ok=True)
     port = free_port()
     conf = tmp / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(
-        user="user root;\n" if os.geteuid() == 0 else "",  # workers may write tmp
-        workers=ctx.args.proxies, tmp=tmp, upstream=ctx.direct_port, port=port,
-    ))
+    conf.write_text(
+        NGINX_CONF.format(
+            user="user root;\n" if os.geteuid() == 0 else "",  # workers may write tmp
+            workers=ctx.args.proxies,
+            tmp=tmp,
+            upstream=ctx.direct_port,
+            port=port,
+        )
+    )
     proc = ctx.procs.spawn("nginx", [nginx, "-p", str(tmp), "-c", str(conf), "-g", "daemon off;"])
     try:
         wait_ready(f"http://127.0.0.1:{port}", "/health", proc, 20.0)
     except TargetError as exc:
         raise TargetError(f"{exc}\n{ctx.procs.log_tail('nginx')}") from None
-    return Target("nginx", f"http://127.0.0.1:{port}",
-                  note=f"nginx, {ctx.args.proxies} workers, in front of the direct instance")
+    return Target(
+        "nginx",
+        f"http://127.0.0.1:{port}",
+        note=f"nginx, {ctx.args.proxies} workers, in front of the direct instance",
+    )
 
 
 def start_ggmux(ctx: Context) -> Target:
@@ -426,9 +472,15 @@ def start_ggmux(ctx: Context) -> Target:
         cmd = _format_cmd(ctx.args.ggmux_cmd, python=ctx.args.python, port=port)
     else:
         exe = shutil.which("ggmux", path=str(Path(ctx.args.python).parent)) or shutil.which("ggmux")
-        launcher = [exe] if exe else [
-            ctx.args.python, "-c", "import sys; from ggmux.supervisor.cli import main; sys.exit(main())",
-        ]
+        launcher = (
+            [exe]
+            if exe
+            else [
+                ctx.args.python,
+                "-c",
+                "import sys; from ggmux.supervisor.cli import main; sys.exit(main())",
+            ]
+        )
         cmd = [*launcher, *_format_cmd(GGMUX_SERVE_ARGS, port=port)]
         cmd[cmd.index("--proxies") + 1] = str(ctx.args.proxies)
     proc = ctx.procs.spawn("ggmux", cmd, env=ctx.env)
@@ -436,8 +488,12 @@ def start_ggmux(ctx: Context) -> Target:
         wait_ready(f"http://127.0.0.1:{port}", "/health", proc, ctx.args.start_timeout)
     except TargetError as exc:
         raise TargetError(f"{exc}\n{ctx.procs.log_tail('ggmux')}") from None
-    return Target("ggmux", f"http://127.0.0.1:{port}", cheap_path=f"/upstream/{HOT_MODEL}/health",
-                  can_unload=True)
+    return Target(
+        "ggmux",
+        f"http://127.0.0.1:{port}",
+        cheap_path=f"/upstream/{HOT_MODEL}/health",
+        can_unload=True,
+    )
 
 
 def start_llama_router(ctx: Context) -> Target:
@@ -449,13 +505,24 @@ def start_llama_router(ctx: Context) -> Target:
     (tmp / "cache").mkdir(parents=True, exist_ok=True)
     preset = tmp / "models.ini"
     sections = "".join(
-        f"\n[{name}]\nmodel = {ctx.model_paths[name]}\n" for name in DEMO_MODELS
+        f"\n[{name}]\nmodel = {ctx.model_paths[name]}\n"
+        for name in DEMO_MODELS
         if name in ctx.model_paths
     )
     preset.write_text(f"version = 1\n\n[*]\nc = {CTX_SIZE}\n{sections}")
     port = free_port()
-    cmd = [binary, "--models-preset", str(preset), "--models-max", "2", "--host", "127.0.0.1",
-           "--port", str(port), *shlex.split(ctx.args.llama_server_args)]
+    cmd = [
+        binary,
+        "--models-preset",
+        str(preset),
+        "--models-max",
+        "2",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *shlex.split(ctx.args.llama_server_args),
+    ]
     env = dict(os.environ, LLAMA_CACHE=str(tmp / "cache"))  # no cached models listed
     proc = ctx.procs.spawn("llama-router", cmd, env=env)
     base_url = f"http://127.0.0.1:{port}"
@@ -463,10 +530,14 @@ def start_llama_router(ctx: Context) -> Target:
         wait_ready(base_url, "/health", proc, ctx.args.start_timeout)
     except TargetError as exc:
         raise TargetError(f"{exc}\n{ctx.procs.log_tail('llama-router')}") from None
-    return Target("llama-router", base_url, cheap_path=f"/props?model={HOT_MODEL}",
-                  can_unload=True,
-                  note=f"llama-server router ({ctx.args.llama_server_args}); cheap GET is the "
-                       "child's /props, a different handler from the instance's /health")
+    return Target(
+        "llama-router",
+        base_url,
+        cheap_path=f"/props?model={HOT_MODEL}",
+        can_unload=True,
+        note=f"llama-server router ({ctx.args.llama_server_args}); cheap GET is the "
+        "child's /props, a different handler from the instance's /health",
+    )
 
 
 STARTERS: dict[str, Callable[[Context], Target]] = {
@@ -515,61 +586,100 @@ class Phase:
     make: Callable[[Target], BenchConfig]
 
 
-def hot_phases(settings: Settings, timeout: float) -> list[Phase]:
-    """The warm-model figures, in the order they run."""
-    base = BenchConfig(models=[(HOT_MODEL, 1.0)], rate=math.inf, warmup=settings.warmup,
-                       progress=False, timeout=timeout, seed=1)
+def hot_phases(settings: Settings, template: BenchConfig) -> list[Phase]:
+    """The warm-model figures, in the order they run.
+
+    ``template`` carries the options common to every request (endpoint,
+    timeout); the rest is set here per figure.
+    """
+    base = replace(
+        template,
+        models=[(HOT_MODEL, 1.0)],
+        rate=math.inf,
+        warmup=settings.warmup,
+        progress=False,
+        seed=1,
+    )
+    kind = template.endpoint
     tiny = replace(base, stream=False, max_tokens=(1, 1), prompt_words=(1, 1))
 
     def tiny_cfg(**kw: Any) -> Callable[[Target], BenchConfig]:
         return lambda t: replace(tiny, base_url=t.base_url, **kw)
 
     def cheap_cfg(**kw: Any) -> Callable[[Target], BenchConfig]:
-        return lambda t: replace(base, base_url=t.base_url, endpoint="get", path=t.cheap_path,
-                                 **kw)
+        return lambda t: replace(base, base_url=t.base_url, endpoint="get", path=t.cheap_path, **kw)
 
     phases = [
-        Phase("tiny_c1", "chat max_tokens=1, 1 conn",
-              tiny_cfg(requests=settings.overhead_requests, max_concurrency=1)),
-        Phase("cheap_c1", "cheap GET, 1 conn",
-              cheap_cfg(requests=settings.cheap_requests, max_concurrency=1)),
+        Phase(
+            "tiny_c1",
+            f"{kind} max_tokens=1, 1 conn",
+            tiny_cfg(requests=settings.overhead_requests, max_concurrency=1),
+        ),
+        Phase(
+            "cheap_c1",
+            "cheap GET, 1 conn",
+            cheap_cfg(requests=settings.cheap_requests, max_concurrency=1),
+        ),
     ]
     for c in settings.concurrencies:
-        phases.append(Phase(f"cheap_c{c}", f"cheap GET, {c} conns",
-                            cheap_cfg(duration=settings.throughput_seconds, max_concurrency=c,
-                                      warmup=c)))
-        phases.append(Phase(f"tiny_c{c}", f"chat max_tokens=1, {c} conns",
-                            tiny_cfg(duration=settings.throughput_seconds, max_concurrency=c,
-                                     warmup=settings.warmup)))
-    phases.append(Phase(
-        "stream_c1", "streaming chat, 1 conn",
-        lambda t: replace(base, base_url=t.base_url, requests=settings.ttft_requests,
-                          max_concurrency=1,
-                          max_tokens=(settings.ttft_max_tokens, settings.ttft_max_tokens),
-                          prompt_words=(settings.ttft_prompt_words, settings.ttft_prompt_words)),
-    ))
+        phases.append(
+            Phase(
+                f"cheap_c{c}",
+                f"cheap GET, {c} conns",
+                cheap_cfg(duration=settings.throughput_seconds, max_concurrency=c, warmup=c),
+            )
+        )
+        phases.append(
+            Phase(
+                f"tiny_c{c}",
+                f"{kind} max_tokens=1, {c} conns",
+                tiny_cfg(
+                    duration=settings.throughput_seconds, max_concurrency=c, warmup=settings.warmup
+                ),
+            )
+        )
+    phases.append(
+        Phase(
+            "stream_c1",
+            f"streaming {kind}, 1 conn",
+            lambda t: replace(
+                base,
+                base_url=t.base_url,
+                requests=settings.ttft_requests,
+                max_concurrency=1,
+                max_tokens=(settings.ttft_max_tokens, settings.ttft_max_tokens),
+                prompt_words=(settings.ttft_prompt_words, settings.ttft_prompt_words),
+            ),
+        )
+    )
     return phases
 
 
-def measure_hot(targets: Sequence[Target], settings: Settings, timeout: float
-                ) -> dict[str, dict[str, list[dict[str, Any]]]]:
+def measure_hot(
+    targets: Sequence[Target], settings: Settings, template: BenchConfig
+) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """Run every hot phase over ``settings.rounds`` rounds of all targets in turn.
 
     Returns ``{phase: {target: [run summary + records, one per round]}}``.
     """
     out: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for phase in hot_phases(settings, timeout):
+    for phase in hot_phases(settings, template):
         out[phase.key] = {t.name: [] for t in targets}
         for round_no in range(settings.rounds):
             for target in targets:
                 result = run(phase.make(target))
                 s = result["summary"]
-                logger.info("%-28s round %d %-13s ok %4d failed %3d  %.1f req/s  p50 %s ms",
-                            phase.title, round_no + 1, target.name, s["ok"], s["failed"],
-                            s["request_throughput"] or 0.0,
-                            _fmt_ms(s["metrics"]["e2e"]["p50"]))
-                out[phase.key][target.name].append(
-                    {"summary": s, "requests": result["requests"]})
+                logger.info(
+                    "%-28s round %d %-13s ok %4d failed %3d  %.1f req/s  p50 %s ms",
+                    phase.title,
+                    round_no + 1,
+                    target.name,
+                    s["ok"],
+                    s["failed"],
+                    s["request_throughput"] or 0.0,
+                    _fmt_ms(s["metrics"]["e2e"]["p50"]),
+                )
+                out[phase.key][target.name].append({"summary": s, "requests": result["requests"]})
     return out
 
 
@@ -581,8 +691,13 @@ def raw_load(python: str, model_path: Path) -> dict[str, float | None]:
     ``Popen`` to the first token, measured here). Raises ``TargetError``.
     """
     start = time.perf_counter()
-    proc = subprocess.run([python, "-c", RAW_LOAD_SCRIPT, str(model_path), str(CTX_SIZE)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [python, "-c", RAW_LOAD_SCRIPT, str(model_path), str(CTX_SIZE)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise TargetError(f"raw load failed: {proc.stderr.strip()[-500:]}")
@@ -595,21 +710,33 @@ def raw_load(python: str, model_path: Path) -> dict[str, float | None]:
     return timings
 
 
-def first_token(base_url: str, model: str, timeout: float) -> dict[str, Any]:
-    """One streamed chat request; returns its record (``ttft`` in seconds)."""
-    result = run(BenchConfig(base_url=base_url, models=[(model, 1.0)], requests=1,
-                             rate=math.inf, max_tokens=(4, 4), prompt_words=(4, 4),
-                             progress=False, timeout=timeout))
+def first_token(base_url: str, model: str, template: BenchConfig) -> dict[str, Any]:
+    """One streamed request to ``model``; returns its record (``ttft`` in seconds)."""
+    result = run(
+        replace(
+            template,
+            base_url=base_url,
+            models=[(model, 1.0)],
+            requests=1,
+            rate=math.inf,
+            max_tokens=(4, 4),
+            prompt_words=(4, 4),
+            stream=True,
+            warmup=0,
+            progress=False,
+        )
+    )
     return result["requests"][0]
 
 
-def cold_via_unload(target: Target, model: str, timeout: float) -> dict[str, Any]:
+def cold_via_unload(target: Target, model: str, template: BenchConfig) -> dict[str, Any]:
     """Unload ``model`` on ``target``, wait until it reports unloaded, time a request.
 
     Returns ``{"seconds": spawn-free request-to-first-token or None, "error"}``.
     """
-    status, payload = http_request(target.base_url, "POST", "/models/unload", {"model": model},
-                                   timeout=30.0)
+    status, payload = http_request(
+        target.base_url, "POST", "/models/unload", {"model": model}, timeout=30.0
+    )
     if status not in (200, 400):  # 400: already unloaded on llama.cpp's router
         return {"seconds": None, "error": f"unload: HTTP {status} {str(payload)[:200]}"}
     deadline = time.perf_counter() + 60.0
@@ -617,11 +744,11 @@ def cold_via_unload(target: Target, model: str, timeout: float) -> dict[str, Any
         if time.perf_counter() > deadline:
             return {"seconds": None, "error": f"still {state!r} 60 s after unload"}
         time.sleep(0.05)
-    record = first_token(target.base_url, model, timeout)
+    record = first_token(target.base_url, model, template)
     return {"seconds": record["ttft"], "e2e": record["e2e"], "error": record["error"]}
 
 
-def cold_via_respawn(ctx: Context, model: str, timeout: float) -> dict[str, Any]:
+def cold_via_respawn(ctx: Context, model: str, template: BenchConfig) -> dict[str, Any]:
     """Spawn a fresh direct instance of ``model``; seconds from spawn to first token."""
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
@@ -630,7 +757,7 @@ def cold_via_respawn(ctx: Context, model: str, timeout: float) -> dict[str, Any]
     try:
         wait_ready(base_url, "/health", proc, ctx.args.start_timeout, interval=0.01)
         sent = time.perf_counter() - start
-        record = first_token(base_url, model, timeout)
+        record = first_token(base_url, model, template)
         seconds = None if record["ttft"] is None else sent + record["ttft"]
         return {"seconds": seconds, "ready_s": sent, "error": record["error"]}
     except TargetError as exc:
@@ -639,8 +766,9 @@ def cold_via_respawn(ctx: Context, model: str, timeout: float) -> dict[str, Any]
         ctx.procs.stop(proc)
 
 
-def measure_cold(ctx: Context, targets: Sequence[Target], settings: Settings, timeout: float
-                 ) -> dict[str, dict[str, list[dict[str, Any]]]]:
+def measure_cold(
+    ctx: Context, targets: Sequence[Target], settings: Settings, template: BenchConfig
+) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """Cold switch per model, alternating raw load, direct respawn and unloading targets.
 
     Returns ``{model: {"raw": [...], "direct": [...], target: [...]}}``, one
@@ -655,19 +783,24 @@ def measure_cold(ctx: Context, targets: Sequence[Target], settings: Settings, ti
             if not ctx.args.fake:
                 try:
                     out[model].setdefault("raw", []).append(
-                        raw_load(ctx.args.python, ctx.model_paths[model]))
+                        raw_load(ctx.args.python, ctx.model_paths[model])
+                    )
                 except (TargetError, subprocess.TimeoutExpired, ValueError) as exc:
                     out[model].setdefault("raw", []).append({"error": str(exc)})
             if "direct" in {t.name for t in targets}:
-                out[model].setdefault("direct", []).append(cold_via_respawn(ctx, model, timeout))
+                out[model].setdefault("direct", []).append(cold_via_respawn(ctx, model, template))
             for target in unloading:
                 try:
-                    entry = cold_via_unload(target, model, timeout)
+                    entry = cold_via_unload(target, model, template)
                 except OSError as exc:
                     entry = {"seconds": None, "error": f"{type(exc).__name__}: {exc}"}
                 out[model].setdefault(target.name, []).append(entry)
-            logger.info("cold %s round %d: %s", model, round_no + 1,
-                        {k: _cold_value(v[-1]) for k, v in out[model].items()})
+            logger.info(
+                "cold %s round %d: %s",
+                model,
+                round_no + 1,
+                {k: _cold_value(v[-1]) for k, v in out[model].items()},
+            )
     return out
 
 
@@ -685,7 +818,9 @@ def _fmt_ms(seconds: float | None) -> str:
 
 def pooled(rounds: Sequence[dict[str, Any]], metric: str) -> list[float]:
     """Every successful request's ``metric`` (seconds) across rounds."""
-    return [r[metric] for rnd in rounds for r in rnd["requests"] if r["ok"] and r[metric] is not None]
+    return [
+        r[metric] for rnd in rounds for r in rnd["requests"] if r["ok"] and r[metric] is not None
+    ]
 
 
 def throughput(rounds: Sequence[dict[str, Any]]) -> float | None:
@@ -708,7 +843,8 @@ def figures(hot: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, dict[s
                 out.setdefault(f"{phase}.{metric}_p99", {})[target] = percentile(values, 99)
                 if phase.startswith("stream"):
                     out.setdefault(f"{phase}.tpot_p50", {})[target] = percentile(
-                        pooled(rounds, "tpot"), 50)
+                        pooled(rounds, "tpot"), 50
+                    )
             else:
                 out.setdefault(f"{phase}.rps", {})[target] = throughput(rounds)
     return out
@@ -743,12 +879,15 @@ def format_report(report: dict[str, Any]) -> str:
         label = f"{report['titles'].get(phase, phase)}: {metric.replace('_', ' ')}"
         label += " (req/s)" if kind == "rps" else " (ms)"
         ref = values.get("direct")
-        lines.append(f"{label:<44}" + "".join(
-            f"{_cell(values.get(n), ref, kind):>{width}}" for n in names))
+        lines.append(
+            f"{label:<44}" + "".join(f"{_cell(values.get(n), ref, kind):>{width}}" for n in names)
+        )
     failed = {k: v for k, v in figs.items() if k.endswith(".failed") and any(v.values())}
     for key, values in failed.items():
-        lines.append(f"{'failed: ' + key.split('.')[0]:<44}" + "".join(
-            f"{values.get(n, 0):>{width}}" for n in names))
+        lines.append(
+            f"{'failed: ' + key.split('.')[0]:<44}"
+            + "".join(f"{values.get(n, 0):>{width}}" for n in names)
+        )
     lines.append("ms cells: value (added vs direct, ratio); req/s cells: value (ratio to direct)")
     for t in report["targets"]:
         if t["note"]:
@@ -760,14 +899,19 @@ def format_report(report: dict[str, Any]) -> str:
         raw = by_source.get("raw", [])
         raw_load_s = _median([r.get("load_s") for r in raw])
         raw_first = _median([r.get("spawn_to_first_token_s") for r in raw])
-        lines.append(f"  {model}: raw Llama() load {_fmt_s(raw_load_s)}, raw interpreter "
-                     f"spawn to first token {_fmt_s(raw_first)}")
+        lines.append(
+            f"  {model}: raw Llama() load {_fmt_s(raw_load_s)}, raw interpreter "
+            f"spawn to first token {_fmt_s(raw_first)}"
+        )
         for source, entries in by_source.items():
             if source == "raw":
                 continue
             value = _median([e.get("seconds") for e in entries])
-            ratio = f" ({value / raw_first:.2f}x raw spawn to first token)" if (
-                value and raw_first) else ""
+            ratio = (
+                f" ({value / raw_first:.2f}x raw spawn to first token)"
+                if (value and raw_first)
+                else ""
+            )
             errors = [e["error"] for e in entries if e.get("error")]
             how = "respawn" if source == "direct" else "unload + request"
             err = f"  errors: {errors[0][:80]}" if errors else ""
@@ -792,15 +936,20 @@ def machine_info() -> dict[str, Any]:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=REPO_ROOT).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+    ).stdout.strip()
     llama_version = None
     with contextlib.suppress(Exception):
         from importlib.metadata import version
 
         llama_version = version("llama-cpp-python")
     return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "nproc": os.cpu_count(),
         "cpu": cpu,
         "platform": platform.platform(),
@@ -816,28 +965,46 @@ def machine_info() -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``bench.compare`` command line."""
-    p = argparse.ArgumentParser(prog="python -m bench.compare",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--targets", default=",".join(ALL_TARGETS),
-                   help="comma-separated, from " + ", ".join(ALL_TARGETS)
-                        + " (unavailable ones are skipped)")
+    p = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--targets",
+        default=",".join(ALL_TARGETS),
+        help="comma-separated, from " + ", ".join(ALL_TARGETS) + " (unavailable ones are skipped)",
+    )
     p.add_argument("--quick", action="store_true", help="short runs: under 5 minutes on 2 cores")
     p.add_argument("--rounds", type=int, help="rounds of every hot figure (overrides the preset)")
     p.add_argument("--skip", default="", help="comma-separated parts to skip: hot, cold")
     p.add_argument("--python", default=sys.executable, help="interpreter for instances")
-    p.add_argument("--direct-cmd", default=DIRECT_CMD,
-                   help="direct target command; {python} {model} {model_path} {port}")
-    p.add_argument("--ggmux-cmd", help="ggmux target command; {python} {port} "
-                                       "(default: ggmux " + GGMUX_SERVE_ARGS + ")")
+    p.add_argument(
+        "--direct-cmd",
+        default=DIRECT_CMD,
+        help="direct target command; {python} {model} {model_path} {port}",
+    )
+    p.add_argument(
+        "--ggmux-cmd",
+        help="ggmux target command; {python} {port} (default: ggmux " + GGMUX_SERVE_ARGS + ")",
+    )
     p.add_argument("--proxies", type=int, default=2, help="ggmux proxies and nginx workers")
     p.add_argument("--nginx", help="nginx binary (default: on PATH)")
     p.add_argument("--llama-server", help="llama-server binary (default: on PATH)")
-    p.add_argument("--llama-server-args", default=_default_llama_server_args(),
-                   help="extra router arguments, passed on to its model instances")
-    p.add_argument("--fake", action="store_true",
-                   help="use bench.fake_openai as the direct target (harness self-check)")
+    p.add_argument(
+        "--llama-server-args",
+        default=_default_llama_server_args(),
+        help="extra router arguments, passed on to its model instances",
+    )
+    p.add_argument(
+        "--fake",
+        action="store_true",
+        help="use bench.fake_openai as the direct target (harness self-check)",
+    )
     p.add_argument("--start-timeout", type=float, default=180.0, help="seconds per target start")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
+    p.add_argument(
+        "--endpoint",
+        choices=("chat", "completions"),
+        default="chat",
+        help="inference endpoint of every figure",
+    )
     p.add_argument("--out", type=Path, help="write every figure and request as JSON here")
     p.add_argument("--keep-logs", action="store_true", help="keep the children's logs")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -868,8 +1035,10 @@ def cleanup_on_exit(procs: ProcessSet) -> Iterator[None]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: start targets, measure in alternating rounds, print and save."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     settings = QUICK if args.quick else FULL
     if args.rounds:
         settings = replace(settings, rounds=args.rounds)
@@ -879,6 +1048,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: unknown targets {sorted(unknown)}", file=sys.stderr)
         return 2
     skip = set(filter(None, args.skip.split(",")))
+    template = BenchConfig(endpoint=args.endpoint, timeout=args.timeout, progress=False)
     started = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="ggmux-bench-"))
     procs = ProcessSet(workdir)
@@ -902,8 +1072,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not targets:
                 print("error: no target could be started", file=sys.stderr)
                 return 1
-            hot = {} if "hot" in skip else measure_hot(targets, settings, args.timeout)
-            cold = {} if "cold" in skip else measure_cold(ctx, targets, settings, args.timeout)
+            hot = {} if "hot" in skip else measure_hot(targets, settings, template)
+            cold = {} if "cold" in skip else measure_cold(ctx, targets, settings, template)
     except KeyboardInterrupt:
         print("interrupted; every target was stopped", file=sys.stderr)
         return 130
@@ -922,14 +1092,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seconds": time.perf_counter() - started,
         "targets": [asdict(t) for t in targets],
         "skipped": ctx.skipped,
-        "titles": {p.key: p.title for p in hot_phases(settings, args.timeout)},
+        "titles": {p.key: p.title for p in hot_phases(settings, template)},
         "figures": figures(hot),
         "cold": cold,
         "hot": hot,
     }
     m = report["machine"]
-    print(f"\n{m['date']}  {m['nproc']} cores  {m['cpu']}  commit {m['git_commit']}  "
-          f"({report['seconds']:.0f} s)")
+    print(
+        f"\n{m['date']}  {m['nproc']} cores  {m['cpu']}  commit {m['git_commit']}  "
+        f"({report['seconds']:.0f} s)"
+    )
     print(format_report(report))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,9 @@ class FakeOpenAIServer:
         finally:
             writer.close()
 
-    async def _route(self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter) -> None:
+    async def _route(
+        self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter
+    ) -> None:
         path = path.split("?", 1)[0]
         if method == "GET" and path == "/health":
             await _send_json(writer, 200, {"status": "ok"})
@@ -131,13 +133,19 @@ class FakeOpenAIServer:
         return {
             "object": "list",
             "data": [
-                {"id": n, "object": "model", "owned_by": "fake",
-                 "status": {"value": "unloaded" if n in self._unloaded else "loaded"}}
+                {
+                    "id": n,
+                    "object": "model",
+                    "owned_by": "fake",
+                    "status": {"value": "unloaded" if n in self._unloaded else "loaded"},
+                }
                 for n in names
             ],
         }
 
-    async def _complete(self, path: str, request: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+    async def _complete(
+        self, path: str, request: dict[str, Any], writer: asyncio.StreamWriter
+    ) -> None:
         model = str(request.get("model", "fake"))
         if self.models is not None and model not in self.models:
             await _send_json(writer, 404, _error(f"model {model!r} not found", "model_not_found"))
@@ -153,15 +161,26 @@ class FakeOpenAIServer:
             await asyncio.sleep(self.ttft + self.token_delay * max(n - 1, 0))
             text = " ".join(f"tok{i}" for i in range(n))
             choice: dict[str, Any] = (
-                {"index": 0, "message": {"role": "assistant", "content": text},
-                 "finish_reason": "length"}
-                if chat else {"index": 0, "text": text, "finish_reason": "length"}
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "length",
+                }
+                if chat
+                else {"index": 0, "text": text, "finish_reason": "length"}
             )
-            await _send_json(writer, 200, {
-                "id": "fake-1", "object": "chat.completion" if chat else "text_completion",
-                "created": created, "model": model, "choices": [choice],
-                "usage": {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n},
-            })
+            await _send_json(
+                writer,
+                200,
+                {
+                    "id": "fake-1",
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": created,
+                    "model": model,
+                    "choices": [choice],
+                    "usage": {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n},
+                },
+            )
             return
         writer.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
@@ -172,10 +191,16 @@ class FakeOpenAIServer:
             piece = f"tok{i} "
             choice = (
                 {"index": 0, "delta": {"content": piece}, "finish_reason": None}
-                if chat else {"index": 0, "text": piece, "finish_reason": None}
+                if chat
+                else {"index": 0, "text": piece, "finish_reason": None}
             )
-            event = {"id": "fake-1", "object": "chat.completion.chunk" if chat else "text_completion",
-                     "created": created, "model": model, "choices": [choice]}
+            event = {
+                "id": "fake-1",
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [choice],
+            }
             _write_chunk(writer, b"data: " + json.dumps(event).encode() + b"\n\n")
             await writer.drain()
         _write_chunk(writer, b"data: [DONE]\n\n")
@@ -203,7 +228,8 @@ async def _send_json(writer: asyncio.StreamWriter, status: int, payload: dict[st
     body = json.dumps(payload).encode()
     writer.write(
         f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+        f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
     )
     await writer.drain()
 
@@ -228,7 +254,7 @@ class FakeServerThread:
         """``http://host:port`` of the running server."""
         return self.server.base_url
 
-    def __enter__(self) -> FakeServerThread:
+    def __enter__(self) -> Self:
         self._thread.start()
         if not self._ready.wait(10.0) or self._error is not None:
             raise RuntimeError(f"fake server did not start: {self._error}")
@@ -242,7 +268,7 @@ class FakeServerThread:
     def _main(self) -> None:
         try:
             asyncio.run(self._serve())
-        except BaseException as exc:  # reported to __enter__
+        except Exception as exc:  # noqa: BLE001  # reported to __enter__
             self._error = exc
             self._ready.set()
 
@@ -259,7 +285,9 @@ class FakeServerThread:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m bench.fake_openai``: serve until interrupted."""
-    p = argparse.ArgumentParser(prog="python -m bench.fake_openai", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m bench.fake_openai", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8081)
     p.add_argument("--ttft", type=float, default=0.02, help="seconds to the first token")
@@ -269,8 +297,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     server = FakeOpenAIServer(
-        host=args.host, port=args.port, ttft=args.ttft, token_delay=args.token_delay,
-        load_delay=args.load_delay, models=args.models.split(",") if args.models else None,
+        host=args.host,
+        port=args.port,
+        ttft=args.ttft,
+        token_delay=args.token_delay,
+        load_delay=args.load_delay,
+        models=args.models.split(",") if args.models else None,
     )
 
     async def serve() -> None:

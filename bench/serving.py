@@ -46,7 +46,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -70,13 +70,58 @@ PERCENTILES = (50.0, 90.0, 99.0)
 
 # A small fixed vocabulary: prompts are reproducible from the seed and
 # tokenize to roughly 1.3 tokens per word on common tokenizers.
-_WORDS = (
-    "river mountain lantern copper garden whisper harbor meadow signal orbit "
-    "candle forest marble thunder velvet compass island ember glacier puzzle "
-    "falcon quartz harvest beacon canyon silver meadow rocket shadow willow "
-    "anchor bridge cobalt desert engine feather galaxy hollow ivory jungle "
-    "kettle ladder mirror nickel oyster pepper quiver ribbon saddle timber"
-).split()
+_WORDS = [
+    "river",
+    "mountain",
+    "lantern",
+    "copper",
+    "garden",
+    "whisper",
+    "harbor",
+    "meadow",
+    "signal",
+    "orbit",
+    "candle",
+    "forest",
+    "marble",
+    "thunder",
+    "velvet",
+    "compass",
+    "island",
+    "ember",
+    "glacier",
+    "puzzle",
+    "falcon",
+    "quartz",
+    "harvest",
+    "beacon",
+    "canyon",
+    "silver",
+    "meadow",
+    "rocket",
+    "shadow",
+    "willow",
+    "anchor",
+    "bridge",
+    "cobalt",
+    "desert",
+    "engine",
+    "feather",
+    "galaxy",
+    "hollow",
+    "ivory",
+    "jungle",
+    "kettle",
+    "ladder",
+    "mirror",
+    "nickel",
+    "oyster",
+    "pepper",
+    "quiver",
+    "ribbon",
+    "saddle",
+    "timber",
+]
 
 
 # --------------------------------------------------------------------------
@@ -155,7 +200,10 @@ class BenchConfig:
             raise ValueError("an infinite rate over a duration needs max_concurrency")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
-        for name, (lo, hi) in (("max_tokens", self.max_tokens), ("prompt_words", self.prompt_words)):
+        for name, (lo, hi) in (
+            ("max_tokens", self.max_tokens),
+            ("prompt_words", self.prompt_words),
+        ):
             if lo < 0 or hi < lo:
                 raise ValueError(f"{name} must be a range low <= high, not {(lo, hi)}")
         if urlsplit(self.base_url).scheme != "http":
@@ -428,14 +476,20 @@ class _Client:
         start = time.perf_counter()
         held: list[_Response] = []
         try:
-            await asyncio.wait_for(self._exchange(head, body, start, result, held),
-                                   self.config.timeout)
+            await asyncio.wait_for(
+                self._exchange(head, body, start, result, held), self.config.timeout
+            )
             result.e2e = time.perf_counter() - start
             result.ok = result.status == 200 and result.error is None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             result.error = f"timeout after {self.config.timeout:g} s"
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, HTTPError,
-                ValueError) as exc:
+        except (
+            OSError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            HTTPError,
+            ValueError,
+        ) as exc:
             result.error = f"{type(exc).__name__}: {exc}"
         finally:
             for resp in held:
@@ -443,8 +497,9 @@ class _Client:
         if result.ttft is not None and result.e2e is not None and result.output_tokens > 1:
             result.tpot = (result.e2e - result.ttft) / (result.output_tokens - 1)
 
-    async def _exchange(self, head: bytes, body: bytes, start: float, result: RequestResult,
-                        held: list[_Response]) -> None:
+    async def _exchange(
+        self, head: bytes, body: bytes, start: float, result: RequestResult, held: list[_Response]
+    ) -> None:
         resp = await _send(self.pool, head, body)
         held.append(resp)
         result.ttfb = time.perf_counter() - start
@@ -618,8 +673,13 @@ async def _warmup(client: _Client, config: BenchConfig) -> None:
     width = config.max_concurrency or config.warmup
     rng = random.Random(config.seed ^ 0x5EED)
     specs = [
-        RequestSpec(-1 - i, 0.0, config.models[i % len(config.models)][0],
-                    make_prompt(rng, config.prompt_words[0]), config.max_tokens[0])
+        RequestSpec(
+            -1 - i,
+            0.0,
+            config.models[i % len(config.models)][0],
+            make_prompt(rng, config.prompt_words[0]),
+            config.max_tokens[0],
+        )
         for i in range(config.warmup)
     ]
     for i in range(0, len(specs), width):
@@ -649,7 +709,7 @@ async def _measure(client: _Client, config: BenchConfig) -> dict[str, Any]:
                 limit.release()
             progress.update(result.ok)
 
-    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
     t0 = loop.time()
     try:
         for spec in plan(config):
@@ -712,7 +772,7 @@ def run(config: BenchConfig) -> dict[str, Any]:
 # report
 
 
-def _ms(value: float | int | None) -> str:
+def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.1f}"
 
 
@@ -720,11 +780,15 @@ def format_summary(results: dict[str, Any]) -> str:
     """Human-readable tables of one run's results (milliseconds)."""
     summary = results["summary"]
     lines = [
-        f"requests {summary['requests']}  ok {summary['ok']}  failed {summary['failed']}  "
-        f"statuses {summary['status_counts']}  elapsed {summary['elapsed_s']:.2f} s",
-        f"throughput {summary['request_throughput'] or 0:.2f} req/s, "
-        f"{summary['output_token_throughput'] or 0:.1f} output tok/s, "
-        f"connections opened {results['connections_opened']}",
+        (
+            f"requests {summary['requests']}  ok {summary['ok']}  failed {summary['failed']}  "
+            f"statuses {summary['status_counts']}  elapsed {summary['elapsed_s']:.2f} s"
+        ),
+        (
+            f"throughput {summary['request_throughput'] or 0:.2f} req/s, "
+            f"{summary['output_token_throughput'] or 0:.1f} output tok/s, "
+            f"connections opened {results['connections_opened']}"
+        ),
     ]
     for error, count in summary["errors"].items():
         lines.append(f"  error x{count}: {error}")
@@ -787,7 +851,9 @@ def plot(results: dict[str, Any], directory: Path, label: str = "") -> list[Path
 
     fig, ax = plt.subplots(figsize=(11, 4))
     for model in models:
-        points = [(r["t_sent"], r["ttft"] * 1000) for r in good if r["model"] == model and r["ttft"]]
+        points = [
+            (r["t_sent"], r["ttft"] * 1000) for r in good if r["model"] == model and r["ttft"]
+        ]
         if points:
             ax.scatter(*zip(*points, strict=True), s=8, label=model)
     ax.set_xlabel("send time (s since start)")
@@ -829,25 +895,43 @@ def build_parser() -> argparse.ArgumentParser:
         description="Open-loop load generator for OpenAI-compatible servers.",
     )
     p.add_argument("--base-url", default="http://127.0.0.1:8080", help="server root URL")
-    p.add_argument("--models", default="default",
-                   help="comma-separated models with optional weights: a:3,b:1")
-    p.add_argument("--rate", type=float, default=1.0,
-                   help="mean arrivals per second (Poisson); 'inf' for a closed loop")
+    p.add_argument(
+        "--models", default="default", help="comma-separated models with optional weights: a:3,b:1"
+    )
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=1.0,
+        help="mean arrivals per second (Poisson); 'inf' for a closed loop",
+    )
     p.add_argument("--duration", type=float, default=10.0, help="seconds of arrivals")
     p.add_argument("--requests", type=int, help="number of requests (overrides --duration)")
     p.add_argument("--max-concurrency", type=int, help="most requests in flight")
-    p.add_argument("--max-tokens", type=parse_range, default=(64, 64),
-                   help="output tokens per request, N or LOW-HIGH")
-    p.add_argument("--prompt-words", type=parse_range, default=(32, 32),
-                   help="synthetic prompt words, N or LOW-HIGH")
+    p.add_argument(
+        "--max-tokens",
+        type=parse_range,
+        default=(64, 64),
+        help="output tokens per request, N or LOW-HIGH",
+    )
+    p.add_argument(
+        "--prompt-words",
+        type=parse_range,
+        default=(32, 32),
+        help="synthetic prompt words, N or LOW-HIGH",
+    )
     p.add_argument("--endpoint", choices=ENDPOINTS, default="chat")
     p.add_argument("--path", help="request path overriding the endpoint's default")
-    p.add_argument("--no-stream", dest="stream", action="store_false",
-                   help="ask for whole responses (no TTFT)")
+    p.add_argument(
+        "--no-stream", dest="stream", action="store_false", help="ask for whole responses (no TTFT)"
+    )
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--ignore-eos", action="store_true", help="send ignore_eos: true")
-    p.add_argument("--extra-body", type=json.loads, default={},
-                   help="JSON object merged into each request body")
+    p.add_argument(
+        "--extra-body",
+        type=json.loads,
+        default={},
+        help="JSON object merged into each request body",
+    )
     p.add_argument("--warmup", type=int, default=0, help="unmeasured requests first")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")

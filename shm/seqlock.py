@@ -32,6 +32,7 @@ import numpy as np
 _NEEDS_FENCE = platform.machine().lower() in ("aarch64", "arm64")
 
 DEFAULT_RETRIES = 10_000
+SPIN_BEFORE_YIELD = 64
 
 
 class SeqlockBusy(RuntimeError):
@@ -71,12 +72,16 @@ def write_fields(table: np.ndarray, i: int, fields: dict[int, int]) -> None:
 def read_row(table: np.ndarray, i: int, retries: int = DEFAULT_RETRIES) -> np.ndarray:
     """A consistent copy of row ``i`` (1-D int64, sequence word included).
 
-    Raises :class:`SeqlockBusy` after ``retries`` failed tries.
+    Spins, then yields the CPU between tries (on a busy machine the writer
+    may be preempted while the word is odd). Raises :class:`SeqlockBusy`
+    after ``retries`` failed tries.
     """
     row = table[i]
-    for _ in range(retries):
+    for n in range(retries):
         s1 = int(row[0])
         if s1 & 1:
+            if n >= SPIN_BEFORE_YIELD:
+                os.sched_yield()  # the writer may have been preempted mid-write
             continue
         fence()
         data = row.copy()

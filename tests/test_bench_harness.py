@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # bench/ is not part of the installed package
     sys.path.insert(0, str(ROOT))
 
-from bench.fake_openai import FakeServerThread  # noqa: E402
-from bench.serving import BenchConfig, format_summary, percentile, plan, run  # noqa: E402
+from bench.fake_openai import FakeServerThread
+from bench.serving import BenchConfig, format_summary, percentile, plan, run
+
 
 @pytest.fixture
 def fake_server():

@@ -1,0 +1,204 @@
+"""Test helpers: run ``ggmux serve`` as a real process and clean up after it.
+
+Every server a test starts is stopped at the end of the test, and the test
+fails if any of its child processes or its shared-memory segment is left.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import posix_ipc
+import pytest
+
+from ggmux.shm.segment import Segment, queue_name, segment_name
+
+
+def wait_for(cond, timeout: float = 10.0, interval: float = 0.01, what: str = "condition"):
+    """Poll ``cond()`` until it returns a truthy value; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of ``pid`` (from /proc)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(d))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def segment_exists(port: int) -> bool:
+    try:
+        posix_ipc.SharedMemory(segment_name(port)).close_fd()
+        return True
+    except posix_ipc.ExistentialError:
+        return False
+
+
+class Server:
+    """A running ``ggmux serve``; ``request()`` is a small HTTP client."""
+
+    def __init__(self, args: list[str], port: int, log_path: Path) -> None:
+        self.port = port
+        self.args = args
+        self.log_path = log_path
+        self.log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ggmux.supervisor", "serve", "--port", str(port), *args],
+            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+        self.base = f"http://127.0.0.1:{port}"
+        self._seg: Segment | None = None
+
+    def wait_ready(self, timeout: float = 30.0) -> "Server":
+        def up():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited: {self.logs()}")
+            try:
+                return self.request("GET", "/health")[0] == 200
+            except OSError:
+                return False
+
+        wait_for(up, timeout, 0.05, "server /health")
+        return self
+
+    def request(self, method: str, path: str, body=None, headers=None, timeout: float = 60.0):
+        """``(status, headers dict, body bytes)``; dict/list bodies go as JSON."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            if isinstance(body, (dict, list)):
+                body = json.dumps(body).encode()
+            conn.request(method, path, body=body, headers=headers or {})
+            r = conn.getresponse()
+            return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+        finally:
+            conn.close()
+
+    def json(self, method: str, path: str, body=None, **kw):
+        status, headers, data = self.request(method, path, body, **kw)
+        return status, json.loads(data) if data else None
+
+    def models(self) -> dict[str, dict]:
+        status, doc = self.json("GET", "/v1/models")
+        assert status == 200
+        return {m["id"]: m for m in doc["data"]}
+
+    @property
+    def seg(self) -> Segment:
+        if self._seg is None:
+            self._seg = Segment.attach(segment_name(self.port))
+        return self._seg
+
+    def logs(self) -> str:
+        self.log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM, wait, and check nothing of this server is left."""
+        if self._seg is not None:
+            self._seg.close()
+            self._seg = None
+        kids = children_of(self.proc.pid) if self.proc.poll() is None else []
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"server did not stop in {timeout} s: {self.logs()[-3000:]}")
+        self.log.close()
+        for pid in kids:
+            wait_for(lambda: not alive(pid), 10, 0.02, f"child {pid} to exit")
+        assert not segment_exists(self.port), "shared-memory segment left behind"
+        try:
+            posix_ipc.MessageQueue(queue_name(self.port)).close()
+            raise AssertionError("command queue left behind")
+        except posix_ipc.ExistentialError:
+            pass
+
+
+@pytest.fixture
+def serve(tmp_path):
+    """``serve(*args) -> Server`` started and ready; stopped after the test."""
+    started: list[Server] = []
+
+    def start(*args: str, port: int | None = None, ready: bool = True) -> Server:
+        s = Server(list(args), port or free_port(), tmp_path / f"server{len(started)}.log")
+        started.append(s)
+        if ready:
+            s.wait_ready()
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def write_fake(directory: Path, name: str, **behaviour) -> Path:
+    """A fake model ``name`` (see ggmux.instance.fake) in ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    p = directory / f"{name}.json"
+    p.write_text(json.dumps(behaviour))
+    return p
+
+
+@pytest.fixture
+def fakes(tmp_path):
+    """Folder for fake models: ``fakes.add(name, **behaviour)``; ``str(fakes)``."""
+
+    class Fakes:
+        dir = tmp_path / "fakes"
+
+        def add(self, name: str, **behaviour) -> Path:
+            return write_fake(self.dir, name, **behaviour)
+
+        def __str__(self) -> str:
+            return str(self.dir)
+
+    f = Fakes()
+    f.dir.mkdir()
+    return f
+
+
+def chat_body(model: str, stream: bool = False, **extra) -> dict:
+    return {"model": model, "stream": stream,
+            "messages": [{"role": "user", "content": "Say hi"}], **extra}

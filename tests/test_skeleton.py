@@ -1,0 +1,119 @@
+"""Walking-skeleton behaviour on fake instances (issue 2)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from ggmux.shm import layout as L
+from conftest import alive, chat_body, children_of, segment_exists, wait_for
+
+
+def served_by(body: bytes) -> tuple[str, int]:
+    """(model name, pid) from a fake instance's answer text."""
+    m = re.search(rb"\[([^:\]]+):(\d+)\]", body)
+    assert m, body
+    return m.group(1).decode(), int(m.group(2))
+
+
+def test_eight_concurrent_first_requests_start_exactly_one_instance(serve, fakes):
+    fakes.add("a", load_s=0.5)
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "2")
+    with ThreadPoolExecutor(8) as ex:
+        results = list(ex.map(lambda _: s.request("POST", "/v1/chat/completions", chat_body("a")),
+                              range(8)))
+    assert [r[0] for r in results] == [200] * 8
+    pids = {served_by(r[2])[1] for r in results}
+    assert len(pids) == 1
+    assert s.logs().count("loading a in slot") == 1
+    assert int(s.seg.models[0, L.M_LOADS]) == 1
+
+
+def test_models_max_1_switches_models_and_lists_status(serve, fakes):
+    fakes.add("a")
+    fakes.add("b")
+    s = serve("--fake-models-dir", str(fakes), "--models-max", "1", "--proxies", "2")
+    st, _, body = s.request("POST", "/v1/chat/completions", chat_body("a"))
+    assert st == 200 and served_by(body)[0] == "a"
+    st, _, body = s.request("POST", "/v1/chat/completions", chat_body("b"))
+    assert st == 200 and served_by(body)[0] == "b"
+    models = wait_for(lambda: (m := s.models())["a"]["status"]["value"] == "unloaded" and m,
+                      5, what="a unloaded")
+    assert models["b"]["status"]["value"] == "loaded"
+    assert "failed" not in models["a"]["status"]  # a deliberate unload is not a failure
+    st, _, body = s.request("POST", "/v1/chat/completions", chat_body("a"))
+    assert st == 200 and served_by(body)[0] == "a"
+
+
+def test_streaming_client_that_disconnects_frees_the_replica(serve, fakes):
+    fakes.add("slow", ttft_s=0.01, token_s=0.1, tokens=200)
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1")
+    body = json.dumps(chat_body("slow", stream=True)).encode()
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                 b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+    got = b""
+    while got.count(b"data: ") < 3:
+        chunk = sock.recv(65536)
+        assert chunk, got
+        got += chunk
+    inflight = s.seg.counters[:, :, L.C_IN_FLIGHT]
+    assert inflight.sum() == 1
+    sock.close()  # halfway through a 200-token stream
+    t0 = time.monotonic()
+    wait_for(lambda: inflight.sum() == 0, 2.0, what="in-flight back to 0")
+    assert time.monotonic() - t0 < 2.0
+    # the instance stopped generating: the next request is answered at once
+    st, _, out = s.request("POST", "/v1/chat/completions", chat_body("slow", max_tokens=2),
+                           timeout=5)
+    assert st == 200 and served_by(out)[0] == "slow"
+
+
+def test_kill_9_of_supervisor_leaves_no_children_and_port_is_reusable(serve, fakes):
+    fakes.add("a")
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "2")
+    assert s.request("POST", "/v1/chat/completions", chat_body("a"))[0] == 200
+    kids = children_of(s.proc.pid)
+    assert len(kids) == 3  # two proxies and one instance
+    s.proc.send_signal(signal.SIGKILL)
+    s.proc.wait()
+    for pid in kids:
+        wait_for(lambda: not alive(pid), 5.0, what=f"child {pid} gone")
+    assert segment_exists(s.port)  # stale: a SIGKILLed supervisor cannot clean up
+    s2 = serve("--fake-models-dir", str(fakes), "--proxies", "2", port=s.port)
+    st, _, body = s2.request("POST", "/v1/chat/completions", chat_body("a"))
+    assert st == 200 and served_by(body)[0] == "a"
+    # the first server's stale segment was replaced; its stop check would fail
+    # on the second server's segment, so detach it from the cleanup
+    s.log.close()
+    s.stop = lambda *a, **k: None
+
+
+@pytest.mark.parametrize(
+    "body,status,fragment",
+    [
+        (b'{"model": "a", "messages": [', 400, "not valid JSON"),
+        (b'{"messages": []}', 400, "missing 'model'"),
+        (b'{"model": "nope", "messages": []}', 404, "not found"),
+        (b'{"model": 7, "messages": []}', 400, "must be a string"),
+        (b'[1, 2]', 400, "JSON object"),
+        (b'{"model": "\xff\xfe"}', 400, "not valid JSON"),
+    ],
+)
+def test_bad_input_gets_openai_error_and_server_keeps_serving(serve, fakes, body, status, fragment):
+    fakes.add("a")
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1")
+    st, headers, data = s.request("POST", "/v1/chat/completions", body,
+                                  headers={"content-type": "application/json"})
+    assert st == status
+    err = json.loads(data)["error"]
+    assert fragment in err["message"] and {"message", "type", "code"} <= set(err)
+    assert headers["content-type"] == "application/json"
+    st, _, out = s.request("POST", "/v1/chat/completions", chat_body("a"))
+    assert st == 200 and served_by(out)[0] == "a"
