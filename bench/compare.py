@@ -206,6 +206,13 @@ class ProcessSet:
         self._procs.append((name, proc))
         return proc
 
+    def exited(self, name: str) -> int | None:
+        """Exit code of the running child called ``name`` if it has exited, else None."""
+        for child, proc in self._procs:
+            if child == name:
+                return proc.poll()
+        return None
+
     def log_tail(self, name: str, lines: int = 15) -> str:
         """The last ``lines`` lines of a child's log."""
         path = self.workdir / f"{name}.log"
@@ -331,6 +338,7 @@ class Target:
         cheap_path: a GET that the target forwards to the model's instance.
         can_unload: answers ``POST /models/unload`` (cold switch measurable).
         note: caveats printed under the table.
+        processes: names (in :class:`ProcessSet`) of the children it needs.
     """
 
     name: str
@@ -338,6 +346,20 @@ class Target:
     cheap_path: str = "/health"
     can_unload: bool = False
     note: str = ""
+    processes: tuple[str, ...] = ()
+
+
+def check_alive(ctx: Context, targets: list[Target], during: str) -> None:
+    """Drop from ``targets`` (into ``ctx.skipped``) each whose processes exited."""
+    for target in list(targets):
+        for name in target.processes:
+            code = ctx.procs.exited(name)
+            if code is not None:
+                reason = f"{name} exited with code {code} during {during}"
+                logger.error("%s: %s\n%s", target.name, reason, ctx.procs.log_tail(name))
+                ctx.skipped[target.name] = reason
+                targets.remove(target)
+                break
 
 
 @dataclass(slots=True)
@@ -393,7 +415,13 @@ def start_direct(ctx: Context) -> Target:
         raise TargetError(f"{exc}\n{ctx.procs.log_tail('direct')}") from None
     ctx.direct_port = port
     note = "fake server (--fake)" if ctx.args.fake else ""
-    return Target("direct", f"http://127.0.0.1:{port}", can_unload=ctx.args.fake, note=note)
+    return Target(
+        "direct",
+        f"http://127.0.0.1:{port}",
+        can_unload=ctx.args.fake,
+        note=note,
+        processes=("direct",),
+    )
 
 
 def _direct_cmd(ctx: Context, model: str, port: int) -> list[str]:
@@ -433,6 +461,25 @@ http {{
 """
 
 
+def pick_cheap_path(ctx: Context, base_url: str, candidates: Sequence[str]) -> tuple[str, str]:
+    """Load :data:`HOT_MODEL` with one request, then the first of ``candidates`` answering 200.
+
+    Returns ``(path, note)``; the note says what the path measures. Raises
+    ``TargetError`` when the model does not answer.
+    """
+    template = BenchConfig(endpoint=ctx.args.endpoint, timeout=ctx.args.start_timeout)
+    record = first_token(base_url, HOT_MODEL, template)
+    if record["error"]:
+        raise TargetError(f"first request to {HOT_MODEL} failed: {record['error']}")
+    for path in candidates:
+        with contextlib.suppress(OSError):
+            if http_request(base_url, "GET", path)[0] == 200:
+                if path == "/health":
+                    return path, "cheap GET is its own /health (not forwarded to an instance)"
+                return path, f"cheap GET is {path}"
+    return candidates[-1], f"no candidate GET answered 200: {list(candidates)}"
+
+
 def start_nginx(ctx: Context) -> Target:
     """nginx proxying to the direct instance with upstream keepalive."""
     nginx = ctx.args.nginx or shutil.which("nginx") or "/usr/sbin/nginx"
@@ -462,6 +509,7 @@ def start_nginx(ctx: Context) -> Target:
         "nginx",
         f"http://127.0.0.1:{port}",
         note=f"nginx, {ctx.args.proxies} workers, in front of the direct instance",
+        processes=("nginx", "direct"),
     )
 
 
@@ -488,11 +536,10 @@ def start_ggmux(ctx: Context) -> Target:
         wait_ready(f"http://127.0.0.1:{port}", "/health", proc, ctx.args.start_timeout)
     except TargetError as exc:
         raise TargetError(f"{exc}\n{ctx.procs.log_tail('ggmux')}") from None
+    base_url = f"http://127.0.0.1:{port}"
+    cheap_path, note = pick_cheap_path(ctx, base_url, [f"/upstream/{HOT_MODEL}/health", "/health"])
     return Target(
-        "ggmux",
-        f"http://127.0.0.1:{port}",
-        cheap_path=f"/upstream/{HOT_MODEL}/health",
-        can_unload=True,
+        "ggmux", base_url, cheap_path=cheap_path, can_unload=True, note=note, processes=("ggmux",)
     )
 
 
@@ -530,13 +577,14 @@ def start_llama_router(ctx: Context) -> Target:
         wait_ready(base_url, "/health", proc, ctx.args.start_timeout)
     except TargetError as exc:
         raise TargetError(f"{exc}\n{ctx.procs.log_tail('llama-router')}") from None
+    cheap_path, note = pick_cheap_path(ctx, base_url, [f"/props?model={HOT_MODEL}", "/health"])
     return Target(
         "llama-router",
         base_url,
-        cheap_path=f"/props?model={HOT_MODEL}",
+        cheap_path=cheap_path,
         can_unload=True,
-        note=f"llama-server router ({ctx.args.llama_server_args}); cheap GET is the "
-        "child's /props, a different handler from the instance's /health",
+        note=f"llama-server router ({ctx.args.llama_server_args}); {note}",
+        processes=("llama-router",),
     )
 
 
@@ -656,16 +704,19 @@ def hot_phases(settings: Settings, template: BenchConfig) -> list[Phase]:
 
 
 def measure_hot(
-    targets: Sequence[Target], settings: Settings, template: BenchConfig
+    ctx: Context, targets: list[Target], settings: Settings, template: BenchConfig
 ) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """Run every hot phase over ``settings.rounds`` rounds of all targets in turn.
 
-    Returns ``{phase: {target: [run summary + records, one per round]}}``.
+    A target whose process exits is dropped from ``targets`` (and reported
+    in ``ctx.skipped``). Returns ``{phase: {target: [run summary + records,
+    one per round]}}``.
     """
     out: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for phase in hot_phases(settings, template):
         out[phase.key] = {t.name: [] for t in targets}
         for round_no in range(settings.rounds):
+            check_alive(ctx, targets, phase.title)
             for target in targets:
                 result = run(phase.make(target))
                 s = result["summary"]
@@ -1072,7 +1123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not targets:
                 print("error: no target could be started", file=sys.stderr)
                 return 1
-            hot = {} if "hot" in skip else measure_hot(targets, settings, template)
+            hot = {} if "hot" in skip else measure_hot(ctx, targets, settings, template)
             cold = {} if "cold" in skip else measure_cold(ctx, targets, settings, template)
     except KeyboardInterrupt:
         print("interrupted; every target was stopped", file=sys.stderr)

@@ -38,12 +38,12 @@ class LlamaBackend(Backend):
     def load(self) -> dict:
         from llama_cpp import Llama
 
-        kw = dict(
-            model_path=self.path,
-            n_ctx=self.args.ctx_size,
-            n_gpu_layers=self.args.n_gpu_layers,
-            verbose=False,
-        )
+        kw = {
+            "model_path": self.path,
+            "n_ctx": self.args.ctx_size,
+            "n_gpu_layers": self.args.n_gpu_layers,
+            "verbose": False,
+        }
         if self.args.threads:
             kw["n_threads"] = self.args.threads
         self.llm = Llama(**kw)
@@ -56,10 +56,20 @@ class LlamaBackend(Backend):
         if "max_tokens" not in kw and isinstance(body.get("max_completion_tokens"), int):
             kw["max_tokens"] = body["max_completion_tokens"]
         kw["model"] = body.get("model") or self.name
-        from llama_cpp import StoppingCriteriaList
+        from llama_cpp import LogitsProcessorList
 
-        # checked after every token: a client that went away stops the generation
-        kw["stopping_criteria"] = StoppingCriteriaList([lambda _ids, _logits: cancel.is_set()])
+        eos = self.llm.token_eos()
+
+        def stop_if_cancelled(_ids, scores):
+            # runs before every token: once the client went away, only
+            # end-of-sequence can be sampled, so the generation ends at once
+            # (create_chat_completion takes no stopping_criteria)
+            if cancel.is_set():
+                scores[:] = -float("inf")
+                scores[eos] = 0.0
+            return scores
+
+        kw["logits_processor"] = LogitsProcessorList([stop_if_cancelled])
         return kw
 
     def chat(self, body: dict, cancel: threading.Event) -> dict | Iterator[dict]:
@@ -82,10 +92,21 @@ class LlamaBackend(Backend):
         # A generation context can embed too: switch the context to embedding
         # output for this call (llama_set_embeddings) instead of holding a
         # second copy of the model loaded with embedding=True.
+        ctx = llm._ctx.ctx
         llm.context_params.embeddings = True
-        llama_cpp.llama_set_embeddings(llm.ctx.ctx, True)
+        llama_cpp.llama_set_embeddings(ctx, True)
         try:
-            return llm.create_embedding(inp, model=body.get("model") or self.name)
+            out = llm.create_embedding(inp, model=body.get("model") or self.name)
         finally:
             llm.context_params.embeddings = False
-            llama_cpp.llama_set_embeddings(llm.ctx.ctx, False)
+            llama_cpp.llama_set_embeddings(ctx, False)
+        # a generation context has no pooling: llama-cpp-python then returns one
+        # vector per token; pool them (mean, then L2-normalise) into one
+        for item in out["data"]:
+            emb = item["embedding"]
+            if emb and isinstance(emb[0], list):
+                n = len(emb)
+                mean = [sum(col) / n for col in zip(*emb)]
+                norm = sum(x * x for x in mean) ** 0.5 or 1.0
+                item["embedding"] = [x / norm for x in mean]
+        return out

@@ -164,7 +164,7 @@ class Proxy:
         req.on_disconnect = lambda: fut.done() or fut.set_result("gone")
         try:
             return await asyncio.wait_for(fut, self.load_wait)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return "timeout"
         finally:
             req.on_disconnect = None

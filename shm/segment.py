@@ -59,7 +59,7 @@ class Segment:
 
     # ---- lifecycle ------------------------------------------------------
     @classmethod
-    def create(cls, name: str, sizes: L.Sizes) -> "Segment":
+    def create(cls, name: str, sizes: L.Sizes) -> Segment:
         """Create (replacing a stale one) and initialise a segment."""
         try:
             posix_ipc.unlink_shared_memory(name)
@@ -87,7 +87,7 @@ class Segment:
         return seg
 
     @classmethod
-    def attach(cls, name: str) -> "Segment":
+    def attach(cls, name: str) -> Segment:
         """Attach to an existing segment. Raises ``ValueError`` on a bad magic
         or layout version, ``posix_ipc.ExistentialError`` if it is missing."""
         shm = posix_ipc.SharedMemory(name)

@@ -77,7 +77,7 @@ def backoff_s(failures: int) -> float:
 class Child:
     """A child process with non-blocking stdout/stderr line buffers."""
 
-    __slots__ = ("proc", "tag", "out", "err", "stdin_fd")
+    __slots__ = ("err", "out", "proc", "stdin_fd", "tag")
 
     def __init__(self, proc: subprocess.Popen, tag: str) -> None:
         self.proc = proc
@@ -427,7 +427,7 @@ class Supervisor:
         ]
         proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads here
         )
         child = Child(proc, f"proxy-{idx}")
         os.set_blocking(child.stdin_fd, False)
@@ -466,7 +466,7 @@ class Supervisor:
         try:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                pass_fds=(sock.fileno(),), preexec_fn=_die_with_parent,
+                pass_fds=(sock.fileno(),), preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads here
             )
         finally:
             sock.close()
@@ -689,7 +689,7 @@ class Supervisor:
             c.send(b"g")
 
 
-def _noop(signum, frame) -> None:  # noqa: ARG001 - the wake-up fd carries the signal
+def _noop(signum, frame) -> None:
     pass
 
 

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import posix_ipc
 import pytest
-
 from ggmux.shm.segment import Segment, queue_name, segment_name
 
 
@@ -80,7 +79,7 @@ class Server:
         self.port = port
         self.args = args
         self.log_path = log_path
-        self.log = open(log_path, "wb")
+        self.log = open(log_path, "wb")  # noqa: SIM115 - open for the server's life
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ggmux.supervisor", "serve", "--port", str(port), *args],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -88,7 +87,7 @@ class Server:
         self.base = f"http://127.0.0.1:{port}"
         self._seg: Segment | None = None
 
-    def wait_ready(self, timeout: float = 30.0) -> "Server":
+    def wait_ready(self, timeout: float = 30.0) -> Server:
         def up():
             if self.proc.poll() is not None:
                 raise AssertionError(f"server exited: {self.logs()}")
@@ -113,7 +112,7 @@ class Server:
             conn.close()
 
     def json(self, method: str, path: str, body=None, **kw):
-        status, headers, data = self.request(method, path, body, **kw)
+        status, _, data = self.request(method, path, body, **kw)
         return status, json.loads(data) if data else None
 
     def models(self) -> dict[str, dict]:
@@ -147,7 +146,7 @@ class Server:
                 raise AssertionError(f"server did not stop in {timeout} s: {self.logs()[-3000:]}")
         self.log.close()
         for pid in kids:
-            wait_for(lambda: not alive(pid), 10, 0.02, f"child {pid} to exit")
+            wait_for(lambda p=pid: not alive(p), 10, 0.02, f"child {pid} to exit")
         assert not segment_exists(self.port), "shared-memory segment left behind"
         try:
             posix_ipc.MessageQueue(queue_name(self.port)).close()

@@ -8,7 +8,6 @@ import time
 
 import numpy as np
 import pytest
-
 from ggmux.shm import layout as L
 from ggmux.shm.segment import Segment
 from ggmux.shm.seqlock import SeqlockBusy, read_row, read_table, write_row

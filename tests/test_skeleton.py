@@ -9,10 +9,8 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-
-from ggmux.shm import layout as L
 from conftest import alive, chat_body, children_of, segment_exists, wait_for
+from ggmux.shm import layout as L
 
 
 def served_by(body: bytes) -> tuple[str, int]:
@@ -84,7 +82,7 @@ def test_kill_9_of_supervisor_leaves_no_children_and_port_is_reusable(serve, fak
     s.proc.send_signal(signal.SIGKILL)
     s.proc.wait()
     for pid in kids:
-        wait_for(lambda: not alive(pid), 5.0, what=f"child {pid} gone")
+        wait_for(lambda p=pid: not alive(p), 5.0, what=f"child {pid} gone")
     assert segment_exists(s.port)  # stale: a SIGKILLed supervisor cannot clean up
     s2 = serve("--fake-models-dir", str(fakes), "--proxies", "2", port=s.port)
     st, _, body = s2.request("POST", "/v1/chat/completions", chat_body("a"))
@@ -95,25 +93,25 @@ def test_kill_9_of_supervisor_leaves_no_children_and_port_is_reusable(serve, fak
     s.stop = lambda *a, **k: None
 
 
-@pytest.mark.parametrize(
-    "body,status,fragment",
-    [
-        (b'{"model": "a", "messages": [', 400, "not valid JSON"),
-        (b'{"messages": []}', 400, "missing 'model'"),
-        (b'{"model": "nope", "messages": []}', 404, "not found"),
-        (b'{"model": 7, "messages": []}', 400, "must be a string"),
-        (b'[1, 2]', 400, "JSON object"),
-        (b'{"model": "\xff\xfe"}', 400, "not valid JSON"),
-    ],
-)
-def test_bad_input_gets_openai_error_and_server_keeps_serving(serve, fakes, body, status, fragment):
+BAD_BODIES = [
+    (b'{"model": "a", "messages": [', 400, "not valid JSON"),
+    (b'{"messages": []}', 400, "missing 'model'"),
+    (b'{"model": "nope", "messages": []}', 404, "not found"),
+    (b'{"model": 7, "messages": []}', 400, "must be a string"),
+    (b"[1, 2]", 400, "JSON object"),
+    (b'{"model": "\xff\xfe"}', 400, "not valid JSON"),
+]
+
+
+def test_bad_input_gets_openai_error_and_server_keeps_serving(serve, fakes):
     fakes.add("a")
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1")
-    st, headers, data = s.request("POST", "/v1/chat/completions", body,
-                                  headers={"content-type": "application/json"})
-    assert st == status
-    err = json.loads(data)["error"]
-    assert fragment in err["message"] and {"message", "type", "code"} <= set(err)
-    assert headers["content-type"] == "application/json"
-    st, _, out = s.request("POST", "/v1/chat/completions", chat_body("a"))
-    assert st == 200 and served_by(out)[0] == "a"
+    for body, status, fragment in BAD_BODIES:
+        st, headers, data = s.request("POST", "/v1/chat/completions", body,
+                                      headers={"content-type": "application/json"})
+        assert st == status, body
+        err = json.loads(data)["error"]
+        assert fragment in err["message"] and {"message", "type", "code"} <= set(err), body
+        assert headers["content-type"] == "application/json"
+        st, _, out = s.request("POST", "/v1/chat/completions", chat_body("a"))
+        assert st == 200 and served_by(out)[0] == "a"
