@@ -46,6 +46,8 @@ def _reader(name: str, stop_at: float, q) -> None:
         except SeqlockBusy:
             busy += 1
             continue
+        if row[0] == 0:
+            continue  # not written yet
         accepted += 1
         if row[0] & 1 or not np.array_equal(row[1:], row[1] // 1000 * 1000 + offs):
             torn += 1
@@ -56,7 +58,7 @@ def _reader(name: str, stop_at: float, q) -> None:
                 busy += 1
                 continue
             for r in whole:
-                if r[1] and not np.array_equal(r[1:], r[1] // 1000 * 1000 + offs):
+                if r[0] and not np.array_equal(r[1:], r[1] // 1000 * 1000 + offs):
                     torn += 1
     q.put((accepted, torn, raw_torn, busy))
     seg.close()
