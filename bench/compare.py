@@ -762,10 +762,15 @@ def raw_load(python: str, model_path: Path) -> dict[str, float | None]:
 
 
 def first_token(base_url: str, model: str, template: BenchConfig) -> dict[str, Any]:
-    """One streamed request to ``model``; returns its record (``ttft`` in seconds)."""
+    """One streamed completion from ``model``; returns its record (``ttft`` in seconds).
+
+    Always ``/v1/completions``: the demo Gemma 3 270M is a base model without
+    a chat template, and answers a chat request with no content at all.
+    """
     result = run(
         replace(
             template,
+            endpoint="completions",
             base_url=base_url,
             models=[(model, 1.0)],
             requests=1,
@@ -875,9 +880,12 @@ def pooled(rounds: Sequence[dict[str, Any]], metric: str) -> list[float]:
 
 
 def throughput(rounds: Sequence[dict[str, Any]]) -> float | None:
-    """Successful requests per second over all rounds together."""
-    elapsed = sum(r["summary"]["elapsed_s"] for r in rounds)
-    return sum(r["summary"]["ok"] for r in rounds) / elapsed if elapsed > 0 else None
+    """Median over rounds of successful requests per second.
+
+    The median, not the pooled rate: one round stalled by a noisy neighbour
+    on a small machine should not set the figure.
+    """
+    return _median([r["summary"]["request_throughput"] for r in rounds])
 
 
 def figures(hot: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, dict[str, Any]]:

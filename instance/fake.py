@@ -66,6 +66,14 @@ class FakeBackend(Backend):
             threading.Timer(delay, lambda: os._exit(code)).start()
         return {"n_ctx": self.n_ctx, "effective": {"host": int(c.get("mem_bytes", 0))}}
 
+    def sleep(self) -> None:
+        self.asleep = True
+
+    def wake(self) -> dict:
+        time.sleep(float(self.cfg.get("wake_s", self.cfg.get("load_s", 0.05))))
+        self.asleep = False
+        return {"n_ctx": self.n_ctx, "effective": {"host": int(self.cfg.get("mem_bytes", 0))}}
+
     # ---- generation ---------------------------------------------------------
     def _tokens(self, body: dict) -> list[str]:
         n = int(self.cfg.get("tokens", 8))

@@ -5,12 +5,33 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterator
 
 from .server import Backend, BadRequest
 
 log = logging.getLogger(__name__)
+
+
+def model_parts(path: str) -> list[str]:
+    """All files of a split GGUF (``name-00001-of-00003.gguf``), else [path]."""
+    m = re.match(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$", path)
+    if not m:
+        return [path]
+    n = int(m.group(3))
+    parts = [f"{m.group(1)}-{i:05d}-of-{n:05d}.gguf" for i in range(1, n + 1)]
+    return [p for p in parts if os.path.exists(p)]
+
+
+def _gpu_count() -> int:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return int(pynvml.nvmlDeviceGetCount())
+    except Exception:
+        return 0
 
 
 def _accepted(fn) -> frozenset[str]:
@@ -32,8 +53,58 @@ class LlamaBackend(Backend):
         self.llm = None
 
     def measure(self) -> dict:
-        size = os.path.getsize(self.path)
-        return {"min": {"host": size}, "max": {"host": size}}
+        """Memory a load needs, from GGUF metadata read by llama.cpp itself
+        (a ``vocab_only`` load: metadata and vocabulary, no weights, ~0.1 s;
+        the ``gguf`` package's reader takes seconds on a 49k-token vocab).
+
+        ``min`` = weights + KV cache at the configured context + compute
+        estimate; ``max`` = the same at the model's trained context. KV: K
+        and V, f16, ``n_layer * n_head_kv * head_dim`` per token. Compute:
+        ``4 * n_ubatch * (4 * n_embd + 2 * n_ff + n_head * n_ctx)`` bytes,
+        llama.cpp's CPU graph buffers to within tens of MiB for small models;
+        the ``effective`` figure a ready instance reports calibrates it.
+        With ``--n-gpu-layers`` and a GPU, the offloaded share of weights and
+        KV is put on ``gpu0``. Bytes per device key.
+        """
+        from llama_cpp import Llama
+
+        weights = sum(os.path.getsize(p) for p in model_parts(self.path))
+        llm = Llama(model_path=self.path, vocab_only=True, verbose=False)
+        md = llm.metadata
+        del llm
+        arch = md.get("general.architecture", "llama")
+
+        def num(key: str, default: float = 0) -> float:
+            try:
+                return float(md.get(f"{arch}.{key}", default))
+            except ValueError:
+                return default
+
+        n_layer = int(num("block_count", 1))
+        n_embd = int(num("embedding_length", 0))
+        n_head = max(1, int(num("attention.head_count", 1)))
+        n_head_kv = int(num("attention.head_count_kv", n_head))
+        head_dim = int(num("attention.key_length", n_embd // n_head if n_embd else 0))
+        n_ff = int(num("feed_forward_length", 4 * n_embd))
+        n_ctx_train = int(num("context_length", self.args.ctx_size)) or self.args.ctx_size
+        n_ubatch = 512
+
+        def need(n_ctx: int) -> int:
+            kv = 2 * n_layer * n_ctx * n_head_kv * head_dim * 2
+            compute = 4 * n_ubatch * (4 * n_embd + 2 * n_ff + n_head * n_ctx)
+            return weights + kv + compute
+
+        ctx = self.args.ctx_size or n_ctx_train
+        lo, hi = need(ctx), need(max(ctx, n_ctx_train))
+        ngl = self.args.n_gpu_layers
+        if ngl and _gpu_count() > 0:
+            frac = 1.0 if ngl < 0 else min(1.0, ngl / max(1, n_layer))
+            return {
+                "min": {"host": int(lo * (1 - frac)) + 64 << 20, "gpu0": int(lo * frac)},
+                "max": {"host": int(hi * (1 - frac)) + 64 << 20, "gpu0": int(hi * frac)},
+                "n_ctx_train": n_ctx_train,
+            }
+        return {"min": {"host": lo}, "max": {"host": hi}, "n_ctx_train": n_ctx_train}
 
     def load(self) -> dict:
         from llama_cpp import Llama
@@ -50,6 +121,14 @@ class LlamaBackend(Backend):
         self._chat_keys = _accepted(self.llm.create_chat_completion) - {"self"}
         self._comp_keys = _accepted(self.llm.create_completion) - {"self"}
         return {"n_ctx": self.llm.n_ctx()}
+
+    def sleep(self) -> None:
+        if self.llm is not None:
+            self.llm.close()
+            self.llm = None
+        import gc
+
+        gc.collect()
 
     def _kwargs(self, body: dict, keys: frozenset[str], cancel: threading.Event) -> dict:
         kw = {k: v for k, v in body.items() if k in keys}

@@ -61,8 +61,9 @@ class Backend:
     def sleep(self) -> None:
         """Free the weights, keep the process (``--sleep-idle-seconds``)."""
 
-    def wake(self) -> None:
-        """Reload the weights after :meth:`sleep`."""
+    def wake(self) -> dict:
+        """Reload the weights after :meth:`sleep`; the ``ready`` payload."""
+        return self.load()
 
 
 ROUTES = {
@@ -84,6 +85,30 @@ class InstanceApp:
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="generate")
         self.lock = asyncio.Lock()
         self.ready = False
+        self.rss0 = 0
+
+    async def sleep_or_wake(self, cmd: str) -> None:
+        """``sleep``: free the weights, keep the process (state ``sleeping``);
+        ``wake``: load them again (``loading`` then ``ready``). Runs between
+        generations, on the generation thread."""
+        async with self.lock:
+            if cmd == "sleep" and self.ready:
+                self.ready = False
+                await self.loop.run_in_executor(self.executor, self.backend.sleep)
+                protocol.emit("sleeping", effective={"host": max(0, protocol.rss_bytes() - self.rss0)})
+            elif cmd == "wake" and not self.ready:
+                protocol.emit("loading", progress=0.0)
+                t0 = time.monotonic()
+                try:
+                    payload = await self.loop.run_in_executor(self.executor, self.backend.wake)
+                except Exception as e:
+                    log.exception("wake failed")
+                    protocol.emit("error", error=f"{type(e).__name__}: {e}")
+                    os._exit(1)
+                payload.setdefault("effective", {"host": max(0, protocol.rss_bytes() - self.rss0)})
+                payload["load_seconds"] = round(time.monotonic() - t0, 4)
+                self.ready = True
+                protocol.emit("ready", **payload)
 
     async def handle(self, conn: HttpConnection, req: Request) -> None:
         path = req.path
@@ -121,6 +146,9 @@ class InstanceApp:
         async with self.lock:
             if req.disconnected:
                 conn.finish(req)
+                return
+            if not self.ready:
+                conn.send_error(req, 503, "model is asleep", headers=[(b"retry-after", b"1")])
                 return
             await self._generate(conn, req, kind, body)
 
@@ -222,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
 
     def on_command(cmd: str) -> None:
+        if cmd in ("sleep", "wake"):
+            loop, app_ = state.get("loop"), state.get("app")
+            if loop is not None and app_ is not None:
+                loop.call_soon_threadsafe(lambda: loop.create_task(app_.sleep_or_wake(cmd)))
+            return
         if cmd == "exit":
             if state["loading"]:
                 os._exit(0)  # nothing served yet: nothing to finish
@@ -260,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     asyncio.set_event_loop(loop)
     state["loop"] = loop
     app = InstanceApp(backend)
+    app.rss0 = rss0
+    state["app"] = app
     limits = HttpLimits()
     if args.fd is not None:
         sock = socket.socket(fileno=args.fd)

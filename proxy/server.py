@@ -187,6 +187,11 @@ class Proxy:
         elif path in (b"/v1/models", b"/models"):
             self.refresh()
             conn.send_json(req, 200, self.models_list())
+        elif path in (b"/models/load", b"/models/unload"):
+            if req.method != b"POST":
+                conn.send_error(req, 405, f"{path.decode()} needs POST")
+                return
+            self._load_unload(conn, req, path.rsplit(b"/", 1)[1].decode())
         else:
             conn.send_error(req, 404, f"no route for {req.method.decode()} {path.decode('latin-1')}")
 
@@ -212,6 +217,32 @@ class Proxy:
             conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
             return
         await self._forward(conn, req, m, name)
+
+    def _load_unload(self, conn: HttpConnection, req: Request, op: str) -> None:
+        """``POST /models/load`` / ``/models/unload`` with ``{"model": name}``:
+        asks the supervisor and returns at once (llama.cpp router's
+        ``{"success": true}``); progress shows in ``/v1/models``."""
+        try:
+            body = orjson.loads(req.body)
+        except orjson.JSONDecodeError as e:
+            conn.send_error(req, 400, f"request body is not valid JSON: {e}")
+            return
+        name = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(name, str):
+            conn.send_error(req, 400, "body must be {\"model\": \"<name>\"}")
+            return
+        self.refresh()
+        m = self.names.get(name)
+        if m is None:
+            conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
+            return
+        try:
+            self.mq.send(orjson.dumps({"op": op, "model": m}), timeout=0)
+        except posix_ipc.BusyError:
+            conn.send_error(req, 503, "supervisor queue is full, try again",
+                            headers=[(b"retry-after", b"1")])
+            return
+        conn.send_json(req, 200, {"success": True, "model": name, "op": op})
 
     def _failure(self, conn: HttpConnection, req: Request, m: int, name: str) -> None:
         row = self.model_rows[m]

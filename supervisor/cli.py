@@ -13,6 +13,8 @@ from .registry import ModelEntry, Registry, demo_models, scan_models_dir
 
 log = logging.getLogger("ggmux")
 
+MiB = 1 << 20
+
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ggmux", description="Many local GGUF models behind one "
@@ -42,6 +44,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="load deadline, seconds (default: 300 + 20 per GiB, at most 6 h)")
     s.add_argument("--load-wait", type=float, default=300.0,
                    help="seconds a request waits for its model to load before a 503")
+    s.add_argument("--models-memory-margin", type=float, default=0.0, metavar="MiB",
+                   help="memory (MiB) that must stay free on every device after a load, "
+                        "judged against the model's measured minimum")
+    s.add_argument("--host-memory", type=float, default=None, metavar="MiB",
+                   help="treat the host as having this much memory and no other users "
+                        "(containers whose limit /proc/meminfo does not show; tests)")
+    s.add_argument("--ttl", type=float, default=None,
+                   help="unload a model idle this many seconds after its last request ended "
+                        "(a preset's ttl wins)")
+    s.add_argument("--sleep-idle-seconds", type=float, default=None,
+                   help="free an idle model's weights after this many seconds, keeping its "
+                        "process; the next request wakes it")
     s.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     return ap
 
@@ -87,6 +101,9 @@ def serve(args: argparse.Namespace) -> int:
         stop_timeout=args.stop_timeout, load_timeout=args.load_timeout,
         load_wait=args.load_wait, shm_name=segment_name(args.port),
         mq_name=queue_name(args.port), proxy_args=["--log-level", args.log_level],
+        memory_margin=int(args.models_memory_margin * MiB),
+        host_memory=int(args.host_memory * MiB) if args.host_memory else None,
+        ttl=args.ttl, sleep_idle=args.sleep_idle_seconds,
     )
     for e in registry.entries:
         log.info("model %s: %s", e.name, e.path)

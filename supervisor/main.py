@@ -30,8 +30,9 @@ import posix_ipc
 from ..shm import layout as L
 from ..shm.segment import Segment
 from ..shm.seqlock import write_fields
+from .memory import Amounts, Ledger, add, fmt, rss_of
 from .registry import Registry, instance_argv
-from .scheduler import ModelView, ReplicaView, Scheduler, Spawn, Stop
+from .scheduler import MemoryView, ModelView, ReplicaView, Scheduler, Spawn, Stop
 
 log = logging.getLogger("ggmux.supervisor")
 
@@ -55,6 +56,12 @@ class Config:
     shm_name: str = ""
     mq_name: str = ""
     proxy_args: list[str] = field(default_factory=list)
+    memory_margin: int = 0  # bytes that must stay free on every device after a load
+    host_memory: int | None = None  # replace the host's memory size (tests, containers)
+    ttl: float | None = None  # default idle unload, seconds after the last request ended
+    sleep_idle: float | None = None  # idle seconds before an instance sleeps
+    measure_concurrency: int = 2
+    unload_grace: float = 0.5  # a loading replica being unloaded: exit, then SIGKILL after this
 
 
 def load_budget_s(size_bytes: int, override: float | None) -> float:
@@ -125,7 +132,10 @@ class Replica:
     deadline_ns: int = 0  # load deadline
     error: str = ""
     progress: float = 0.0
-    effective: int = 0
+    held: Amounts = field(default_factory=dict)  # ledger bytes per device
+    kill_after: float = 0.0  # seconds from `exit` to SIGTERM (stop-timeout)
+    sleep_sent: bool = False
+    wake_sent: bool = False
 
 
 @dataclass(slots=True)
@@ -141,6 +151,10 @@ class ModelRuntime:
     evictions: int = 0
     load_ns_total: int = 0
     last_ready_ns: int = 0
+    mem_min: Amounts | None = None  # measured; None until measured or unmeasurable
+    mem_max: Amounts | None = None
+    measure: str = "pending"  # pending | running | done | failed
+    requested_ns: int = 0  # an explicit load (POST /models/load, load-on-startup) pending
 
 
 class Supervisor:
@@ -151,12 +165,14 @@ class Supervisor:
         self.registry = registry
         self.models = [ModelRuntime() for _ in registry.entries]
         nslots = cfg.replica_slots or max(8, 2 * cfg.models_max + 4)
+        self.ledger = Ledger(margin=cfg.memory_margin, host_total=cfg.host_memory)
         self.sizes = L.Sizes(
             models=max(1, len(registry)),
             replicas=nslots,
             proxies=cfg.proxies,
-            devices=1,
+            devices=len(self.ledger.devices),
         )
+        self.measuring: dict[int, Child] = {}  # model -> measure child
         self.scheduler = Scheduler(cfg.models_max)
         self.replicas: dict[int, Replica] = {}  # slot -> replica
         self.proxies: dict[int, Child] = {}  # proxy index -> child
@@ -195,6 +211,11 @@ class Supervisor:
         self.poller.register(self._sig_r, select.POLLIN)
         for i in range(cfg.proxies):
             self._spawn_proxy(i)
+        now = time.monotonic_ns()
+        for i, e in enumerate(self.registry.entries):
+            if getattr(e, "load_on_startup", False):
+                self.models[i].requested_ns = now + i  # keep registry order
+        self._calibrate()
         self._publish_all()
 
     def teardown(self) -> None:
@@ -206,15 +227,18 @@ class Supervisor:
                 self._stop(r, "server shutting down")
         for c in self.proxies.values():
             c.close_stdin()  # EOF: the proxy exits
+        for c in self.measuring.values():
+            c.close_stdin()
         deadline = time.monotonic() + self.cfg.stop_timeout + self.cfg.term_timeout
-        while self.replicas or self.proxies:
+        while self.replicas or self.proxies or self.measuring:
             self._drain_signals()
             self._reap()
             self._escalate(time.monotonic_ns())
             if time.monotonic() > deadline:
-                for c in [*(r.child for r in self.replicas.values()), *self.proxies.values()]:
+                for c in [*(r.child for r in self.replicas.values()), *self.proxies.values(),
+                          *self.measuring.values()]:
                     _kill(c.proc, signal.SIGKILL)
-            if self.replicas or self.proxies:
+            if self.replicas or self.proxies or self.measuring:
                 self._poll_once(20)
         if self.seg is not None:
             self.seg.unlink()
@@ -305,7 +329,35 @@ class Supervisor:
         op = cmd.get("op")
         if op == "want":
             return  # demand itself is read from the waiters table each tick
-        log.warning("unknown command %r", op)
+        m = cmd.get("model")
+        if not isinstance(m, int) or not 0 <= m < len(self.registry):
+            log.warning("command %r for unknown model %r", op, m)
+            return
+        if op == "load":
+            self.load(m, "requested by POST /models/load")
+        elif op == "unload":
+            self.unload(m, "requested by POST /models/unload")
+        else:
+            log.warning("unknown command %r", op)
+
+    def load(self, m: int, why: str) -> None:
+        """Queue an explicit load of model ``m`` (no-op when it is running)."""
+        if any(r.model == m and r.stop_stage == 0 for r in self.replicas.values()):
+            return
+        rt = self.models[m]
+        if rt.requested_ns == 0:
+            rt.requested_ns = time.monotonic_ns()
+            log.info("load of %s queued: %s", self._name(m), why)
+
+    def unload(self, m: int, why: str) -> None:
+        """Stop every replica of model ``m``; a loading one is stopped at
+        once (``exit``, then SIGKILL after ``unload_grace``) instead of
+        after ``stop-timeout``, since it serves nothing yet."""
+        self.models[m].requested_ns = 0
+        for r in list(self.replicas.values()):
+            if r.model == m and r.stop_stage == 0:
+                loading = r.status == L.ReplicaStatus.LOADING
+                self._stop(r, why, self.cfg.unload_grace if loading else None)
 
     # ---- child output ----------------------------------------------------------
     def _register_child(self, child: Child, stdout: bool = True, stderr: bool = True) -> None:
@@ -374,6 +426,17 @@ class Supervisor:
         except orjson.JSONDecodeError:
             log.warning("[%s] bad state line: %r", child.tag, line[:200])
             return
+        if child.tag.startswith("measure:"):
+            m = next((i for i, c in self.measuring.items() if c is child), None)
+            if m is not None and msg.get("state") == "measured":
+                rt = self.models[m]
+                rt.mem_min = {k: int(v) for k, v in (msg.get("min") or {}).items()}
+                rt.mem_max = {k: int(v) for k, v in (msg.get("max") or {}).items()}
+                rt.measure = "done"
+                log.info("measured %s: min %s, max %s", self._name(m), fmt(rt.mem_min),
+                         fmt(rt.mem_max))
+                self.dirty = True
+            return
         rep = next((r for r in self.replicas.values() if r.child is child), None)
         if rep is None:
             return
@@ -385,6 +448,20 @@ class Supervisor:
         m = self.models[rep.model]
         if state == "loading":
             rep.progress = float(msg.get("progress") or 0.0)
+            if rep.status == L.ReplicaStatus.SLEEPING:  # woken
+                rep.status = L.ReplicaStatus.LOADING
+                rep.started_ns = now
+                rep.held = dict(m.mem_min or rep.held)
+            self.dirty = True
+        elif state == "sleeping":
+            if rep.stop_stage:
+                return
+            rep.status = L.ReplicaStatus.SLEEPING
+            rep.sleep_sent = rep.wake_sent = False
+            rep.held = _amounts(msg.get("effective"))
+            log.info("%s (slot %d) is asleep, holding %s", self._name(rep.model), rep.slot,
+                     fmt(rep.held))
+            self._calibrate()
             self.dirty = True
         elif state == "ready":
             if rep.stop_stage:
@@ -392,8 +469,12 @@ class Supervisor:
             rep.status = L.ReplicaStatus.READY
             rep.ready_ns = now
             rep.progress = 1.0
-            eff = msg.get("effective") or {}
-            rep.effective = int(sum(int(v) for v in eff.values())) if isinstance(eff, dict) else 0
+            rep.sleep_sent = rep.wake_sent = False
+            eff = _amounts(msg.get("effective"))
+            if sum(eff.values()) > 0:
+                rep.held = eff
+            self._calibrate()
+            m.requested_ns = 0
             m.loads += 1
             m.load_ns_total += now - rep.started_ns
             m.last_ready_ns = now
@@ -478,17 +559,51 @@ class Supervisor:
         rep = Replica(
             slot=slot, model=model, child=child, incarnation=self.incarnations, port=port,
             started_ns=now, deadline_ns=now + int(budget * NS),
+            held=dict(self.models[model].mem_min or {}),
+            kill_after=getattr(entry, "stop_timeout", None) or self.cfg.stop_timeout,
         )
         self.replicas[slot] = rep
         self._register_child(child)
         log.info("loading %s in slot %d (pid %d, port %d): %s", entry.name, slot, proc.pid, port, reason)
         self.dirty = True
 
+    def _spawn_measure(self, model: int) -> None:
+        """Start a ``measure`` child: it reports the model's min/max memory."""
+        entry = self.registry.entries[model]
+        argv = [a for a in instance_argv(entry, -1, self.python) if a not in ("--fd", "-1")]
+        argv.append("--measure")
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads here
+        )
+        child = Child(proc, f"measure:{entry.name}")
+        os.set_blocking(child.stdin_fd, False)
+        self.measuring[model] = child
+        self.models[model].measure = "running"
+        self._register_child(child)
+
+    def _measure_step(self) -> None:
+        """Keep up to ``measure_concurrency`` measure children running,
+        wanted models first."""
+        if len(self.measuring) >= self.cfg.measure_concurrency:
+            return
+        pending = [i for i, m in enumerate(self.models) if m.measure == "pending"
+                   and self.registry.entries[i].kind in ("llama", "fake")]
+        if not pending:
+            return
+        counts, _ = self._demand()
+        pending.sort(key=lambda i: (-int(counts[i]) - (self.models[i].requested_ns > 0), i))
+        for i in pending[: self.cfg.measure_concurrency - len(self.measuring)]:
+            self._spawn_measure(i)
+
     # ---- stopping ----------------------------------------------------------------
-    def _stop(self, rep: Replica, reason: str) -> None:
-        """Ask a replica to exit; :meth:`_escalate` follows up with signals."""
+    def _stop(self, rep: Replica, reason: str, kill_after: float | None = None) -> None:
+        """Ask a replica to exit; :meth:`_escalate` follows up with signals
+        after ``kill_after`` seconds (default: its stop-timeout)."""
         if rep.stop_stage:
             return
+        if kill_after is not None:
+            rep.kill_after = kill_after
         rep.deliberate = True
         rep.stop_stage = 1
         rep.stop_ns = time.monotonic_ns()
@@ -506,12 +621,12 @@ class Supervisor:
     def _escalate(self, now: int) -> None:
         cfg = self.cfg
         for rep in list(self.replicas.values()):
-            if rep.stop_stage == 1 and now - rep.stop_ns > cfg.stop_timeout * NS:
-                log.warning("%s did not exit within stop-timeout %.1f s: SIGTERM",
-                            rep.child.tag, cfg.stop_timeout)
+            if rep.stop_stage == 1 and now - rep.stop_ns > rep.kill_after * NS:
+                log.warning("%s did not exit within %.1f s of 'exit': SIGTERM",
+                            rep.child.tag, rep.kill_after)
                 _kill(rep.child.proc, signal.SIGTERM)
                 rep.stop_stage = 2
-            elif rep.stop_stage == 2 and now - rep.stop_ns > (cfg.stop_timeout + cfg.term_timeout) * NS:
+            elif rep.stop_stage == 2 and now - rep.stop_ns > (rep.kill_after + cfg.term_timeout) * NS:
                 log.warning("%s ignored SIGTERM: SIGKILL", rep.child.tag)
                 _kill(rep.child.proc, signal.SIGKILL)
                 rep.stop_stage = 3
@@ -541,6 +656,17 @@ class Supervisor:
             if not self.stopping_all:
                 log.error("proxy %d exited with code %s: restarting", idx, code)
                 self._spawn_proxy(idx)
+        for m, child in list(self.measuring.items()):
+            code = child.proc.poll()
+            if code is None:
+                continue
+            self._unregister_child(child)
+            del self.measuring[m]
+            rt = self.models[m]
+            if rt.measure != "done":
+                rt.measure = "failed"
+                log.warning("could not measure %s (exit code %s): its loads skip the memory "
+                            "check", self._name(m), code)
         for slot, rep in list(self.replicas.items()):
             code = rep.child.proc.poll()
             if code is None:
@@ -548,6 +674,7 @@ class Supervisor:
             self._unregister_child(rep.child)
             del self.replicas[slot]
             self._on_replica_exit(rep, code)
+            self._calibrate()
             self.dirty = True
 
     def _on_replica_exit(self, rep: Replica, code: int) -> None:
@@ -561,6 +688,7 @@ class Supervisor:
             return
         m.failed = True
         m.exit_code = code
+        m.requested_ns = 0
         if was_loading:
             m.failures += 1
             delay = backoff_s(m.failures)
@@ -586,33 +714,88 @@ class Supervisor:
         return counts, first
 
     def _schedule(self, now: int) -> None:
+        """Desired vs actual: measures, wakes, loads, evictions, idle stops."""
+        self._measure_step()
         counts, first = self._demand()
+        for i, rt in enumerate(self.models):
+            if rt.requested_ns:  # an explicit load counts as one waiter
+                counts[i] += 1
+                first[i] = min(int(first[i]), rt.requested_ns)
         c = self.seg.counters
         inflight = c[:, :, L.C_IN_FLIGHT].sum(axis=0)
         last_used = c[:, :, L.C_LAST_USED_NS].max(axis=0)
+        for i in range(len(self.registry)):
+            if int(counts[i]) != int(self.seg.models[i, L.M_WAITERS]):
+                self.dirty = True
+                break
+        # a wanted model whose replica sleeps is woken, not loaded again
+        for r in self.replicas.values():
+            if (r.status == L.ReplicaStatus.SLEEPING and counts[r.model] > 0
+                    and not r.wake_sent and r.stop_stage == 0):
+                r.wake_sent = r.child.send(b"wake\n")
+                log.info("waking %s (slot %d): %d waiting", self._name(r.model), r.slot,
+                         int(counts[r.model]))
+        # a model is loaded only once measured (or found unmeasurable)
         models = [
-            ModelView(i, int(counts[i]), int(first[i]), self.models[i].retry_at_ns)
+            ModelView(int(i), int(counts[i]), int(first[i]), self.models[i].retry_at_ns)
             for i in np.flatnonzero(counts > 0)
+            if self.models[i].measure in ("done", "failed")
+            or self.registry.entries[i].kind not in ("llama", "fake")
         ]
         names = {L.ReplicaStatus.LOADING: "loading", L.ReplicaStatus.READY: "ready",
                  L.ReplicaStatus.SLEEPING: "sleeping", L.ReplicaStatus.STOPPING: "stopping"}
         replicas = [
             ReplicaView(r.slot, r.model, names[r.status], int(inflight[r.slot]),
-                        max(int(last_used[r.slot]), r.ready_ns))
+                        max(int(last_used[r.slot]), r.ready_ns), r.held)
             for r in self.replicas.values()
         ]
-        for i in range(len(self.registry)):
-            if int(counts[i]) != int(self.seg.models[i, L.M_WAITERS]):
-                self.dirty = True
-                break
-        for act in self.scheduler.plan(models, replicas, now):
+        mem = MemoryView(
+            headroom=self.ledger.headroom(self._held()),
+            need={i: rt.mem_min for i, rt in enumerate(self.models) if rt.mem_min},
+        )
+        for act in self.scheduler.plan(models, replicas, now, mem):
             if isinstance(act, Stop):
                 rep = self.replicas[act.slot]
                 idle_s = (now - max(rep.ready_ns, int(last_used[act.slot]))) / NS
                 self._stop(rep, f"{act.reason}, idle {idle_s:.1f} s, to make room for "
                                 f"{self._name(act.for_model)} (models_max {self.cfg.models_max})")
             elif isinstance(act, Spawn):
+                if act.warning:
+                    log.warning("loading %s: %s", self._name(act.model), act.warning)
                 self._spawn_instance(act.model, act.reason)
+        self._idle_step(now, counts, inflight, last_used)
+
+    def _idle_step(self, now: int, counts, inflight, last_used) -> None:
+        """ttl: unload a replica idle that long since its last request ended;
+        sleep-idle: put it to sleep instead, keeping the process."""
+        for r in list(self.replicas.values()):
+            if r.stop_stage or inflight[r.slot] > 0 or counts[r.model] > 0:
+                continue
+            if r.status not in (L.ReplicaStatus.READY, L.ReplicaStatus.SLEEPING):
+                continue
+            idle = (now - max(int(last_used[r.slot]), r.ready_ns)) / NS
+            entry = self.registry.entries[r.model]
+            ttl = getattr(entry, "ttl", None) or self.cfg.ttl
+            if ttl and idle > ttl:
+                self._stop(r, f"idle {idle:.1f} s > ttl {ttl:g} s")
+            elif (self.cfg.sleep_idle and idle > self.cfg.sleep_idle and not r.sleep_sent
+                  and r.status == L.ReplicaStatus.READY):
+                r.sleep_sent = r.child.send(b"sleep\n")
+                log.info("putting %s (slot %d) to sleep: idle %.1f s > %g s", entry.name,
+                         r.slot, idle, self.cfg.sleep_idle)
+
+    # ---- memory ------------------------------------------------------------------------
+    def _held(self) -> Amounts:
+        held: Amounts = {}
+        for r in self.replicas.values():
+            held = add(held, r.held)
+        return held
+
+    def _calibrate(self) -> None:
+        """Re-read device memory after a report; log what changed."""
+        own = rss_of(os.getpid()) + sum(rss_of(c.pid) for c in self.proxies.values())
+        self.ledger.calibrate(self._held(), own)
+        self.dirty = True
 
     # ---- publishing ------------------------------------------------------------------
     def _name(self, model: int) -> str:
@@ -677,16 +860,38 @@ class Supervisor:
                 L.M_RETRY_AT_NS: m.retry_at_ns,
                 L.M_PROGRESS: progress,
                 L.M_ETA_MS: -1,
-                L.M_MEM_EFFECTIVE: sum(r.effective for r in reps),
+                L.M_MEM_MIN: sum((m.mem_min or {}).values()),
+                L.M_MEM_MAX: sum((m.mem_max or {}).values()),
+                L.M_MEM_EFFECTIVE: sum(sum(r.held.values()) for r in reps
+                                       if r.status != L.ReplicaStatus.LOADING),
                 L.M_LOADS: m.loads,
                 L.M_EVICTIONS: m.evictions,
                 L.M_LOAD_NS_TOTAL: m.load_ns_total,
                 L.M_LAST_READY_NS: m.last_ready_ns,
             })
+        for k, d in enumerate(self.ledger.devices):
+            write_fields(seg.devices, k, {
+                L.D_KIND: d.kind, L.D_INDEX: d.index, L.D_TOTAL: d.total,
+                L.D_EXTERNAL: d.external, L.D_HELD: d.held, L.D_FREE: d.free,
+                L.D_CALIBRATED_NS: d.calibrated_ns,
+            })
         seg.bump_generation()
         self.dirty = False
         for c in self.proxies.values():
             c.send(b"g")
+
+
+def _amounts(v) -> Amounts:
+    """A ``{device: bytes}`` payload from an instance, validated."""
+    if not isinstance(v, dict):
+        return {}
+    out = {}
+    for k, b in v.items():
+        try:
+            out[str(k)] = max(0, int(b))
+        except (TypeError, ValueError):
+            continue
+    return out
 
 
 def _noop(signum, frame) -> None:

@@ -24,6 +24,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from .memory import Amounts, Ledger, add, fmt
+
 log = logging.getLogger(__name__)
 
 
@@ -36,6 +38,7 @@ class ReplicaView:
     state: str  # "loading" | "ready" | "sleeping" | "stopping"
     in_flight: int
     last_used_ns: int  # max(last request start/end, ready time)
+    held: Amounts = field(default_factory=dict)  # ledger bytes per device
 
 
 @dataclass(slots=True)
@@ -50,9 +53,21 @@ class ModelView:
 
 
 @dataclass(slots=True)
+class MemoryView:
+    """The ledger as the scheduler needs it: ``headroom`` = available minus
+    margin per device (bytes, every running replica's holding deducted,
+    stopping ones included), ``need`` = measured ``min`` per model (models
+    absent from it are unmeasured and skip the memory check)."""
+
+    headroom: Amounts
+    need: dict[int, Amounts]
+
+
+@dataclass(slots=True)
 class Spawn:
     model: int
     reason: str
+    warning: str = ""
 
 
 @dataclass(slots=True)
@@ -98,25 +113,71 @@ class Scheduler:
         return best
 
     def plan(
-        self, models: list[ModelView], replicas: list[ReplicaView], now_ns: int
+        self,
+        models: list[ModelView],
+        replicas: list[ReplicaView],
+        now_ns: int,
+        mem: MemoryView | None = None,
     ) -> list[Spawn | Stop]:
-        """Actions for this tick: loads for the queue head(s) while slots are
-        free, and at most one eviction per slot the head still needs."""
+        """Actions for this tick.
+
+        For the queue head: evict one LRU idle replica if no slot is free;
+        then, if its measured ``min`` does not fit the headroom (counting
+        what stopping replicas will release), evict more LRU idle replicas
+        one by one until it fits. Load when it fits now; wait while victims
+        are still exiting or busy replicas hold the memory; with nothing else
+        running, load anyway with a warning. Later queue entries are looked
+        at only when the head loaded (only the head may start loading).
+        """
         actions: list[Spawn | Stop] = []
-        running = sum(1 for r in replicas if r.state != "stopping")
-        free = self.models_max - running
+        running = [r for r in replicas if r.state != "stopping"]
+        free = self.models_max - len(running)
         wanted = {m.index for m in models if m.waiters > 0}
         evicted: set[int] = set()
+        headroom = dict(mem.headroom) if mem is not None else {}
+        releasing: Amounts = {}
+        for r in replicas:
+            if r.state == "stopping":
+                releasing = add(releasing, r.held)
         for m in self.queue(models, replicas, now_ns):
+            victims: list[ReplicaView] = []
             if free <= 0:
-                victim = self.pick_victim(replicas, wanted, evicted)
-                if victim is None:
+                v = self.pick_victim(replicas, wanted, evicted)
+                if v is None:
                     # every replica is busy or wanted: the head waits (no
                     # "limit reached" error); later models wait behind it
                     break
-                evicted.add(victim.slot)
-                actions.append(Stop(victim.slot, victim.model, "evicted (LRU idle)", m.index))
-                free += 1
-            actions.append(Spawn(m.index, f"{m.waiters} waiting since {m.first_ns}"))
-            free -= 1
+                victims.append(v)
+                evicted.add(v.slot)
+                actions.append(Stop(v.slot, v.model, "evicted (LRU idle)", m.index))
+            need = mem.need.get(m.index) if mem is not None else None
+            warning = ""
+            if need:
+                soon = add(headroom, releasing)
+                for v in victims:
+                    soon = add(soon, v.held)
+                short = Ledger.deficit(need, soon)
+                while short:
+                    v = self.pick_victim(replicas, wanted, evicted)
+                    if v is None:
+                        break
+                    actions.append(Stop(v.slot, v.model,
+                                        f"evicted (LRU idle) for memory, deficit {fmt(short)}",
+                                        m.index))
+                    victims.append(v)
+                    evicted.add(v.slot)
+                    soon = add(soon, v.held)
+                    short = Ledger.deficit(need, soon)
+                others = len(running) - len(victims)
+                if short:
+                    if others > 0 or releasing or victims:
+                        break  # busy replicas hold the memory, or victims still exiting
+                    warning = (f"projected short by {fmt(short)} with nothing else loaded; "
+                               "loading anyway")
+                elif Ledger.deficit(need, headroom):
+                    break  # fits once the stopping replicas have exited
+                headroom = add(headroom, need, -1)
+            actions.append(Spawn(m.index, f"{m.waiters} waiting", warning))
+            free = free + len(victims) - 1
+            running = [r for r in running if r.slot not in evicted]
         return actions
