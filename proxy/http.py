@@ -6,22 +6,44 @@ requests on one connection are handled one at a time and answered in order
 (pipelining), flow control is explicit (``pause_writing`` /
 ``resume_writing`` from the transport, ``pause_reading`` when too many
 pipelined requests queue up), and every limit is a field of
-:class:`HttpLimits` with a default.
+:class:`HttpLimits` with a default (``add_http_limit_options`` /
+``limits_from_args`` turn them into command-line options).
 
 A handler is ``async def handler(conn: HttpConnection, req: Request)``; it
 must answer through ``conn`` (``send_response``, ``start_stream`` /
-``send_chunk`` / ``end_stream``, or raw ``write`` followed by
-``finish``) exactly once.
+``send_chunk`` / ``end_stream``, or ``head`` + ``write`` + ``finish``)
+exactly once.
+
+What the core guarantees, so handlers need not:
+
+* every response carries exactly one framing header (``content-length``
+  or ``transfer-encoding: chunked``; none for 204/304; an HTTP/1.0 client
+  gets a close-delimited body instead of chunks) and ``x-request-id``: the
+  client's own when it sent a sane one, else a fresh 16-hex-digit id
+  (``req.request_id``);
+* HEAD gets the headers GET would get and no body;
+* ``Expect: 100-continue`` is answered with ``100 Continue`` only once the
+  head was accepted and it is the request's turn; an unknown expectation
+  gets 417, a body over the limit 413, both without reading the body;
+* a request the server cannot frame (bad syntax, conflicting lengths, bad
+  chunk size, limits, timeouts, invalid UTF-8 in a header) is answered with
+  an OpenAI error envelope after the responses it was pipelined behind, and
+  the connection is closed: nothing after it on the connection is executed;
+* closing after an error is graceful (``write_eof``, then unread input is
+  discarded for ``linger_timeout`` seconds), so the client reads the error
+  instead of a reset, as nginx's lingering close does.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from http import HTTPStatus
+from random import getrandbits
 
 import httptools
 import orjson
@@ -30,17 +52,28 @@ log = logging.getLogger(__name__)
 
 Header = tuple[bytes, bytes]
 
+CHUNKED = b"transfer-encoding: chunked\r\n"
+"""The framing line that selects a chunked body in :meth:`HttpConnection.head`."""
+
 
 @dataclass(slots=True)
 class HttpLimits:
-    """Limits of one HTTP server (bytes and seconds).
+    """Limits of one HTTP server (bytes, seconds, counts).
 
-    ``max_header_bytes``: request line plus headers (431 past it);
-    ``max_body_bytes``: request body (413); ``header_timeout``: time to
-    receive a whole head once its first byte arrived (408);
-    ``body_timeout``: time to receive the body after the head (408);
-    ``keepalive_timeout``: idle time before an idle keep-alive connection is
-    closed; ``max_pipelined``: queued requests before reading pauses.
+    ``max_header_bytes``: request line plus headers (414 for the target
+    alone, else 431); ``max_body_bytes``: request body, by Content-Length or
+    as chunks arrive (413); ``header_timeout``: time to receive a whole head
+    once its first byte arrived (408); ``body_timeout``: time to receive the
+    body after the head (408); ``keepalive_timeout``: idle time before a
+    keep-alive connection is closed; ``send_timeout``: time a client may
+    leave the server's writes blocked (slow reader) before it is cut off;
+    ``max_connections``: open connections of this server, one more is
+    answered 503 and closed; ``max_pipelined``: queued requests before
+    reading pauses; ``linger_timeout``: how long unread input is drained
+    after an error response before the socket is dropped.
+
+    One object is shared by all connections of one server:
+    ``open_connections`` is their live count (not an option).
     """
 
     max_header_bytes: int = 64 * 1024
@@ -48,35 +81,125 @@ class HttpLimits:
     header_timeout: float = 30.0
     body_timeout: float = 300.0
     keepalive_timeout: float = 75.0
+    send_timeout: float = 300.0
+    max_connections: int = 4096
     max_pipelined: int = 16
+    linger_timeout: float = 5.0
+    open_connections: int = field(default=0, init=False, repr=False, compare=False)
+
+
+# (field, help) for add_http_limit_options; the flag is the field with dashes
+_OPTION_HELP = {
+    "max_header_bytes": "largest request head (request line + headers) in bytes; 431 past it",
+    "max_body_bytes": "largest request body in bytes; 413 past it",
+    "header_timeout": "seconds to receive a request head once it started; 408 past it",
+    "body_timeout": "seconds to receive a request body after its head; 408 past it",
+    "keepalive_timeout": "seconds an idle keep-alive connection stays open",
+    "send_timeout": "seconds a client may leave a response unread before it is cut off",
+    "max_connections": "open client connections per process; more are answered 503",
+    "max_pipelined": "pipelined requests queued per connection before reading pauses",
+    "linger_timeout": "seconds to drain unread input after an error response",
+}
+
+
+def _positive(kind: type) -> Callable[[str], int | float]:
+    def parse(text: str) -> int | float:
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+        return v
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def add_http_limit_options(
+    parser: argparse.ArgumentParser, defaults: HttpLimits | None = None
+) -> None:
+    """Add one option per :class:`HttpLimits` field (``--max-header-bytes``,
+    ``--max-body-bytes``, ``--header-timeout``, ``--body-timeout``,
+    ``--keepalive-timeout``, ``--send-timeout``, ``--max-connections``,
+    ``--max-pipelined``, ``--linger-timeout``) in an "HTTP limits" group;
+    ``defaults`` overrides the dataclass defaults. Read them back with
+    :func:`limits_from_args`."""
+    d = defaults if defaults is not None else HttpLimits()
+    group = parser.add_argument_group("HTTP limits")
+    for name, help_ in _OPTION_HELP.items():
+        value = getattr(d, name)
+        group.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=_positive(type(value)),
+            default=value,
+            metavar="N" if isinstance(value, int) else "SECONDS",
+            help=help_ + " (default: %(default)s)",
+        )
+
+
+def limits_from_args(args: argparse.Namespace) -> HttpLimits:
+    """:class:`HttpLimits` from options added by :func:`add_http_limit_options`
+    (a field whose option is missing keeps its default)."""
+    kw = {
+        f.name: getattr(args, f.name)
+        for f in fields(HttpLimits)
+        if f.init and hasattr(args, f.name)
+    }
+    return HttpLimits(**kw)
+
+
+def new_request_id() -> bytes:
+    """A fresh request id: 16 lower-case hex digits."""
+    return b"%016x" % getrandbits(64)
+
+
+# a client's X-Request-Id is echoed only when it is short visible ASCII
+_RID_CHARS = bytes(range(0x21, 0x7F))
+_RID_MAX = 128
 
 
 class Request:
-    """One parsed request. ``url`` is the raw target (path and query),
+    """One parsed request.
+
+    ``url`` is the raw target (``path`` and ``query`` split at ``?``),
     ``headers`` a list of ``(lower-case name, value)``, ``body`` the whole
-    body (requests are buffered; LLM request bodies are small)."""
+    body as bytes or bytearray (requests are buffered; LLM request bodies are
+    small), ``request_id`` the id echoed as ``x-request-id``,
+    ``content_length`` -1 when absent, ``conn_tokens`` the header names the
+    client's ``Connection`` header lists (hop-by-hop, never forwarded).
+    ``on_disconnect`` is called once when the client goes away before the
+    response finished; ``disconnected`` says it did.
+    """
 
     __slots__ = (
-        "method",
-        "url",
-        "headers",
         "body",
+        "chunked",
+        "conn_tokens",
+        "content_length",
+        "disconnected",
+        "expect",
+        "expect_continue",
+        "head_only",
+        "header_bytes",
+        "headers",
+        "http10",
         "keep_alive",
+        "method",
+        "on_disconnect",
         "path",
         "query",
-        "disconnected",
-        "on_disconnect",
-        "head_only",
-        "expect_continue",
-        "header_bytes",
+        "request_id",
         "started_ns",
+        "url",
     )
 
     def __init__(self) -> None:
         self.method = b""
         self.url = b""
         self.headers: list[Header] = []
-        self.body = bytearray()
+        self.body: bytes | bytearray = b""
         self.keep_alive = True
         self.path = b""
         self.query = b""
@@ -86,6 +209,12 @@ class Request:
         self.expect_continue = False
         self.header_bytes = 0
         self.started_ns = 0
+        self.request_id = b""
+        self.http10 = False
+        self.content_length = -1
+        self.chunked = False
+        self.conn_tokens: tuple[bytes, ...] = ()
+        self.expect: bytes | None = None
 
     def header(self, name: bytes, default: bytes | None = None) -> bytes | None:
         """First value of header ``name`` (lower-case bytes)."""
@@ -127,6 +256,8 @@ ERROR_TYPES = {
     405: "invalid_request_error",
     408: "timeout_error",
     413: "invalid_request_error",
+    414: "invalid_request_error",
+    417: "invalid_request_error",
     429: "rate_limit_error",
     431: "invalid_request_error",
     500: "server_error",
@@ -135,15 +266,69 @@ ERROR_TYPES = {
     504: "timeout_error",
 }
 
+# headers the parser callbacks look at (one dict lookup per header)
+_CONTENT_LENGTH, _TRANSFER_ENCODING, _CONNECTION, _EXPECT, _REQUEST_ID = range(1, 6)
+_SPECIAL = {
+    b"content-length": _CONTENT_LENGTH,
+    b"transfer-encoding": _TRANSFER_ENCODING,
+    b"connection": _CONNECTION,
+    b"expect": _EXPECT,
+    b"x-request-id": _REQUEST_ID,
+}
+
+# deadline kinds of a connection's one timer
+_IDLE, _HEAD, _BODY, _LINGER = range(1, 5)
+
+
+class _Reject(Exception):
+    """Raised from a parser callback to stop parsing; the answer is in
+    ``HttpConnection._error``."""
+
 
 class HttpConnection(asyncio.Protocol):
-    """Server side of one client connection."""
+    """Server side of one client connection (see the module docstring)."""
+
+    __slots__ = (
+        "_active",
+        "_body_ok",
+        "_chunked",
+        "_closed",
+        "_counted",
+        "_cur",
+        "_deadline",
+        "_discard",
+        "_drain_waiters",
+        "_error",
+        "_head_seen",
+        "_in_head",
+        "_lost",
+        "_max_body",
+        "_max_head",
+        "_on_close",
+        "_pending_error",
+        "_queue",
+        "_queued_bytes",
+        "_reading_paused",
+        "_responding",
+        "_send_timer",
+        "_task",
+        "_timer",
+        "_timer_at",
+        "_tkind",
+        "handler",
+        "limits",
+        "loop",
+        "parser",
+        "transport",
+        "write_paused",
+        "write_paused_cb",
+    )
 
     def __init__(
         self,
-        handler: Callable[["HttpConnection", Request], Awaitable[None]],
+        handler: Callable[[HttpConnection, Request], Awaitable[None]],
         limits: HttpLimits,
-        on_close: Callable[["HttpConnection"], None] | None = None,
+        on_close: Callable[[HttpConnection], None] | None = None,
     ) -> None:
         self.handler = handler
         self.limits = limits
@@ -152,141 +337,242 @@ class HttpConnection(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self._cur: Request | None = None  # being parsed
         self._active: Request | None = None  # being answered
-        self._queue: deque[Request] = deque()
-        self._url_parts: list[bytes] = []
-        self._closed = False
+        self._queue: deque[Request] = deque()  # parsed, waiting for their turn
+        self._queued_bytes = 0
+        self._closed = False  # no more responses: closing or closed
+        self._lost = False  # connection_lost ran
+        self._discard = False  # input is no longer parsed
         self._reading_paused = False
         self.write_paused = False
         self._drain_waiters: list[asyncio.Future] = []
         self._on_close = on_close
-        self._timer: asyncio.TimerHandle | None = None
         self._responding = False  # a response head was sent for _active
+        self._chunked = False  # the current response body is chunked
+        self._body_ok = True  # the current response may carry a body
         self._task: asyncio.Task | None = None
         self.write_paused_cb: Callable[[bool], None] | None = None
+        self._error: tuple[int, str] | None = None  # set by a callback that raised _Reject
+        self._pending_error: tuple[int, str] | None = None  # to answer after _active
+        self._in_head = True  # the next input bytes belong to a request head
+        self._head_seen = 0  # raw bytes of the head being received
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._deadline = 0.0
+        self._tkind = 0
+        self._send_timer: asyncio.TimerHandle | None = None
+        self._counted = False
+        self._max_head = limits.max_header_bytes
+        self._max_body = limits.max_body_bytes
 
     # ---- asyncio.Protocol ----------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self._arm(self.limits.keepalive_timeout, self._idle_timeout)
+        lim = self.limits
+        lim.open_connections += 1
+        self._counted = True
+        if lim.open_connections > lim.max_connections:
+            # answered before reading anything: the request never runs
+            self._discard = True
+            self._write_error(
+                None,
+                503,
+                f"server is at its connection limit ({lim.max_connections})",
+                extra=b"retry-after: 1\r\n",
+            )
+            self._close_gracefully()
+            return
+        self._set_timeout(_IDLE, lim.keepalive_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._closed = True
-        self._disarm()
+        self._closed = self._lost = self._discard = True
+        if self._counted:
+            self._counted = False
+            self.limits.open_connections -= 1
+        self._tkind = 0
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
         for req in (self._active, *self._queue):
             if req is not None and not req.disconnected:
                 req.disconnected = True
-                if req.on_disconnect is not None:
+                cb = req.on_disconnect
+                if cb is not None:
                     try:
-                        req.on_disconnect()
+                        cb()
                     except Exception:  # pragma: no cover - defensive
                         log.exception("disconnect callback failed")
         self._queue.clear()
-        for w in self._drain_waiters:
-            if not w.done():
-                w.set_result(None)
-        self._drain_waiters.clear()
+        self._wake_drain()
         if self._on_close is not None:
             self._on_close(self)
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        if self._send_timer is None and not self._lost:
+            self._send_timer = self.loop.call_later(self.limits.send_timeout, self._send_timeout)
         if self.write_paused_cb is not None:
             self.write_paused_cb(True)
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
         if self.write_paused_cb is not None:
             self.write_paused_cb(False)
-        for w in self._drain_waiters:
-            if not w.done():
-                w.set_result(None)
-        self._drain_waiters.clear()
+        self._wake_drain()
+
+    def _wake_drain(self) -> None:
+        if self._drain_waiters:
+            for w in self._drain_waiters:
+                if not w.done():
+                    w.set_result(None)
+            self._drain_waiters.clear()
 
     def data_received(self, data: bytes) -> None:
+        if self._discard:
+            return
+        in_head = self._in_head
+        if in_head:
+            self._head_seen += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._reject(400, "protocol upgrades are not supported")
+            # the request asking to upgrade was answered normally and ends
+            # the connection (on_headers_complete); CONNECT was refused there
+            if self._error is not None:
+                self._reject(*self._error)
+            return
         except httptools.HttpParserError as e:
-            if not self._closed and self.transport is not None and not self.transport.is_closing():
-                self._reject(400, f"malformed HTTP request: {e}")
+            if self._discard:  # bytes after `Connection: close`: ignored
+                return
+            err = self._error
+            if err is None:
+                err = (400, f"malformed HTTP request: {e}")
+            self._reject(*err)
+            return
+        # httptools buffers a header line whole before calling on_header, so
+        # a head that never ends is caught on the raw byte count
+        if self._in_head and self._head_seen > self._max_head:
+            self._reject(431, f"request head exceeds {self._max_head} bytes")
 
     # ---- parser callbacks -------------------------------------------------
+    def _fail(self, status: int, message: str) -> None:
+        self._error = (status, message)
+        raise _Reject(message)
+
     def on_message_begin(self) -> None:
-        req = Request()
-        req.started_ns = 0
-        self._cur = req
-        self._url_parts = []
-        if self._active is None and not self._queue:
-            self._arm(self.limits.header_timeout, self._head_timeout)
+        self._cur = Request()
+        if self._active is None:
+            self._set_timeout(_HEAD, self.limits.header_timeout)
 
     def on_url(self, url: bytes) -> None:
-        self._url_parts.append(url)
-        self._cur.header_bytes += len(url)
-        if self._cur.header_bytes > self.limits.max_header_bytes:
-            self._reject(431, "request line too long")
-            raise httptools.HttpParserError("limit")
+        req = self._cur
+        req.url = req.url + url if req.url else url
+        n = req.header_bytes = req.header_bytes + len(url)
+        if n > self._max_head:
+            self._fail(414, f"request target exceeds {self._max_head} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         req = self._cur
-        req.header_bytes += len(name) + len(value) + 4
-        if req.header_bytes > self.limits.max_header_bytes:
-            self._reject(431, f"request headers exceed {self.limits.max_header_bytes} bytes")
-            raise httptools.HttpParserError("limit")
-        req.headers.append((name.lower(), value))
+        n = req.header_bytes = req.header_bytes + len(name) + len(value) + 4
+        if n > self._max_head:
+            self._fail(431, f"request headers exceed {self._max_head} bytes")
+        name = name.lower()
+        if not value.isascii():
+            try:
+                value.decode()
+            except UnicodeDecodeError:
+                self._fail(400, f"header '{name.decode()}' is not valid UTF-8")
+        req.headers.append((name, value))
+        kind = _SPECIAL.get(name)
+        if kind is None:
+            return
+        if kind == _CONTENT_LENGTH:
+            try:
+                req.content_length = int(value)
+            except ValueError:
+                self._fail(400, "Content-Length is not a number")
+        elif kind == _TRANSFER_ENCODING:
+            req.chunked = True
+        elif kind == _CONNECTION:
+            req.conn_tokens += tuple(t.strip() for t in value.lower().split(b","))
+        elif kind == _EXPECT:
+            req.expect = value
+        elif 0 < len(value) <= _RID_MAX and not value.translate(None, _RID_CHARS):
+            req.request_id = value
 
     def on_headers_complete(self) -> None:
         req = self._cur
         p = self.parser
-        req.method = p.get_method()
+        req.method = method = p.get_method()
         req.keep_alive = p.should_keep_alive()
-        url = b"".join(self._url_parts)
-        req.url = url
+        req.http10 = p.get_http_version() == "1.0"
+        if not req.request_id:
+            req.request_id = b"%016x" % getrandbits(64)
+        url = req.url
         q = url.find(b"?")
         if q >= 0:
             req.path, req.query = url[:q], url[q + 1 :]
         else:
             req.path = url
-        req.head_only = req.method == b"HEAD"
-        cls = [v for k, v in req.headers if k == b"content-length"]
-        if len(cls) > 1 and len(set(cls)) > 1:
-            self._reject(400, "conflicting Content-Length headers")
-            raise httptools.HttpParserError("framing")
-        if cls and any(k == b"transfer-encoding" for k, _ in req.headers):
-            self._reject(400, "Content-Length together with Transfer-Encoding")
-            raise httptools.HttpParserError("framing")
-        if cls:
-            try:
-                n = int(cls[0])
-            except ValueError:
-                n = -1
-            if n > self.limits.max_body_bytes:
-                self._reject(413, f"request body exceeds {self.limits.max_body_bytes} bytes")
-                raise httptools.HttpParserError("limit")
-        expect = req.header(b"expect")
-        if expect is not None and expect.lower() == b"100-continue":
-            req.expect_continue = True
-            if self._active is None and not self._queue and self.transport is not None:
-                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        if self._active is None and not self._queue:
-            self._arm(self.limits.body_timeout, self._head_timeout)
+        req.head_only = method == b"HEAD"
+        self._in_head = False
+        self._head_seen = 0
+        if p.should_upgrade():
+            if method == b"CONNECT":
+                self._fail(405, "CONNECT is not supported")
+            # the upgrade is declined: answer in HTTP/1.1, then close, since
+            # the parser stops at an upgrade
+            req.keep_alive = False
+        if req.content_length > self._max_body:
+            self._fail(413, f"request body exceeds {self._max_body} bytes")
+        if req.expect is not None and not req.http10:
+            if req.expect.lower() != b"100-continue":
+                self._fail(417, f"unsupported expectation: {req.expect.decode('latin-1')}")
+            if req.content_length > 0 or req.chunked:
+                req.expect_continue = True
+                if self._active is None:
+                    self._continue(req)
+        if self._active is None:
+            self._set_timeout(_BODY, self.limits.body_timeout)
+
+    def _continue(self, req: Request) -> None:
+        """Send ``100 Continue``: the head was accepted and it is its turn."""
+        req.expect_continue = False
+        self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         req = self._cur
-        req.body += body
-        if len(req.body) > self.limits.max_body_bytes:
-            self._reject(413, f"request body exceeds {self.limits.max_body_bytes} bytes")
-            raise httptools.HttpParserError("limit")
+        b = req.body
+        if not b:
+            req.body = body
+        else:
+            if type(b) is bytes:
+                b = req.body = bytearray(b)
+            b += body
+        if len(req.body) > self._max_body:
+            self._fail(413, f"request body exceeds {self._max_body} bytes")
 
     def on_message_complete(self) -> None:
         req = self._cur
         self._cur = None
+        self._in_head = True
+        self._head_seen = 0
+        if not req.keep_alive:
+            self._discard = True  # nothing after it is read
         if self._active is None:
-            self._disarm()
             self._start(req)
         else:
             self._queue.append(req)
-            if len(self._queue) >= self.limits.max_pipelined and not self._reading_paused:
+            self._queued_bytes += len(req.body)
+            if not self._reading_paused and (
+                len(self._queue) >= self.limits.max_pipelined
+                or self._queued_bytes >= self._max_body
+            ):
                 self._reading_paused = True
                 self.transport.pause_reading()
 
@@ -294,6 +580,7 @@ class HttpConnection(asyncio.Protocol):
     def _start(self, req: Request) -> None:
         self._active = req
         self._responding = False
+        self._tkind = 0
         self._task = self.loop.create_task(self._run(req))
 
     async def _run(self, req: Request) -> None:
@@ -301,10 +588,11 @@ class HttpConnection(asyncio.Protocol):
             await self.handler(self, req)
         except Exception:
             log.exception("handler failed for %s %s", req.method, req.url)
-            if not self._responding and not self._closed:
-                self.send_error(req, 500, "internal error")
-            else:
-                self.close()
+            if self._active is req:
+                if not self._responding and not self._closed:
+                    self.send_error(req, 500, "internal error")
+                else:
+                    self.close()
         else:
             if self._active is req and not self._closed:
                 # a handler that forgot to answer must not wedge the connection
@@ -323,16 +611,30 @@ class HttpConnection(asyncio.Protocol):
         if self._closed:
             return
         if not req.keep_alive:
-            self.close()
+            self._close_gracefully()
             return
         if self._queue:
             nxt = self._queue.popleft()
-            if self._reading_paused and len(self._queue) < self.limits.max_pipelined // 2:
+            self._queued_bytes -= len(nxt.body)
+            if self._reading_paused and len(self._queue) < self.limits.max_pipelined // 2 + 1:
                 self._reading_paused = False
                 self.transport.resume_reading()
             self._start(nxt)
-        elif self._cur is None:
-            self._arm(self.limits.keepalive_timeout, self._idle_timeout)
+            return
+        if self._pending_error is not None:
+            self._reject(*self._pending_error)
+            return
+        cur = self._cur
+        if cur is None:
+            self._set_timeout(_IDLE, self.limits.keepalive_timeout)
+        elif self._in_head:
+            # a request is arriving behind the one just answered: its clock
+            # starts now, so a slow earlier response does not time it out
+            self._set_timeout(_HEAD, self.limits.header_timeout)
+        else:
+            if cur.expect_continue:
+                self._continue(cur)
+            self._set_timeout(_BODY, self.limits.body_timeout)
 
     # ---- writing ------------------------------------------------------------
     def write(self, data: bytes) -> None:
@@ -348,16 +650,40 @@ class HttpConnection(asyncio.Protocol):
         await fut
 
     def head(self, req: Request, status: int, headers: Iterable[Header], framing: bytes) -> bytes:
-        """Build a response head; ``framing`` is the one framing header line
-        (``content-length: N`` or ``transfer-encoding: chunked``)."""
+        """Build a response head and set how its body is framed.
+
+        ``framing`` is the one framing header line: ``b"content-length: N\\r\\n"``
+        or :data:`CHUNKED`. ``headers`` must not carry framing,
+        ``connection`` or ``x-request-id`` (the core sets them). Afterwards
+        :meth:`send_chunk` / :meth:`end_stream` frame the body to match: no
+        body for HEAD, 204, 304 and 1xx; raw and close-delimited for an
+        HTTP/1.0 client of a chunked response."""
         self._responding = True
+        if status < 200 or status == 204 or status == 304:
+            framing = b""
+            self._chunked = False
+            self._body_ok = False
+        else:
+            self._body_ok = not req.head_only
+            if framing == CHUNKED:
+                if req.http10:  # no chunks in HTTP/1.0: the close ends the body
+                    framing = b""
+                    req.keep_alive = False
+                    self._chunked = False
+                else:
+                    self._chunked = True
+            else:
+                self._chunked = False
         parts = [status_line(status)]
         for k, v in headers:
-            parts.append(k + b": " + v + b"\r\n")
-        parts.append(framing)
+            parts.append(b"%s: %s\r\n" % (k, v))
         if not req.keep_alive:
-            parts.append(b"connection: close\r\n")
-        parts.append(b"\r\n")
+            conn = b"connection: close\r\n"
+        elif req.http10:
+            conn = b"connection: keep-alive\r\n"
+        else:
+            conn = b""
+        parts.append(b"%sx-request-id: %s\r\n%s\r\n" % (framing, req.request_id, conn))
         return b"".join(parts)
 
     def send_response(
@@ -372,9 +698,33 @@ class HttpConnection(asyncio.Protocol):
         if req.disconnected or self._closed:
             self.finish(req)
             return
-        hs = [(b"content-type", content_type), *headers]
-        head = self.head(req, status, hs, b"content-length: %d\r\n" % len(body))
-        self.transport.write(head if req.head_only else head + body)
+        self._responding = True
+        if status == 204 or status == 304:
+            framing = b""
+            body = b""
+        else:
+            framing = b"content-length: %d\r\n" % len(body)
+        if not req.keep_alive:
+            conn = b"connection: close\r\n"
+        elif req.http10:
+            conn = b"connection: keep-alive\r\n"
+        else:
+            conn = b""
+        head = b"%scontent-type: %s\r\n%sx-request-id: %s\r\n%s" % (
+            status_line(status),
+            content_type,
+            framing,
+            req.request_id,
+            conn,
+        )
+        for k, v in headers:
+            head += b"%s: %s\r\n" % (k, v)
+        if req.head_only or not body:
+            self.transport.write(head + b"\r\n")
+        elif len(body) > 16384:
+            self.transport.writelines((head, b"\r\n", body))
+        else:
+            self.transport.write(b"%s\r\n%s" % (head, body))
         self.finish(req)
 
     def send_json(self, req: Request, status: int, obj, headers: Iterable[Header] = ()) -> None:
@@ -402,49 +752,116 @@ class HttpConnection(asyncio.Protocol):
     ) -> None:
         """Send a chunked response head; follow with send_chunk/end_stream."""
         hs = [(b"content-type", content_type), (b"cache-control", b"no-cache"), *headers]
-        self.write(self.head(req, status, hs, b"transfer-encoding: chunked\r\n"))
+        self.write(self.head(req, status, hs, CHUNKED))
 
     def send_chunk(self, data: bytes) -> None:
-        if data:
-            self.write(b"%x\r\n%s\r\n" % (len(data), data))
+        """Body bytes of the current response, framed as its head said."""
+        if data and self._body_ok and not self._closed:
+            if self._chunked:
+                self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+            else:
+                self.transport.write(data)
 
     def end_stream(self, req: Request) -> None:
-        self.write(b"0\r\n\r\n")
+        """End the body of ``req`` (the last chunk when chunked); finish it."""
+        if self._chunked and self._body_ok and self._active is req and not self._closed:
+            self.transport.write(b"0\r\n\r\n")
         self.finish(req)
 
-    # ---- errors, timeouts -------------------------------------------------
+    # ---- errors, closing, timeouts -----------------------------------------
+    def _write_error(
+        self, req: Request | None, status: int, message: str, extra: bytes = b""
+    ) -> None:
+        body = error_body(message, ERROR_TYPES.get(status, "error"), status)
+        rid = req.request_id if req is not None and req.request_id else new_request_id()
+        self.transport.write(
+            b"%scontent-type: application/json\r\ncontent-length: %d\r\nx-request-id: %s\r\n"
+            b"%sconnection: close\r\n\r\n%s" % (status_line(status), len(body), rid, extra, body)
+        )
+
     def _reject(self, status: int, message: str) -> None:
-        """Answer a request whose framing is unsure, then close."""
-        if self._closed or self.transport is None:
+        """Answer a request whose framing is unsure, after the responses it
+        was pipelined behind, then close; nothing after it is parsed."""
+        self._error = None
+        if self._closed:
             return
-        if self._active is None and not self._responding:
-            body = error_body(message, ERROR_TYPES.get(status, "error"), status)
-            self.transport.write(
-                status_line(status)
-                + b"content-type: application/json\r\ncontent-length: %d\r\n"
-                b"connection: close\r\n\r\n" % len(body)
-                + body
-            )
-        self.close()
+        self._discard = True
+        if self._active is not None:
+            if self._pending_error is None:
+                self._pending_error = (status, message)
+            return
+        self._pending_error = None
+        self._write_error(self._cur, status, message)
+        self._close_gracefully()
+
+    def _close_gracefully(self) -> None:
+        """Half-close after the last response, drain what the client still
+        sends, and drop the socket at its EOF or after ``linger_timeout``:
+        closing with unread input would reset the connection and could
+        destroy the response in flight."""
+        if self._closed:
+            return
+        self._closed = self._discard = True
+        t = self.transport
+        self._set_timeout(_LINGER, self.limits.linger_timeout)
+        if self._reading_paused:
+            self._reading_paused = False
+            t.resume_reading()
+        if t.can_write_eof():
+            try:
+                t.write_eof()
+            except (OSError, RuntimeError):
+                t.close()
+        else:
+            t.close()
 
     def close(self) -> None:
+        """Close now (after flushing what was written); a client that does
+        not read is dropped after ``linger_timeout``."""
         if not self._closed and self.transport is not None:
-            self._closed = True
+            self._closed = self._discard = True
+            self._set_timeout(_LINGER, self.limits.linger_timeout)
             self.transport.close()
 
-    def _arm(self, seconds: float, cb: Callable[[], None]) -> None:
-        self._disarm()
-        self._timer = self.loop.call_later(seconds, cb)
+    def _set_timeout(self, kind: int, seconds: float) -> None:
+        # one lazily moved timer per connection: a later deadline only
+        # updates _deadline and the timer re-arms itself when it fires, so
+        # a keep-alive request cycle costs no timer operations
+        at = self.loop.time() + seconds
+        self._deadline = at
+        self._tkind = kind
+        t = self._timer
+        if t is None or self._timer_at > at:
+            if t is not None:
+                t.cancel()
+            self._timer_at = at
+            self._timer = self.loop.call_at(at, self._on_timer)
 
-    def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+    def _on_timer(self) -> None:
+        self._timer = None
+        kind = self._tkind
+        if not kind or self._lost:
+            return
+        if self.loop.time() + 0.001 < self._deadline:
+            self._timer_at = self._deadline
+            self._timer = self.loop.call_at(self._deadline, self._on_timer)
+            return
+        self._tkind = 0
+        if kind == _LINGER:
+            self.transport.abort()
+        elif self._active is not None:
+            return
+        elif kind == _IDLE:
+            if self._cur is None:
+                self.close()
+        elif self._cur is not None:
+            what = "request head" if kind == _HEAD else "request body"
+            limit = self.limits.header_timeout if kind == _HEAD else self.limits.body_timeout
+            self._reject(408, f"{what} not received within {limit:g} s")
 
-    def _idle_timeout(self) -> None:
-        if self._active is None and self._cur is None:
-            self.close()
-
-    def _head_timeout(self) -> None:
-        if self._active is None and self._cur is not None:
-            self._reject(408, "request not received in time")
+    def _send_timeout(self) -> None:
+        self._send_timer = None
+        if not self._lost and self.write_paused:
+            log.info("client did not read for %g s: closing", self.limits.send_timeout)
+            self._closed = True
+            self.transport.abort()

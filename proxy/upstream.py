@@ -2,18 +2,26 @@
 
 An :class:`Upstream` is a keep-alive connection to one replica, kept in a
 :class:`UpstreamPool` between requests. Its httptools response-parser
-callbacks write straight to the client's transport (no queue, no task per
+callbacks write straight to the client's connection (no queue, no task per
 chunk):
 
-* the response head is rewritten (hop-by-hop headers dropped, exactly one
-  framing header: the upstream's ``content-length``, else chunked);
+* the response head is rewritten: hop-by-hop headers dropped (RFC 9110
+  7.6.1: the fixed list and whatever ``Connection`` names, in both
+  directions), exactly one framing header (the replica's
+  ``content-length``, else chunked, which the client core turns into a
+  close-delimited body for HTTP/1.0), the client's ``x-request-id``
+  forwarded to the replica and echoed back;
 * backpressure both ways: a client whose transport pauses writing pauses
-  reading from the upstream until it resumes;
-* a client that disconnects closes the upstream connection, which ends the
+  reading from the replica until it resumes, so a slow reader holds at most
+  the transport's high-water mark plus one read;
+* a client that disconnects closes the replica connection, which ends the
   generation in the instance;
-* an upstream that dies mid-body ends the client's response with an SSE
+* a replica that dies mid-body ends the client's response with an SSE
   error event and an unterminated chunked body (never a clean end); before
-  the head it becomes a 502.
+  the head it is an :class:`UpstreamError` (a 502 for the caller);
+* :meth:`UpstreamPool.forward` retries once, on a fresh connection, when a
+  pooled connection turns out to have been closed by the replica before it
+  answered anything (the keep-alive race every pooling proxy has).
 """
 
 from __future__ import annotations
@@ -22,15 +30,16 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import httptools
 
-from .http import HttpConnection, Request, error_body, status_line
+from .http import CHUNKED, Header, HttpConnection, Request, error_body, status_line
 
 log = logging.getLogger(__name__)
 
-# RFC 9110 7.6.1 connection-specific headers, plus framing we set ourselves
+# RFC 9110 7.6.1 connection-specific headers
 HOP_BY_HOP = frozenset(
     (
         b"connection",
@@ -42,38 +51,86 @@ HOP_BY_HOP = frozenset(
         b"trailer",
         b"transfer-encoding",
         b"upgrade",
-        b"content-length",
-        b"host",
-        b"expect",
     )
 )
+# never copied to the replica: framing, Host and request id are our own,
+# and the core already answered any Expect
+_REQUEST_DROP = HOP_BY_HOP | {b"content-length", b"host", b"expect", b"x-request-id"}
+# never copied to the client: the client core sets framing and the id
+_RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"x-request-id"}
 
 
 class UpstreamError(Exception):
     """The replica could not be reached or failed before answering."""
 
 
+@dataclass(slots=True)
+class Exchange:
+    """The outcome of one forwarded request.
+
+    ``status``: the replica's status (499 when the client left first, 502
+    when the replica died mid-body); ``sent_ns`` / ``first_byte_ns``:
+    ``time.monotonic_ns()`` when the request was written and when the first
+    body byte came back (0: none); ``bytes_out``: body bytes relayed;
+    ``retried``: a stale pooled connection was replaced."""
+
+    status: int = 0
+    sent_ns: int = 0
+    first_byte_ns: int = 0
+    bytes_out: int = 0
+    retried: bool = False
+
+
 class Upstream(asyncio.Protocol):
     """One keep-alive connection to a replica (see module docstring)."""
 
-    def __init__(self, pool: "UpstreamPool", key: int) -> None:
+    __slots__ = (
+        "_resp_keepalive",
+        "client",
+        "closed",
+        "conn_tokens",
+        "done",
+        "ex",
+        "got_bytes",
+        "head_sent",
+        "headers",
+        "key",
+        "parser",
+        "paused",
+        "pool",
+        "req",
+        "reused",
+        "sse",
+        "status",
+        "transport",
+        "until_close",
+    )
+
+    def __init__(self, pool: UpstreamPool, key: int) -> None:
         self.pool = pool
         self.key = key
         self.transport: asyncio.Transport | None = None
-        self.parser = None
-        self.client: HttpConnection | None = None
+        self.parser: httptools.HttpResponseParser | None = None
+        self.client: HttpConnection | None = None  # set while an exchange runs
         self.req: Request | None = None
         self.done: asyncio.Future | None = None
+        self.ex = Exchange()
         self.closed = False
-        self.first_byte_ns = 0
-        self.complete = True
+        self.reused = False  # taken from the pool (may be stale)
+        self.got_bytes = False  # the replica answered something to this request
         self.head_sent = False
-        self.chunked = False
         self.sse = False
         self.status = 0
-        self.headers: list[tuple[bytes, bytes]] = []
+        self.headers: list[Header] = []
+        self.conn_tokens: tuple[bytes, ...] = ()
+        self.until_close = False  # body ends when the replica closes
+        self.paused = False
         self._resp_keepalive = True
-        self.bytes_out = 0
+
+    @property
+    def first_byte_ns(self) -> int:
+        """First body byte of the current (or last) exchange, 0 if none."""
+        return self.ex.first_byte_ns
 
     # ---- asyncio.Protocol ----------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -82,169 +139,199 @@ class Upstream(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.pool.forget(self)
-        if self.done is not None and not self.done.done():
-            if not self.complete:
-                # it may still be a complete close-delimited body
-                try:
-                    self.parser.feed_data(b"")
-                except Exception:
-                    pass
-            if not self.done.done():
-                self._fail("replica closed the connection" if exc is None else f"replica connection lost: {exc}")
+        if self.client is None:
+            return
+        if self.until_close and self.head_sent and exc is None:
+            self._complete()  # a close-delimited body ends here
+        else:
+            self._fail(
+                "replica closed the connection"
+                if exc is None
+                else f"replica connection lost: {exc}"
+            )
 
     def data_received(self, data: bytes) -> None:
+        if self.client is None:
+            # bytes on an idle connection: the replica is confused, drop it
+            self.closed = True
+            self.transport.close()
+            return
+        self.got_bytes = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as e:
-            self._fail(f"bad response from replica: {e}")
+            self.closed = True
             self.transport.close()
-
-    def pause_writing(self) -> None:  # request bodies are small; nothing to pause
-        pass
-
-    def resume_writing(self) -> None:
-        pass
+            self._fail(f"bad response from replica: {e}")
 
     # ---- one exchange ------------------------------------------------------------
     def send(self, client: HttpConnection, req: Request, data: bytes) -> asyncio.Future:
         """Write a whole request; the future resolves when the response was
-        forwarded (result: status) or fails with :class:`UpstreamError`
-        before anything reached the client."""
+        forwarded (result: status; details in ``self.ex`` until the next
+        send) or fails with :class:`UpstreamError` before anything reached
+        the client."""
         self.client = client
         self.req = req
         self.parser = httptools.HttpResponseParser(self)
         self.status = 0
         self.headers = []
-        self.chunked = False
+        self.conn_tokens = ()
         self.head_sent = False
-        self.complete = False
-        self.first_byte_ns = 0
+        self.got_bytes = False
         self.sse = False
-        self.bytes_out = 0
-        self.done = client.loop.create_future()
+        self.until_close = False
+        self.ex = Exchange(sent_ns=time.monotonic_ns())
+        self.done = done = client.loop.create_future()
         client.write_paused_cb = self._client_paused
         req.on_disconnect = self._client_gone
         self.transport.write(data)
-        if client.write_paused:
-            self.transport.pause_reading()
-        return self.done
+        self._client_paused(client.write_paused)
+        return done
 
     def _client_paused(self, paused: bool) -> None:
-        t = self.transport
-        if t is None or self.closed:
+        if self.closed or paused == self.paused:
             return
+        self.paused = paused
         if paused:
-            t.pause_reading()
+            self.transport.pause_reading()
         else:
-            t.resume_reading()
+            self.transport.resume_reading()
 
     def _client_gone(self) -> None:
-        # closing the upstream connection is how the instance learns the client
-        # left: it stops generating instead of finishing for nobody
-        if self.transport is not None:
-            self.transport.close()
-        if self.done is not None and not self.done.done():
-            self.done.set_result(499)
+        # closing the replica connection is how the instance learns the
+        # client left: it stops generating instead of finishing for nobody
+        done = self.done
+        self._detach()
+        self.closed = True
+        self.transport.close()
+        if done is not None and not done.done():
+            self.ex.status = 499
+            done.set_result(499)
+
+    def _detach(self) -> tuple[HttpConnection, Request, asyncio.Future]:
+        client, req, done = self.client, self.req, self.done
+        self.client = self.req = self.done = None
+        if client is not None:
+            client.write_paused_cb = None
+            req.on_disconnect = None
+        return client, req, done
 
     # ---- parser callbacks --------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name.lower(), value))
+        name = name.lower()
+        if name == b"connection":
+            self.conn_tokens += tuple(t.strip() for t in value.lower().split(b","))
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         p = self.parser
-        self.status = p.get_status_code()
+        status = p.get_status_code()
+        if status < 200:  # interim (100 Continue ...): not forwarded
+            self.headers = []
+            self.conn_tokens = ()
+            return
+        self.status = status
         self._resp_keepalive = p.should_keep_alive()
         client, req = self.client, self.req
-        framing = None
+        framing = CHUNKED
+        upstream_chunked = False
+        tokens = self.conn_tokens
         out = []
         for k, v in self.headers:
-            if k == b"content-length":
-                framing = b"content-length: " + v + b"\r\n"
-            elif k in HOP_BY_HOP:
+            if k in _RESPONSE_DROP:
+                if k == b"content-length":
+                    framing = b"content-length: %s\r\n" % v
+                elif k == b"transfer-encoding":
+                    upstream_chunked = True
                 continue
-            else:
-                if k == b"content-type" and v.startswith(b"text/event-stream"):
-                    self.sse = True
-                out.append((k, v))
-        if framing is None:
-            framing = b"transfer-encoding: chunked\r\n"
-            self.chunked = True
-        rid = req.header(b"x-request-id")
-        if rid is not None:
-            out.append((b"x-request-id", rid))
-        head = client.head(req, self.status, out, framing)
+            if tokens and k in tokens:
+                continue
+            if k == b"content-type" and v.startswith(b"text/event-stream"):
+                self.sse = True
+            out.append((k, v))
+        self.until_close = (
+            framing is CHUNKED
+            and not upstream_chunked
+            and status != 204
+            and status != 304
+            and not req.head_only
+        )
+        client.write(client.head(req, status, out, framing))
         self.head_sent = True
-        client.write(head)
+        if req.head_only:
+            # the parser cannot be told the request was HEAD and would wait
+            # for the body the headers announce; the next send gets a new one
+            self._complete()
 
     def on_body(self, body: bytes) -> None:
-        if self.first_byte_ns == 0:
-            self.first_byte_ns = time.monotonic_ns()
         client = self.client
-        if self.req.head_only:
+        if client is None:  # HEAD already completed
             return
-        if self.chunked:
-            client.write(b"%x\r\n%s\r\n" % (len(body), body))
-        else:
-            client.write(body)
-        self.bytes_out += len(body)
-        if client.write_paused and not self.closed:
+        ex = self.ex
+        if not ex.first_byte_ns:
+            ex.first_byte_ns = time.monotonic_ns()
+        client.send_chunk(body)
+        ex.bytes_out += len(body)
+        if client.write_paused and not self.paused and not self.closed:
+            self.paused = True
             self.transport.pause_reading()
 
     def on_message_complete(self) -> None:
-        self.complete = True
-        client, req = self.client, self.req
-        if self.chunked and not req.head_only:
-            client.write(b"0\r\n\r\n")
-        client.write_paused_cb = None
-        req.on_disconnect = None
-        self.client = self.req = None
-        done = self.done
-        self.done = None
-        if self._resp_keepalive and not self.closed:
+        if self.client is None or self.status == 0:  # HEAD done, or interim response
+            return
+        self._complete()
+
+    def _complete(self) -> None:
+        client, req, done = self._detach()
+        if self.paused and not self.closed:
+            self.paused = False
+            self.transport.resume_reading()
+        if self._resp_keepalive and not self.closed and not self.until_close:
             self.pool.release(self)
-        elif self.transport is not None:
+        elif not self.closed:
+            self.closed = True
             self.transport.close()
-        client.finish(req)
+        self.ex.status = self.status
+        client.end_stream(req)
         if done is not None and not done.done():
             done.set_result(self.status)
 
     # ---- failure ---------------------------------------------------------------------
     def _fail(self, why: str) -> None:
-        client, req, done = self.client, self.req, self.done
-        self.done = None
+        client, req, done = self._detach()
         if client is None or done is None or done.done():
             return
-        client.write_paused_cb = None
-        req.on_disconnect = None
         if not self.head_sent:
             done.set_exception(UpstreamError(why))
             return
         # mid-body: tell an SSE client why, then cut the body short so no
         # client can mistake it for a clean end
-        if self.chunked and self.sse:
-            ev = b"data: " + error_body(why, "server_error", 502) + b"\n\n"
-            client.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+        if self.sse:
+            client.send_chunk(b"data: " + error_body(why, "server_error", 502) + b"\n\n")
         client.close()
         client.finish(req)
+        self.ex.status = 502
         done.set_result(502)
 
 
 class UpstreamPool:
-    """Idle keep-alive connections per replica port."""
+    """Idle keep-alive connections per replica port (``max_idle`` each)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, max_idle: int = 64) -> None:
         self.loop = loop
         self.idle: dict[int, deque[Upstream]] = {}
         self.max_idle = max_idle
 
-    async def acquire(self, port: int, host: str = "127.0.0.1") -> Upstream:
-        """An idle connection to ``port`` or a new one.
+    async def acquire(self, port: int, host: str = "127.0.0.1", fresh: bool = False) -> Upstream:
+        """An idle connection to ``port`` (``reused`` set) or, when there is
+        none or ``fresh`` is set, a new one.
 
         Raises :class:`UpstreamError` when the replica refuses."""
-        q = self.idle.get(port)
+        q = None if fresh else self.idle.get(port)
         while q:
             up = q.pop()
-            if not up.closed and up.transport is not None and not up.transport.is_closing():
+            if not up.closed and not up.transport.is_closing():
+                up.reused = True
                 return up
         try:
             _, up = await self.loop.create_connection(lambda: Upstream(self, port), host, port)
@@ -252,16 +339,49 @@ class UpstreamPool:
             raise UpstreamError(f"cannot connect to replica on port {port}: {e}") from e
         return up
 
+    async def forward(
+        self, port: int, client: HttpConnection, req: Request, data: bytes, host: str = "127.0.0.1"
+    ) -> Exchange:
+        """Send ``data`` (a whole request: :func:`request_head` + body) to
+        the replica on ``port`` and relay its response to ``client``.
+
+        A pooled connection the replica closed before answering is replaced
+        by a fresh one once (nothing reached the client yet). Returns the
+        :class:`Exchange` (status 499: the client left first); raises
+        :class:`UpstreamError` when the replica could not answer at all."""
+        retried = False
+        while True:
+            up = await self.acquire(port, host, fresh=retried)
+            if req.disconnected:
+                self.release(up)
+                return Exchange(status=499, retried=retried)
+            try:
+                await up.send(client, req, data)
+            except UpstreamError as e:
+                if up.reused and not up.got_bytes and not retried and not req.disconnected:
+                    log.debug("stale pooled connection to port %d (%s): retrying", port, e)
+                    retried = True
+                    continue
+                raise
+            ex = up.ex
+            ex.retried = retried
+            return ex
+
     def release(self, up: Upstream) -> None:
-        q = self.idle.setdefault(up.key, deque())
+        if up.closed:
+            return
+        q = self.idle.get(up.key)
+        if q is None:
+            q = self.idle[up.key] = deque()
         if len(q) >= self.max_idle:
+            up.closed = True
             up.transport.close()
             return
         q.append(up)
 
     def forget(self, up: Upstream) -> None:
         q = self.idle.get(up.key)
-        if q is not None:
+        if q:
             try:
                 q.remove(up)
             except ValueError:
@@ -272,19 +392,36 @@ class UpstreamPool:
         q = self.idle.pop(port, None)
         while q:
             up = q.pop()
+            up.closed = True
             if up.transport is not None:
                 up.transport.close()
 
 
-def request_head(req: Request, port: int, body_len: int, extra: Callable | None = None) -> bytes:
+def request_head(
+    req: Request, port: int, body_len: int, extra: Iterable[Header] = (), host: bytes = b"127.0.0.1"
+) -> bytes:
     """The request head sent to a replica: same method and target, our own
-    Host and Content-Length, hop-by-hop headers removed."""
-    parts = [req.method, b" ", req.url, b" HTTP/1.1\r\nhost: 127.0.0.1:%d\r\n" % port]
+    Host, Content-Length and ``x-request-id`` (the client's id), hop-by-hop
+    headers removed (the fixed list and those the client's ``Connection``
+    header names), ``extra`` headers appended."""
+    parts = [b"%s %s HTTP/1.1\r\nhost: %s:%d\r\n" % (req.method, req.url, host, port)]
+    tokens = req.conn_tokens
     for k, v in req.headers:
-        if k not in HOP_BY_HOP:
-            parts.append(k + b": " + v + b"\r\n")
-    parts.append(b"content-length: %d\r\n\r\n" % body_len)
+        if k in _REQUEST_DROP or (tokens and k in tokens):
+            continue
+        parts.append(b"%s: %s\r\n" % (k, v))
+    for k, v in extra:
+        parts.append(b"%s: %s\r\n" % (k, v))
+    parts.append(b"x-request-id: %s\r\ncontent-length: %d\r\n\r\n" % (req.request_id, body_len))
     return b"".join(parts)
 
 
-__all__ = ["Upstream", "UpstreamPool", "UpstreamError", "request_head", "status_line"]
+__all__ = [
+    "HOP_BY_HOP",
+    "Exchange",
+    "Upstream",
+    "UpstreamError",
+    "UpstreamPool",
+    "request_head",
+    "status_line",
+]
