@@ -30,7 +30,7 @@ def _gpu_count() -> int:
 
         pynvml.nvmlInit()
         return int(pynvml.nvmlDeviceGetCount())
-    except Exception:
+    except Exception:  # noqa: BLE001 - no NVML means no GPU
         return 0
 
 

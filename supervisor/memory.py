@@ -77,7 +77,7 @@ class _Nvml:
             self.handles = [
                 pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())
             ]
-        except Exception as e:  # no driver, no library, no GPU
+        except Exception as e:  # noqa: BLE001 - no driver, no library, no GPU
             log.debug("NVML unavailable: %s", e)
 
     def info(self, i: int) -> tuple[int, int]:

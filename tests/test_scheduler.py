@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-
 from conftest import alive, chat_body, wait_for
 from ggmux.shm import layout as L
 from ggmux.shm.seqlock import read_table
@@ -207,7 +206,7 @@ def test_memory_margin_keeps_two_of_three_400_mib_models_on_a_1_gib_host(serve, 
         fakes.add(n, min_bytes=400 * MiB, max_bytes=500 * MiB, mem_bytes=400 * MiB)
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--models-max", "4",
               "--host-memory", "1024", "--models-memory-margin", "100")
-    loaded = lambda: {k for k, v in s.models().items() if v["status"]["value"] == "loaded"}  # noqa: E731
+    loaded = lambda: {k for k, v in s.models().items() if v["status"]["value"] == "loaded"}
     for n in "ab":
         assert s.request("POST", CHAT, chat_body(n))[0] == 200
     assert loaded() == {"a", "b"}
@@ -264,7 +263,7 @@ def test_invariants_hold_under_random_concurrent_demand(serve, fakes):
 def test_sleeping_model_wakes_on_the_next_request(serve, fakes):
     fakes.add("a", wake_s=0.1)
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--sleep-idle-seconds", "0.5")
-    st, _, body = s.request("POST", CHAT, chat_body("a"))
+    assert s.request("POST", CHAT, chat_body("a"))[0] == 200
     pid = int(s.seg.replicas[:, L.R_PID].max())
     wait_for(lambda: s.models()["a"]["status"]["value"] == "sleeping", 5, what="asleep")
     st, _, body2 = s.request("POST", CHAT, chat_body("a"))
