@@ -82,6 +82,10 @@ C_TTFT_COUNT = 6
 C_HELD_BYTES = 7
 C_INCARNATION = 8  # replica incarnation these counters belong to
 C_TTFT_SUM_US = 9
+C_CONSEC_FAILURES = 10  # failures in a row (connect error, 5xx, timeout before first byte)
+C_CIRCUIT = 11  # CircuitState as this proxy sees the replica
+C_CIRCUIT_UNTIL_NS = 12  # open: no traffic before this time; then half-open
+C_PROBES_OK = 13  # good probes in a row while half-open
 C_WORDS = 16
 
 # ---- waiters: [proxy, model, word], each [proxy] row written by that proxy --
@@ -112,6 +116,16 @@ class ModelStatus:
     MEASURING = 5
 
     NAMES = ("unloaded", "loading", "loaded", "sleeping", "stopping", "measuring")
+
+
+class CircuitState:
+    """Per-proxy circuit breaker state of a replica (``C_CIRCUIT``)."""
+
+    CLOSED = 0
+    OPEN = 1
+    HALF_OPEN = 2
+
+    NAMES = ("closed", "open", "half-open")
 
 
 class ReplicaStatus:

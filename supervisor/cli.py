@@ -9,11 +9,13 @@ import sys
 
 from ..shm.segment import queue_name, segment_name
 from .main import Config, Supervisor
-from .registry import ModelEntry, Registry, demo_models, scan_models_dir
+from .presets import command_line_layer, load_preset, resolve
+from .registry import ModelEntry, Registry, demo_models, scan_hf_cache, scan_models_dir
 
 log = logging.getLogger("ggmux")
 
 MiB = 1 << 20
+_DEFAULTS = ModelEntry(name="", path="")  # ggmux's per-model defaults
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,20 +28,38 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8080, help="public port")
     s.add_argument("--proxies", type=int, default=os.cpu_count() or 1,
                    help="proxy processes sharing the port (SO_REUSEPORT)")
-    s.add_argument("--models-dir", action="append", default=[],
-                   help="folder whose *.gguf files are models named after their files "
-                        "(repeatable)")
+    s.add_argument("--models-dir", action="append", default=[], metavar="DIR",
+                   help="folder of models (repeatable), read as llama.cpp's router reads it: "
+                        "each *.gguf file is a model named after the file, a multi-part "
+                        "NAME-00001-of-0000N.gguf set one model NAME, each subfolder one model "
+                        "named after the folder (a file with 'mmproj' in its name its projector)")
+    s.add_argument("--models-preset", default=None, metavar="FILE",
+                   help="llama.cpp INI preset file: [*] for every model, then one section per "
+                        "model (see presets.example.ini)")
+    s.add_argument("--hf-cache", action=argparse.BooleanOptionalAction, default=True,
+                   help="list the GGUF models of the Hugging Face cache ($HF_HUB_CACHE, "
+                        "$HF_HOME/hub or ~/.cache/huggingface/hub) as ORG/REPO:QUANT, as "
+                        "llama.cpp's router does")
     s.add_argument("--fake-models-dir", default=None,
                    help="folder whose *.json files are fake models (tests; see "
                         "ggmux.instance.fake)")
     s.add_argument("--models-max", type=int, default=4,
                    help="most model replicas running at once (llama.cpp --models-max)")
-    s.add_argument("--ctx-size", "-c", type=int, default=2048, help="context size, tokens")
+    # Model options: None when not given, so build_registry can tell a default
+    # (under every source) from an explicit value (over every source, as
+    # llama.cpp's router overlays its own command line on every preset).
+    s.add_argument("--ctx-size", "-c", type=int, default=None,
+                   help="context size, tokens; given here it beats every preset "
+                        f"(default: {_DEFAULTS.ctx_size}, 0 = the model's)")
     s.add_argument("--threads", "-t", type=int, default=None,
-                   help="generation threads per instance (default: llama.cpp's)")
-    s.add_argument("--n-gpu-layers", "-ngl", type=int, default=0, help="layers offloaded to GPU")
-    s.add_argument("--stop-timeout", type=float, default=10.0,
-                   help="seconds between 'exit' and SIGTERM when stopping an instance")
+                   help="generation threads per instance; given here it beats every preset "
+                        "(default: the backend's)")
+    s.add_argument("--n-gpu-layers", "-ngl", type=int, default=None,
+                   help="layers offloaded to GPU, -1 all; given here it beats every preset "
+                        f"(default: {_DEFAULTS.n_gpu_layers})")
+    s.add_argument("--stop-timeout", type=float, default=None,
+                   help="seconds between 'exit' and SIGTERM when stopping an instance; given "
+                        f"here it beats every preset (default: {_DEFAULTS.stop_timeout:g})")
     s.add_argument("--load-timeout", type=float, default=None,
                    help="load deadline, seconds (default: 300 + 20 per GiB, at most 6 h)")
     s.add_argument("--load-wait", type=float, default=300.0,
@@ -61,22 +81,42 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build_registry(args: argparse.Namespace) -> Registry:
-    """Registry from the sources on the command line; the demo models when
-    none is given. Command-line model options override every source."""
-    entries: list[ModelEntry] = []
+    """Registry from the sources on the command line, each later one
+    overriding the earlier: the Hugging Face cache (when it exists, unless
+    ``--no-hf-cache``) < ``--models-dir`` folders in order (and
+    ``--fake-models-dir``) < ``--models-preset`` < ``--ctx-size``,
+    ``--threads``, ``--n-gpu-layers``, ``--stop-timeout`` given explicitly.
+    Not given, those four keep ggmux's defaults, under every source;
+    ``--ttl`` given is a default under every source too (a preset's ``ttl``
+    wins).
+
+    With none of ``--models-dir``, ``--fake-models-dir``, ``--models-preset``:
+    the cache's models, as llama.cpp's router run with no source lists its
+    cache, or, when the cache holds none, the demo models.
+
+    Sets ``args.stop_timeout`` to the default when it was not given, for the
+    code that reads it afterwards. Raises ``FileNotFoundError`` (a missing
+    models dir) and ``ValueError`` (:class:`~.presets.PresetError`, alias
+    clashes).
+    """
+    explicit = bool(args.models_dir or args.fake_models_dir or args.models_preset)
+    entries: list[ModelEntry] = scan_hf_cache() if args.hf_cache else []
     for d in args.models_dir:
         entries += scan_models_dir(d)
     if args.fake_models_dir:
         entries += scan_models_dir(args.fake_models_dir, "*.json", kind="fake")
-    if not args.models_dir and not args.fake_models_dir:
+    if not explicit and not entries:
         entries = demo_models()
-    for e in entries:
-        e.ctx_size = args.ctx_size
-        if args.threads:
-            e.threads = args.threads
-        e.n_gpu_layers = args.n_gpu_layers
-        e.stop_timeout = args.stop_timeout
-    return Registry(entries)
+    preset = load_preset(args.models_preset) if args.models_preset else None
+    given = {"ctx-size": args.ctx_size, "threads": args.threads,
+             "n-gpu-layers": args.n_gpu_layers, "stop-timeout": args.stop_timeout}
+    cli = command_line_layer({k: v for k, v in given.items() if v is not None})
+    ttl = getattr(args, "ttl", None)
+    defaults = command_line_layer({"ttl": ttl} if ttl is not None else {})
+    registry = Registry(resolve(entries, preset, cli, defaults=defaults))
+    if args.stop_timeout is None:
+        args.stop_timeout = _DEFAULTS.stop_timeout
+    return registry
 
 
 def serve(args: argparse.Namespace) -> int:
