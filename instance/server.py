@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -216,7 +217,9 @@ class InstanceApp:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m ggmux.instance")
-    ap.add_argument("--model", required=True, help="GGUF file (or fake behaviour file)")
+    ap.add_argument("--model", default=None, help="GGUF file (or fake behaviour file)")
+    ap.add_argument("--spare", action="store_true",
+                    help="start, import everything, then wait for a 'load {json}' command")
     ap.add_argument("--name", default=None, help="model name reported in responses")
     ap.add_argument("--fd", type=int, default=None, help="listening socket from the supervisor")
     ap.add_argument("--host", default="127.0.0.1")
@@ -245,8 +248,11 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
     )
     args = parse_args(argv)
+    if not args.model and not args.spare:
+        print("--model is required (or --spare)", file=sys.stderr)
+        return 2
     protocol.claim_stdout()
-    state = {"loading": True}
+    state: dict = {"loading": True, "load_event": threading.Event()}
     stop = threading.Event()
 
     def on_command(cmd: str) -> None:
@@ -254,6 +260,14 @@ def main(argv: list[str] | None = None) -> int:
             loop, app_ = state.get("loop"), state.get("app")
             if loop is not None and app_ is not None:
                 loop.call_soon_threadsafe(lambda: loop.create_task(app_.sleep_or_wake(cmd)))
+            return
+        if cmd.startswith("load ") and "load_args" not in state:
+            try:
+                state["load_args"] = json.loads(cmd[5:])
+            except ValueError:
+                log.error("bad load command %r", cmd[:200])
+                os._exit(2)
+            state["load_event"].set()
             return
         if cmd == "exit":
             if state["loading"]:
@@ -267,6 +281,27 @@ def main(argv: list[str] | None = None) -> int:
 
     protocol.watch_stdin(on_command)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
+    if args.spare:
+        # A spare: pay for the interpreter and the imports now, so that a cold
+        # load later costs only the model's own load (the supervisor keeps one
+        # ready; see --spares). The listening socket came with the spawn.
+        import uvloop  # noqa: F401
+
+        from . import fake, llama  # noqa: F401
+
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            pass
+        protocol.emit("spare")
+        state["load_event"].wait()
+        la = state["load_args"]
+        args.model = la["model"]
+        args.name = la.get("name")
+        args.ctx_size = int(la.get("ctx_size", args.ctx_size))
+        args.threads = la.get("threads")
+        args.n_gpu_layers = int(la.get("n_gpu_layers", 0))
+        args.fake = bool(la.get("fake"))
     backend = make_backend(args)
     if args.measure:
         protocol.emit("measured", **backend.measure())

@@ -37,9 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="llama.cpp INI preset file: [*] for every model, then one section per "
                         "model (see presets.example.ini)")
     s.add_argument("--hf-cache", action=argparse.BooleanOptionalAction, default=True,
-                   help="list the GGUF models of the Hugging Face cache ($HF_HUB_CACHE, "
-                        "$HF_HOME/hub or ~/.cache/huggingface/hub) as ORG/REPO:QUANT, as "
-                        "llama.cpp's router does")
+                   help="list the GGUF models of the Hugging Face cache ($LLAMA_CACHE, "
+                        "$HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub) as "
+                        "ORG/REPO:QUANT, as llama.cpp's router does")
     s.add_argument("--fake-models-dir", default=None,
                    help="folder whose *.json files are fake models (tests; see "
                         "ggmux.instance.fake)")
@@ -49,17 +49,18 @@ def build_parser() -> argparse.ArgumentParser:
     # (under every source) from an explicit value (over every source, as
     # llama.cpp's router overlays its own command line on every preset).
     s.add_argument("--ctx-size", "-c", type=int, default=None,
-                   help="context size, tokens; given here it beats every preset "
-                        f"(default: {_DEFAULTS.ctx_size}, 0 = the model's)")
+                   help="context size, tokens, 0 = the model's; not given: "
+                        f"{_DEFAULTS.ctx_size} under every preset, given: over every preset")
     s.add_argument("--threads", "-t", type=int, default=None,
-                   help="generation threads per instance; given here it beats every preset "
-                        "(default: the backend's)")
+                   help="generation threads per instance; not given: the backend's default "
+                        "under every preset, given: over every preset")
     s.add_argument("--n-gpu-layers", "-ngl", type=int, default=None,
-                   help="layers offloaded to GPU, -1 all; given here it beats every preset "
-                        f"(default: {_DEFAULTS.n_gpu_layers})")
+                   help="layers offloaded to GPU, -1 all; not given: "
+                        f"{_DEFAULTS.n_gpu_layers} under every preset, given: over every preset")
     s.add_argument("--stop-timeout", type=float, default=None,
-                   help="seconds between 'exit' and SIGTERM when stopping an instance; given "
-                        f"here it beats every preset (default: {_DEFAULTS.stop_timeout:g})")
+                   help="seconds between 'exit' and SIGTERM when stopping an instance; not "
+                        f"given: {_DEFAULTS.stop_timeout:g} under every preset, given: over "
+                        "every preset")
     s.add_argument("--load-timeout", type=float, default=None,
                    help="load deadline, seconds (default: 300 + 20 per GiB, at most 6 h)")
     s.add_argument("--load-wait", type=float, default=300.0,
@@ -76,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sleep-idle-seconds", type=float, default=None,
                    help="free an idle model's weights after this many seconds, keeping its "
                         "process; the next request wakes it")
+    s.add_argument("--spares", type=int, default=1,
+                   help="instance processes kept started with llama-cpp-python imported, so "
+                        "a cold load costs only the model's own load time")
     s.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     return ap
 
@@ -143,7 +147,7 @@ def serve(args: argparse.Namespace) -> int:
         mq_name=queue_name(args.port), proxy_args=["--log-level", args.log_level],
         memory_margin=int(args.models_memory_margin * MiB),
         host_memory=int(args.host_memory * MiB) if args.host_memory else None,
-        ttl=args.ttl, sleep_idle=args.sleep_idle_seconds,
+        ttl=args.ttl, sleep_idle=args.sleep_idle_seconds, spares=max(0, args.spares),
     )
     for e in registry.entries:
         log.info("model %s: %s", e.name, e.path)

@@ -61,6 +61,7 @@ class Config:
     ttl: float | None = None  # default idle unload, seconds after the last request ended
     sleep_idle: float | None = None  # idle seconds before an instance sleeps
     measure_concurrency: int = 2
+    spares: int = 1  # instance processes kept started and imported ahead of a load
     unload_grace: float = 0.5  # a loading replica being unloaded: exit, then SIGKILL after this
 
 
@@ -173,6 +174,7 @@ class Supervisor:
             devices=len(self.ledger.devices),
         )
         self.measuring: dict[int, Child] = {}  # model -> measure child
+        self.spares: list[tuple[Child, int]] = []  # (child, port) waiting for `load`
         self.scheduler = Scheduler(cfg.models_max)
         self.replicas: dict[int, Replica] = {}  # slot -> replica
         self.proxies: dict[int, Child] = {}  # proxy index -> child
@@ -229,16 +231,18 @@ class Supervisor:
             c.close_stdin()  # EOF: the proxy exits
         for c in self.measuring.values():
             c.close_stdin()
+        for c, _ in self.spares:
+            c.close_stdin()
         deadline = time.monotonic() + self.cfg.stop_timeout + self.cfg.term_timeout
-        while self.replicas or self.proxies or self.measuring:
+        while self.replicas or self.proxies or self.measuring or self.spares:
             self._drain_signals()
             self._reap()
             self._escalate(time.monotonic_ns())
             if time.monotonic() > deadline:
                 for c in [*(r.child for r in self.replicas.values()), *self.proxies.values(),
-                          *self.measuring.values()]:
+                          *self.measuring.values(), *(c for c, _ in self.spares)]:
                     _kill(c.proc, signal.SIGKILL)
-            if self.replicas or self.proxies or self.measuring:
+            if self.replicas or self.proxies or self.measuring or self.spares:
                 self._poll_once(20)
         if self.seg is not None:
             self.seg.unlink()
@@ -439,7 +443,7 @@ class Supervisor:
             return
         rep = next((r for r in self.replicas.values() if r.child is child), None)
         if rep is None:
-            return
+            return  # a spare announcing itself
         self._on_state(rep, msg)
 
     def _on_state(self, rep: Replica, msg: dict) -> None:
@@ -539,20 +543,21 @@ class Supervisor:
         if slot is None:
             log.warning("no free replica slot for %s", entry.name)
             return
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(1024)
-        port = sock.getsockname()[1]
-        argv = instance_argv(entry, sock.fileno(), self.python)
-        try:
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                pass_fds=(sock.fileno(),), preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads here
-            )
-        finally:
-            sock.close()
-        child = Child(proc, f"{entry.name}#{slot}")
-        os.set_blocking(child.stdin_fd, False)
+        child = None
+        while self.spares and entry.kind in ("llama", "fake"):
+            spare, port = self.spares.pop(0)
+            line = orjson.dumps({
+                "model": entry.path, "name": entry.name, "ctx_size": entry.ctx_size,
+                "threads": entry.threads, "n_gpu_layers": entry.n_gpu_layers,
+                "fake": entry.kind == "fake",
+            })
+            if spare.proc.poll() is None and spare.send(b"load " + line + b"\n"):
+                child = spare
+                child.tag = f"{entry.name}#{slot}"
+                break
+        if child is None:
+            argv = instance_argv(entry, -1, self.python)
+            child, port = self._spawn_with_socket(argv, f"{entry.name}#{slot}")
         self.incarnations += 1
         now = time.monotonic_ns()
         budget = load_budget_s(entry.size_bytes, self.cfg.load_timeout)
@@ -563,14 +568,53 @@ class Supervisor:
             kill_after=getattr(entry, "stop_timeout", None) or self.cfg.stop_timeout,
         )
         self.replicas[slot] = rep
-        self._register_child(child)
-        log.info("loading %s in slot %d (pid %d, port %d): %s", entry.name, slot, proc.pid, port, reason)
+        log.info("loading %s in slot %d (pid %d, port %d): %s", entry.name, slot, child.pid,
+                 port, reason)
         self.dirty = True
+
+    def _spawn_with_socket(self, argv: list[str], tag: str) -> tuple[Child, int]:
+        """Start an instance-protocol child with a listening socket bound here
+        (127.0.0.1, port 0) and passed as ``--fd``, so no other process can
+        take its port between bind and listen. ``argv``'s ``--fd`` value is
+        replaced by the descriptor."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1024)
+        port = sock.getsockname()[1]
+        argv = list(argv)
+        argv[argv.index("--fd") + 1] = str(sock.fileno())
+        try:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                pass_fds=(sock.fileno(),), preexec_fn=_die_with_parent,  # noqa: PLW1509
+            )
+        finally:
+            sock.close()
+        child = Child(proc, tag)
+        os.set_blocking(child.stdin_fd, False)
+        self._register_child(child)
+        return child, port
+
+    def _spare_step(self) -> None:
+        """Keep ``spares`` instance processes started and imported, but start
+        one only while nothing loads: on a small machine a spare's imports
+        would slow the load it is meant to speed up."""
+        if len(self.spares) >= self.cfg.spares or self.stopping_all:
+            return
+        if any(r.status == L.ReplicaStatus.LOADING for r in self.replicas.values()):
+            return
+        if not any(e.kind in ("llama", "fake") for e in self.registry.entries):
+            return
+        argv = [self.python, "-m", "ggmux.instance", "--spare", "--fd", "-1"]
+        child, port = self._spawn_with_socket(argv, "spare")
+        self.spares.append((child, port))
 
     def _spawn_measure(self, model: int) -> None:
         """Start a ``measure`` child: it reports the model's min/max memory."""
         entry = self.registry.entries[model]
-        argv = [a for a in instance_argv(entry, -1, self.python) if a not in ("--fd", "-1")]
+        argv = instance_argv(entry, -1, self.python)
+        i = argv.index("--fd")
+        del argv[i : i + 2]
         argv.append("--measure")
         proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -656,6 +700,13 @@ class Supervisor:
             if not self.stopping_all:
                 log.error("proxy %d exited with code %s: restarting", idx, code)
                 self._spawn_proxy(idx)
+        for spare in list(self.spares):
+            code = spare[0].proc.poll()
+            if code is not None:
+                self._unregister_child(spare[0])
+                self.spares.remove(spare)
+                if not self.stopping_all:
+                    log.warning("spare instance exited with code %s", code)
         for m, child in list(self.measuring.items()):
             code = child.proc.poll()
             if code is None:
@@ -764,6 +815,7 @@ class Supervisor:
                     log.warning("loading %s: %s", self._name(act.model), act.warning)
                 self._spawn_instance(act.model, act.reason)
         self._idle_step(now, counts, inflight, last_used)
+        self._spare_step()
 
     def _idle_step(self, now: int, counts, inflight, last_used) -> None:
         """ttl: unload a replica idle that long since its last request ended;

@@ -64,7 +64,8 @@ def test_eight_concurrent_first_requests_for_a_cold_real_model_start_one_instanc
         answers = list(ex.map(ask, range(8)))
     assert len(answers) == 8 and all(a is not None for a in answers)
     assert s.logs().count(f"loading {SMOL} in slot") == 1
-    assert len(children_of(s.proc.pid)) == 2 + 1  # two proxies, one instance
+    # two proxies, one instance, at most one spare
+    assert len(children_of(s.proc.pid)) in (3, 4)
 
 
 def test_dropped_real_stream_frees_the_replica_within_2_s(serve):
