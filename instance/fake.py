@@ -128,6 +128,19 @@ class FakeBackend(Backend):
     def completion(self, body: dict, cancel: threading.Event) -> dict | Iterator[dict]:
         return self._gen(body, cancel, chat=False)
 
+    def tokenize(self, body: dict) -> dict:
+        content = body.get("content")
+        if not isinstance(content, str):
+            raise TypeError("'content' must be a string")
+        return {"tokens": [len(w) for w in content.split()]}
+
+    def detokenize(self, body: dict) -> dict:
+        return {"content": " ".join("x" * int(t) for t in body.get("tokens", []))}
+
+    def props(self) -> dict:
+        return {"model_alias": self.name, "model_path": self.path, "n_ctx": self.n_ctx,
+                "total_slots": 1}
+
     def embedding(self, body: dict) -> dict:
         inp = body.get("input")
         items = inp if isinstance(inp, list) else [inp]

@@ -161,6 +161,29 @@ class LlamaBackend(Backend):
             raise BadRequest("'prompt' is required")
         return self.llm.create_completion(**self._kwargs(body, self._comp_keys, cancel))
 
+    def tokenize(self, body: dict) -> dict:
+        content = body.get("content")
+        if not isinstance(content, str):
+            raise BadRequest("'content' must be a string")
+        add_special = bool(body.get("add_special", False))
+        return {"tokens": self.llm.tokenize(content.encode(), add_bos=add_special, special=True)}
+
+    def detokenize(self, body: dict) -> dict:
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise BadRequest("'tokens' must be a list of integers")
+        return {"content": self.llm.detokenize(tokens).decode("utf-8", "replace")}
+
+    def props(self) -> dict:
+        llm = self.llm
+        return {
+            "model_alias": self.name,
+            "model_path": self.path,
+            "n_ctx": llm.n_ctx() if llm is not None else self.args.ctx_size,
+            "total_slots": 1,
+            "chat_template": (llm.metadata.get("tokenizer.chat_template", "") if llm else ""),
+        }
+
     def embedding(self, body: dict) -> dict:
         import llama_cpp
 

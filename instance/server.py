@@ -59,6 +59,18 @@ class Backend:
     def embedding(self, body: dict) -> dict:
         raise NotImplementedError
 
+    def tokenize(self, body: dict) -> dict:
+        """llama.cpp ``/tokenize``: ``{"content", "add_special"}`` -> ``{"tokens"}``."""
+        raise BadRequest("tokenize is not supported by this backend")
+
+    def detokenize(self, body: dict) -> dict:
+        """llama.cpp ``/detokenize``: ``{"tokens"}`` -> ``{"content"}``."""
+        raise BadRequest("detokenize is not supported by this backend")
+
+    def props(self) -> dict:
+        """llama.cpp ``/props``-like facts about the loaded model."""
+        return {"model_alias": self.name}
+
     def sleep(self) -> None:
         """Free the weights, keep the process (``--sleep-idle-seconds``)."""
 
@@ -74,7 +86,41 @@ ROUTES = {
     b"/completions": "completion",
     b"/v1/embeddings": "embedding",
     b"/embeddings": "embedding",
+    b"/embedding": "embedding",
+    b"/completion": "native",  # llama.cpp's own completion format
+    b"/tokenize": "tokenize",
+    b"/detokenize": "detokenize",
 }
+# llama-server routes this backend has no implementation for (a `cmd`
+# instance running llama-server serves them)
+UNSUPPORTED = frozenset(
+    (b"/infill", b"/rerank", b"/v1/rerank", b"/reranking", b"/v1/responses", b"/v1/messages",
+     b"/v1/messages/count_tokens", b"/apply-template")
+)
+
+
+def native_request(body: dict) -> dict:
+    """llama.cpp ``/completion`` body -> OpenAI completion body."""
+    out = {k: v for k, v in body.items() if k not in ("n_predict", "content")}
+    if "n_predict" in body and isinstance(body["n_predict"], int) and body["n_predict"] >= 0:
+        out["max_tokens"] = body["n_predict"]
+    if "prompt" not in out and "content" in body:
+        out["prompt"] = body["content"]
+    return out
+
+
+def native_chunk(chunk: dict, final: bool) -> dict:
+    """OpenAI completion (chunk) -> llama.cpp ``/completion`` answer."""
+    choice = (chunk.get("choices") or [{}])[0]
+    usage = chunk.get("usage") or {}
+    out = {"content": choice.get("text") or "", "model": chunk.get("model"),
+           "stop": final or choice.get("finish_reason") is not None}
+    if usage:
+        out["tokens_predicted"] = usage.get("completion_tokens")
+        out["tokens_evaluated"] = usage.get("prompt_tokens")
+    if choice.get("finish_reason"):
+        out["stop_type"] = "limit" if choice["finish_reason"] == "length" else "eos"
+    return out
 
 
 class InstanceApp:
@@ -87,6 +133,7 @@ class InstanceApp:
         self.lock = asyncio.Lock()
         self.ready = False
         self.rss0 = 0
+        self.requests = 0
 
     async def sleep_or_wake(self, cmd: str) -> None:
         """``sleep``: free the weights, keep the process (state ``sleeping``);
@@ -129,6 +176,26 @@ class InstanceApp:
                 },
             )
             return
+        if path == b"/props" and req.method == b"GET":
+            conn.send_json(req, 200, {**self.backend.props(), "is_sleeping": not self.ready})
+            return
+        if path == b"/slots" and req.method == b"GET":
+            conn.send_json(req, 200, [{"id": 0, "is_processing": self.lock.locked()}])
+            return
+        if path == b"/metrics" and req.method == b"GET":
+            text = (
+                "# TYPE ggmux_instance_requests_total counter\n"
+                f"ggmux_instance_requests_total {self.requests}\n"
+                "# TYPE ggmux_instance_busy gauge\n"
+                f"ggmux_instance_busy {int(self.lock.locked())}\n"
+            )
+            conn.send_response(req, 200, text.encode(), b"text/plain; version=0.0.4")
+            return
+        if path in UNSUPPORTED:
+            conn.send_error(req, 501, f"{path.decode()} is not supported by the "
+                            "llama-cpp-python instance (serve this model with a `cmd` "
+                            "instance running llama-server)", code="not_implemented")
+            return
         kind = ROUTES.get(path)
         if kind is None:
             conn.send_error(req, 404, f"no route for {path.decode('latin-1')}")
@@ -151,6 +218,16 @@ class InstanceApp:
             if not self.ready:
                 conn.send_error(req, 503, "model is asleep", headers=[(b"retry-after", b"1")])
                 return
+            self.requests += 1
+            if kind in ("tokenize", "detokenize"):
+                fn = getattr(self.backend, kind)
+                try:
+                    out = await self.loop.run_in_executor(self.executor, fn, body)
+                except (BadRequest, ValueError, TypeError, KeyError) as e:
+                    conn.send_error(req, 400, str(e) or type(e).__name__)
+                    return
+                conn.send_json(req, 200, out)
+                return
             await self._generate(conn, req, kind, body)
 
     async def _generate(self, conn: HttpConnection, req: Request, kind: str, body: dict) -> None:
@@ -158,7 +235,15 @@ class InstanceApp:
         req.on_disconnect = cancel.set
         loop = self.loop
         backend = self.backend
+        native = kind == "native"
+        if native:
+            kind, body = "completion", native_request(body)
         fn = getattr(backend, kind)
+
+        def encode(chunk: dict) -> bytes:
+            if native:
+                chunk = native_chunk(chunk, False)
+            return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
         def first():
             if kind == "embedding":
@@ -183,11 +268,11 @@ class InstanceApp:
             conn.send_error(req, 500, f"generation failed: {e}")
             return
         if it is None:
-            conn.send_json(req, 200, head)
+            conn.send_json(req, 200, native_chunk(head, True) if native else head)
             return
         conn.start_stream(req)
         if head is not None:
-            conn.send_chunk(b"data: " + orjson.dumps(head) + b"\n\n")
+            conn.send_chunk(encode(head))
 
         def rest() -> None:
             send = conn.send_chunk
@@ -195,7 +280,7 @@ class InstanceApp:
                 for chunk in it:
                     if cancel.is_set():
                         break
-                    loop.call_soon_threadsafe(send, b"data: " + orjson.dumps(chunk) + b"\n\n")
+                    loop.call_soon_threadsafe(send, encode(chunk))
             except Exception as e:  # mid-stream: an error event, never a clean end
                 log.exception("generation failed mid-stream")
                 err = {"error": {"message": str(e), "type": "server_error", "code": 500}}
@@ -205,7 +290,7 @@ class InstanceApp:
                 close = getattr(it, "close", None)
                 if close is not None:
                     close()
-            if not cancel.is_set():
+            if not cancel.is_set() and not native:  # llama.cpp's /completion has no [DONE]
                 loop.call_soon_threadsafe(send, b"data: [DONE]\n\n")
 
         await loop.run_in_executor(self.executor, rest)
@@ -285,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         # A spare: pay for the interpreter and the imports now, so that a cold
         # load later costs only the model's own load (the supervisor keeps one
         # ready; see --spares). The listening socket came with the spawn.
-        import uvloop  # noqa: F401
+        import uvloop
 
         from . import fake, llama  # noqa: F401
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAGIC = 0x47474D5558534D31  # "GGMUXSM1"
-VERSION = 1
+VERSION = 2
 
 # ---- header: int64 words -------------------------------------------------
 H_MAGIC = 0
@@ -87,6 +87,18 @@ C_CIRCUIT = 11  # CircuitState as this proxy sees the replica
 C_CIRCUIT_UNTIL_NS = 12  # open: no traffic before this time; then half-open
 C_PROBES_OK = 13  # good probes in a row while half-open
 C_WORDS = 16
+
+# ---- model counters: [proxy, model, word], each [proxy] row written by that proxy
+# Totals per model that outlive replicas (for /metrics); TTFT histogram buckets
+# are cumulative-free counts per bucket, upper bounds in TTFT_BUCKETS_MS.
+MC_REQUESTS = 0
+MC_ERRORS = 1
+MC_TTFT_COUNT = 2
+MC_TTFT_SUM_US = 3
+MC_BUCKET0 = 4  # MC_BUCKET0 + i counts samples <= TTFT_BUCKETS_MS[i] (and > the previous)
+TTFT_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
+MC_BUCKET_INF = MC_BUCKET0 + len(TTFT_BUCKETS_MS)
+MC_WORDS = 24
 
 # ---- waiters: [proxy, model, word], each [proxy] row written by that proxy --
 W_COUNT = 0  # requests waiting for the model in this proxy
@@ -162,6 +174,7 @@ class Sizes:
             "replicas": (self.replicas, R_WORDS),
             "counters": (self.proxies, self.replicas, C_WORDS),
             "waiters": (self.proxies, self.models, W_WORDS),
+            "mcounters": (self.proxies, self.models, MC_WORDS),
             "devices": (self.devices, D_WORDS),
         }
         out: dict[str, tuple[int, tuple[int, ...]]] = {}

@@ -35,7 +35,8 @@ class Segment:
 
     ``header`` (H_WORDS,), ``models`` (models, M_WORDS), ``replicas``
     (replicas, R_WORDS), ``counters`` (proxies, replicas, C_WORDS),
-    ``waiters`` (proxies, models, W_WORDS), ``devices`` (devices, D_WORDS),
+    ``waiters`` (proxies, models, W_WORDS), ``mcounters`` (proxies, models,
+    MC_WORDS), ``devices`` (devices, D_WORDS),
     ``registry`` (registry_cap,) uint8.
     """
 
@@ -112,7 +113,8 @@ class Segment:
 
     def close(self) -> None:
         """Drop the mapping (views must not be used afterwards)."""
-        for table in ("header", "models", "replicas", "counters", "waiters", "devices", "registry"):
+        for table in ("header", "models", "replicas", "counters", "waiters", "mcounters",
+                      "devices", "registry"):
             if hasattr(self, table):
                 delattr(self, table)
         try:

@@ -8,7 +8,7 @@ import os
 import sys
 
 from ..shm.segment import queue_name, segment_name
-from .main import Config, Supervisor
+from .main import Config, StartupError, Supervisor
 from .presets import command_line_layer, load_preset, resolve
 from .registry import ModelEntry, Registry, demo_models, scan_hf_cache, scan_models_dir
 
@@ -151,7 +151,11 @@ def serve(args: argparse.Namespace) -> int:
     )
     for e in registry.entries:
         log.info("model %s: %s", e.name, e.path)
-    return Supervisor(cfg, registry).run()
+    try:
+        return Supervisor(cfg, registry).run()
+    except StartupError as e:
+        print(f"ggmux: {e}", file=sys.stderr)
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -82,6 +82,41 @@ def backoff_s(failures: int) -> float:
     return min(2.0 ** max(0, failures - 1), 300.0)
 
 
+class StartupError(RuntimeError):
+    """The server cannot start (port taken, a live server owns the name)."""
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Bind once *without* SO_REUSEPORT: fails if anything listens there."""
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise StartupError(f"cannot listen on {host}:{port}: {e.strerror}") from e
+
+
+def _check_no_live_owner(name: str) -> None:
+    """A segment whose supervisor is alive belongs to a running server."""
+    try:
+        seg = Segment.attach(name)
+    except (posix_ipc.ExistentialError, ValueError):
+        return  # none, or not ours / old layout: replaced as stale
+    try:
+        pid = int(seg.header[L.H_SUPERVISOR_PID])
+    finally:
+        seg.close()
+    if pid and pid != os.getpid():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            pass
+        raise StartupError(f"shared memory {name} belongs to a running ggmux (pid {pid})")
+
+
 class Child:
     """A child process with non-blocking stdout/stderr line buffers."""
 
@@ -179,6 +214,8 @@ class Supervisor:
         self.replicas: dict[int, Replica] = {}  # slot -> replica
         self.proxies: dict[int, Child] = {}  # proxy index -> child
         self.proxy_ready: set[int] = set()
+        self._serving = False  # every proxy listened once
+        self.startup_failed = False
         self.fds: dict[int, tuple[Child, str]] = {}
         self.poller = select.poll()
         self.incarnations = 0
@@ -192,7 +229,15 @@ class Supervisor:
 
     # ---- setup / teardown ------------------------------------------------
     def setup(self) -> None:
+        """Create the segment and queue, start the proxies.
+
+        Raises :class:`StartupError` when the port is taken or another live
+        ggmux owns the segment name: with ``SO_REUSEPORT`` a second server
+        would otherwise silently share the port with the first.
+        """
         cfg = self.cfg
+        _check_port_free(cfg.host, cfg.port)
+        _check_no_live_owner(cfg.shm_name)
         self.seg = Segment.create(cfg.shm_name, self.sizes)
         self.seg.header[L.H_SUPERVISOR_PID] = os.getpid()
         self.seg.header[L.H_MODELS_MAX] = cfg.models_max
@@ -215,7 +260,7 @@ class Supervisor:
             self._spawn_proxy(i)
         now = time.monotonic_ns()
         for i, e in enumerate(self.registry.entries):
-            if getattr(e, "load_on_startup", False):
+            if e.load_on_startup:
                 self.models[i].requested_ns = now + i  # keep registry order
         self._calibrate()
         self._publish_all()
@@ -263,6 +308,7 @@ class Supervisor:
             if not self.wait_proxies_ready():
                 log.error("proxies did not start listening on %s:%d", self.cfg.host, self.cfg.port)
                 return 1
+            self._serving = True
             log.info(
                 "listening on http://%s:%d (%d proxies, models_max %d, %d models)",
                 self.cfg.host, self.cfg.port, self.cfg.proxies, self.cfg.models_max,
@@ -274,7 +320,7 @@ class Supervisor:
                 self.step()
         finally:
             self.teardown()
-        return 0
+        return 1 if self.startup_failed else 0
 
     def step(self) -> None:
         """One turn after the poll: the named idempotent steps."""
@@ -565,7 +611,7 @@ class Supervisor:
             slot=slot, model=model, child=child, incarnation=self.incarnations, port=port,
             started_ns=now, deadline_ns=now + int(budget * NS),
             held=dict(self.models[model].mem_min or {}),
-            kill_after=getattr(entry, "stop_timeout", None) or self.cfg.stop_timeout,
+            kill_after=entry.stop_timeout,
         )
         self.replicas[slot] = rep
         log.info("loading %s in slot %d (pid %d, port %d): %s", entry.name, slot, child.pid,
@@ -698,6 +744,12 @@ class Supervisor:
             del self.proxies[idx]
             self.proxy_ready.discard(idx)
             if not self.stopping_all:
+                if idx not in self.proxy_ready and not self._serving:
+                    # it never listened: a configuration problem, not a crash
+                    log.error("proxy %d exited with code %s before listening", idx, code)
+                    self.stopping_all = True
+                    self.startup_failed = True
+                    continue
                 log.error("proxy %d exited with code %s: restarting", idx, code)
                 self._spawn_proxy(idx)
         for spare in list(self.spares):
@@ -827,8 +879,8 @@ class Supervisor:
                 continue
             idle = (now - max(int(last_used[r.slot]), r.ready_ns)) / NS
             entry = self.registry.entries[r.model]
-            ttl = getattr(entry, "ttl", None) or self.cfg.ttl
-            if ttl and idle > ttl:
+            ttl = entry.ttl  # --ttl is folded into every entry as a default under presets
+            if ttl and ttl > 0 and idle > ttl:
                 self._stop(r, f"idle {idle:.1f} s > ttl {ttl:g} s")
             elif (self.cfg.sleep_idle and idle > self.cfg.sleep_idle and not r.sleep_sent
                   and r.status == L.ReplicaStatus.READY):

@@ -32,9 +32,12 @@ Format (llama.cpp ``common/preset.cpp`` ``parse_ini_from_file`` and
   is unaffected). Relative file paths are relative to the server's working
   directory, as in llama.cpp; ``~`` is expanded.
 * Precedence for one model, lowest first (llama.cpp ``load_models``):
-  ggmux's defaults and command-line options not given explicitly; ``[*]``;
-  what the model's source found (its file and projector); the model's own
-  section; options given explicitly on the command line.
+  ggmux's defaults (what ``--ctx-size``, ``--threads``, ``--n-gpu-layers``,
+  ``--stop-timeout`` mean when not given) and ``--ttl``; ``[*]``; what the
+  model's source found (its file and projector); the model's own section;
+  ``--ctx-size``, ``--threads``, ``--n-gpu-layers``, ``--stop-timeout``
+  given on the command line (llama.cpp overlays the router's own command
+  line on every preset).
 * Router-controlled llama.cpp options (``host``, ``port``, ``api-key-file``,
   ``ssl-*``, ``models-*``, ``hf-token``) are dropped with a warning, as
   llama.cpp drops or overwrites them. Options that download
@@ -511,14 +514,16 @@ def resolve(
     preset: PresetFile | None = None,
     cli: Layer | None = None,
     hf_cache: Path | None = None,
+    defaults: Layer | None = None,
 ) -> list[ModelEntry]:
     """Final entries from the models the sources found (``base``, earlier
-    sources first), a preset file and the explicit command-line layer.
+    sources first), a preset file, the explicit command-line layer ``cli``
+    and a ``defaults`` layer (command-line values that every source beats).
 
-    A base entry named like an earlier one replaces it (llama.cpp: "if a
-    model exists in both cached and local, local takes precedence"). Every
-    entry gets ``[*]`` (except its file keys), then its own section (merged
-    key by key), then ``cli``. Sections naming no base entry are new models,
+    A base entry named like an earlier one replaces it, in its place
+    (llama.cpp: "if a model exists in both cached and local, local takes
+    precedence"). Every entry gets ``defaults``, then ``[*]`` (except its
+    file keys), then its own section (merged key by key), then ``cli``. Sections naming no base entry are new models,
     after the base ones in file order. A Hugging Face cache entry whose file
     a preset section also names is listed once, under the section's name,
     its cache name kept as an alias (llama.cpp's ``dedup-cache-models``,
@@ -528,9 +533,9 @@ def resolve(
     glob: Layer = preset.globals if preset else {}
     sections = {s.name: s for s in preset.sections} if preset else {}
     cli = cli or {}
+    defaults = defaults or {}
     merged_base: dict[str, ModelEntry] = {}
     for e in base:
-        merged_base.pop(e.name, None)
         merged_base[e.name] = e
     out: list[ModelEntry] = []
     dedup: dict[int, bool] = {}  # index in out of a section entry -> dedup-cache-models
@@ -541,7 +546,7 @@ def resolve(
             if k not in _FILE_KEYS and not (k == "mmproj" and e.mmproj)
         }
         s = sections.get(e.name)
-        layers = [g] + ([s.layer] if s else []) + [cli]
+        layers = [defaults, g] + ([s.layer] if s else []) + [cli]
         source = f"preset:{preset.path}:{s.line}" if s else e.source
         if s is not None:
             dedup[len(out)] = bool(_value(layers, "dedup-cache-models", True))
@@ -563,11 +568,10 @@ def resolve(
             raise PresetError(
                 preset.path,
                 s.line,
-                f"section [{s.name}] names no existing model "
-                f"and sets none of "
-                f"{', '.join(_NEEDS_ONE_OF)}",
+                f"section [{s.name}] names no existing model and sets none of "
+                + ", ".join(_NEEDS_ONE_OF),
             )
-        layers = [glob, s.layer, cli]
+        layers = [defaults, glob, s.layer, cli]
         dedup[len(out)] = bool(_value(layers, "dedup-cache-models", True))
         out.append(
             _materialise(
@@ -613,9 +617,13 @@ def _materialise(
     e.source = source
 
     def err(o: Opt | None, reason: str) -> PresetError:
-        if o is None:
-            return PresetError(preset_path or CLI_FILE, section_line, reason)
-        return PresetError(o.file, o.line, reason)
+        """The error at the value that caused it, else at the section header,
+        else (a model no preset touched) at the model's source."""
+        if o is not None:
+            return PresetError(o.file, o.line, reason)
+        if section_line:
+            return PresetError(preset_path, section_line, reason)
+        return PresetError(source, 0, reason)
 
     path_opt = merged.get("model")
     if path_opt is not None:

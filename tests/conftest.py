@@ -80,9 +80,15 @@ class Server:
         self.args = args
         self.log_path = log_path
         self.log = open(log_path, "wb")  # noqa: SIM115 - open for the server's life
+        # an empty model cache: the machine's own Hugging Face / llama.cpp cache
+        # must not add models to the ones a test names
+        empty = log_path.parent / "empty-cache"
+        empty.mkdir(exist_ok=True)
+        env = {**os.environ, "HF_HUB_CACHE": str(empty), "LLAMA_CACHE": str(empty),
+               "HF_HOME": str(empty)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ggmux.supervisor", "serve", "--port", str(port), *args],
-            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
         )
         self.base = f"http://127.0.0.1:{port}"
         self._seg: Segment | None = None

@@ -115,3 +115,14 @@ def test_bad_input_gets_openai_error_and_server_keeps_serving(serve, fakes):
         assert headers["content-type"] == "application/json"
         st, _, out = s.request("POST", "/v1/chat/completions", chat_body("a"))
         assert st == 200 and served_by(out)[0] == "a"
+
+
+def test_second_server_on_a_taken_port_refuses_to_start(serve, fakes, tmp_path):
+    fakes.add("a")
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1")
+    s2 = serve("--fake-models-dir", str(fakes), "--proxies", "1", port=s.port, ready=False)
+    assert s2.proc.wait(30) == 1
+    assert "cannot listen" in s2.logs()
+    # the first server is untouched, its segment included
+    st, _, body = s.request("POST", "/v1/chat/completions", chat_body("a"))
+    assert st == 200 and served_by(body)[0] == "a"
