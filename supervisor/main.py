@@ -840,7 +840,8 @@ class Supervisor:
                          int(counts[r.model]))
         # a model is loaded only once measured (or found unmeasurable)
         models = [
-            ModelView(int(i), int(counts[i]), int(first[i]), self.models[i].retry_at_ns)
+            ModelView(int(i), int(counts[i]), int(first[i]), self.models[i].retry_at_ns,
+                      self.registry.entries[i].replicas)
             for i in np.flatnonzero(counts > 0)
             if self.models[i].measure in ("done", "failed")
             or self.registry.entries[i].kind not in ("llama", "fake")
@@ -933,11 +934,13 @@ class Supervisor:
                         L.R_PID: 0, L.R_INCARNATION: 0, L.R_READY_NS: 0,
                     })
                 continue
+            entry = self.registry.entries[r.model]
             write_fields(seg.replicas, slot, {
                 L.R_MODEL: r.model, L.R_STATUS: r.status, L.R_PORT: r.port,
                 L.R_PID: r.child.pid, L.R_INCARNATION: r.incarnation,
                 L.R_STARTED_NS: r.started_ns, L.R_READY_NS: r.ready_ns,
-                L.R_WEIGHT: 1000, L.R_PRIORITY: 0, L.R_MAX_CONCURRENCY: 0,
+                L.R_WEIGHT: int(round(entry.weight * 1000)), L.R_PRIORITY: entry.priority,
+                L.R_MAX_CONCURRENCY: entry.max_concurrency,
             })
         for i, m in enumerate(self.models):
             reps = per_model.get(i, [])

@@ -50,6 +50,7 @@ class ModelView:
     waiters: int
     first_ns: int
     blocked_until_ns: int = 0
+    replicas: int = 1  # replicas wanted while the model has demand (preset ``replicas``)
 
 
 @dataclass(slots=True)
@@ -86,14 +87,20 @@ class Scheduler:
     claimed: set[int] = field(default_factory=set)
 
     def queue(self, models: list[ModelView], replicas: list[ReplicaView], now_ns: int) -> list[ModelView]:
-        """Models with waiters and no running replica, oldest first waiter
-        first (ties by index). Models in load backoff are left out: their
-        waiters are answered 503 by the proxies instead of respawning."""
-        running = {r.model for r in replicas if r.state != "stopping"}
+        """Models with waiters and fewer running replicas than they want,
+        oldest first waiter first (ties by index). Models in load backoff are
+        left out: their waiters are answered 503 by the proxies instead of
+        respawning."""
+        running: dict[int, int] = {}
+        for r in replicas:
+            if r.state != "stopping":
+                running[r.model] = running.get(r.model, 0) + 1
         q = [
             m
             for m in models
-            if m.waiters > 0 and m.index not in running and m.blocked_until_ns <= now_ns
+            if m.waiters > 0
+            and running.get(m.index, 0) < max(1, m.replicas)
+            and m.blocked_until_ns <= now_ns
         ]
         q.sort(key=lambda m: (m.first_ns, m.index))
         return q
@@ -139,7 +146,12 @@ class Scheduler:
         for r in replicas:
             if r.state == "stopping":
                 releasing = add(releasing, r.held)
-        for m in self.queue(models, replicas, now_ns):
+        count: dict[int, int] = {}
+        for r in running:
+            count[r.model] = count.get(r.model, 0) + 1
+        units = [m for m in self.queue(models, replicas, now_ns)
+                 for _ in range(max(1, m.replicas) - count.get(m.index, 0))]
+        for m in units:
             victims: list[ReplicaView] = []
             if free <= 0:
                 v = self.pick_victim(replicas, wanted, evicted)
