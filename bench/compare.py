@@ -101,20 +101,21 @@ FAKE_CMD = (
 )
 
 # Raw llama-cpp-python load, in a fresh interpreter like an instance's; one
-# JSON line on stdout; times in seconds.
+# JSON line on stdout; durations in seconds, ``first_token_at`` on the
+# system-wide monotonic clock (comparable with the parent's).
 RAW_LOAD_SCRIPT = """
 import json, sys, time
-t0 = time.perf_counter()
+t0 = time.monotonic()
 from llama_cpp import Llama
-t1 = time.perf_counter()
+t1 = time.monotonic()
 llm = Llama(model_path=sys.argv[1], n_ctx=int(sys.argv[2]), verbose=False)
-t2 = time.perf_counter()
+t2 = time.monotonic()
 first = None
 for chunk in llm.create_completion("Hello", max_tokens=4, stream=True):
     if chunk["choices"][0]["text"]:
-        first = time.perf_counter()
+        first = time.monotonic()
         break
-print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1,
+print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_token_at": first,
                   "first_token_s": None if first is None else first - t2}), flush=True)
 """
 
@@ -150,9 +151,10 @@ QUICK = Settings(
     throughput_seconds=2.0,
     concurrencies=(16, 64),
     ttft_requests=5,
-    ttft_max_tokens=16,
-    ttft_prompt_words=48,
+    ttft_max_tokens=8,
+    ttft_prompt_words=32,
     cold_rounds=2,
+    warmup=1,
 )
 FULL = Settings(
     rounds=5,
@@ -174,9 +176,10 @@ FULL = Settings(
 class ProcessSet:
     """Every child process this run started, each in its own process group.
 
-    ``stop_all`` is idempotent and runs from ``finally``, ``atexit`` and the
-    signal handlers' ``SystemExit``; a child's stdin is a pipe we hold, so
-    an instance (which exits on stdin EOF) dies with us even on SIGKILL.
+    ``stop_all`` is idempotent and runs from ``finally`` (SIGTERM and SIGHUP
+    are turned into ``KeyboardInterrupt`` to get there) and ``atexit``; a
+    child's stdin is a pipe we hold, so an instance (which exits on stdin
+    EOF) dies with us even on SIGKILL.
     """
 
     def __init__(self, workdir: Path) -> None:
@@ -251,8 +254,10 @@ class ProcessSet:
             signal.signal(signal.SIGINT, previous)
 
 
-def _raise_exit(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
+def _interrupt(signum: int, _frame: object) -> None:
+    # SIGTERM and SIGHUP end the run the way Ctrl-C does, through the
+    # event loop's clean cancellation and every ``finally``.
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 # --------------------------------------------------------------------------
@@ -738,10 +743,12 @@ def raw_load(python: str, model_path: Path) -> dict[str, float | None]:
     """Time a fresh interpreter loading ``model_path`` with llama-cpp-python.
 
     Returns seconds: ``import_s``, ``load_s`` (the ``Llama(...)`` call),
-    ``first_token_s`` (after load) and ``spawn_to_first_token_s`` (from
-    ``Popen`` to the first token, measured here). Raises ``TargetError``.
+    ``first_token_s`` (after load), ``spawn_to_first_token_s`` (from just
+    before the spawn to the first token, on the monotonic clock both
+    processes share) and ``wall_s`` (until the process exited). Raises
+    ``TargetError``.
     """
-    start = time.perf_counter()
+    start = time.monotonic()
     proc = subprocess.run(
         [python, "-c", RAW_LOAD_SCRIPT, str(model_path), str(CTX_SIZE)],
         check=False,
@@ -749,15 +756,13 @@ def raw_load(python: str, model_path: Path) -> dict[str, float | None]:
         text=True,
         timeout=600,
     )
-    wall = time.perf_counter() - start
+    wall = time.monotonic() - start
     if proc.returncode != 0:
         raise TargetError(f"raw load failed: {proc.stderr.strip()[-500:]}")
     timings = json.loads(proc.stdout.strip().splitlines()[-1])
+    first_at = timings.pop("first_token_at")
     timings["wall_s"] = wall
-    if timings["first_token_s"] is not None:
-        timings["spawn_to_first_token_s"] = (
-            timings["import_s"] + timings["load_s"] + timings["first_token_s"]
-        )
+    timings["spawn_to_first_token_s"] = None if first_at is None else first_at - start
     return timings
 
 
@@ -978,6 +983,16 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_header(report: dict[str, Any]) -> str:
+    """One line: when, where and how a report was measured."""
+    m = report["machine"]
+    return (
+        f"{m['date']}  {m['nproc']} cores  {m['cpu']}  commit {m['git_commit']}  "
+        f"({report['seconds']:.0f} s; 1-min load {m.get('loadavg_1m_before', 0):.1f} before, "
+        f"{m.get('loadavg_1m', 0):.1f} after)\n{report['command']}"
+    )
+
+
 def _median(values: Sequence[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None
@@ -988,7 +1003,11 @@ def _fmt_s(value: float | None) -> str:
 
 
 def machine_info() -> dict[str, Any]:
-    """CPU model, core count, OS, Python, llama-cpp-python version, git commit, UTC time."""
+    """CPU model, core count, OS, Python, llama-cpp-python version, git commit, UTC time.
+
+    ``loadavg_1m`` is taken when called: a load far above the core count
+    means other work shared the machine and the figures are noisy.
+    """
     cpu = platform.processor()
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -1015,6 +1034,7 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "llama_cpp_python": llama_version,
         "git_commit": commit or None,
+        "loadavg_1m": os.getloadavg()[0],
     }
 
 
@@ -1066,6 +1086,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", type=Path, help="write every figure and request as JSON here")
     p.add_argument("--keep-logs", action="store_true", help="keep the children's logs")
+    p.add_argument(
+        "--report",
+        type=Path,
+        metavar="JSON",
+        help="print the tables of a saved --out file and exit",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -1081,7 +1107,7 @@ def _default_llama_server_args() -> str:
 def cleanup_on_exit(procs: ProcessSet) -> Iterator[None]:
     """Stop ``procs`` however the block ends, SIGTERM and SIGHUP included."""
     atexit.register(procs.stop_all)
-    previous = {sig: signal.signal(sig, _raise_exit) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
@@ -1098,6 +1124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.report:
+        print(format_header(json.loads(args.report.read_text())))
+        print(format_report(json.loads(args.report.read_text())))
+        return 0
     settings = QUICK if args.quick else FULL
     if args.rounds:
         settings = replace(settings, rounds=args.rounds)
@@ -1109,6 +1139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     skip = set(filter(None, args.skip.split(",")))
     template = BenchConfig(endpoint=args.endpoint, timeout=args.timeout, progress=False)
     started = time.perf_counter()
+    load_before = os.getloadavg()[0]
     workdir = Path(tempfile.mkdtemp(prefix="ggmux-bench-"))
     procs = ProcessSet(workdir)
     ctx = Context(args, procs, {}, {})
@@ -1145,7 +1176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     report = {
-        "machine": machine_info(),
+        "machine": {**machine_info(), "loadavg_1m_before": load_before},
         "command": shlex.join([sys.executable, "-m", "bench.compare", *(argv or sys.argv[1:])]),
         "settings": asdict(settings),
         "seconds": time.perf_counter() - started,
@@ -1156,11 +1187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cold": cold,
         "hot": hot,
     }
-    m = report["machine"]
-    print(
-        f"\n{m['date']}  {m['nproc']} cores  {m['cpu']}  commit {m['git_commit']}  "
-        f"({report['seconds']:.0f} s)"
-    )
+    print()
+    print(format_header(report))
     print(format_report(report))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

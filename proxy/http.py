@@ -7,7 +7,9 @@ requests on one connection are handled one at a time and answered in order
 ``resume_writing`` from the transport, ``pause_reading`` when too many
 pipelined requests queue up), and every limit is a field of
 :class:`HttpLimits` with a default (``add_http_limit_options`` /
-``limits_from_args`` turn them into command-line options).
+``limits_from_args`` turn them into command-line options, ``http_limit_argv``
+back into a child's arguments, ``fit_fd_limit`` fits ``max_connections`` to
+the open-file limit).
 
 A handler is ``async def handler(conn: HttpConnection, req: Request)``; it
 must answer through ``conn`` (``send_response``, ``start_stream`` /
@@ -39,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import resource
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, fields
@@ -148,6 +151,47 @@ def limits_from_args(args: argparse.Namespace) -> HttpLimits:
         if f.init and hasattr(args, f.name)
     }
     return HttpLimits(**kw)
+
+
+def http_limit_argv(limits: HttpLimits) -> list[str]:
+    """The options that recreate ``limits`` in a child process whose parser
+    has :func:`add_http_limit_options` (the supervisor passes its limits to
+    each proxy this way)."""
+    argv = []
+    for name in _OPTION_HELP:
+        argv += ["--" + name.replace("_", "-"), str(getattr(limits, name))]
+    return argv
+
+
+def fit_fd_limit(limits: HttpLimits, per_connection: int = 2, reserve: int = 256) -> HttpLimits:
+    """Make ``max_connections`` fit this process's open-file limit.
+
+    Each client connection of a proxy holds ``per_connection`` descriptors
+    (the client's and its replica's); ``reserve`` more are kept for
+    everything else. The soft ``RLIMIT_NOFILE`` is raised as far as the hard
+    limit allows; where that is still too low, ``max_connections`` is
+    lowered (with a warning) so that the 503 answer, not a failing
+    ``accept()``, is what clients over the limit see. Returns ``limits``,
+    changed in place."""
+    need = limits.max_connections * per_connection + reserve
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        want = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError) as e:
+            log.warning("cannot raise the open-file limit to %d: %s", want, e)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        fit = max(1, (soft - reserve) // per_connection)
+        log.warning(
+            "open-file limit %d allows %d connections, not --max-connections %d",
+            soft,
+            fit,
+            limits.max_connections,
+        )
+        limits.max_connections = fit
+    return limits
 
 
 def new_request_id() -> bytes:
@@ -293,6 +337,7 @@ class HttpConnection(asyncio.Protocol):
         "_body_ok",
         "_chunked",
         "_closed",
+        "_cork",
         "_counted",
         "_cur",
         "_deadline",
@@ -361,6 +406,7 @@ class HttpConnection(asyncio.Protocol):
         self._tkind = 0
         self._send_timer: asyncio.TimerHandle | None = None
         self._counted = False
+        self._cork: list[bytes] | None = None  # writes collected by cork()
         self._max_head = limits.max_header_bytes
         self._max_body = limits.max_body_bytes
 
@@ -385,6 +431,7 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = self._lost = self._discard = True
+        self._cork = None
         if self._counted:
             self._counted = False
             self.limits.open_connections -= 1
@@ -435,16 +482,13 @@ class HttpConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._discard:
             return
-        in_head = self._in_head
-        if in_head:
+        if self._in_head:
             self._head_seen += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            # the request asking to upgrade was answered normally and ends
-            # the connection (on_headers_complete); CONNECT was refused there
-            if self._error is not None:
-                self._reject(*self._error)
+            # the request asking to upgrade is answered normally and ends the
+            # connection (on_headers_complete); CONNECT was refused there
             return
         except httptools.HttpParserError as e:
             if self._discard:  # bytes after `Connection: close`: ignored
@@ -543,7 +587,7 @@ class HttpConnection(asyncio.Protocol):
     def _continue(self, req: Request) -> None:
         """Send ``100 Continue``: the head was accepted and it is its turn."""
         req.expect_continue = False
-        self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self._out(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         req = self._cur
@@ -637,9 +681,36 @@ class HttpConnection(asyncio.Protocol):
             self._set_timeout(_BODY, self.limits.body_timeout)
 
     # ---- writing ------------------------------------------------------------
-    def write(self, data: bytes) -> None:
-        if not self._closed:
+    def _out(self, data: bytes) -> None:
+        cork = self._cork
+        if cork is None:
             self.transport.write(data)
+        else:
+            cork.append(data)
+
+    def write(self, data: bytes) -> None:
+        """Raw bytes of the current response (nothing once closing)."""
+        if not self._closed:
+            self._out(data)
+
+    def cork(self) -> None:
+        """Collect writes until :meth:`uncork` and send them in one go: the
+        forwarder corks around each read from a replica, so a response head
+        and its body leave in one syscall instead of two or three."""
+        if self._cork is None:
+            self._cork = []
+
+    def uncork(self) -> None:
+        """Send what was written since :meth:`cork`."""
+        out = self._cork
+        if out is None:
+            return
+        self._cork = None
+        if out and not self._lost:
+            if len(out) == 1:
+                self.transport.write(out[0])
+            else:
+                self.transport.writelines(out)
 
     async def drain(self) -> None:
         """Wait until the transport's write buffer is below its low mark."""
@@ -720,11 +791,12 @@ class HttpConnection(asyncio.Protocol):
         for k, v in headers:
             head += b"%s: %s\r\n" % (k, v)
         if req.head_only or not body:
-            self.transport.write(head + b"\r\n")
-        elif len(body) > 16384:
-            self.transport.writelines((head, b"\r\n", body))
+            self._out(head + b"\r\n")
+        elif len(body) > 16384:  # no copy of a big body
+            self._out(head + b"\r\n")
+            self._out(body)
         else:
-            self.transport.write(b"%s\r\n%s" % (head, body))
+            self._out(b"%s\r\n%s" % (head, body))
         self.finish(req)
 
     def send_json(self, req: Request, status: int, obj, headers: Iterable[Header] = ()) -> None:
@@ -758,14 +830,14 @@ class HttpConnection(asyncio.Protocol):
         """Body bytes of the current response, framed as its head said."""
         if data and self._body_ok and not self._closed:
             if self._chunked:
-                self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self._out(b"%x\r\n%s\r\n" % (len(data), data))
             else:
-                self.transport.write(data)
+                self._out(data)
 
     def end_stream(self, req: Request) -> None:
         """End the body of ``req`` (the last chunk when chunked); finish it."""
         if self._chunked and self._body_ok and self._active is req and not self._closed:
-            self.transport.write(b"0\r\n\r\n")
+            self._out(b"0\r\n\r\n")
         self.finish(req)
 
     # ---- errors, closing, timeouts -----------------------------------------
@@ -774,7 +846,7 @@ class HttpConnection(asyncio.Protocol):
     ) -> None:
         body = error_body(message, ERROR_TYPES.get(status, "error"), status)
         rid = req.request_id if req is not None and req.request_id else new_request_id()
-        self.transport.write(
+        self._out(
             b"%scontent-type: application/json\r\ncontent-length: %d\r\nx-request-id: %s\r\n"
             b"%sconnection: close\r\n\r\n%s" % (status_line(status), len(body), rid, extra, body)
         )
@@ -801,6 +873,7 @@ class HttpConnection(asyncio.Protocol):
         destroy the response in flight."""
         if self._closed:
             return
+        self.uncork()
         self._closed = self._discard = True
         t = self.transport
         self._set_timeout(_LINGER, self.limits.linger_timeout)
@@ -819,6 +892,7 @@ class HttpConnection(asyncio.Protocol):
         """Close now (after flushing what was written); a client that does
         not read is dropped after ``linger_timeout``."""
         if not self._closed and self.transport is not None:
+            self.uncork()
             self._closed = self._discard = True
             self._set_timeout(_LINGER, self.limits.linger_timeout)
             self.transport.close()

@@ -157,12 +157,16 @@ class Upstream(asyncio.Protocol):
             self.transport.close()
             return
         self.got_bytes = True
+        client = self.client
+        client.cork()  # what this read produces leaves in one write
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as e:
             self.closed = True
             self.transport.close()
             self._fail(f"bad response from replica: {e}")
+        finally:
+            client.uncork()
 
     # ---- one exchange ------------------------------------------------------------
     def send(self, client: HttpConnection, req: Request, data: bytes) -> asyncio.Future:

@@ -108,8 +108,9 @@ def test_unloading_a_model_that_is_still_loading_is_quick(serve, fakes):
     assert s.json("POST", "/models/unload", {"model": "hang"})[0] == 200
     wait_for(lambda: not alive(pid), 5, what="loading instance gone")
     assert time.monotonic() - t0 < 5  # well under the 30 s stop-timeout
-    m = s.models()["hang"]["status"]
-    assert m["value"] == "unloaded" and "failed" not in m
+    m = wait_for(lambda: (st := s.models()["hang"]["status"])["value"] == "unloaded" and st, 5,
+                 what="unloaded")
+    assert "failed" not in m
 
 
 def test_crash_while_loading_answers_waiters_503_with_cause_and_backs_off(serve, fakes):
