@@ -16,6 +16,7 @@ import fcntl
 import logging
 import os
 import select
+import shlex
 import signal
 import socket
 import subprocess
@@ -31,7 +32,8 @@ from ..shm import layout as L
 from ..shm.segment import Segment
 from ..shm.seqlock import write_fields
 from .memory import Amounts, Ledger, add, fmt, rss_of
-from .registry import Registry, instance_argv
+from .probe import FIRST_INTERVAL_S, Probe, next_interval
+from .registry import Registry, env_for_instance, instance_argv
 from .scheduler import MemoryView, ModelView, ReplicaView, Scheduler, Spawn, Stop
 
 log = logging.getLogger("ggmux.supervisor")
@@ -172,6 +174,28 @@ class Replica:
     kill_after: float = 0.0  # seconds from `exit` to SIGTERM (stop-timeout)
     sleep_sent: bool = False
     wake_sent: bool = False
+    kind: str = "instance"  # "instance" (speaks the state protocol) or "cmd" (probed)
+    probe: Probe | None = None
+    probe_interval: float = 0.0
+    next_probe_ns: int = 0
+    kill_at_ns: int = 0  # cmd instances: SIGKILL after this (stop-timeout after SIGTERM)
+
+
+@dataclass(slots=True)
+class Remote:
+    """An ``upstream`` replica: a remote OpenAI-compatible server that is
+    never loaded or evicted, only health-checked (every ``interval`` s)."""
+
+    slot: int
+    model: int
+    host: str
+    port: int
+    path: str  # health path ("" = TCP connect only)
+    incarnation: int
+    healthy: bool = False
+    probe: Probe | None = None
+    next_probe_ns: int = 0
+    fails: int = 0
 
 
 @dataclass(slots=True)
@@ -210,6 +234,8 @@ class Supervisor:
         )
         self.measuring: dict[int, Child] = {}  # model -> measure child
         self.spares: list[tuple[Child, int]] = []  # (child, port) waiting for `load`
+        self.remotes: dict[int, Remote] = {}  # slot -> upstream replica
+        self.probes: dict[int, tuple[Probe, object]] = {}  # fd -> (probe, replica or remote)
         self.scheduler = Scheduler(cfg.models_max)
         self.replicas: dict[int, Replica] = {}  # slot -> replica
         self.proxies: dict[int, Child] = {}  # proxy index -> child
@@ -262,6 +288,7 @@ class Supervisor:
         for i, e in enumerate(self.registry.entries):
             if e.load_on_startup:
                 self.models[i].requested_ns = now + i  # keep registry order
+        self._add_remotes()
         self._calibrate()
         self._publish_all()
 
@@ -329,6 +356,7 @@ class Supervisor:
         self._reap()
         now = time.monotonic_ns()
         self._escalate(now)
+        self._probe_step(now)
         if not self.stopping_all:
             self._schedule(now)
         self._publish_if_dirty()
@@ -341,6 +369,11 @@ class Supervisor:
         for fd, ev in events:
             owner = self.fds.get(fd)
             if owner is None:
+                pr = self.probes.get(fd)
+                if pr is not None:
+                    pr[0].on_event()
+                    if pr[0].done:
+                        self._unregister_probe(fd)
                 continue
             child, stream = owner
             self._read_child(fd, child, stream)
@@ -579,7 +612,7 @@ class Supervisor:
     def _free_slot(self) -> int | None:
         inflight = self.seg.counters[:, :, L.C_IN_FLIGHT].sum(axis=0)
         for s in range(self.sizes.replicas):
-            if s not in self.replicas and inflight[s] <= 0:
+            if s not in self.replicas and s not in self.remotes and inflight[s] <= 0:
                 return s
         return None
 
@@ -588,6 +621,9 @@ class Supervisor:
         slot = self._free_slot()
         if slot is None:
             log.warning("no free replica slot for %s", entry.name)
+            return
+        if entry.kind == "cmd":
+            self._spawn_cmd(model, slot, reason)
             return
         child = None
         while self.spares and entry.kind in ("llama", "fake"):
@@ -617,6 +653,122 @@ class Supervisor:
         log.info("loading %s in slot %d (pid %d, port %d): %s", entry.name, slot, child.pid,
                  port, reason)
         self.dirty = True
+
+    def _spawn_cmd(self, model: int, slot: int, reason: str) -> None:
+        """Start a ``cmd`` instance: any command serving an OpenAI-compatible
+        API on ``${PORT}`` (llama-swap's ``cmd``). The port is chosen here
+        (bound to port 0 and released just before the spawn: a command
+        cannot take a passed descriptor); readiness is probed on
+        ``check_endpoint``; stdout and stderr go to the log."""
+        entry = self.registry.entries[model]
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        line = entry.cmd.replace("${PORT}", str(port)).replace("${MODEL_ID}", entry.name)
+        try:
+            argv = shlex.split(line)
+            # stdin is a pipe we never write: a command that watches it sees EOF
+            # when the supervisor dies (ggmux's own instance does)
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=env_for_instance(entry), preexec_fn=_die_with_parent,  # noqa: PLW1509
+            )
+        except (OSError, ValueError) as e:
+            m = self.models[model]
+            m.failed, m.failures = True, m.failures + 1
+            m.retry_at_ns = time.monotonic_ns() + int(backoff_s(m.failures) * NS)
+            m.error = f"cannot start {line!r}: {e}"
+            self.errors_dirty = True
+            log.error("%s: %s", entry.name, m.error)
+            return
+        child = Child(proc, f"{entry.name}#{slot}")
+        child.stdin_fd = -1
+        self._register_child(child)
+        self.incarnations += 1
+        now = time.monotonic_ns()
+        budget = load_budget_s(entry.size_bytes, self.cfg.load_timeout)
+        self.replicas[slot] = Replica(
+            slot=slot, model=model, child=child, incarnation=self.incarnations, port=port,
+            started_ns=now, deadline_ns=now + int(budget * NS),
+            held=dict(self.models[model].mem_min or {}), kill_after=entry.stop_timeout,
+            kind="cmd", probe_interval=FIRST_INTERVAL_S,
+            next_probe_ns=now + int(FIRST_INTERVAL_S * NS),
+        )
+        log.info("starting %s in slot %d (pid %d, port %d): %s: %s", entry.name, slot,
+                 proc.pid, port, reason, line)
+        self.dirty = True
+
+    # ---- probes -----------------------------------------------------------------------
+    def _start_probe(self, host: str, port: int, path: str, owner, now: int) -> Probe:
+        pr = Probe(host, port, path, now)
+        if not pr.done:
+            self.probes[pr.fileno()] = (pr, owner)
+            self.poller.register(pr.fileno(), pr.events())
+        return pr
+
+    def _unregister_probe(self, fd: int) -> None:
+        if self.probes.pop(fd, None) is not None:
+            try:
+                self.poller.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+
+    def _probe_step(self, now: int) -> None:
+        """Readiness of ``cmd`` instances, health of ``upstream`` replicas."""
+        for fd, (pr, _) in list(self.probes.items()):
+            if pr.expired(now):
+                self._unregister_probe(fd)
+            elif pr.state == "reading":
+                self.poller.modify(fd, pr.events())
+        for r in self.replicas.values():
+            if r.kind != "cmd" or r.status != L.ReplicaStatus.LOADING or r.stop_stage:
+                continue
+            if r.probe is not None and r.probe.done:
+                if r.probe.ok:
+                    self._on_state(r, {"state": "ready"})
+                    r.probe = None
+                    continue
+                r.probe = None
+                r.probe_interval = next_interval(r.probe_interval)
+                r.next_probe_ns = now + int(r.probe_interval * NS)
+            if r.probe is None and now >= r.next_probe_ns:
+                path = self.registry.entries[r.model].check_endpoint
+                r.probe = self._start_probe("127.0.0.1", r.port, path, r, now)
+        for rm in self.remotes.values():
+            if rm.probe is not None and rm.probe.done:
+                ok = rm.probe.ok
+                if ok != rm.healthy:
+                    log.log(logging.INFO if ok else logging.WARNING, "upstream %s:%d for %s is %s%s",
+                            rm.host, rm.port, self._name(rm.model), "healthy" if ok else "unhealthy",
+                            "" if ok else f" ({rm.probe.why})")
+                    rm.healthy = ok
+                    self.dirty = True
+                rm.fails = 0 if ok else rm.fails + 1
+                rm.probe = None
+                delay = 5.0 if ok else min(5.0, 0.1 * 2 ** min(rm.fails, 6))
+                rm.next_probe_ns = now + int(delay * NS)
+            if rm.probe is None and now >= rm.next_probe_ns:
+                rm.probe = self._start_probe(rm.host, rm.port, rm.path, rm, now)
+
+    def _add_remotes(self) -> None:
+        """One permanent replica per model with an ``upstream`` URL."""
+        from urllib.parse import urlsplit
+
+        for i, e in enumerate(self.registry.entries):
+            if not e.upstream or any(rm.model == i for rm in self.remotes.values()):
+                continue
+            u = urlsplit(e.upstream)
+            port = u.port or (443 if u.scheme == "https" else 80)
+            slot = self._free_slot()
+            if slot is None:
+                log.warning("no replica slot for upstream %s", e.upstream)
+                continue
+            self.incarnations += 1
+            path = "" if u.scheme == "https" or not e.check_endpoint else (
+                u.path.rstrip("/") + e.check_endpoint if e.check_endpoint.startswith("/") else
+                e.check_endpoint)
+            self.remotes[slot] = Remote(slot, i, u.hostname or "127.0.0.1", port, path,
+                                        self.incarnations)
 
     def _spawn_with_socket(self, argv: list[str], tag: str) -> tuple[Child, int]:
         """Start an instance-protocol child with a listening socket bound here
@@ -699,7 +851,27 @@ class Supervisor:
         rep.stop_ns = time.monotonic_ns()
         was_loading = rep.status == L.ReplicaStatus.LOADING
         rep.status = L.ReplicaStatus.STOPPING
-        if not rep.child.send(b"exit\n"):
+        if rep.probe is not None:
+            self._unregister_probe(rep.probe.fileno())
+            rep.probe = None
+        if rep.kind == "cmd":
+            # any command: no stdin protocol; cmd-stop (llama-swap's cmdStop) or
+            # SIGTERM, then SIGKILL after stop-timeout
+            entry = self.registry.entries[rep.model]
+            rep.stop_stage = 2
+            rep.kill_at_ns = rep.stop_ns + int(rep.kill_after * NS)
+            if entry.cmd_stop:
+                line = (entry.cmd_stop.replace("${PID}", str(rep.child.pid))
+                        .replace("${PORT}", str(rep.port)).replace("${MODEL_ID}", entry.name))
+                try:
+                    subprocess.Popen(shlex.split(line), stdin=subprocess.DEVNULL,
+                                     env=env_for_instance(entry))
+                except (OSError, ValueError) as e:
+                    log.error("cmd-stop %r failed: %s; SIGTERM instead", line, e)
+                    _kill(rep.child.proc, signal.SIGTERM)
+            else:
+                _kill(rep.child.proc, signal.SIGTERM)
+        elif not rep.child.send(b"exit\n"):
             _kill(rep.child.proc, signal.SIGTERM)
             rep.stop_stage = 2
         log.info(
@@ -716,7 +888,10 @@ class Supervisor:
                             rep.child.tag, rep.kill_after)
                 _kill(rep.child.proc, signal.SIGTERM)
                 rep.stop_stage = 2
-            elif rep.stop_stage == 2 and now - rep.stop_ns > (rep.kill_after + cfg.term_timeout) * NS:
+            elif rep.stop_stage == 2 and (
+                now > rep.kill_at_ns if rep.kill_at_ns
+                else now - rep.stop_ns > (rep.kill_after + cfg.term_timeout) * NS
+            ):
                 log.warning("%s ignored SIGTERM: SIGKILL", rep.child.tag)
                 _kill(rep.child.proc, signal.SIGKILL)
                 rep.stop_stage = 3
@@ -843,8 +1018,9 @@ class Supervisor:
             ModelView(int(i), int(counts[i]), int(first[i]), self.models[i].retry_at_ns,
                       self.registry.entries[i].replicas)
             for i in np.flatnonzero(counts > 0)
-            if self.models[i].measure in ("done", "failed")
-            or self.registry.entries[i].kind not in ("llama", "fake")
+            if self.registry.entries[i].kind != "upstream"
+            and (self.models[i].measure in ("done", "failed")
+                 or self.registry.entries[i].kind not in ("llama", "fake"))
         ]
         names = {L.ReplicaStatus.LOADING: "loading", L.ReplicaStatus.READY: "ready",
                  L.ReplicaStatus.SLEEPING: "sleeping", L.ReplicaStatus.STOPPING: "stopping"}
@@ -907,8 +1083,17 @@ class Supervisor:
         return self.registry.entries[model].name
 
     def _publish_registry(self) -> None:
+        from urllib.parse import urlsplit
+
         doc = self.registry.doc()
         doc["errors"] = {str(i): m.error for i, m in enumerate(self.models) if m.error}
+        remotes = {}
+        for slot, rm in self.remotes.items():
+            e = self.registry.entries[rm.model]
+            u = urlsplit(e.upstream)
+            remotes[str(slot)] = {"host": rm.host, "port": rm.port, "tls": u.scheme == "https",
+                                  "prefix": u.path.rstrip("/"), "api_key": e.api_key}
+        doc["remotes"] = remotes  # proxies only: the segment is mode 0600
         self.seg.write_registry(doc)
 
     def _publish_if_dirty(self) -> None:
@@ -927,6 +1112,17 @@ class Supervisor:
             per_model.setdefault(r.model, []).append(r)
         for slot in range(self.sizes.replicas):
             r = self.replicas.get(slot)
+            rm = self.remotes.get(slot)
+            if rm is not None:
+                entry = self.registry.entries[rm.model]
+                write_fields(seg.replicas, slot, {
+                    L.R_MODEL: rm.model, L.R_PORT: rm.port, L.R_PID: 0,
+                    L.R_STATUS: L.ReplicaStatus.READY if rm.healthy else L.ReplicaStatus.LOADING,
+                    L.R_INCARNATION: rm.incarnation, L.R_READY_NS: 1,
+                    L.R_WEIGHT: int(round(entry.weight * 1000)), L.R_PRIORITY: entry.priority,
+                    L.R_MAX_CONCURRENCY: entry.max_concurrency,
+                })
+                continue
             if r is None:
                 if int(seg.replicas[slot, L.R_MODEL]) != -1:
                     write_fields(seg.replicas, slot, {
@@ -942,9 +1138,12 @@ class Supervisor:
                 L.R_WEIGHT: int(round(entry.weight * 1000)), L.R_PRIORITY: entry.priority,
                 L.R_MAX_CONCURRENCY: entry.max_concurrency,
             })
+        healthy_remote = {rm.model for rm in self.remotes.values() if rm.healthy}
         for i, m in enumerate(self.models):
             reps = per_model.get(i, [])
             statuses = {r.status for r in reps}
+            if i in healthy_remote:
+                statuses.add(L.ReplicaStatus.READY)
             if L.ReplicaStatus.READY in statuses:
                 st = L.ModelStatus.LOADED
             elif L.ReplicaStatus.LOADING in statuses:
@@ -959,7 +1158,8 @@ class Supervisor:
             progress = int(1000 * max((r.progress for r in loading), default=0.0))
             write_fields(seg.models, i, {
                 L.M_STATUS: st,
-                L.M_REPLICAS: sum(1 for r in reps if r.status == L.ReplicaStatus.READY),
+                L.M_REPLICAS: sum(1 for r in reps if r.status == L.ReplicaStatus.READY)
+                + sum(1 for rm in self.remotes.values() if rm.model == i and rm.healthy),
                 L.M_WAITERS: int(counts[i]),
                 L.M_EXIT_CODE: m.exit_code,
                 L.M_FAILED: int(m.failed),

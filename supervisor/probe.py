@@ -1,0 +1,111 @@
+"""Non-blocking HTTP readiness probes for the supervisor's poll loop.
+
+A ``cmd`` instance (llama-server, vLLM, ...) is ready when its check
+endpoint answers 200 (llama-swap's ``checkEndpoint``; llama-server answers
+503 while loading); an ``upstream`` replica is healthy while it does. The
+supervisor has no threads, so a probe is a small state machine whose socket
+sits in the same ``poll()`` set as the children's pipes: connect, send one
+``GET``, read the status line. Intervals start at 10 ms and double to
+500 ms while a load is awaited (llama-swap polls every 250 ms; starting
+faster shaves the wait after a quick load).
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+FIRST_INTERVAL_S = 0.010
+MAX_INTERVAL_S = 0.500
+TIMEOUT_S = 2.0
+
+
+class Probe:
+    """One ``GET path`` to ``host:port``; ``done`` / ``ok`` when finished.
+
+    ``path == ""`` means "ready when the port accepts a connection".
+    """
+
+    __slots__ = ("host", "port", "path", "sock", "state", "buf", "done", "ok", "deadline_ns",
+                 "why")
+
+    def __init__(self, host: str, port: int, path: str, now_ns: int) -> None:
+        self.host = host
+        self.port = port
+        self.path = path
+        self.buf = b""
+        self.done = False
+        self.ok = False
+        self.why = ""
+        self.deadline_ns = now_ns + int(TIMEOUT_S * 1e9)
+        fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(fam, socket.SOCK_STREAM)
+        self.sock.setblocking(False)
+        err = self.sock.connect_ex((host, port))
+        if err not in (0, errno.EINPROGRESS):
+            self._finish(False, f"connect: {errno.errorcode.get(err, err)}")
+            self.state = "done"
+        else:
+            self.state = "connecting"
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def events(self) -> int:
+        import select
+
+        return select.POLLOUT if self.state == "connecting" else select.POLLIN
+
+    def on_event(self) -> None:
+        """Advance on a poll event; sets ``done``."""
+        if self.done:
+            return
+        if self.state == "connecting":
+            err = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err:
+                self._finish(False, f"connect: {errno.errorcode.get(err, err)}")
+                return
+            if not self.path:
+                self._finish(True)
+                return
+            host = f"[{self.host}]" if ":" in self.host else self.host
+            req = f"GET {self.path} HTTP/1.1\r\nhost: {host}:{self.port}\r\nconnection: close\r\n\r\n"
+            try:
+                self.sock.send(req.encode())
+            except OSError as e:
+                self._finish(False, str(e))
+                return
+            self.state = "reading"
+            return
+        try:
+            data = self.sock.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError as e:
+            self._finish(False, str(e))
+            return
+        self.buf += data
+        if b"\r\n" in self.buf or not data:
+            line = self.buf.split(b"\r\n", 1)[0].split()
+            ok = len(line) >= 2 and line[1] == b"200"
+            self._finish(ok, "" if ok else f"answered {line[1:2] or 'nothing'}")
+
+    def expired(self, now_ns: int) -> bool:
+        if not self.done and now_ns > self.deadline_ns:
+            self._finish(False, "timed out")
+        return self.done
+
+    def _finish(self, ok: bool, why: str = "") -> None:
+        self.done = True
+        self.ok = ok
+        self.why = why
+        self.state = "done"
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def next_interval(current: float) -> float:
+    """The wait before the next readiness probe after one failed."""
+    return min(MAX_INTERVAL_S, max(FIRST_INTERVAL_S, current * 2))
