@@ -185,6 +185,13 @@ class Proxy:
         elif path == b"/health":
             conn.send_response(req, 200, b'{"status":"ok"}')
         elif path in (b"/v1/models", b"/models"):
+            if b"reload=1" in req.query or b"reload=true" in req.query:
+                try:
+                    self.mq.send(b'{"op":"reload"}', timeout=0)
+                except posix_ipc.BusyError:
+                    conn.send_error(req, 503, "supervisor queue is full, try again",
+                                    headers=[(b"retry-after", b"1")])
+                    return
             self.refresh()
             conn.send_json(req, 200, self.models_list())
         elif path in (b"/models/load", b"/models/unload"):
@@ -352,6 +359,8 @@ class Proxy:
         data = []
         rows = self.model_rows
         for i, mdl in enumerate(self.reg_models):
+            if mdl.get("removed"):
+                continue
             row = rows[i]
             st = int(row[L.M_STATUS])
             status: dict = {"value": L.ModelStatus.NAMES[st], "args": mdl.get("args", [])}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import os
 import sys
@@ -128,6 +129,7 @@ def serve(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    pristine = copy.copy(args)  # build_registry fills defaults into what it is given
     try:
         registry = build_registry(args)
     except (FileNotFoundError, ValueError) as e:
@@ -152,7 +154,7 @@ def serve(args: argparse.Namespace) -> int:
     for e in registry.entries:
         log.info("model %s: %s", e.name, e.path)
     try:
-        return Supervisor(cfg, registry).run()
+        return Supervisor(cfg, registry, rebuild=lambda: build_registry(copy.copy(pristine))).run()
     except StartupError as e:
         print(f"ggmux: {e}", file=sys.stderr)
         return 1

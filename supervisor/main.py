@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,6 +65,7 @@ class Config:
     sleep_idle: float | None = None  # idle seconds before an instance sleeps
     measure_concurrency: int = 2
     spares: int = 1  # instance processes kept started and imported ahead of a load
+    models_headroom: int = 64  # model rows kept free for models a reload adds
     unload_grace: float = 0.5  # a loading replica being unloaded: exit, then SIGKILL after this
 
 
@@ -220,14 +222,19 @@ class ModelRuntime:
 class Supervisor:
     """See the module docstring. ``run()`` returns the process exit code."""
 
-    def __init__(self, cfg: Config, registry: Registry) -> None:
+    def __init__(
+        self, cfg: Config, registry: Registry, rebuild: Callable[[], Registry] | None = None
+    ) -> None:
         self.cfg = cfg
         self.registry = registry
+        self.rebuild = rebuild  # rescans every source: SIGHUP, GET /models?reload=1
+        self.removed: set[int] = set()  # models gone from every source (rows are kept)
+        self.stale: set[int] = set()  # replica slots running an outdated configuration
         self.models = [ModelRuntime() for _ in registry.entries]
         nslots = cfg.replica_slots or max(8, 2 * cfg.models_max + 4)
         self.ledger = Ledger(margin=cfg.memory_margin, host_total=cfg.host_memory)
         self.sizes = L.Sizes(
-            models=max(1, len(registry)),
+            models=len(registry) + cfg.models_headroom,
             replicas=nslots,
             proxies=cfg.proxies,
             devices=len(self.ledger.devices),
@@ -390,7 +397,7 @@ class Supervisor:
                     log.info("received %s: stopping", signal.Signals(signum).name)
                 self.stopping_all = True
             elif signum == signal.SIGHUP:
-                log.info("SIGHUP: reload is not implemented yet")
+                self.reload("SIGHUP")
 
     def _drain_queue(self) -> None:
         mq = self.mq
@@ -412,6 +419,9 @@ class Supervisor:
         op = cmd.get("op")
         if op == "want":
             return  # demand itself is read from the waiters table each tick
+        if op == "reload":
+            self.reload("GET /models?reload=1")
+            return
         m = cmd.get("model")
         if not isinstance(m, int) or not 0 <= m < len(self.registry):
             log.warning("command %r for unknown model %r", op, m)
@@ -422,6 +432,65 @@ class Supervisor:
             self.unload(m, "requested by POST /models/unload")
         else:
             log.warning("unknown command %r", op)
+
+    def reload(self, why: str) -> None:
+        """Rescan every source (llama.cpp router's reload, llama-swap's config
+        reload). New models appear; removed ones stop being listed or routed
+        and unload once idle; a model whose configuration changed keeps
+        serving on its old replicas until they are idle, then reloads on the
+        next request. Nothing loads merely because of a reload. A source that
+        fails to parse leaves everything as it was (the error is logged)."""
+        if self.rebuild is None:
+            log.warning("%s: no sources to rescan", why)
+            return
+        try:
+            new = self.rebuild()
+        except (OSError, ValueError) as e:
+            log.error("%s: reload failed, keeping the current models: %s", why, e)
+            return
+        old = self.registry
+        entries = list(old.entries)
+        added, changed, removed = [], [], []
+        seen = set()
+        for e in new.entries:
+            i = old.by_name.get(e.name)
+            if i is None:
+                if len(entries) >= self.sizes.models:
+                    log.error("%s: no room for model %s (raise the model-row headroom)", why, e.name)
+                    continue
+                entries.append(e)
+                self.models.append(ModelRuntime())
+                added.append(e.name)
+                seen.add(len(entries) - 1)
+                continue
+            seen.add(i)
+            if i in self.removed:
+                self.removed.discard(i)
+                added.append(e.name)
+            if not _same_config(e, entries[i]):
+                entries[i] = e
+                changed.append(e.name)
+                self.models[i].measure = "pending"
+                self.models[i].mem_min = self.models[i].mem_max = None
+                self.stale |= {r.slot for r in self.replicas.values() if r.model == i}
+        for i, e in enumerate(entries):
+            if i not in seen and i not in self.removed:
+                self.removed.add(i)
+                removed.append(e.name)
+                self.models[i].requested_ns = 0
+                self.stale |= {r.slot for r in self.replicas.values() if r.model == i}
+        try:
+            self.registry = Registry(entries)
+        except ValueError as e:
+            log.error("%s: reload failed, keeping the current models: %s", why, e)
+            return
+        self._add_remotes()
+        for slot, rm in list(self.remotes.items()):
+            if rm.model in self.removed:
+                del self.remotes[slot]
+        log.info("%s: reloaded models: %d added %s, %d changed %s, %d removed %s", why,
+                 len(added), added, len(changed), changed, len(removed), removed)
+        self.errors_dirty = True
 
     def load(self, m: int, why: str) -> None:
         """Queue an explicit load of model ``m`` (no-op when it is running)."""
@@ -1049,6 +1118,13 @@ class Supervisor:
     def _idle_step(self, now: int, counts, inflight, last_used) -> None:
         """ttl: unload a replica idle that long since its last request ended;
         sleep-idle: put it to sleep instead, keeping the process."""
+        self.stale &= set(self.replicas)
+        for slot in list(self.stale):
+            r = self.replicas[slot]
+            if r.stop_stage == 0 and inflight[slot] <= 0 and r.status != L.ReplicaStatus.LOADING:
+                gone = r.model in self.removed
+                self._stop(r, "model removed from its sources" if gone else
+                           "configuration changed: reloads on the next request")
         for r in list(self.replicas.values()):
             if r.stop_stage or inflight[r.slot] > 0 or counts[r.model] > 0:
                 continue
@@ -1086,6 +1162,10 @@ class Supervisor:
         from urllib.parse import urlsplit
 
         doc = self.registry.doc()
+        if self.removed:
+            doc["names"] = {k: v for k, v in doc["names"].items() if v not in self.removed}
+            for i in self.removed:
+                doc["models"][i]["removed"] = True
         doc["errors"] = {str(i): m.error for i, m in enumerate(self.models) if m.error}
         remotes = {}
         for slot, rm in self.remotes.items():
@@ -1186,6 +1266,14 @@ class Supervisor:
         self.dirty = False
         for c in self.proxies.values():
             c.send(b"g")
+
+
+def _same_config(a, b) -> bool:
+    """Entries equal but for where they were read (a preset edit shifts the
+    line numbers of every later section)."""
+    import dataclasses
+
+    return dataclasses.replace(a, source="") == dataclasses.replace(b, source="")
 
 
 def _amounts(v) -> Amounts:
