@@ -342,6 +342,7 @@ class HttpConnection(asyncio.Protocol):
         "_cur",
         "_deadline",
         "_discard",
+        "_discarded",
         "_drain_waiters",
         "_error",
         "_head_seen",
@@ -387,6 +388,7 @@ class HttpConnection(asyncio.Protocol):
         self._closed = False  # no more responses: closing or closed
         self._lost = False  # connection_lost ran
         self._discard = False  # input is no longer parsed
+        self._discarded = False  # input arrived after that
         self._reading_paused = False
         self.write_paused = False
         self._drain_waiters: list[asyncio.Future] = []
@@ -481,6 +483,7 @@ class HttpConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._discard:
+            self._discarded = True
             return
         if self._in_head:
             self._head_seen += len(data)
@@ -492,6 +495,7 @@ class HttpConnection(asyncio.Protocol):
             return
         except httptools.HttpParserError as e:
             if self._discard:  # bytes after `Connection: close`: ignored
+                self._discarded = True
                 return
             err = self._error
             if err is None:
@@ -543,7 +547,9 @@ class HttpConnection(asyncio.Protocol):
         elif kind == _TRANSFER_ENCODING:
             req.chunked = True
         elif kind == _CONNECTION:
-            req.conn_tokens += tuple(t.strip() for t in value.lower().split(b","))
+            v = value.lower()
+            if v != b"keep-alive" and v != b"close":  # those name no header to drop
+                req.conn_tokens += tuple([t.strip() for t in v.split(b",")])
         elif kind == _EXPECT:
             req.expect = value
         elif 0 < len(value) <= _RID_MAX and not value.translate(None, _RID_CHARS):
@@ -655,7 +661,12 @@ class HttpConnection(asyncio.Protocol):
         if self._closed:
             return
         if not req.keep_alive:
-            self._close_gracefully()
+            # nginx's heuristic: linger only when the client sent more than
+            # the request it asked to be the last; else a plain close is safe
+            if self._discarded:
+                self._close_gracefully()
+            else:
+                self.close()
             return
         if self._queue:
             nxt = self._queue.popleft()
@@ -891,11 +902,13 @@ class HttpConnection(asyncio.Protocol):
     def close(self) -> None:
         """Close now (after flushing what was written); a client that does
         not read is dropped after ``linger_timeout``."""
-        if not self._closed and self.transport is not None:
+        t = self.transport
+        if not self._closed and t is not None:
             self.uncork()
             self._closed = self._discard = True
-            self._set_timeout(_LINGER, self.limits.linger_timeout)
-            self.transport.close()
+            if t.get_write_buffer_size():  # else the close is immediate
+                self._set_timeout(_LINGER, self.limits.linger_timeout)
+            t.close()
 
     def _set_timeout(self, kind: int, seconds: float) -> None:
         # one lazily moved timer per connection: a later deadline only

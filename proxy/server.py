@@ -2,30 +2,41 @@
 
 N identical workers bind the public address with ``SO_REUSEPORT``; the
 kernel spreads connections over them. A worker resolves the request's model
-through the registry blob, picks a ready replica from the shared-memory
-replica table, and forwards bytes (:mod:`ggmux.proxy.upstream`). It never
-decides to load or evict: for a model with no ready replica it registers a
-waiter in its waiters row and asks the supervisor through the command queue,
-then waits to be woken (the supervisor writes a byte on the worker's stdin
-after every generation bump; stdin EOF means the supervisor is gone and the
-worker exits).
+through the registry blob, picks a replica from the shared-memory tables
+(:mod:`ggmux.proxy.balancer`) and forwards bytes
+(:mod:`ggmux.proxy.upstream`). It never decides to load or evict: for a
+model with no ready replica it registers a waiter in its waiters row and
+asks the supervisor through the command queue, then waits to be woken (the
+supervisor writes a byte on the worker's stdin after every generation bump;
+stdin EOF means the supervisor is gone and the worker exits).
 
-Counters: the worker is the only writer of ``counters[index]`` and
-``waiters[index]``. A request counts as in flight from just before it is
-forwarded until its response ended; a waiter is removed only after its
-request counts as in flight, so a freshly loaded model is never without
-either and cannot be evicted before it serves the request that loaded it.
+Counters: the worker is the only writer of ``counters[index]``,
+``waiters[index]`` and ``mcounters[index]``. A request counts as in flight
+from just before it is forwarded until its response ended; a waiter is
+removed only after its request counts as in flight, so a freshly loaded
+model is never without either and cannot be evicted before it serves the
+request that loaded it.
+
+Routes (llama.cpp router's, DESIGN.md "HTTP surface"): inference routed by
+the body's ``model``; ``GET /props|/metrics|/slots?model=`` routed by the
+query (they neither load a model nor refresh its last use); ``/v1/models``,
+``/models`` (``?reload=1`` rescans the sources); ``POST /models/load``,
+``/models/unload``; ``GET /models/sse``; ``GET /health``; ``GET /metrics``
+(Prometheus, whole server); ``/upstream/<model>/<path>`` pass-through.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import logging
 import os
+import random
 import signal
 import sys
 import time
+from urllib.parse import parse_qs, unquote
 
 import numpy as np
 import orjson
@@ -34,13 +45,22 @@ import posix_ipc
 from ..shm import layout as L
 from ..shm.segment import Segment
 from ..shm.seqlock import read_table
-from .http import HttpConnection, HttpLimits, Request
+from .balancer import BalancerConfig, CircuitBreaker, candidates_from_shm, choose, session_key
+from .http import (
+    HttpConnection,
+    HttpLimits,
+    Request,
+    add_http_limit_options,
+    fit_fd_limit,
+    limits_from_args,
+)
 from .upstream import UpstreamError, UpstreamPool, request_head
 
 log = logging.getLogger("ggmux.proxy")
 
 NS = 1_000_000_000
 
+# routed by the JSON body's "model" (llama.cpp router's list)
 INFERENCE = frozenset(
     (
         b"/v1/chat/completions",
@@ -49,35 +69,73 @@ INFERENCE = frozenset(
         b"/completions",
         b"/v1/embeddings",
         b"/embeddings",
+        b"/embedding",
+        b"/completion",
+        b"/tokenize",
+        b"/detokenize",
+        b"/infill",
+        b"/rerank",
+        b"/v1/rerank",
+        b"/reranking",
+        b"/v1/responses",
+        b"/v1/messages",
+        b"/v1/messages/count_tokens",
+        b"/apply-template",
     )
 )
+# routed by ?model=; they do not load the model nor refresh its last use
+QUERY_ROUTED = frozenset((b"/props", b"/metrics", b"/slots"))
 
 TTFT_ALPHA = 0.2  # EWMA weight of the newest sample
+SSE_KEEPALIVE_S = 15.0
 
 
 class Proxy:
     """State of one worker; ``handle`` is the HTTP handler."""
 
-    def __init__(self, index: int, shm: str, mq: str, load_wait: float) -> None:
+    def __init__(
+        self,
+        index: int,
+        shm: str,
+        mq: str,
+        load_wait: float,
+        queue_timeout: float = 30.0,
+        max_queue: int = 64,
+        api_key: str | None = None,
+        admin_key: str | None = None,
+    ) -> None:
         self.index = index
         self.seg = Segment.attach(shm)
         self.mq = posix_ipc.MessageQueue(mq)
         self.mq.block = False
         self.cnt = self.seg.counters[index]  # (replicas, C_WORDS), ours alone
         self.wait = self.seg.waiters[index]  # (models, W_WORDS), ours alone
+        self.mc = self.seg.mcounters[index]  # (models, MC_WORDS), ours alone
         self.load_wait = load_wait
+        self.queue_timeout = queue_timeout
+        self.max_queue = max_queue
+        self.api_key = api_key.encode() if api_key else None
+        self.admin_key = admin_key.encode() if admin_key else None
         self.loop = asyncio.get_event_loop()
         self.pool = UpstreamPool(self.loop)
+        self.balancer = BalancerConfig()
+        self.rng = random.Random()
+        self.breakers = [CircuitBreaker(self.cnt[s], self.balancer)
+                         for s in range(self.seg.sizes.replicas)]
         self.gen = -1
         self.reg_version = -1
         self.names: dict[str, int] = {}
         self.reg_models: list[dict] = []
         self.errors: dict[str, str] = {}
-        self.ready: dict[int, list[tuple[int, int, int]]] = {}  # model -> [(slot, port, incarnation)]
+        self.remotes: dict[int, dict] = {}  # slot -> upstream replica address
+        self.ready: set[int] = set()  # models with a ready replica
         self.model_rows = np.zeros((self.seg.sizes.models, L.M_WORDS), dtype=np.int64)
         self.replica_rows = np.zeros((self.seg.sizes.replicas, L.R_WORDS), dtype=np.int64)
         self.waiting: dict[int, set[asyncio.Future]] = {}
-        self.active = 0
+        self.queued: dict[int, int] = {}  # model -> requests queued for a free replica
+        self.sse: set[tuple[HttpConnection, Request]] = set()
+        self.sse_last: dict[int, bytes] = {}
+        self.sse_timer: asyncio.TimerHandle | None = None
         self.refresh()
 
     # ---- shared-memory snapshot ------------------------------------------
@@ -94,24 +152,20 @@ class Proxy:
             self.names = doc.get("names", {})
             self.reg_models = doc.get("models", [])
             self.errors = doc.get("errors", {})
+            self.remotes = {int(k): v for k, v in doc.get("remotes", {}).items()}
         self.model_rows = read_table(seg.models)
         reps = read_table(seg.replicas)
         self.replica_rows = reps
-        ready: dict[int, list[tuple[int, int, int]]] = {}
-        for slot in np.flatnonzero(reps[:, L.R_STATUS] == L.ReplicaStatus.READY):
-            r = reps[slot]
-            ready.setdefault(int(r[L.R_MODEL]), []).append(
-                (int(slot), int(r[L.R_PORT]), int(r[L.R_INCARNATION]))
-            )
-        alive = {p for lst in ready.values() for _, p, _ in lst}
+        ready_rows = reps[reps[:, L.R_STATUS] == L.ReplicaStatus.READY]
+        self.ready = {int(m) for m in ready_rows[:, L.R_MODEL]}
+        alive = {int(p) for p in ready_rows[:, L.R_PORT]}
         for port in list(self.pool.idle):
             if port not in alive:
                 self.pool.drop_port(port)
-        self.ready = ready
         if self.waiting:
             now = time.monotonic_ns()
             for m, futs in list(self.waiting.items()):
-                if m in ready:
+                if m in self.ready:
                     outcome = "ready"
                 elif self._in_backoff(m, now):
                     outcome = "failed"
@@ -120,6 +174,8 @@ class Proxy:
                 for f in futs:
                     if not f.done():
                         f.set_result(outcome)
+        if self.sse:
+            self._sse_publish()
 
     def _in_backoff(self, m: int, now: int) -> bool:
         row = self.model_rows[m]
@@ -164,7 +220,7 @@ class Proxy:
         req.on_disconnect = lambda: fut.done() or fut.set_result("gone")
         try:
             return await asyncio.wait_for(fut, self.load_wait)
-        except TimeoutError:
+        except asyncio.TimeoutError:
             return "timeout"
         finally:
             req.on_disconnect = None
@@ -175,32 +231,71 @@ class Proxy:
                     del self.waiting[m]
 
     # ---- HTTP ------------------------------------------------------------------------
+    def _authorized(self, req: Request, admin: bool = False) -> bool:
+        """``Authorization: Bearer KEY`` or ``x-api-key: KEY``, compared in
+        constant time; admin routes need the admin key when one is set."""
+        key = self.admin_key if admin and self.admin_key else self.api_key
+        if key is None:
+            return True
+        given = req.header(b"x-api-key")
+        if given is None:
+            auth = req.header(b"authorization") or b""
+            if auth[:7].lower() == b"bearer ":
+                given = auth[7:].strip()
+        return given is not None and hmac.compare_digest(given, key)
+
     async def handle(self, conn: HttpConnection, req: Request) -> None:
         path = req.path
+        if path == b"/health":
+            conn.send_response(req, 200, b'{"status":"ok"}')
+            return
+        admin = path in (b"/models/load", b"/models/unload") or (
+            path in (b"/models", b"/v1/models") and b"reload" in req.query)
+        if not self._authorized(req, admin):
+            conn.send_error(req, 401, "invalid or missing API key", code="invalid_api_key",
+                            headers=[(b"www-authenticate", b"Bearer")])
+            return
         if path in INFERENCE:
             if req.method != b"POST":
                 conn.send_error(req, 405, f"{path.decode()} needs POST")
                 return
             await self._inference(conn, req)
-        elif path == b"/health":
-            conn.send_response(req, 200, b'{"status":"ok"}')
         elif path in (b"/v1/models", b"/models"):
             if b"reload=1" in req.query or b"reload=true" in req.query:
-                try:
-                    self.mq.send(b'{"op":"reload"}', timeout=0)
-                except posix_ipc.BusyError:
-                    conn.send_error(req, 503, "supervisor queue is full, try again",
-                                    headers=[(b"retry-after", b"1")])
+                if not self._command(conn, req, {"op": "reload"}):
                     return
             self.refresh()
             conn.send_json(req, 200, self.models_list())
+        elif path in QUERY_ROUTED and req.method in (b"GET", b"HEAD"):
+            name = self._query_model(req)
+            if name is None and path == b"/metrics":
+                self.refresh()
+                conn.send_response(req, 200, self.metrics_text(), b"text/plain; version=0.0.4")
+            elif name is None:
+                conn.send_error(req, 400, f"{path.decode()} needs ?model=<name>")
+            else:
+                m = self.names.get(name)
+                if m is None:
+                    conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
+                else:
+                    await self._forward(conn, req, m, name, None, touch=False)
         elif path in (b"/models/load", b"/models/unload"):
             if req.method != b"POST":
                 conn.send_error(req, 405, f"{path.decode()} needs POST")
                 return
             self._load_unload(conn, req, path.rsplit(b"/", 1)[1].decode())
+        elif path == b"/models/sse" and req.method == b"GET":
+            self._sse_subscribe(conn, req)
+        elif path.startswith(b"/upstream/"):
+            await self._passthrough(conn, req)
         else:
             conn.send_error(req, 404, f"no route for {req.method.decode()} {path.decode('latin-1')}")
+
+    def _query_model(self, req: Request) -> str | None:
+        if not req.query:
+            return None
+        vals = parse_qs(req.query.decode("latin-1")).get("model")
+        return vals[0] if vals else None
 
     async def _inference(self, conn: HttpConnection, req: Request) -> None:
         try:
@@ -223,7 +318,35 @@ class Proxy:
         if m is None:
             conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
             return
-        await self._forward(conn, req, m, name)
+        await self._forward(conn, req, m, name, session_key(req.headers, body))
+
+    async def _passthrough(self, conn: HttpConnection, req: Request) -> None:
+        """``/upstream/<model>/<path>``: the request, unchanged but for the
+        target, to one replica of the model. Names may contain ``/``: the
+        longest registered name (URL-decoded) wins."""
+        rest = req.path[len(b"/upstream/"):].decode("latin-1")
+        self.refresh()
+        best = None
+        for i, ch in enumerate(rest + "/"):
+            if ch == "/":
+                name = unquote(rest[:i])
+                if name in self.names:
+                    best = (name, rest[i:] or "/")
+        if best is None:
+            conn.send_error(req, 404, f"no model in '/upstream/{rest}'", code="model_not_found")
+            return
+        name, sub = best
+        req.url = sub.encode("latin-1") + (b"?" + req.query if req.query else b"")
+        await self._forward(conn, req, self.names[name], name, None)
+
+    def _command(self, conn: HttpConnection, req: Request, cmd: dict) -> bool:
+        try:
+            self.mq.send(orjson.dumps(cmd), timeout=0)
+            return True
+        except posix_ipc.BusyError:
+            conn.send_error(req, 503, "supervisor queue is full, try again",
+                            headers=[(b"retry-after", b"1")])
+            return False
 
     def _load_unload(self, conn: HttpConnection, req: Request, op: str) -> None:
         """``POST /models/load`` / ``/models/unload`` with ``{"model": name}``:
@@ -236,20 +359,15 @@ class Proxy:
             return
         name = body.get("model") if isinstance(body, dict) else None
         if not isinstance(name, str):
-            conn.send_error(req, 400, "body must be {\"model\": \"<name>\"}")
+            conn.send_error(req, 400, 'body must be {"model": "<name>"}')
             return
         self.refresh()
         m = self.names.get(name)
         if m is None:
             conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
             return
-        try:
-            self.mq.send(orjson.dumps({"op": op, "model": m}), timeout=0)
-        except posix_ipc.BusyError:
-            conn.send_error(req, 503, "supervisor queue is full, try again",
-                            headers=[(b"retry-after", b"1")])
-            return
-        conn.send_json(req, 200, {"success": True, "model": name, "op": op})
+        if self._command(conn, req, {"op": op, "model": m}):
+            conn.send_json(req, 200, {"success": True, "model": name, "op": op})
 
     def _failure(self, conn: HttpConnection, req: Request, m: int, name: str) -> None:
         row = self.model_rows[m]
@@ -271,115 +389,310 @@ class Proxy:
             code="model_loading", headers=[(b"retry-after", b"5")], loading=loading,
         )
 
-    async def _forward(self, conn: HttpConnection, req: Request, m: int, name: str) -> None:
-        for attempt in range(3):
-            reps = self.ready.get(m)
-            waited = False
-            if not reps:
-                now = time.monotonic_ns()
-                if self._in_backoff(m, now):
-                    self._failure(conn, req, m, name)
-                    return
-                self._join(m)
-                outcome = await self._wait_ready(m, req)
-                waited = True
-                if outcome != "ready":
-                    self._leave(m)
-                    if outcome == "gone":
-                        conn.finish(req)
-                    elif outcome == "failed":
+    # ---- forwarding -------------------------------------------------------------------
+    async def _forward(
+        self, conn: HttpConnection, req: Request, m: int, name: str, skey: str | None,
+        touch: bool = True,
+    ) -> None:
+        """Wait for a ready replica (loading the model when ``touch``), pick
+        one, forward; retry on another replica only while nothing reached the
+        client (DESIGN.md "Balancing replicas")."""
+        tried: set[int] = set()
+        waited = False  # a waiter registered by us is still counted
+        queued_since = 0
+        try:
+            for attempt in range(6):
+                if m not in self.ready:
+                    if not touch:
+                        conn.send_error(req, 503, f"model '{name}' is not loaded (POST "
+                                        "/models/load loads it)", code="model_not_loaded")
+                        return
+                    now = time.monotonic_ns()
+                    if self._in_backoff(m, now):
                         self._failure(conn, req, m, name)
-                    else:
-                        self._loading_error(conn, req, m, name)
-                    return
-                reps = self.ready.get(m)
-                if not reps:
-                    self._leave(m)
+                        return
+                    if not waited:
+                        self._join(m)
+                        waited = True
+                    outcome = await self._wait_ready(m, req)
+                    if outcome != "ready":
+                        if outcome == "gone":
+                            conn.finish(req)
+                        elif outcome == "failed":
+                            self._failure(conn, req, m, name)
+                        else:
+                            self._loading_error(conn, req, m, name)
+                        return
                     continue
-            slot, port, inc = self._pick(reps)
-            cnt = self.cnt[slot]
-            if cnt[L.C_INCARNATION] != inc:
-                cnt[:] = 0
-                cnt[L.C_INCARNATION] = inc
-            cnt[L.C_IN_FLIGHT] += 1
-            cnt[L.C_LAST_USED_NS] = time.monotonic_ns()
-            if waited:
-                self._leave(m)  # only now: the request already counts as in flight
-            sent_ns = 0
-            up = None
-            try:
-                up = await self.pool.acquire(port)
-                if req.disconnected:
-                    self.pool.release(up)
-                    conn.finish(req)
-                    return
-                data = request_head(req, port, len(req.body)) + bytes(req.body)
-                sent_ns = time.monotonic_ns()
-                status = await up.send(conn, req, data)
-            except UpstreamError as e:
-                cnt[L.C_ERRORS] += 1
-                log.warning("proxy %d: %s (attempt %d)", self.index, e, attempt + 1)
-                self.gen = -1  # force a re-read: the replica may be gone
-                self.refresh()
-                if attempt < 2 and not req.disconnected:
+                now = time.monotonic_ns()
+                cands = candidates_from_shm(self.replica_rows, self.seg.counters, m, self.index)
+                c = choose(cands, tried, skey, self.rng, now_ns=now, config=self.balancer)
+                if c is None and tried and attempt < 5:
+                    tried.clear()  # one replica: retry the same (the breaker guards it)
+                    c = choose(cands, tried, skey, self.rng, now_ns=now, config=self.balancer)
+                if c is None:
+                    # every replica is at max-concurrency or its circuit is open: queue
+                    if not queued_since:
+                        if self.queued.get(m, 0) >= self.max_queue:
+                            conn.send_error(req, 429, f"too many requests queued for '{name}' "
+                                            "(max-queue)", headers=[(b"retry-after", b"1")])
+                            return
+                        queued_since = now
+                        self.queued[m] = self.queued.get(m, 0) + 1
+                    if now - queued_since > self.queue_timeout * NS or req.disconnected:
+                        if req.disconnected:
+                            conn.finish(req)
+                        else:
+                            conn.send_error(req, 429, f"every replica of '{name}' is busy "
+                                            "(queue-timeout)", headers=[(b"retry-after", b"1")])
+                        return
+                    await asyncio.sleep(0.005)
+                    self.refresh()
                     continue
-                conn.send_error(req, 502, f"replica for '{name}' failed: {e}")
+                if queued_since:
+                    self.queued[m] -= 1
+                    queued_since = 0
+                slot, inc = c.slot, c.incarnation
+                cnt = self.cnt[slot]
+                if cnt[L.C_INCARNATION] != inc:  # first: the reset clears the breaker too
+                    cnt[:] = 0
+                    cnt[L.C_INCARNATION] = inc
+                br = self.breakers[slot]
+                tried.add(slot)
+                if not br.allow(now):
+                    continue
+                cnt[L.C_IN_FLIGHT] += 1
+                if touch:
+                    cnt[L.C_LAST_USED_NS] = now
+                if waited:
+                    self._leave(m)  # only now: the request already counts as in flight
+                    waited = False
+                try:
+                    ex = await self._send(conn, req, slot, c.port)
+                except UpstreamError as e:
+                    br.record(False, time.monotonic_ns())
+                    cnt[L.C_ERRORS] += 1
+                    self.mc[m, L.MC_ERRORS] += 1
+                    log.warning("proxy %d: %s (attempt %d)", self.index, e, attempt + 1)
+                    self.gen = -1  # re-read: the replica may be gone
+                    self.refresh()
+                    if req.disconnected:
+                        conn.finish(req)
+                        return
+                    if attempt < 5:
+                        continue
+                    conn.send_error(req, 502, f"replica for '{name}' failed: {e}")
+                    return
+                finally:
+                    if cnt[L.C_INCARNATION] == inc:
+                        cnt[L.C_IN_FLIGHT] -= 1
+                        if touch:
+                            cnt[L.C_LAST_USED_NS] = time.monotonic_ns()
+                if ex.status == 499 and not ex.first_byte_ns:
+                    br.release()
+                else:
+                    br.record(ex.status < 500, time.monotonic_ns())
+                self._account(cnt, m, ex)
                 return
-            finally:
-                if cnt[L.C_INCARNATION] == inc:
-                    cnt[L.C_IN_FLIGHT] -= 1
-                    cnt[L.C_LAST_USED_NS] = time.monotonic_ns()
-                    if up is not None and sent_ns and up.first_byte_ns:
-                        self._ttft(cnt, (up.first_byte_ns - sent_ns) // 1000)
-            cnt[L.C_REQUESTS] += 1
-            if status >= 500:
-                cnt[L.C_ERRORS] += 1
-            return
-        conn.send_error(req, 503, f"no replica of '{name}' stayed available")
+            conn.send_error(req, 503, f"no replica of '{name}' stayed available")
+        finally:
+            if waited:
+                self._leave(m)
+            if queued_since:
+                self.queued[m] -= 1
 
-    @staticmethod
-    def _ttft(cnt: np.ndarray, us: int) -> None:
-        if us <= 0:
-            return
-        old = int(cnt[L.C_TTFT_EWMA_US])
-        cnt[L.C_TTFT_EWMA_US] = us if old == 0 else int(old + TTFT_ALPHA * (us - old))
-        cnt[L.C_TTFT_LAST_US] = us
-        cnt[L.C_TTFT_SUM_US] += us
-        cnt[L.C_TTFT_COUNT] += 1
+    async def _send(self, conn: HttpConnection, req: Request, slot: int, port: int):
+        remote = self.remotes.get(slot)
+        body = bytes(req.body)
+        if remote is None:
+            data = request_head(req, port, len(body)) + body
+            return await self.pool.forward(port, conn, req, data)
+        host = remote["host"]
+        extra = []
+        if remote.get("api_key"):
+            extra.append((b"authorization", b"Bearer " + remote["api_key"].encode()))
+            saved = req.headers
+            req.headers = [(k, v) for k, v in saved if k not in (b"authorization", b"x-api-key")]
+        else:
+            saved = None
+        try:
+            head = request_head(req, port, len(body), extra, host.encode())
+        finally:
+            if saved is not None:
+                req.headers = saved
+        prefix = remote.get("prefix", "").encode()
+        if prefix:
+            head = head.replace(b" " + req.url + b" ", b" " + prefix + req.url + b" ", 1)
+        return await self.pool.forward(port, conn, req, head + body, host)
 
-    def _pick(self, reps: list[tuple[int, int, int]]) -> tuple[int, int, int]:
-        """Replica with the fewest requests in flight over all proxies."""
-        if len(reps) == 1:
-            return reps[0]
-        inflight = self.seg.counters[:, :, L.C_IN_FLIGHT].sum(axis=0)
-        return min(reps, key=lambda r: inflight[r[0]])
+    def _account(self, cnt: np.ndarray, m: int, ex) -> None:
+        cnt[L.C_REQUESTS] += 1
+        mc = self.mc[m]
+        mc[L.MC_REQUESTS] += 1
+        if ex.status >= 500:
+            cnt[L.C_ERRORS] += 1
+            mc[L.MC_ERRORS] += 1
+        if ex.sent_ns and ex.first_byte_ns:
+            us = (ex.first_byte_ns - ex.sent_ns) // 1000
+            if us > 0:
+                old = int(cnt[L.C_TTFT_EWMA_US])
+                cnt[L.C_TTFT_EWMA_US] = us if old == 0 else int(old + TTFT_ALPHA * (us - old))
+                cnt[L.C_TTFT_LAST_US] = us
+                cnt[L.C_TTFT_SUM_US] += us
+                cnt[L.C_TTFT_COUNT] += 1
+                mc[L.MC_TTFT_COUNT] += 1
+                mc[L.MC_TTFT_SUM_US] += us
+                ms = us / 1000
+                b = L.MC_BUCKET_INF
+                for i, le in enumerate(L.TTFT_BUCKETS_MS):
+                    if ms <= le:
+                        b = L.MC_BUCKET0 + i
+                        break
+                mc[b] += 1
+
+    # ---- listing, events, metrics ------------------------------------------------------
+    def _status(self, i: int) -> dict:
+        row = self.model_rows[i]
+        st = int(row[L.M_STATUS])
+        mdl = self.reg_models[i]
+        status: dict = {"value": L.ModelStatus.NAMES[st], "args": mdl.get("args", [])}
+        if row[L.M_FAILED]:
+            status["failed"] = True
+            status["exit_code"] = int(row[L.M_EXIT_CODE])
+            if str(i) in self.errors:
+                status["error"] = self.errors[str(i)]
+        if st == L.ModelStatus.LOADING:
+            status["progress"] = int(row[L.M_PROGRESS]) / 1000
+        return status
 
     def models_list(self) -> dict:
         """OpenAI model list with llama.cpp router's ``status`` object."""
         data = []
-        rows = self.model_rows
         for i, mdl in enumerate(self.reg_models):
             if mdl.get("removed"):
                 continue
-            row = rows[i]
-            st = int(row[L.M_STATUS])
-            status: dict = {"value": L.ModelStatus.NAMES[st], "args": mdl.get("args", [])}
-            if row[L.M_FAILED]:
-                status["failed"] = True
-                status["exit_code"] = int(row[L.M_EXIT_CODE])
-                if str(i) in self.errors:
-                    status["error"] = self.errors[str(i)]
-            if st == L.ModelStatus.LOADING:
-                status["progress"] = int(row[L.M_PROGRESS]) / 1000
             data.append({
                 "id": mdl["name"],
                 "object": "model",
                 "created": 0,
                 "owned_by": "ggmux",
                 "aliases": mdl.get("aliases", []),
-                "status": status,
+                "status": self._status(i),
             })
         return {"object": "list", "data": data}
+
+    def _sse_subscribe(self, conn: HttpConnection, req: Request) -> None:
+        """``GET /models/sse``: one ``event: model`` per status change, as it
+        happens (woken by the supervisor's generation bump), after one event
+        per model with its current status; comments keep it alive."""
+        self.refresh()
+        conn.start_stream(req)
+        for i, mdl in enumerate(self.reg_models):
+            if not mdl.get("removed"):
+                conn.send_chunk(self._sse_event(i))
+        self.sse_last = {i: self._sse_event(i) for i in range(len(self.reg_models))}
+        sub = (conn, req)
+        self.sse.add(sub)
+        req.on_disconnect = lambda: self.sse.discard(sub)
+        if self.sse_timer is None:
+            self.sse_timer = self.loop.call_later(SSE_KEEPALIVE_S, self._sse_keepalive)
+
+    def _sse_event(self, i: int) -> bytes:
+        mdl = self.reg_models[i]
+        data = orjson.dumps({"id": mdl["name"], "status": self._status(i)})
+        return b"event: model\ndata: " + data + b"\n\n"
+
+    def _sse_publish(self) -> None:
+        for i, mdl in enumerate(self.reg_models):
+            if mdl.get("removed"):
+                continue
+            ev = self._sse_event(i)
+            if self.sse_last.get(i) != ev:
+                self.sse_last[i] = ev
+                for conn, _ in list(self.sse):
+                    conn.send_chunk(ev)
+
+    def _sse_keepalive(self) -> None:
+        self.sse_timer = None
+        if not self.sse:
+            return
+        for conn, _ in list(self.sse):
+            conn.send_chunk(b": keep-alive\n\n")
+        self.sse_timer = self.loop.call_later(SSE_KEEPALIVE_S, self._sse_keepalive)
+
+    def metrics_text(self) -> bytes:
+        """Prometheus text for the whole server, summed over every proxy."""
+        seg = self.seg
+        mc = seg.mcounters.sum(axis=0)
+        cnt = seg.counters
+        inflight = cnt[:, :, L.C_IN_FLIGHT].sum(axis=0)
+        reps = self.replica_rows
+        out: list[str] = []
+
+        def fam(name: str, kind: str, help_: str) -> None:
+            out.append(f"# HELP {name} {help_}\n# TYPE {name} {kind}\n")
+
+        def lab(s: str) -> str:
+            return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+        models = [(i, lab(m["name"])) for i, m in enumerate(self.reg_models)
+                  if not m.get("removed")]
+        rows = self.model_rows
+        fam("ggmux_requests_total", "counter", "Requests answered by a replica, per model.")
+        out += [f'ggmux_requests_total{{model="{n}"}} {int(mc[i, L.MC_REQUESTS])}\n'
+                for i, n in models]
+        fam("ggmux_request_errors_total", "counter", "Requests that failed (5xx, replica errors).")
+        out += [f'ggmux_request_errors_total{{model="{n}"}} {int(mc[i, L.MC_ERRORS])}\n'
+                for i, n in models]
+        fam("ggmux_requests_in_flight", "gauge", "Requests being served, per model.")
+        for i, n in models:
+            slots = np.flatnonzero(reps[:, L.R_MODEL] == i)
+            out.append(f'ggmux_requests_in_flight{{model="{n}"}} {int(inflight[slots].sum())}\n')
+        fam("ggmux_model_waiting", "gauge", "Requests waiting for the model to load.")
+        out += [f'ggmux_model_waiting{{model="{n}"}} {int(rows[i, L.M_WAITERS])}\n'
+                for i, n in models]
+        fam("ggmux_ttft_seconds", "histogram", "Time to first token (first body byte), seconds.")
+        for i, n in models:
+            acc = 0
+            for b, le in enumerate(L.TTFT_BUCKETS_MS):
+                acc += int(mc[i, L.MC_BUCKET0 + b])
+                out.append(f'ggmux_ttft_seconds_bucket{{model="{n}",le="{le / 1000:g}"}} {acc}\n')
+            acc += int(mc[i, L.MC_BUCKET_INF])
+            out.append(f'ggmux_ttft_seconds_bucket{{model="{n}",le="+Inf"}} {acc}\n')
+            out.append(f'ggmux_ttft_seconds_sum{{model="{n}"}} '
+                       f'{int(mc[i, L.MC_TTFT_SUM_US]) / 1e6:.6f}\n')
+            out.append(f'ggmux_ttft_seconds_count{{model="{n}"}} {int(mc[i, L.MC_TTFT_COUNT])}\n')
+        fam("ggmux_model_loads_total", "counter", "Completed loads.")
+        out += [f'ggmux_model_loads_total{{model="{n}"}} {int(rows[i, L.M_LOADS])}\n'
+                for i, n in models]
+        fam("ggmux_model_evictions_total", "counter", "Replicas stopped to make room or idle.")
+        out += [f'ggmux_model_evictions_total{{model="{n}"}} {int(rows[i, L.M_EVICTIONS])}\n'
+                for i, n in models]
+        fam("ggmux_model_load_seconds_total", "counter", "Time spent loading.")
+        out += [f'ggmux_model_load_seconds_total{{model="{n}"}} '
+                f'{int(rows[i, L.M_LOAD_NS_TOTAL]) / 1e9:.3f}\n' for i, n in models]
+        fam("ggmux_model_loaded", "gauge", "1 while the model has a ready replica.")
+        out += [f'ggmux_model_loaded{{model="{n}"}} {int(rows[i, L.M_STATUS] == 2)}\n'
+                for i, n in models]
+        fam("ggmux_model_memory_bytes", "gauge", "Measured min/max and effective memory.")
+        for i, n in models:
+            for kind, col in (("min", L.M_MEM_MIN), ("max", L.M_MEM_MAX),
+                              ("effective", L.M_MEM_EFFECTIVE)):
+                out.append(f'ggmux_model_memory_bytes{{model="{n}",kind="{kind}"}} '
+                           f'{int(rows[i, col])}\n')
+        fam("ggmux_replica_circuit_open", "gauge", "Replicas whose circuit this proxy opened.")
+        for i, n in models:
+            slots = np.flatnonzero(reps[:, L.R_MODEL] == i)
+            opened = int((cnt[:, slots, L.C_CIRCUIT] == L.CircuitState.OPEN).any(axis=0).sum())
+            out.append(f'ggmux_replica_circuit_open{{model="{n}"}} {opened}\n')
+        fam("ggmux_device_memory_bytes", "gauge", "Memory per device at the last calibration.")
+        for d in read_table(seg.devices):
+            dev = ("host" if int(d[L.D_KIND]) == 0 else f"gpu{int(d[L.D_INDEX])}")
+            for kind, col in (("total", L.D_TOTAL), ("external", L.D_EXTERNAL),
+                              ("held", L.D_HELD), ("free", L.D_FREE)):
+                out.append(f'ggmux_device_memory_bytes{{device="{dev}",kind="{kind}"}} '
+                           f'{int(d[col])}\n')
+        return "".join(out).encode()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -390,7 +703,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8080)
     ap.add_argument("--load-wait", type=float, default=300.0)
+    ap.add_argument("--queue-timeout", type=float, default=30.0)
+    ap.add_argument("--max-queue", type=int, default=64)
     ap.add_argument("--log-level", default="INFO")
+    add_http_limit_options(ap)
     return ap.parse_args(argv)
 
 
@@ -404,8 +720,12 @@ def main(argv: list[str] | None = None) -> int:
 
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
-    proxy = Proxy(args.index, args.shm, args.mq, args.load_wait)
-    limits = HttpLimits()
+    proxy = Proxy(
+        args.index, args.shm, args.mq, args.load_wait, args.queue_timeout, args.max_queue,
+        api_key=os.environ.get("GGMUX_API_KEY") or None,
+        admin_key=os.environ.get("GGMUX_ADMIN_KEY") or None,
+    )
+    limits: HttpLimits = fit_fd_limit(limits_from_args(args))
     server = loop.run_until_complete(
         loop.create_server(
             lambda: HttpConnection(proxy.handle, limits), args.host, args.port,

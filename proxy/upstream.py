@@ -224,7 +224,9 @@ class Upstream(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
         if name == b"connection":
-            self.conn_tokens += tuple(t.strip() for t in value.lower().split(b","))
+            v = value.lower()
+            if v != b"keep-alive" and v != b"close":  # those name no header to drop
+                self.conn_tokens += tuple([t.strip() for t in v.split(b",")])
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:

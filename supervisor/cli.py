@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 
+from ..proxy.http import add_http_limit_options, http_limit_argv, limits_from_args
 from ..shm.segment import queue_name, segment_name
 from .main import Config, StartupError, Supervisor
 from .presets import command_line_layer, load_preset, resolve
@@ -81,7 +82,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--spares", type=int, default=1,
                    help="instance processes kept started with llama-cpp-python imported, so "
                         "a cold load costs only the model's own load time")
+    s.add_argument("--api-key", default=os.environ.get("GGMUX_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on every route "
+                        "but /health (default: $GGMUX_API_KEY; none: open)")
+    s.add_argument("--admin-key", default=os.environ.get("GGMUX_ADMIN_KEY"),
+                   help="key for /models/load, /models/unload and reloads (default: "
+                        "$GGMUX_ADMIN_KEY; none: the API key)")
+    s.add_argument("--queue-timeout", type=float, default=30.0,
+                   help="seconds a request waits for a replica below its max-concurrency "
+                        "before a 429")
+    s.add_argument("--max-queue", type=int, default=64,
+                   help="requests per model and proxy that may wait for a free replica; "
+                        "more get 429")
     s.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    add_http_limit_options(s)
     return ap
 
 
@@ -146,7 +160,12 @@ def serve(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, proxies=args.proxies, models_max=args.models_max,
         stop_timeout=args.stop_timeout, load_timeout=args.load_timeout,
         load_wait=args.load_wait, shm_name=segment_name(args.port),
-        mq_name=queue_name(args.port), proxy_args=["--log-level", args.log_level],
+        mq_name=queue_name(args.port),
+        proxy_args=["--log-level", args.log_level, "--queue-timeout", str(args.queue_timeout),
+                    "--max-queue", str(args.max_queue),
+                    *http_limit_argv(limits_from_args(args))],
+        proxy_env={k: v for k, v in (("GGMUX_API_KEY", args.api_key),
+                                     ("GGMUX_ADMIN_KEY", args.admin_key)) if v},
         memory_margin=int(args.models_memory_margin * MiB),
         host_memory=int(args.host_memory * MiB) if args.host_memory else None,
         ttl=args.ttl, sleep_idle=args.sleep_idle_seconds, spares=max(0, args.spares),

@@ -59,6 +59,7 @@ class Config:
     shm_name: str = ""
     mq_name: str = ""
     proxy_args: list[str] = field(default_factory=list)
+    proxy_env: dict[str, str] = field(default_factory=dict)  # API keys: proxies only
     memory_margin: int = 0  # bytes that must stay free on every device after a load
     host_memory: int | None = None  # replace the host's memory size (tests, containers)
     ttl: float | None = None  # default idle unload, seconds after the last request ended
@@ -660,6 +661,7 @@ class Supervisor:
         ]
         proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
+            env={**os.environ, **cfg.proxy_env},
             preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads here
         )
         child = Child(proc, f"proxy-{idx}")
