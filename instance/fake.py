@@ -12,7 +12,8 @@ the first token; ``token_s`` (0.002) delay between tokens; ``tokens`` (8)
 tokens per answer unless the request's ``max_tokens`` is smaller;
 ``mem_bytes`` (0) effective host memory reported when ready; ``min_bytes``
 / ``max_bytes`` memory reported by ``--measure``; ``fail_requests`` (bool)
-answer requests with an error.
+answer requests with an error (so does the existence of a file
+``BEHAVIOUR.json.fail-<pid>``, which lets a test break and mend one replica).
 
 Every answer's text starts ``[<name>:<pid>]`` so a test can tell which model
 and which process served it.
@@ -84,7 +85,7 @@ class FakeBackend(Backend):
         return [first] + [" tok"] * max(0, n - 1)
 
     def _gen(self, body: dict, cancel: threading.Event, chat: bool) -> dict | Iterator[dict]:
-        if self.cfg.get("fail_requests"):
+        if self.cfg.get("fail_requests") or os.path.exists(self.path + f".fail-{os.getpid()}"):
             raise RuntimeError("fake failure")
         if chat and not isinstance(body.get("messages"), list):
             raise ValueError("'messages' must be a list")

@@ -666,10 +666,8 @@ def _materialise(
     if merged.get("mmproj-auto") is not None and not merged["mmproj-auto"].value:
         e.mmproj = None
 
-    if "upstream" in merged and "cmd" in merged:
-        raise err(merged["upstream"], f"model {name!r} sets both 'upstream' and 'cmd'")
-    if e.upstream:
-        e.kind = "upstream"
+    if e.upstream and not (e.path or e.cmd):
+        e.kind = "upstream"  # remote only; with a model file it is an extra, remote replica
     elif e.cmd:
         e.kind = "cmd"
     elif base is None or path_changed:

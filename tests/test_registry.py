@@ -396,7 +396,6 @@ def test_relative_model_paths_are_relative_to_the_working_directory(tmp_path, no
         ("[]\n", 1, ["empty section name"]),
         ("[m]\nmodel = ${{env.GGMUX_TEST_UNSET}}\n", 2, ["GGMUX_TEST_UNSET is not set"]),
         ("[m]\nmodel-url = http://x/m.gguf\n", 2, ["does not download"]),
-        ("[m]\nupstream = http://x\ncmd = y\n", 2, ["both 'upstream' and 'cmd'"]),
         ("[m]\nupstream = ftp://x\n", 2, ["'upstream'", "bad upstream"]),
         ("[m]\nmodel = {m}\nenv = 1A=b\n", 3, ["'env'", "NAME=VALUE"]),
         ("[m]\nmodel = {m}\ncheck-endpoint = health\n", 3, ["'check-endpoint'"]),
