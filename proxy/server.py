@@ -285,7 +285,7 @@ class Proxy:
                 return
             self._load_unload(conn, req, path.rsplit(b"/", 1)[1].decode())
         elif path == b"/models/sse" and req.method == b"GET":
-            self._sse_subscribe(conn, req)
+            await self._sse_subscribe(conn, req)
         elif path.startswith(b"/upstream/"):
             await self._passthrough(conn, req)
         else:
@@ -581,7 +581,7 @@ class Proxy:
             })
         return {"object": "list", "data": data}
 
-    def _sse_subscribe(self, conn: HttpConnection, req: Request) -> None:
+    async def _sse_subscribe(self, conn: HttpConnection, req: Request) -> None:
         """``GET /models/sse``: one ``event: model`` per status change, as it
         happens (woken by the supervisor's generation bump), after one event
         per model with its current status; comments keep it alive."""
@@ -593,9 +593,15 @@ class Proxy:
         self.sse_last = {i: self._sse_event(i) for i in range(len(self.reg_models))}
         sub = (conn, req)
         self.sse.add(sub)
-        req.on_disconnect = lambda: self.sse.discard(sub)
+        gone = self.loop.create_future()
+        req.on_disconnect = lambda: gone.done() or gone.set_result(None)
         if self.sse_timer is None:
             self.sse_timer = self.loop.call_later(SSE_KEEPALIVE_S, self._sse_keepalive)
+        try:
+            await gone  # the stream lasts as long as the client stays
+        finally:
+            self.sse.discard(sub)
+            conn.finish(req)
 
     def _sse_event(self, i: int) -> bytes:
         mdl = self.reg_models[i]

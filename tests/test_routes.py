@@ -1,0 +1,129 @@
+"""The proxy's HTTP surface end to end on fake instances (issue 5)."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+
+import pytest
+
+from conftest import chat_body, wait_for
+from ggmux.shm import layout as L
+
+openai = pytest.importorskip("openai")
+CHAT = "/v1/chat/completions"
+
+
+def served_by(body: bytes) -> tuple[str, int]:
+    m = re.search(rb"\[([^:\]]+):(\d+)\]", body)
+    assert m, body
+    return m.group(1).decode(), int(m.group(2))
+
+
+@pytest.fixture
+def server(serve, fakes):
+    fakes.add("a", load_s=0.1)
+    fakes.add("b", load_s=0.1)
+    return serve("--fake-models-dir", str(fakes), "--no-hf-cache", "--proxies", "2")
+
+
+def test_openai_sdk_works_unchanged(server):
+    c = openai.OpenAI(base_url=server.base + "/v1", api_key="x", max_retries=0)
+    r = c.chat.completions.create(model="a", messages=[{"role": "user", "content": "hi"}])
+    assert r.choices[0].message.content.startswith("[a:")
+    text = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+        model="a", messages=[{"role": "user", "content": "hi"}], stream=True))
+    assert text.startswith("[a:")
+    assert c.completions.create(model="b", prompt="x").choices[0].text.startswith("[b:")
+    assert len(c.embeddings.create(model="a", input=["x", "yy"]).data) == 2
+    assert {m.id for m in c.models.list().data} == {"a", "b"}
+
+
+def test_llama_cpp_routes_by_body_and_by_query(server):
+    s = server
+    st, doc = s.json("POST", "/tokenize", {"model": "a", "content": "hello big world"})
+    assert st == 200 and doc["tokens"] == [5, 3, 5]
+    st, doc = s.json("POST", "/detokenize", {"model": "a", "tokens": [2]})
+    assert st == 200 and doc["content"] == "xx"
+    st, doc = s.json("POST", "/completion", {"model": "a", "prompt": "x", "n_predict": 3})
+    assert st == 200 and doc["content"].startswith("[a:") and doc["stop"] is True
+    # ?model= routes neither load a model nor refresh its last use
+    st, doc = s.json("GET", "/props?model=b")
+    assert st == 503 and doc["error"]["code"] == "model_not_loaded"
+    slot = s.seg.replicas[:, L.R_MODEL].tolist().index(0)  # a is loaded: it answered
+    used = s.seg.counters[:, slot, L.C_LAST_USED_NS].max()
+    st, doc = s.json("GET", "/props?model=a")
+    assert st == 200 and doc["model_alias"] == "a"
+    assert s.json("GET", "/slots?model=a")[0] == 200
+    st, _, text = s.request("GET", "/metrics?model=a")
+    assert st == 200 and b"ggmux_instance_requests_total" in text
+    assert s.seg.counters[:, slot, L.C_LAST_USED_NS].max() == used
+    assert s.json("GET", "/props?model=nope")[0] == 404
+    assert s.json("GET", "/props")[0] == 400
+
+
+def test_upstream_pass_through_and_url_decoded_names(server):
+    st, _, body = server.request("POST", "/upstream/a/v1/chat/completions",
+                                 chat_body("whatever"))
+    assert st == 200 and served_by(body)[0] == "a"
+    st, doc = server.json("GET", "/upstream/%61/health")
+    assert st == 200 and doc["status"] == "ok"
+    assert server.json("GET", "/upstream/zzz/health")[0] == 404
+
+
+def test_router_metrics_count_requests_ttft_loads_and_memory(server):
+    for _ in range(3):
+        assert server.request("POST", CHAT, chat_body("a"))[0] == 200
+    st, headers, text = server.request("GET", "/metrics")
+    assert st == 200 and headers["content-type"].startswith("text/plain")
+    t = text.decode()
+    assert 'ggmux_requests_total{model="a"} 3' in t
+    assert 'ggmux_ttft_seconds_count{model="a"} 3' in t
+    assert 'ggmux_ttft_seconds_bucket{model="a",le="+Inf"} 3' in t
+    assert 'ggmux_model_loads_total{model="a"} 1' in t
+    assert 'ggmux_requests_total{model="b"} 0' in t
+    assert 'ggmux_device_memory_bytes{device="host",kind="total"}' in t
+
+
+def test_models_sse_streams_status_changes_as_they_happen(server):
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    sock.sendall(b"GET /models/sse HTTP/1.1\r\nhost: x\r\n\r\n")
+    buf = b""
+    while buf.count(b"event: model") < 2:  # the initial snapshot
+        buf += sock.recv(65536)
+    assert b'"value":"unloaded"' in buf
+    assert server.json("POST", "/models/load", {"model": "b"})[0] == 200
+    deadline = time.monotonic() + 10
+    while b'"id":"b","status":{"value":"loaded"' not in buf:
+        assert time.monotonic() < deadline, buf
+        buf += sock.recv(65536)
+    assert b'"id":"b","status":{"value":"loading"' in buf
+    sock.close()
+
+
+def test_load_wait_budget_gives_503_with_a_loading_object(serve, fakes):
+    fakes.add("slow", load_s=5)
+    s = serve("--fake-models-dir", str(fakes), "--no-hf-cache", "--proxies", "1",
+              "--load-wait", "0.5")
+    st, headers, body = s.request("POST", CHAT, chat_body("slow"))
+    assert st == 503 and headers["retry-after"]
+    err = json.loads(body)["error"]
+    assert err["code"] == "model_loading" and "--load-wait" in err["message"]
+    assert err["loading"]["model"] == "slow" and err["loading"]["state"] == "loading"
+
+
+def test_api_key_protects_everything_but_health(serve, fakes):
+    fakes.add("a")
+    s = serve("--fake-models-dir", str(fakes), "--no-hf-cache", "--proxies", "1",
+              "--api-key", "sekrit", "--admin-key", "boss")
+    assert s.request("GET", "/health")[0] == 200
+    st, headers, body = s.request("GET", "/v1/models")
+    assert st == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
+    assert s.request("GET", "/v1/models", headers={"authorization": "Bearer wrong"})[0] == 401
+    assert s.request("GET", "/v1/models", headers={"authorization": "Bearer sekrit"})[0] == 200
+    assert s.request("POST", CHAT, chat_body("a"), headers={"x-api-key": "sekrit"})[0] == 200
+    load = {"model": "a"}
+    assert s.request("POST", "/models/unload", load, headers={"x-api-key": "sekrit"})[0] == 401
+    assert s.request("POST", "/models/unload", load, headers={"x-api-key": "boss"})[0] == 200
