@@ -133,6 +133,7 @@ class Proxy:
         self.replica_rows = np.zeros((self.seg.sizes.replicas, L.R_WORDS), dtype=np.int64)
         self.waiting: dict[int, set[asyncio.Future]] = {}
         self.queued: dict[int, int] = {}  # model -> requests queued for a free replica
+        self.local_asked: dict[int, int] = {}  # model -> when a local replica was last asked
         self.sse: set[tuple[HttpConnection, Request]] = set()
         self.sse_last: dict[int, bytes] = {}
         self.sse_timer: asyncio.TimerHandle | None = None
@@ -400,8 +401,9 @@ class Proxy:
         tried: set[int] = set()
         waited = False  # a waiter registered by us is still counted
         queued_since = 0
+        attempt = 0  # forwards that failed before anything reached the client
         try:
-            for attempt in range(6):
+            while attempt < 6:
                 if m not in self.ready:
                     if not touch:
                         conn.send_error(req, 503, f"model '{name}' is not loaded (POST "
@@ -452,6 +454,8 @@ class Proxy:
                 if queued_since:
                     self.queued[m] -= 1
                     queued_since = 0
+                if c.slot in self.remotes and touch:
+                    self._want_local(m, cands)
                 slot, inc = c.slot, c.incarnation
                 cnt = self.cnt[slot]
                 if cnt[L.C_INCARNATION] != inc:  # first: the reset clears the breaker too
@@ -460,6 +464,7 @@ class Proxy:
                 br = self.breakers[slot]
                 tried.add(slot)
                 if not br.allow(now):
+                    attempt += 1
                     continue
                 cnt[L.C_IN_FLIGHT] += 1
                 if touch:
@@ -470,16 +475,17 @@ class Proxy:
                 try:
                     ex = await self._send(conn, req, slot, c.port)
                 except UpstreamError as e:
+                    attempt += 1
                     br.record(False, time.monotonic_ns())
                     cnt[L.C_ERRORS] += 1
                     self.mc[m, L.MC_ERRORS] += 1
-                    log.warning("proxy %d: %s (attempt %d)", self.index, e, attempt + 1)
+                    log.warning("proxy %d: %s (attempt %d)", self.index, e, attempt)
                     self.gen = -1  # re-read: the replica may be gone
                     self.refresh()
                     if req.disconnected:
                         conn.finish(req)
                         return
-                    if attempt < 5:
+                    if attempt < 6:
                         continue
                     conn.send_error(req, 502, f"replica for '{name}' failed: {e}")
                     return
@@ -500,6 +506,23 @@ class Proxy:
                 self._leave(m)
             if queued_since:
                 self.queued[m] -= 1
+
+    def _want_local(self, m: int, cands) -> None:
+        """A model served by a remote upstream that also has a local
+        definition: ask for the local replica too (at most once a second),
+        so both serve, as a llama-swap user adding a remote peer expects."""
+        if self.reg_models[m].get("kind") == "upstream":
+            return
+        if any(c.slot not in self.remotes for c in cands):
+            return
+        now = time.monotonic_ns()
+        if now - self.local_asked.get(m, 0) < NS:
+            return
+        self.local_asked[m] = now
+        try:
+            self.mq.send(b'{"op":"load","model":%d}' % m, timeout=0)
+        except posix_ipc.BusyError:
+            pass
 
     async def _send(self, conn: HttpConnection, req: Request, slot: int, port: int):
         remote = self.remotes.get(slot)

@@ -297,6 +297,7 @@ class Supervisor:
             if e.load_on_startup:
                 self.models[i].requested_ns = now + i  # keep registry order
         self._add_remotes()
+        self._publish_registry()  # with the remotes' addresses
         self._calibrate()
         self._publish_all()
 
