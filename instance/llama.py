@@ -24,6 +24,59 @@ def model_parts(path: str) -> list[str]:
     return [p for p in parts if os.path.exists(p)]
 
 
+# llama.cpp option -> (llama_cpp.Llama keyword, converter); preset keys arrive
+# as llama-server options ("--batch-size 256", "--no-mmap", ...)
+_LLAMA_OPTIONS = {
+    "--batch-size": ("n_batch", int), "-b": ("n_batch", int),
+    "--ubatch-size": ("n_ubatch", int), "-ub": ("n_ubatch", int),
+    "--threads-batch": ("n_threads_batch", int), "-tb": ("n_threads_batch", int),
+    "--seed": ("seed", int), "-s": ("seed", int),
+    "--rope-freq-base": ("rope_freq_base", float),
+    "--rope-freq-scale": ("rope_freq_scale", float),
+    "--main-gpu": ("main_gpu", int), "-mg": ("main_gpu", int),
+    "--cache-type-k": ("type_k", str), "-ctk": ("type_k", str),
+    "--cache-type-v": ("type_v", str), "-ctv": ("type_v", str),
+    "--flash-attn": ("flash_attn", lambda v: str(v).lower() in ("on", "1", "true", "auto")),
+    "-fa": ("flash_attn", lambda v: str(v).lower() in ("on", "1", "true", "auto")),
+    "--chat-template": ("chat_format", str),
+}
+_LLAMA_FLAGS = {"--no-mmap": ("use_mmap", False), "--mmap": ("use_mmap", True),
+                "--mlock": ("use_mlock", True), "--no-mlock": ("use_mlock", False),
+                "--embedding": ("embedding", True), "--embeddings": ("embedding", True)}
+_GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
+               "bf16": 30}
+
+
+def llama_kwargs(argv: list[str]) -> dict:
+    """``llama_cpp.Llama`` keywords for llama-server options a preset gave
+    (``extra_args``); options llama-cpp-python has no equivalent for are
+    logged and ignored, as llama.cpp ignores unknown environment."""
+    kw: dict = {}
+    i = 0
+    while i < len(argv):
+        opt = argv[i]
+        if opt in _LLAMA_FLAGS:
+            k, v = _LLAMA_FLAGS[opt]
+            kw[k] = v
+            i += 1
+            continue
+        has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        if opt in _LLAMA_OPTIONS and has_value:
+            k, conv = _LLAMA_OPTIONS[opt]
+            val = conv(argv[i + 1])
+            if k in ("type_k", "type_v"):
+                val = _GGML_TYPES.get(str(val).lower())
+                if val is None:
+                    log.warning("ignoring %s %s: unknown cache type", opt, argv[i + 1])
+                    i += 2
+                    continue
+            kw[k] = val
+        else:
+            log.warning("ignoring llama.cpp option %s: llama-cpp-python has no equivalent", opt)
+        i += 2 if has_value else 1
+    return kw
+
+
 def _gpu_count() -> int:
     try:
         import pynvml
@@ -117,6 +170,7 @@ class LlamaBackend(Backend):
         }
         if self.args.threads:
             kw["n_threads"] = self.args.threads
+        kw.update(llama_kwargs(getattr(self.args, "llama_args", []) or []))
         self.llm = Llama(**kw)
         self._chat_keys = _accepted(self.llm.create_chat_completion) - {"self"}
         self._comp_keys = _accepted(self.llm.create_completion) - {"self"}

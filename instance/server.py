@@ -313,6 +313,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--fake", action="store_true", help="use the fake backend (tests)")
+    ap.add_argument("--mmproj", default=None, help="multimodal projector (not used yet)")
+    ap.add_argument("--llama-args", type=json.loads, default=[],
+                    help="other llama.cpp options as a JSON list, e.g. "
+                         '\'["--batch-size", "256", "--flash-attn", "on"]\'')
     ap.add_argument("--measure", action="store_true", help="report memory needs and exit")
     return ap.parse_args(argv)
 
@@ -387,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         args.threads = la.get("threads")
         args.n_gpu_layers = int(la.get("n_gpu_layers", 0))
         args.fake = bool(la.get("fake"))
+        args.mmproj = la.get("mmproj")
+        args.llama_args = la.get("llama_args") or []
     backend = make_backend(args)
     if args.measure:
         protocol.emit("measured", **backend.measure())

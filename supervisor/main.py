@@ -703,7 +703,8 @@ class Supervisor:
             line = orjson.dumps({
                 "model": entry.path, "name": entry.name, "ctx_size": entry.ctx_size,
                 "threads": entry.threads, "n_gpu_layers": entry.n_gpu_layers,
-                "fake": entry.kind == "fake",
+                "fake": entry.kind == "fake", "mmproj": entry.mmproj,
+                "llama_args": entry.extra_args,
             })
             if spare.proc.poll() is None and spare.send(b"load " + line + b"\n"):
                 child = spare

@@ -21,6 +21,7 @@ source listed.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -613,6 +614,10 @@ def instance_argv(entry: ModelEntry, fd: int, python: str) -> list[str]:
         argv += ["--n-gpu-layers", str(entry.n_gpu_layers)]
     if entry.kind == "fake":
         argv.append("--fake")
+    if entry.mmproj:
+        argv += ["--mmproj", entry.mmproj]
+    if entry.extra_args:
+        argv += ["--llama-args", json.dumps(entry.extra_args)]
     return argv
 
 
