@@ -285,6 +285,7 @@ class InstanceApp:
                 log.exception("generation failed mid-stream")
                 err = {"error": {"message": str(e), "type": "server_error", "code": 500}}
                 loop.call_soon_threadsafe(send, b"data: " + orjson.dumps(err) + b"\n\n")
+                failed.append(e)
                 return
             finally:
                 close = getattr(it, "close", None)
@@ -293,8 +294,12 @@ class InstanceApp:
             if not cancel.is_set() and not native:  # llama.cpp's /completion has no [DONE]
                 loop.call_soon_threadsafe(send, b"data: [DONE]\n\n")
 
+        failed: list[Exception] = []
         await loop.run_in_executor(self.executor, rest)
         if req.disconnected:
+            conn.finish(req)
+        elif failed:
+            conn.close()  # no terminating chunk: the client cannot take it for a clean end
             conn.finish(req)
         else:
             conn.end_stream(req)

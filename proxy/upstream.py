@@ -106,7 +106,7 @@ class Upstream(asyncio.Protocol):
         "until_close",
     )
 
-    def __init__(self, pool: UpstreamPool, key: int) -> None:
+    def __init__(self, pool: UpstreamPool, key: int | tuple[str, int]) -> None:
         self.pool = pool
         self.key = key
         self.transport: asyncio.Transport | None = None
@@ -188,7 +188,12 @@ class Upstream(asyncio.Protocol):
         self.done = done = client.loop.create_future()
         client.write_paused_cb = self._client_paused
         req.on_disconnect = self._client_gone
-        self.transport.write(data)
+        try:
+            self.transport.write(data)
+        except RuntimeError as e:  # closed under us since acquire()
+            self.closed = True
+            self._fail(f"replica connection closed: {e}")
+            return done
         self._client_paused(client.write_paused)
         return done
 
@@ -311,7 +316,8 @@ class Upstream(asyncio.Protocol):
             done.set_exception(UpstreamError(why))
             return
         # mid-body: tell an SSE client why, then cut the body short so no
-        # client can mistake it for a clean end
+        # client can mistake it for a clean end (an HTTP/1.0 client, whose
+        # body ends at the close, has only the event to go by)
         if self.sse:
             client.send_chunk(b"data: " + error_body(why, "server_error", 502) + b"\n\n")
         client.close()
@@ -320,41 +326,55 @@ class Upstream(asyncio.Protocol):
         done.set_result(502)
 
 
+LOCAL_HOST = "127.0.0.1"
+
+
 class UpstreamPool:
-    """Idle keep-alive connections per replica port (``max_idle`` each)."""
+    """Idle keep-alive connections per replica (``max_idle`` each).
+
+    ``idle`` holds local replicas' connections by port (what the proxy
+    prunes when a replica leaves the ready set); ``idle_remote`` holds
+    remote upstreams' by ``(host, port)``, so two remotes on one port never
+    share a connection."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, max_idle: int = 64) -> None:
         self.loop = loop
         self.idle: dict[int, deque[Upstream]] = {}
+        self.idle_remote: dict[tuple[str, int], deque[Upstream]] = {}
         self.max_idle = max_idle
 
-    async def acquire(self, port: int, host: str = "127.0.0.1", fresh: bool = False) -> Upstream:
-        """An idle connection to ``port`` (``reused`` set) or, when there is
-        none or ``fresh`` is set, a new one.
+    def _bucket(self, key: int | tuple[str, int]) -> dict:
+        return self.idle if type(key) is int else self.idle_remote
+
+    async def acquire(self, port: int, host: str = LOCAL_HOST, fresh: bool = False) -> Upstream:
+        """An idle connection to ``host:port`` (``reused`` set) or, when
+        there is none or ``fresh`` is set, a new one.
 
         Raises :class:`UpstreamError` when the replica refuses."""
-        q = None if fresh else self.idle.get(port)
+        key = port if host == LOCAL_HOST else (host, port)
+        q = None if fresh else self._bucket(key).get(key)
         while q:
             up = q.pop()
             if not up.closed and not up.transport.is_closing():
                 up.reused = True
                 return up
         try:
-            _, up = await self.loop.create_connection(lambda: Upstream(self, port), host, port)
+            _, up = await self.loop.create_connection(lambda: Upstream(self, key), host, port)
         except OSError as e:
-            raise UpstreamError(f"cannot connect to replica on port {port}: {e}") from e
+            raise UpstreamError(f"cannot connect to replica at {host}:{port}: {e}") from e
         return up
 
     async def forward(
-        self, port: int, client: HttpConnection, req: Request, data: bytes, host: str = "127.0.0.1"
+        self, port: int, client: HttpConnection, req: Request, data: bytes, host: str = LOCAL_HOST
     ) -> Exchange:
         """Send ``data`` (a whole request: :func:`request_head` + body) to
-        the replica on ``port`` and relay its response to ``client``.
+        the replica at ``host:port`` and relay its response to ``client``.
 
         A pooled connection the replica closed before answering is replaced
         by a fresh one once (nothing reached the client yet). Returns the
-        :class:`Exchange` (status 499: the client left first); raises
-        :class:`UpstreamError` when the replica could not answer at all."""
+        :class:`Exchange` (status 499: the client left first, nothing to
+        answer); raises :class:`UpstreamError` when the replica could not
+        answer at all."""
         retried = False
         while True:
             up = await self.acquire(port, host, fresh=retried)
@@ -365,7 +385,7 @@ class UpstreamPool:
                 await up.send(client, req, data)
             except UpstreamError as e:
                 if up.reused and not up.got_bytes and not retried and not req.disconnected:
-                    log.debug("stale pooled connection to port %d (%s): retrying", port, e)
+                    log.debug("stale pooled connection to %s:%d (%s): retrying", host, port, e)
                     retried = True
                     continue
                 raise
@@ -376,9 +396,10 @@ class UpstreamPool:
     def release(self, up: Upstream) -> None:
         if up.closed:
             return
-        q = self.idle.get(up.key)
+        bucket = self._bucket(up.key)
+        q = bucket.get(up.key)
         if q is None:
-            q = self.idle[up.key] = deque()
+            q = bucket[up.key] = deque()
         if len(q) >= self.max_idle:
             up.closed = True
             up.transport.close()
@@ -386,21 +407,29 @@ class UpstreamPool:
         q.append(up)
 
     def forget(self, up: Upstream) -> None:
-        q = self.idle.get(up.key)
+        q = self._bucket(up.key).get(up.key)
         if q:
             try:
                 q.remove(up)
             except ValueError:
                 pass
 
-    def drop_port(self, port: int) -> None:
+    def drop_port(self, port: int, host: str = LOCAL_HOST) -> None:
         """Close idle connections to a replica that went away."""
-        q = self.idle.pop(port, None)
+        key = port if host == LOCAL_HOST else (host, port)
+        q = self._bucket(key).pop(key, None)
         while q:
             up = q.pop()
             up.closed = True
             if up.transport is not None:
                 up.transport.close()
+
+    def close(self) -> None:
+        """Close every idle connection (shutdown)."""
+        for port in list(self.idle):
+            self.drop_port(port)
+        for host, port in list(self.idle_remote):
+            self.drop_port(port, host)
 
 
 def request_head(
