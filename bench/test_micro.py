@@ -16,7 +16,6 @@ import socket
 import numpy as np
 import orjson
 import pytest
-
 from ggmux.proxy.balancer import candidates_from_shm, choose
 from ggmux.proxy.http import HttpConnection, HttpLimits
 from ggmux.shm import layout as L

@@ -221,7 +221,7 @@ class Proxy:
         req.on_disconnect = lambda: fut.done() or fut.set_result("gone")
         try:
             return await asyncio.wait_for(fut, self.load_wait)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return "timeout"
         finally:
             req.on_disconnect = None
@@ -262,9 +262,9 @@ class Proxy:
                 return
             await self._inference(conn, req)
         elif path in (b"/v1/models", b"/models"):
-            if b"reload=1" in req.query or b"reload=true" in req.query:
-                if not self._command(conn, req, {"op": "reload"}):
-                    return
+            reload = b"reload=1" in req.query or b"reload=true" in req.query
+            if reload and not self._command(conn, req, {"op": "reload"}):
+                return
             self.refresh()
             conn.send_json(req, 200, self.models_list())
         elif path in QUERY_ROUTED and req.method in (b"GET", b"HEAD"):

@@ -1203,7 +1203,7 @@ class Supervisor:
                     L.R_MODEL: rm.model, L.R_PORT: rm.port, L.R_PID: 0,
                     L.R_STATUS: L.ReplicaStatus.READY if rm.healthy else L.ReplicaStatus.LOADING,
                     L.R_INCARNATION: rm.incarnation, L.R_READY_NS: 1,
-                    L.R_WEIGHT: int(round(entry.weight * 1000)), L.R_PRIORITY: entry.priority,
+                    L.R_WEIGHT: round(entry.weight * 1000), L.R_PRIORITY: entry.priority,
                     L.R_MAX_CONCURRENCY: entry.max_concurrency,
                 })
                 continue
@@ -1219,7 +1219,7 @@ class Supervisor:
                 L.R_MODEL: r.model, L.R_STATUS: r.status, L.R_PORT: r.port,
                 L.R_PID: r.child.pid, L.R_INCARNATION: r.incarnation,
                 L.R_STARTED_NS: r.started_ns, L.R_READY_NS: r.ready_ns,
-                L.R_WEIGHT: int(round(entry.weight * 1000)), L.R_PRIORITY: entry.priority,
+                L.R_WEIGHT: round(entry.weight * 1000), L.R_PRIORITY: entry.priority,
                 L.R_MAX_CONCURRENCY: entry.max_concurrency,
             })
         healthy_remote = {rm.model for rm in self.remotes.values() if rm.healthy}

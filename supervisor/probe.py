@@ -26,8 +26,18 @@ class Probe:
     ``path == ""`` means "ready when the port accepts a connection".
     """
 
-    __slots__ = ("host", "port", "path", "sock", "state", "buf", "done", "ok", "deadline_ns",
-                 "why")
+    __slots__ = (
+        "buf",
+        "deadline_ns",
+        "done",
+        "host",
+        "ok",
+        "path",
+        "port",
+        "sock",
+        "state",
+        "why",
+    )
 
     def __init__(self, host: str, port: int, path: str, now_ns: int) -> None:
         self.host = host

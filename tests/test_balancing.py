@@ -9,7 +9,6 @@ import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-
 from conftest import chat_body, free_port, wait_for
 from ggmux.shm import layout as L
 
@@ -90,7 +89,7 @@ def test_full_replicas_queue_then_429_and_nothing_is_sent_twice(serve, fakes, tm
     # one in flight, two queued, the rest refused at once
     assert codes[200] == 3 and codes[429] == 3, codes
     assert all(r[1].get("retry-after") for r in results if r[0] == 429)
-    st, _, text = s.request("GET", "/metrics")
+    _, _, text = s.request("GET", "/metrics")
     assert 'ggmux_requests_total{model="m"} 4' in text.decode()  # none sent twice
 
 

@@ -8,8 +8,7 @@ import socket
 import time
 
 import pytest
-
-from conftest import chat_body, wait_for
+from conftest import chat_body
 from ggmux.shm import layout as L
 
 openai = pytest.importorskip("openai")
@@ -119,7 +118,7 @@ def test_api_key_protects_everything_but_health(serve, fakes):
     s = serve("--fake-models-dir", str(fakes), "--no-hf-cache", "--proxies", "1",
               "--api-key", "sekrit", "--admin-key", "boss")
     assert s.request("GET", "/health")[0] == 200
-    st, headers, body = s.request("GET", "/v1/models")
+    st, _, body = s.request("GET", "/v1/models")
     assert st == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
     assert s.request("GET", "/v1/models", headers={"authorization": "Bearer wrong"})[0] == 401
     assert s.request("GET", "/v1/models", headers={"authorization": "Bearer sekrit"})[0] == 200
