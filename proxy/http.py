@@ -235,6 +235,7 @@ class Request:
         "path",
         "query",
         "request_id",
+        "preheaded",
         "started_ns",
         "url",
     )
@@ -254,6 +255,7 @@ class Request:
         self.header_bytes = 0
         self.started_ns = 0
         self.request_id = b""
+        self.preheaded = False  # a streaming head went out while the model loaded
         self.http10 = False
         self.content_length = -1
         self.chunked = False

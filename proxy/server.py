@@ -103,8 +103,10 @@ class Proxy:
         max_queue: int = 64,
         api_key: str | None = None,
         admin_key: str | None = None,
+        stream_keepalive: float = 5.0,
     ) -> None:
         self.index = index
+        self.stream_keepalive = stream_keepalive
         self.seg = Segment.attach(shm)
         self.mq = posix_ipc.MessageQueue(mq)
         self.mq.block = False
@@ -213,16 +215,37 @@ class Proxy:
             w[m, L.W_COUNT] = 0
             w[m, L.W_FIRST_NS] = 0
 
-    async def _wait_ready(self, m: int, req: Request) -> str:
+    async def _wait_ready(
+        self, m: int, req: Request, conn: HttpConnection | None = None, name: str = ""
+    ) -> str:
         """Wait for model ``m``: ``"ready"``, ``"failed"``, ``"timeout"`` or
-        ``"gone"`` (client disconnected). The caller must ``_leave(m)``."""
+        ``"gone"`` (client disconnected). The caller must ``_leave(m)``.
+
+        With ``conn`` (a streaming request), after ``stream_keepalive``
+        seconds the SSE head goes out and a comment every interval keeps
+        the client and any proxy between from timing out during a long load
+        (the llama.cpp router sends nothing until the model is ready)."""
         fut = self.loop.create_future()
         self.waiting.setdefault(m, set()).add(fut)
         req.on_disconnect = lambda: fut.done() or fut.set_result("gone")
+        deadline = self.loop.time() + self.load_wait
         try:
-            return await asyncio.wait_for(fut, self.load_wait)
-        except TimeoutError:
-            return "timeout"
+            while True:
+                left = deadline - self.loop.time()
+                if left <= 0:
+                    return "timeout"
+                step = min(left, self.stream_keepalive) if conn is not None else left
+                try:
+                    return await asyncio.wait_for(asyncio.shield(fut), step)
+                except TimeoutError:
+                    if conn is None or req.disconnected:
+                        continue
+                    if not req.preheaded:
+                        req.preheaded = True
+                        conn.start_stream(req)
+                    row = self.model_rows[m]
+                    conn.send_chunk(b": waiting for %s to load (%d%%)\n\n" % (
+                        name.encode(), int(row[L.M_PROGRESS]) // 10))
         finally:
             req.on_disconnect = None
             s = self.waiting.get(m)
@@ -319,7 +342,8 @@ class Proxy:
         if m is None:
             conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
             return
-        await self._forward(conn, req, m, name, session_key(req.headers, body))
+        await self._forward(conn, req, m, name, session_key(req.headers, body),
+                            stream=body.get("stream") is True)
 
     async def _passthrough(self, conn: HttpConnection, req: Request) -> None:
         """``/upstream/<model>/<path>``: the request, unchanged but for the
@@ -393,7 +417,7 @@ class Proxy:
     # ---- forwarding -------------------------------------------------------------------
     async def _forward(
         self, conn: HttpConnection, req: Request, m: int, name: str, skey: str | None,
-        touch: bool = True,
+        touch: bool = True, stream: bool = False,
     ) -> None:
         """Wait for a ready replica (loading the model when ``touch``), pick
         one, forward; retry on another replica only while nothing reached the
@@ -416,10 +440,12 @@ class Proxy:
                     if not waited:
                         self._join(m)
                         waited = True
-                    outcome = await self._wait_ready(m, req)
+                    outcome = await self._wait_ready(m, req, conn if stream else None, name)
                     if outcome != "ready":
                         if outcome == "gone":
                             conn.finish(req)
+                        elif req.preheaded:
+                            self._sse_error(conn, req, outcome, m, name)
                         elif outcome == "failed":
                             self._failure(conn, req, m, name)
                         else:
@@ -487,6 +513,9 @@ class Proxy:
                         return
                     if attempt < 6:
                         continue
+                    if req.preheaded:
+                        self._sse_error(conn, req, "failed", m, name)
+                        return
                     conn.send_error(req, 502, f"replica for '{name}' failed: {e}")
                     return
                 finally:
@@ -523,6 +552,21 @@ class Proxy:
             self.mq.send(b'{"op":"load","model":%d}' % m, timeout=0)
         except posix_ipc.BusyError:
             pass
+
+    def _sse_error(self, conn: HttpConnection, req: Request, outcome: str, m: int,
+                   name: str) -> None:
+        """A waiting stream whose head already went out: the error as an SSE
+        event, then the connection closed (never a clean end)."""
+        if outcome == "failed":
+            msg = f"model '{name}' failed to load: {self.errors.get(str(m), 'load failed')}"
+            code = "model_load_failed"
+        else:
+            msg = f"model '{name}' is still loading after {self.load_wait:g} s (--load-wait)"
+            code = "model_loading"
+        err = {"error": {"message": msg, "type": "unavailable_error", "code": code}}
+        conn.send_chunk(b"data: " + orjson.dumps(err) + b"\n\n")
+        conn.close()
+        conn.finish(req)
 
     async def _send(self, conn: HttpConnection, req: Request, slot: int, port: int):
         remote = self.remotes.get(slot)
@@ -734,6 +778,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--load-wait", type=float, default=300.0)
     ap.add_argument("--queue-timeout", type=float, default=30.0)
     ap.add_argument("--max-queue", type=int, default=64)
+    ap.add_argument("--stream-keepalive", type=float, default=5.0)
     ap.add_argument("--log-level", default="INFO")
     add_http_limit_options(ap)
     return ap.parse_args(argv)
@@ -753,6 +798,7 @@ def main(argv: list[str] | None = None) -> int:
         args.index, args.shm, args.mq, args.load_wait, args.queue_timeout, args.max_queue,
         api_key=os.environ.get("GGMUX_API_KEY") or None,
         admin_key=os.environ.get("GGMUX_ADMIN_KEY") or None,
+        stream_keepalive=args.stream_keepalive,
     )
     limits: HttpLimits = fit_fd_limit(limits_from_args(args))
     server = loop.run_until_complete(

@@ -90,6 +90,7 @@ class Upstream(asyncio.Protocol):
         "closed",
         "conn_tokens",
         "done",
+        "err_body",
         "ex",
         "got_bytes",
         "head_sent",
@@ -126,6 +127,7 @@ class Upstream(asyncio.Protocol):
         self.until_close = False  # body ends when the replica closes
         self.paused = False
         self._resp_keepalive = True
+        self.err_body: bytearray | None = None
 
     @property
     def first_byte_ns(self) -> int:
@@ -184,6 +186,7 @@ class Upstream(asyncio.Protocol):
         self.got_bytes = False
         self.sse = False
         self.until_close = False
+        self.err_body = None
         self.ex = Exchange(sent_ns=time.monotonic_ns())
         self.done = done = client.loop.create_future()
         client.write_paused_cb = self._client_paused
@@ -267,6 +270,15 @@ class Upstream(asyncio.Protocol):
             and status != 304
             and not req.head_only
         )
+        if req.preheaded:
+            # the proxy already sent a 200 SSE head (keep-alives while the
+            # model loaded): relay the body into it; an error answer becomes
+            # an SSE error event
+            self.head_sent = True
+            self.sse = True
+            if status >= 400:
+                self.err_body = bytearray()
+            return
         client.write(client.head(req, status, out, framing))
         self.head_sent = True
         if req.head_only:
@@ -277,6 +289,9 @@ class Upstream(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         client = self.client
         if client is None:  # HEAD already completed
+            return
+        if self.err_body is not None:
+            self.err_body += body
             return
         ex = self.ex
         if not ex.first_byte_ns:
@@ -303,7 +318,13 @@ class Upstream(asyncio.Protocol):
             self.closed = True
             self.transport.close()
         self.ex.status = self.status
-        client.end_stream(req)
+        if self.err_body is not None:
+            err, self.err_body = bytes(self.err_body), None
+            client.send_chunk(b"data: " + (err or b'{"error":{}}') + b"\n\n")
+            client.close()  # an error: no clean end
+            client.finish(req)
+        else:
+            client.end_stream(req)
         if done is not None and not done.done():
             done.set_result(self.status)
 

@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-queue", type=int, default=64,
                    help="requests per model and proxy that may wait for a free replica; "
                         "more get 429")
+    s.add_argument("--stream-keepalive", type=float, default=5.0,
+                   help="a streaming request waiting for its model gets the SSE head and a "
+                        "comment every this many seconds")
     s.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     add_http_limit_options(s)
     return ap
@@ -163,6 +166,7 @@ def serve(args: argparse.Namespace) -> int:
         mq_name=queue_name(args.port),
         proxy_args=["--log-level", args.log_level, "--queue-timeout", str(args.queue_timeout),
                     "--max-queue", str(args.max_queue),
+                    "--stream-keepalive", str(args.stream_keepalive),
                     *http_limit_argv(limits_from_args(args))],
         proxy_env={k: v for k, v in (("GGMUX_API_KEY", args.api_key),
                                      ("GGMUX_ADMIN_KEY", args.admin_key)) if v},

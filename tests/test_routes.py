@@ -126,3 +126,35 @@ def test_api_key_protects_everything_but_health(serve, fakes):
     load = {"model": "a"}
     assert s.request("POST", "/models/unload", load, headers={"x-api-key": "sekrit"})[0] == 401
     assert s.request("POST", "/models/unload", load, headers={"x-api-key": "boss"})[0] == 200
+
+
+def _raw_stream(port: int, model: str) -> bytes:
+    body = json.dumps(chat_body(model, stream=True)).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                 b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+    buf = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk or buf.endswith(b"0\r\n\r\n"):
+            break
+        buf += chunk
+        if buf.endswith(b"0\r\n\r\n"):
+            break
+    sock.close()
+    return buf
+
+
+def test_streaming_client_gets_keepalives_while_its_model_loads(serve, fakes):
+    fakes.add("slow", load_s=1.5)
+    fakes.add("broken", load_s=1.0, fail_load="bad tensor")
+    s = serve("--fake-models-dir", str(fakes), "--no-hf-cache", "--proxies", "1",
+              "--stream-keepalive", "0.3")
+    out = _raw_stream(s.port, "slow")
+    assert out.startswith(b"HTTP/1.1 200")
+    assert out.count(b": waiting for slow to load") >= 2
+    assert b"[slow:" in out and out.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+    out = _raw_stream(s.port, "broken")
+    assert out.startswith(b"HTTP/1.1 200") and b": waiting for broken" in out
+    assert b'"code":"model_load_failed"' in out and b"bad tensor" in out
+    assert not out.endswith(b"0\r\n\r\n")  # an error never ends cleanly
