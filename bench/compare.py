@@ -29,7 +29,8 @@ Figures (``--quick`` runs each briefly, under 5 minutes on 2 cores):
   request (``max_tokens=1``, not streamed) and of a cheap forwarded GET
   (the instance's ``/health``), and their difference to ``direct``;
 * requests per second in a closed loop of 16 and 64 connections, for the
-  same two requests;
+  same two requests: completions inside a fixed window, what is in flight
+  when it closes is cancelled and left out;
 * streaming TTFT p50 (and TPOT) at 1 connection;
 * cold switch: a request for an unloaded model until its first token
   (ggmux and the router, after ``POST /models/unload``; ``direct`` by
@@ -679,7 +680,9 @@ def hot_phases(settings: Settings, template: BenchConfig) -> list[Phase]:
             Phase(
                 f"cheap_c{c}",
                 f"cheap GET, {c} conns",
-                cheap_cfg(duration=settings.throughput_seconds, max_concurrency=c, warmup=c),
+                cheap_cfg(
+                    duration=settings.throughput_seconds, max_concurrency=c, warmup=c, drain=False
+                ),
             )
         )
         phases.append(
@@ -687,7 +690,10 @@ def hot_phases(settings: Settings, template: BenchConfig) -> list[Phase]:
                 f"tiny_c{c}",
                 f"{kind} max_tokens=1, {c} conns",
                 tiny_cfg(
-                    duration=settings.throughput_seconds, max_concurrency=c, warmup=settings.warmup
+                    duration=settings.throughput_seconds,
+                    max_concurrency=c,
+                    warmup=settings.warmup,
+                    drain=False,
                 ),
             )
         )
@@ -915,16 +921,14 @@ def figures(hot: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, dict[s
 
 
 def _cell(value: float | None, ref: float | None, kind: str) -> str:
+    """``value`` in ms or req/s, with its difference and ratio to ``ref`` when given."""
     if value is None:
         return "-"
-    if kind == "ms":
-        text = f"{value * 1000:.2f}"
-        if ref is not None and value is not ref:
-            text += f" ({(value - ref) * 1000:+.2f}, {value / ref:.2f}x)" if ref else ""
-        return text
-    text = f"{value:.1f}"
-    if ref and value is not ref:
-        text += f" ({value / ref:.2f}x)"
+    if kind == "rps":
+        return f"{value:.1f}" + (f" ({value / ref:.2f}x)" if ref else "")
+    text = f"{value * 1000:.2f}"
+    if ref:
+        text += f" ({(value - ref) * 1000:+.2f}, {value / ref:.2f}x)"
     return text
 
 
@@ -932,26 +936,24 @@ def format_report(report: dict[str, Any]) -> str:
     """The comparison tables: hot figures against ``direct``, then cold switch."""
     names = [t["name"] for t in report["targets"]]
     figs = report["figures"]
-    width = max(24, *(len(n) + 24 for n in names))
-    lines = [f"{'figure':<44}" + "".join(f"{n:>{width}}" for n in names)]
-    lines.append("-" * len(lines[0]))
+    rows: list[tuple[str, list[str]]] = []
     for key, values in figs.items():
-        if key.endswith(".failed"):
-            continue
-        kind = "rps" if key.endswith(".rps") else "ms"
         phase, metric = key.split(".")
+        if metric == "failed":
+            if any(values.values()):
+                rows.append((f"failed: {phase}", [str(values.get(n, 0)) for n in names]))
+            continue
+        kind = "rps" if metric == "rps" else "ms"
         label = f"{report['titles'].get(phase, phase)}: {metric.replace('_', ' ')}"
         label += " (req/s)" if kind == "rps" else " (ms)"
         ref = values.get("direct")
-        lines.append(
-            f"{label:<44}" + "".join(f"{_cell(values.get(n), ref, kind):>{width}}" for n in names)
+        rows.append(
+            (label, [_cell(values.get(n), None if n == "direct" else ref, kind) for n in names])
         )
-    failed = {k: v for k, v in figs.items() if k.endswith(".failed") and any(v.values())}
-    for key, values in failed.items():
-        lines.append(
-            f"{'failed: ' + key.split('.')[0]:<44}"
-            + "".join(f"{values.get(n, 0):>{width}}" for n in names)
-        )
+    width = 2 + max([len(n) for n in names] + [len(c) for _, cells in rows for c in cells])
+    lines = [f"{'figure':<44}" + "".join(f"{n:>{width}}" for n in names)]
+    lines.append("-" * len(lines[0]))
+    lines += [f"{label:<44}" + "".join(f"{c:>{width}}" for c in cells) for label, cells in rows]
     lines.append("ms cells: value (added vs direct, ratio); req/s cells: value (ratio to direct)")
     for t in report["targets"]:
         if t["note"]:
@@ -972,8 +974,9 @@ def format_report(report: dict[str, Any]) -> str:
                 continue
             value = _median([e.get("seconds") for e in entries])
             ratio = (
-                f" ({value / raw_first:.2f}x raw spawn to first token)"
-                if (value and raw_first)
+                f" ({value / raw_first:.2f}x raw spawn to first token, "
+                f"{value / raw_load_s:.2f}x raw Llama() load)"
+                if (value and raw_first and raw_load_s)
                 else ""
             )
             errors = [e["error"] for e in entries if e.get("error")]

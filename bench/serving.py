@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -155,6 +156,11 @@ class BenchConfig:
         ignore_eos: send ``ignore_eos: true`` (llama.cpp's server honours
             it; others ignore or reject it).
         extra_body: fields merged into every JSON request body.
+        drain: for a closed loop over a duration, wait for the requests
+            still in flight when the duration ends (True), or cancel them
+            and leave them out (False): the run then lasts ``duration``
+            seconds and its throughput counts completions inside that
+            window only, however slow the tail.
         warmup: requests sent (one model each, round robin) before
             measuring, excluded from the results; they also open the first
             keep-alive connections.
@@ -180,6 +186,7 @@ class BenchConfig:
     temperature: float = 0.0
     ignore_eos: bool = False
     extra_body: dict[str, Any] = field(default_factory=dict)
+    drain: bool = True
     warmup: int = 0
     seed: int = 0
     timeout: float = 300.0
@@ -332,10 +339,8 @@ class ConnectionPool:
         for conn in idle:
             conn.writer.close()
         for conn in idle:
-            try:
+            with contextlib.suppress(OSError):
                 await conn.writer.wait_closed()
-            except OSError:
-                pass
 
 
 @dataclass(slots=True)
@@ -364,6 +369,8 @@ async def _read_head(conn: _Connection) -> _Response:
 async def _iter_body(resp: _Response) -> AsyncIterator[bytes]:
     """Yield the response body as it arrives (content-length, chunked or to EOF)."""
     reader = resp.conn.reader
+    if resp.status in (204, 304) or 100 <= resp.status < 200:
+        return  # no body by definition (RFC 9112, 6.3)
     if "chunked" in resp.headers.get("transfer-encoding", "").lower():
         while True:
             size_line = await reader.readuntil(b"\r\n")
@@ -696,7 +703,7 @@ async def _measure(client: _Client, config: BenchConfig) -> dict[str, Any]:
     limit = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
     progress = _Progress(config.progress, config.requests)
     records: list[RequestResult] = []
-    tasks: set[asyncio.Task[None]] = set()
+    running: dict[asyncio.Task[None], RequestResult] = {}
     closed_loop_until = (
         config.duration if config.requests is None and math.isinf(config.rate) else None
     )
@@ -704,14 +711,12 @@ async def _measure(client: _Client, config: BenchConfig) -> dict[str, Any]:
     async def one(spec: RequestSpec, result: RequestResult) -> None:
         try:
             await client.send(spec, result)
+            progress.update(result.ok)
         finally:
             if limit is not None:
                 limit.release()
-            progress.update(result.ok)
 
-    started_at = datetime.now(UTC).isoformat(timespec="seconds")
-    t0 = loop.time()
-    try:
+    async def dispatch() -> None:
         for spec in plan(config):
             delay = t0 + spec.at - loop.time()
             if delay > 0:
@@ -722,19 +727,36 @@ async def _measure(client: _Client, config: BenchConfig) -> dict[str, Any]:
             now = loop.time()
             if closed_loop_until is not None and now - t0 >= closed_loop_until:
                 limit.release()  # type: ignore[union-attr]  # set by validate()
-                break
+                return
             result = RequestResult(spec.index, spec.model, now - t0, queue_delay=now - arrived)
             records.append(result)
             task = asyncio.create_task(one(spec, result))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks)
+            running[task] = result
+            task.add_done_callback(running.pop)
+
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    t0 = loop.time()
+    dispatcher = asyncio.create_task(dispatch())
+    cut: list[RequestResult] = []
+    try:
+        if closed_loop_until is not None and not config.drain:
+            await asyncio.sleep(closed_loop_until)
+            cut = list(running.values())
+        else:
+            await dispatcher
+            while running:
+                await asyncio.gather(*list(running))
     finally:
-        for task in tasks:
+        dispatcher.cancel()
+        pending = list(running)
+        for task in pending:
             task.cancel()
+        await asyncio.gather(dispatcher, *pending, return_exceptions=True)
         progress.close()
-    elapsed = loop.time() - t0
+    elapsed = closed_loop_until if cut else loop.time() - t0
+    if cut:  # in flight at the end of the window: neither done nor failed
+        cut_ids = {id(r) for r in cut}
+        records = [r for r in records if id(r) not in cut_ids]
     per_model = {
         name: summarize([r for r in records if r.model == name], elapsed)
         for name, _ in config.models
@@ -743,6 +765,7 @@ async def _measure(client: _Client, config: BenchConfig) -> dict[str, Any]:
         "config": asdict(config),
         "started_at": started_at,
         "connections_opened": client.pool.opened,
+        "cut_at_window_end": len(cut),
         "summary": summarize(records, elapsed),
         "per_model": per_model,
         "requests": [asdict(r) for r in records],
@@ -753,7 +776,8 @@ def run(config: BenchConfig) -> dict[str, Any]:
     """Run one benchmark and return its results.
 
     Returns a JSON-serialisable dict: ``config``, ``started_at`` (UTC ISO
-    time), ``connections_opened``, ``summary`` and ``per_model`` (see
+    time), ``connections_opened``, ``cut_at_window_end`` (requests left out
+    by ``drain=False``), ``summary`` and ``per_model`` (see
     :func:`summarize`; latencies in seconds) and ``requests`` (one
     :class:`RequestResult` dict per measured request, in dispatch order).
 
@@ -932,6 +956,12 @@ def build_parser() -> argparse.ArgumentParser:
         default={},
         help="JSON object merged into each request body",
     )
+    p.add_argument(
+        "--no-drain",
+        dest="drain",
+        action="store_false",
+        help="closed loop: cancel what is in flight when --duration ends, count the window only",
+    )
     p.add_argument("--warmup", type=int, default=0, help="unmeasured requests first")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
@@ -960,6 +990,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         temperature=args.temperature,
         ignore_eos=args.ignore_eos,
         extra_body=args.extra_body,
+        drain=args.drain,
         warmup=args.warmup,
         seed=args.seed,
         timeout=args.timeout,

@@ -233,9 +233,9 @@ class Request:
         "method",
         "on_disconnect",
         "path",
+        "preheaded",
         "query",
         "request_id",
-        "preheaded",
         "started_ns",
         "url",
     )

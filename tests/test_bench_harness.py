@@ -121,6 +121,27 @@ def test_closed_loop_over_a_duration_keeps_connections_bounded(fake_server):
     assert results["connections_opened"] <= 8
 
 
+def test_closed_loop_without_drain_leaves_out_what_the_window_cut():
+    with FakeServerThread(ttft=0.2, token_delay=0.01) as slow:
+        config = BenchConfig(
+            base_url=slow.base_url,
+            models=[("small", 1.0)],
+            rate=math.inf,
+            duration=0.5,
+            max_concurrency=4,
+            max_tokens=(2, 2),
+            drain=False,
+            timeout=10.0,
+            progress=False,
+        )
+
+        results = run(config)
+
+    assert results["cut_at_window_end"] > 0
+    assert all(r["ok"] for r in results["requests"])
+    assert results["summary"]["elapsed_s"] == 0.5
+
+
 def test_unreachable_server_gives_status_zero():
     with socket.socket() as sock:  # a port that was free a moment ago
         sock.bind(("127.0.0.1", 0))
@@ -144,3 +165,64 @@ def test_percentile_interpolates_like_numpy():
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert percentile([5.0], 99) == 5.0
     assert percentile([], 50) is None
+
+
+def test_compare_alternates_targets_and_reports_ratios_to_direct(tmp_path, monkeypatch):
+    import bench.compare
+    from bench.compare import (
+        Context,
+        ProcessSet,
+        Settings,
+        Target,
+        figures,
+        format_report,
+        measure_hot,
+    )
+
+    settings = Settings(
+        rounds=2,
+        overhead_requests=3,
+        cheap_requests=5,
+        throughput_seconds=0.3,
+        concurrencies=(4,),
+        ttft_requests=2,
+        ttft_max_tokens=3,
+        ttft_prompt_words=4,
+        cold_rounds=1,
+        warmup=1,
+    )
+    with (
+        FakeServerThread(ttft=0.005, token_delay=0.001) as a,
+        FakeServerThread(ttft=0.005, token_delay=0.001) as b,
+    ):
+        targets = [Target("direct", a.base_url), Target("other", b.base_url)]
+        ctx = Context(args=None, procs=ProcessSet(tmp_path), model_paths={}, env={})
+        template = BenchConfig(timeout=10.0, progress=False)
+        calls: list[str] = []
+
+        def recording_run(config):
+            calls.append(config.base_url)
+            return run(config)
+
+        monkeypatch.setattr(bench.compare, "run", recording_run)
+
+        hot = measure_hot(ctx, targets, settings, template)
+
+    assert set(hot) == {"tiny_c1", "cheap_c1", "cheap_c4", "tiny_c4", "stream_c1"}
+    for by_target in hot.values():
+        assert set(by_target) == {"direct", "other"}
+        assert all(len(rounds) == 2 for rounds in by_target.values())
+        assert all(r["summary"]["failed"] == 0 for rs in by_target.values() for r in rs)
+    # every figure runs in alternating rounds: A B A B, never A A B B
+    assert calls == [a.base_url, b.base_url] * 2 * len(hot)
+    figs = figures(hot)
+    assert figs["stream_c1.ttft_p50"]["other"] > 0
+    report = {
+        "targets": [{"name": t.name, "note": t.note} for t in targets],
+        "figures": figs,
+        "titles": {},
+        "skipped": {},
+        "cold": {},
+    }
+    table = format_report(report)
+    assert "x)" in table  # ratios to direct are printed
