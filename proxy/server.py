@@ -45,7 +45,14 @@ import posix_ipc
 from ..shm import layout as L
 from ..shm.segment import Segment
 from ..shm.seqlock import read_table
-from .balancer import BalancerConfig, CircuitBreaker, candidates_from_shm, choose, session_key
+from .balancer import (
+    BalancerConfig,
+    Candidate,
+    CircuitBreaker,
+    candidates_from_shm,
+    choose,
+    session_key,
+)
 from .http import (
     HttpConnection,
     HttpLimits,
@@ -131,6 +138,7 @@ class Proxy:
         self.errors: dict[str, str] = {}
         self.remotes: dict[int, dict] = {}  # slot -> upstream replica address
         self.ready: set[int] = set()  # models with a ready replica
+        self.single: dict[int, Candidate] = {}  # model -> its only replica
         self.model_rows = np.zeros((self.seg.sizes.models, L.M_WORDS), dtype=np.int64)
         self.replica_rows = np.zeros((self.seg.sizes.replicas, L.R_WORDS), dtype=np.int64)
         self.waiting: dict[int, set[asyncio.Future]] = {}
@@ -161,6 +169,18 @@ class Proxy:
         self.replica_rows = reps
         ready_rows = reps[reps[:, L.R_STATUS] == L.ReplicaStatus.READY]
         self.ready = {int(m) for m in ready_rows[:, L.R_MODEL]}
+        # models served by exactly one local replica without a concurrency
+        # limit need no balancing: skip building candidates per request
+        per_model: dict[int, list[int]] = {}
+        for slot in np.flatnonzero(reps[:, L.R_STATUS] == L.ReplicaStatus.READY):
+            per_model.setdefault(int(reps[slot, L.R_MODEL]), []).append(int(slot))
+        single = {}
+        for m, slots in per_model.items():
+            r = reps[slots[0]]
+            if len(slots) == 1 and slots[0] not in self.remotes and not r[L.R_MAX_CONCURRENCY]:
+                single[m] = Candidate(slot=slots[0], port=int(r[L.R_PORT]),
+                                      incarnation=int(r[L.R_INCARNATION]))
+        self.single = single
         alive = {int(p) for p in ready_rows[:, L.R_PORT]}
         for port in list(self.pool.idle):
             if port not in alive:
@@ -342,8 +362,7 @@ class Proxy:
         if m is None:
             conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
             return
-        await self._forward(conn, req, m, name, session_key(req.headers, body),
-                            stream=body.get("stream") is True)
+        await self._forward(conn, req, m, name, body, stream=body.get("stream") is True)
 
     async def _passthrough(self, conn: HttpConnection, req: Request) -> None:
         """``/upstream/<model>/<path>``: the request, unchanged but for the
@@ -416,7 +435,7 @@ class Proxy:
 
     # ---- forwarding -------------------------------------------------------------------
     async def _forward(
-        self, conn: HttpConnection, req: Request, m: int, name: str, skey: str | None,
+        self, conn: HttpConnection, req: Request, m: int, name: str, body: dict | None,
         touch: bool = True, stream: bool = False,
     ) -> None:
         """Wait for a ready replica (loading the model when ``touch``), pick
@@ -426,6 +445,7 @@ class Proxy:
         waited = False  # a waiter registered by us is still counted
         queued_since = 0
         attempt = 0  # forwards that failed before anything reached the client
+        skey: str | None | bool = False  # the session key, read only when there is a choice
         try:
             while attempt < 6:
                 if m not in self.ready:
@@ -453,8 +473,15 @@ class Proxy:
                         return
                     continue
                 now = time.monotonic_ns()
-                cands = candidates_from_shm(self.replica_rows, self.seg.counters, m, self.index)
-                c = choose(cands, tried, skey, self.rng, now_ns=now, config=self.balancer)
+                c = self.single.get(m)  # the common case: one local replica, no limits
+                if c is None or c.slot in tried:
+                    cands = candidates_from_shm(self.replica_rows, self.seg.counters, m,
+                                                self.index)
+                    if skey is False:
+                        skey = session_key(req.headers, body) if body is not None else None
+                    c = choose(cands, tried, skey, self.rng, now_ns=now, config=self.balancer)
+                else:
+                    cands = (c,)
                 if c is None and tried and attempt < 5:
                     tried.clear()  # one replica: retry the same (the breaker guards it)
                     c = choose(cands, tried, skey, self.rng, now_ns=now, config=self.balancer)
@@ -811,8 +838,17 @@ def main(argv: list[str] | None = None) -> int:
     loop.add_reader(0, proxy.on_notify)
     loop.add_signal_handler(signal.SIGTERM, loop.stop)
     os.write(1, b"ready\n")
+    prof = None
+    if os.environ.get("GGMUX_PROFILE"):  # developer aid: cProfile stats at exit
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     try:
         loop.run_forever()
     finally:
         server.close()
+        if prof is not None:
+            prof.disable()
+            prof.dump_stats(f"{os.environ['GGMUX_PROFILE']}.{args.index}")
     return 0
