@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -126,3 +127,48 @@ def test_second_server_on_a_taken_port_refuses_to_start(serve, fakes, tmp_path):
     # the first server is untouched, its segment included
     st, _, body = s.request("POST", "/v1/chat/completions", chat_body("a"))
     assert st == 200 and served_by(body)[0] == "a"
+
+
+def test_a_killed_proxy_is_replaced_and_its_rows_zeroed(serve, fakes):
+    fakes.add("a")
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "2", "--spares", "0")
+    assert s.request("POST", "/v1/chat/completions", chat_body("a"))[0] == 200
+    proxies = [p for p in children_of(s.proc.pid)
+               if b"ggmux.proxy" in open(f"/proc/{p}/cmdline", "rb").read()]
+    assert len(proxies) == 2
+    idx = 0 if b"--index\x000" in open(f"/proc/{proxies[0]}/cmdline", "rb").read() else 1
+    s.seg.waiters[idx, 0, L.W_COUNT] = 5  # stale demand a dead proxy must not leave behind
+    os.kill(proxies[0], signal.SIGKILL)
+    wait_for(lambda: len([p for p in children_of(s.proc.pid) if p not in proxies
+                          and b"ggmux.proxy" in open(f"/proc/{p}/cmdline", "rb").read()]) == 1,
+             10, what="replacement proxy")
+    wait_for(lambda: s.seg.waiters[idx, 0, L.W_COUNT] == 0, 5, what="rows zeroed")
+    for _ in range(10):  # both listeners serve again
+        st, _, body = s.request("POST", "/v1/chat/completions", chat_body("a"))
+        assert st == 200 and served_by(body)[0] == "a"
+
+
+def test_instance_killed_mid_stream_ends_the_stream_with_an_error_not_a_clean_end(serve, fakes):
+    fakes.add("a", token_s=0.1, tokens=100)
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0")
+    body = json.dumps(chat_body("a", stream=True)).encode()
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                 b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+    got = b""
+    while got.count(b"data: ") < 3:
+        got += sock.recv(65536)
+    pid = served_by(got)[1]
+    os.kill(pid, signal.SIGKILL)
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    sock.close()
+    assert b'"error"' in got.split(b"data: ")[-1]  # the last event is an error
+    assert not got.endswith(b"0\r\n\r\n")
+    st = wait_for(lambda: (m := s.models()["a"]["status"]).get("failed") and m, 5, what="failed")
+    assert st["exit_code"] == -signal.SIGKILL
+    st, _, out = s.request("POST", "/v1/chat/completions", chat_body("a", max_tokens=2))
+    assert st == 200 and served_by(out)[1] != pid  # loaded again on demand
