@@ -217,6 +217,25 @@ class ProcessSet:
                 return proc.poll()
         return None
 
+    def cpu_seconds(self, names: Sequence[str]) -> float:
+        """User + system CPU seconds used so far by the process groups of ``names``.
+
+        Reads /proc; processes that already exited are not counted.
+        """
+        groups = {proc.pid for child, proc in self._procs if child in names}
+        total = 0
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) in groups:  # pgrp; then utime, stime in ticks
+                total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
+
     def log_tail(self, name: str, lines: int = 15) -> str:
         """The last ``lines`` lines of a child's log."""
         path = self.workdir / f"{name}.log"
@@ -353,6 +372,31 @@ class Target:
     can_unload: bool = False
     note: str = ""
     processes: tuple[str, ...] = ()
+
+
+def settle(
+    ctx: Context, target: Target, window: float = 0.2, idle: float = 0.1, timeout: float = 30.0
+) -> float:
+    """Wait until ``target``'s processes use under ``idle`` of a core; returns seconds waited.
+
+    A server can go on working after its client left: llama.cpp's router
+    still runs the requests whose client cancelled at the end of a
+    throughput window. Measuring the next target meanwhile would charge it
+    that work, so each run waits for the last one's target to go quiet
+    (``window`` s samples, at most ``timeout`` s, then a warning).
+    """
+    if not target.processes:
+        return 0.0
+    start = time.perf_counter()
+    used = ctx.procs.cpu_seconds(target.processes)
+    while time.perf_counter() - start < timeout:
+        time.sleep(window)
+        now = ctx.procs.cpu_seconds(target.processes)
+        if now - used < idle * window:
+            return time.perf_counter() - start - window
+        used = now
+    logger.warning("%s still busy %g s after its run", target.name, timeout)
+    return timeout
 
 
 def check_alive(ctx: Context, targets: list[Target], during: str) -> None:
@@ -724,6 +768,8 @@ def measure_hot(
     one per round]}}``.
     """
     out: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for target in targets:  # done starting up and warming
+        settle(ctx, target)
     for phase in hot_phases(settings, template):
         out[phase.key] = {t.name: [] for t in targets}
         for round_no in range(settings.rounds):
@@ -741,7 +787,9 @@ def measure_hot(
                     s["request_throughput"] or 0.0,
                     _fmt_ms(s["metrics"]["e2e"]["p50"]),
                 )
-                out[phase.key][target.name].append({"summary": s, "requests": result["requests"]})
+                out[phase.key][target.name].append(
+                    {"summary": s, "requests": result["requests"], "settle_s": settle(ctx, target)}
+                )
     return out
 
 
@@ -917,13 +965,23 @@ def figures(hot: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, dict[s
                     )
             else:
                 out.setdefault(f"{phase}.rps", {})[target] = throughput(rounds)
+    if hot:
+        out["all.busy_after_s"] = {
+            target: max(
+                (r.get("settle_s", 0.0) for by in hot.values() for r in by.get(target, [])),
+                default=0.0,
+            )
+            for target in {t for by in hot.values() for t in by}
+        }
     return out
 
 
 def _cell(value: float | None, ref: float | None, kind: str) -> str:
-    """``value`` in ms or req/s, with its difference and ratio to ``ref`` when given."""
+    """``value`` in ms, s or req/s, with its difference and ratio to ``ref`` when given."""
     if value is None:
         return "-"
+    if kind == "s":
+        return f"{value:.2f}"
     if kind == "rps":
         return f"{value:.1f}" + (f" ({value / ref:.2f}x)" if ref else "")
     text = f"{value * 1000:.2f}"
@@ -943,9 +1001,12 @@ def format_report(report: dict[str, Any]) -> str:
             if any(values.values()):
                 rows.append((f"failed: {phase}", [str(values.get(n, 0)) for n in names]))
             continue
-        kind = "rps" if metric == "rps" else "ms"
-        label = f"{report['titles'].get(phase, phase)}: {metric.replace('_', ' ')}"
-        label += " (req/s)" if kind == "rps" else " (ms)"
+        kind = "rps" if metric == "rps" else "s" if metric.endswith("_s") else "ms"
+        if kind == "s":
+            label = "busy after a run, longest (s)"
+        else:
+            label = f"{report['titles'].get(phase, phase)}: {metric.replace('_', ' ')}"
+            label += " (req/s)" if kind == "rps" else " (ms)"
         ref = values.get("direct")
         rows.append(
             (label, [_cell(values.get(n), None if n == "direct" else ref, kind) for n in names])
@@ -954,7 +1015,10 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [f"{'figure':<44}" + "".join(f"{n:>{width}}" for n in names)]
     lines.append("-" * len(lines[0]))
     lines += [f"{label:<44}" + "".join(f"{c:>{width}}" for c in cells) for label, cells in rows]
-    lines.append("ms cells: value (added vs direct, ratio); req/s cells: value (ratio to direct)")
+    lines.append(
+        "ms cells: value (added vs direct, ratio); req/s cells: value (ratio to direct); "
+        "busy after: CPU still used once the client is done"
+    )
     for t in report["targets"]:
         if t["note"]:
             lines.append(f"  {t['name']}: {t['note']}")

@@ -48,17 +48,28 @@ def test_seqlock_table_read_32_rows(benchmark, seg):
 
 
 def test_model_name_resolution(benchmark):
-    reg = Registry([ModelEntry(name=f"org/model-{i}:Q4_K_M", path=f"/m/{i}.gguf",
-                               aliases=[f"m{i}"]) for i in range(200)])
+    reg = Registry(
+        [
+            ModelEntry(name=f"org/model-{i}:Q4_K_M", path=f"/m/{i}.gguf", aliases=[f"m{i}"])
+            for i in range(200)
+        ]
+    )
     assert benchmark(reg.resolve, "m150") == 150
 
 
 def test_replica_choice_among_4(benchmark, seg):
     for slot in range(4):
-        write_fields(seg.replicas, slot, {
-            L.R_MODEL: 7, L.R_STATUS: L.ReplicaStatus.READY, L.R_PORT: 10000 + slot,
-            L.R_INCARNATION: slot + 1, L.R_WEIGHT: 1000,
-        })
+        write_fields(
+            seg.replicas,
+            slot,
+            {
+                L.R_MODEL: 7,
+                L.R_STATUS: L.ReplicaStatus.READY,
+                L.R_PORT: 10000 + slot,
+                L.R_INCARNATION: slot + 1,
+                L.R_WEIGHT: 1000,
+            },
+        )
         seg.counters[0, slot, L.C_INCARNATION] = slot + 1
         seg.counters[0, slot, L.C_TTFT_EWMA_US] = 1000 * (slot + 1)
         seg.counters[0, slot, L.C_TTFT_COUNT] = 10
@@ -96,10 +107,13 @@ def test_request_parse_and_body_model(benchmark):
             return default
 
     conn.connection_made(T())
-    body = orjson.dumps({"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}],
-                         "max_tokens": 8})
-    data = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    body = orjson.dumps(
+        {"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    )
+    data = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(body), body)
+    )
 
     def once():
         conn.data_received(data)
