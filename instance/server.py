@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 
-from ..proxy.http import HttpConnection, HttpLimits, Request
+from ..proxy.http import HttpConnection, HttpLimits, Request, json_object
 from . import protocol
 
 log = logging.getLogger("ggmux.instance")
@@ -203,13 +203,8 @@ class InstanceApp:
         if req.method != b"POST":
             conn.send_error(req, 405, "use POST")
             return
-        try:
-            body = orjson.loads(req.body)
-        except orjson.JSONDecodeError as e:
-            conn.send_error(req, 400, f"request body is not valid JSON: {e}")
-            return
-        if not isinstance(body, dict):
-            conn.send_error(req, 400, "request body must be a JSON object")
+        body = json_object(conn, req)
+        if body is None:
             return
         async with self.lock:
             if req.disconnected:

@@ -331,6 +331,20 @@ class _Reject(Exception):
     ``HttpConnection._error``."""
 
 
+def json_object(conn: HttpConnection, req: Request) -> dict | None:
+    """The request body as a JSON object, or None after answering 400
+    (malformed JSON, invalid UTF-8, or JSON that is not an object)."""
+    try:
+        body = orjson.loads(req.body)
+    except orjson.JSONDecodeError as e:
+        conn.send_error(req, 400, f"request body is not valid JSON: {e}")
+        return None
+    if not isinstance(body, dict):
+        conn.send_error(req, 400, "request body must be a JSON object")
+        return None
+    return body
+
+
 class HttpConnection(asyncio.Protocol):
     """Server side of one client connection (see the module docstring)."""
 

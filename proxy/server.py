@@ -59,6 +59,7 @@ from .http import (
     Request,
     add_http_limit_options,
     fit_fd_limit,
+    json_object,
     limits_from_args,
 )
 from .upstream import UpstreamError, UpstreamPool, request_head
@@ -342,25 +343,15 @@ class Proxy:
         return vals[0] if vals else None
 
     async def _inference(self, conn: HttpConnection, req: Request) -> None:
-        try:
-            body = orjson.loads(req.body)
-        except orjson.JSONDecodeError as e:
-            conn.send_error(req, 400, f"request body is not valid JSON: {e}")
-            return
-        if not isinstance(body, dict):
-            conn.send_error(req, 400, "request body must be a JSON object")
+        body = json_object(conn, req)
+        if body is None:
             return
         name = body.get("model")
         if name is None:
             conn.send_error(req, 400, "missing 'model' in the request body")
             return
-        if not isinstance(name, str):
-            conn.send_error(req, 400, "'model' must be a string")
-            return
-        self.refresh()
-        m = self.names.get(name)
+        m = self._model(conn, req, name)
         if m is None:
-            conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
             return
         await self._forward(conn, req, m, name, body, stream=body.get("stream") is True)
 
@@ -383,6 +374,19 @@ class Proxy:
         req.url = sub.encode("latin-1") + (b"?" + req.query if req.query else b"")
         await self._forward(conn, req, self.names[name], name, None)
 
+    def _model(self, conn: HttpConnection, req: Request, name) -> int | None:
+        """Index of the model a request names, or None after answering
+        400 (not a string) or 404 (unknown; names resolve only through the
+        registry, so no name can reach a file)."""
+        if not isinstance(name, str):
+            conn.send_error(req, 400, "'model' must be a string")
+            return None
+        self.refresh()
+        m = self.names.get(name)
+        if m is None:
+            conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
+        return m
+
     def _command(self, conn: HttpConnection, req: Request, cmd: dict) -> bool:
         try:
             self.mq.send(orjson.dumps(cmd), timeout=0)
@@ -396,19 +400,15 @@ class Proxy:
         """``POST /models/load`` / ``/models/unload`` with ``{"model": name}``:
         asks the supervisor and returns at once (llama.cpp router's
         ``{"success": true}``); progress shows in ``/v1/models``."""
-        try:
-            body = orjson.loads(req.body)
-        except orjson.JSONDecodeError as e:
-            conn.send_error(req, 400, f"request body is not valid JSON: {e}")
+        body = json_object(conn, req)
+        if body is None:
             return
-        name = body.get("model") if isinstance(body, dict) else None
+        name = body.get("model")
         if not isinstance(name, str):
             conn.send_error(req, 400, 'body must be {"model": "<name>"}')
             return
-        self.refresh()
-        m = self.names.get(name)
+        m = self._model(conn, req, name)
         if m is None:
-            conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
             return
         if self._command(conn, req, {"op": op, "model": m}):
             conn.send_json(req, 200, {"success": True, "model": name, "op": op})
