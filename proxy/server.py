@@ -135,6 +135,7 @@ class Proxy:
         self.gen = -1
         self.reg_version = -1
         self.names: dict[str, int] = {}
+        self._slashed: list[str] = []  # names with "/" (pass-through matching)
         self.reg_models: list[dict] = []
         self.errors: dict[str, str] = {}
         self.remotes: dict[int, dict] = {}  # slot -> upstream replica address
@@ -162,6 +163,7 @@ class Proxy:
         if version != self.reg_version:
             self.reg_version = version
             self.names = doc.get("names", {})
+            self._slashed = [n for n in self.names if "/" in n]
             self.reg_models = doc.get("models", [])
             self.errors = doc.get("errors", {})
             self.remotes = {int(k): v for k, v in doc.get("remotes", {}).items()}
@@ -362,11 +364,17 @@ class Proxy:
         rest = req.path[len(b"/upstream/"):].decode("latin-1")
         self.refresh()
         best = None
-        for i, ch in enumerate(rest + "/"):
-            if ch == "/":
-                name = unquote(rest[:i])
-                if name in self.names:
-                    best = (name, rest[i:] or "/")
+        head, sep, tail = rest.partition("/")
+        if "%" not in head and head in self.names and not any(
+            n.startswith(head + "/") for n in self._slashed
+        ):
+            best = (head, sep + tail or "/")  # the common case: a name without "/"
+        else:
+            for i, ch in enumerate(rest + "/"):
+                if ch == "/":
+                    name = unquote(rest[:i])
+                    if name in self.names:
+                        best = (name, rest[i:] or "/")
         if best is None:
             conn.send_error(req, 404, f"no model in '/upstream/{rest}'", code="model_not_found")
             return

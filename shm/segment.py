@@ -57,6 +57,9 @@ class Segment:
                 arr = np.frombuffer(buf, dtype=np.int64, count=n, offset=off).reshape(shape)
             setattr(self, table, arr)
         self._registry_cache: tuple[int, dict] | None = None
+        # the header as Python-level int64 words: a plain read of the
+        # generation costs ~50 ns instead of a numpy scalar's ~300
+        self._hwords = buf[: 8 * L.H_WORDS].cast("q")
 
     # ---- lifecycle ------------------------------------------------------
     @classmethod
@@ -113,6 +116,7 @@ class Segment:
 
     def close(self) -> None:
         """Drop the mapping (views must not be used afterwards)."""
+        self._hwords.release()
         for table in ("header", "models", "replicas", "counters", "waiters", "mcounters",
                       "devices", "registry"):
             if hasattr(self, table):
@@ -132,7 +136,7 @@ class Segment:
     # ---- generation -----------------------------------------------------
     @property
     def generation(self) -> int:
-        return int(self.header[L.H_GENERATION])
+        return self._hwords[L.H_GENERATION]
 
     def bump_generation(self) -> int:
         """Supervisor only: announce a change waiters may care about."""
