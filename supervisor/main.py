@@ -66,7 +66,7 @@ class Config:
     sleep_idle: float | None = None  # idle seconds before an instance sleeps
     measure_concurrency: int = 2
     spares: int = 1  # instance processes kept started and imported ahead of a load
-    spare_delay: float = 2.0  # seconds after a load before a new spare starts
+    spare_delay: float = 3.0  # after a load, a new spare waits for idle, or this long
     models_headroom: int = 64  # model rows kept free for models a reload adds
     unload_grace: float = 0.5  # a loading replica being unloaded: exit, then SIGKILL after this
 
@@ -875,10 +875,12 @@ class Supervisor:
             return
         if any(r.status == L.ReplicaStatus.LOADING for r in self.replicas.values()):
             return
-        # nor right after a load: the request that caused it is being served,
-        # and a spare's imports (~0.5 s of CPU) would delay its first token
-        last_ready = max((m.last_ready_ns for m in self.models), default=0)
-        if time.monotonic_ns() - last_ready < self.cfg.spare_delay * NS:
+        # nor right after a load while requests are served (the one that caused
+        # the load among them): a spare's imports (~0.5 s of CPU) would delay
+        # their first tokens
+        since = time.monotonic_ns() - max((m.last_ready_ns for m in self.models), default=0)
+        busy = bool(self.seg.counters[:, :, L.C_IN_FLIGHT].any())
+        if since < self.cfg.spare_delay * NS and (busy or since < NS // 4):
             return
         if not any(e.kind in ("llama", "fake") for e in self.registry.entries):
             return
