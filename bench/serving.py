@@ -257,9 +257,15 @@ def _uniform_int(rng: random.Random, bounds: tuple[int, int]) -> int:
 
 
 def make_prompt(rng: random.Random, words: int) -> str:
-    """A synthetic prompt of ``words`` random words after a fixed instruction."""
+    """A synthetic prompt: a random number, a fixed instruction, ``words`` random words.
+
+    The leading number makes every prompt of a run different, so a server
+    with a prompt cache (llama.cpp's ``--cache-ram``) cannot answer a
+    repeated prompt from it, while the chat template's fixed prefix still
+    can be reused, as in real traffic.
+    """
     body = " ".join(rng.choice(_WORDS) for _ in range(words))
-    return f"Write a long story that uses these words: {body}"
+    return f"{rng.randrange(10**6)}. Write a long story that uses these words: {body}"
 
 
 def plan(config: BenchConfig) -> Iterator[RequestSpec]:
