@@ -465,6 +465,12 @@ class Proxy:
                     if self._in_backoff(m, now):
                         self._failure(conn, req, m, name)
                         return
+                    if self.reg_models[m].get("kind") == "upstream":
+                        # nothing to load: a remote that is down answers at once
+                        conn.send_error(req, 503, f"the upstream of '{name}' is not answering "
+                                        "its health check", code="upstream_unavailable",
+                                        headers=[(b"retry-after", b"5")])
+                        return
                     if not waited:
                         self._join(m)
                         waited = True
@@ -562,7 +568,8 @@ class Proxy:
                     br.release()
                 else:
                     br.record(ex.status < 500, time.monotonic_ns())
-                self._account(cnt, m, ex)
+                if touch:  # ?model= calls are neither use nor traffic for the metrics
+                    self._account(cnt, m, ex)
                 return
             conn.send_error(req, 503, f"no replica of '{name}' stayed available")
         finally:

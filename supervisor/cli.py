@@ -156,6 +156,9 @@ def serve(args: argparse.Namespace) -> int:
         print("ggmux: no models found (give --models-dir, or pip install 'ggmux[demo]')",
               file=sys.stderr)
         return 2
+    if not 1 <= args.port <= 65535:
+        print(f"ggmux: --port must be 1-65535, not {args.port}", file=sys.stderr)
+        return 2
     if args.proxies < 1 or args.models_max < 1:
         print("ggmux: --proxies and --models-max must be at least 1", file=sys.stderr)
         return 2

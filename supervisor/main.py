@@ -200,6 +200,7 @@ class Remote:
     probe: Probe | None = None
     next_probe_ns: int = 0
     fails: int = 0
+    reported: bool = False  # the first failure was logged
 
 
 @dataclass(slots=True)
@@ -817,6 +818,10 @@ class Supervisor:
                             "" if ok else f" ({rm.probe.why})")
                     rm.healthy = ok
                     self.dirty = True
+                if not ok and rm.fails == 0 and not rm.healthy and not rm.reported:
+                    log.warning("upstream %s:%d for %s is not answering (%s)", rm.host,
+                                rm.port, self._name(rm.model), rm.probe.why)
+                    rm.reported = True
                 rm.fails = 0 if ok else rm.fails + 1
                 rm.probe = None
                 delay = 5.0 if ok else min(5.0, 0.1 * 2 ** min(rm.fails, 6))
@@ -979,10 +984,10 @@ class Supervisor:
             elif rep.status == L.ReplicaStatus.LOADING and now > rep.deadline_ns:
                 entry = self.registry.entries[rep.model]
                 budget = load_budget_s(entry.size_bytes, cfg.load_timeout)
-                rep.error = (
-                    f"load did not finish within {budget:.0f} s (5 min + 20 s per GiB of the "
-                    f"{entry.size_bytes / GiB:.2f} GiB checkpoint); raise --load-timeout"
-                )
+                rule = ("--load-timeout" if cfg.load_timeout is not None else
+                        f"5 min + 20 s per GiB of the {entry.size_bytes / GiB:.2f} GiB "
+                        "checkpoint; raise --load-timeout")
+                rep.error = f"load did not finish within {budget:.0f} s ({rule})"
                 log.error("%s: %s", entry.name, rep.error)
                 rep.deliberate = False  # counts as a failed load
                 rep.stop_stage = 3
@@ -1318,8 +1323,9 @@ _libc = ctypes.CDLL(None, use_errno=True)
 def _die_with_parent() -> None:
     """In the child, before exec: SIGKILL when the supervisor dies
     (prctl PR_SET_PDEATHSIG), besides the stdin-EOF rule, so a supervisor
-    killed with SIGKILL never leaves children behind; and ignore SIGINT, so
-    a Ctrl-C in the terminal reaches only the supervisor, which stops the
-    children in order."""
+    killed with SIGKILL never leaves children behind; and ignore SIGINT and
+    SIGHUP, so a Ctrl-C or a closed terminal (or ``pkill -HUP``) reaches
+    only the supervisor, which stops the children in order or reloads."""
     _libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
