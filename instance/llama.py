@@ -14,6 +14,66 @@ from .server import Backend, BadRequest
 log = logging.getLogger(__name__)
 
 
+_NUMBERS = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
+            "presence_penalty": (-2.0, 2.0), "frequency_penalty": (-2.0, 2.0),
+            "repeat_penalty": (0.0, 10.0), "typical_p": (0.0, 1.0)}
+_INTEGERS = {"max_tokens": 0, "max_completion_tokens": 0, "top_k": 0, "seed": None,
+             "top_logprobs": 0, "n": 1}
+
+
+def check_sampling(body: dict) -> None:
+    """Types and ranges of OpenAI sampling fields, as OpenAI checks them, so
+    that a client mistake is a 400 naming the field (llama-cpp-python would
+    fail inside ctypes with a 500). ``n`` must be 1: one generation at a
+    time per instance. Raises :class:`BadRequest`."""
+    for k, (lo, hi) in _NUMBERS.items():
+        v = body.get(k)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+            raise BadRequest(f"'{k}' must be a number from {lo:g} to {hi:g}")
+    for k, lo in _INTEGERS.items():
+        v = body.get(k)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or (lo is not None and v < lo):
+            raise BadRequest(f"'{k}' must be an integer" + (f" >= {lo}" if lo else ""))
+    if body.get("n", 1) != 1:
+        raise BadRequest("'n' > 1 is not supported (one generation per request)")
+    stop = body.get("stop")
+    if stop is not None and not isinstance(stop, str) and not (
+        isinstance(stop, list) and all(isinstance(x, str) for x in stop)
+    ):
+        raise BadRequest("'stop' must be a string or a list of strings")
+
+
+def chat_messages(messages) -> list[dict]:
+    """OpenAI chat messages as llama-cpp-python's templates take them:
+    content parts (``[{"type": "text", "text": ...}]``, what many clients
+    send) are joined into one string. Raises :class:`BadRequest` for a
+    malformed list, naming the message."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list")
+    out = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+            raise BadRequest(f"messages[{i}] must be an object with a string 'role'")
+        content = msg.get("content")
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") not in ("text", "input_text"):
+                    raise BadRequest(f"messages[{i}].content: only text parts are supported")
+                if not isinstance(part.get("text"), str):
+                    raise BadRequest(f"messages[{i}].content: a text part needs 'text'")
+                texts.append(part["text"])
+            msg = {**msg, "content": "".join(texts)}
+        elif content is not None and not isinstance(content, str):
+            raise BadRequest(f"messages[{i}].content must be a string or a list of parts")
+        out.append(msg)
+    return out
+
+
 def model_parts(path: str) -> list[str]:
     """All files of a split GGUF (``name-00001-of-00003.gguf``), else [path]."""
     m = re.match(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$", path)
@@ -206,13 +266,17 @@ class LlamaBackend(Backend):
         return kw
 
     def chat(self, body: dict, cancel: threading.Event) -> dict | Iterator[dict]:
-        if not isinstance(body.get("messages"), list) or not body["messages"]:
-            raise BadRequest("'messages' must be a non-empty list")
+        body = {**body, "messages": chat_messages(body.get("messages"))}
+        check_sampling(body)
         return self.llm.create_chat_completion(**self._kwargs(body, self._chat_keys, cancel))
 
     def completion(self, body: dict, cancel: threading.Event) -> dict | Iterator[dict]:
-        if "prompt" not in body:
-            raise BadRequest("'prompt' is required")
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str) and not (
+            isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
+        ):
+            raise BadRequest("'prompt' must be a string (or a list of token ids)")
+        check_sampling(body)
         return self.llm.create_completion(**self._kwargs(body, self._comp_keys, cancel))
 
     def tokenize(self, body: dict) -> dict:

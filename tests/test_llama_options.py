@@ -22,3 +22,24 @@ def test_split_model_lists_its_existing_parts(tmp_path):
         p.write_bytes(b"x")
     assert model_parts(str(parts[0])) == [str(p) for p in parts]
     assert model_parts(str(tmp_path / "plain.gguf")) == [str(tmp_path / "plain.gguf")]
+
+
+def test_openai_content_parts_become_one_string_and_bad_messages_are_400():
+    import pytest
+
+    from ggmux.instance.llama import chat_messages, check_sampling
+    from ggmux.instance.server import BadRequest
+
+    msgs = chat_messages([{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                       {"type": "text", "text": "b"}]}])
+    assert msgs == [{"role": "user", "content": "ab"}]
+    for bad in ([1, 2], [], "hi", [{"role": "user", "content": 5}],
+                [{"role": "user", "content": [{"type": "image_url"}]}]):
+        with pytest.raises(BadRequest):
+            chat_messages(bad)
+    check_sampling({"temperature": 0.7, "max_tokens": 8, "seed": -1, "stop": ["x"]})
+    for bad in ({"seed": "abc"}, {"max_tokens": "x"}, {"max_tokens": -5},
+                {"temperature": "hot"}, {"temperature": 9}, {"n": 2}, {"stop": 3},
+                {"top_k": True}):
+        with pytest.raises(BadRequest):
+            check_sampling(bad)
