@@ -167,8 +167,8 @@ class Proxy:
             self.reg_models = doc.get("models", [])
             self.errors = doc.get("errors", {})
             self.remotes = {int(k): v for k, v in doc.get("remotes", {}).items()}
-        self.model_rows = read_table(seg.models)
-        reps = read_table(seg.replicas)
+        g, (self.model_rows, reps) = seg.snapshot("models", "replicas")
+        self.gen = g
         self.replica_rows = reps
         ready_rows = reps[reps[:, L.R_STATUS] == L.ReplicaStatus.READY]
         self.ready = {int(m) for m in ready_rows[:, L.R_MODEL]}

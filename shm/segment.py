@@ -10,6 +10,7 @@ counter and waiter rows.
 from __future__ import annotations
 
 import mmap
+import os
 import time
 
 import numpy as np
@@ -138,11 +139,46 @@ class Segment:
     def generation(self) -> int:
         return self._hwords[L.H_GENERATION]
 
-    def bump_generation(self) -> int:
-        """Supervisor only: announce a change waiters may care about."""
+    def begin_publish(self) -> None:
+        """Supervisor only: rows are about to change (generation becomes odd).
+
+        The generation is a seqlock over the supervisor's tables as a whole:
+        each row has its own sequence word, but a reader that needs several
+        rows to agree (how many replicas run) reads between two equal, even
+        generations (:meth:`snapshot`)."""
+        fence()
+        self.header[L.H_GENERATION] += 1
+        fence()
+
+    def end_publish(self) -> int:
+        """Supervisor only: the change is complete (generation even again)."""
         fence()
         self.header[L.H_GENERATION] += 1
         return int(self.header[L.H_GENERATION])
+
+    def bump_generation(self) -> int:
+        """Supervisor only: announce a change waiters may care about."""
+        self.begin_publish()
+        return self.end_publish()
+
+    def snapshot(self, *tables: str, retries: int = 10_000) -> tuple[int, list[np.ndarray]]:
+        """``(generation, copies)`` of whole supervisor tables (``"models"``,
+        ``"replicas"``, ``"devices"``) as of one completed publish. Rows are
+        also read under their own seqlocks. Raises :class:`SeqlockBusy`."""
+        from .seqlock import read_table
+
+        for n in range(retries):
+            g = self._hwords[L.H_GENERATION]
+            if g & 1:
+                if n > 64:
+                    os.sched_yield()
+                continue
+            fence()
+            out = [read_table(getattr(self, t)) for t in tables]
+            fence()
+            if self._hwords[L.H_GENERATION] == g:
+                return g, out
+        raise SeqlockBusy("tables kept changing")
 
     # ---- registry blob ----------------------------------------------------
     def write_registry(self, doc: dict) -> None:

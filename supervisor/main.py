@@ -1203,6 +1203,7 @@ class Supervisor:
 
     def _publish_all(self) -> None:
         seg = self.seg
+        seg.begin_publish()  # readers wanting whole tables wait for end_publish
         counts, _ = self._demand()
         per_model: dict[int, list[Replica]] = {}
         for r in self.replicas.values():
@@ -1279,7 +1280,7 @@ class Supervisor:
                 L.D_EXTERNAL: d.external, L.D_HELD: d.held, L.D_FREE: d.free,
                 L.D_CALIBRATED_NS: d.calibrated_ns,
             })
-        seg.bump_generation()
+        seg.end_publish()
         self.dirty = False
         for c in self.proxies.values():
             c.send(b"g")

@@ -234,7 +234,7 @@ def test_invariants_hold_under_random_concurrent_demand(serve, fakes):
 
     def sample() -> None:
         while time.monotonic() < stop_at:
-            reps = read_table(seg.replicas)
+            _, (reps,) = seg.snapshot("replicas")  # one whole publish, not a mix of two
             running = int(np.isin(reps[:, L.R_STATUS], RUNNING).sum())
             if running > 2:
                 violations.append(f"{running} running replicas")
