@@ -26,7 +26,6 @@ def test_split_model_lists_its_existing_parts(tmp_path):
 
 def test_openai_content_parts_become_one_string_and_bad_messages_are_400():
     import pytest
-
     from ggmux.instance.llama import chat_messages, check_sampling
     from ggmux.instance.server import BadRequest
 
