@@ -136,10 +136,11 @@ def _raw_stream(port: int, model: str) -> bytes:
     buf = b""
     while True:
         chunk = sock.recv(65536)
-        if not chunk or buf.endswith(b"0\r\n\r\n"):
+        if not chunk:
             break
         buf += chunk
-        if buf.endswith(b"0\r\n\r\n"):
+        head, sep, body = buf.partition(b"\r\n\r\n")
+        if sep and body.endswith(b"\r\n0\r\n\r\n"):  # the last chunk of the body
             break
     sock.close()
     return buf
