@@ -112,8 +112,11 @@ class Proxy:
         api_key: str | None = None,
         admin_key: str | None = None,
         stream_keepalive: float = 5.0,
+        drain_timeout: float = 10.0,
     ) -> None:
         self.index = index
+        self.drain_timeout = drain_timeout
+        self.server: asyncio.AbstractServer | None = None
         self.stream_keepalive = stream_keepalive
         self.seg = Segment.attach(shm)
         self.mq = posix_ipc.MessageQueue(mq)
@@ -215,10 +218,36 @@ class Proxy:
         except OSError:
             data = b""
         if not data:
-            log.info("proxy %d: supervisor gone, exiting", self.index)
-            self.loop.stop()
+            self.loop.remove_reader(0)
+            self.drain()
             return
         self.refresh()
+
+    def drain(self) -> None:
+        """Stdin EOF (the supervisor is stopping, or gone): stop accepting,
+        let the requests being answered finish (instances finish their
+        generation on ``exit`` too), then stop, after ``drain_timeout``
+        seconds at the latest. A supervisor killed outright takes its
+        instances with it, so their requests fail fast and this is quick."""
+        log.info("proxy %d: draining %d request(s), then exiting", self.index,
+                 int(self.cnt[:, L.C_IN_FLIGHT].sum()))
+        if self.server is not None:
+            self.server.close()
+        for futs in self.waiting.values():  # no load will come now
+            for f in futs:
+                if not f.done():
+                    f.set_result("shutdown")
+        deadline = self.loop.time() + self.drain_timeout
+
+        def check() -> None:
+            if (self.cnt[:, L.C_IN_FLIGHT].sum() <= 0 and not self.waiting) or (
+                self.loop.time() > deadline
+            ):
+                self.loop.stop()
+            else:
+                self.loop.call_later(0.05, check)
+
+        check()
 
     # ---- waiters -------------------------------------------------------------------
     def _join(self, m: int) -> None:
@@ -478,6 +507,10 @@ class Proxy:
                     if outcome != "ready":
                         if outcome == "gone":
                             conn.finish(req)
+                        elif outcome == "shutdown":
+                            conn.send_error(req, 503, "the server is shutting down",
+                                            code="shutting_down",
+                                            headers=[(b"retry-after", b"5")])
                         elif req.preheaded:
                             self._sse_error(conn, req, outcome, m, name)
                         elif outcome == "failed":
@@ -849,6 +882,7 @@ def main(argv: list[str] | None = None) -> int:
             reuse_port=True, backlog=2048,
         )
     )
+    proxy.server = server
     os.set_blocking(0, False)
     loop.add_reader(0, proxy.on_notify)
     loop.add_signal_handler(signal.SIGTERM, loop.stop)

@@ -139,7 +139,7 @@ def _raw_stream(port: int, model: str) -> bytes:
         if not chunk:
             break
         buf += chunk
-        head, sep, body = buf.partition(b"\r\n\r\n")
+        _, sep, body = buf.partition(b"\r\n\r\n")
         if sep and body.endswith(b"\r\n0\r\n\r\n"):  # the last chunk of the body
             break
     sock.close()

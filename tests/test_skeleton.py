@@ -175,3 +175,23 @@ def test_instance_killed_mid_stream_ends_the_stream_with_an_error_not_a_clean_en
     assert st["exit_code"] == -signal.SIGKILL
     st, _, out = s.request("POST", "/v1/chat/completions", chat_body("a", max_tokens=2))
     assert st == 200 and served_by(out)[1] != pid  # loaded again on demand
+
+
+def test_sigterm_lets_a_stream_in_progress_finish(serve, fakes):
+    fakes.add("a", token_s=0.1, tokens=20)  # a 2 s stream
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0")
+    body = json.dumps(chat_body("a", stream=True)).encode()
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=20)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                 b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+    got = b""
+    while got.count(b"data: ") < 2:
+        got += sock.recv(65536)
+    s.proc.send_signal(signal.SIGTERM)
+    while not got.endswith(b"\r\n0\r\n\r\n"):
+        chunk = sock.recv(65536)
+        assert chunk, got[-300:]
+        got += chunk
+    sock.close()
+    assert got.count(b"data: ") == 21 and b"data: [DONE]" in got
+    assert s.proc.wait(30) == 0
