@@ -662,16 +662,11 @@ class Supervisor:
             "--mq", cfg.mq_name, "--host", cfg.host, "--port", str(cfg.port),
             "--load-wait", str(cfg.load_wait), *cfg.proxy_args,
         ]
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
-            env={**os.environ, **cfg.proxy_env},
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads here
-        )
-        child = Child(proc, f"proxy-{idx}")
-        os.set_blocking(child.stdin_fd, False)
+        # proxies log to our stderr directly; stdout says "ready"
+        child = self._start_child(argv, f"proxy-{idx}", env={**os.environ, **cfg.proxy_env},
+                                  log_stderr=False)
         self.proxies[idx] = child
-        self._register_child(child, stdout=True, stderr=False)
-        log.debug("started proxy %d (pid %d)", idx, proc.pid)
+        log.debug("started proxy %d (pid %d)", idx, child.pid)
 
     def wait_proxies_ready(self, timeout: float = 30.0) -> bool:
         """Block (polling) until every proxy listens; False on timeout."""
@@ -700,7 +695,9 @@ class Supervisor:
             self._spawn_cmd(model, slot, reason)
             return
         child = None
-        while self.spares and entry.kind in ("llama", "fake"):
+        # a spare was started before its model was known: a model with its own
+        # `env` needs a process started with it
+        while self.spares and entry.kind in ("llama", "fake") and not entry.env:
             spare, port = self.spares.pop(0)
             line = orjson.dumps({
                 "model": entry.path, "name": entry.name, "ctx_size": entry.ctx_size,
@@ -714,7 +711,8 @@ class Supervisor:
                 break
         if child is None:
             argv = instance_argv(entry, -1, self.python)
-            child, port = self._spawn_with_socket(argv, f"{entry.name}#{slot}")
+            child, port = self._spawn_with_socket(argv, f"{entry.name}#{slot}",
+                                                  env_for_instance(entry))
         self.incarnations += 1
         now = time.monotonic_ns()
         budget = load_budget_s(entry.size_bytes, self.cfg.load_timeout)
@@ -744,10 +742,7 @@ class Supervisor:
             argv = shlex.split(line)
             # stdin is a pipe we never write: a command that watches it sees EOF
             # when the supervisor dies (ggmux's own instance does)
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=env_for_instance(entry), preexec_fn=_die_with_parent,  # noqa: PLW1509
-            )
+            child = self._start_child(argv, f"{entry.name}#{slot}", env=env_for_instance(entry))
         except (OSError, ValueError) as e:
             m = self.models[model]
             m.failed, m.failures = True, m.failures + 1
@@ -756,9 +751,7 @@ class Supervisor:
             self.errors_dirty = True
             log.error("%s: %s", entry.name, m.error)
             return
-        child = Child(proc, f"{entry.name}#{slot}")
-        child.stdin_fd = -1
-        self._register_child(child)
+        child.stdin_fd = -1  # never written: `exit` is not part of a command's protocol
         self.incarnations += 1
         now = time.monotonic_ns()
         budget = load_budget_s(entry.size_bytes, self.cfg.load_timeout)
@@ -770,7 +763,7 @@ class Supervisor:
             next_probe_ns=now + int(FIRST_INTERVAL_S * NS),
         )
         log.info("starting %s in slot %d (pid %d, port %d): %s: %s", entry.name, slot,
-                 proc.pid, port, reason, line)
+                 child.pid, port, reason, line)
         self.dirty = True
 
     # ---- probes -----------------------------------------------------------------------
@@ -849,7 +842,27 @@ class Supervisor:
             self.remotes[slot] = Remote(slot, i, u.hostname or "127.0.0.1", port, path,
                                         self.incarnations)
 
-    def _spawn_with_socket(self, argv: list[str], tag: str) -> tuple[Child, int]:
+    def _start_child(
+        self, argv: list[str], tag: str, *, env: dict[str, str] | None = None,
+        pass_fds: tuple[int, ...] = (), log_stderr: bool = True,
+    ) -> Child:
+        """Start a child: stdin a pipe (commands; EOF when we die), stdout
+        (and stderr, unless inherited) in the poll set, PR_SET_PDEATHSIG and
+        SIGINT/SIGHUP ignored (:func:`_die_with_parent`). Raises ``OSError``
+        when it cannot be started."""
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE if log_stderr else None, env=env, pass_fds=pass_fds,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads here
+        )
+        child = Child(proc, tag)
+        os.set_blocking(child.stdin_fd, False)
+        self._register_child(child, stdout=True, stderr=log_stderr)
+        return child
+
+    def _spawn_with_socket(
+        self, argv: list[str], tag: str, env: dict[str, str] | None = None
+    ) -> tuple[Child, int]:
         """Start an instance-protocol child with a listening socket bound here
         (127.0.0.1, port 0) and passed as ``--fd``, so no other process can
         take its port between bind and listen. ``argv``'s ``--fd`` value is
@@ -861,15 +874,9 @@ class Supervisor:
         argv = list(argv)
         argv[argv.index("--fd") + 1] = str(sock.fileno())
         try:
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                pass_fds=(sock.fileno(),), preexec_fn=_die_with_parent,  # noqa: PLW1509
-            )
+            child = self._start_child(argv, tag, env=env, pass_fds=(sock.fileno(),))
         finally:
             sock.close()
-        child = Child(proc, tag)
-        os.set_blocking(child.stdin_fd, False)
-        self._register_child(child)
         return child, port
 
     def _spare_step(self) -> None:
@@ -900,15 +907,9 @@ class Supervisor:
         i = argv.index("--fd")
         del argv[i : i + 2]
         argv.append("--measure")
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads here
-        )
-        child = Child(proc, f"measure:{entry.name}")
-        os.set_blocking(child.stdin_fd, False)
-        self.measuring[model] = child
+        self.measuring[model] = self._start_child(argv, f"measure:{entry.name}",
+                                                  env=env_for_instance(entry))
         self.models[model].measure = "running"
-        self._register_child(child)
 
     def _measure_step(self) -> None:
         """Keep up to ``measure_concurrency`` measure children running,
