@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -202,6 +203,23 @@ def fakes(tmp_path):
     f = Fakes()
     f.dir.mkdir()
     return f
+
+
+def served_by(body: bytes) -> tuple[str, int]:
+    """(model name, pid) from a fake instance's answer text ``[name:pid]``."""
+    m = re.search(rb"\[([^:\]]+):(\d+)\]", body)
+    assert m, body
+    return m.group(1).decode(), int(m.group(2))
+
+
+def open_stream(port: int, body: dict, timeout: float | None = None) -> socket.socket:
+    """A raw connection that has sent ``POST /v1/chat/completions`` with
+    ``body``; the test reads (or drops) the response itself."""
+    data = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                 b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(data), data))
+    return sock
 
 
 def chat_body(model: str, stream: bool = False, **extra) -> dict:

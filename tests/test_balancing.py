@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import re
 import socket
 import subprocess
 import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import chat_body, free_port, wait_for
+from conftest import chat_body, free_port, served_by, wait_for
 from ggmux.shm import layout as L
 
 CHAT = "/v1/chat/completions"
 
-
-def pid_of(body: bytes) -> int:
-    m = re.search(rb"\[[^:\]]+:(\d+)\]", body)
-    assert m, body
-    return int(m.group(1))
 
 
 def preset(tmp_path, text: str):
@@ -33,7 +27,7 @@ def test_two_equal_replicas_share_requests_evenly_across_proxies(serve, fakes, t
               "--no-hf-cache", "--proxies", "2", "--models-max", "2")
     with ThreadPoolExecutor(8) as ex:
         bodies = list(ex.map(lambda _: s.request("POST", CHAT, chat_body("m"))[2], range(1000)))
-    share = Counter(pid_of(b) for b in bodies)
+    share = Counter(served_by(b)[1] for b in bodies)
     assert len(share) == 2, share
     a, b = share.values()
     assert abs(a - b) / 1000 <= 0.15, share
@@ -50,7 +44,7 @@ def test_session_key_sticks_to_one_replica_through_any_proxy(serve, fakes, tmp_p
         for i in range(12):  # new connections: spread over both proxies
             hdr = {"x-session-id": key} if i % 2 else {}
             body = chat_body("m", user=key) if not i % 2 else chat_body("m")
-            pids.add(pid_of(s.request("POST", CHAT, body, headers=hdr)[2]))
+            pids.add(served_by(s.request("POST", CHAT, body, headers=hdr)[2])[1])
         assert len(pids) == 1, (key, pids)
 
 
@@ -60,7 +54,7 @@ def test_failing_replica_is_skipped_and_taken_back_after_it_recovers(serve, fake
               "--no-hf-cache", "--proxies", "1", "--models-max", "2")
     pids = set()
     for _ in range(40):
-        pids.add(pid_of(s.request("POST", CHAT, chat_body("m"))[2]))
+        pids.add(served_by(s.request("POST", CHAT, chat_body("m"))[2])[1])
         if len(pids) == 2:
             break
     assert len(pids) == 2
@@ -73,7 +67,8 @@ def test_failing_replica_is_skipped_and_taken_back_after_it_recovers(serve, fake
     switch.unlink()
 
     def back() -> bool:
-        return bad in {pid_of(s.request("POST", CHAT, chat_body("m"))[2]) for _ in range(10)}
+        return bad in {served_by(s.request("POST", CHAT, chat_body("m"))[2])[1]
+                       for _ in range(10)}
 
     wait_for(back, 30, 0.2, what="recovered replica taken back")
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import children_of, wait_for
+from conftest import children_of, open_stream, wait_for
 from ggmux.shm import layout as L
 
 openai = pytest.importorskip("openai")
@@ -70,11 +68,8 @@ def test_eight_concurrent_first_requests_for_a_cold_real_model_start_one_instanc
 
 def test_dropped_real_stream_frees_the_replica_within_2_s(serve):
     s = serve("--proxies", "1", "--threads", "2")
-    body = json.dumps({"model": SMOL, "stream": True, "max_tokens": 1000,
-                       "messages": [{"role": "user", "content": "Count from 1 to 500."}]}).encode()
-    sock = socket.create_connection(("127.0.0.1", s.port))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
-                 b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+    sock = open_stream(s.port, {"model": SMOL, "stream": True, "max_tokens": 1000,
+                       "messages": [{"role": "user", "content": "Count from 1 to 500."}]})
     got = b""
     while got.count(b"data: ") < 4:
         chunk = sock.recv(65536)

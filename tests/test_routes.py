@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import json
-import re
 import socket
 import time
 
 import pytest
-from conftest import chat_body
+from conftest import chat_body, open_stream, served_by
 from ggmux.shm import layout as L
 
 openai = pytest.importorskip("openai")
 CHAT = "/v1/chat/completions"
 
-
-def served_by(body: bytes) -> tuple[str, int]:
-    m = re.search(rb"\[([^:\]]+):(\d+)\]", body)
-    assert m, body
-    return m.group(1).decode(), int(m.group(2))
 
 
 @pytest.fixture
@@ -129,10 +123,7 @@ def test_api_key_protects_everything_but_health(serve, fakes):
 
 
 def _raw_stream(port: int, model: str) -> bytes:
-    body = json.dumps(chat_body(model, stream=True)).encode()
-    sock = socket.create_connection(("127.0.0.1", port), timeout=20)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
-                 b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+    sock = open_stream(port, chat_body(model, stream=True), 20)
     buf = b""
     while True:
         chunk = sock.recv(65536)

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import alive, chat_body, wait_for
+from conftest import alive, chat_body, served_by, wait_for
 from ggmux.shm import layout as L
 from ggmux.shm.seqlock import read_table
 
@@ -21,11 +21,6 @@ MiB = 1 << 20
 RUNNING = [L.ReplicaStatus.LOADING, L.ReplicaStatus.READY, L.ReplicaStatus.SLEEPING]
 CHAT = "/v1/chat/completions"
 
-
-def served_by(body: bytes) -> str:
-    m = re.search(rb"\[([^:\]]+):(\d+)\]", body)
-    assert m, body
-    return m.group(1).decode()
 
 
 def stream(port: int, model: str, max_tokens: int | None = None) -> tuple[int, bytes, float]:
@@ -57,7 +52,7 @@ def test_long_stream_is_not_cut_when_another_model_is_requested(serve, fakes):
         st_a, body_a, end_a = fa.result()
         st_b, _, body_b, end_b = fb.result()
     assert st_a == 200 and body_a.count(b"data: ") == 41 and body_a.rstrip().endswith(b"[DONE]")
-    assert st_b == 200 and served_by(body_b) == "b"
+    assert st_b == 200 and served_by(body_b)[0] == "b"
     assert end_b > end_a  # b waited for a's stream instead of cutting it
 
 
@@ -69,7 +64,7 @@ def test_two_models_requested_at_once_with_one_slot_are_both_served(serve, fakes
     with ThreadPoolExecutor(2) as ex:
         rs = list(ex.map(lambda n: s.request("POST", CHAT, chat_body(n)), "bc"))
     assert [r[0] for r in rs] == [200, 200]
-    assert [served_by(r[2]) for r in rs] == ["b", "c"]
+    assert [served_by(r[2])[0] for r in rs] == ["b", "c"]
 
 
 def test_three_cold_models_with_one_slot_are_served_in_turn(serve, fakes):
@@ -79,7 +74,7 @@ def test_three_cold_models_with_one_slot_are_served_in_turn(serve, fakes):
     with ThreadPoolExecutor(3) as ex:
         rs = list(ex.map(lambda n: s.request("POST", CHAT, chat_body(n)), "abc"))
     assert [r[0] for r in rs] == [200] * 3
-    assert sorted(served_by(r[2]) for r in rs) == ["a", "b", "c"]
+    assert sorted(served_by(r[2])[0] for r in rs) == ["a", "b", "c"]
     assert s.logs().count("loading a in slot") == 1
 
 
@@ -92,8 +87,8 @@ def test_cold_model_serves_its_request_before_a_later_model_evicts_it(serve, fak
         time.sleep(0.1)  # the scenario itself: B arrives 0.1 s after A
         fb = ex.submit(s.request, "POST", CHAT, chat_body("b"))
         ra, rb = fa.result(), fb.result()
-    assert ra[0] == 200 and served_by(ra[2]) == "a"
-    assert rb[0] == 200 and served_by(rb[2]) == "b"
+    assert ra[0] == 200 and served_by(ra[2])[0] == "a"
+    assert rb[0] == 200 and served_by(rb[2])[0] == "b"
     log = s.logs()
     assert log.index("model a ready") < log.index("stopping a")
 
@@ -157,7 +152,7 @@ def test_hammering_a_model_that_cannot_load_spawns_little_and_others_keep_servin
     assert len(statuses) > 40
     spawns = s.logs().count("loading bad in slot")
     assert 1 <= spawns <= 4  # backoff 1 s, 2 s, 4 s within 4 s, not one per request
-    assert all(g[0] == 200 and served_by(g[2]) == "good" for g in good)
+    assert all(g[0] == 200 and served_by(g[2])[0] == "good" for g in good)
 
 
 def test_stopped_replica_is_killed_on_unload_and_its_memory_released(serve, fakes):

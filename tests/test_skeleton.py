@@ -4,21 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import alive, chat_body, children_of, segment_exists, wait_for
+from conftest import alive, chat_body, children_of, open_stream, segment_exists, served_by, wait_for
 from ggmux.shm import layout as L
-
-
-def served_by(body: bytes) -> tuple[str, int]:
-    """(model name, pid) from a fake instance's answer text."""
-    m = re.search(rb"\[([^:\]]+):(\d+)\]", body)
-    assert m, body
-    return m.group(1).decode(), int(m.group(2))
 
 
 def test_eight_concurrent_first_requests_start_exactly_one_instance(serve, fakes):
@@ -53,10 +44,7 @@ def test_models_max_1_switches_models_and_lists_status(serve, fakes):
 def test_streaming_client_that_disconnects_frees_the_replica(serve, fakes):
     fakes.add("slow", ttft_s=0.01, token_s=0.1, tokens=200)
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1")
-    body = json.dumps(chat_body("slow", stream=True)).encode()
-    sock = socket.create_connection(("127.0.0.1", s.port))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
-                 b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+    sock = open_stream(s.port, chat_body("slow", stream=True))
     got = b""
     while got.count(b"data: ") < 3:
         chunk = sock.recv(65536)
@@ -154,10 +142,7 @@ def test_a_killed_proxy_is_replaced_and_its_rows_zeroed(serve, fakes):
 def test_instance_killed_mid_stream_ends_the_stream_with_an_error_not_a_clean_end(serve, fakes):
     fakes.add("a", token_s=0.1, tokens=100)
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0")
-    body = json.dumps(chat_body("a", stream=True)).encode()
-    sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
-                 b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+    sock = open_stream(s.port, chat_body("a", stream=True), 10)
     got = b""
     while got.count(b"data: ") < 3:
         got += sock.recv(65536)
@@ -180,10 +165,7 @@ def test_instance_killed_mid_stream_ends_the_stream_with_an_error_not_a_clean_en
 def test_sigterm_lets_a_stream_in_progress_finish(serve, fakes):
     fakes.add("a", token_s=0.1, tokens=20)  # a 2 s stream
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0")
-    body = json.dumps(chat_body("a", stream=True)).encode()
-    sock = socket.create_connection(("127.0.0.1", s.port), timeout=20)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
-                 b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+    sock = open_stream(s.port, chat_body("a", stream=True), 20)
     got = b""
     while got.count(b"data: ") < 2:
         got += sock.recv(65536)

@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import chat_body, wait_for
+from conftest import chat_body, served_by, wait_for
 from ggmux.supervisor.registry import demo_models
 
 CHAT = "/v1/chat/completions"
 
-
-def served_by(body: bytes) -> tuple[str, int]:
-    m = re.search(rb"\[([^:\]]+):(\d+)\]", body)
-    assert m, body
-    return m.group(1).decode(), int(m.group(2))
 
 
 def test_llama_cpp_preset_serves_both_demo_models_by_name_and_alias(serve, tmp_path):
