@@ -786,19 +786,20 @@ class Proxy:
         models = [(i, lab(m["name"])) for i, m in enumerate(self.reg_models)
                   if not m.get("removed")]
         rows = self.model_rows
-        fam("ggmux_requests_total", "counter", "Requests answered by a replica, per model.")
-        out += [f'ggmux_requests_total{{model="{n}"}} {int(mc[i, L.MC_REQUESTS])}\n'
-                for i, n in models]
-        fam("ggmux_request_errors_total", "counter", "Requests that failed (5xx, replica errors).")
-        out += [f'ggmux_request_errors_total{{model="{n}"}} {int(mc[i, L.MC_ERRORS])}\n'
-                for i, n in models]
-        fam("ggmux_requests_in_flight", "gauge", "Requests being served, per model.")
-        for i, n in models:
-            slots = np.flatnonzero(reps[:, L.R_MODEL] == i)
-            out.append(f'ggmux_requests_in_flight{{model="{n}"}} {int(inflight[slots].sum())}\n')
-        fam("ggmux_model_waiting", "gauge", "Requests waiting for the model to load.")
-        out += [f'ggmux_model_waiting{{model="{n}"}} {int(rows[i, L.M_WAITERS])}\n'
-                for i, n in models]
+
+        def per_model(name: str, kind: str, help_: str, values, fmt: str = "{:d}") -> None:
+            fam(name, kind, help_)
+            out.extend(f'{name}{{model="{n}"}} {fmt.format(values[i])}\n' for i, n in models)
+
+        in_flight = {i: int(inflight[reps[:, L.R_MODEL] == i].sum()) for i, _ in models}
+        per_model("ggmux_requests_total", "counter", "Requests answered by a replica, per model.",
+                  mc[:, L.MC_REQUESTS])
+        per_model("ggmux_request_errors_total", "counter",
+                  "Requests that failed (5xx, replica errors).", mc[:, L.MC_ERRORS])
+        per_model("ggmux_requests_in_flight", "gauge", "Requests being served, per model.",
+                  in_flight)
+        per_model("ggmux_model_waiting", "gauge", "Requests waiting for the model to load.",
+                  rows[:, L.M_WAITERS])
         fam("ggmux_ttft_seconds", "histogram", "Time to first token (first body byte), seconds.")
         for i, n in models:
             acc = 0
@@ -810,18 +811,13 @@ class Proxy:
             out.append(f'ggmux_ttft_seconds_sum{{model="{n}"}} '
                        f'{int(mc[i, L.MC_TTFT_SUM_US]) / 1e6:.6f}\n')
             out.append(f'ggmux_ttft_seconds_count{{model="{n}"}} {int(mc[i, L.MC_TTFT_COUNT])}\n')
-        fam("ggmux_model_loads_total", "counter", "Completed loads.")
-        out += [f'ggmux_model_loads_total{{model="{n}"}} {int(rows[i, L.M_LOADS])}\n'
-                for i, n in models]
-        fam("ggmux_model_evictions_total", "counter", "Replicas stopped to make room or idle.")
-        out += [f'ggmux_model_evictions_total{{model="{n}"}} {int(rows[i, L.M_EVICTIONS])}\n'
-                for i, n in models]
-        fam("ggmux_model_load_seconds_total", "counter", "Time spent loading.")
-        out += [f'ggmux_model_load_seconds_total{{model="{n}"}} '
-                f'{int(rows[i, L.M_LOAD_NS_TOTAL]) / 1e9:.3f}\n' for i, n in models]
-        fam("ggmux_model_loaded", "gauge", "1 while the model has a ready replica.")
-        out += [f'ggmux_model_loaded{{model="{n}"}} {int(rows[i, L.M_STATUS] == 2)}\n'
-                for i, n in models]
+        per_model("ggmux_model_loads_total", "counter", "Completed loads.", rows[:, L.M_LOADS])
+        per_model("ggmux_model_evictions_total", "counter",
+                  "Replicas stopped to make room or idle.", rows[:, L.M_EVICTIONS])
+        per_model("ggmux_model_load_seconds_total", "counter", "Time spent loading.",
+                  rows[:, L.M_LOAD_NS_TOTAL] / 1e9, "{:.3f}")
+        per_model("ggmux_model_loaded", "gauge", "1 while the model has a ready replica.",
+                  (rows[:, L.M_STATUS] == L.ModelStatus.LOADED).astype(np.int64))
         fam("ggmux_model_memory_bytes", "gauge", "Measured min/max and effective memory.")
         for i, n in models:
             for kind, col in (("min", L.M_MEM_MIN), ("max", L.M_MEM_MAX),
