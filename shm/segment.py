@@ -161,24 +161,32 @@ class Segment:
         self.begin_publish()
         return self.end_publish()
 
-    def snapshot(self, *tables: str, retries: int = 10_000) -> tuple[int, list[np.ndarray]]:
+    def snapshot(self, *tables: str, timeout: float = 2.0) -> tuple[int, list[np.ndarray]]:
         """``(generation, copies)`` of whole supervisor tables (``"models"``,
         ``"replicas"``, ``"devices"``) as of one completed publish. Rows are
-        also read under their own seqlocks. Raises :class:`SeqlockBusy`."""
+        also read under their own seqlocks. Spins, then yields, then sleeps
+        100 us between tries (a publish takes microseconds, but a writer
+        preempted on a busy machine holds the generation odd for a time
+        slice); raises :class:`SeqlockBusy` after ``timeout`` seconds."""
         from .seqlock import read_table
 
-        for n in range(retries):
+        deadline = time.monotonic() + timeout
+        n = 0
+        while True:
             g = self._hwords[L.H_GENERATION]
-            if g & 1:
-                if n > 64:
-                    os.sched_yield()
-                continue
-            fence()
-            out = [read_table(getattr(self, t)) for t in tables]
-            fence()
-            if self._hwords[L.H_GENERATION] == g:
-                return g, out
-        raise SeqlockBusy("tables kept changing")
+            if not g & 1:
+                fence()
+                out = [read_table(getattr(self, t)) for t in tables]
+                fence()
+                if self._hwords[L.H_GENERATION] == g:
+                    return g, out
+            n += 1
+            if n > 1000:
+                if time.monotonic() > deadline:
+                    raise SeqlockBusy("tables kept changing")
+                time.sleep(0.0001)
+            elif n > 64:
+                os.sched_yield()
 
     # ---- registry blob ----------------------------------------------------
     def write_registry(self, doc: dict) -> None:
