@@ -14,7 +14,11 @@ the open-file limit).
 A handler is ``async def handler(conn: HttpConnection, req: Request)``; it
 must answer through ``conn`` (``send_response``, ``start_stream`` /
 ``send_chunk`` / ``end_stream``, or ``head`` + ``write`` + ``finish``)
-exactly once.
+exactly once. An optional ``fast(conn, req) -> bool`` runs first, inside
+the parser's callback: when it returns True it took the request (and
+answers it from callbacks, with no task: a task and its coroutine frames
+cost a proxied request about as much as its parsing), else the handler's
+task runs as usual.
 
 What the core guarantees, so handlers need not:
 
@@ -219,6 +223,7 @@ class Request:
 
     __slots__ = (
         "body",
+        "body_json",
         "chunked",
         "conn_tokens",
         "content_length",
@@ -245,6 +250,7 @@ class Request:
         self.url = b""
         self.headers: list[Header] = []
         self.body: bytes | bytearray = b""
+        self.body_json: dict | None = None  # the body parsed, when a fast path did
         self.keep_alive = True
         self.path = b""
         self.query = b""
@@ -377,6 +383,7 @@ class HttpConnection(asyncio.Protocol):
         "_timer",
         "_timer_at",
         "_tkind",
+        "fast",
         "handler",
         "limits",
         "loop",
@@ -391,8 +398,10 @@ class HttpConnection(asyncio.Protocol):
         handler: Callable[[HttpConnection, Request], Awaitable[None]],
         limits: HttpLimits,
         on_close: Callable[[HttpConnection], None] | None = None,
+        fast: Callable[[HttpConnection, Request], bool] | None = None,
     ) -> None:
         self.handler = handler
+        self.fast = fast
         self.limits = limits
         self.loop = asyncio.get_event_loop()
         self.transport: asyncio.Transport | None = None
@@ -518,9 +527,23 @@ class HttpConnection(asyncio.Protocol):
                 err = (400, f"malformed HTTP request: {e}")
             self._reject(*err)
             return
-        # httptools buffers a header line whole before calling on_header, so
-        # a head that never ends is caught on the raw byte count
-        if self._in_head and self._head_seen > self._max_head:
+        if self._cur is not None:
+            # a request is partly here: its head (or body) clock runs from
+            # its first bytes, and more bytes do not restart it. Armed here
+            # rather than in the parser callbacks: a request that arrives
+            # whole (the common case) then costs no clock at all.
+            if self._in_head:
+                # httptools buffers a header line whole before calling
+                # on_header, so a head that never ends is caught on the raw
+                # byte count
+                if self._head_seen > self._max_head:
+                    self._reject(431, f"request head exceeds {self._max_head} bytes")
+                    return
+                if self._active is None and self._tkind != _HEAD:
+                    self._set_timeout(_HEAD, self.limits.header_timeout)
+            elif self._active is None and self._tkind != _BODY:
+                self._set_timeout(_BODY, self.limits.body_timeout)
+        elif self._in_head and self._head_seen > self._max_head:
             self._reject(431, f"request head exceeds {self._max_head} bytes")
 
     # ---- parser callbacks -------------------------------------------------
@@ -530,8 +553,6 @@ class HttpConnection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._cur = Request()
-        if self._active is None:
-            self._set_timeout(_HEAD, self.limits.header_timeout)
 
     def on_url(self, url: bytes) -> None:
         req = self._cur
@@ -603,8 +624,6 @@ class HttpConnection(asyncio.Protocol):
                 req.expect_continue = True
                 if self._active is None:
                     self._continue(req)
-        if self._active is None:
-            self._set_timeout(_BODY, self.limits.body_timeout)
 
     def _continue(self, req: Request) -> None:
         """Send ``100 Continue``: the head was accepted and it is its turn."""
@@ -647,7 +666,23 @@ class HttpConnection(asyncio.Protocol):
         self._active = req
         self._responding = False
         self._tkind = 0
+        fast = self.fast
+        if fast is not None:
+            try:
+                if fast(self, req):
+                    return
+            except Exception:  # the handler's task answers instead
+                log.exception("fast path failed for %s %s", req.method, req.url)
+                if self._active is not req or self._responding or self._closed:
+                    self.close()
+                    return
         self._task = self.loop.create_task(self._run(req))
+
+    def run_handler(self, req: Request) -> None:
+        """Answer ``req``, the request being answered, with the handler's
+        task: how a ``fast`` path that took a request hands it back."""
+        if self._active is req and not self._closed:
+            self._task = self.loop.create_task(self._run(req))
 
     async def _run(self, req: Request) -> None:
         try:

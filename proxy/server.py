@@ -36,6 +36,7 @@ import random
 import signal
 import sys
 import time
+from bisect import bisect_left
 from urllib.parse import parse_qs, unquote
 
 import numpy as np
@@ -46,6 +47,7 @@ from ..shm import layout as L
 from ..shm.segment import Segment
 from ..shm.seqlock import read_table
 from .balancer import (
+    CLOSED,
     BalancerConfig,
     Candidate,
     CircuitBreaker,
@@ -62,7 +64,7 @@ from .http import (
     json_object,
     limits_from_args,
 )
-from .upstream import UpstreamError, UpstreamPool, request_head
+from .upstream import Exchange, UpstreamError, UpstreamPool, request_head
 
 log = logging.getLogger("ggmux.proxy")
 
@@ -95,6 +97,8 @@ INFERENCE = frozenset(
 QUERY_ROUTED = frozenset((b"/props", b"/metrics", b"/slots"))
 
 TTFT_ALPHA = 0.2  # EWMA weight of the newest sample
+# bucket bounds in microseconds; an index past the last is the +Inf bucket
+_TTFT_BUCKETS_US = tuple(b * 1000 for b in L.TTFT_BUCKETS_MS)
 SSE_KEEPALIVE_S = 15.0
 
 
@@ -124,6 +128,10 @@ class Proxy:
         self.cnt = self.seg.counters[index]  # (replicas, C_WORDS), ours alone
         self.wait = self.seg.waiters[index]  # (models, W_WORDS), ours alone
         self.mc = self.seg.mcounters[index]  # (models, MC_WORDS), ours alone
+        # the same rows as int64 memoryviews for the per-request updates: a
+        # Python-level word costs a fifth of a numpy scalar's get + set
+        self.cw = [memoryview(row) for row in self.cnt]
+        self.mcw = [memoryview(row) for row in self.mc]
         self.load_wait = load_wait
         self.queue_timeout = queue_timeout
         self.max_queue = max_queue
@@ -133,8 +141,7 @@ class Proxy:
         self.pool = UpstreamPool(self.loop)
         self.balancer = BalancerConfig()
         self.rng = random.Random()
-        self.breakers = [CircuitBreaker(self.cnt[s], self.balancer)
-                         for s in range(self.seg.sizes.replicas)]
+        self.breakers = [CircuitBreaker(row, self.balancer) for row in self.cw]
         self.gen = -1
         self.reg_version = -1
         self.names: dict[str, int] = {}
@@ -320,6 +327,91 @@ class Proxy:
                 given = auth[7:].strip()
         return given is not None and hmac.compare_digest(given, key)
 
+    def fast(self, conn: HttpConnection, req: Request) -> bool:
+        """Forward ``req`` from the parser's callback, without a task, when
+        nothing needs waiting or choosing (the common case; run before
+        :meth:`handle`): an inference route or ``/upstream/<model>/...`` for
+        a model that exactly one local replica serves (:attr:`single`),
+        whose circuit is closed and that has an idle pooled connection.
+
+        Returns False, having changed nothing, in every other case, errors
+        included: :meth:`handle` answers those. A forward that fails
+        before anything reached the client is handed to :meth:`handle`
+        too, which retries as its own forwards do."""
+        path = req.path
+        if path in INFERENCE:
+            if req.method != b"POST":
+                return False
+            try:
+                body = orjson.loads(req.body)
+            except orjson.JSONDecodeError:
+                return False
+            if type(body) is not dict:
+                return False
+            req.body_json = body
+            name = body.get("model")
+            if type(name) is not str:
+                return False
+            target = req.url
+        elif path[:10] == b"/upstream/":
+            i = path.find(b"/", 10)
+            if i < 0 or self._slashed:
+                return False
+            raw = path[10:i]
+            if b"%" in raw:
+                return False
+            name = raw.decode("latin-1")
+            target = path[i:] + b"?" + req.query if req.query else path[i:]
+        else:
+            return False
+        if self.api_key is not None and not self._authorized(req):
+            return False
+        self.refresh()
+        m = self.names.get(name)
+        if m is None:
+            return False
+        c = self.single.get(m)
+        if c is None:
+            return False
+        slot = c.slot
+        cw = self.cw[slot]
+        inc = c.incarnation
+        if cw[L.C_INCARNATION] != inc or cw[L.C_CIRCUIT] != CLOSED:
+            return False
+        up = self.pool.take_idle(c.port)
+        if up is None:
+            return False
+        body = req.body
+        data = request_head(req, c.port, len(body), target=target) + body
+        cw[L.C_IN_FLIGHT] += 1
+        cw[L.C_LAST_USED_NS] = time.monotonic_ns()
+        up.send(conn, req, data, lambda r: self._fast_done(conn, req, m, slot, inc, r))
+        return True
+
+    def _fast_done(self, conn: HttpConnection, req: Request, m: int, slot: int, inc: int,
+                   r: Exchange | UpstreamError) -> None:
+        cw = self.cw[slot]
+        now = time.monotonic_ns()
+        if cw[L.C_INCARNATION] == inc:
+            cw[L.C_IN_FLIGHT] -= 1
+            cw[L.C_LAST_USED_NS] = now
+        br = self.breakers[slot]
+        if isinstance(r, UpstreamError):
+            if not r.stale:
+                br.record(False, now)
+                cw[L.C_ERRORS] += 1
+                self.mcw[m][L.MC_ERRORS] += 1
+                log.warning("proxy %d: %s (attempt 1)", self.index, r)
+                self.gen = -1  # re-read: the replica may be gone
+                self.refresh()
+            conn.run_handler(req)  # the slow path retries or answers 502
+            return
+        if r.status == 499 and not r.first_byte_ns:
+            br.release()
+        else:
+            br.record(r.status < 500, now)
+        self._account(cw, m, r)
+
     async def handle(self, conn: HttpConnection, req: Request) -> None:
         path = req.path
         if path == b"/health":
@@ -374,7 +466,9 @@ class Proxy:
         return vals[0] if vals else None
 
     async def _inference(self, conn: HttpConnection, req: Request) -> None:
-        body = json_object(conn, req)
+        body = req.body_json
+        if body is None:
+            body = json_object(conn, req)
         if body is None:
             return
         name = body.get("model")
@@ -557,9 +651,9 @@ class Proxy:
                 if c.slot in self.remotes and touch:
                     self._want_local(m, cands)
                 slot, inc = c.slot, c.incarnation
-                cnt = self.cnt[slot]
+                cnt = self.cw[slot]
                 if cnt[L.C_INCARNATION] != inc:  # first: the reset clears the breaker too
-                    cnt[:] = 0
+                    self.cnt[slot] = 0
                     cnt[L.C_INCARNATION] = inc
                 br = self.breakers[slot]
                 tried.add(slot)
@@ -578,10 +672,17 @@ class Proxy:
                     attempt += 1
                     br.record(False, time.monotonic_ns())
                     cnt[L.C_ERRORS] += 1
-                    self.mc[m, L.MC_ERRORS] += 1
+                    self.mcw[m][L.MC_ERRORS] += 1
                     log.warning("proxy %d: %s (attempt %d)", self.index, e, attempt)
                     self.gen = -1  # re-read: the replica may be gone
                     self.refresh()
+                    if m in self.ready and attempt < 6:
+                        # still listed: its exit may not have reached the
+                        # supervisor yet; give it that long before the next
+                        # try (10 ms doubling, 310 ms in all) instead of
+                        # spending every attempt on a dead replica at once
+                        await asyncio.sleep(0.005 * (1 << attempt))
+                        self.refresh()
                     if req.disconnected:
                         conn.finish(req)
                         return
@@ -667,30 +768,28 @@ class Proxy:
             head = head.replace(b" " + req.url + b" ", b" " + prefix + req.url + b" ", 1)
         return await self.pool.forward(port, conn, req, head + body, host)
 
-    def _account(self, cnt: np.ndarray, m: int, ex) -> None:
+    def _account(self, cnt: memoryview, m: int, ex: Exchange) -> None:
+        """Count one forwarded request: requests, errors, TTFT (EWMA, last,
+        sum, count; microseconds) per replica, and per model the TTFT
+        histogram in :data:`~ggmux.shm.layout.TTFT_BUCKETS_MS`."""
         cnt[L.C_REQUESTS] += 1
-        mc = self.mc[m]
+        mc = self.mcw[m]
         mc[L.MC_REQUESTS] += 1
         if ex.status >= 500:
             cnt[L.C_ERRORS] += 1
             mc[L.MC_ERRORS] += 1
-        if ex.sent_ns and ex.first_byte_ns:
+        if ex.first_byte_ns and ex.sent_ns:
             us = (ex.first_byte_ns - ex.sent_ns) // 1000
             if us > 0:
-                old = int(cnt[L.C_TTFT_EWMA_US])
+                old = cnt[L.C_TTFT_EWMA_US]
                 cnt[L.C_TTFT_EWMA_US] = us if old == 0 else int(old + TTFT_ALPHA * (us - old))
                 cnt[L.C_TTFT_LAST_US] = us
                 cnt[L.C_TTFT_SUM_US] += us
                 cnt[L.C_TTFT_COUNT] += 1
                 mc[L.MC_TTFT_COUNT] += 1
                 mc[L.MC_TTFT_SUM_US] += us
-                ms = us / 1000
-                b = L.MC_BUCKET_INF
-                for i, le in enumerate(L.TTFT_BUCKETS_MS):
-                    if ms <= le:
-                        b = L.MC_BUCKET0 + i
-                        break
-                mc[b] += 1
+                # bucket i counts TTFT <= TTFT_BUCKETS_MS[i] ms (and above the one before)
+                mc[L.MC_BUCKET0 + bisect_left(_TTFT_BUCKETS_US, us)] += 1
 
     # ---- listing, events, metrics ------------------------------------------------------
     def _status(self, i: int) -> dict:
@@ -874,7 +973,7 @@ def main(argv: list[str] | None = None) -> int:
     limits: HttpLimits = fit_fd_limit(limits_from_args(args))
     server = loop.run_until_complete(
         loop.create_server(
-            lambda: HttpConnection(proxy.handle, limits), args.host, args.port,
+            lambda: HttpConnection(proxy.handle, limits, fast=proxy.fast), args.host, args.port,
             reuse_port=True, backlog=2048,
         )
     )

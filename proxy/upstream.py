@@ -30,7 +30,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import httptools
@@ -61,7 +61,15 @@ _RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"x-request-id"}
 
 
 class UpstreamError(Exception):
-    """The replica could not be reached or failed before answering."""
+    """The replica could not be reached or failed before answering.
+
+    ``stale``: the failure was a pooled keep-alive connection that the
+    replica had closed before it answered anything (the keep-alive race:
+    worth one retry on a fresh connection, and no verdict on the replica)."""
+
+    def __init__(self, message: str, stale: bool = False) -> None:
+        super().__init__(message)
+        self.stale = stale
 
 
 @dataclass(slots=True)
@@ -89,13 +97,13 @@ class Upstream(asyncio.Protocol):
         "client",
         "closed",
         "conn_tokens",
-        "done",
         "err_body",
         "ex",
         "got_bytes",
         "head_sent",
         "headers",
         "key",
+        "on_done",
         "parser",
         "paused",
         "pool",
@@ -114,7 +122,7 @@ class Upstream(asyncio.Protocol):
         self.parser: httptools.HttpResponseParser | None = None
         self.client: HttpConnection | None = None  # set while an exchange runs
         self.req: Request | None = None
-        self.done: asyncio.Future | None = None
+        self.on_done: Callable[[Exchange | UpstreamError], None] | None = None
         self.ex = Exchange()
         self.closed = False
         self.reused = False  # taken from the pool (may be stale)
@@ -153,13 +161,13 @@ class Upstream(asyncio.Protocol):
             )
 
     def data_received(self, data: bytes) -> None:
-        if self.client is None:
+        client = self.client
+        if client is None:
             # bytes on an idle connection: the replica is confused, drop it
             self.closed = True
             self.transport.close()
             return
         self.got_bytes = True
-        client = self.client
         client.cork()  # what this read produces leaves in one write
         try:
             self.parser.feed_data(data)
@@ -171,14 +179,23 @@ class Upstream(asyncio.Protocol):
             client.uncork()
 
     # ---- one exchange ------------------------------------------------------------
-    def send(self, client: HttpConnection, req: Request, data: bytes) -> asyncio.Future:
-        """Write a whole request; the future resolves when the response was
-        forwarded (result: status; details in ``self.ex`` until the next
-        send) or fails with :class:`UpstreamError` before anything reached
-        the client."""
+    def send(
+        self,
+        client: HttpConnection,
+        req: Request,
+        data: bytes,
+        on_done: Callable[[Exchange | UpstreamError], None],
+    ) -> None:
+        """Write a whole request and relay the response to ``client``.
+
+        ``on_done`` is called exactly once, possibly before this returns:
+        with the :class:`Exchange` when the response was relayed (status
+        499: the client left first; 502: the replica died mid-body), or
+        with an :class:`UpstreamError` when nothing reached the client."""
         self.client = client
         self.req = req
-        self.parser = httptools.HttpResponseParser(self)
+        if self.parser is None:  # kept across keep-alive exchanges
+            self.parser = httptools.HttpResponseParser(self)
         self.status = 0
         self.headers = []
         self.conn_tokens = ()
@@ -188,7 +205,7 @@ class Upstream(asyncio.Protocol):
         self.until_close = False
         self.err_body = None
         self.ex = Exchange(sent_ns=time.monotonic_ns())
-        self.done = done = client.loop.create_future()
+        self.on_done = on_done
         client.write_paused_cb = self._client_paused
         req.on_disconnect = self._client_gone
         try:
@@ -196,9 +213,9 @@ class Upstream(asyncio.Protocol):
         except RuntimeError as e:  # closed under us since acquire()
             self.closed = True
             self._fail(f"replica connection closed: {e}")
-            return done
-        self._client_paused(client.write_paused)
-        return done
+            return
+        if client.write_paused:
+            self._client_paused(True)
 
     def _client_paused(self, paused: bool) -> None:
         if self.closed or paused == self.paused:
@@ -212,17 +229,16 @@ class Upstream(asyncio.Protocol):
     def _client_gone(self) -> None:
         # closing the replica connection is how the instance learns the
         # client left: it stops generating instead of finishing for nobody
-        done = self.done
-        self._detach()
+        _, _, done = self._detach()
         self.closed = True
         self.transport.close()
-        if done is not None and not done.done():
+        if done is not None:
             self.ex.status = 499
-            done.set_result(499)
+            done(self.ex)
 
-    def _detach(self) -> tuple[HttpConnection, Request, asyncio.Future]:
-        client, req, done = self.client, self.req, self.done
-        self.client = self.req = self.done = None
+    def _detach(self) -> tuple[HttpConnection, Request, Callable | None]:
+        client, req, done = self.client, self.req, self.on_done
+        self.client = self.req = self.on_done = None
         if client is not None:
             client.write_paused_cb = None
             req.on_disconnect = None
@@ -284,6 +300,7 @@ class Upstream(asyncio.Protocol):
         if req.head_only:
             # the parser cannot be told the request was HEAD and would wait
             # for the body the headers announce; the next send gets a new one
+            self.parser = None
             self._complete()
 
     def on_body(self, body: bytes) -> None:
@@ -325,16 +342,16 @@ class Upstream(asyncio.Protocol):
             client.finish(req)
         else:
             client.end_stream(req)
-        if done is not None and not done.done():
-            done.set_result(self.status)
+        if done is not None:
+            done(self.ex)
 
     # ---- failure ---------------------------------------------------------------------
     def _fail(self, why: str) -> None:
         client, req, done = self._detach()
-        if client is None or done is None or done.done():
+        if client is None or done is None:
             return
         if not self.head_sent:
-            done.set_exception(UpstreamError(why))
+            done(UpstreamError(why, stale=self.reused and not self.got_bytes))
             return
         # mid-body: tell an SSE client why, then cut the body short so no
         # client can mistake it for a clean end (an HTTP/1.0 client, whose
@@ -344,10 +361,20 @@ class Upstream(asyncio.Protocol):
         client.close()
         client.finish(req)
         self.ex.status = 502
-        done.set_result(502)
+        done(self.ex)
 
 
 LOCAL_HOST = "127.0.0.1"
+
+
+def _settle(fut: asyncio.Future) -> Callable[[object], None]:
+    """An ``on_done`` that resolves ``fut`` (unless it was cancelled)."""
+
+    def done(result: object) -> None:
+        if not fut.done():
+            fut.set_result(result)
+
+    return done
 
 
 class UpstreamPool:
@@ -366,6 +393,17 @@ class UpstreamPool:
 
     def _bucket(self, key: int | tuple[str, int]) -> dict:
         return self.idle if type(key) is int else self.idle_remote
+
+    def take_idle(self, port: int) -> Upstream | None:
+        """An idle pooled connection to the local replica on ``port``
+        (``reused`` set), or None when there is none."""
+        q = self.idle.get(port)
+        while q:
+            up = q.pop()
+            if not up.closed and not up.transport.is_closing():
+                up.reused = True
+                return up
+        return None
 
     async def acquire(self, port: int, host: str = LOCAL_HOST, fresh: bool = False) -> Upstream:
         """An idle connection to ``host:port`` (``reused`` set) or, when
@@ -402,15 +440,15 @@ class UpstreamPool:
             if req.disconnected:
                 self.release(up)
                 return Exchange(status=499, retried=retried)
-            try:
-                await up.send(client, req, data)
-            except UpstreamError as e:
-                if up.reused and not up.got_bytes and not retried and not req.disconnected:
-                    log.debug("stale pooled connection to %s:%d (%s): retrying", host, port, e)
+            fut = self.loop.create_future()
+            up.send(client, req, data, _settle(fut))
+            ex = await fut
+            if isinstance(ex, UpstreamError):
+                if ex.stale and not retried and not req.disconnected:
+                    log.debug("stale pooled connection to %s:%d (%s): retrying", host, port, ex)
                     retried = True
                     continue
-                raise
-            ex = up.ex
+                raise ex
             ex.retried = retried
             return ex
 
@@ -454,13 +492,19 @@ class UpstreamPool:
 
 
 def request_head(
-    req: Request, port: int, body_len: int, extra: Iterable[Header] = (), host: bytes = b"127.0.0.1"
+    req: Request,
+    port: int,
+    body_len: int,
+    extra: Iterable[Header] = (),
+    host: bytes = b"127.0.0.1",
+    target: bytes | None = None,
 ) -> bytes:
-    """The request head sent to a replica: same method and target, our own
-    Host, Content-Length and ``x-request-id`` (the client's id), hop-by-hop
-    headers removed (the fixed list and those the client's ``Connection``
-    header names), ``extra`` headers appended."""
-    parts = [b"%s %s HTTP/1.1\r\nhost: %s:%d\r\n" % (req.method, req.url, host, port)]
+    """The request head sent to a replica: same method and target (or
+    ``target``), our own Host, Content-Length and ``x-request-id`` (the
+    client's id), hop-by-hop headers removed (the fixed list and those the
+    client's ``Connection`` header names), ``extra`` headers appended."""
+    url = req.url if target is None else target
+    parts = [b"%s %s HTTP/1.1\r\nhost: %s:%d\r\n" % (req.method, url, host, port)]
     tokens = req.conn_tokens
     for k, v in req.headers:
         if k in _REQUEST_DROP or (tokens and k in tokens):

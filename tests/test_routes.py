@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import time
 
 import pytest
-from conftest import chat_body, open_stream, served_by
+from conftest import chat_body, open_stream, served_by, wait_for
 from ggmux.shm import layout as L
 
 openai = pytest.importorskip("openai")
@@ -150,3 +152,26 @@ def test_streaming_client_gets_keepalives_while_its_model_loads(serve, fakes):
     assert out.startswith(b"HTTP/1.1 200") and b": waiting for broken" in out
     assert b'"code":"model_load_failed"' in out and b"bad tensor" in out
     assert not out.endswith(b"0\r\n\r\n")  # an error never ends cleanly
+
+
+def test_request_right_after_its_replica_was_killed_is_served_by_the_next_one(serve, fakes):
+    """The proxy holds an idle pooled connection to the replica; a request
+    sent the moment the replica dies meets that dead connection (or a
+    refused connect) before the supervisor has noticed the exit. It must
+    wait for the reload and be served, not fail, and nothing may stay
+    counted in flight."""
+    fakes.add("a", load_s=0.05)
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0")
+    st, _, body = s.request("POST", CHAT, chat_body("a", max_tokens=1))
+    assert st == 200
+    pid = served_by(body)[1]
+    for _ in range(3):
+        for _ in range(3):  # the pooled connection is in use, then idle
+            assert served_by(s.request("POST", CHAT, chat_body("a", max_tokens=1))[2])[1] == pid
+        os.kill(pid, signal.SIGKILL)
+        st, _, body = s.request("POST", CHAT, chat_body("a", max_tokens=1))
+        assert st == 200, body
+        new = served_by(body)[1]
+        assert new != pid
+        pid = new
+    wait_for(lambda: s.seg.counters[:, :, L.C_IN_FLIGHT].sum() == 0, 5, what="none in flight")
