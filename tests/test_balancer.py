@@ -517,12 +517,35 @@ def test_ttft_is_the_sample_weighted_mean_of_the_proxies_ewmas():
     counters[:, 0, L.C_INCARNATION] = 100
     counters[:, 0, L.C_TTFT_EWMA_US] = [40_000, 100_000, 0]
     counters[:, 0, L.C_TTFT_COUNT] = [30, 10, 0]
-    (c,) = candidates_from_shm(rows, counters, 0, 0)
+    counters[:, 0, L.C_LAST_USED_NS] = NOW
+    (c,) = candidates_from_shm(rows, counters, 0, 0, NOW)
     assert c.ttft_ewma_us == pytest.approx((30 * 40_000 + 10 * 100_000) / 40)
     counters[1, 0, L.C_INCARNATION] = 99  # stale row: ignored
-    assert candidates_from_shm(rows, counters, 0, 0)[0].ttft_ewma_us == pytest.approx(40_000)
+    assert candidates_from_shm(rows, counters, 0, 0, NOW)[0].ttft_ewma_us == pytest.approx(40_000)
     counters[:, 0, L.C_TTFT_COUNT] = 0
-    assert candidates_from_shm(rows, counters, 0, 0)[0].ttft_ewma_us == 0.0
+    assert candidates_from_shm(rows, counters, 0, 0, NOW)[0].ttft_ewma_us == 0.0
+
+
+def test_ttft_of_a_replica_unused_for_ttft_forget_s_is_forgotten_so_it_is_tried_again():
+    rows, counters = tables(n_proxies=2)
+    for s in (0, 1):
+        replica(rows, s, 0)
+        counters[:, s, L.C_INCARNATION] = 100 + s
+        counters[:, s, L.C_TTFT_COUNT] = 50
+    counters[:, :2, L.C_TTFT_EWMA_US] = [20_000, 90_000]  # slot 1 once answered slowly
+    counters[:, 0, L.C_LAST_USED_NS] = NOW  # sequential requests all go to slot 0
+    counters[:, 1, L.C_LAST_USED_NS] = NOW - 9 * NS
+    cs = candidates_from_shm(rows, counters, 0, 0, NOW)
+    assert cs[1].ttft_ewma_us == 90_000
+    assert {pick(cs, rng=random.Random(k)) for k in range(20)} == {0}
+    counters[1, 1, L.C_LAST_USED_NS] = NOW - 11 * NS  # the latest use over proxies counts
+    assert candidates_from_shm(rows, counters, 0, 0, NOW)[1].ttft_ewma_us == 90_000
+    counters[0, 1, L.C_LAST_USED_NS] = NOW - 11 * NS
+    cs = candidates_from_shm(rows, counters, 0, 0, NOW)
+    assert cs[1].ttft_ewma_us == 0.0  # unknown: scores as the baseline
+    assert {pick(cs, rng=random.Random(k)) for k in range(20)} == {0, 1}
+    cfg = BalancerConfig(ttft_forget_s=60)
+    assert candidates_from_shm(rows, counters, 0, 0, NOW, cfg)[1].ttft_ewma_us == 90_000
 
 
 def test_circuit_comes_from_this_proxys_row_of_the_current_incarnation():
