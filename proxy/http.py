@@ -666,6 +666,7 @@ class HttpConnection(asyncio.Protocol):
         self._active = req
         self._responding = False
         self._tkind = 0
+        self._task = None
         fast = self.fast
         if fast is not None:
             try:
@@ -673,7 +674,9 @@ class HttpConnection(asyncio.Protocol):
                     return
             except Exception:  # the handler's task answers instead
                 log.exception("fast path failed for %s %s", req.method, req.url)
-                if self._active is not req or self._responding or self._closed:
+                if (self._active is not req or self._responding or self._closed
+                        or req.on_disconnect is not None or self._task is not None):
+                    # it may have gone upstream already: never send it twice
                     self.close()
                     return
         self._task = self.loop.create_task(self._run(req))

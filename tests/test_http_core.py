@@ -118,10 +118,11 @@ class Served:
 
 
 def http_server(
-    lt: LoopThread, handler, limits: HttpLimits, host: str = "127.0.0.1", port: int = 0
+    lt: LoopThread, handler, limits: HttpLimits, host: str = "127.0.0.1", port: int = 0,
+    fast=None,
 ) -> Served:
-    """A server of :class:`HttpConnection` with ``handler``."""
-    s = Served(lt, lambda: HttpConnection(handler, limits), host, port)
+    """A server of :class:`HttpConnection` with ``handler`` (and ``fast``)."""
+    s = Served(lt, lambda: HttpConnection(handler, limits, fast=fast), host, port)
     s.limits = limits  # type: ignore[attr-defined]
     return s
 
@@ -1243,3 +1244,44 @@ def test_remote_upstreams_on_one_port_never_share_a_pooled_connection(lt):
         lt.call(pool.close)
         a.close()
         b.close()
+
+
+# ---------------------------------------------------------------------------
+# the fast hook: requests taken from the parser callback, without a task
+
+
+def test_fast_hook_takes_requests_and_hands_back_the_rest(lt):
+    handled: list[bytes] = []
+
+    async def handler(conn, req):
+        handled.append(req.path)
+        conn.send_json(req, 200, {"by": "task", "path": req.path.decode()})
+
+    def fast(conn, req):
+        if req.path == b"/fast":
+            conn.send_json(req, 200, {"by": "fast"})
+            return True
+        if req.path == b"/later":  # taken, then handed back (a failed forward)
+            conn.loop.call_soon(conn.run_handler, req)
+            return True
+        if req.path == b"/boom":
+            raise RuntimeError("a bug before anything was sent")
+        if req.path == b"/boom-after":
+            req.on_disconnect = lambda: None  # what Upstream.send sets before writing
+            raise RuntimeError("a bug after the request may have gone upstream")
+        return False
+
+    s = http_server(lt, handler, HttpLimits(), fast=fast)
+    try:
+        with Client(s.port) as c:
+            # pipelined: answered in order whichever path takes each
+            c.send(get("/fast") + get("/slow") + get("/later") + get("/fast") + get("/boom"))
+            got = [c.response().json() for _ in range(5)]
+        assert [g["by"] for g in got] == ["fast", "task", "task", "fast", "task"]
+        assert handled == [b"/slow", b"/later", b"/boom"]
+        with Client(s.port) as c:
+            c.send(get("/boom-after"))
+            assert c.read_until_eof(timeout=5) == b""  # closed, never answered twice
+        assert handled == [b"/slow", b"/later", b"/boom"]
+    finally:
+        s.close()
