@@ -407,8 +407,9 @@ class Proxy:
         if cw[L.C_INCARNATION] == inc:
             cw[L.C_IN_FLIGHT] -= 1
             cw[L.C_LAST_USED_NS] = now
-        if type(r) is Exchange and r.status < 500 and cw[L.C_CIRCUIT] == CLOSED:
+        if type(r) is Exchange and r.status < 499 and cw[L.C_CIRCUIT] == CLOSED:
             # the common verdict, CircuitBreaker.record(True) on a closed circuit
+            # (499, the client leaving, may be no verdict at all: below)
             cw[L.C_CONSEC_FAILURES] = 0
             self._account(cw, m, r)
             return

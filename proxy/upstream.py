@@ -101,9 +101,11 @@ class Upstream(asyncio.Protocol):
         "conn_tokens",
         "err_body",
         "ex",
+        "finished",
         "got_bytes",
         "head_sent",
         "headers",
+        "junk",
         "key",
         "on_done",
         "parser",
@@ -138,6 +140,8 @@ class Upstream(asyncio.Protocol):
         self.paused = False
         self._resp_keepalive = True
         self.err_body: bytearray | None = None
+        self.finished = False  # the response is whole (completed at the end of the read)
+        self.junk = False  # the replica sent more than the response: not reused
         self._on_paused = self._client_paused  # bound once, not per request
         self._on_gone = self._client_gone
 
@@ -178,9 +182,17 @@ class Upstream(asyncio.Protocol):
         except httptools.HttpParserError as e:
             self.closed = True
             self.transport.close()
-            self._fail(f"bad response from replica: {e}")
+            if not self.finished:
+                self._fail(f"bad response from replica: {e}")
+            # else: bytes after a whole response; it stands, the connection goes
         finally:
-            client.uncork()
+            if self.finished and self.client is client:
+                # completed only now that the parser is done with this read: the
+                # connection may go straight to the next (pipelined) request,
+                # which must not see the rest of this read
+                self._complete()
+            else:
+                client.uncork()
 
     # ---- one exchange ------------------------------------------------------------
     def send(
@@ -208,6 +220,7 @@ class Upstream(asyncio.Protocol):
         self.sse = False
         self.until_close = False
         self.err_body = None
+        self.finished = False
         self.ex = Exchange(sent_ns=time.monotonic_ns())
         self.on_done = on_done
         client.write_paused_cb = self._on_paused
@@ -249,7 +262,16 @@ class Upstream(asyncio.Protocol):
         return client, req, done
 
     # ---- parser callbacks --------------------------------------------------------
+    # Once the response is whole (``finished``), anything more the replica
+    # sends in the same read is junk: ignored, and the connection is not
+    # reused (an answer nobody asked for must not become the next request's).
+    def on_message_begin(self) -> None:
+        if self.finished:
+            self.junk = True
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.finished:
+            return
         name = name.lower()
         if name == b"connection":
             v = value.lower()
@@ -258,6 +280,8 @@ class Upstream(asyncio.Protocol):
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        if self.finished:
+            return
         p = self.parser
         status = p.get_status_code()
         if status < 200:  # interim (100 Continue ...): not forwarded
@@ -305,12 +329,13 @@ class Upstream(asyncio.Protocol):
             # the parser cannot be told the request was HEAD and would wait
             # for the body the headers announce; the next send gets a new one
             self.parser = None
-            self._complete()
+            self.finished = True
 
     def on_body(self, body: bytes) -> None:
-        client = self.client
-        if client is None:  # HEAD already completed
+        if self.finished:  # a body after HEAD's head, or after the response
+            self.junk = True
             return
+        client = self.client
         if self.err_body is not None:
             self.err_body += body
             return
@@ -324,31 +349,36 @@ class Upstream(asyncio.Protocol):
             self.transport.pause_reading()
 
     def on_message_complete(self) -> None:
-        if self.client is None or self.status == 0:  # HEAD done, or interim response
+        if self.status == 0 or self.finished:  # interim response, or junk
             return
-        self._complete()
+        self.finished = True  # data_received completes the exchange
 
     def _complete(self) -> None:
         client, req, done = self._detach()
+        # this exchange's outcome, taken before the connection can be reused:
+        # ending the response may start the client's next pipelined request,
+        # which may take this very connection (and a new Exchange) at once
+        ex = self.ex
+        ex.status = self.status
+        err = self.err_body
+        self.err_body = None
         if self.paused and not self.closed:
             self.paused = False
             self.transport.resume_reading()
-        if self._resp_keepalive and not self.closed and not self.until_close:
+        if self._resp_keepalive and not self.closed and not self.until_close and not self.junk:
             self.pool.release(self)
         elif not self.closed:
             self.closed = True
             self.transport.close()
-        self.ex.status = self.status
-        if self.err_body is not None:
-            err, self.err_body = bytes(self.err_body), None
-            client.send_chunk(b"data: " + (err or b'{"error":{}}') + b"\n\n")
+        if err is not None:
+            client.send_chunk(b"data: " + (bytes(err) or b'{"error":{}}') + b"\n\n")
             client.close()  # an error: no clean end
             client.finish(req)
         else:
             client.end_stream(req)
             client.uncork()  # the response leaves now; the bookkeeping comes after
         if done is not None:
-            done(self.ex)
+            done(ex)
 
     # ---- failure ---------------------------------------------------------------------
     def _fail(self, why: str) -> None:
@@ -363,10 +393,11 @@ class Upstream(asyncio.Protocol):
         # body ends at the close, has only the event to go by)
         if self.sse:
             client.send_chunk(b"data: " + error_body(why, "server_error", 502) + b"\n\n")
+        ex = self.ex
+        ex.status = 502
         client.close()
         client.finish(req)
-        self.ex.status = 502
-        done(self.ex)
+        done(ex)
 
 
 LOCAL_HOST = "127.0.0.1"

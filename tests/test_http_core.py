@@ -975,6 +975,11 @@ class Replica:
             await fut
             self.gone.set()
             conn.finish(req)
+        elif path == b"/junk":
+            # a confused replica: its answer, then an answer nobody asked for
+            conn.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+                                 b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nevil")
+            conn.finish(req)
         elif path == b"/ok-close":
             req.keep_alive = False
             conn.send_json(req, 200, {"n": n})
@@ -1064,6 +1069,18 @@ def test_stale_pooled_connection_is_retried_once_on_a_fresh_one(proxied):
     # the handler records the exchange just after the client got its answer
     wait_for(lambda: len(proxy.exchanges) == 2, 5, what="second exchange recorded")
     assert proxy.exchanges[-1].retried
+
+
+def test_bytes_after_a_response_never_reach_the_next_request(proxied):
+    ps, proxy, replica = proxied
+    with Client(ps.port) as c:
+        c.send(get("/junk") + get("/next"))  # pipelined: the next one is ready at once
+        first, second = c.response(), c.response()
+    assert first.status == 200 and first.body == b"ok"
+    assert second.status == 200 and second.json()["path"] == "/next"
+    assert replica.server.made == 2  # the confused connection was not reused
+    wait_for(lambda: len(proxy.exchanges) == 2, 5, what="exchanges recorded")
+    assert [ex.status for ex in proxy.exchanges] == [200, 200]
 
 
 def test_replica_that_dies_before_answering_gives_502(proxied):

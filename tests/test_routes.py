@@ -175,3 +175,54 @@ def test_request_right_after_its_replica_was_killed_is_served_by_the_next_one(se
         assert new != pid
         pid = new
     wait_for(lambda: s.seg.counters[:, :, L.C_IN_FLIGHT].sum() == 0, 5, what="none in flight")
+
+
+def _pipelined(port: int, body: dict, n: int) -> list[tuple[int, bytes]]:
+    """Send ``n`` chat requests back to back on one connection; their
+    (status, body) in the order they came back."""
+    data = json.dumps(body).encode()
+    one = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+           b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(data), data))
+    out, buf = [], b""
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(one * n)
+        while len(out) < n:
+            while b"\r\n\r\n" not in buf:
+                buf += sock.recv(65536)
+            head, _, buf = buf.partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            while len(buf) < length:
+                buf += sock.recv(65536)
+            out.append((int(head[9:12]), buf[:length]))
+            buf = buf[length:]
+    return out
+
+
+def test_pipelined_requests_each_count_once_and_failures_open_the_circuit(serve, fakes):
+    """Requests pipelined on one connection go out one after another on the
+    same pooled replica connection; each must be counted with its own
+    outcome (requests, TTFT samples, errors), so a replica failing them all
+    opens its circuit as it does for requests sent one at a time."""
+    f = fakes.add("m", tokens=1)
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0")
+    pid = served_by(s.request("POST", CHAT, chat_body("m"))[2])[1]
+    s.request("POST", CHAT, chat_body("m"))  # a pooled connection is idle now
+    row = s.seg.counters[0, 0]
+    # counted just after the answer left: wait for both before the baseline
+    wait_for(lambda: row[L.C_REQUESTS] == 2, 5, what="warm-up counted")
+    before = row.copy()
+    got = _pipelined(s.port, chat_body("m"), 20)
+    assert [st for st, _ in got] == [200] * 20
+    assert all(served_by(b)[1] == pid for _, b in got)
+    # each is counted just after its answer left: wait for the last one
+    wait_for(lambda: row[L.C_REQUESTS] - before[L.C_REQUESTS] >= 20, 5, what="20 counted")
+    assert row[L.C_REQUESTS] - before[L.C_REQUESTS] == 20
+    assert row[L.C_TTFT_COUNT] - before[L.C_TTFT_COUNT] == 20
+    assert row[L.C_IN_FLIGHT] == 0
+    f.with_name(f"{f.name}.fail-{pid}").touch()  # the replica now answers 500
+    before = row.copy()
+    got = _pipelined(s.port, chat_body("m"), 3)
+    assert [st for st, _ in got] == [500] * 3
+    wait_for(lambda: row[L.C_ERRORS] - before[L.C_ERRORS] >= 3, 5, what="3 errors counted")
+    assert row[L.C_ERRORS] - before[L.C_ERRORS] == 3
+    assert row[L.C_CIRCUIT] == L.CircuitState.OPEN
