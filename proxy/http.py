@@ -332,6 +332,15 @@ _SPECIAL = {
 _IDLE, _HEAD, _BODY, _LINGER = range(1, 5)
 
 
+def _connection_line(req: Request) -> bytes:
+    """The response's ``connection`` header line: ``close`` when this is the
+    connection's last response, ``keep-alive`` for an HTTP/1.0 client that
+    keeps it, none otherwise (HTTP/1.1's default)."""
+    if not req.keep_alive:
+        return b"connection: close\r\n"
+    return b"connection: keep-alive\r\n" if req.http10 else b""
+
+
 class _Reject(Exception):
     """Raised from a parser callback to stop parsing; the answer is in
     ``HttpConnection._error``."""
@@ -527,24 +536,20 @@ class HttpConnection(asyncio.Protocol):
                 err = (400, f"malformed HTTP request: {e}")
             self._reject(*err)
             return
-        if self._cur is not None:
+        # httptools buffers a header line whole before calling on_header, so
+        # a head that never ends is caught on the raw byte count
+        if self._in_head and self._head_seen > self._max_head:
+            self._reject(431, f"request head exceeds {self._max_head} bytes")
+            return
+        if self._cur is not None and self._active is None:
             # a request is partly here: its head (or body) clock runs from
             # its first bytes, and more bytes do not restart it. Armed here
             # rather than in the parser callbacks: a request that arrives
             # whole (the common case) then costs no clock at all.
-            if self._in_head:
-                # httptools buffers a header line whole before calling
-                # on_header, so a head that never ends is caught on the raw
-                # byte count
-                if self._head_seen > self._max_head:
-                    self._reject(431, f"request head exceeds {self._max_head} bytes")
-                    return
-                if self._active is None and self._tkind != _HEAD:
-                    self._set_timeout(_HEAD, self.limits.header_timeout)
-            elif self._active is None and self._tkind != _BODY:
-                self._set_timeout(_BODY, self.limits.body_timeout)
-        elif self._in_head and self._head_seen > self._max_head:
-            self._reject(431, f"request head exceeds {self._max_head} bytes")
+            kind = _HEAD if self._in_head else _BODY
+            if self._tkind != kind:
+                self._set_timeout(kind, self.limits.header_timeout if kind == _HEAD
+                                  else self.limits.body_timeout)
 
     # ---- parser callbacks -------------------------------------------------
     def _fail(self, status: int, message: str) -> None:
@@ -813,13 +818,8 @@ class HttpConnection(asyncio.Protocol):
         parts = [status_line(status)]
         for k, v in headers:
             parts.append(b"%s: %s\r\n" % (k, v))
-        if not req.keep_alive:
-            conn = b"connection: close\r\n"
-        elif req.http10:
-            conn = b"connection: keep-alive\r\n"
-        else:
-            conn = b""
-        parts.append(b"%sx-request-id: %s\r\n%s\r\n" % (framing, req.request_id, conn))
+        parts.append(b"%sx-request-id: %s\r\n%s\r\n" % (framing, req.request_id,
+                                                          _connection_line(req)))
         return b"".join(parts)
 
     def send_response(
@@ -840,18 +840,12 @@ class HttpConnection(asyncio.Protocol):
             body = b""
         else:
             framing = b"content-length: %d\r\n" % len(body)
-        if not req.keep_alive:
-            conn = b"connection: close\r\n"
-        elif req.http10:
-            conn = b"connection: keep-alive\r\n"
-        else:
-            conn = b""
         head = b"%scontent-type: %s\r\n%sx-request-id: %s\r\n%s" % (
             status_line(status),
             content_type,
             framing,
             req.request_id,
-            conn,
+            _connection_line(req),
         )
         for k, v in headers:
             head += b"%s: %s\r\n" % (k, v)

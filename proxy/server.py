@@ -135,7 +135,6 @@ class Proxy:
         self.seg = Segment.attach(shm)
         self.mq = posix_ipc.MessageQueue(mq)
         self.mq.block = False
-        self.hwords = self.seg.hwords  # the header words (the generation: one read per request)
         self.cnt = self.seg.counters[index]  # (replicas, C_WORDS), ours alone
         self.wait = self.seg.waiters[index]  # (models, W_WORDS), ours alone
         self.mc = self.seg.mcounters[index]  # (models, MC_WORDS), ours alone
@@ -365,20 +364,15 @@ class Proxy:
                 return False
             target = req.url
         elif path[:10] == b"/upstream/":
-            i = path.find(b"/", 10)
-            if i < 0 or self._slashed:
+            route = self._upstream_route(req)
+            if route is None:
                 return False
-            raw = path[10:i]
-            if b"%" in raw:
-                return False
-            name = raw.decode("latin-1")
-            target = path[i:] + b"?" + req.query if req.query else path[i:]
+            name, target = route
         else:
             return False
         if self.api_key is not None and not self._authorized(req):
             return False
-        if self.hwords[L.H_GENERATION] != self.gen:
-            self.refresh()
+        self.refresh()
         m = self.names.get(name)
         if m is None:
             return False
@@ -407,28 +401,34 @@ class Proxy:
         if cw[L.C_INCARNATION] == inc:
             cw[L.C_IN_FLIGHT] -= 1
             cw[L.C_LAST_USED_NS] = now
-        if type(r) is Exchange and r.status < 499 and cw[L.C_CIRCUIT] == CLOSED:
-            # the common verdict, CircuitBreaker.record(True) on a closed circuit
-            # (499, the client leaving, may be no verdict at all: below)
-            cw[L.C_CONSEC_FAILURES] = 0
-            self._account(cw, m, r)
-            return
-        br = self.breakers[slot]
         if isinstance(r, UpstreamError):
-            if not r.stale:
-                br.record(False, now)
-                cw[L.C_ERRORS] += 1
-                self.mcw[m][L.MC_ERRORS] += 1
-                log.warning("proxy %d: %s (attempt 1)", self.index, r)
-                self.gen = -1  # re-read: the replica may be gone
-                self.refresh()
+            if not r.stale:  # a stale pooled connection says nothing of the replica
+                self._forward_failed(slot, m, r, 1)
             conn.run_handler(req)  # the slow path retries or answers 502
             return
-        if r.status == 499 and not r.first_byte_ns:
+        self._verdict(self.breakers[slot], r, now)
+        self._account(cw, m, r)
+
+    def _forward_failed(self, slot: int, m: int, err: UpstreamError, attempt: int) -> None:
+        """A forward to ``slot`` failed before anything reached the client:
+        a failure for its breaker and the error counters; the tables are
+        re-read, since the replica may be gone."""
+        self.breakers[slot].record(False, time.monotonic_ns())
+        self.cw[slot][L.C_ERRORS] += 1
+        self.mcw[m][L.MC_ERRORS] += 1
+        log.warning("proxy %d: %s (attempt %d)", self.index, err, attempt)
+        self.gen = -1
+        self.refresh()
+
+    @staticmethod
+    def _verdict(br: CircuitBreaker, ex: Exchange, now: int) -> None:
+        """The breaker's verdict on a relayed response: a 5xx fails, anything
+        else succeeds, and a client that left before the first byte gives
+        none (the probe slot is only released)."""
+        if ex.status == 499 and not ex.first_byte_ns:
             br.release()
         else:
-            br.record(r.status < 500, now)
-        self._account(cw, m, r)
+            br.record(ex.status < 500, now)
 
     async def handle(self, conn: HttpConnection, req: Request) -> None:
         path = req.path
@@ -502,26 +502,41 @@ class Proxy:
         """``/upstream/<model>/<path>``: the request, unchanged but for the
         target, to one replica of the model. Names may contain ``/``: the
         longest registered name (URL-decoded) wins."""
-        rest = req.path[len(b"/upstream/"):].decode("latin-1")
         self.refresh()
-        best = None
-        head, sep, tail = rest.partition("/")
-        if "%" not in head and head in self.names and not any(
-            n.startswith(head + "/") for n in self._slashed
-        ):
-            best = (head, sep + tail or "/")  # the common case: a name without "/"
-        else:
+        route = self._upstream_route(req)
+        if route is None or route[0] not in self.names:
+            rest = req.path[len(b"/upstream/"):].decode("latin-1")
+            route = None
             for i, ch in enumerate(rest + "/"):
                 if ch == "/":
                     name = unquote(rest[:i])
                     if name in self.names:
-                        best = (name, rest[i:] or "/")
-        if best is None:
-            conn.send_error(req, 404, f"no model in '/upstream/{rest}'", code="model_not_found")
-            return
-        name, sub = best
-        req.url = sub.encode("latin-1") + (b"?" + req.query if req.query else b"")
+                        route = (name, self._target(req, (rest[i:] or "/").encode("latin-1")))
+            if route is None:
+                conn.send_error(req, 404, f"no model in '/upstream/{rest}'",
+                                code="model_not_found")
+                return
+        name, req.url = route
         await self._forward(conn, req, self.names[name], name, None)
+
+    def _upstream_route(self, req: Request) -> tuple[str, bytes] | None:
+        """``(model name, target for the replica)`` of ``/upstream/<name>/...``
+        in the common case, a name without ``/`` or ``%`` that no registered
+        name with ``/`` extends; None otherwise (the name may not be
+        registered: the caller checks)."""
+        i = req.path.find(b"/", 10)
+        raw = req.path[10:] if i < 0 else req.path[10:i]
+        if b"%" in raw:
+            return None
+        name = raw.decode("latin-1")
+        if self._slashed and any(n.startswith(name + "/") for n in self._slashed):
+            return None
+        return name, self._target(req, b"/" if i < 0 else req.path[i:])
+
+    @staticmethod
+    def _target(req: Request, sub: bytes) -> bytes:
+        """``sub`` with the request's query string: what the replica is asked for."""
+        return sub + b"?" + req.query if req.query else sub
 
     def _model(self, conn: HttpConnection, req: Request, name) -> int | None:
         """Index of the model a request names, or None after answering
@@ -688,12 +703,7 @@ class Proxy:
                     ex = await self._send(conn, req, slot, c.port)
                 except UpstreamError as e:
                     attempt += 1
-                    br.record(False, time.monotonic_ns())
-                    cnt[L.C_ERRORS] += 1
-                    self.mcw[m][L.MC_ERRORS] += 1
-                    log.warning("proxy %d: %s (attempt %d)", self.index, e, attempt)
-                    self.gen = -1  # re-read: the replica may be gone
-                    self.refresh()
+                    self._forward_failed(slot, m, e, attempt)
                     if m in self.ready and attempt < 6:
                         # still listed: its exit may not have reached the
                         # supervisor yet; give it that long before the next
@@ -716,10 +726,7 @@ class Proxy:
                         cnt[L.C_IN_FLIGHT] -= 1
                         if touch:
                             cnt[L.C_LAST_USED_NS] = time.monotonic_ns()
-                if ex.status == 499 and not ex.first_byte_ns:
-                    br.release()
-                else:
-                    br.record(ex.status < 500, time.monotonic_ns())
+                self._verdict(br, ex, time.monotonic_ns())
                 if touch:  # ?model= calls are neither use nor traffic for the metrics
                     self._account(cnt, m, ex)
                 return

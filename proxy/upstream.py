@@ -430,10 +430,10 @@ class UpstreamPool:
     def _bucket(self, key: int | tuple[str, int]) -> dict:
         return self.idle if type(key) is int else self.idle_remote
 
-    def take_idle(self, port: int) -> Upstream | None:
-        """An idle pooled connection to the local replica on ``port``
-        (``reused`` set), or None when there is none."""
-        q = self.idle.get(port)
+    def take_idle(self, key: int | tuple[str, int]) -> Upstream | None:
+        """An idle pooled connection (``reused`` set) to the local replica
+        on port ``key`` or the remote ``(host, port)``, or None."""
+        q = self._bucket(key).get(key)
         while q:
             up = q.pop()
             if not up.closed and not up.transport.is_closing():
@@ -447,12 +447,9 @@ class UpstreamPool:
 
         Raises :class:`UpstreamError` when the replica refuses."""
         key = port if host == LOCAL_HOST else (host, port)
-        q = None if fresh else self._bucket(key).get(key)
-        while q:
-            up = q.pop()
-            if not up.closed and not up.transport.is_closing():
-                up.reused = True
-                return up
+        up = None if fresh else self.take_idle(key)
+        if up is not None:
+            return up
         try:
             _, up = await self.loop.create_connection(lambda: Upstream(self, key), host, port)
         except OSError as e:

@@ -38,8 +38,7 @@ class Segment:
     (replicas, R_WORDS), ``counters`` (proxies, replicas, C_WORDS),
     ``waiters`` (proxies, models, W_WORDS), ``mcounters`` (proxies, models,
     MC_WORDS), ``devices`` (devices, D_WORDS),
-    ``registry`` (registry_cap,) uint8; ``hwords`` the header again as a
-    memoryview of int64 words (a read costs a sixth of a numpy scalar's).
+    ``registry`` (registry_cap,) uint8.
     """
 
     def __init__(self, name: str, mm: mmap.mmap, sizes: L.Sizes, owner: bool) -> None:
@@ -61,7 +60,7 @@ class Segment:
         self._registry_cache: tuple[int, dict] | None = None
         # the header as Python-level int64 words: a plain read of the
         # generation costs ~50 ns instead of a numpy scalar's ~300
-        self.hwords = buf[: 8 * L.H_WORDS].cast("q")
+        self._hwords = buf[: 8 * L.H_WORDS].cast("q")
 
     # ---- lifecycle ------------------------------------------------------
     @classmethod
@@ -118,7 +117,7 @@ class Segment:
 
     def close(self) -> None:
         """Drop the mapping (views must not be used afterwards)."""
-        self.hwords.release()
+        self._hwords.release()
         for table in ("header", "models", "replicas", "counters", "waiters", "mcounters",
                       "devices", "registry"):
             if hasattr(self, table):
@@ -138,7 +137,7 @@ class Segment:
     # ---- generation -----------------------------------------------------
     @property
     def generation(self) -> int:
-        return self.hwords[L.H_GENERATION]
+        return self._hwords[L.H_GENERATION]
 
     def begin_publish(self) -> None:
         """Supervisor only: rows are about to change (generation becomes odd).
@@ -174,12 +173,12 @@ class Segment:
         deadline = time.monotonic() + timeout
         n = 0
         while True:
-            g = self.hwords[L.H_GENERATION]
+            g = self._hwords[L.H_GENERATION]
             if not g & 1:
                 fence()
                 out = [read_table(getattr(self, t)) for t in tables]
                 fence()
-                if self.hwords[L.H_GENERATION] == g:
+                if self._hwords[L.H_GENERATION] == g:
                     return g, out
             n += 1
             if n > 1000:
