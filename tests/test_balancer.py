@@ -188,38 +188,31 @@ def test_different_rngs_break_ties_differently():
     assert len(firsts) >= 4
 
 
-def test_two_equal_replicas_share_a_closed_loop_evenly():
-    """1000 choices with in-flight updated as in a proxy: 8 requests kept
-    outstanding, a random one finishes before each new choice."""
-    rng = random.Random(7)
-    cands = [cand(0), cand(1)]
-    by_slot = {0: cands[0], 1: cands[1]}
+def closed_loop(cands, rng, depth: int, n: int = 1000) -> Counter:
+    """Choices per slot over ``n`` requests with in-flight updated as in a
+    proxy: ``depth`` requests kept outstanding, a random one finishing
+    before each new choice (``cands`` are indexed by slot)."""
     outstanding: list[int] = []
     got = Counter()
-    for _ in range(1000):
-        if len(outstanding) >= 8:
-            done = outstanding.pop(rng.randrange(len(outstanding)))
-            by_slot[done].in_flight -= 1
-        c = choose(cands, (), None, rng, now_ns=NOW)
-        c.in_flight += 1
-        outstanding.append(c.slot)
-        got[c.slot] += 1
-    assert abs(got[0] / 1000 - 0.5) <= 0.5 * 0.15, got
-
-
-def test_closed_loop_sends_more_to_the_faster_replica():
-    rng = random.Random(3)
-    cands = [cand(0, ttft_ewma_us=35_000.0), cand(1, ttft_ewma_us=300_000.0)]
-    outstanding: list[int] = []
-    got = Counter()
-    for _ in range(1000):
-        if len(outstanding) >= 6:
+    for _ in range(n):
+        if len(outstanding) >= depth:
             done = outstanding.pop(rng.randrange(len(outstanding)))
             cands[done].in_flight -= 1
         c = choose(cands, (), None, rng, now_ns=NOW)
         c.in_flight += 1
         outstanding.append(c.slot)
         got[c.slot] += 1
+    return got
+
+
+def test_two_equal_replicas_share_a_closed_loop_evenly():
+    got = closed_loop([cand(0), cand(1)], random.Random(7), depth=8)
+    assert abs(got[0] / 1000 - 0.5) <= 0.5 * 0.15, got
+
+
+def test_closed_loop_sends_more_to_the_faster_replica():
+    cands = [cand(0, ttft_ewma_us=35_000.0), cand(1, ttft_ewma_us=300_000.0)]
+    got = closed_loop(cands, random.Random(3), depth=6)
     assert got[0] > 3 * got[1], got
 
 
