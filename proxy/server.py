@@ -54,7 +54,6 @@ import posix_ipc
 
 from ..shm import layout as L
 from ..shm.segment import Segment
-from ..shm.seqlock import read_table
 from .balancer import (
     CLOSED,
     BalancerConfig,
@@ -73,6 +72,8 @@ from .http import (
     json_object,
     limits_from_args,
 )
+from .listing import ModelEvents, models_list
+from .metrics import metrics_text
 from .upstream import Exchange, UpstreamError, UpstreamPool, request_head
 
 log = logging.getLogger("ggmux.proxy")
@@ -109,7 +110,6 @@ TTFT_ALPHA = 0.2  # EWMA weight of the newest sample
 GC_GEN0_THRESHOLD = 10_000  # allocations between young collections (CPython's default: 700)
 # bucket bounds in microseconds; an index past the last is the +Inf bucket
 _TTFT_BUCKETS_US = tuple(b * 1000 for b in L.TTFT_BUCKETS_MS)
-SSE_KEEPALIVE_S = 15.0
 
 
 class Proxy:
@@ -166,9 +166,8 @@ class Proxy:
         self.waiting: dict[int, set[asyncio.Future]] = {}
         self.queued: dict[int, int] = {}  # model -> requests queued for a free replica
         self.local_asked: dict[int, int] = {}  # model -> when a local replica was last asked
-        self.sse: set[tuple[HttpConnection, Request]] = set()
-        self.sse_last: dict[int, bytes] = {}
-        self.sse_timer: asyncio.TimerHandle | None = None
+        self.events = ModelEvents(self.loop, lambda: (self.reg_models, self.model_rows,
+                                                      self.errors))
         self.refresh()
 
     # ---- shared-memory snapshot ------------------------------------------
@@ -220,8 +219,8 @@ class Proxy:
                 for f in futs:
                     if not f.done():
                         f.set_result(outcome)
-        if self.sse:
-            self._sse_publish()
+        if self.events:
+            self.events.publish()
 
     def _in_backoff(self, m: int, now: int) -> bool:
         row = self.model_rows[m]
@@ -451,12 +450,14 @@ class Proxy:
             if reload and not self._command(conn, req, {"op": "reload"}):
                 return
             self.refresh()
-            conn.send_json(req, 200, self.models_list())
+            conn.send_json(req, 200, models_list(self.reg_models, self.model_rows, self.errors))
         elif path in QUERY_ROUTED and req.method in (b"GET", b"HEAD"):
             name = self._query_model(req)
             if name is None and path == b"/metrics":
                 self.refresh()
-                conn.send_response(req, 200, self.metrics_text(), b"text/plain; version=0.0.4")
+                text = metrics_text(self.seg, self.reg_models, self.model_rows,
+                                    self.replica_rows)
+                conn.send_response(req, 200, text, b"text/plain; version=0.0.4")
             elif name is None:
                 conn.send_error(req, 400, f"{path.decode()} needs ?model=<name>")
             else:
@@ -471,7 +472,8 @@ class Proxy:
                 return
             self._load_unload(conn, req, path.rsplit(b"/", 1)[1].decode())
         elif path == b"/models/sse" and req.method == b"GET":
-            await self._sse_subscribe(conn, req)
+            self.refresh()
+            await self.events.subscribe(conn, req)
         elif path.startswith(b"/upstream/"):
             await self._passthrough(conn, req)
         else:
@@ -815,152 +817,6 @@ class Proxy:
                 mc[L.MC_TTFT_SUM_US] += us
                 # bucket i counts TTFT <= TTFT_BUCKETS_MS[i] ms (and above the one before)
                 mc[L.MC_BUCKET0 + bisect_left(_TTFT_BUCKETS_US, us)] += 1
-
-    # ---- listing, events, metrics ------------------------------------------------------
-    def _status(self, i: int) -> dict:
-        row = self.model_rows[i]
-        st = int(row[L.M_STATUS])
-        mdl = self.reg_models[i]
-        status: dict = {"value": L.ModelStatus.NAMES[st], "args": mdl.get("args", [])}
-        if row[L.M_FAILED]:
-            status["failed"] = True
-            status["exit_code"] = int(row[L.M_EXIT_CODE])
-            if str(i) in self.errors:
-                status["error"] = self.errors[str(i)]
-        if st == L.ModelStatus.LOADING:
-            status["progress"] = int(row[L.M_PROGRESS]) / 1000
-        return status
-
-    def models_list(self) -> dict:
-        """OpenAI model list with llama.cpp router's ``status`` object."""
-        data = []
-        for i, mdl in enumerate(self.reg_models):
-            if mdl.get("removed"):
-                continue
-            data.append({
-                "id": mdl["name"],
-                "object": "model",
-                "created": 0,
-                "owned_by": "ggmux",
-                "aliases": mdl.get("aliases", []),
-                "status": self._status(i),
-            })
-        return {"object": "list", "data": data}
-
-    async def _sse_subscribe(self, conn: HttpConnection, req: Request) -> None:
-        """``GET /models/sse``: one ``event: model`` per status change, as it
-        happens (woken by the supervisor's generation bump), after one event
-        per model with its current status; comments keep it alive."""
-        self.refresh()
-        conn.start_stream(req)
-        for i, mdl in enumerate(self.reg_models):
-            if not mdl.get("removed"):
-                conn.send_chunk(self._sse_event(i))
-        self.sse_last = {i: self._sse_event(i) for i in range(len(self.reg_models))}
-        sub = (conn, req)
-        self.sse.add(sub)
-        gone = self.loop.create_future()
-        req.on_disconnect = lambda: gone.done() or gone.set_result(None)
-        if self.sse_timer is None:
-            self.sse_timer = self.loop.call_later(SSE_KEEPALIVE_S, self._sse_keepalive)
-        try:
-            await gone  # the stream lasts as long as the client stays
-        finally:
-            self.sse.discard(sub)
-            conn.finish(req)
-
-    def _sse_event(self, i: int) -> bytes:
-        mdl = self.reg_models[i]
-        data = orjson.dumps({"id": mdl["name"], "status": self._status(i)})
-        return b"event: model\ndata: " + data + b"\n\n"
-
-    def _sse_publish(self) -> None:
-        for i, mdl in enumerate(self.reg_models):
-            if mdl.get("removed"):
-                continue
-            ev = self._sse_event(i)
-            if self.sse_last.get(i) != ev:
-                self.sse_last[i] = ev
-                for conn, _ in list(self.sse):
-                    conn.send_chunk(ev)
-
-    def _sse_keepalive(self) -> None:
-        self.sse_timer = None
-        if not self.sse:
-            return
-        for conn, _ in list(self.sse):
-            conn.send_chunk(b": keep-alive\n\n")
-        self.sse_timer = self.loop.call_later(SSE_KEEPALIVE_S, self._sse_keepalive)
-
-    def metrics_text(self) -> bytes:
-        """Prometheus text for the whole server, summed over every proxy."""
-        seg = self.seg
-        mc = seg.mcounters.sum(axis=0)
-        cnt = seg.counters
-        inflight = cnt[:, :, L.C_IN_FLIGHT].sum(axis=0)
-        reps = self.replica_rows
-        out: list[str] = []
-
-        def fam(name: str, kind: str, help_: str) -> None:
-            out.append(f"# HELP {name} {help_}\n# TYPE {name} {kind}\n")
-
-        def lab(s: str) -> str:
-            return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-        models = [(i, lab(m["name"])) for i, m in enumerate(self.reg_models)
-                  if not m.get("removed")]
-        rows = self.model_rows
-
-        def per_model(name: str, kind: str, help_: str, values, fmt: str = "{:d}") -> None:
-            fam(name, kind, help_)
-            out.extend(f'{name}{{model="{n}"}} {fmt.format(values[i])}\n' for i, n in models)
-
-        in_flight = {i: int(inflight[reps[:, L.R_MODEL] == i].sum()) for i, _ in models}
-        per_model("ggmux_requests_total", "counter", "Requests answered by a replica, per model.",
-                  mc[:, L.MC_REQUESTS])
-        per_model("ggmux_request_errors_total", "counter",
-                  "Requests that failed (5xx, replica errors).", mc[:, L.MC_ERRORS])
-        per_model("ggmux_requests_in_flight", "gauge", "Requests being served, per model.",
-                  in_flight)
-        per_model("ggmux_model_waiting", "gauge", "Requests waiting for the model to load.",
-                  rows[:, L.M_WAITERS])
-        fam("ggmux_ttft_seconds", "histogram", "Time to first token (first body byte), seconds.")
-        for i, n in models:
-            acc = 0
-            for b, le in enumerate(L.TTFT_BUCKETS_MS):
-                acc += int(mc[i, L.MC_BUCKET0 + b])
-                out.append(f'ggmux_ttft_seconds_bucket{{model="{n}",le="{le / 1000:g}"}} {acc}\n')
-            acc += int(mc[i, L.MC_BUCKET_INF])
-            out.append(f'ggmux_ttft_seconds_bucket{{model="{n}",le="+Inf"}} {acc}\n')
-            out.append(f'ggmux_ttft_seconds_sum{{model="{n}"}} '
-                       f'{int(mc[i, L.MC_TTFT_SUM_US]) / 1e6:.6f}\n')
-            out.append(f'ggmux_ttft_seconds_count{{model="{n}"}} {int(mc[i, L.MC_TTFT_COUNT])}\n')
-        per_model("ggmux_model_loads_total", "counter", "Completed loads.", rows[:, L.M_LOADS])
-        per_model("ggmux_model_evictions_total", "counter",
-                  "Replicas stopped to make room or idle.", rows[:, L.M_EVICTIONS])
-        per_model("ggmux_model_load_seconds_total", "counter", "Time spent loading.",
-                  rows[:, L.M_LOAD_NS_TOTAL] / 1e9, "{:.3f}")
-        per_model("ggmux_model_loaded", "gauge", "1 while the model has a ready replica.",
-                  (rows[:, L.M_STATUS] == L.ModelStatus.LOADED).astype(np.int64))
-        fam("ggmux_model_memory_bytes", "gauge", "Measured min/max and effective memory.")
-        for i, n in models:
-            for kind, col in (("min", L.M_MEM_MIN), ("max", L.M_MEM_MAX),
-                              ("effective", L.M_MEM_EFFECTIVE)):
-                out.append(f'ggmux_model_memory_bytes{{model="{n}",kind="{kind}"}} '
-                           f'{int(rows[i, col])}\n')
-        fam("ggmux_replica_circuit_open", "gauge", "Replicas whose circuit this proxy opened.")
-        for i, n in models:
-            slots = np.flatnonzero(reps[:, L.R_MODEL] == i)
-            opened = int((cnt[:, slots, L.C_CIRCUIT] == L.CircuitState.OPEN).any(axis=0).sum())
-            out.append(f'ggmux_replica_circuit_open{{model="{n}"}} {opened}\n')
-        fam("ggmux_device_memory_bytes", "gauge", "Memory per device at the last calibration.")
-        for d in read_table(seg.devices):
-            dev = ("host" if int(d[L.D_KIND]) == 0 else f"gpu{int(d[L.D_INDEX])}")
-            for kind, col in (("total", L.D_TOTAL), ("external", L.D_EXTERNAL),
-                              ("held", L.D_HELD), ("free", L.D_FREE)):
-                out.append(f'ggmux_device_memory_bytes{{device="{dev}",kind="{kind}"}} '
-                           f'{int(d[col])}\n')
-        return "".join(out).encode()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,0 +1,116 @@
+"""What a proxy tells clients about models: the OpenAI model list with
+llama.cpp router's ``status`` object (``GET /v1/models``) and its live form,
+``GET /models/sse`` (one ``event: model`` per status change)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import orjson
+
+from ..shm import layout as L
+from .http import HttpConnection, Request
+
+SSE_KEEPALIVE_S = 15.0
+
+
+def model_status(i: int, row: np.ndarray, mdl: dict, errors: dict[str, str]) -> dict:
+    """llama.cpp router's ``status`` object of model ``i`` from its models-table
+    ``row``: ``value`` (unloaded, loading, loaded, sleeping, stopping),
+    ``args``; ``failed``, ``exit_code`` and ``error`` after a crash;
+    ``progress`` (0..1) while loading."""
+    st = int(row[L.M_STATUS])
+    status: dict = {"value": L.ModelStatus.NAMES[st], "args": mdl.get("args", [])}
+    if row[L.M_FAILED]:
+        status["failed"] = True
+        status["exit_code"] = int(row[L.M_EXIT_CODE])
+        if str(i) in errors:
+            status["error"] = errors[str(i)]
+    if st == L.ModelStatus.LOADING:
+        status["progress"] = int(row[L.M_PROGRESS]) / 1000
+    return status
+
+
+def models_list(reg_models: list[dict], model_rows: np.ndarray, errors: dict[str, str]) -> dict:
+    """OpenAI model list (``{"object": "list", "data": [...]}``) with
+    llama.cpp router's ``status`` object and ggmux's ``aliases``; models a
+    reload removed are left out."""
+    data = []
+    for i, mdl in enumerate(reg_models):
+        if mdl.get("removed"):
+            continue
+        data.append({
+            "id": mdl["name"],
+            "object": "model",
+            "created": 0,
+            "owned_by": "ggmux",
+            "aliases": mdl.get("aliases", []),
+            "status": model_status(i, model_rows[i], mdl, errors),
+        })
+    return {"object": "list", "data": data}
+
+
+class ModelEvents:
+    """The ``GET /models/sse`` subscribers of one proxy.
+
+    :meth:`publish` runs after every table refresh and sends one
+    ``event: model`` per model whose status changed since the last event;
+    a comment every :data:`SSE_KEEPALIVE_S` seconds keeps idle streams open.
+    ``state()`` returns ``(reg_models, model_rows, errors)`` as of now."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, state) -> None:
+        self.loop = loop
+        self.state = state
+        self.subs: set[tuple[HttpConnection, Request]] = set()
+        self.last: dict[int, bytes] = {}
+        self.timer: asyncio.TimerHandle | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.subs)
+
+    def _event(self, i: int) -> bytes:
+        reg_models, rows, errors = self.state()
+        mdl = reg_models[i]
+        data = orjson.dumps({"id": mdl["name"], "status": model_status(i, rows[i], mdl, errors)})
+        return b"event: model\ndata: " + data + b"\n\n"
+
+    async def subscribe(self, conn: HttpConnection, req: Request) -> None:
+        """Serve one subscriber: one event per model with its current status,
+        then changes as they happen, for as long as the client stays."""
+        reg_models = self.state()[0]
+        conn.start_stream(req)
+        for i, mdl in enumerate(reg_models):
+            if not mdl.get("removed"):
+                conn.send_chunk(self._event(i))
+        self.last = {i: self._event(i) for i in range(len(reg_models))}
+        sub = (conn, req)
+        self.subs.add(sub)
+        gone = self.loop.create_future()
+        req.on_disconnect = lambda: gone.done() or gone.set_result(None)
+        if self.timer is None:
+            self.timer = self.loop.call_later(SSE_KEEPALIVE_S, self._keepalive)
+        try:
+            await gone  # the stream lasts as long as the client stays
+        finally:
+            self.subs.discard(sub)
+            conn.finish(req)
+
+    def publish(self) -> None:
+        """Send the status of every model that changed since its last event."""
+        for i, mdl in enumerate(self.state()[0]):
+            if mdl.get("removed"):
+                continue
+            ev = self._event(i)
+            if self.last.get(i) != ev:
+                self.last[i] = ev
+                for conn, _ in list(self.subs):
+                    conn.send_chunk(ev)
+
+    def _keepalive(self) -> None:
+        self.timer = None
+        if not self.subs:
+            return
+        for conn, _ in list(self.subs):
+            conn.send_chunk(b": keep-alive\n\n")
+        self.timer = self.loop.call_later(SSE_KEEPALIVE_S, self._keepalive)
