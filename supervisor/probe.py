@@ -119,3 +119,50 @@ class Probe:
 def next_interval(current: float) -> float:
     """The wait before the next readiness probe after one failed."""
     return min(MAX_INTERVAL_S, max(FIRST_INTERVAL_S, current * 2))
+
+
+class ProbeSet:
+    """The probes in flight, their sockets in the supervisor's poll set.
+
+    ``poller`` is the loop's ``select.poll()`` object; ``owner`` (the
+    replica or remote a probe is for) is kept beside each probe.
+    """
+
+    def __init__(self, poller) -> None:
+        self.poller = poller
+        self.probes: dict[int, tuple[Probe, object]] = {}  # fd -> (probe, owner)
+
+    def start(self, host: str, port: int, path: str, owner, now: int) -> Probe:
+        """Start a probe of ``host:port`` (``now`` in monotonic ns); one that
+        failed at once comes back ``done``, outside the poll set."""
+        pr = Probe(host, port, path, now)
+        if not pr.done:
+            self.probes[pr.fileno()] = (pr, owner)
+            self.poller.register(pr.fileno(), pr.events())
+        return pr
+
+    def drop(self, fd: int) -> None:
+        """Take the probe on ``fd`` out of the poll set (no-op if none)."""
+        if self.probes.pop(fd, None) is not None:
+            try:
+                self.poller.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+
+    def on_event(self, fd: int) -> bool:
+        """Advance the probe on ``fd``; False if ``fd`` is not a probe's."""
+        pr = self.probes.get(fd)
+        if pr is None:
+            return False
+        pr[0].on_event()
+        if pr[0].done:
+            self.drop(fd)
+        return True
+
+    def step(self, now: int) -> None:
+        """Expire probes past their timeout; poll a connected one for input."""
+        for fd, (pr, _) in list(self.probes.items()):
+            if pr.expired(now):
+                self.drop(fd)
+            elif pr.state == "reading":
+                self.poller.modify(fd, pr.events())

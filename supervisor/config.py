@@ -1,0 +1,33 @@
+"""The supervisor's options (:class:`Config`), filled by ``ggmux serve``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Config:
+    """Options of ``ggmux serve`` the supervisor needs (seconds, counts)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    proxies: int = 1
+    models_max: int = 4
+    stop_timeout: float = 10.0
+    term_timeout: float = 5.0  # SIGTERM -> SIGKILL
+    load_timeout: float | None = None  # None: 5 min + 20 s per GiB, capped at 6 h
+    load_wait: float = 300.0
+    replica_slots: int = 0  # 0: derived from models_max
+    shm_name: str = ""
+    mq_name: str = ""
+    proxy_args: list[str] = field(default_factory=list)
+    proxy_env: dict[str, str] = field(default_factory=dict)  # API keys: proxies only
+    memory_margin: int = 0  # bytes that must stay free on every device after a load
+    host_memory: int | None = None  # replace the host's memory size (tests, containers)
+    ttl: float | None = None  # default idle unload, seconds after the last request ended
+    sleep_idle: float | None = None  # idle seconds before an instance sleeps
+    measure_concurrency: int = 2
+    spares: int = 1  # instance processes kept started and imported ahead of a load
+    spare_delay: float = 3.0  # after a load, a new spare waits for idle, or this long
+    models_headroom: int = 64  # model rows kept free for models a reload adds
+    unload_grace: float = 0.5  # a loading replica being unloaded: exit, then SIGKILL after this

@@ -1,0 +1,71 @@
+"""``upstream`` replicas: one permanent :class:`~.state.Remote` per model
+with an ``upstream`` URL, never loaded or evicted, only health-checked
+(every 5 s while healthy, backing off from 0.1 s while not).
+"""
+
+from __future__ import annotations
+
+import logging
+from urllib.parse import urlsplit
+
+from .probe import ProbeSet
+from .state import NS, Remote, State
+
+log = logging.getLogger(__name__)
+
+
+class Remotes:
+    """Keeps ``state.remotes`` in line with the registry and probes them."""
+
+    def __init__(self, state: State, probes: ProbeSet) -> None:
+        self.state = state
+        self.probes = probes
+
+    def add(self) -> None:
+        """One permanent replica per model with an ``upstream`` URL."""
+        st = self.state
+        for i, e in enumerate(st.registry.entries):
+            if not e.upstream or any(rm.model == i for rm in st.remotes.values()):
+                continue
+            u = urlsplit(e.upstream)
+            port = u.port or (443 if u.scheme == "https" else 80)
+            slot = st.free_slot()
+            if slot is None:
+                log.warning("no replica slot for upstream %s", e.upstream)
+                continue
+            path = "" if u.scheme == "https" or not e.check_endpoint else (
+                u.path.rstrip("/") + e.check_endpoint if e.check_endpoint.startswith("/") else
+                e.check_endpoint)
+            st.remotes[slot] = Remote(slot, i, u.hostname or "127.0.0.1", port, path,
+                                      st.next_incarnation())
+
+    def drop_removed(self) -> None:
+        """Forget the remotes of models removed from every source."""
+        st = self.state
+        for slot, rm in list(st.remotes.items()):
+            if rm.model in st.removed:
+                del st.remotes[slot]
+
+    def probe_step(self, now: int) -> None:
+        """Health of ``upstream`` replicas (``now``: monotonic ns); a change
+        is logged and published."""
+        st = self.state
+        for rm in st.remotes.values():
+            if rm.probe is not None and rm.probe.done:
+                ok = rm.probe.ok
+                if ok != rm.healthy:
+                    log.log(logging.INFO if ok else logging.WARNING, "upstream %s:%d for %s is %s%s",
+                            rm.host, rm.port, st.name(rm.model), "healthy" if ok else "unhealthy",
+                            "" if ok else f" ({rm.probe.why})")
+                    rm.healthy = ok
+                    st.dirty = True
+                if not ok and rm.fails == 0 and not rm.healthy and not rm.reported:
+                    log.warning("upstream %s:%d for %s is not answering (%s)", rm.host,
+                                rm.port, st.name(rm.model), rm.probe.why)
+                    rm.reported = True
+                rm.fails = 0 if ok else rm.fails + 1
+                rm.probe = None
+                delay = 5.0 if ok else min(5.0, 0.1 * 2 ** min(rm.fails, 6))
+                rm.next_probe_ns = now + int(delay * NS)
+            if rm.probe is None and now >= rm.next_probe_ns:
+                rm.probe = self.probes.start(rm.host, rm.port, rm.path, rm, now)

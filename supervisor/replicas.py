@@ -1,0 +1,340 @@
+"""Local replicas: spawning instances and ``cmd`` commands, their state
+lines and readiness probes, stopping (``exit``, then SIGTERM, then
+SIGKILL), load deadlines, and what an exit means for the model
+(eviction, failed load with backoff, crash).
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import signal
+import socket
+import subprocess
+import time
+
+from ..shm import layout as L
+from .children import Child, ChildSet, state_line
+from .memory import Amounts, fmt
+from .probe import FIRST_INTERVAL_S, ProbeSet, next_interval
+from .registry import env_for_instance, instance_argv
+from .spares import Spares
+from .state import NS, GiB, Replica, State
+
+log = logging.getLogger(__name__)
+
+
+def load_budget_s(size_bytes: int, override: float | None) -> float:
+    """Load deadline (s): ``override``, else 300 + 20 per GiB, capped at 6 h.
+
+    Large checkpoints on slow disks take minutes to map; llama.cpp's router
+    has no deadline at all, so a hung load holds its waiters forever.
+    """
+    if override is not None:
+        return override
+    return min(300.0 + 20.0 * size_bytes / GiB, 6 * 3600.0)
+
+
+def backoff_s(failures: int) -> float:
+    """Delay before the next load after ``failures`` failed loads in a row:
+    1 s doubling, capped at 5 min."""
+    return min(2.0 ** max(0, failures - 1), 300.0)
+
+
+class Replicas:
+    """The lifecycle of the replicas in ``state.replicas``: spawn (from a
+    spare when one fits), state lines, readiness probes of ``cmd``
+    instances, stop and escalation, reaping. Owns the spare pool."""
+
+    def __init__(self, state: State, children: ChildSet, probes: ProbeSet) -> None:
+        self.state = state
+        self.children = children
+        self.probes = probes
+        self.spares = Spares(state, children, on_line=self.on_line)
+
+    # ---- state lines ---------------------------------------------------------
+    def on_line(self, child: Child, line: bytes) -> None:
+        """A stdout line of an instance, a spare or a ``cmd`` command."""
+        msg = state_line(child, line)
+        if msg is None:
+            return
+        rep = next((r for r in self.state.replicas.values() if r.child is child), None)
+        if rep is None:
+            return  # a spare announcing itself
+        self.on_state(rep, msg)
+
+    def on_state(self, rep: Replica, msg: dict) -> None:
+        """Apply a state message (``loading``, ``sleeping``, ``ready``,
+        ``error``) of ``rep``."""
+        st = self.state
+        state = msg.get("state")
+        now = time.monotonic_ns()
+        m = st.models[rep.model]
+        if state == "loading":
+            rep.progress = float(msg.get("progress") or 0.0)
+            if rep.status == L.ReplicaStatus.SLEEPING:  # woken
+                rep.status = L.ReplicaStatus.LOADING
+                rep.started_ns = now
+                rep.held = dict(m.mem_min or rep.held)
+            st.dirty = True
+        elif state == "sleeping":
+            if rep.stop_stage:
+                return
+            rep.status = L.ReplicaStatus.SLEEPING
+            rep.sleep_sent = rep.wake_sent = False
+            rep.held = _amounts(msg.get("effective"))
+            log.info("%s (slot %d) is asleep, holding %s", st.name(rep.model), rep.slot,
+                     fmt(rep.held))
+            st.calibrate()
+            st.dirty = True
+        elif state == "ready":
+            if rep.stop_stage:
+                return
+            rep.status = L.ReplicaStatus.READY
+            rep.ready_ns = now
+            rep.progress = 1.0
+            rep.sleep_sent = rep.wake_sent = False
+            eff = _amounts(msg.get("effective"))
+            if sum(eff.values()) > 0:
+                rep.held = eff
+            st.calibrate()
+            m.requested_ns = 0
+            m.loads += 1
+            m.load_ns_total += now - rep.started_ns
+            m.last_ready_ns = now
+            m.failures = 0
+            m.retry_at_ns = 0
+            m.failed = False
+            m.exit_code = 0
+            if m.error:
+                m.error = ""
+                st.errors_dirty = True
+            log.info(
+                "model %s ready on port %d in %.3f s (pid %d)",
+                st.name(rep.model), rep.port, (now - rep.started_ns) / NS, rep.child.pid,
+            )
+            st.dirty = True
+        elif state == "error":
+            rep.error = str(msg.get("error") or "load failed")
+        else:
+            log.debug("state %r from %s", state, rep.child.tag)
+
+    # ---- spawning ------------------------------------------------------------
+    def spawn(self, model: int, reason: str) -> None:
+        """Start a replica of ``model`` in a free slot (logged, no-op when
+        every slot is taken): a ``cmd`` command, a spare told to load, or a
+        new instance process."""
+        st = self.state
+        entry = st.registry.entries[model]
+        slot = st.free_slot()
+        if slot is None:
+            log.warning("no free replica slot for %s", entry.name)
+            return
+        if entry.kind == "cmd":
+            self._spawn_cmd(model, slot, reason)
+            return
+        tag = f"{entry.name}#{slot}"
+        taken = self.spares.take(entry, tag)
+        if taken is not None:
+            child, port = taken
+        else:
+            argv = instance_argv(entry, -1, st.python)
+            child, port = self.children.start_with_socket(argv, tag, on_line=self.on_line,
+                                                          env=env_for_instance(entry))
+        now = time.monotonic_ns()
+        budget = load_budget_s(entry.size_bytes, st.cfg.load_timeout)
+        rep = Replica(
+            slot=slot, model=model, child=child, incarnation=st.next_incarnation(), port=port,
+            started_ns=now, deadline_ns=now + int(budget * NS),
+            held=dict(st.models[model].mem_min or {}),
+            kill_after=entry.stop_timeout,
+        )
+        st.replicas[slot] = rep
+        log.info("loading %s in slot %d (pid %d, port %d): %s", entry.name, slot, child.pid,
+                 port, reason)
+        st.dirty = True
+
+    def _spawn_cmd(self, model: int, slot: int, reason: str) -> None:
+        """Start a ``cmd`` instance: any command serving an OpenAI-compatible
+        API on ``${PORT}`` (llama-swap's ``cmd``). The port is chosen here
+        (bound to port 0 and released just before the spawn: a command
+        cannot take a passed descriptor); readiness is probed on
+        ``check_endpoint``; stdout and stderr go to the log."""
+        st = self.state
+        entry = st.registry.entries[model]
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        line = entry.cmd.replace("${PORT}", str(port)).replace("${MODEL_ID}", entry.name)
+        try:
+            argv = shlex.split(line)
+            # stdin is a pipe we never write: a command that watches it sees EOF
+            # when the supervisor dies (ggmux's own instance does)
+            child = self.children.start(argv, f"{entry.name}#{slot}", on_line=self.on_line,
+                                        env=env_for_instance(entry))
+        except (OSError, ValueError) as e:
+            m = st.models[model]
+            m.failed, m.failures = True, m.failures + 1
+            m.retry_at_ns = time.monotonic_ns() + int(backoff_s(m.failures) * NS)
+            m.error = f"cannot start {line!r}: {e}"
+            st.errors_dirty = True
+            log.error("%s: %s", entry.name, m.error)
+            return
+        child.stdin_fd = -1  # never written: `exit` is not part of a command's protocol
+        now = time.monotonic_ns()
+        budget = load_budget_s(entry.size_bytes, st.cfg.load_timeout)
+        st.replicas[slot] = Replica(
+            slot=slot, model=model, child=child, incarnation=st.next_incarnation(), port=port,
+            started_ns=now, deadline_ns=now + int(budget * NS),
+            held=dict(st.models[model].mem_min or {}), kill_after=entry.stop_timeout,
+            kind="cmd", probe_interval=FIRST_INTERVAL_S,
+            next_probe_ns=now + int(FIRST_INTERVAL_S * NS),
+        )
+        log.info("starting %s in slot %d (pid %d, port %d): %s: %s", entry.name, slot,
+                 child.pid, port, reason, line)
+        st.dirty = True
+
+    def probe_step(self, now: int) -> None:
+        """Readiness of loading ``cmd`` instances: ready on a 200 from
+        ``check_endpoint``, else probe again after a growing interval."""
+        for r in self.state.replicas.values():
+            if r.kind != "cmd" or r.status != L.ReplicaStatus.LOADING or r.stop_stage:
+                continue
+            if r.probe is not None and r.probe.done:
+                if r.probe.ok:
+                    self.on_state(r, {"state": "ready"})
+                    r.probe = None
+                    continue
+                r.probe = None
+                r.probe_interval = next_interval(r.probe_interval)
+                r.next_probe_ns = now + int(r.probe_interval * NS)
+            if r.probe is None and now >= r.next_probe_ns:
+                path = self.state.registry.entries[r.model].check_endpoint
+                r.probe = self.probes.start("127.0.0.1", r.port, path, r, now)
+
+    # ---- stopping ------------------------------------------------------------
+    def stop(self, rep: Replica, reason: str, kill_after: float | None = None) -> None:
+        """Ask a replica to exit; :meth:`escalate` follows up with signals
+        after ``kill_after`` seconds (default: its stop-timeout)."""
+        if rep.stop_stage:
+            return
+        st = self.state
+        if kill_after is not None:
+            rep.kill_after = kill_after
+        rep.deliberate = True
+        rep.stop_stage = 1
+        rep.stop_ns = time.monotonic_ns()
+        was_loading = rep.status == L.ReplicaStatus.LOADING
+        rep.status = L.ReplicaStatus.STOPPING
+        if rep.probe is not None:
+            self.probes.drop(rep.probe.fileno())
+            rep.probe = None
+        if rep.kind == "cmd":
+            # any command: no stdin protocol; cmd-stop (llama-swap's cmdStop) or
+            # SIGTERM, then SIGKILL after stop-timeout
+            entry = st.registry.entries[rep.model]
+            rep.stop_stage = 2
+            rep.kill_at_ns = rep.stop_ns + int(rep.kill_after * NS)
+            if entry.cmd_stop:
+                line = (entry.cmd_stop.replace("${PID}", str(rep.child.pid))
+                        .replace("${PORT}", str(rep.port)).replace("${MODEL_ID}", entry.name))
+                try:
+                    subprocess.Popen(shlex.split(line), stdin=subprocess.DEVNULL,
+                                     env=env_for_instance(entry))
+                except (OSError, ValueError) as e:
+                    log.error("cmd-stop %r failed: %s; SIGTERM instead", line, e)
+                    rep.child.kill(signal.SIGTERM)
+            else:
+                rep.child.kill(signal.SIGTERM)
+        elif not rep.child.send(b"exit\n"):
+            rep.child.kill(signal.SIGTERM)
+            rep.stop_stage = 2
+        log.info(
+            "stopping %s (slot %d, pid %d%s): %s", st.name(rep.model), rep.slot,
+            rep.child.pid, ", was loading" if was_loading else "", reason,
+        )
+        st.dirty = True
+
+    def escalate(self, now: int) -> None:
+        """Stops past due: SIGTERM after ``kill_after`` s of ``exit``,
+        SIGKILL after ``term_timeout`` more; a load past its deadline is
+        killed and counts as a failed load."""
+        st = self.state
+        cfg = st.cfg
+        for rep in list(st.replicas.values()):
+            if rep.stop_stage == 1 and now - rep.stop_ns > rep.kill_after * NS:
+                log.warning("%s did not exit within %.1f s of 'exit': SIGTERM",
+                            rep.child.tag, rep.kill_after)
+                rep.child.kill(signal.SIGTERM)
+                rep.stop_stage = 2
+            elif rep.stop_stage == 2 and (
+                now > rep.kill_at_ns if rep.kill_at_ns
+                else now - rep.stop_ns > (rep.kill_after + cfg.term_timeout) * NS
+            ):
+                log.warning("%s ignored SIGTERM: SIGKILL", rep.child.tag)
+                rep.child.kill(signal.SIGKILL)
+                rep.stop_stage = 3
+            elif rep.status == L.ReplicaStatus.LOADING and now > rep.deadline_ns:
+                entry = st.registry.entries[rep.model]
+                budget = load_budget_s(entry.size_bytes, cfg.load_timeout)
+                rule = ("--load-timeout" if cfg.load_timeout is not None else
+                        f"5 min + 20 s per GiB of the {entry.size_bytes / GiB:.2f} GiB "
+                        "checkpoint; raise --load-timeout")
+                rep.error = f"load did not finish within {budget:.0f} s ({rule})"
+                log.error("%s: %s", entry.name, rep.error)
+                rep.deliberate = False  # counts as a failed load
+                rep.stop_stage = 3
+                rep.status = L.ReplicaStatus.STOPPING
+                rep.child.kill(signal.SIGKILL)
+                st.dirty = True
+
+    # ---- reaping -------------------------------------------------------------
+    def reap(self) -> None:
+        """Forget replicas that exited and record what that means."""
+        st = self.state
+        for slot, rep in list(st.replicas.items()):
+            code = self.children.reap(rep.child)
+            if code is None:
+                continue
+            del st.replicas[slot]
+            self._on_exit(rep, code)
+            st.calibrate()
+            st.dirty = True
+
+    def _on_exit(self, rep: Replica, code: int) -> None:
+        st = self.state
+        m = st.models[rep.model]
+        name = st.name(rep.model)
+        was_loading = rep.ready_ns == 0
+        if rep.deliberate:
+            log.info("%s (slot %d) stopped, exit code %d", name, rep.slot, code)
+            if not was_loading and not st.stopping_all:
+                m.evictions += 1
+            return
+        m.failed = True
+        m.exit_code = code
+        m.requested_ns = 0
+        if was_loading:
+            m.failures += 1
+            delay = backoff_s(m.failures)
+            m.retry_at_ns = time.monotonic_ns() + int(delay * NS)
+            m.error = rep.error or f"instance exited with code {code} while loading"
+            log.error("%s failed to load (exit code %d, failure %d): %s; next try in %.0f s",
+                      name, code, m.failures, m.error, delay)
+        else:
+            m.error = rep.error or f"instance crashed with exit code {code}"
+            log.error("%s crashed (slot %d, exit code %d)", name, rep.slot, code)
+        st.errors_dirty = True
+
+
+def _amounts(v) -> Amounts:
+    """A ``{device: bytes}`` payload from an instance, validated."""
+    if not isinstance(v, dict):
+        return {}
+    out = {}
+    for k, b in v.items():
+        try:
+            out[str(k)] = max(0, int(b))
+        except (TypeError, ValueError):
+            continue
+    return out

@@ -1,0 +1,172 @@
+"""What the supervisor knows: the records of its replicas, remotes and
+models (:class:`Replica`, :class:`Remote`, :class:`ModelRuntime`) and the
+one :class:`State` its collaborators share (the loop, replicas, remotes,
+measuring, reconciling, publishing). Only the supervisor process holds it;
+the proxies see it through what :mod:`.publish` writes to shared memory.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..shm import layout as L
+from ..shm.segment import Segment
+from .children import Child
+from .config import Config
+from .memory import Amounts, Ledger, add, rss_of
+from .probe import Probe
+from .registry import Registry
+
+NS = 1_000_000_000
+GiB = 1 << 30
+
+
+@dataclass(slots=True)
+class Replica:
+    """One local replica: an instance (speaks the state protocol) or a
+    ``cmd`` command (probed), in replica slot ``slot`` (times: monotonic ns)."""
+
+    slot: int
+    model: int
+    child: Child
+    incarnation: int
+    port: int
+    status: int = L.ReplicaStatus.LOADING
+    started_ns: int = 0
+    ready_ns: int = 0
+    deliberate: bool = False  # stop was asked for (eviction, unload, shutdown)
+    stop_ns: int = 0  # when `exit` was sent
+    stop_stage: int = 0  # 0 running, 1 exit sent, 2 SIGTERM sent, 3 SIGKILL sent
+    deadline_ns: int = 0  # load deadline
+    error: str = ""
+    progress: float = 0.0
+    held: Amounts = field(default_factory=dict)  # ledger bytes per device
+    kill_after: float = 0.0  # seconds from `exit` to SIGTERM (stop-timeout)
+    sleep_sent: bool = False
+    wake_sent: bool = False
+    kind: str = "instance"  # "instance" (speaks the state protocol) or "cmd" (probed)
+    probe: Probe | None = None
+    probe_interval: float = 0.0
+    next_probe_ns: int = 0
+    kill_at_ns: int = 0  # cmd instances: SIGKILL after this (stop-timeout after SIGTERM)
+
+
+@dataclass(slots=True)
+class Remote:
+    """An ``upstream`` replica: a remote OpenAI-compatible server that is
+    never loaded or evicted, only health-checked (every ``interval`` s)."""
+
+    slot: int
+    model: int
+    host: str
+    port: int
+    path: str  # health path ("" = TCP connect only)
+    incarnation: int
+    healthy: bool = False
+    probe: Probe | None = None
+    next_probe_ns: int = 0
+    fails: int = 0
+    reported: bool = False  # the first failure was logged
+
+
+@dataclass(slots=True)
+class ModelRuntime:
+    """Supervisor-side state of one model (published to the models table)."""
+
+    failures: int = 0
+    retry_at_ns: int = 0
+    failed: bool = False
+    exit_code: int = 0
+    error: str = ""
+    loads: int = 0
+    evictions: int = 0
+    load_ns_total: int = 0
+    last_ready_ns: int = 0
+    mem_min: Amounts | None = None  # measured; None until measured or unmeasurable
+    mem_max: Amounts | None = None
+    measure: str = "pending"  # pending | running | done | failed
+    requested_ns: int = 0  # an explicit load (POST /models/load, load-on-startup) pending
+
+
+class State:
+    """The supervisor's shared books, read and changed by its collaborators.
+
+    ``registry`` is replaced on a reload (read it through this object, never
+    keep a copy); ``models`` is indexed like the registry's entries and only
+    grows; ``replicas`` and ``remotes`` are keyed by replica slot;
+    ``proxies`` by proxy index. ``dirty`` asks for a publish of the tables,
+    ``errors_dirty`` for the registry blob too.
+    """
+
+    def __init__(self, cfg: Config, registry: Registry) -> None:
+        self.cfg = cfg
+        self.registry = registry
+        self.removed: set[int] = set()  # models gone from every source (rows are kept)
+        self.stale: set[int] = set()  # replica slots running an outdated configuration
+        self.models = [ModelRuntime() for _ in registry.entries]
+        nslots = cfg.replica_slots or max(8, 2 * cfg.models_max + 4)
+        self.ledger = Ledger(margin=cfg.memory_margin, host_total=cfg.host_memory)
+        self.sizes = L.Sizes(
+            models=len(registry) + cfg.models_headroom,
+            replicas=nslots,
+            proxies=cfg.proxies,
+            devices=len(self.ledger.devices),
+        )
+        self.replicas: dict[int, Replica] = {}  # slot -> replica
+        self.remotes: dict[int, Remote] = {}  # slot -> upstream replica
+        self.proxies: dict[int, Child] = {}  # proxy index -> child
+        self.seg: Segment | None = None
+        self.incarnations = 0
+        self.stopping_all = False
+        self.dirty = True
+        self.errors_dirty = False
+        self.python = sys.executable
+
+    def name(self, model: int) -> str:
+        """The model's name in the registry."""
+        return self.registry.entries[model].name
+
+    def next_incarnation(self) -> int:
+        """A new replica incarnation number (1, 2, ...; never reused)."""
+        self.incarnations += 1
+        return self.incarnations
+
+    def free_slot(self) -> int | None:
+        """The lowest replica slot with no replica, no remote and no request
+        still counted in flight on it; ``None`` when all are taken."""
+        inflight = self.seg.counters[:, :, L.C_IN_FLIGHT].sum(axis=0)
+        for s in range(self.sizes.replicas):
+            if s not in self.replicas and s not in self.remotes and inflight[s] <= 0:
+                return s
+        return None
+
+    def any_waiters(self) -> bool:
+        """Whether any proxy has a request waiting for a load."""
+        return bool(self.seg is not None and self.seg.waiters[:, :, L.W_COUNT].any())
+
+    def demand(self) -> tuple[np.ndarray, np.ndarray]:
+        """Waiting requests per model, summed over the proxies, and the
+        earliest wait start per model (monotonic ns; int64 max when none)."""
+        w = self.seg.waiters
+        counts = w[:, :, L.W_COUNT].sum(axis=0)
+        firsts = w[:, :, L.W_FIRST_NS]
+        big = np.iinfo(np.int64).max
+        first = np.where(firsts > 0, firsts, big).min(axis=0)
+        return counts, first
+
+    def held(self) -> Amounts:
+        """Ledger bytes per device that the replicas hold."""
+        held: Amounts = {}
+        for r in self.replicas.values():
+            held = add(held, r.held)
+        return held
+
+    def calibrate(self) -> None:
+        """Re-read device memory after a report; log what changed."""
+        own = rss_of(os.getpid()) + sum(rss_of(c.pid) for c in self.proxies.values())
+        self.ledger.calibrate(self.held(), own)
+        self.dirty = True
