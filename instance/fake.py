@@ -30,6 +30,7 @@ import orjson
 
 from . import protocol
 from .server import Backend
+from .validate import BadRequest
 
 
 class FakeBackend(Backend):
@@ -132,7 +133,7 @@ class FakeBackend(Backend):
     def tokenize(self, body: dict) -> dict:
         content = body.get("content")
         if not isinstance(content, str):
-            raise TypeError("'content' must be a string")
+            raise BadRequest("'content' must be a string", "content")
         return {"tokens": [len(w) for w in content.split()]}
 
     def detokenize(self, body: dict) -> dict:
@@ -142,7 +143,7 @@ class FakeBackend(Backend):
         return {"model_alias": self.name, "model_path": self.path, "n_ctx": self.n_ctx,
                 "total_slots": 1}
 
-    def embedding(self, body: dict) -> dict:
+    def embedding(self, body: dict, cancel: threading.Event) -> dict:
         inp = body.get("input")
         items = inp if isinstance(inp, list) else [inp]
         data = [

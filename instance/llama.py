@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import inspect
 import logging
 import os
@@ -9,69 +10,25 @@ import re
 import threading
 from collections.abc import Iterator
 
-from .server import Backend, BadRequest
+from .server import Backend
+from .structured import forced_tool, structured_output
+from .validate import (
+    BadRequest,
+    chat_messages,
+    check_sampling,
+    completion_prompt,
+    embedding_inputs,
+    fit_embedding_input,
+    logit_bias,
+    request_limits_from_args,
+    token_ids,
+    tokenize_request,
+)
+
+__all__ = ["BadRequest", "LlamaBackend", "chat_messages", "check_sampling", "llama_kwargs",
+           "model_parts"]
 
 log = logging.getLogger(__name__)
-
-
-_NUMBERS = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
-            "presence_penalty": (-2.0, 2.0), "frequency_penalty": (-2.0, 2.0),
-            "repeat_penalty": (0.0, 10.0), "typical_p": (0.0, 1.0)}
-_INTEGERS = {"max_tokens": 0, "max_completion_tokens": 0, "top_k": 0, "seed": None,
-             "top_logprobs": 0, "n": 1}
-
-
-def check_sampling(body: dict) -> None:
-    """Types and ranges of OpenAI sampling fields, as OpenAI checks them, so
-    that a client mistake is a 400 naming the field (llama-cpp-python would
-    fail inside ctypes with a 500). ``n`` must be 1: one generation at a
-    time per instance. Raises :class:`BadRequest`."""
-    for k, (lo, hi) in _NUMBERS.items():
-        v = body.get(k)
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-            raise BadRequest(f"'{k}' must be a number from {lo:g} to {hi:g}")
-    for k, lo in _INTEGERS.items():
-        v = body.get(k)
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, int) or (lo is not None and v < lo):
-            raise BadRequest(f"'{k}' must be an integer" + (f" >= {lo}" if lo else ""))
-    if body.get("n", 1) != 1:
-        raise BadRequest("'n' > 1 is not supported (one generation per request)")
-    stop = body.get("stop")
-    if stop is not None and not isinstance(stop, str) and not (
-        isinstance(stop, list) and all(isinstance(x, str) for x in stop)
-    ):
-        raise BadRequest("'stop' must be a string or a list of strings")
-
-
-def chat_messages(messages) -> list[dict]:
-    """OpenAI chat messages as llama-cpp-python's templates take them:
-    content parts (``[{"type": "text", "text": ...}]``, what many clients
-    send) are joined into one string. Raises :class:`BadRequest` for a
-    malformed list, naming the message."""
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list")
-    out = []
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
-            raise BadRequest(f"messages[{i}] must be an object with a string 'role'")
-        content = msg.get("content")
-        if isinstance(content, list):
-            texts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") not in ("text", "input_text"):
-                    raise BadRequest(f"messages[{i}].content: only text parts are supported")
-                if not isinstance(part.get("text"), str):
-                    raise BadRequest(f"messages[{i}].content: a text part needs 'text'")
-                texts.append(part["text"])
-            msg = {**msg, "content": "".join(texts)}
-        elif content is not None and not isinstance(content, str):
-            raise BadRequest(f"messages[{i}].content must be a string or a list of parts")
-        out.append(msg)
-    return out
 
 
 def model_parts(path: str) -> list[str]:
@@ -163,6 +120,7 @@ class LlamaBackend(Backend):
         self.args = args
         self.path = args.model
         self.name = args.name or os.path.basename(args.model).rsplit(".", 1)[0]
+        self.limits = request_limits_from_args(args)
         self.llm = None
 
     def measure(self) -> dict:
@@ -244,52 +202,115 @@ class LlamaBackend(Backend):
 
         gc.collect()
 
-    def _kwargs(self, body: dict, keys: frozenset[str], cancel: threading.Event) -> dict:
-        kw = {k: v for k, v in body.items() if k in keys}
+    # request keys never passed through: they take Python objects there
+    # (logits_processor, stopping_criteria, grammar), or the backend handles
+    # them itself (the rest)
+    _OWN_KEYS = frozenset(("logits_processor", "stopping_criteria", "grammar", "logit_bias",
+                           "response_format", "tools", "tool_choice", "functions",
+                           "function_call", "prompt", "messages", "model"))
+
+    def _kwargs(self, body: dict, keys: frozenset[str], cancel: threading.Event,
+                constrained: bool = False) -> dict:
+        """llama-cpp-python keywords for a chat or completion ``body``,
+        checked: its sampling fields, the request's grammar (parsed by
+        llama.cpp itself too), its ``logit_bias`` and the cancellation hook
+        as one logits processor (llama-cpp-python drops a processor list
+        when it is also given ``logit_bias``: ``list.extend`` returns None).
+        ``constrained``: llama-cpp-python adds a grammar of its own (a
+        forced tool call)."""
+        import numpy as np
+        from llama_cpp import LlamaGrammar, LogitsProcessorList
+
+        check_sampling(body)
+        kw = {k: v for k, v in body.items() if k in keys and k not in self._OWN_KEYS
+              and v is not None}
         if "max_tokens" not in kw and isinstance(body.get("max_completion_tokens"), int):
             kw["max_tokens"] = body["max_completion_tokens"]
-        kw["model"] = body.get("model") or self.name
-        from llama_cpp import LogitsProcessorList
-
+        kw["model"] = body.get("model") if isinstance(body.get("model"), str) else self.name
+        gbnf = structured_output(body, self.limits)
+        if gbnf is not None:
+            self._check_grammar(gbnf)
+            kw["grammar"] = LlamaGrammar.from_string(gbnf, verbose=False)
+        bias = logit_bias(body, self.llm.n_vocab())
+        ids = np.fromiter(bias, dtype=np.intc) if bias else None
+        add = np.fromiter(bias.values(), dtype=np.single) if bias else None
         eos = self.llm.token_eos()
+        constrained = constrained or gbnf is not None
 
-        def stop_if_cancelled(_ids, scores):
-            # runs before every token: once the client went away, only
-            # end-of-sequence can be sampled, so the generation ends at once
-            # (create_chat_completion takes no stopping_criteria)
+        def process(_ids, scores):
+            # runs before every token, first in llama.cpp's sampler chain
+            # (so index = token id)
+            if ids is not None:
+                scores[ids] += add
             if cancel.is_set():
-                scores[:] = -float("inf")
-                scores[eos] = 0.0
+                # the client went away: end the generation at once
+                # (create_chat_completion takes no stopping_criteria). Under
+                # a grammar only raise end-of-sequence: if every token the
+                # grammar allows were -inf, llama.cpp would abort
+                # ("Unexpected empty grammar stack")
+                if constrained:
+                    scores[eos] = scores.max() + 100.0
+                else:
+                    scores[:] = -float("inf")
+                    scores[eos] = 0.0
             return scores
 
-        kw["logits_processor"] = LogitsProcessorList([stop_if_cancelled])
+        kw["logits_processor"] = LogitsProcessorList([process])
         return kw
 
+    def _check_grammar(self, gbnf: str) -> None:
+        """Let llama.cpp parse ``gbnf`` once: what it refuses (left
+        recursion, too many repeated rules) would otherwise reach the
+        sampler as a NULL grammar."""
+        import llama_cpp
+
+        sampler = llama_cpp.llama_sampler_init_grammar(self.llm._model.vocab, gbnf.encode(),
+                                                       b"root")
+        if not sampler:
+            raise BadRequest("the request's grammar was refused by llama.cpp (left recursion, "
+                             "or too many repeated rules)", "grammar")
+        llama_cpp.llama_sampler_free(sampler)
+
     def chat(self, body: dict, cancel: threading.Event) -> dict | Iterator[dict]:
-        body = {**body, "messages": chat_messages(body.get("messages"))}
-        check_sampling(body)
-        return self.llm.create_chat_completion(**self._kwargs(body, self._chat_keys, cancel))
+        from jinja2 import TemplateError
+
+        messages = chat_messages(body.get("messages"))
+        tool = forced_tool(body, self.limits)
+        if tool is not None and structured_output(body, self.limits) is not None:
+            raise BadRequest("a forced tool call cannot be combined with a grammar or JSON "
+                             "schema", "tool_choice")
+        kw = self._kwargs(body, self._chat_keys, cancel, constrained=tool is not None)
+        if tool is not None:
+            kw["tools"] = [{"type": "function", "function": tool}]
+            kw["tool_choice"] = {"type": "function", "function": {"name": tool["name"]}}
+        try:
+            return self.llm.create_chat_completion(messages=messages, **kw)
+        except TemplateError as e:
+            raise BadRequest(f"messages: the model's chat template refused them: {e}",
+                             "messages") from None
 
     def completion(self, body: dict, cancel: threading.Event) -> dict | Iterator[dict]:
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str) and not (
-            isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
-        ):
-            raise BadRequest("'prompt' must be a string (or a list of token ids)")
-        check_sampling(body)
-        return self.llm.create_completion(**self._kwargs(body, self._comp_keys, cancel))
+        prompt = completion_prompt(body, self.llm.n_vocab())
+        kw = self._kwargs(body, self._comp_keys, cancel)
+        return self.llm.create_completion(prompt=prompt, **kw)
 
     def tokenize(self, body: dict) -> dict:
-        content = body.get("content")
-        if not isinstance(content, str):
-            raise BadRequest("'content' must be a string")
-        add_special = bool(body.get("add_special", False))
-        return {"tokens": self.llm.tokenize(content.encode(), add_bos=add_special, special=True)}
+        content, add_special, with_pieces = tokenize_request(body)
+        tokens = self.llm.tokenize(content.encode(), add_bos=add_special, special=True)
+        if not with_pieces:
+            return {"tokens": tokens}
+        out = []
+        for t in tokens:
+            raw = self.llm.detokenize([t])
+            try:
+                piece: str | list[int] = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                piece = list(raw)  # llama.cpp: the bytes of a partial character
+            out.append({"id": t, "piece": piece})
+        return {"tokens": out}
 
     def detokenize(self, body: dict) -> dict:
-        tokens = body.get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            raise BadRequest("'tokens' must be a list of integers")
+        tokens = token_ids(body.get("tokens"), self.llm.n_vocab(), "tokens")
         return {"content": self.llm.detokenize(tokens).decode("utf-8", "replace")}
 
     def props(self) -> dict:
@@ -302,31 +323,71 @@ class LlamaBackend(Backend):
             "chat_template": (llm.metadata.get("tokenizer.chat_template", "") if llm else ""),
         }
 
-    def embedding(self, body: dict) -> dict:
-        import llama_cpp
+    def embedding(self, body: dict, cancel: threading.Event | None = None) -> dict:
+        """OpenAI embeddings: one vector per input (a string or token ids),
+        the mean of the model's per-token output vectors, L2-normalised, for
+        a generation model (no pooling), or the model's pooled vector.
 
-        inp = body.get("input")
-        if not isinstance(inp, (str, list)) or not inp:
-            raise BadRequest("'input' must be a string or a non-empty list")
+        All inputs are checked (count, token ids, length: ``ctx-size``
+        tokens, or one micro-batch for a pooling model, unless ``truncate``)
+        before any is computed; between inputs the work stops once
+        ``cancel`` is set (the client left), returning what was computed.
+        """
+        import llama_cpp
+        import numpy as np
+
         llm = self.llm
-        # A generation context can embed too: switch the context to embedding
-        # output for this call (llama_set_embeddings) instead of holding a
-        # second copy of the model loaded with embedding=True.
-        ctx = llm._ctx.ctx
+        inputs = embedding_inputs(body, llm.n_vocab(), self.limits)
+        truncate = bool(body.get("truncate"))
+        pooled = llm.pooling_type() not in (llama_cpp.LLAMA_POOLING_TYPE_NONE,
+                                            llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED)
+        # a pooling (non-causal) model must see an input in one micro-batch
+        n_max = min(llm.n_ctx(), llm.context_params.n_ubatch) if pooled else llm.n_ctx()
+        batch = []
+        for i, x in enumerate(inputs):
+            tokens = llm.tokenize(x.encode("utf-8")) if isinstance(x, str) else x
+            field = "input" if len(inputs) == 1 else f"input[{i}]"
+            batch.append(fit_embedding_input(tokens, n_max, truncate, field))
+        n_embd, n_batch = llm.n_embd(), llm.n_batch
+        ctx = llm._ctx
+        # A generation context can embed too: switch it to embedding output
+        # for this call (llama_set_embeddings) instead of holding a second
+        # copy of the model loaded with embedding=True.
         llm.context_params.embeddings = True
-        llama_cpp.llama_set_embeddings(ctx, True)
+        llama_cpp.llama_set_embeddings(ctx.ctx, True)
+        vectors, used = [], 0
         try:
-            out = llm.create_embedding(inp, model=body.get("model") or self.name)
+            for tokens in batch:
+                if cancel is not None and cancel.is_set():
+                    break
+                ctx.kv_cache_clear()
+                if pooled:
+                    llm._batch.set_batch(tokens, n_past=0, logits_all=True)
+                    ctx.decode(llm._batch)
+                    vec = np.array(llama_cpp.llama_get_embeddings_seq(ctx.ctx, 0)[:n_embd],
+                                   dtype=np.float64)
+                else:
+                    vec = np.zeros(n_embd, dtype=np.float64)
+                    for off in range(0, len(tokens), n_batch):
+                        chunk = tokens[off:off + n_batch]
+                        llm._batch.set_batch(chunk, n_past=off, logits_all=True)
+                        ctx.decode(llm._batch)
+                        rows = np.ctypeslib.as_array(llama_cpp.llama_get_embeddings(ctx.ctx),
+                                                     shape=(len(chunk), n_embd))
+                        vec += rows.sum(axis=0)
+                    vec /= len(tokens)
+                norm = float(np.sqrt(vec @ vec)) or 1.0
+                vectors.append(vec / norm)
+                used += len(tokens)
         finally:
             llm.context_params.embeddings = False
-            llama_cpp.llama_set_embeddings(ctx, False)
-        # a generation context has no pooling: llama-cpp-python then returns one
-        # vector per token; pool them (mean, then L2-normalise) into one
-        for item in out["data"]:
-            emb = item["embedding"]
-            if emb and isinstance(emb[0], list):
-                n = len(emb)
-                mean = [sum(col) / n for col in zip(*emb)]
-                norm = sum(x * x for x in mean) ** 0.5 or 1.0
-                item["embedding"] = [x / norm for x in mean]
-        return out
+            llama_cpp.llama_set_embeddings(ctx.ctx, False)
+            ctx.kv_cache_clear()
+            llm.reset()
+        b64 = body.get("encoding_format") == "base64"
+        data = [{"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if b64
+                 else v.tolist()} for i, v in enumerate(vectors)]
+        return {"object": "list", "data": data,
+                "model": body.get("model") if isinstance(body.get("model"), str) else self.name,
+                "usage": {"prompt_tokens": used, "total_tokens": used}}

@@ -27,17 +27,17 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields
 
 import orjson
 
 from ..proxy.http import HttpConnection, HttpLimits, Request, json_object
 from . import protocol
+from .validate import BadRequest, RequestLimits, add_request_limit_options
 
 log = logging.getLogger("ggmux.instance")
 
-
-class BadRequest(ValueError):
-    """The request is invalid for this model (answered with 400)."""
+__all__ = ["Backend", "BadRequest", "InstanceApp", "main"]
 
 
 class Backend:
@@ -56,7 +56,9 @@ class Backend:
     def completion(self, body: dict, cancel: threading.Event) -> dict | Iterator[dict]:
         raise NotImplementedError
 
-    def embedding(self, body: dict) -> dict:
+    def embedding(self, body: dict, cancel: threading.Event) -> dict:
+        """OpenAI embeddings; stops early (its answer is dropped) once
+        ``cancel`` is set."""
         raise NotImplementedError
 
     def tokenize(self, body: dict) -> dict:
@@ -101,9 +103,11 @@ UNSUPPORTED = frozenset(
 
 def native_request(body: dict) -> dict:
     """llama.cpp ``/completion`` body -> OpenAI completion body."""
-    out = {k: v for k, v in body.items() if k not in ("n_predict", "content")}
+    out = {k: v for k, v in body.items() if k not in ("n_predict", "content", "mirostat")}
     if "n_predict" in body and isinstance(body["n_predict"], int) and body["n_predict"] >= 0:
         out["max_tokens"] = body["n_predict"]
+    if "mirostat" in body:
+        out["mirostat_mode"] = body["mirostat"]
     if "prompt" not in out and "content" in body:
         out["prompt"] = body["content"]
     return out
@@ -218,8 +222,8 @@ class InstanceApp:
                 fn = getattr(self.backend, kind)
                 try:
                     out = await self.loop.run_in_executor(self.executor, fn, body)
-                except (BadRequest, ValueError, TypeError, KeyError) as e:
-                    conn.send_error(req, 400, str(e) or type(e).__name__)
+                except ValueError as e:
+                    conn.send_error(req, 400, str(e), param=getattr(e, "param", None))
                     return
                 conn.send_json(req, 200, out)
                 return
@@ -241,8 +245,6 @@ class InstanceApp:
             return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
         def first():
-            if kind == "embedding":
-                return fn(body), None
             out = fn(body, cancel)
             if isinstance(out, dict):
                 return out, None
@@ -255,12 +257,15 @@ class InstanceApp:
 
         try:
             head, it = await loop.run_in_executor(self.executor, first)
-        except (BadRequest, ValueError, TypeError, KeyError) as e:
-            conn.send_error(req, 400, str(e) or type(e).__name__)
+        except ValueError as e:  # BadRequest, and llama-cpp-python's (prompt too long)
+            conn.send_error(req, 400, str(e), param=getattr(e, "param", None))
             return
         except Exception as e:
             log.exception("generation failed")
             conn.send_error(req, 500, f"generation failed: {e}")
+            return
+        if req.disconnected:  # an embedding batch cut short: nobody to answer
+            conn.finish(req)
             return
         if it is None:
             conn.send_json(req, 200, native_chunk(head, True) if native else head)
@@ -318,6 +323,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="other llama.cpp options as a JSON list, e.g. "
                          '\'["--batch-size", "256", "--flash-attn", "on"]\'')
     ap.add_argument("--measure", action="store_true", help="report memory needs and exit")
+    add_request_limit_options(ap)
     return ap.parse_args(argv)
 
 
@@ -393,6 +399,10 @@ def main(argv: list[str] | None = None) -> int:
         args.fake = bool(la.get("fake"))
         args.mmproj = la.get("mmproj")
         args.llama_args = la.get("llama_args") or []
+        # the request limits of `ggmux serve` (ModelEntry.instance_args)
+        given = parse_args(la.get("instance_args") or [])
+        for f in fields(RequestLimits):
+            setattr(args, f.name, getattr(given, f.name))
     backend = make_backend(args)
     if args.measure:
         protocol.emit("measured", **backend.measure())

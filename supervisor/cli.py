@@ -8,6 +8,11 @@ import logging
 import os
 import sys
 
+from ..instance.validate import (
+    add_request_limit_options,
+    request_limit_argv,
+    request_limits_from_args,
+)
 from ..proxy.http import add_http_limit_options, http_limit_argv, limits_from_args
 from ..shm.segment import queue_name, segment_name
 from .main import Config, StartupError, Supervisor
@@ -99,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "comment every this many seconds")
     s.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     add_http_limit_options(s)
+    add_request_limit_options(s)
     return ap
 
 
@@ -110,7 +116,8 @@ def build_registry(args: argparse.Namespace) -> Registry:
     ``--threads``, ``--n-gpu-layers``, ``--stop-timeout`` given explicitly.
     Not given, those four keep ggmux's defaults, under every source;
     ``--ttl`` given is a default under every source too (a preset's ``ttl``
-    wins).
+    wins). The request limits (``--max-embedding-inputs`` ...) go to every
+    built-in instance (``ModelEntry.instance_args``).
 
     With none of ``--models-dir``, ``--fake-models-dir``, ``--models-preset``:
     the cache's models, as llama.cpp's router run with no source lists its
@@ -136,6 +143,10 @@ def build_registry(args: argparse.Namespace) -> Registry:
     ttl = getattr(args, "ttl", None)
     defaults = command_line_layer({"ttl": ttl} if ttl is not None else {})
     registry = Registry(resolve(entries, preset, cli, defaults=defaults))
+    instance_args = request_limit_argv(request_limits_from_args(args))
+    for e in registry.entries:
+        if e.kind in ("llama", "fake"):
+            e.instance_args = list(instance_args)
     if args.stop_timeout is None:
         args.stop_timeout = _DEFAULTS.stop_timeout
     return registry

@@ -64,6 +64,8 @@ class ModelEntry:
     ``upstream`` base URL for kind ``upstream``; ``api_key`` bearer token
     sent to the upstream; ``mmproj`` multimodal projector file;
     ``extra_args`` other llama.cpp options as ``--key value`` (flags alone);
+    ``instance_args`` options of the built-in instance itself, from ``ggmux
+    serve`` (its request limits, ``--max-embedding-inputs N`` ...);
     ``source`` where the entry came from: ``"hf-cache"``, ``"dir:PATH"``,
     ``"preset:FILE:LINE"``, ``"demo"``.
     """
@@ -91,6 +93,7 @@ class ModelEntry:
     api_key: str | None = None
     mmproj: str | None = None
     extra_args: list[str] = field(default_factory=list)
+    instance_args: list[str] = field(default_factory=list)
     source: str = ""
 
     def public(self) -> dict:
@@ -618,7 +621,7 @@ def instance_argv(entry: ModelEntry, fd: int, python: str) -> list[str]:
         argv += ["--mmproj", entry.mmproj]
     if entry.extra_args:
         argv += ["--llama-args", json.dumps(entry.extra_args)]
-    return argv
+    return argv + entry.instance_args
 
 
 def env_for_instance(entry: ModelEntry | None = None) -> dict[str, str]:

@@ -1,0 +1,240 @@
+"""Bad and heavy requests against a real llama-cpp-python instance (issue 11,
+findings 1, 3, 4 and 5, the instance's part): one ``ggmux serve`` with
+smollm2 serves every check; each test ends by checking that the replica
+that served it is the one loaded at the start (no crash, no reload)."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+
+import pytest
+from conftest import Server, free_port, wait_for
+
+SMOL = "smollm2-135m"
+CTX = 128  # ctx-size of the server (llama.cpp may round it up): long inputs stay cheap
+INTERNALS = re.compile(r"object has no attribute|NoneType|Traceback|not subscriptable|"
+                       r"can only concatenate|invalid literal|not callable|KeyError|TypeError")
+
+
+@pytest.fixture(scope="module")
+def smol(tmp_path_factory):
+    d = tmp_path_factory.mktemp("validation")
+    s = Server(["--proxies", "1", "--threads", "2", "--spares", "0", "--ctx-size", str(CTX)],
+               free_port(), d / "server.log")
+    try:
+        s.wait_ready()
+        status, _ = s.json("POST", "/v1/completions", {"model": SMOL, "prompt": "Hi",
+                                                        "max_tokens": 1})
+        assert status == 200
+        s.n_ctx = s.json("GET", f"/props?model={SMOL}")[1]["n_ctx"]
+        yield s
+    finally:
+        s.stop()
+
+
+def served_once(s: Server) -> None:
+    """The replica loaded at the start still serves: one load, no failure."""
+    assert s.logs().count(f"loading {SMOL} in slot") == 1, s.logs()[-3000:]
+    status = s.models()[SMOL]["status"]
+    assert status["value"] == "loaded" and "failed" not in status
+    assert s.json("POST", "/detokenize", {"model": SMOL, "tokens": [6004]}) == (
+        200, {"content": "hi"})
+
+
+def rejected(s: Server, path: str, body: dict) -> dict:
+    """POST ``body`` (for SMOL); assert a 400 in OpenAI's envelope; the error."""
+    status, doc = s.json("POST", path, {"model": SMOL, **body}, timeout=60)
+    assert status == 400, (path, body, status, doc)
+    err = doc["error"]
+    assert err["type"] == "invalid_request_error", err
+    assert not INTERNALS.search(err["message"]), err
+    return err
+
+
+def chat(**extra) -> dict:
+    return {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, **extra}
+
+
+def test_token_ids_outside_the_vocabulary_are_400_naming_the_id_and_the_replica_lives(smol):
+    # finding 1: /detokenize [999999999] or [-1] aborted the instance in
+    # llama.cpp (std::out_of_range), and every route taking token ids could
+    for path, body, param in [
+        ("/detokenize", {"tokens": [999999999]}, "tokens[0]"),
+        ("/detokenize", {"tokens": [6004, -1]}, "tokens[1]"),
+        ("/v1/completions", {"prompt": [1, 999999999], "max_tokens": 2}, "prompt[1]"),
+        ("/completion", {"prompt": [-1], "n_predict": 2}, "prompt[0]"),
+        ("/v1/embeddings", {"input": [5, 999999999]}, "input[1]"),
+        ("/v1/embeddings", {"input": [[5], [1, 999999999]]}, "input[1][1]"),
+        ("/v1/completions", {"prompt": "Hi", "logit_bias": {"999999999": 1}},
+         "logit_bias[999999999]"),
+        ("/v1/chat/completions", chat(logit_bias={"-1": 5}), "logit_bias[-1]"),
+    ]:
+        err = rejected(smol, path, body)
+        assert err["param"] == param, err
+        bad = re.search(r"-?\d+(?= is not)", err["message"]).group()
+        assert f"{bad} is not a token id of this model (vocabulary size 49152)" in err["message"]
+    assert rejected(smol, "/detokenize", {"tokens": [999999999]})["message"] == (
+        "tokens[0]: 999999999 is not a token id of this model (vocabulary size 49152)")
+    served_once(smol)
+
+
+def test_malformed_fields_are_400_naming_the_field_never_500(smol):
+    # finding 3: each of these was a 500 with Python internals, or ignored,
+    # or (the nested and long schemas) crashed or swelled the replica
+    deep = {"type": "object"}
+    node = deep
+    for _ in range(100):
+        node["properties"] = {"a": {"type": "object"}}
+        node = node["properties"]["a"]
+    big = {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "x" * 90}
+                                            for i in range(3000)}}
+    nested_groups = "root ::= " + "(" * 20000 + '"a"' + ")" * 20000
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    cases = [
+        ("/v1/completions", {"prompt": "Hi", "logit_bias": [1]}, "logit_bias"),
+        ("/v1/completions", {"prompt": [-5]}, "prompt[0]"),
+        ("/v1/completions", {"prompt": "Hi", "suffix": 5}, "suffix"),
+        ("/v1/completions", {"prompt": "Hi", "grammar": 5}, "grammar"),
+        ("/v1/completions", {"prompt": "Hi", "grammar": 'root ::= ("a"'}, "grammar"),
+        ("/v1/completions", {"prompt": "Hi", "grammar": nested_groups}, "grammar"),
+        ("/completion", {"prompt": "Hi", "grammar": 'root ::= "a"{3,2}'}, "grammar"),
+        ("/v1/chat/completions", chat(response_format={"type": "json_object", "schema": deep}),
+         "response_format.schema.properties.a" + ".properties.a" * 63),
+        ("/v1/chat/completions", chat(json_schema=big), "json_schema"),
+        # llama-cpp-python wrote this as 100,000 nested groups: a segfault
+        ("/v1/chat/completions", chat(response_format={
+            "type": "json_object", "schema": {"type": "string", "maxLength": 100000}}),
+         "response_format.schema.maxLength"),
+        ("/v1/chat/completions", chat(response_format={"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "string", "minLength": 10**6}}}),
+         "response_format.json_schema.schema.minLength"),
+        ("/v1/embeddings", {"input": [1, "a"]}, "input[0]"),
+        ("/v1/embeddings", {"input": [None]}, "input[0]"),
+        ("/v1/embeddings", {"input": [[1, 999999999]]}, "input[0][1]"),
+        ("/v1/embeddings", {"input": [""]}, "input[0]"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": None}]},
+         "messages[0].content"),
+        ("/v1/chat/completions", chat(response_format="json"), "response_format"),
+        ("/v1/chat/completions", chat(mirostat_tau="x"), "mirostat_tau"),
+        ("/v1/chat/completions", chat(functions=[5], function_call={"name": "f"}),
+         "functions[0]"),
+        ("/v1/chat/completions", chat(tools=[{"type": "function"}]), "tools[0].function"),
+        # fields the instance cannot honour: refused, not ignored
+        ("/v1/chat/completions", chat(tools=[tool]), "tools"),
+        ("/v1/chat/completions", chat(tools=[tool], tool_choice="auto"), "tools"),
+        ("/v1/chat/completions", chat(tools=[tool], tool_choice={"type": "function"}),
+         "tool_choice"),
+        ("/v1/chat/completions", chat(response_format={"type": "xml"}), "response_format.type"),
+        ("/v1/chat/completions", chat(stream="yes"), "stream"),
+        ("/v1/completions", {"prompt": "Hi", "stream": 1}, "stream"),
+    ]
+    for path, body, param in cases:
+        assert rejected(smol, path, body)["param"] == param, (path, body)
+    # what is well formed works
+    status, doc = smol.json("POST", "/v1/chat/completions", {"model": SMOL, **chat(
+        max_tokens=8, temperature=0, grammar='root ::= "yes" | "no"')})
+    assert status == 200 and doc["choices"][0]["message"]["content"] in ("yes", "no"), doc
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    status, doc = smol.json("POST", "/v1/chat/completions", {"model": SMOL, **chat(
+        max_tokens=40, temperature=0, response_format={
+            "type": "json_schema", "json_schema": {"name": "n", "schema": schema}})})
+    assert status == 200, doc
+    assert isinstance(json.loads(doc["choices"][0]["message"]["content"])["n"], int), doc
+    status, doc = smol.json("POST", "/v1/chat/completions", {"model": SMOL, **chat(
+        max_tokens=40, temperature=0, tools=[tool], tool_choice={
+            "type": "function", "function": {"name": "f"}})})
+    assert status == 200 and doc["choices"][0]["message"]["tool_calls"][0]["function"][
+        "name"] == "f", doc
+    served_once(smol)
+
+
+def greedy_first(s: Server, **extra) -> str:
+    status, doc = s.json("POST", "/v1/completions", {
+        "model": SMOL, "prompt": "The capital of France is", "max_tokens": 1,
+        "temperature": 0, **extra})
+    assert status == 200, doc
+    return doc["choices"][0]["text"]
+
+
+def token_of(s: Server, text: str) -> int:
+    status, doc = s.json("POST", "/tokenize", {"model": SMOL, "content": text})
+    assert status == 200 and len(doc["tokens"]) == 1, (text, doc)
+    return doc["tokens"][0]
+
+
+def test_logit_bias_moves_the_greedy_first_token(smol):
+    # finding 4: llama-cpp-python dropped logit_bias (its processor list
+    # was replaced by list.extend's None)
+    first = greedy_first(smol)
+    banned = token_of(smol, first)
+    assert greedy_first(smol, logit_bias={str(banned): -100}) != first
+    other = token_of(smol, " London")
+    assert other != banned
+    assert greedy_first(smol, logit_bias={str(other): 100}) == " London"
+    # llama.cpp's [[id, bias]] form, and the chat route
+    assert greedy_first(smol, logit_bias=[[other, 100]]) == " London"
+    status, doc = smol.json("POST", "/v1/chat/completions", {"model": SMOL, **chat(
+        max_tokens=1, temperature=0, logit_bias={str(other): 100})})
+    assert status == 200 and doc["choices"][0]["message"]["content"] == " London", doc
+    served_once(smol)
+
+
+def test_embedding_inputs_are_bounded_in_number_and_length(smol):
+    # finding 5: 2049 inputs were all computed; a long input was cut
+    # silently to the batch size
+    err = rejected(smol, "/v1/embeddings", {"input": ["a"] * 2049})
+    assert err["param"] == "input" and "--max-embedding-inputs" in err["message"], err
+    n_ctx = smol.n_ctx
+    long = "one two three four five six seven eight nine ten " * (n_ctx // 5)
+    err = rejected(smol, "/v1/embeddings", {"input": ["hi", long]})
+    assert err["param"] == "input[1]" and "truncate" in err["message"], err
+    err = rejected(smol, "/v1/embeddings", {"input": [6004] * (n_ctx + 1)})
+    assert err["param"] == "input", err
+    status, doc = smol.json("POST", "/v1/embeddings", {"model": SMOL, "input": [long, "hi"],
+                                                       "truncate": True})
+    assert status == 200, doc
+    assert doc["usage"]["prompt_tokens"] == n_ctx + len(smol.json("POST", "/tokenize", {
+        "model": SMOL, "content": "hi", "add_special": True})[1]["tokens"]), doc
+    assert [d["index"] for d in doc["data"]] == [0, 1]
+    served_once(smol)
+
+
+def busy(s: Server) -> bool:
+    status, doc = s.json("GET", f"/slots?model={SMOL}")
+    assert status == 200, doc
+    return doc[0]["is_processing"]
+
+
+def post_and_leave(s: Server, path: str, body: dict) -> None:
+    """Send ``body``, wait until the instance works on it, then disconnect."""
+    data = json.dumps({"model": SMOL, **body}).encode()
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    try:
+        sock.sendall(b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (path.encode(), len(data), data))
+        wait_for(lambda: busy(s), 30, 0.05, "the instance to start on the request")
+    finally:
+        sock.close()
+
+
+def test_a_long_embedding_batch_stops_when_its_client_leaves(smol):
+    # finding 5: 10,000 inputs ran 11 CPU-minutes after the client left;
+    # these 2,000 take minutes, one of them well under a second
+    post_and_leave(smol, "/v1/embeddings",
+                   {"input": ["The quick brown fox jumps over the lazy dog"] * 2000})
+    wait_for(lambda: not busy(smol), 20, 0.1, "the instance to drop the abandoned batch")
+    status, doc = smol.json("POST", "/v1/embeddings", {"model": SMOL, "input": "hello"})
+    assert status == 200 and len(doc["data"]) == 1
+    served_once(smol)
+
+
+def test_a_client_leaving_a_grammar_constrained_generation_does_not_abort_the_replica(smol):
+    # forcing end-of-sequence by making every other token -inf, as the
+    # cancellation does without a grammar, aborts llama.cpp when the grammar
+    # does not allow the end yet ("Unexpected empty grammar stack")
+    post_and_leave(smol, "/v1/completions", {"prompt": "Say a", "max_tokens": 30,
+                                             "temperature": 0, "grammar": 'root ::= "a"{1000}'})
+    wait_for(lambda: not busy(smol), 60, 0.1, "the instance to finish the abandoned request")
+    served_once(smol)
