@@ -42,7 +42,7 @@ class Spares:
                 "model": entry.path, "name": entry.name, "ctx_size": entry.ctx_size,
                 "threads": entry.threads, "n_gpu_layers": entry.n_gpu_layers,
                 "fake": entry.kind == "fake", "mmproj": entry.mmproj,
-                "llama_args": entry.extra_args,
+                "llama_args": entry.extra_args, "instance_args": entry.instance_args,
             })
             if spare.proc.poll() is None and spare.send(b"load " + line + b"\n"):
                 spare.tag = tag
