@@ -224,6 +224,12 @@ class LlamaBackend(Backend):
         check_sampling(body)
         kw = {k: v for k, v in body.items() if k in keys and k not in self._OWN_KEYS
               and v is not None}
+        if kw.get("logprobs"):
+            # the context keeps only the last token's logits (logits_all=False):
+            # llama-cpp-python refuses them for completions, ignores them for chat
+            raise BadRequest("'logprobs' is not supported by the llama-cpp-python instance",
+                             "logprobs")
+        kw.pop("logprobs", None)
         if "max_tokens" not in kw and isinstance(body.get("max_completion_tokens"), int):
             kw["max_tokens"] = body["max_completion_tokens"]
         kw["model"] = body.get("model") if isinstance(body.get("model"), str) else self.name

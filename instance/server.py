@@ -103,9 +103,12 @@ UNSUPPORTED = frozenset(
 
 def native_request(body: dict) -> dict:
     """llama.cpp ``/completion`` body -> OpenAI completion body."""
-    out = {k: v for k, v in body.items() if k not in ("n_predict", "content", "mirostat")}
-    if "n_predict" in body and isinstance(body["n_predict"], int) and body["n_predict"] >= 0:
-        out["max_tokens"] = body["n_predict"]
+    out = {k: v for k, v in body.items() if k not in ("n_predict", "content")}
+    n = body.get("n_predict")
+    if isinstance(n, int) and not isinstance(n, bool) and n >= -1:
+        out["max_tokens"] = max(n, 0)  # -1: until the context is full, as 0 is here
+    elif n is not None:
+        out["n_predict"] = n  # for the checks to name it
     if "mirostat" in body:
         out["mirostat_mode"] = body["mirostat"]
     if "prompt" not in out and "content" in body:

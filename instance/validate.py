@@ -147,7 +147,7 @@ _NUMBERS = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
 # field -> (low, high or None)
 _INTEGERS = {"max_tokens": (0, None), "max_completion_tokens": (0, None), "top_k": (0, 2**31 - 1),
              "seed": (-(2**63), 2**64 - 1), "top_logprobs": (0, 20), "n": (1, None),
-             "mirostat_mode": (0, 2), "mirostat": (0, 2)}
+             "mirostat": (0, 2), "mirostat_mode": (0, 2), "n_predict": (-1, None)}
 _BOOLEANS = ("stream", "echo")
 _STRINGS = ("suffix", "user")
 
@@ -169,7 +169,8 @@ def check_sampling(body: dict) -> None:
         if v is None:
             continue
         if not is_int(v) or v < lo or (hi is not None and v > hi):
-            rule = f"from {lo} to {hi}" if hi is not None and hi < 2**31 else f">= {lo}"
+            rule = (f">= {lo}" if hi is None else "of 64 bits" if hi > 2**32 else
+                    f"from {lo} to {hi}")
             raise BadRequest(f"'{k}' must be an integer {rule}, not {shown(v)}", k)
     if body.get("n") not in (None, 1):
         raise BadRequest("'n' > 1 is not supported (one generation per request)", "n")

@@ -132,6 +132,9 @@ def test_malformed_fields_are_400_naming_the_field_never_500(smol):
         ("/v1/chat/completions", chat(response_format={"type": "xml"}), "response_format.type"),
         ("/v1/chat/completions", chat(stream="yes"), "stream"),
         ("/v1/completions", {"prompt": "Hi", "stream": 1}, "stream"),
+        ("/v1/chat/completions", chat(logprobs=True), "logprobs"),
+        ("/completion", {"prompt": "Hi", "mirostat": 5}, "mirostat"),
+        ("/completion", {"prompt": "Hi", "n_predict": "x"}, "n_predict"),
     ]
     for path, body, param in cases:
         assert rejected(smol, path, body)["param"] == param, (path, body)

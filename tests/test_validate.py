@@ -57,6 +57,12 @@ def test_sampling_fields_need_their_types_and_ranges():
                         ({"logprobs": "x"}, "logprobs"),
                         ({"stream_options": {"include_usage": "y"}}, "stream_options")]:
         assert param_of(V.check_sampling, body) == param
+    # llama.cpp's /completion names, as the instance maps them
+    from ggmux.instance.server import native_request
+
+    assert native_request({"n_predict": -1, "mirostat": 2})["max_tokens"] == 0
+    for body, param in [({"n_predict": "x"}, "n_predict"), ({"mirostat": 3}, "mirostat")]:
+        assert param_of(V.check_sampling, native_request(body)) == param
 
 
 def test_token_ids_are_checked_against_the_vocabulary():
