@@ -3,15 +3,15 @@ before llama.cpp sees them.
 
 llama.cpp's parser (``src/llama-grammar.cpp``, ``llama_grammar_parser``) is
 recursive descent: every ``(`` group is one C++ call deeper, so a grammar of
-~15,000 nested groups overflows an 8 MiB thread stack and kills the process
-(llama-cpp-python's JSON-schema converter writes ``maxLength: N`` as N nested
-groups). On a syntax error it prints the whole grammar to stderr and gives
-no reason to the caller. :func:`check_gbnf` reads the same syntax without
-recursion, bounds the nesting and the repetition counts, and says where a
-grammar is wrong, so a request's grammar is refused with a 400 that names
-the place, and only grammars llama.cpp will take reach it. (Left recursion,
-which llama.cpp also refuses, is not checked here: llama.cpp reports it
-without a crash.)
+20,000 nested groups overflows an 8 MiB thread stack and kills the process
+(10,000 still parse; llama-cpp-python's JSON-schema converter writes
+``maxLength: N`` as N nested groups). On a syntax error it prints the whole
+grammar to stderr and gives no reason to the caller. :func:`check_gbnf`
+reads the same syntax without recursion, bounds the nesting and the
+repetition counts, and says where a grammar is wrong, so a request's grammar
+is refused with a 400 that names the place, and only grammars llama.cpp will
+take reach it. (Left recursion, which llama.cpp also refuses, is not checked
+here: llama.cpp reports it without a crash.)
 
 Syntax (llama.cpp ``grammars/README.md``): rules ``name ::= alternatives``,
 one per line (a rule continues over newlines only inside parentheses or

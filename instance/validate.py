@@ -4,7 +4,7 @@ reaches llama.cpp.
 A request that llama.cpp cannot take must be answered 400 naming the field
 and the rule, never crash the replica or come back as a 500 with Python
 internals (issue 11: an out-of-vocabulary id given to ``/detokenize``
-aborted the process in ``std::out_of_range``; a 20 kB grammar of nested
+aborted the process in ``std::out_of_range``; a 40 kB grammar of nested
 groups overflowed the stack; ``"a"{3,2}`` exhausted memory; a schema with
 ``minLength: 10**8`` took 3.2 GB). Everything here is pure: plain request
 dicts and ints (``n_vocab``, ``n_ctx``) in, checked values out, so that
@@ -53,7 +53,7 @@ class RequestLimits:
     grammar, of its JSON schema (as JSON) and of the grammar the schema
     becomes; ``max_grammar_depth``: nested ``(`` groups in a grammar
     (llama.cpp's parser recurses once per group and overflowed an 8 MiB
-    stack at ~15,000); ``max_grammar_repetitions``: the largest repetition a
+    stack at 20,000); ``max_grammar_repetitions``: the largest repetition a
     grammar (``{m,n}``) or a schema (``minLength``, ``maxItems``, ...; counts
     nested in a ``pattern`` multiply) may ask for, since each one is written
     out in full (llama.cpp itself refuses ``{m,n}`` over 2000);
