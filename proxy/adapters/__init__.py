@@ -1,0 +1,1 @@
+"""Client APIs beside OpenAI's chat completions, translated in the proxy."""

@@ -1,0 +1,96 @@
+"""The OpenAI Responses adapter on bytes, without any process (issue 14)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from adapter_streams import chat_sse, events, run_stream
+from ggmux.proxy.adapters import responses as R
+from ggmux.proxy.adapters.common import BadRequest
+
+
+def test_string_input_and_instructions_become_chat_messages():
+    t = R.Responses().request({"model": "m", "input": "hi", "instructions": "be brief",
+                               "max_output_tokens": 20, "temperature": 0.2, "top_p": 0.5,
+                               "previous_response_id": "resp_1"})
+    assert t.body["messages"] == [{"role": "system", "content": "be brief"},
+                                  {"role": "user", "content": "hi"}]
+    assert (t.body["max_tokens"], t.body["temperature"], t.body["top_p"]) == (20, 0.2, 0.5)
+    assert t.session == "resp_1" and not t.stream
+
+
+def test_message_items_with_parts_and_developer_role():
+    t = R.to_chat({"model": "m", "input": [
+        {"role": "developer", "content": "sys"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "b"}]}]})
+    assert t.body["messages"] == [{"role": "system", "content": "sys"},
+                                  {"role": "user", "content": "a"},
+                                  {"role": "assistant", "content": "b"}]
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"background": True}, "stores no responses"),
+    ({"conversation": "c1"}, "stores no responses"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, "stores no responses"),
+    ({"input": [{"type": "function_call_output", "output": "x"}]}, "not supported"),
+    ({"input": 3}, "input"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"tools": [{"type": "function"}]}, "tools"),
+])
+def test_bad_requests_are_refused_with_the_reason(bad, words):
+    with pytest.raises(BadRequest, match=words):
+        R.to_chat({"model": "m", "input": "x", **bad})
+
+
+def test_whole_answer_is_a_response_object():
+    t = R.Responses().request({"model": "m", "input": "hi", "instructions": "i"})
+    obj = {"id": "c", "object": "chat.completion", "created": 1700000000, "model": "m",
+           "choices": [{"index": 0, "message": {"role": "assistant", "content": "Yo"},
+                        "finish_reason": "stop"}],
+           "usage": {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}}
+    r = R.Responses().response(obj, t)
+    assert r["object"] == "response" and r["status"] == "completed" and r["id"].startswith("resp_")
+    assert r["created_at"] == 1700000000 and r["instructions"] == "i" and r["model"] == "m"
+    assert r["output"][0]["content"][0] == {"type": "output_text", "text": "Yo",
+                                            "annotations": [], "logprobs": []}
+    assert r["usage"]["input_tokens"] == 4 and r["usage"]["output_tokens"] == 1
+    assert r["usage"]["total_tokens"] == 5
+
+
+def test_stream_events_in_order_with_sequence_numbers():
+    t = R.Responses().request({"model": "m", "input": "hi", "stream": True})
+    assert t.body["stream_options"] == {"include_usage": True}
+    evs = events(run_stream(R.Responses().stream(t), chat_sse(["He", "y"])))
+    names = [n for n, _ in evs]
+    assert names == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added", "response.output_text.delta",
+                     "response.output_text.delta", "response.output_text.done",
+                     "response.content_part.done", "response.output_item.done",
+                     "response.completed"]
+    assert [d["sequence_number"] for _, d in evs] == list(range(len(evs)))
+    assert all(d["type"] == n for n, d in evs)
+    assert evs[6][1]["text"] == "Hey"
+    done = evs[-1][1]["response"]
+    assert done["status"] == "completed" and done["output"][0]["content"][0]["text"] == "Hey"
+    assert done["usage"]["output_tokens"] == 2
+    assert evs[0][1]["response"]["id"] == done["id"]
+
+
+def test_stream_cut_by_max_output_tokens_ends_incomplete():
+    t = R.Responses().request({"model": "m", "input": "hi", "stream": True})
+    evs = events(run_stream(R.Responses().stream(t), chat_sse(["a"], finish="length")))
+    assert evs[-1][0] == "response.incomplete"
+    assert evs[-1][1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_error_mid_stream_is_an_error_event():
+    t = R.Responses().request({"model": "m", "input": "hi", "stream": True})
+    st = R.Responses().stream(t)
+    out = st.event(b'{"choices":[{"index":0,"delta":{"content":"x"}}]}')
+    out += st.event(b'{"error":{"message":"replica died","type":"server_error","code":502}}')
+    name, data = events(out)[-1]
+    assert st.failed and name == "error"
+    assert data["message"] == "replica died" and data["code"] == "server_error"
+    assert json.loads(R.Responses().error(404, "no")[1])["error"]["code"] == "not_found"
