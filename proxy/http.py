@@ -218,7 +218,9 @@ class Request:
     ``content_length`` -1 when absent, ``conn_tokens`` the header names the
     client's ``Connection`` header lists (hop-by-hop, never forwarded).
     ``on_disconnect`` is called once when the client goes away before the
-    response finished; ``disconnected`` says it did.
+    response finished; ``disconnected`` says it did. ``origin`` is the
+    ``Origin`` header (None without one); ``extra_head`` header lines
+    (``b"name: value\r\n"`` ...) every response head to it carries (CORS).
     """
 
     __slots__ = (
@@ -230,6 +232,7 @@ class Request:
         "disconnected",
         "expect",
         "expect_continue",
+        "extra_head",
         "head_only",
         "header_bytes",
         "headers",
@@ -237,6 +240,7 @@ class Request:
         "keep_alive",
         "method",
         "on_disconnect",
+        "origin",
         "path",
         "preheaded",
         "query",
@@ -267,6 +271,8 @@ class Request:
         self.chunked = False
         self.conn_tokens: tuple[bytes, ...] = ()
         self.expect: bytes | None = None
+        self.origin: bytes | None = None
+        self.extra_head = b""
 
     def header(self, name: bytes, default: bytes | None = None) -> bytes | None:
         """First value of header ``name`` (lower-case bytes)."""
@@ -319,13 +325,14 @@ ERROR_TYPES = {
 }
 
 # headers the parser callbacks look at (one dict lookup per header)
-_CONTENT_LENGTH, _TRANSFER_ENCODING, _CONNECTION, _EXPECT, _REQUEST_ID = range(1, 6)
+_CONTENT_LENGTH, _TRANSFER_ENCODING, _CONNECTION, _EXPECT, _REQUEST_ID, _ORIGIN = range(1, 7)
 _SPECIAL = {
     b"content-length": _CONTENT_LENGTH,
     b"transfer-encoding": _TRANSFER_ENCODING,
     b"connection": _CONNECTION,
     b"expect": _EXPECT,
     b"x-request-id": _REQUEST_ID,
+    b"origin": _ORIGIN,
 }
 
 # deadline kinds of a connection's one timer
@@ -594,6 +601,8 @@ class HttpConnection(asyncio.Protocol):
                 req.conn_tokens += tuple([t.strip() for t in v.split(b",")])
         elif kind == _EXPECT:
             req.expect = value
+        elif kind == _ORIGIN:
+            req.origin = value
         elif 0 < len(value) <= _RID_MAX and not value.translate(None, _RID_CHARS):
             req.request_id = value
 
@@ -818,8 +827,8 @@ class HttpConnection(asyncio.Protocol):
         parts = [status_line(status)]
         for k, v in headers:
             parts.append(b"%s: %s\r\n" % (k, v))
-        parts.append(b"%sx-request-id: %s\r\n%s\r\n" % (framing, req.request_id,
-                                                          _connection_line(req)))
+        parts.append(b"%sx-request-id: %s\r\n%s%s\r\n" % (framing, req.request_id,
+                                                            _connection_line(req), req.extra_head))
         return b"".join(parts)
 
     def send_response(
@@ -840,12 +849,13 @@ class HttpConnection(asyncio.Protocol):
             body = b""
         else:
             framing = b"content-length: %d\r\n" % len(body)
-        head = b"%scontent-type: %s\r\n%sx-request-id: %s\r\n%s" % (
+        head = b"%scontent-type: %s\r\n%sx-request-id: %s\r\n%s%s" % (
             status_line(status),
             content_type,
             framing,
             req.request_id,
             _connection_line(req),
+            req.extra_head,
         )
         for k, v in headers:
             head += b"%s: %s\r\n" % (k, v)
@@ -881,8 +891,12 @@ class HttpConnection(asyncio.Protocol):
         content_type: bytes = b"text/event-stream",
         headers: Iterable[Header] = (),
     ) -> None:
-        """Send a chunked response head; follow with send_chunk/end_stream."""
-        hs = [(b"content-type", content_type), (b"cache-control", b"no-cache"), *headers]
+        """Send a chunked response head; follow with send_chunk/end_stream.
+        Streams carry ``Cache-Control: no-cache`` and ``X-Accel-Buffering:
+        no``, so a buffering reverse proxy in front (nginx) does not hold
+        them back."""
+        hs = [(b"content-type", content_type), (b"cache-control", b"no-cache"),
+              (b"x-accel-buffering", b"no"), *headers]
         self.write(self.head(req, status, hs, CHUNKED))
 
     def send_chunk(self, data: bytes) -> None:

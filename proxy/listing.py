@@ -32,22 +32,25 @@ def model_status(i: int, row: np.ndarray, mdl: dict, errors: dict[str, str]) -> 
     return status
 
 
+def model_object(i: int, mdl: dict, row: np.ndarray, errors: dict[str, str]) -> dict:
+    """OpenAI's model object for model ``i`` (``created``: its file's
+    modification time) with llama.cpp router's ``status`` and ggmux's
+    ``aliases``."""
+    return {
+        "id": mdl["name"],
+        "object": "model",
+        "created": mdl.get("created", 0),
+        "owned_by": "ggmux",
+        "aliases": mdl.get("aliases", []),
+        "status": model_status(i, row, mdl, errors),
+    }
+
+
 def models_list(reg_models: list[dict], model_rows: np.ndarray, errors: dict[str, str]) -> dict:
-    """OpenAI model list (``{"object": "list", "data": [...]}``) with
-    llama.cpp router's ``status`` object and ggmux's ``aliases``; models a
-    reload removed are left out."""
-    data = []
-    for i, mdl in enumerate(reg_models):
-        if mdl.get("removed"):
-            continue
-        data.append({
-            "id": mdl["name"],
-            "object": "model",
-            "created": 0,
-            "owned_by": "ggmux",
-            "aliases": mdl.get("aliases", []),
-            "status": model_status(i, model_rows[i], mdl, errors),
-        })
+    """OpenAI model list (``{"object": "list", "data": [...]}``) of
+    :func:`model_object`; models a reload removed are left out."""
+    data = [model_object(i, mdl, model_rows[i], errors)
+            for i, mdl in enumerate(reg_models) if not mdl.get("removed")]
     return {"object": "list", "data": data}
 
 

@@ -30,7 +30,9 @@ the body's ``model``; ``GET /props|/metrics|/slots?model=`` routed by the
 query (they neither load a model nor refresh its last use); ``/v1/models``,
 ``/models`` (``?reload=1`` rescans the sources); ``POST /models/load``,
 ``/models/unload``; ``GET /models/sse``; ``GET /health``; ``GET /metrics``
-(Prometheus, whole server); ``/upstream/<model>/<path>`` pass-through.
+(Prometheus, whole server); ``/upstream/<model>/<path>`` pass-through; the
+other client APIs (Anthropic, Responses, Ollama, ``GET /v1/models/{id}``)
+in :mod:`ggmux.proxy.apis`; CORS (:mod:`ggmux.proxy.cors`) on every answer.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ import posix_ipc
 
 from ..shm import layout as L
 from ..shm.segment import Segment
+from . import apis
+from .apis import ClientApis
 from .balancer import (
     CLOSED,
     BalancerConfig,
@@ -63,6 +67,7 @@ from .balancer import (
     choose,
     session_key,
 )
+from .cors import Cors
 from .http import (
     HttpConnection,
     HttpLimits,
@@ -97,12 +102,9 @@ INFERENCE = frozenset(
         b"/rerank",
         b"/v1/rerank",
         b"/reranking",
-        b"/v1/responses",
-        b"/v1/messages",
-        b"/v1/messages/count_tokens",
         b"/apply-template",
     )
-)
+)  # /v1/messages, /v1/responses, /api/*: apis.ROUTES
 # routed by ?model=; they do not load the model nor refresh its last use
 QUERY_ROUTED = frozenset((b"/props", b"/metrics", b"/slots"))
 
@@ -127,8 +129,11 @@ class Proxy:
         admin_key: str | None = None,
         stream_keepalive: float = 5.0,
         drain_timeout: float = 10.0,
+        cors_origins: str = "*",
     ) -> None:
         self.index = index
+        self.cors = Cors(cors_origins) if cors_origins else None
+        self.apis = ClientApis(self)
         self.drain_timeout = drain_timeout
         self.server: asyncio.AbstractServer | None = None
         self.stream_keepalive = stream_keepalive
@@ -347,6 +352,8 @@ class Proxy:
         included: :meth:`handle` answers those. A forward that fails
         before anything reached the client is handed to :meth:`handle`
         too, which retries as its own forwards do."""
+        if req.origin is not None and self.cors is not None:
+            req.extra_head = self.cors.headers(req.origin)
         path = req.path
         if path in INFERENCE:
             if req.method != b"POST":
@@ -359,7 +366,7 @@ class Proxy:
                 return False
             req.body_json = body
             name = body.get("model")
-            if type(name) is not str:
+            if type(name) is not str or "stream_options" in body:  # usage may need adding
                 return False
             target = req.url
         elif path[:10] == b"/upstream/":
@@ -434,13 +441,25 @@ class Proxy:
         if path == b"/health":
             conn.send_response(req, 200, b'{"status":"ok"}')
             return
+        if req.method == b"OPTIONS":  # before the key check: preflights carry no key
+            if self.cors is not None:
+                self.cors.options(conn, req)
+            else:
+                conn.send_response(req, 204, b"", headers=[(b"allow", b"GET, POST, HEAD, OPTIONS")])
+            return
         admin = path in (b"/models/load", b"/models/unload") or (
             path in (b"/models", b"/v1/models") and b"reload" in req.query)
         if not self._authorized(req, admin):
+            if apis.handles(path):
+                apis.send_error(conn, req, 401, "invalid or missing API key",
+                                headers=[(b"www-authenticate", b"Bearer")])
+                return
             conn.send_error(req, 401, "invalid or missing API key", code="invalid_api_key",
                             headers=[(b"www-authenticate", b"Bearer")])
             return
-        if path in INFERENCE:
+        if apis.handles(path):
+            await self.apis.handle(conn, req)
+        elif path in INFERENCE:
             if req.method != b"POST":
                 conn.send_error(req, 405, f"{path.decode()} needs POST")
                 return
@@ -495,6 +514,10 @@ class Proxy:
         if name is None:
             conn.send_error(req, 400, "missing 'model' in the request body")
             return
+        if apis.wants_usage(body) and req.path in (b"/v1/chat/completions",
+                                                   b"/chat/completions"):
+            await self.apis.translated(conn, req, apis.CHAT_WITH_USAGE, body=body)
+            return
         m = self._model(conn, req, name)
         if m is None:
             return
@@ -548,19 +571,26 @@ class Proxy:
             conn.send_error(req, 400, "'model' must be a string")
             return None
         self.refresh()
-        m = self.names.get(name)
+        m = apis.resolve(self.names, name)
         if m is None:
             conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
         return m
 
-    def _command(self, conn: HttpConnection, req: Request, cmd: dict) -> bool:
+    def command(self, cmd: dict) -> bool:
+        """Send ``cmd`` to the supervisor's queue; False when it is full."""
         try:
             self.mq.send(orjson.dumps(cmd), timeout=0)
             return True
         except posix_ipc.BusyError:
-            conn.send_error(req, 503, "supervisor queue is full, try again",
-                            headers=[(b"retry-after", b"1")])
+            log.warning("proxy %d: supervisor queue full, %r not sent", self.index, cmd)
             return False
+
+    def _command(self, conn: HttpConnection, req: Request, cmd: dict) -> bool:
+        if self.command(cmd):
+            return True
+        conn.send_error(req, 503, "supervisor queue is full, try again",
+                        headers=[(b"retry-after", b"1")])
+        return False
 
     def _load_unload(self, conn: HttpConnection, req: Request, op: str) -> None:
         """``POST /models/load`` / ``/models/unload`` with ``{"model": name}``:
@@ -830,6 +860,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--queue-timeout", type=float, default=30.0)
     ap.add_argument("--max-queue", type=int, default=64)
     ap.add_argument("--stream-keepalive", type=float, default=5.0)
+    ap.add_argument("--cors-origins", default="*")
     ap.add_argument("--log-level", default="INFO")
     add_http_limit_options(ap)
     return ap.parse_args(argv)
@@ -850,6 +881,7 @@ def main(argv: list[str] | None = None) -> int:
         api_key=os.environ.get("GGMUX_API_KEY") or None,
         admin_key=os.environ.get("GGMUX_ADMIN_KEY") or None,
         stream_keepalive=args.stream_keepalive,
+        cors_origins=args.cors_origins,
     )
     limits: HttpLimits = fit_fd_limit(limits_from_args(args))
     server = loop.run_until_complete(

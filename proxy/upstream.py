@@ -58,6 +58,9 @@ HOP_BY_HOP = frozenset(
 _REQUEST_DROP = HOP_BY_HOP | {b"content-length", b"host", b"expect", b"x-request-id"}
 # never copied to the client: the client core sets framing and the id
 _RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"x-request-id"}
+# an SSE answer carries these whatever the replica sent, so a buffering
+# reverse proxy in front does not hold the stream back (issue 14)
+_SSE_HEADERS = ((b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"))
 
 
 class UpstreamError(Exception):
@@ -307,6 +310,9 @@ class Upstream(asyncio.Protocol):
             if k == b"content-type" and v.startswith(b"text/event-stream"):
                 self.sse = True
             out.append((k, v))
+        if self.sse:
+            names = {k for k, _ in out}
+            out += [h for h in _SSE_HEADERS if h[0] not in names]
         self.until_close = (
             framing is CHUNKED
             and not upstream_chunked

@@ -102,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--stream-keepalive", type=float, default=5.0,
                    help="a streaming request waiting for its model gets the SSE head and a "
                         "comment every this many seconds")
+    s.add_argument("--cors-origins", default="*",
+                   help="origins browsers may call from: '*' (any, without credentials; "
+                        "llama-server's default), or a comma-separated list, which also get "
+                        "credentials; '' turns CORS off")
     s.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     add_http_limit_options(s)
     add_request_limit_options(s)
@@ -181,6 +185,7 @@ def serve(args: argparse.Namespace) -> int:
         proxy_args=["--log-level", args.log_level, "--queue-timeout", str(args.queue_timeout),
                     "--max-queue", str(args.max_queue),
                     "--stream-keepalive", str(args.stream_keepalive),
+                    "--cors-origins", args.cors_origins,
                     *http_limit_argv(limits_from_args(args))],
         proxy_env={k: v for k, v in (("GGMUX_API_KEY", args.api_key),
                                      ("GGMUX_ADMIN_KEY", args.admin_key)) if v},

@@ -349,6 +349,7 @@ _FIELDS: dict[str, Callable[[str], object]] = {
     "env": _env,
     "check-endpoint": _endpoint,
     "upstream": _url,
+    "translate": parse_bool,
 }
 
 # llama.cpp options the router itself controls: dropped with a warning
@@ -741,6 +742,8 @@ def _apply_field(e: ModelEntry, key: str, v: object) -> None:
         e.check_endpoint = str(v)
     elif key == "upstream":
         e.upstream = str(v)
+    elif key == "translate":
+        e.translate = bool(v)
     else:  # pragma: no cover - _FIELDS and this switch are kept in step
         raise AssertionError(key)
 

@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import shlex
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -33,6 +34,7 @@ from urllib.parse import urlsplit, urlunsplit
 log = logging.getLogger(__name__)
 
 KINDS = ("llama", "fake", "cmd", "upstream")
+_STARTED = int(time.time())  # ``created`` of models without a file
 
 
 @dataclass(slots=True)
@@ -66,6 +68,8 @@ class ModelEntry:
     ``extra_args`` other llama.cpp options as ``--key value`` (flags alone);
     ``instance_args`` options of the built-in instance itself, from ``ggmux
     serve`` (its request limits, ``--max-embedding-inputs N`` ...);
+    ``translate`` translate the Anthropic and Responses APIs for a ``cmd`` or
+    ``upstream`` model instead of passing them through (issue 14);
     ``source`` where the entry came from: ``"hf-cache"``, ``"dir:PATH"``,
     ``"preset:FILE:LINE"``, ``"demo"``.
     """
@@ -94,6 +98,7 @@ class ModelEntry:
     mmproj: str | None = None
     extra_args: list[str] = field(default_factory=list)
     instance_args: list[str] = field(default_factory=list)
+    translate: bool = False
     source: str = ""
 
     def public(self) -> dict:
@@ -115,7 +120,20 @@ class ModelEntry:
             "max_concurrency": self.max_concurrency,
             "check_endpoint": self.check_endpoint,
             "upstream": _without_userinfo(self.upstream) if self.upstream else None,
+            "translate": self.translate,
+            "created": self.created(),
         }
+
+    def created(self) -> int:
+        """``created`` of OpenAI's model object: the model file's
+        modification time (epoch seconds), or when this server started for a
+        model without a file."""
+        if self.path and self.kind != "upstream":
+            try:
+                return int(os.stat(self.path).st_mtime)
+            except OSError:
+                pass
+        return _STARTED
 
     def args(self) -> list[str]:
         """Effective arguments of this model, llama.cpp style (for
