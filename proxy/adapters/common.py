@@ -199,10 +199,16 @@ class SseEvents:
         return out
 
 
+# OpenAI error type -> HTTP status, for envelopes whose code is not numeric
+_TYPE_STATUS = {"invalid_request_error": 400, "authentication_error": 401,
+                "permission_error": 403, "not_found_error": 404, "rate_limit_error": 429,
+                "server_error": 500, "unavailable_error": 503, "timeout_error": 504}
+
+
 def error_message(payload: bytes | dict) -> tuple[str, int | None]:
     """``(message, status)`` of an OpenAI error envelope (bytes or parsed),
     as a replica or the proxy writes it; the status is the envelope's
-    numeric ``code`` when it has one."""
+    numeric ``code`` when it has one, else its ``type``'s."""
     obj = payload
     if isinstance(payload, (bytes, bytearray)):
         try:
@@ -213,8 +219,9 @@ def error_message(payload: bytes | dict) -> tuple[str, int | None]:
     err = obj.get("error") if isinstance(obj, dict) else None
     if isinstance(err, dict):
         code = err.get("code")
-        return str(err.get("message") or err.get("type") or "error"), (
-            code if isinstance(code, int) and 400 <= code <= 599 else None)
+        status = code if isinstance(code, int) and 400 <= code <= 599 else _TYPE_STATUS.get(
+            err.get("type"))
+        return str(err.get("message") or err.get("type") or "error"), status
     if isinstance(err, str):
         return err, None
     return "replica error", None
