@@ -319,10 +319,42 @@ ERROR_TYPES = {
     429: "rate_limit_error",
     431: "invalid_request_error",
     500: "server_error",
+    501: "server_error",
     502: "server_error",
     503: "unavailable_error",
     504: "timeout_error",
 }
+# HTTP status -> OpenAI-style string ``error.code`` (issue 14: one code
+# style). llama.cpp's numeric code (the status) stays on llama.cpp's own
+# routes, LLAMA_CPP_ROUTES, where llama.cpp's web UI and tools read it.
+ERROR_CODES = {
+    400: "invalid_request_error",
+    401: "invalid_api_key",
+    403: "permission_denied",
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "request_timeout",
+    413: "request_too_large",
+    414: "request_too_large",
+    417: "expectation_failed",
+    429: "rate_limit_exceeded",
+    431: "request_too_large",
+    500: "server_error",
+    501: "not_implemented",
+    502: "bad_gateway",
+    503: "service_unavailable",
+    504: "gateway_timeout",
+}
+LLAMA_CPP_ROUTES = frozenset((b"/completion", b"/tokenize", b"/detokenize", b"/infill",
+                              b"/apply-template", b"/props", b"/slots"))
+
+
+def error_code(status: int, path: bytes = b"") -> int | str:
+    """The ``error.code`` for ``status``: OpenAI's string style
+    (:data:`ERROR_CODES`), or the number itself on a llama.cpp route."""
+    if path in LLAMA_CPP_ROUTES:
+        return status
+    return ERROR_CODES.get(status, "server_error" if status >= 500 else "invalid_request_error")
 
 # headers the parser callbacks look at (one dict lookup per header)
 _CONTENT_LENGTH, _TRANSFER_ENCODING, _CONNECTION, _EXPECT, _REQUEST_ID, _ORIGIN = range(1, 7)
@@ -880,8 +912,10 @@ class HttpConnection(asyncio.Protocol):
         headers: Iterable[Header] = (),
         **extra,
     ) -> None:
-        """OpenAI error envelope with ``status``; ``code`` defaults to it."""
-        body = error_body(message, ERROR_TYPES.get(status, "error"), code or status, **extra)
+        """OpenAI error envelope with ``status``; ``code`` defaults to
+        :func:`error_code` of the status (and the request's route)."""
+        body = error_body(message, ERROR_TYPES.get(status, "error"),
+                          code or error_code(status, req.path), **extra)
         self.send_response(req, status, body, headers=headers)
 
     def start_stream(
@@ -917,7 +951,8 @@ class HttpConnection(asyncio.Protocol):
     def _write_error(
         self, req: Request | None, status: int, message: str, extra: bytes = b""
     ) -> None:
-        body = error_body(message, ERROR_TYPES.get(status, "error"), status)
+        body = error_body(message, ERROR_TYPES.get(status, "error"),
+                          error_code(status, req.path if req is not None else b""))
         rid = req.request_id if req is not None and req.request_id else new_request_id()
         self._out(
             b"%scontent-type: application/json\r\ncontent-length: %d\r\nx-request-id: %s\r\n"

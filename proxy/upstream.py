@@ -398,7 +398,7 @@ class Upstream(asyncio.Protocol):
         # client can mistake it for a clean end (an HTTP/1.0 client, whose
         # body ends at the close, has only the event to go by)
         if self.sse:
-            client.send_chunk(b"data: " + error_body(why, "server_error", 502) + b"\n\n")
+            client.send_chunk(b"data: " + error_body(why, "server_error", "bad_gateway") + b"\n\n")
         ex = self.ex
         ex.status = 502
         client.close()

@@ -267,3 +267,12 @@ def test_a_stream_that_fails_gets_the_apis_error_event(fake, path, body, event):
     if path == "/v1/messages":
         err = json.loads(raw.split(b"event: error\ndata: ")[1].split(b"\n")[0])
         assert err["type"] == "error" and err["error"]["type"] == "overloaded_error"
+
+
+def test_error_codes_are_openai_strings_but_numbers_on_llama_cpp_routes(fake):
+    st, doc = fake.json("POST", "/v1/chat/completions", {"model": "a", "messages": "x"})
+    assert st == 400 and doc["error"]["code"] == "invalid_request_error"  # the replica's
+    st, doc = fake.json("POST", "/v1/chat/completions", {"messages": []})  # the proxy's
+    assert st == 400 and doc["error"]["code"] == "invalid_request_error"
+    st, doc = fake.json("POST", "/tokenize", {"model": "a", "content": 3})
+    assert st == 400 and doc["error"]["code"] == 400  # llama.cpp's numeric code

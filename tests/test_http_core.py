@@ -27,6 +27,7 @@ from ggmux.proxy.http import (
     HttpLimits,
     Request,
     add_http_limit_options,
+    error_code,
     fit_fd_limit,
     http_limit_argv,
     limits_from_args,
@@ -477,7 +478,7 @@ def test_expect_100_continue_with_a_body_over_the_limit_gets_413_and_no_100(serv
         )
         r = c.response(interim=True)
         assert r.status == 413
-        assert r.json()["error"]["code"] == 413
+        assert r.json()["error"]["code"] == "request_too_large"
         assert c.closed()
     assert app.executed == []
 
@@ -704,7 +705,7 @@ def expect_error(c: Client, status: int, closed: bool = True) -> Response:
     r = c.response()
     assert r.status == status, (r.status, r.body)
     err = r.json()["error"]
-    assert err["code"] == status and err["message"] and err["type"]
+    assert err["code"] == error_code(status) and err["message"] and err["type"]
     assert r.one("content-type") == "application/json"
     if closed:
         assert r.one("connection") == "close"
@@ -1205,7 +1206,7 @@ def test_replica_dying_mid_stream_ends_the_client_stream_with_an_error_event(pro
     assert b'data: {"n": 1}' in body and b'data: {"n": 2}' in body
     events = [line for line in body.split(b"\r\n") if line.startswith(b'data: {"error"')]
     assert len(events) == 1
-    assert json.loads(events[0][6:])["error"]["code"] == 502
+    assert json.loads(events[0][6:])["error"]["code"] == "bad_gateway"
     assert not body.endswith(b"0\r\n\r\n"), "a dead replica must not look like a clean end"
 
 

@@ -2,64 +2,17 @@
 envelope with string codes, and ``stream_options.include_usage`` for
 replicas that do not send the usage chunk themselves.
 
-Error codes (OpenAI's style, one string per status; the
-``error.code`` of every OpenAI-style route): :data:`ERROR_CODES`. llama.cpp's
-numeric ``code`` (the HTTP status) stays on llama.cpp's own routes
-(:data:`LLAMA_CPP_ROUTES`: ``/completion``, ``/tokenize``, ``/detokenize``,
-``/infill``, ``/apply-template``, ``/props``, ``/slots``), where llama.cpp's
-own clients (its web UI and tools) read it.
+Error codes (OpenAI's style, one string per status) are
+:data:`ggmux.proxy.http.ERROR_CODES`; llama.cpp's numeric ``code`` stays on
+llama.cpp's own routes (:data:`ggmux.proxy.http.LLAMA_CPP_ROUTES`).
 """
 
 from __future__ import annotations
 
 import orjson
 
+from ..http import ERROR_TYPES, error_code
 from .common import Adapter, StreamState, Translated, Usage, chunk_delta, sse
-
-# HTTP status -> OpenAI error type and code
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    408: "timeout_error",
-    413: "invalid_request_error",
-    414: "invalid_request_error",
-    417: "invalid_request_error",
-    429: "rate_limit_error",
-    431: "invalid_request_error",
-    500: "server_error",
-    501: "server_error",
-    502: "server_error",
-    503: "unavailable_error",
-    504: "timeout_error",
-}
-ERROR_CODES = {
-    400: "invalid_request_error",
-    401: "invalid_api_key",
-    403: "permission_denied",
-    404: "not_found",
-    405: "method_not_allowed",
-    408: "request_timeout",
-    413: "request_too_large",
-    414: "request_too_large",
-    417: "expectation_failed",
-    429: "rate_limit_exceeded",
-    431: "request_too_large",
-    500: "server_error",
-    501: "not_implemented",
-    502: "bad_gateway",
-    503: "service_unavailable",
-    504: "gateway_timeout",
-}
-LLAMA_CPP_ROUTES = frozenset((b"/completion", b"/tokenize", b"/detokenize", b"/infill",
-                              b"/apply-template", b"/props", b"/slots"))
-
-
-def error_code(status: int) -> str:
-    """OpenAI-style string ``code`` for an HTTP ``status``."""
-    return ERROR_CODES.get(status, "server_error" if status >= 500 else "invalid_request_error")
 
 
 def error_body(status: int, message: str, code: str | int | None = None, **extra) -> bytes:
