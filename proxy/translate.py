@@ -123,14 +123,14 @@ class TranslatedConnection:
         state = self.state
         if state is None or self.ended or state.failed:
             return
-        if data[:1] == b":":  # the proxy's keep-alive comment
-            if state.content_type == b"text/event-stream":
-                self.conn.send_chunk(data)
-            return
         for ev in self.sse.feed(data):
             if ev == b"[DONE]":
                 self._close_stream()
                 return
+            if ev[:1] == b":":  # a keep-alive comment (the proxy's while the model loads)
+                if state.content_type == b"text/event-stream":
+                    self.conn.send_chunk(ev + b"\n\n")
+                continue
             out = state.event(ev)
             if out:
                 self.conn.send_chunk(out)

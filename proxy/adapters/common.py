@@ -165,10 +165,11 @@ def stream_flag(body: dict, default: bool = False) -> bool:
 # ---- replica stream ---------------------------------------------------------------
 class SseEvents:
     """Incremental parser of a replica's SSE body: :meth:`feed` takes bytes
-    as they arrive and returns the ``data`` payloads of the events they
-    complete (``[DONE]`` included, comments and ``event:`` names dropped),
-    joining multi-line data with ``\\n`` as the SSE spec says. A body cut
-    mid-event keeps the partial event in ``buf``."""
+    as they arrive, cut anywhere, and returns the ``data`` payloads of the
+    events they complete (``[DONE]`` included, ``event:`` names dropped),
+    joining multi-line data with ``\\n`` as the SSE spec says; a comment
+    block (a keep-alive) comes back whole, starting with ``b":"`` (no JSON
+    payload does). A body cut mid-event keeps the partial event in ``buf``."""
 
     __slots__ = ("buf",)
 
@@ -195,6 +196,8 @@ class SseEvents:
             data_lines = [ln for ln in lines if ln is not None]
             if data_lines:
                 out.append(b"\n".join(data_lines))
+            elif block[:1] == b":":
+                out.append(block)
         self.buf = buf[start:]
         return out
 
