@@ -13,8 +13,9 @@
 * Router-level answers: Ollama's ``/api/tags``, ``/api/ps``, ``/api/show``,
   ``/api/version``; OpenAI's ``GET /v1/models/{id}``.
 * Ollama's ``keep_alive``: ``0`` unloads the model once the request is
-  answered (the supervisor's ``unload``); other values are accepted and the
-  model keeps its ttl (see the README). An empty ``prompt`` /
+  answered (the supervisor's ``unload``); any other value replaces the
+  model's ttl until it unloads (the supervisor's ``keep_alive`` command;
+  negative: never unload for idleness). An empty ``prompt`` /
   ``messages`` loads the model (``done_reason: "load"``) or, with
   ``keep_alive: 0``, unloads it (``"unload"``), as Ollama does.
 * Names: ``NAME:latest`` resolves to ``NAME`` when no model is called that
@@ -202,12 +203,15 @@ class ClientApis:
                 self._keep_alive(m, name, keep)
 
     def _keep_alive(self, m: int, name: str, seconds: float) -> None:
-        """Ollama's ``keep_alive`` after a request: 0 unloads the model."""
+        """Ollama's ``keep_alive`` after a request: 0 unloads the model, any
+        other value becomes its idle timer until it unloads (the
+        supervisor's ``keep_alive`` command; negative: never)."""
         if seconds == 0:
             log.info("%s: keep_alive 0: unloading after the request", name)
             self.proxy.command({"op": "unload", "model": m})
         else:
-            log.debug("%s: keep_alive %g s: the model keeps its ttl", name, seconds)
+            self.proxy.command({"op": "keep_alive", "model": m,
+                                "seconds": -1 if seconds == float("inf") else seconds})
 
     async def _load_or_unload(self, wrap: TranslatedConnection, req: Request, m: int, name: str,
                               keep: float | None, generate: bool) -> None:
@@ -232,6 +236,8 @@ class ClientApis:
                                     headers=[(b"retry-after", b"5")])
                     return
             reason = "load"
+            if keep is not None:
+                self._keep_alive(m, name, keep)
         out: dict = {"model": name, "created_at": ollama.created_at()}
         if generate:
             out["response"] = ""

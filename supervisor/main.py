@@ -292,6 +292,12 @@ class Supervisor:
             self.load(m, "requested by POST /models/load")
         elif op == "unload":
             self.unload(m, "requested by POST /models/unload")
+        elif op == "keep_alive":
+            s = cmd.get("seconds")
+            if isinstance(s, (int, float)) and not isinstance(s, bool):
+                self.state.models[m].keep_alive_s = float("inf") if s < 0 else float(s)
+                log.info("%s: keep_alive %s (Ollama request): idle timer until it unloads",
+                         self.state.name(m), "forever" if s < 0 else f"{s:g} s")
         else:
             log.warning("unknown command %r", op)
 

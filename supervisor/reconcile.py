@@ -108,6 +108,9 @@ class Reconciler:
             idle = (now - max(int(last_used[r.slot]), r.ready_ns)) / NS
             entry = st.registry.entries[r.model]
             ttl = entry.ttl  # --ttl is folded into every entry as a default under presets
+            keep = st.models[r.model].keep_alive_s
+            if keep is not None:  # an Ollama request's keep_alive wins until the unload
+                ttl = keep
             if ttl and ttl > 0 and idle > ttl:
                 self.replicas.stop(r, f"idle {idle:.1f} s > ttl {ttl:g} s")
             elif (st.cfg.sleep_idle and idle > st.cfg.sleep_idle and not r.sleep_sent

@@ -306,6 +306,8 @@ class Replicas:
         m = st.models[rep.model]
         name = st.name(rep.model)
         was_loading = rep.ready_ns == 0
+        if not any(r.model == rep.model and r is not rep for r in st.replicas.values()):
+            m.keep_alive_s = None  # unloaded: the next load has the preset's ttl again
         if rep.deliberate:
             log.info("%s (slot %d) stopped, exit code %d", name, rep.slot, code)
             if not was_loading and not st.stopping_all:

@@ -90,6 +90,9 @@ class ModelRuntime:
     mem_max: Amounts | None = None
     measure: str = "pending"  # pending | running | done | failed
     requested_ns: int = 0  # an explicit load (POST /models/load, load-on-startup) pending
+    # Ollama's keep_alive of the last request that gave one (the proxy's
+    # "keep_alive" command): replaces the ttl until the model unloads; inf = never
+    keep_alive_s: float | None = None
 
 
 class State:

@@ -43,6 +43,8 @@ def fake(tmp_path_factory):
     d = tmp_path_factory.mktemp("fake")
     fakes = d / "fakes"
     write_fake(fakes, "a", load_s=0.05)
+    for name in ("ka-timed", "ka-forever", "ka-probe"):
+        write_fake(fakes, name, load_s=0.05)
     for api in ("anthropic", "responses", "ollama"):  # one each: a failed load backs off
         write_fake(fakes, f"broken-{api}", load_s=0.6, fail_load="no weights today")
     preset = d / "native.ini"
@@ -52,7 +54,7 @@ def fake(tmp_path_factory):
         "check-endpoint = /health\nstop-timeout = 2\n\n"
         f"[native-translated]\ncmd = {sys.executable} {rec} --port ${{PORT}} "
         f"--log {d / 'translated.jsonl'}\ncheck-endpoint = /health\nstop-timeout = 2\n"
-        "translate = true\n")
+        "translate = true\n\n[ka-forever]\nttl = 0.5\n\n[ka-probe]\nttl = 0.5\n")
     s = Server(["--fake-models-dir", str(fakes), "--models-preset", str(preset), "--no-hf-cache",
                 "--proxies", "1", "--stream-keepalive", "0.2",
                 "--cors-origins", "http://a.example"], free_port(), d / "server.log")
@@ -149,6 +151,19 @@ def test_ollama_keep_alive_zero_unloads_after_the_request(real):
     wait_for(lambda: real.models()[SMOL]["status"]["value"] == "unloaded", 30,
              what="smollm2 unloaded after keep_alive=0")
     assert f"{SMOL}:latest" not in {m.model for m in c.ps().models}
+
+
+def test_ollama_keep_alive_is_the_idle_timer_until_the_model_unloads(fake):
+    c = ollama.Client(host=fake.base)
+    status = lambda name: fake.models()[name]["status"]["value"]
+    assert c.chat(model="ka-timed", messages=HI, keep_alive="1s").done  # no ttl of its own
+    wait_for(lambda: status("ka-timed") == "unloaded", 20, what="ka-timed unloaded after 1 s")
+    # keep_alive -1 (forever) outlives the preset's ttl = 0.5 that unloads its twin
+    assert c.chat(model="ka-forever", messages=HI, keep_alive=-1).done
+    assert c.chat(model="ka-probe", messages=HI).done
+    wait_for(lambda: status("ka-probe") == "unloaded", 20, what="ka-probe unloaded by its ttl")
+    assert status("ka-forever") == "loaded"
+    assert "keep_alive forever" in fake.logs()
 
 
 # ---- 4. CORS -------------------------------------------------------------------------
