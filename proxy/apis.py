@@ -38,7 +38,7 @@ from .adapters.common import Adapter, BadRequest
 from .http import HttpConnection, Request
 from .listing import model_object
 from .modelinfo import ModelFacts
-from .translate import TranslatedConnection
+from .translate import ApiErrors, TranslatedConnection
 
 if TYPE_CHECKING:
     from .server import Proxy
@@ -58,7 +58,7 @@ ROUTES: dict[bytes, tuple[Adapter, bool]] = {
 NATIVE_KINDS = frozenset(("cmd", "upstream"))  # replica kinds that speak those APIs themselves
 CHAT_WITH_USAGE = openai.ChatWithUsage()
 _OLLAMA = ollama.Chat()  # for Ollama's error envelope
-_OPENAI = openai.ChatWithUsage()
+_OPENAI = CHAT_WITH_USAGE  # for OpenAI's
 
 
 def resolve(names: dict[str, int], name: str) -> int | None:
@@ -176,7 +176,8 @@ class ClientApis:
             return
         if native and p.reg_models[m].get("kind") in NATIVE_KINDS and not p.reg_models[m].get(
                 "translate"):
-            await p._forward(conn, req, m, name, body, stream=body.get("stream") is True)
+            await p._forward(ApiErrors(conn, adapter), req, m, name, body,
+                             stream=body.get("stream") is True)
             return
         keep = None
         try:

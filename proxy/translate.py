@@ -38,6 +38,35 @@ from .http import Header, HttpConnection, Request
 
 log = logging.getLogger(__name__)
 
+class ApiErrors:
+    """The client connection unchanged, but for the proxy's own errors
+    (unknown model, a load that failed, every replica busy), which take the
+    API's envelope: how an API passed through to a replica that speaks it
+    answers when the proxy, not the replica, refuses."""
+
+    __slots__ = ("adapter", "conn")
+
+    def __init__(self, conn: HttpConnection, adapter: Adapter) -> None:
+        self.conn = conn
+        self.adapter = adapter
+
+    def __getattr__(self, name: str):
+        return getattr(self.conn, name)
+
+    @property
+    def write_paused_cb(self):
+        return self.conn.write_paused_cb
+
+    @write_paused_cb.setter
+    def write_paused_cb(self, cb) -> None:
+        self.conn.write_paused_cb = cb
+
+    def send_error(self, req: Request, status: int, message: str, code=None,
+                   headers: Iterable[Header] = (), **_extra) -> None:
+        ctype, body = self.adapter.error(status, message)
+        self.conn.send_response(req, status, body, ctype, headers)
+
+
 def _as_chunk(obj: dict) -> dict:
     """A whole chat completion as one chunk (a replica that ignored ``stream``)."""
     choices = []

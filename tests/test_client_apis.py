@@ -54,7 +54,7 @@ def fake(tmp_path_factory):
         "check-endpoint = /health\nstop-timeout = 2\n\n"
         f"[native-translated]\ncmd = {sys.executable} {rec} --port ${{PORT}} "
         f"--log {d / 'translated.jsonl'}\ncheck-endpoint = /health\nstop-timeout = 2\n"
-        "translate = true\n\n[ka-forever]\nttl = 0.5\n\n[ka-probe]\nttl = 0.5\n")
+        "translate = true\n\n[native-broken]\ncmd = /bin/false ${PORT}\n\n[ka-forever]\nttl = 0.5\n\n[ka-probe]\nttl = 0.5\n")
     s = Server(["--fake-models-dir", str(fakes), "--models-preset", str(preset), "--no-hf-cache",
                 "--proxies", "1", "--stream-keepalive", "0.2",
                 "--cors-origins", "http://a.example"], free_port(), d / "server.log")
@@ -216,6 +216,10 @@ def test_cmd_replica_speaking_the_apis_gets_them_unchanged(fake):
     got = [x for x in recorded(fake, "translated") if x["method"] == "POST"]
     assert got[-1]["path"] == "/v1/chat/completions"
     assert got[-1]["body"]["messages"] == HI and got[-1]["body"]["max_tokens"] == 7
+    # the proxy's own refusal of a passed-through request is in the API's envelope too
+    with pytest.raises(anthropic.APIStatusError) as e:
+        a.messages.create(model="native-broken", max_tokens=7, messages=HI)
+    assert e.value.status_code == 503 and e.value.body["type"] == "error"
 
 
 # ---- 6. errors in each API's shape -----------------------------------------------------
