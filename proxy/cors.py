@@ -52,6 +52,7 @@ class Cors:
         return b"vary: origin\r\n" if self.listed else b""
 
     def allows(self, origin: bytes) -> bool:
+        """Whether a browser page from ``origin`` may read the answers."""
         return self.any or origin in self.listed
 
     def options(self, conn: HttpConnection, req: Request) -> None:

@@ -116,6 +116,7 @@ class ModelFacts:
         self._cache: dict[str, tuple[float, dict]] = {}
 
     def get(self, path: str | None) -> dict:
+        """:func:`facts` of the GGUF file at ``path`` (``{}`` for none)."""
         if not path:
             return {}
         try:

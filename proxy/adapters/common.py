@@ -154,6 +154,8 @@ def string_list(v, key: str) -> list[str]:
 
 
 def stream_flag(body: dict, default: bool = False) -> bool:
+    """``body["stream"]`` (``default`` when absent or null); raises
+    :class:`BadRequest` when it is not a boolean."""
     v = body.get("stream", default)
     if v is None:
         return default
@@ -261,6 +263,7 @@ class Usage:
             self.completion += 1
 
     def openai(self) -> dict:
+        """OpenAI's ``usage`` object of these counts."""
         u = {"prompt_tokens": self.prompt, "completion_tokens": self.completion,
              "total_tokens": self.prompt + self.completion}
         if self.cached:

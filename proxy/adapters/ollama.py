@@ -301,6 +301,8 @@ class Chat(_Ollama):
 
 
 class Generate(Chat):
+    """``POST /api/generate``."""
+
     generate = True
 
 
@@ -329,6 +331,8 @@ class Embed(_Ollama):
 
 
 class Embeddings(Embed):
+    """``POST /api/embeddings`` (Ollama's older embedding route)."""
+
     old = True
 
 
