@@ -43,7 +43,7 @@ def fake(tmp_path_factory):
     d = tmp_path_factory.mktemp("fake")
     fakes = d / "fakes"
     write_fake(fakes, "a", load_s=0.05)
-    for name in ("ka-timed", "ka-forever", "ka-probe"):
+    for name in ("ka-timed", "ka-forever", "ka-probe", "ld"):
         write_fake(fakes, name, load_s=0.05)
     for api in ("anthropic", "responses", "ollama"):  # one each: a failed load backs off
         write_fake(fakes, f"broken-{api}", load_s=0.6, fail_load="no weights today")
@@ -164,6 +164,17 @@ def test_ollama_keep_alive_is_the_idle_timer_until_the_model_unloads(fake):
     wait_for(lambda: status("ka-probe") == "unloaded", 20, what="ka-probe unloaded by its ttl")
     assert status("ka-forever") == "loaded"
     assert "keep_alive forever" in fake.logs()
+
+
+def test_ollama_empty_generate_loads_and_with_keep_alive_zero_unloads(fake):
+    c = ollama.Client(host=fake.base)
+    status = lambda: fake.models()["ld"]["status"]["value"]
+    assert status() == "unloaded"
+    r = c.generate(model="ld:latest")  # Ollama's idiom: no prompt loads the model
+    assert r.done and r.done_reason == "load" and status() == "loaded"
+    r = c.generate(model="ld", keep_alive=0)
+    assert r.done and r.done_reason == "unload"
+    wait_for(lambda: status() == "unloaded", 20, what="ld unloaded")
 
 
 # ---- 4. CORS -------------------------------------------------------------------------
