@@ -55,6 +55,7 @@ import orjson
 import posix_ipc
 
 from ..shm import layout as L
+from ..shm.logring import log_ring_name
 from ..shm.segment import Segment
 from . import apis
 from .apis import ClientApis
@@ -78,7 +79,10 @@ from .http import (
     limits_from_args,
 )
 from .listing import ModelEvents, models_list
+from .logs import LogTail
 from .metrics import metrics_text
+from .overview import overview
+from .page import Page
 from .upstream import Exchange, UpstreamError, UpstreamPool, request_head
 
 log = logging.getLogger("ggmux.proxy")
@@ -173,6 +177,8 @@ class Proxy:
         self.local_asked: dict[int, int] = {}  # model -> when a local replica was last asked
         self.events = ModelEvents(self.loop, lambda: (self.reg_models, self.model_rows,
                                                       self.errors))
+        self.page = Page()
+        self.logtail = LogTail(self.loop, log_ring_name(shm))
         self.refresh()
 
     # ---- shared-memory snapshot ------------------------------------------
@@ -447,7 +453,10 @@ class Proxy:
             else:
                 conn.send_response(req, 204, b"", headers=[(b"allow", b"GET, POST, HEAD, OPTIONS")])
             return
-        admin = path in (b"/models/load", b"/models/unload") or (
+        if Page.wants(path):  # the page holds no secret: it asks for the key
+            self.page.serve(conn, req)
+            return
+        admin = path in (b"/models/load", b"/models/unload", b"/logs", b"/logs/stream") or (
             path in (b"/models", b"/v1/models") and b"reload" in req.query)
         if not self._authorized(req, admin):
             if apis.handles(path):
@@ -495,8 +504,30 @@ class Proxy:
             await self.events.subscribe(conn, req)
         elif path.startswith(b"/upstream/"):
             await self._passthrough(conn, req)
+        elif path in (b"/ps", b"/logs", b"/logs/stream") and req.method in (b"GET", b"HEAD"):
+            await self._operator(conn, req)
         else:
             conn.send_error(req, 404, f"no route for {req.method.decode()} {path.decode('latin-1')}")
+
+    async def _operator(self, conn: HttpConnection, req: Request) -> None:
+        """``GET /ps`` (:mod:`.overview`), ``GET /logs`` and
+        ``/logs/stream`` (:mod:`.logs`; ``?model=`` a name or alias)."""
+        self.refresh()
+        if req.path == b"/ps":
+            conn.send_json(req, 200, overview(self.seg, self.reg_models, self.model_rows,
+                                              self.replica_rows, self.remotes, self.errors))
+            return
+        name = self._query_model(req)
+        if name is not None:
+            m = self.names.get(name)
+            if m is None:
+                conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
+                return
+            name = self.reg_models[m]["name"]
+        if req.path == b"/logs":
+            self.logtail.text(conn, req, name)
+        else:
+            await self.logtail.stream(conn, req, name)
 
     def _query_model(self, req: Request) -> str | None:
         if not req.query:

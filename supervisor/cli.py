@@ -1,4 +1,11 @@
-"""``ggmux`` command line: ``ggmux serve [options]``."""
+"""``ggmux`` command line: ``ggmux serve [options]``, the client commands
+(``ps``, ``load``, ``unload``, ``logs``, ``run``: :mod:`.client`) and
+``--version``; also ``python -m ggmux``.
+
+Every ``serve`` option can be given as ``GGMUX_<OPTION>`` in the environment
+(``--models-max`` as ``GGMUX_MODELS_MAX``; containers), the command line
+winning: :func:`apply_env_defaults`.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ import logging
 import os
 import sys
 
+from .. import __version__
 from ..instance.validate import (
     add_request_limit_options,
     request_limit_argv,
@@ -15,6 +23,7 @@ from ..instance.validate import (
 )
 from ..proxy.http import add_http_limit_options, http_limit_argv, limits_from_args
 from ..shm.segment import queue_name, segment_name
+from .client import add_client_commands, run_client
 from .main import Config, StartupError, Supervisor
 from .presets import command_line_layer, load_preset, resolve
 from .registry import ModelEntry, Registry, demo_models, scan_hf_cache, scan_models_dir
@@ -25,12 +34,82 @@ MiB = 1 << 20
 _DEFAULTS = ModelEntry(name="", path="")  # ggmux's per-model defaults
 
 
-def build_parser() -> argparse.ArgumentParser:
+SECRET_OPTIONS = frozenset(("api_key", "admin_key"))
+"""Options whose value is never printed (``--help`` names their variable)."""
+
+_TRUE = frozenset(("1", "true", "yes", "on"))
+_FALSE = frozenset(("0", "false", "no", "off", ""))
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """One default per option: ``(default: X)`` only where the help text
+    does not already say it, where there is a default to show (not None,
+    not an empty list, not a plain flag's False) and never for a key."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" in text or action.dest in SECRET_OPTIONS
+                or action.default in (None, [], argparse.SUPPRESS)
+                or isinstance(action, argparse._StoreTrueAction)):
+            return text
+        return super()._get_help_string(action)
+
+
+def env_name(dest: str) -> str:
+    """``models_max`` -> ``GGMUX_MODELS_MAX``."""
+    return "GGMUX_" + dest.upper()
+
+
+def apply_env_defaults(parser: argparse.ArgumentParser,
+                       environ: dict[str, str] | None = None) -> None:
+    """Make ``GGMUX_<OPTION>`` the default of every option of ``parser``
+    that has a value (so the command line still wins). Flags take
+    1/true/yes/on or 0/false/no/off; repeatable options (``--models-dir``)
+    a list separated by ``os.pathsep``. A value the option's type refuses
+    is a usage error naming the variable."""
+    env = os.environ if environ is None else environ
+    for action in parser._actions:
+        if not action.option_strings or action.dest in ("help", "version"):
+            continue
+        name = env_name(action.dest)
+        raw = env.get(name)
+        if raw is None:
+            continue
+        try:
+            if action.nargs == 0 or isinstance(action, argparse.BooleanOptionalAction):
+                low = raw.strip().lower()
+                if low not in _TRUE | _FALSE:
+                    raise ValueError("give 1/true/yes/on or 0/false/no/off")
+                value = low in _TRUE
+            elif isinstance(action, argparse._AppendAction):
+                value = [_convert(action, v) for v in raw.split(os.pathsep) if v]
+            else:
+                value = _convert(action, raw)
+        except (ValueError, TypeError, argparse.ArgumentTypeError) as e:
+            shown = "(hidden)" if action.dest in SECRET_OPTIONS else repr(raw)
+            parser.error(f"${name}={shown} for {action.option_strings[0]}: {e}")
+        action.default = value
+
+
+def _convert(action: argparse.Action, raw: str):
+    value = action.type(raw) if callable(action.type) else raw
+    if action.choices is not None and value not in action.choices:
+        raise ValueError(f"not one of {', '.join(map(str, action.choices))}")
+    return value
+
+
+def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentParser:
+    """The ``ggmux`` parser; ``environ`` (default ``os.environ``) gives the
+    ``GGMUX_<OPTION>`` defaults of ``serve``."""
     ap = argparse.ArgumentParser(prog="ggmux", description="Many local GGUF models behind one "
                                  "OpenAI-compatible port.")
+    ap.add_argument("--version", action="version", version=f"ggmux {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="run the server",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    s = sub.add_parser("serve", help="run the server", formatter_class=HelpFormatter,
+                       description="Run the server. Every option can also be set as "
+                       "GGMUX_<OPTION> in the environment (--models-max as "
+                       "GGMUX_MODELS_MAX, flags as 1/0, --models-dir as a "
+                       f"'{os.pathsep}'-separated list); the command line wins.")
     s.add_argument("--host", default="127.0.0.1", help="address the proxies listen on")
     s.add_argument("--port", type=int, default=8080, help="public port")
     s.add_argument("--proxies", type=int, default=os.cpu_count() or 1,
@@ -87,11 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--spares", type=int, default=1,
                    help="instance processes kept started with llama-cpp-python imported, so "
                         "a cold load costs only the model's own load time")
-    s.add_argument("--api-key", default=os.environ.get("GGMUX_API_KEY"),
+    s.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on every route "
-                        "but /health (default: $GGMUX_API_KEY; none: open)")
-    s.add_argument("--admin-key", default=os.environ.get("GGMUX_ADMIN_KEY"),
-                   help="key for /models/load, /models/unload and reloads (default: "
+                        "but /health and the web page (default: $GGMUX_API_KEY; none: open)")
+    s.add_argument("--admin-key", default=None,
+                   help="key for /models/load, /models/unload, reloads and /logs (default: "
                         "$GGMUX_ADMIN_KEY; none: the API key)")
     s.add_argument("--queue-timeout", type=float, default=30.0,
                    help="seconds a request waits for a replica below its max-concurrency "
@@ -109,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     add_http_limit_options(s)
     add_request_limit_options(s)
+    apply_env_defaults(s, environ)
+    add_client_commands(sub)
     return ap
 
 
@@ -206,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)
-    return 2
+    return run_client(args)
 
 
 if __name__ == "__main__":
