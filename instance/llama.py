@@ -125,7 +125,8 @@ class LlamaBackend(Backend):
 
     def measure(self) -> dict:
         """Memory a load needs, from GGUF metadata read by llama.cpp itself
-        (a ``vocab_only`` load: metadata and vocabulary, no weights, ~0.1 s;
+        (a ``vocab_only`` model load without a context: metadata and
+        vocabulary, no weights, ~0.1 s;
         the ``gguf`` package's reader takes seconds on a 49k-token vocab).
 
         ``min`` = weights + KV cache at the configured context + compute
@@ -137,12 +138,19 @@ class LlamaBackend(Backend):
         With ``--n-gpu-layers`` and a GPU, the offloaded share of weights and
         KV is put on ``gpu0``. Bytes per device key.
         """
-        from llama_cpp import Llama
+        import llama_cpp
+        from llama_cpp._internals import LlamaModel
 
         weights = sum(os.path.getsize(p) for p in model_parts(self.path))
-        llm = Llama(model_path=self.path, vocab_only=True, verbose=False)
-        md = llm.metadata
-        del llm
+        # the model alone, no context: a context on a vocab-only model warns
+        # "n_ctx_seq (512) > n_ctx_train (0)" at every start (issue 15)
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        model = LlamaModel(path_model=self.path, params=params, verbose=False)
+        try:
+            md = model.metadata()
+        finally:
+            model.close()
         arch = md.get("general.architecture", "llama")
 
         def num(key: str, default: float = 0) -> float:

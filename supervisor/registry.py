@@ -550,6 +550,21 @@ def demo_models() -> list[ModelEntry]:
     return out
 
 
+DEMO_VARIABLES = {"GGMUX_DEMO_SMOLLM2": "smollm2-135m", "GGMUX_DEMO_GEMMA3": "gemma3-270m"}
+"""Preset variables that name a demo model's file (``presets.example.ini``):
+``${env.GGMUX_DEMO_SMOLLM2}`` is the variable when set, else the installed
+demo model's path, so the example starts as shipped."""
+
+
+def demo_path(variable: str) -> str | None:
+    """Path of the demo model that :data:`DEMO_VARIABLES` maps ``variable``
+    to, None when it is not a demo variable or the model is not installed."""
+    name = DEMO_VARIABLES.get(variable)
+    if name is None:
+        return None
+    return next((e.path for e in demo_models() if e.name == name), None)
+
+
 # ---- the registry ------------------------------------------------------------------
 
 

@@ -700,3 +700,46 @@ def test_every_key_of_the_example_is_documented_with_its_default():
 
     for key in _FIELDS:
         assert f"; {key} = " in text, key
+
+
+def test_the_example_preset_finds_the_demo_models_without_environment_variables(
+        tmp_path, no_hub, monkeypatch):
+    """presets.example.ini starts as shipped on a fresh machine (issue 15):
+    its ${env.GGMUX_DEMO_*} default to the installed demo models."""
+    demos = {e.name: e.path for e in demo_models()}
+    if len(demos) < 2:
+        pytest.skip("the demo models are not installed")
+    monkeypatch.delenv("GGMUX_DEMO_SMOLLM2", raising=False)
+    monkeypatch.delenv("GGMUX_DEMO_GEMMA3", raising=False)
+    reg = registry("--models-preset", str(ROOT / "presets.example.ini"))
+    assert reg.get("smollm2-135m").path == demos["smollm2-135m"]
+    assert reg.get("gemma3-270m").path == demos["gemma3-270m"]
+    assert f"-m {demos['gemma3-270m']}" in reg.get("gemma3-270m-llama-server").cmd
+    other = write(tmp_path / "p.ini", "[x]\nmodel = ${env.GGMUX_NOT_A_DEMO}\n")
+    with expect_error(other, 2, "GGMUX_NOT_A_DEMO", "not set"):
+        registry("--models-preset", str(other))
+
+
+def test_a_log_line_names_the_cache_that_replaced_the_demo_models(hub, caplog):
+    cache_repo(hub, "org/repo-GGUF", {"repo-Q4_K_M.gguf": 64})
+    with caplog.at_level("INFO", logger="ggmux"):
+        reg = registry()
+    assert [e.name for e in reg.entries] == ["org/repo-GGUF:Q4_K_M"]
+    line = next(r.getMessage() for r in caplog.records if "Hugging Face cache" in r.getMessage())
+    assert f"serving 1 model(s) of the Hugging Face cache {hub}" in line
+    assert "demo models" in line and "--no-hf-cache" in line
+
+
+def test_with_nothing_cached_a_log_line_says_the_demo_models_serve(no_hub, caplog):
+    with caplog.at_level("INFO", logger="ggmux"):
+        registry()
+    assert any("serving the demo models" in r.getMessage() for r in caplog.records)
+
+
+def test_an_empty_models_dir_is_named_in_the_error(tmp_path, no_hub, capsys):
+    empty = tmp_path / "models"
+    empty.mkdir()
+    assert cli_mod.main(["serve", "--models-dir", str(empty), "--no-hf-cache"]) == 2
+    err = capsys.readouterr().err
+    assert f"no models found in --models-dir {empty}" in err
+    assert "give --models-dir" not in err

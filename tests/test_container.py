@@ -1,0 +1,197 @@
+"""The container (issue 15): the Dockerfile and compose file say what the
+issue asks (checked on the files), and, where an image builder and the base
+image are at hand and ``GGMUX_TEST_CONTAINER=1`` asks for it, the image is
+built and run: it serves as a non-root user, answers /health, reads its
+options from ``GGMUX_*`` and stops on SIGTERM.
+
+The build is opt-in because it takes a minute with llama-cpp-python's wheel
+in pip's cache and a quarter of an hour without; on a 2-core machine shared
+by a test suite that must stay under ten minutes it cannot run every time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import free_port, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+README_CMAKE = re.search(r'CMAKE_ARGS="([^"]+)"', (ROOT / "README.md").read_text()).group(1)
+
+
+def test_the_dockerfile_builds_in_stages_and_runs_non_root_with_a_models_volume():
+    text = (ROOT / "Dockerfile").read_text()
+    assert len(re.findall(r"^FROM ", text, re.MULTILINE)) == 2 and " AS build" in text
+    assert f'CMAKE_ARGS="{README_CMAKE}"' in text  # README's flags: no -march=native
+    assert re.search(r"^USER ggmux$", text, re.MULTILINE) and "--uid 10001" in text
+    assert 'VOLUME ["/models"]' in text and "GGMUX_MODELS_DIR=/models" in text
+    assert "GGMUX_HOST=0.0.0.0" in text and "EXPOSE 8080" in text
+    hc = re.search(r"^HEALTHCHECK .*?CMD (.*)$", text, re.MULTILINE | re.DOTALL).group(1)
+    assert "/health" in hc
+    assert re.search(r"^STOPSIGNAL SIGTERM$", text, re.MULTILINE)
+    assert 'ENTRYPOINT ["tini", "--", "ggmux"]' in text and 'CMD ["serve"]' in text
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert ".venv" in ignored and ".git" in ignored
+
+
+def test_the_compose_file_runs_one_node_and_a_nats_cluster_profile():
+    doc = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    svc = doc["services"]
+    one = svc["ggmux"]
+    assert one["build"] == "." and "8080:8080" in one["ports"]
+    assert any(v.endswith(":/models:ro") for v in one["volumes"])
+    assert one["stop_grace_period"] == "30s"
+    assert set(svc) == {"ggmux", "nats", "node-a", "node-b"}
+    assert "-js" in svc["nats"]["command"]
+    for node in ("node-a", "node-b"):
+        env = svc[node]["environment"]
+        assert svc[node]["profiles"] == ["cluster"]
+        assert env["GGMUX_CLUSTER"] == "nats://nats:4222" and env["GGMUX_NODE_NAME"] == node
+
+
+# ---- build and run --------------------------------------------------------------------------
+def _ok(*cmd: str) -> bool:
+    try:
+        return subprocess.run(cmd, capture_output=True, timeout=60, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _builder() -> str | None:
+    if shutil.which("docker") and _ok("docker", "info"):
+        return "docker"
+    if shutil.which("podman"):
+        return "podman"
+    return None
+
+
+@pytest.fixture
+def image(tmp_path):
+    if os.environ.get("GGMUX_TEST_CONTAINER") != "1":
+        pytest.skip("set GGMUX_TEST_CONTAINER=1 to build and run the image (a minute or more)")
+    builder = _builder()
+    if builder is None:
+        pytest.skip("no image builder (docker with a daemon, or podman)")
+    base = os.environ.get("GGMUX_TEST_IMAGE_BASE", "debian:bookworm-slim")
+    if not _ok(builder, "image", "inspect", base):
+        pytest.skip(f"base image {base} is not here (no registry to pull it from); "
+                    "set GGMUX_TEST_IMAGE_BASE")
+    tag = f"ggmux-test:{os.getpid()}"
+    cmd = [builder, "build", "--network", "host", "--build-arg", f"BASE={base}", "-t", tag]
+    if builder == "podman":
+        cmd += ["--isolation", "chroot"]  # no OCI runtime needed to build
+        cache = Path.home() / ".cache" / "pip"
+        if cache.is_dir():  # llama-cpp-python's wheel, when pip built it before
+            cmd += ["-v", f"{cache}:/root/.cache/pip"]
+        cert = os.environ.get("PIP_CERT")
+        if cert and Path(cert).is_file():  # a TLS-intercepting proxy's bundle
+            cmd += ["-v", f"{cert}:/etc/build-ca.crt:ro", "--build-arg",
+                    "PIP_CERT=/etc/build-ca.crt"]
+    r = subprocess.run([*cmd, str(ROOT)], capture_output=True, text=True, timeout=1800,
+                       check=False)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    yield builder, tag
+    subprocess.run([builder, "rmi", "-f", tag], capture_output=True, timeout=120, check=False)
+
+
+def _start(builder: str, tag: str, port: int, fakes: Path):
+    """Run the image's entrypoint: ``(process, stop, cleanup)``, ``stop()``
+    sending SIGTERM as a container stop does.
+    podman's OCI runtime may be unusable inside another container: then the
+    image runs through buildah's chroot isolation, entrypoint and user as
+    the image says."""
+    env = ["-e", f"GGMUX_PORT={port}", "-e", "GGMUX_MODELS_DIR=", "-e",
+           "GGMUX_FAKE_MODELS_DIR=/srv/fakes", "-e", "GGMUX_PROXIES=1"]
+    vol = ["-v", f"{fakes}:/srv/fakes:ro"]
+    name = f"ggmux-test-{os.getpid()}"
+    if builder == "docker" or _ok("podman", "run", "--rm", tag, "--version"):
+        p = subprocess.Popen([builder, "run", "--rm", "--name", name, "--network", "host",
+                              *env, *vol, tag], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT)
+        return (p, lambda: _ok(builder, "stop", "-t", "30", name),
+                lambda: _ok(builder, "rm", "-f", name))
+    if not shutil.which("buildah"):
+        pytest.skip("podman cannot run containers here and buildah is missing")
+    ctr = subprocess.run(["buildah", "from", "--name", name, tag], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    cfg = json.loads(subprocess.run(["buildah", "inspect", "--type", "image", tag],
+                                    capture_output=True, text=True, check=True).stdout)
+    oci = cfg["OCIv1"]["config"]
+    p = subprocess.Popen(["buildah", "run", "--isolation", "chroot", "--network", "host",
+                          "--user", oci["User"], *env, *vol, ctr, "--",
+                          *oci["Entrypoint"], *oci["Cmd"]],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return p, lambda: _signal_tini(port), lambda: _ok("buildah", "rm", ctr)
+
+
+def _supervisor_uid(port: int) -> int | None:
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
+            status = Path(f"/proc/{d}/status").read_text()
+        except OSError:
+            continue
+        if b"serve" in cmd and any(c.endswith(b"/ggmux") for c in cmd[:2]):
+            env = Path(f"/proc/{d}/environ").read_bytes() if os.access(
+                f"/proc/{d}/environ", os.R_OK) else b""
+            if f"GGMUX_PORT={port}".encode() in env:
+                return int(re.search(r"^Uid:\s+(\d+)", status, re.MULTILINE).group(1))
+    return None
+
+
+def test_the_image_serves_as_a_non_root_user_and_stops_on_sigterm(image, tmp_path):
+    builder, tag = image
+    fakes = tmp_path / "fakes"
+    fakes.mkdir()
+    (fakes / "alpha.json").write_text("{}")
+    port = free_port()
+    proc, stop, cleanup = _start(builder, tag, port, fakes)
+    try:
+        def health() -> bool:
+            assert proc.poll() is None, proc.stdout.read().decode(errors="replace")[-3000:]
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{port}/health",
+                                              timeout=2).status == 200
+            except OSError:
+                return False
+
+        wait_for(health, 120, 0.5, "the container's /health")
+        doc = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models"))
+        assert [m["id"] for m in doc["data"]] == ["alpha"]  # GGMUX_* reached serve
+        uid = _supervisor_uid(port)
+        assert uid is not None and uid != 0
+        stop()
+        proc.wait(60)
+        assert b"INFO ggmux.supervisor: stopped" in proc.stdout.read()  # drained, not killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        cleanup()
+
+
+def _signal_tini(port: int) -> None:
+    """SIGTERM to the image's PID 1 (tini), as a container stop sends it."""
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
+            env = Path(f"/proc/{d}/environ").read_bytes()
+        except OSError:
+            continue
+        if cmd and cmd[0].endswith(b"tini") and f"GGMUX_PORT={port}".encode() in env:
+            os.kill(int(d), signal.SIGTERM)
+            return
+    raise AssertionError("no tini process of the container")
