@@ -133,6 +133,8 @@ function fmtSeconds(s) {
 const models = new Map(); // id -> {status, ps, row, cells}
 let selected = sessionStorage.getItem("ggmux.model") || "";
 let showNodes = false;
+const STATES = new Set(["unloaded", "loading", "loaded", "sleeping", "stopping", "measuring",
+                        "failed"]);
 
 function stateOf(m) {
   const st = m.status || {};
@@ -146,7 +148,7 @@ function makeRow(id) {
   const cells = {};
   for (const name of ["name", "state", "node", "replicas", "inflight", "waiting", "ttft",
                       "memory", "idle", "actions"]) {
-    const td = el("td", name);
+    const td = el("td", "col-" + name);
     if (["inflight", "waiting", "ttft", "memory"].includes(name)) td.classList.add("num");
     if (name === "node") { td.classList.add("node-col"); td.hidden = !showNodes; }
     cells[name] = td;
@@ -163,7 +165,6 @@ function makeRow(id) {
   const unload = el("button", "unload", "unload");
   unload.type = "button";
   unload.onclick = () => command("unload", id, unload);
-  cells.actions.classList.add("actions");
   cells.actions.append(load, unload);
   return { row: tr, cells, load, unload };
 }
@@ -244,8 +245,11 @@ function applyFilter() {
   const words = $("#filter").value.toLowerCase().split(/\s+/).filter(Boolean);
   let shown = 0;
   for (const m of models.values()) {
-    const hay = [m.id, ...(m.aliases || []), stateOf(m)].join(" ").toLowerCase();
-    const ok = words.every((w) => hay.includes(w));
+    const hay = [m.id, ...(m.aliases || [])].join(" ").toLowerCase();
+    const state = stateOf(m);
+    // a state's name matches that state ("loaded" is not "unloaded"); other
+    // words match part of the name or an alias
+    const ok = words.every((w) => (STATES.has(w) ? state === w : hay.includes(w)));
     m.row.hidden = !ok;
     if (ok) shown++;
   }

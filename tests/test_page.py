@@ -1,0 +1,141 @@
+"""The web page at ``/`` in a real browser (issue 15): headless Chromium
+(Debian's ``chromium``, which .ci/run installs) driven by Playwright with
+that executable (never ``playwright install``). Waits are Playwright's own
+deadlines on conditions in the page; screenshots go to the test's temp dir
+(``GGMUX_README_SCREENSHOT=1`` also copies the first one to
+``docs/page.png`` for the README)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                                reason="Debian's chromium is not installed (.ci/run installs it)")
+ROOT = Path(__file__).resolve().parent.parent
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+LOAD_S = 90_000  # ms: a demo model's load on a busy 2-core machine
+
+
+@pytest.fixture
+def browser_page(tmp_path):
+    """A fresh Chromium profile and page; console errors collected in ``page.errors``."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=CHROMIUM, args=ARGS, headless=True,
+            viewport={"width": 1280, "height": 900})
+        page = ctx.pages[0] if ctx.pages else ctx.new_page()
+        page.errors = []
+        page.on("pageerror", lambda e: page.errors.append(str(e)))
+        try:
+            yield page
+        finally:
+            ctx.close()
+
+
+def row(page, model: str):
+    return page.locator(f'tr[data-model="{model}"]')
+
+
+def test_the_page_shows_the_demo_models_loads_one_and_streams_a_chat(serve, browser_page,
+                                                                     tmp_path):
+    from playwright.sync_api import expect
+
+    s = serve("--proxies", "1", "--models-max", "2")  # no source: the demo models
+    page = browser_page
+    page.goto(s.base + "/")
+    expect(row(page, "smollm2-135m")).to_be_visible()
+    expect(row(page, "gemma3-270m")).to_be_visible()
+    expect(page.locator("#model-count")).to_have_text("2 models")
+    expect(row(page, "gemma3-270m").locator(".state")).to_have_text("unloaded")
+    expect(page.locator("#live")).to_have_text("live")
+
+    row(page, "gemma3-270m").locator("button.load").click()
+    # the state turns to loaded from /models/sse, with no reload of the page
+    expect(row(page, "gemma3-270m").locator(".state")).to_have_text("loaded", timeout=LOAD_S)
+    expect(row(page, "gemma3-270m").locator("td.col-replicas")).to_have_text("ready")
+    assert s.models()["gemma3-270m"]["status"]["value"] == "loaded"
+
+    page.select_option("#pg-model", "smollm2-135m")
+    page.fill("#pg-temp", "0")
+    page.fill("#pg-max", "24")
+    page.fill("#pg-input", "Say hi")
+    page.click("#pg-send")
+    answer = page.locator("#pg-transcript .msg.assistant .text").last
+    expect(answer).not_to_be_empty(timeout=LOAD_S)
+    expect(page.locator("#pg-stats")).to_contain_text("tokens/s", timeout=LOAD_S)
+    expect(page.locator("#pg-send")).to_be_enabled(timeout=LOAD_S)  # the stream ended
+    stats = page.locator("#pg-stats").inner_text()
+    assert int(stats.split()[0]) > 1, stats  # counted from the stream's chunks
+    assert answer.inner_text().strip()
+    expect(row(page, "smollm2-135m").locator(".state")).to_have_text("loaded")
+
+    # the log tail shows the supervisor's lines, live
+    expect(page.locator("#log")).to_contain_text("loading gemma3-270m in slot", timeout=10_000)
+    expect(page.locator("#devices .device")).to_have_count(1)  # the host, on this machine
+
+    shot = tmp_path / "page.png"
+    page.screenshot(path=str(shot), full_page=True)
+    if os.environ.get("GGMUX_README_SCREENSHOT") == "1":
+        (ROOT / "docs").mkdir(exist_ok=True)
+        shutil.copy(shot, ROOT / "docs" / "page.png")
+
+    page.fill("#filter", "gemma")
+    expect(row(page, "smollm2-135m")).to_be_hidden()
+    expect(row(page, "gemma3-270m")).to_be_visible()
+    expect(page.locator("#model-count")).to_have_text("1 of 2 models")
+    assert page.errors == []
+
+
+def test_with_an_api_key_the_page_asks_for_it_and_then_works(serve, fakes, browser_page):
+    from playwright.sync_api import expect
+
+    fakes.add("alpha", tokens=6, token_s=0.02)
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0",
+              "--api-key", "sk-page")
+    page = browser_page
+    page.goto(s.base + "/")  # the page itself needs no key
+    dialog = page.locator("#key-dialog")
+    expect(dialog).to_be_visible()
+    expect(page.locator("#key-label")).to_have_text("API key")
+    expect(row(page, "alpha")).to_have_count(0)  # nothing shown without the key
+    page.fill("#key-input", "sk-page")
+    page.click("#key-ok")
+    expect(dialog).to_be_hidden()
+    expect(row(page, "alpha")).to_be_visible()
+    row(page, "alpha").locator("button.load").click()  # no admin key: the API key loads
+    expect(row(page, "alpha").locator(".state")).to_have_text("loaded", timeout=30_000)
+    page.fill("#pg-input", "hello")
+    page.click("#pg-send")
+    expect(page.locator("#pg-transcript .msg.assistant .text").last).to_contain_text(
+        "[alpha:", timeout=30_000)
+    assert page.errors == []
+
+
+def test_the_filter_keeps_the_page_usable_with_200_models(serve, fakes, browser_page):
+    from playwright.sync_api import expect
+
+    for i in range(200):
+        fakes.add(f"m-{i:03d}")
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0")
+    page = browser_page
+    page.goto(s.base + "/")
+    expect(page.locator("#model-count")).to_have_text("200 models")
+    page.fill("#filter", "m-123")
+    expect(page.locator("#model-count")).to_have_text("1 of 200 models")
+    expect(row(page, "m-123")).to_be_visible()
+    expect(row(page, "m-124")).to_be_hidden()
+    row(page, "m-123").locator("button.load").click()
+    expect(row(page, "m-123").locator(".state")).to_have_text("loaded", timeout=30_000)
+    page.fill("#filter", "loaded")  # the state is searchable too
+    expect(page.locator("#model-count")).to_have_text("1 of 200 models")
+    page.fill("#filter", "")
+    expect(page.locator("#models tbody tr:visible")).to_have_count(200)
+    assert page.errors == []
