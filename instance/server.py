@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
 
 import orjson
+from setproctitle import setproctitle
 
 from ..proxy.http import HttpConnection, HttpLimits, Request, json_object
 from . import protocol
@@ -327,7 +328,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          '\'["--batch-size", "256", "--flash-attn", "on"]\'')
     ap.add_argument("--measure", action="store_true", help="report memory needs and exit")
     add_request_limit_options(ap)
+    ap.add_argument("--slot", type=int, default=None,
+                    help="the supervisor's replica slot, for the process title")
     return ap.parse_args(argv)
+
+
+def process_title(args: argparse.Namespace) -> str:
+    """What ``ps`` shows for this process: ``ggmux: instance NAME #SLOT``,
+    ``ggmux: measure NAME`` or ``ggmux: spare`` (issue 15: a spare that took
+    a model must not look like one)."""
+    if args.spare and not args.model:
+        return "ggmux: spare"
+    name = args.name or os.path.basename(args.model or "?")
+    if args.measure:
+        return f"ggmux: measure {name}"
+    return f"ggmux: instance {name}" + (f" #{args.slot}" if args.slot is not None else "")
 
 
 def make_backend(args: argparse.Namespace) -> Backend:
@@ -349,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.model and not args.spare:
         print("--model is required (or --spare)", file=sys.stderr)
         return 2
+    setproctitle(process_title(args))
     protocol.claim_stdout()
     state: dict = {"loading": True, "load_event": threading.Event()}
     stop = threading.Event()
@@ -406,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
         given = parse_args(la.get("instance_args") or [])
         for f in fields(RequestLimits):
             setattr(args, f.name, getattr(given, f.name))
+        args.slot = la.get("slot")
+        setproctitle(process_title(args))
     backend = make_backend(args)
     if args.measure:
         protocol.emit("measured", **backend.measure())

@@ -53,6 +53,7 @@ from urllib.parse import parse_qs, unquote
 import numpy as np
 import orjson
 import posix_ipc
+from setproctitle import setproctitle
 
 from ..shm import layout as L
 from ..shm.logring import log_ring_name
@@ -905,6 +906,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    setproctitle(f"ggmux: proxy {args.index} :{args.port}")
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr,
         format=f"%(asctime)s %(levelname)s proxy-{args.index}: %(message)s",

@@ -126,13 +126,13 @@ def test_a_killed_proxy_is_replaced_and_its_rows_zeroed(serve, fakes):
     fakes.add("a")
     s = serve("--fake-models-dir", str(fakes), "--proxies", "2", "--spares", "0")
     assert s.request("POST", "/v1/chat/completions", chat_body("a"))[0] == 200
-    proxies = [p for p in children_of(s.proc.pid) if b"ggmux.proxy" in cmdline(p)]
+    proxies = [p for p in children_of(s.proc.pid) if b"ggmux: proxy " in cmdline(p)]
     assert len(proxies) == 2
-    idx = 0 if b"--index\x000" in cmdline(proxies[0]) else 1
+    idx = 0 if b"ggmux: proxy 0 " in cmdline(proxies[0]) else 1
     s.seg.waiters[idx, 0, L.W_COUNT] = 5  # stale demand a dead proxy must not leave behind
     os.kill(proxies[0], signal.SIGKILL)
     wait_for(lambda: len([p for p in children_of(s.proc.pid) if p not in proxies
-                          and b"ggmux.proxy" in cmdline(p)]) == 1, 10, what="replacement proxy")
+                          and b"ggmux: proxy " in cmdline(p)]) == 1, 10, what="replacement proxy")
     wait_for(lambda: s.seg.waiters[idx, 0, L.W_COUNT] == 0, 5, what="rows zeroed")
     for _ in range(10):  # both listeners serve again
         st, _, body = s.request("POST", "/v1/chat/completions", chat_body("a"))
