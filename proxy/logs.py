@@ -48,7 +48,9 @@ def model_filter(name: str | None) -> Callable[[dict], bool]:
     when ``name`` is None. A name matches whole (``a`` is not in ``a-b``)."""
     if name is None:
         return lambda rec: True
-    word = re.compile(r"(?<![\w.\-/:])" + re.escape(name) + r"(?![\w.\-/:])")
+    # names hold '/', ':', '.' and '-' (org/repo:Q4_K_M): around a match
+    # none of those may continue it, but "a: text" ends the name "a"
+    word = re.compile(r"(?<![\w.\-/:])" + re.escape(name) + r"(?![\w.\-/]|:\S)")
 
     def keep(rec: dict) -> bool:
         model = rec.get("model")

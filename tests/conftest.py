@@ -65,9 +65,9 @@ def alive(pid: int) -> bool:
         return False
 
 
-def segment_exists(port: int) -> bool:
+def segment_exists(port: int, suffix: str = "") -> bool:
     try:
-        posix_ipc.SharedMemory(segment_name(port)).close_fd()
+        posix_ipc.SharedMemory(segment_name(port) + suffix).close_fd()
         return True
     except posix_ipc.ExistentialError:
         return False
@@ -155,6 +155,7 @@ class Server:
         for pid in kids:
             wait_for(lambda p=pid: not alive(p), 10, 0.02, f"child {pid} to exit")
         assert not segment_exists(self.port), "shared-memory segment left behind"
+        assert not segment_exists(self.port, "-log"), "log ring left behind"
         try:
             posix_ipc.MessageQueue(queue_name(self.port)).close()
             raise AssertionError("command queue left behind")
