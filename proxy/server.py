@@ -114,6 +114,7 @@ INFERENCE = frozenset(
 QUERY_ROUTED = frozenset((b"/props", b"/metrics", b"/slots"))
 
 TTFT_ALPHA = 0.2  # EWMA weight of the newest sample
+RELOAD_WAIT_S = 30.0  # ?reload=1 waits this long for the rescan (a cache of many models is slow)
 GC_GEN0_THRESHOLD = 10_000  # allocations between young collections (CPython's default: 700)
 # bucket bounds in microseconds; an index past the last is the +Inf bucket
 _TTFT_BUCKETS_US = tuple(b * 1000 for b in L.TTFT_BUCKETS_MS)
@@ -178,6 +179,8 @@ class Proxy:
         self.local_asked: dict[int, int] = {}  # model -> when a local replica was last asked
         self.events = ModelEvents(self.loop, lambda: (self.reg_models, self.model_rows,
                                                       self.errors))
+        self.reload_seq = 0  # this proxy's reload requests
+        self.reload_ids: list[str] = []  # the reloads the supervisor finished, newest last
         self.page = Page()
         self.logtail = LogTail(self.loop, log_ring_name(shm))
         self.refresh()
@@ -198,6 +201,7 @@ class Proxy:
             self.reg_models = doc.get("models", [])
             self.errors = doc.get("errors", {})
             self.remotes = {int(k): v for k, v in doc.get("remotes", {}).items()}
+            self.reload_ids = doc.get("reload_ids", ())
         g, (self.model_rows, reps) = seg.snapshot("models", "replicas")
         self.gen = g
         self.replica_rows = reps
@@ -476,7 +480,7 @@ class Proxy:
             await self._inference(conn, req)
         elif path in (b"/v1/models", b"/models"):
             reload = b"reload=1" in req.query or b"reload=true" in req.query
-            if reload and not self._command(conn, req, {"op": "reload"}):
+            if reload and not await self._reload(conn, req):
                 return
             self.refresh()
             conn.send_json(req, 200, models_list(self.reg_models, self.model_rows, self.errors))
@@ -509,6 +513,26 @@ class Proxy:
             await self._operator(conn, req)
         else:
             conn.send_error(req, 404, f"no route for {req.method.decode()} {path.decode('latin-1')}")
+
+    async def _reload(self, conn: HttpConnection, req: Request) -> bool:
+        """Ask the supervisor to rescan every source and wait until the
+        registry it publishes says this reload ran (its id in
+        ``reload_ids``), so ``?reload=1`` answers with the new list (issue
+        15). False after answering 503 when the queue is full or no answer
+        came within :data:`RELOAD_WAIT_S`."""
+        self.reload_seq += 1
+        rid = f"{os.getpid()}-{self.reload_seq}"
+        if not self._command(conn, req, {"op": "reload", "id": rid}):
+            return False
+        deadline = self.loop.time() + RELOAD_WAIT_S
+        while rid not in self.reload_ids:
+            if self.loop.time() > deadline or req.disconnected:
+                conn.send_error(req, 503, f"the reload did not finish within {RELOAD_WAIT_S:g} s",
+                                headers=[(b"retry-after", b"1")])
+                return False
+            await asyncio.sleep(0.01)
+            self.refresh()
+        return True
 
     async def _operator(self, conn: HttpConnection, req: Request) -> None:
         """``GET /ps`` (:mod:`.overview`), ``GET /logs`` and
