@@ -15,6 +15,8 @@ import logging
 import os
 import sys
 
+from setproctitle import setproctitle
+
 from .. import __version__
 from ..instance.validate import (
     add_request_limit_options,
@@ -307,6 +309,7 @@ def serve(args: argparse.Namespace) -> int:
     )
     for e in registry.entries:
         log.info("model %s: %s", e.name, e.path)
+    setproctitle(f"ggmux: supervisor {args.host}:{args.port}")
     try:
         return Supervisor(cfg, registry, rebuild=lambda: build_registry(copy.copy(pristine))).run()
     except StartupError as e:

@@ -142,7 +142,7 @@ def _supervisor_uid(port: int) -> int | None:
             status = Path(f"/proc/{d}/status").read_text()
         except OSError:
             continue
-        if b"serve" in cmd and any(c.endswith(b"/ggmux") for c in cmd[:2]):
+        if cmd[0].startswith(b"ggmux: supervisor "):
             env = Path(f"/proc/{d}/environ").read_bytes() if os.access(
                 f"/proc/{d}/environ", os.R_OK) else b""
             if f"GGMUX_PORT={port}".encode() in env:
