@@ -11,7 +11,7 @@ with ``crash_code`` (3) this long after ready; ``ttft_s`` (0.002) delay before
 the first token; ``token_s`` (0.002) delay between tokens; ``tokens`` (8)
 tokens per answer unless the request's ``max_tokens`` is smaller;
 ``mem_bytes`` (0) effective host memory reported when ready; ``min_bytes``
-/ ``max_bytes`` memory reported by ``--measure``; ``fail_requests`` (bool)
+/ ``max_bytes`` memory reported by ``--measure``, after ``measure_s`` (0); ``fail_requests`` (bool)
 answer requests with an error (so does the existence of a file
 ``BEHAVIOUR.json.fail-<pid>``, which lets a test break and mend one replica).
 
@@ -46,6 +46,7 @@ class FakeBackend(Backend):
 
     def measure(self) -> dict:
         c = self.cfg
+        time.sleep(float(c.get("measure_s", 0)))
         return {"min": {"host": int(c.get("min_bytes", 0))}, "max": {"host": int(c.get("max_bytes", 0))}}
 
     def load(self) -> dict:
