@@ -361,9 +361,10 @@ function renderDevices(devices) {
     const div = el("div", "device");
     div.dataset.device = d.name;
     const label = el("div", "label");
+    const b = (n) => fmtBytes(n) || "0 B";
     label.append(el("span", null, d.name),
-      el("span", "muted", fmtBytes(d.held) + " ggmux, " + fmtBytes(d.external) + " other, "
-        + fmtBytes(d.free) + " free of " + fmtBytes(d.total)));
+      el("span", "muted", b(d.held) + " ggmux's models, " + b(d.external) + " other, "
+        + b(d.free) + " free of " + b(d.total)));
     const bar = el("div", "bar");
     const pct = (n) => (d.total ? (100 * n) / d.total : 0).toFixed(2) + "%";
     const held = el("div", "held");
