@@ -933,7 +933,8 @@ def main(argv: list[str] | None = None) -> int:
     setproctitle(f"ggmux: proxy {args.index} :{args.port}")
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr,
-        format=f"%(asctime)s %(levelname)s proxy-{args.index}: %(message)s",
+        # the supervisor reads our stderr: it adds the time and the tag
+        format="%(levelname)s %(name)s: %(message)s",
     )
     import uvloop
 

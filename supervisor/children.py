@@ -3,7 +3,9 @@
 Every child (proxy, instance, spare, measure child, ``cmd`` command) is
 started by :meth:`ChildSet.start`: stdin a pipe (commands; EOF when the
 supervisor dies), stdout and usually stderr non-blocking in the one
-``select.poll()`` set. stderr lines go to the log under the child's tag;
+``select.poll()`` set. stderr lines go to the log under the child's tag,
+at the level the line starts with (and, tagged, to the log ring:
+:mod:`.logs`);
 stdout lines go to the child's ``on_line`` callback, whole lines without
 the newline. :func:`state_line` parses the instance line protocol
 (``state:{json}``), so any child speaking it (an instance, the cluster
@@ -26,6 +28,8 @@ import subprocess
 from collections.abc import Callable
 
 import orjson
+
+from .logs import child_level
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +213,9 @@ class ChildSet:
                 *lines, child.err = buf.split(b"\n")
                 for line in lines:
                     if line:
-                        log.info("[%s] %s", child.tag, line.decode("utf-8", "replace"))
+                        level, text = child_level(line.decode("utf-8", "replace"))
+                        log.log(level, "[%s] %s", child.tag, text,
+                                extra={"child": child.tag, "line": text})
             else:
                 buf = child.out + data
                 *lines, child.out = buf.split(b"\n")

@@ -24,8 +24,10 @@ from ..instance.validate import (
     request_limits_from_args,
 )
 from ..proxy.http import add_http_limit_options, http_limit_argv, limits_from_args
+from ..shm.logring import MAX_RECORD
 from ..shm.segment import queue_name, segment_name
 from .client import add_client_commands, run_client
+from .logs import install as install_ring_handler
 from .main import Config, StartupError, Supervisor
 from .presets import command_line_layer, load_preset, resolve
 from .registry import (
@@ -195,6 +197,12 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                         "llama-server's default), or a comma-separated list, which also get "
                         "credentials; '' turns CORS off")
     s.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    s.add_argument("--log-ring-bytes", type=int, default=1 << 20, metavar="N",
+                   help="bytes of recent log lines (the supervisor's and every child's) kept "
+                        "for GET /logs and ggmux logs")
+    s.add_argument("--watch-config", action="store_true",
+                   help="reload, as SIGHUP does, within a second of a change to the preset "
+                        "file or a models dir")
     add_http_limit_options(s)
     add_request_limit_options(s)
     apply_env_defaults(s, environ)
@@ -276,6 +284,7 @@ def serve(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    install_ring_handler()  # start-up lines too reach GET /logs
     pristine = copy.copy(args)  # build_registry fills defaults into what it is given
     try:
         registry = build_registry(args)
@@ -287,6 +296,9 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     if not 1 <= args.port <= 65535:
         print(f"ggmux: --port must be 1-65535, not {args.port}", file=sys.stderr)
+        return 2
+    if args.log_ring_bytes < 4 * MAX_RECORD:
+        print(f"ggmux: --log-ring-bytes must be at least {4 * MAX_RECORD}", file=sys.stderr)
         return 2
     if args.proxies < 1 or args.models_max < 1:
         print("ggmux: --proxies and --models-max must be at least 1", file=sys.stderr)
@@ -306,6 +318,10 @@ def serve(args: argparse.Namespace) -> int:
         memory_margin=int(args.models_memory_margin * MiB),
         host_memory=int(args.host_memory * MiB) if args.host_memory else None,
         ttl=args.ttl, sleep_idle=args.sleep_idle_seconds, spares=max(0, args.spares),
+        log_ring_bytes=args.log_ring_bytes,
+        watch_paths=[*pristine.models_dir, *filter(None, (pristine.fake_models_dir,
+                                                          pristine.models_preset))]
+        if args.watch_config else [],
     )
     for e in registry.entries:
         log.info("model %s: %s", e.name, e.path)

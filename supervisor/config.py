@@ -31,3 +31,6 @@ class Config:
     spare_delay: float = 3.0  # after a load, a new spare waits for idle, or this long
     models_headroom: int = 64  # model rows kept free for models a reload adds
     unload_grace: float = 0.5  # a loading replica being unloaded: exit, then SIGKILL after this
+    log_ring_bytes: int = 1 << 20  # recent log lines kept for GET /logs (the log ring)
+    watch_paths: list[str] = field(default_factory=list)  # --watch-config: preset file, dirs
+    watch_interval: float = 0.5  # seconds between two looks at watch_paths

@@ -30,9 +30,11 @@ import orjson
 import posix_ipc
 
 from ..shm import layout as L
+from ..shm.logring import log_ring_name
 from ..shm.segment import Segment
 from .children import Child, ChildSet
 from .config import Config
+from .logs import install as install_ring_handler
 from .measure import Measurer
 from .probe import ProbeSet
 from .publish import Publisher
@@ -41,6 +43,7 @@ from .registry import Registry
 from .remotes import Remotes
 from .replicas import Replicas, backoff_s, load_budget_s
 from .state import ModelRuntime, State
+from .watch import ConfigWatch
 
 __all__ = ["Config", "StartupError", "Supervisor", "backoff_s", "load_budget_s"]
 
@@ -103,6 +106,7 @@ class Supervisor:
         self.measurer = Measurer(self.state, self.children)
         self.reconciler = Reconciler(self.state, self.replicas, self.measurer)
         self.publisher = Publisher(self.state)
+        self.watch = ConfigWatch(cfg.watch_paths, cfg.watch_interval) if cfg.watch_paths else None
         self.proxy_ready: set[int] = set()
         self._serving = False  # every proxy listened once
         self.startup_failed = False
@@ -121,6 +125,7 @@ class Supervisor:
         _check_port_free(cfg.host, cfg.port)
         _check_no_live_owner(cfg.shm_name)
         st.seg = Segment.create(cfg.shm_name, st.sizes)
+        install_ring_handler().open(log_ring_name(cfg.shm_name), cfg.log_ring_bytes)
         st.seg.header[L.H_SUPERVISOR_PID] = os.getpid()
         st.seg.header[L.H_MODELS_MAX] = cfg.models_max
         self.publisher.registry()
@@ -189,6 +194,7 @@ class Supervisor:
                 pass
             self.mq = None
         log.info("stopped")
+        install_ring_handler().close_ring()
 
     # ---- main loop ---------------------------------------------------------
     def run(self) -> int:
@@ -223,6 +229,8 @@ class Supervisor:
         self.replicas.escalate(now)
         self._probe_step(now)
         if not self.state.stopping_all:
+            if self.watch is not None and (why := self.watch.check(now)):
+                self.reload(why)
             self.reconciler.step(now)
         self.publisher.if_dirty()
 
@@ -282,7 +290,10 @@ class Supervisor:
         if op == "want":
             return  # demand itself is read from the waiters table each tick
         if op == "reload":
-            self.reload("GET /models?reload=1")
+            self.reload("GET /models?reload=1", cmd.get("id"))
+            return
+        if op == "unload_idle":
+            self.unload_idle("requested by POST /models/unload *")
             return
         m = cmd.get("model")
         if not isinstance(m, int) or not 0 <= m < len(self.state.registry):
@@ -301,13 +312,22 @@ class Supervisor:
         else:
             log.warning("unknown command %r", op)
 
-    def reload(self, why: str) -> None:
+    def reload(self, why: str, rid: str | None = None) -> None:
         """Rescan every source (llama.cpp router's reload, llama-swap's config
         reload). New models appear; removed ones stop being listed or routed
         and unload once idle; a model whose configuration changed keeps
         serving on its old replicas until they are idle, then reloads on the
         next request. Nothing loads merely because of a reload. A source that
-        fails to parse leaves everything as it was (the error is logged)."""
+        fails to parse leaves everything as it was (the error is logged).
+        ``rid``, a proxy's reload id, is published once the reload ran, so
+        ``GET /models?reload=1`` answers with the list it produced."""
+        st = self.state
+        if rid is not None:
+            st.reload_ids.append(str(rid))
+            st.errors_dirty = True  # republish the registry: the id, and the new list
+        self._reload(why)
+
+    def _reload(self, why: str) -> None:
         st = self.state
         if self.rebuild is None:
             log.warning("%s: no sources to rescan", why)
@@ -369,6 +389,18 @@ class Supervisor:
             rt.requested_ns = time.monotonic_ns()
             log.info("load of %s queued: %s", st.name(m), why)
 
+    def unload_idle(self, why: str) -> None:
+        """Unload every model that is idle: replicas running, none with a
+        request in flight, no request waiting for it (``POST /models/unload``
+        of ``"*"``, ``ggmux unload --all``). A busy model keeps serving."""
+        st = self.state
+        inflight = st.seg.counters[:, :, L.C_IN_FLIGHT].sum(axis=0)
+        waiting, _ = st.demand()
+        busy = {r.model for r in st.replicas.values() if inflight[r.slot] > 0}
+        for m in sorted({r.model for r in st.replicas.values() if r.stop_stage == 0}):
+            if m not in busy and waiting[m] <= 0:
+                self.unload(m, why)
+
     def unload(self, m: int, why: str) -> None:
         """Stop every replica of model ``m``; a loading one is stopped at
         once (``exit``, then SIGKILL after ``unload_grace``) instead of
@@ -392,9 +424,9 @@ class Supervisor:
             "--mq", cfg.mq_name, "--host", cfg.host, "--port", str(cfg.port),
             "--load-wait", str(cfg.load_wait), *cfg.proxy_args,
         ]
-        # proxies log to our stderr directly; stdout says "ready"
+        # stdout says "ready"; stderr lines are logged (and kept in the log ring) here
         child = self.children.start(argv, f"proxy-{idx}", on_line=self._on_proxy_line,
-                                    env={**os.environ, **cfg.proxy_env}, log_stderr=False)
+                                    env={**os.environ, **cfg.proxy_env})
         st.proxies[idx] = child
         log.debug("started proxy %d (pid %d)", idx, child.pid)
 

@@ -75,7 +75,9 @@ class Measurer:
                 continue
             del self.measuring[m]
             rt = self.state.models[m]
-            if rt.measure != "done":
+            if rt.measure != "done" and self.state.stopping_all:
+                rt.measure = "pending"  # ended by the stop, not a failure (issue 15)
+            elif rt.measure != "done":
                 rt.measure = "failed"
                 log.warning("could not measure %s (exit code %s): its loads skip the memory "
                             "check", self.state.name(m), code)

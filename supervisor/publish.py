@@ -38,6 +38,7 @@ class Publisher:
             remotes[str(slot)] = {"host": rm.host, "port": rm.port, "tls": u.scheme == "https",
                                   "prefix": u.path.rstrip("/"), "api_key": e.api_key}
         doc["remotes"] = remotes  # proxies only: the segment is mode 0600
+        doc["reload_ids"] = list(st.reload_ids)  # the reloads done (GET /models?reload=1)
         st.seg.write_registry(doc)
 
     def if_dirty(self) -> None:

@@ -134,11 +134,11 @@ class Replicas:
             self._spawn_cmd(model, slot, reason)
             return
         tag = f"{entry.name}#{slot}"
-        taken = self.spares.take(entry, tag)
+        taken = self.spares.take(entry, tag, slot)
         if taken is not None:
             child, port = taken
         else:
-            argv = instance_argv(entry, -1, st.python)
+            argv = [*instance_argv(entry, -1, st.python), "--slot", str(slot)]
             child, port = self.children.start_with_socket(argv, tag, on_line=self.on_line,
                                                           env=env_for_instance(entry))
         now = time.monotonic_ns()

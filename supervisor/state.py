@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +25,8 @@ from .registry import Registry
 NS = 1_000_000_000
 GiB = 1 << 30
 
+
+RELOAD_IDS_KEPT = 32  # more proxies asking at once than this would be unusual
 
 @dataclass(slots=True)
 class Replica:
@@ -128,6 +131,9 @@ class State:
         self.dirty = True
         self.errors_dirty = False
         self.python = sys.executable
+        # ids of the last reloads asked by proxies (GET /models?reload=1), published
+        # in the registry so each proxy answers once its reload ran
+        self.reload_ids: deque[str] = deque(maxlen=RELOAD_IDS_KEPT)
 
     def name(self, model: int) -> str:
         """The model's name in the registry."""

@@ -65,23 +65,27 @@ def test_the_model_filter_keeps_its_children_and_the_supervisors_lines_naming_it
 # ---- a real server -----------------------------------------------------------------------
 def test_logs_hold_the_supervisors_and_the_instances_lines_tagged(serve, fakes):
     fakes.add("alpha", tokens=2)
-    fakes.add("beta", tokens=2)
+    fakes.add("beta", fail_requests=True)  # its instance logs the failure on its stderr
     s = serve("--fake-models-dir", str(fakes), "--proxies", "2")
-    for name in ("alpha", "beta"):
-        assert s.request("POST", "/v1/chat/completions", chat_body(name))[0] == 200
+    assert s.request("POST", "/v1/chat/completions", chat_body("alpha"))[0] == 200
+    assert s.request("POST", "/v1/chat/completions", chat_body("beta"))[0] == 500
 
     def text(q: str = "") -> str:
         st, h, body = s.request("GET", "/logs" + q)
         assert st == 200 and h["content-type"].startswith("text/plain")
         return body.decode()
 
-    wait_for(lambda: "model beta ready on port" in text(), 10, what="beta's ready line")
+    wait_for(lambda: "ERROR [beta#" in text(), 10, what="beta's instance error in /logs")
     every = text()
     assert "INFO [supervisor] listening on http://127.0.0.1:" in every
-    assert "[alpha#" in every  # an instance's own stderr, tagged NAME#SLOT
+    assert "INFO [supervisor] model alpha: " in every  # a start-up line, before the ring
+    line = next(x for x in every.splitlines() if "ERROR [beta#" in x)
+    assert line.endswith("generation failed")  # the level parsed off the child's line
     alpha = text("?model=alpha")
-    assert "loading alpha in slot" in alpha and "[alpha#" in alpha
+    assert "loading alpha in slot" in alpha and "ready on port" in alpha
     assert "beta" not in alpha
+    beta = text("?model=beta")
+    assert "ERROR [beta#" in beta and "Traceback" in beta and "alpha" not in beta
     assert len(text("?model=alpha&lines=2").splitlines()) == 2
     st, _, _ = s.request("GET", "/logs?model=nope")
     assert st == 404

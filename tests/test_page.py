@@ -76,6 +76,10 @@ def test_the_page_shows_the_demo_models_loads_one_and_streams_a_chat(serve, brow
     assert int(stats.split()[0]) > 1, stats  # counted from the stream's chunks
     assert answer.inner_text().strip()
     expect(row(page, "smollm2-135m").locator(".state")).to_have_text("loaded")
+    # the counters follow /ps: the request ended, its TTFT is counted
+    expect(row(page, "smollm2-135m").locator("td.col-inflight")).to_have_text("0")
+    expect(row(page, "smollm2-135m").locator("td.col-ttft")).to_contain_text(" ms")
+    expect(row(page, "smollm2-135m").locator("td.col-memory")).to_contain_text("MiB")
 
     # the log tail shows the supervisor's lines, live
     expect(page.locator("#log")).to_contain_text("loading gemma3-270m in slot", timeout=10_000)
