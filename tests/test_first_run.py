@@ -129,3 +129,28 @@ def test_the_example_preset_starts_as_shipped(serve, monkeypatch):
     s = serve("--models-preset", str(ROOT / "presets.example.ini"), "--proxies", "1")
     assert sorted(s.models()) == ["gemma3-270m", "gemma3-270m-llama-server", "remote-gemma3",
                                   "smollm2-135m"]
+
+
+def test_measuring_a_real_model_prints_no_warning():
+    """The measure child read the GGUF metadata through a vocab-only
+    context, and llama.cpp warned "n_ctx_seq (512) > n_ctx_train (0)" at
+    every start; it reads the model alone now."""
+    import subprocess
+    import sys
+
+    demos = {e.name: e.path for e in demo_models()}
+    if "smollm2-135m" not in demos:
+        import pytest
+
+        pytest.skip("the demo models are not installed")
+    p = subprocess.Popen([sys.executable, "-m", "ggmux.instance", "--model",
+                          demos["smollm2-135m"], "--measure"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()  # stdin stays open: EOF would end it at once
+    finally:
+        p.stdin.close()
+        err = p.stderr.read()
+        p.wait(60)
+    assert line.startswith('state:{"state":"measured"'), (line, err)
+    assert "n_ctx_train" not in err and "warn" not in err.lower(), err
