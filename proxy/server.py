@@ -509,7 +509,8 @@ class Proxy:
             await self.events.subscribe(conn, req)
         elif path.startswith(b"/upstream/"):
             await self._passthrough(conn, req)
-        elif path in (b"/ps", b"/logs", b"/logs/stream") and req.method in (b"GET", b"HEAD"):
+        elif (path in (b"/ps", b"/logs") and req.method in (b"GET", b"HEAD")
+              or path == b"/logs/stream" and req.method == b"GET"):
             await self._operator(conn, req)
         else:
             conn.send_error(req, 404, f"no route for {req.method.decode()} {path.decode('latin-1')}")
