@@ -134,6 +134,8 @@ def _start(builder: str, tag: str, port: int, fakes: Path):
 
 
 def _supervisor_uid(port: int) -> int | None:
+    """The uid of the supervisor serving ``port`` (found by its process title)."""
+    want = f"ggmux: supervisor 0.0.0.0:{port}".encode()
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
@@ -142,11 +144,8 @@ def _supervisor_uid(port: int) -> int | None:
             status = Path(f"/proc/{d}/status").read_text()
         except OSError:
             continue
-        if cmd[0].startswith(b"ggmux: supervisor "):
-            env = Path(f"/proc/{d}/environ").read_bytes() if os.access(
-                f"/proc/{d}/environ", os.R_OK) else b""
-            if f"GGMUX_PORT={port}".encode() in env:
-                return int(re.search(r"^Uid:\s+(\d+)", status, re.MULTILINE).group(1))
+        if cmd[0].rstrip() == want:
+            return int(re.search(r"^Uid:\s+(\d+)", status, re.MULTILINE).group(1))
     return None
 
 
