@@ -36,8 +36,10 @@ def test_every_process_title_names_its_role_and_model(serve, fakes):
     assert title(s.proc.pid) == f"ggmux: supervisor 127.0.0.1:{s.port}"
     wait_for(lambda: "ggmux: spare" in titles(s.proc.pid), 15, what="a spare")
     assert "ggmux: measure beta" in titles(s.proc.pid)
-    assert [t for t in titles(s.proc.pid) if t.startswith("ggmux: proxy")] == [
-        f"ggmux: proxy 0 :{s.port}", f"ggmux: proxy 1 :{s.port}"], (titles(s.proc.pid), s.logs())
+    # /health answered by one proxy: the other may still be starting up
+    proxies = [f"ggmux: proxy 0 :{s.port}", f"ggmux: proxy 1 :{s.port}"]
+    wait_for(lambda: [t for t in titles(s.proc.pid) if t.startswith("ggmux: proxy")] == proxies,
+             15, what="both proxies' titles")
     st, _, body = s.request("POST", "/v1/chat/completions", chat_body("alpha"))
     assert st == 200
     pid = served_by(body)[1]
