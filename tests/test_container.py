@@ -174,9 +174,13 @@ def test_the_image_serves_as_a_non_root_user_and_stops_on_sigterm(image, tmp_pat
         proc.wait(60)
         assert b"INFO ggmux.supervisor: stopped" in proc.stdout.read()  # drained, not killed
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if proc.poll() is None:  # a failed check: stop the container, not only its runner
+            try:
+                stop()
+                proc.wait(60)
+            except (AssertionError, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait()
         cleanup()
 
 
