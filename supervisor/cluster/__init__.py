@@ -5,6 +5,8 @@ through NATS JetStream.
 * :mod:`.options`: ``--cluster`` URL and credentials, checked at start (no NATS).
 * :mod:`.agent`: the cluster agent, a child process of the supervisor that
   alone imports ``nats``; it speaks the instance line protocol.
+* :mod:`.nats_io`: the agent's NATS plumbing (connect, buckets, conditional
+  writes with a TTL).
 
 Nothing here imports ``nats`` unless ``ggmux serve --cluster`` starts the
 agent, so single-node mode needs no NATS package at all.

@@ -53,42 +53,29 @@ import logging
 import os
 import secrets
 import signal
-import ssl
 import sys
 import time
 from dataclasses import dataclass
 
-import nats
 import orjson
 from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js import api as js_api
-from nats.js.errors import APIError, BucketNotFoundError, NotFoundError
+from nats.js.errors import APIError
 
 from ...instance import protocol
 from .names import LOADS_BUCKET, NODES_BUCKET, cmd_subject, load_key, model_from_key
+from .nats_io import TOMBSTONE_OPS, Taken, connect, fatal_reason, open_bucket, put_if
 from .options import ClusterOptions, redact
 
 log = logging.getLogger("ggmux.supervisor.cluster.agent")
 
 BACKOFF_MIN_S = 0.1  # first reconnect delay; doubles up to --heartbeat
 EXIT_DEADLINE_S = 1.0  # leaving the cluster on stdin EOF takes at most this long
-WRONG_LAST_SEQUENCE = (10071, 10164)  # JetStream error codes of a failed expected-sequence check
-_TOMBSTONE_OPS = ("DEL", "PURGE")
 
 
 class NameTaken(Exception):
     """Another live node writes this node's key."""
-
-
-class Taken(Exception):
-    """A conditional write found a live value: ``seq`` and ``value`` (dict)."""
-
-    def __init__(self, seq: int, value: dict) -> None:
-        super().__init__(seq)
-        self.seq = seq
-        self.value = value
 
 
 @dataclass(slots=True)
@@ -98,24 +85,6 @@ class Seen:
     record: dict
     arrived_ns: int  # time.monotonic_ns() at arrival (or estimated, for a first read)
     revision: int
-
-
-def _fatal(err: BaseException) -> str | None:
-    """The reason a connect error will not go away by retrying, or None."""
-    text = str(err)
-    if "Authorization Violation" in text or "Authentication" in text:
-        return (f"NATS refused the credentials ({text.strip()}): check the user and password "
-                "or token in the --cluster URL or --nats-user/--nats-password/--nats-token/"
-                "--nats-creds")
-    if isinstance(err, ssl.SSLError):
-        return f"TLS to NATS failed ({text}): check the tls:// --cluster URL and --nats-tls-ca"
-    return None
-
-
-def _is_tombstone(headers: dict | None) -> bool:
-    if not headers:
-        return False
-    return headers.get("KV-Operation") in _TOMBSTONE_OPS or "Nats-Marker-Reason" in headers
 
 
 class Agent:
@@ -159,7 +128,7 @@ class Agent:
             try:
                 nc = await asyncio.wait_for(self._connect(), max(1.0, self.o.heartbeat) * 2)
             except Exception as e:  # noqa: BLE001 - every connect failure is reported
-                fatal = _fatal(e)
+                fatal = fatal_reason(e)
                 if fatal:
                     return self._refuse(fatal)
                 if not outage_told:
@@ -199,7 +168,6 @@ class Agent:
             await asyncio.wait_for(self.wake.wait(), seconds)
 
     async def _connect(self):
-        o = self.o
         lost = asyncio.Event()
         self.lost = lost
 
@@ -207,24 +175,7 @@ class Agent:
             lost.set()
             self.wake.set()
 
-        async def on_error(e: Exception) -> None:
-            log.debug("nats: %r", e)
-
-        kw: dict = {}
-        if o.user:
-            kw.update(user=o.user, password=o.password)
-        if o.token:
-            kw["token"] = o.token
-        if o.creds:
-            kw["user_credentials"] = o.creds
-        if o.url.startswith("tls://"):
-            kw["tls"] = ssl.create_default_context(cafile=o.tls_ca or None)
-        return await nats.connect(
-            servers=[o.url], name=f"ggmux {o.node}", allow_reconnect=False,
-            max_reconnect_attempts=1, reconnect_time_wait=0.05,
-            connect_timeout=max(1.0, o.heartbeat), ping_interval=max(1.0, o.heartbeat),
-            max_outstanding_pings=3, disconnected_cb=on_gone, closed_cb=on_gone,
-            error_cb=on_error, **kw)
+        return await connect(self.o, on_gone)
 
     async def _read_stdin(self, reader: asyncio.StreamReader) -> None:
         while True:
@@ -291,8 +242,8 @@ class Agent:
     async def _session(self, nc) -> None:
         self.nc = nc
         self.js = nc.jetstream(timeout=max(1.0, self.o.heartbeat))
-        self.nodes_kv = await self._bucket(NODES_BUCKET)
-        self.loads_kv = await self._bucket(LOADS_BUCKET)
+        self.nodes_kv = await open_bucket(self.js, NODES_BUCKET, self.o.node_stale)
+        self.loads_kv = await open_bucket(self.js, LOADS_BUCKET, self.o.node_stale)
         await self._claim_name()
         self.connected = True
         sub = await nc.subscribe(cmd_subject(self.o.node), cb=self._on_command)
@@ -334,47 +285,8 @@ class Agent:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
-    async def _bucket(self, bucket: str):
-        try:
-            return await self.js.key_value(bucket)
-        except BucketNotFoundError:
-            pass
-        # history 1: a key is its last value; per-message TTLs (nats-server
-        # 2.11+) expire a dead node's key and a dead holder's load key, and
-        # the limit markers tell watchers that they did.
-        return await self.js.create_key_value(
-            bucket=bucket, history=1, storage=js_api.StorageType.FILE,
-            limit_marker_ttl=max(1.0, self.o.node_stale))
-
     async def _put(self, bucket: str, key: str, value: bytes, last: int) -> int:
-        """Write ``key`` if its last revision is ``last`` (0: none), with a
-        TTL of ``--node-stale``; a tombstone or an expired value counts as
-        none. Returns the new revision; raises :class:`Taken` for a live
-        value written by someone else since."""
-        subject = f"$KV.{bucket}.{key}"
-        for _ in range(3):
-            hdrs = {js_api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE: str(last)}
-            try:
-                ack = await self.js.publish(subject, value, headers=hdrs,
-                                            msg_ttl=self.o.node_stale)
-                return ack.seq
-            except APIError as e:
-                if e.err_code not in WRONG_LAST_SEQUENCE:
-                    raise
-            try:
-                msg = await self.js.get_last_msg(f"KV_{bucket}", subject)
-            except NotFoundError:
-                last = 0
-                continue
-            if _is_tombstone(msg.headers):
-                last = msg.seq
-                continue
-            try:
-                current = orjson.loads(msg.data or b"{}")
-            except orjson.JSONDecodeError:
-                current = {}
-            raise Taken(msg.seq, current if isinstance(current, dict) else {})
-        raise ConnectionError(f"cannot write {bucket}/{key}: it keeps changing")
+        return await put_if(self.js, bucket, key, value, last, self.o.node_stale)
 
     def _value(self) -> bytes:
         self.beats += 1
@@ -500,7 +412,7 @@ class Agent:
             model = model_from_key(e.key)
         except ValueError:
             return
-        if e.operation in _TOMBSTONE_OPS or not e.value:
+        if e.operation in TOMBSTONE_OPS or not e.value:
             self.loads.pop(model, None)
             protocol.emit("load", model=model, entry=None)
             return
