@@ -79,7 +79,8 @@ def hop_headers(cluster: dict, api_key: bytes | None) -> list[tuple[bytes, bytes
 def cluster_view(cluster: dict, now_ns: int | None = None) -> dict:
     """``GET /cluster``: this node and every live one it knows (name, url,
     ``age_s`` of the last beat, devices, models with state and in-flight,
-    draining), the cluster-wide loads, and whether NATS is reachable."""
+    draining, how many models it can load and how many are measured), the
+    cluster-wide loads, and whether NATS is reachable."""
     now_ns = time.monotonic_ns() if now_ns is None else now_ns
 
     def entry(name: str, rec: dict, age_s: float, me: bool) -> dict:
@@ -87,7 +88,8 @@ def cluster_view(cluster: dict, now_ns: int | None = None) -> dict:
                   for m, d in (rec.get("models") or {}).items() if isinstance(d, dict)}
         return {"name": name, "url": rec.get("url", ""), "self": me,
                 "age_s": round(max(0.0, age_s), 3), "devices": rec.get("devices", []),
-                "models": models, "draining": bool(rec.get("draining"))}
+                "models": models, "draining": bool(rec.get("draining")),
+                "available": rec.get("available", 0), "measured": rec.get("measured", 0)}
 
     me = str(cluster.get("node", ""))
     nodes = [entry(me, cluster.get("self") or {}, 0.0, True)]

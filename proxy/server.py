@@ -517,13 +517,19 @@ class Proxy:
             await self.events.subscribe(conn, req)
         elif path.startswith(b"/upstream/"):
             await self._passthrough(conn, req)
-        elif path == b"/cluster" and self.cluster is not None and req.method == b"GET":
-            self.refresh()
-            conn.send_json(req, 200, cluster_view(self.cluster))
-        elif path == b"/cluster/drain" and self.cluster is not None:
-            drain_route(conn, req, self._command)
+        elif path in (b"/cluster", b"/cluster/drain") and self._in_cluster():
+            if path == b"/cluster/drain":
+                drain_route(conn, req, self._command)
+            elif req.method in (b"GET", b"HEAD"):
+                conn.send_json(req, 200, cluster_view(self.cluster))
+            else:
+                conn.send_error(req, 405, "/cluster needs GET")
         else:
             conn.send_error(req, 404, f"no route for {req.method.decode()} {path.decode('latin-1')}")
+
+    def _in_cluster(self) -> bool:
+        self.refresh()
+        return self.cluster is not None
 
     def _query_model(self, req: Request) -> str | None:
         if not req.query:
@@ -748,7 +754,7 @@ class Proxy:
                 if queued_since:
                     self.queued[m] -= 1
                     queued_since = 0
-                if c.slot in self.remotes and touch:
+                if c.slot in self.remotes and touch and c.slot not in self.hop_slots:
                     self._want_local(m, cands)
                 slot, inc = c.slot, c.incarnation
                 cnt = self.cw[slot]

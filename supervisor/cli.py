@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import logging
 import os
 import sys
@@ -15,6 +16,8 @@ from ..instance.validate import (
 )
 from ..proxy.http import add_http_limit_options, http_limit_argv, limits_from_args
 from ..shm.segment import queue_name, segment_name
+from .cluster.options import add_cluster_options
+from .cluster.options import from_args as cluster_options
 from .main import Config, StartupError, Supervisor
 from .presets import command_line_layer, load_preset, resolve
 from .registry import ModelEntry, Registry, demo_models, scan_hf_cache, scan_models_dir
@@ -22,6 +25,8 @@ from .registry import ModelEntry, Registry, demo_models, scan_hf_cache, scan_mod
 log = logging.getLogger("ggmux")
 
 MiB = 1 << 20
+CLUSTER_MODEL_ROWS = 256  # model rows kept for models only other cluster nodes have
+CLUSTER_REMOTE_SLOTS = 64  # replica slots kept for replicas on other cluster nodes
 _DEFAULTS = ModelEntry(name="", path="")  # ggmux's per-model defaults
 
 
@@ -109,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     add_http_limit_options(s)
     add_request_limit_options(s)
+    add_cluster_options(s)
+    s.add_argument("--node-drain-timeout", type=float, default=120.0,
+                   help="cluster mode: a drain (SIGTERM, POST /cluster/drain) waits at most "
+                        "this many seconds for the requests in flight before the node leaves")
     return ap
 
 
@@ -177,6 +186,18 @@ def serve(args: argparse.Namespace) -> int:
     if args.proxies < 1 or args.models_max < 1:
         print("ggmux: --proxies and --models-max must be at least 1", file=sys.stderr)
         return 2
+    try:
+        cluster = cluster_options(args)
+    except ValueError as e:
+        print(f"ggmux: {e}", file=sys.stderr)
+        return 2
+    if cluster is not None and importlib.util.find_spec("nats") is None:
+        print("ggmux: --cluster needs the nats-py package: pip install 'ggmux[cluster]'",
+              file=sys.stderr)
+        return 2
+    if cluster is not None and not cluster.cluster_token:
+        log.warning("cluster: no --cluster-token: requests forwarded between nodes are not "
+                    "authenticated (the hop header is trusted from anyone, never as an API key)")
     cfg = Config(
         host=args.host, port=args.port, proxies=args.proxies, models_max=args.models_max,
         stop_timeout=args.stop_timeout, load_timeout=args.load_timeout,
@@ -192,7 +213,11 @@ def serve(args: argparse.Namespace) -> int:
         memory_margin=int(args.models_memory_margin * MiB),
         host_memory=int(args.host_memory * MiB) if args.host_memory else None,
         ttl=args.ttl, sleep_idle=args.sleep_idle_seconds, spares=max(0, args.spares),
+        cluster=cluster, drain_timeout=args.node_drain_timeout, log_level=args.log_level,
     )
+    if cluster is not None:  # rows and slots for the models and replicas of other nodes
+        cfg.models_headroom += CLUSTER_MODEL_ROWS
+        cfg.replica_slots = max(8, 2 * args.models_max + 4) + CLUSTER_REMOTE_SLOTS
     for e in registry.entries:
         log.info("model %s: %s", e.name, e.path)
     try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .cluster.options import ClusterOptions
+
 
 @dataclass(slots=True)
 class Config:
@@ -31,3 +33,6 @@ class Config:
     spare_delay: float = 3.0  # after a load, a new spare waits for idle, or this long
     models_headroom: int = 64  # model rows kept free for models a reload adds
     unload_grace: float = 0.5  # a loading replica being unloaded: exit, then SIGKILL after this
+    cluster: ClusterOptions | None = None  # --cluster: join a cluster (supervisor/cluster/)
+    drain_timeout: float = 120.0  # cluster mode: a drain stops waiting for requests after this
+    log_level: str = "INFO"

@@ -32,6 +32,7 @@ import posix_ipc
 from ..shm import layout as L
 from ..shm.segment import Segment
 from .children import Child, ChildSet
+from .cluster.node import ClusterNode
 from .config import Config
 from .measure import Measurer
 from .probe import ProbeSet
@@ -103,6 +104,13 @@ class Supervisor:
         self.measurer = Measurer(self.state, self.children)
         self.reconciler = Reconciler(self.state, self.replicas, self.measurer)
         self.publisher = Publisher(self.state)
+        self.cluster: ClusterNode | None = None
+        if cfg.cluster is not None:
+            self.cluster = ClusterNode(
+                cfg.cluster, self.state, self.children, load=self.load, unload=self.unload,
+                apply_entries=self.apply_cluster_entries, drain_timeout=cfg.drain_timeout,
+                log_level=cfg.log_level)
+            self.reconciler.gate = self.cluster.allows
         self.proxy_ready: set[int] = set()
         self._serving = False  # every proxy listened once
         self.startup_failed = False
@@ -148,11 +156,14 @@ class Supervisor:
         self.publisher.registry()  # with the remotes' addresses
         st.calibrate()
         self.publisher.tables()
+        if self.cluster is not None:
+            self.cluster.start()
 
     def _children_left(self) -> bool:
         st = self.state
         return bool(st.replicas or st.proxies or self.measurer.measuring
-                    or self.replicas.spares.pool)
+                    or self.replicas.spares.pool
+                    or (self.cluster is not None and self.cluster.alive()))
 
     def teardown(self) -> None:
         """Stop every child (exit, then SIGTERM, then SIGKILL) and remove the
@@ -166,15 +177,18 @@ class Supervisor:
             c.close_stdin()  # EOF: the proxy exits
         self.measurer.close()
         self.replicas.spares.close()
+        if self.cluster is not None:
+            self.cluster.close()
         deadline = time.monotonic() + self.cfg.stop_timeout + self.cfg.term_timeout
         while self._children_left():
             self._drain_signals()
             self._reap()
             self.replicas.escalate(time.monotonic_ns())
             if time.monotonic() > deadline:
+                agent = [self.cluster.child] if self.cluster and self.cluster.child else []
                 for c in [*(r.child for r in st.replicas.values()), *st.proxies.values(),
                           *self.measurer.measuring.values(),
-                          *(c for c, _ in self.replicas.spares.pool)]:
+                          *(c for c, _ in self.replicas.spares.pool), *agent]:
                     c.kill(signal.SIGKILL)
             if self._children_left():
                 self._poll_once(20)
@@ -197,6 +211,11 @@ class Supervisor:
         start); raises :class:`StartupError` from :meth:`setup`."""
         self.setup()
         try:
+            c = self.cluster
+            if c is not None and not c.wait_verdict(self._poll_once, c.o.node_stale
+                                                   + 2 * c.o.heartbeat + 5.0):
+                self.startup_failed = True
+                raise StartupError(c.refusal)
             if not self.wait_proxies_ready():
                 log.error("proxies did not start listening on %s:%d", self.cfg.host, self.cfg.port)
                 return 1
@@ -222,6 +241,8 @@ class Supervisor:
         now = time.monotonic_ns()
         self.replicas.escalate(now)
         self._probe_step(now)
+        if self.cluster is not None and not self.state.stopping_all:
+            self.cluster.step(now)
         if not self.state.stopping_all:
             self.reconciler.step(now)
         self.publisher.if_dirty()
@@ -254,7 +275,10 @@ class Supervisor:
         except (BlockingIOError, OSError):
             return
         for signum in data:
-            if signum in (signal.SIGTERM, signal.SIGINT):
+            if (signum == signal.SIGTERM and self.cluster is not None
+                    and not self.cluster.draining and not self.cluster.off):
+                self.cluster.drain("SIGTERM; a second one stops at once")
+            elif signum in (signal.SIGTERM, signal.SIGINT):
                 if not self.state.stopping_all:
                     log.info("received %s: stopping", signal.Signals(signum).name)
                 self.state.stopping_all = True
@@ -284,6 +308,10 @@ class Supervisor:
         if op == "reload":
             self.reload("GET /models?reload=1")
             return
+        if op == "drain":
+            if self.cluster is not None:
+                self.cluster.drain("POST /cluster/drain")
+            return
         m = cmd.get("model")
         if not isinstance(m, int) or not 0 <= m < len(self.state.registry):
             log.warning("command %r for unknown model %r", op, m)
@@ -308,7 +336,6 @@ class Supervisor:
         serving on its old replicas until they are idle, then reloads on the
         next request. Nothing loads merely because of a reload. A source that
         fails to parse leaves everything as it was (the error is logged)."""
-        st = self.state
         if self.rebuild is None:
             log.warning("%s: no sources to rescan", why)
             return
@@ -317,6 +344,34 @@ class Supervisor:
         except (OSError, ValueError) as e:
             log.error("%s: reload failed, keeping the current models: %s", why, e)
             return
+        self._apply(new, why)
+
+    def apply_cluster_entries(self, entries: list, why: str) -> None:
+        """Cluster mode: make the registry's ``cluster``-kind entries (models
+        only other nodes have) exactly ``entries``, without rescanning the
+        local sources (the same bookkeeping as a reload)."""
+        st = self.state
+        local = [e for i, e in enumerate(st.registry.entries)
+                 if e.kind != "cluster" and i not in st.removed]
+        try:
+            new = Registry(local + entries)
+        except ValueError as e:
+            log.error("%s: cannot register the cluster's models: %s", why, e)
+            return
+        self._apply(new, why)
+
+    def _apply(self, new: Registry, why: str) -> None:
+        """Merge registry ``new`` into the running one (see :meth:`reload`)."""
+        st = self.state
+        if self.cluster is not None and why != "cluster":
+            names = {e.name for e in new.entries}
+            keep = [e for i, e in enumerate(st.registry.entries)
+                    if e.kind == "cluster" and i not in st.removed and e.name not in names]
+            if keep:
+                try:
+                    new = Registry(new.entries + keep)
+                except ValueError:
+                    pass
         old = st.registry
         entries = list(old.entries)
         added, changed, removed = [], [], []

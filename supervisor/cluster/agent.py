@@ -470,6 +470,10 @@ class Agent:
         rev, value = self.loads.get(model, (0, {}))
         if not self.connected or not value:
             return
+        # the record that shows the model loaded goes out before its load key
+        # goes, so no node sees neither and places the model a second time
+        self.wake_beat = False
+        await self._beat()
         if self.o.node not in (value.get("node"), value.get("by")):
             return
         kv = await self.js.key_value(LOADS_BUCKET)

@@ -83,7 +83,7 @@ def add_cluster_options(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--advertise", default=None, metavar="URL",
                    help="http://HOST:PORT where other nodes reach this node's port (default: "
                         "--host and --port, the host name when --host is a wildcard)")
-    g.add_argument("--cluster-token", default=os.environ.get("GGMUX_CLUSTER_TOKEN"),
+    g.add_argument("--cluster-token", default=None,
                    help="secret that requests forwarded between nodes carry; a node trusts the "
                         "hop header only with it (default: $GGMUX_CLUSTER_TOKEN)")
     g.add_argument("--heartbeat", type=float, default=2.0,
@@ -91,9 +91,9 @@ def add_cluster_options(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--node-stale", type=float, default=6.0,
                    help="a node whose last beat arrived this many seconds ago is dead to this one")
     g.add_argument("--nats-user", default=None, help="NATS user (or give it in the URL)")
-    g.add_argument("--nats-password", default=os.environ.get("GGMUX_NATS_PASSWORD"),
+    g.add_argument("--nats-password", default=None,
                    help="NATS password (default: $GGMUX_NATS_PASSWORD)")
-    g.add_argument("--nats-token", default=os.environ.get("GGMUX_NATS_TOKEN"),
+    g.add_argument("--nats-token", default=None,
                    help="NATS authentication token (default: $GGMUX_NATS_TOKEN)")
     g.add_argument("--nats-creds", default=None, metavar="FILE",
                    help="NATS credentials file (JWT and NKey seed)")
@@ -136,6 +136,11 @@ def from_args(args: argparse.Namespace) -> ClusterOptions | None:
     if not args.cluster:
         return None
     url = args.cluster.strip()
+    # secrets may come from the environment (never shown by --help)
+    for opt, var in (("cluster_token", "GGMUX_CLUSTER_TOKEN"), ("nats_password",
+                     "GGMUX_NATS_PASSWORD"), ("nats_token", "GGMUX_NATS_TOKEN")):
+        if not getattr(args, opt, None) and os.environ.get(var):
+            setattr(args, opt, os.environ[var])
     check_url(url)
     u = urlsplit(url)
     if u.port is None:
