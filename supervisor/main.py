@@ -23,6 +23,7 @@ import os
 import select
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable
 
@@ -231,6 +232,9 @@ class Supervisor:
                 self.step()
         finally:
             self.teardown()
+        if self.cluster is not None and self.cluster.fatal:
+            print(f"ggmux: {self.cluster.refusal}", file=sys.stderr)
+            return 1
         return 1 if self.startup_failed else 0
 
     def step(self) -> None:

@@ -350,3 +350,75 @@ def converge_keyed(*servers_and_key) -> None:
             return status == 200 and {n["name"] for n in doc["nodes"]} == names
 
         wait_for(ok, 15, 0.05, f"{s.name} to see {names}")
+
+
+# bad input and faults at start ----------------------------------------------------
+def test_nats_unreachable_at_start_the_node_serves_alone_says_so_once_and_joins_later(
+        cluster):
+    cluster.nats.stop()  # its port is known; nothing listens there now
+    a = cluster("a", models={"la": {}})
+    status, body = ask(a, "la")
+    assert status == 200 and served_on(body, a) == "a"
+    assert view(a)["connected"] is False
+    time.sleep(4 * HB)  # retries go on meanwhile (the scenario, not a synchronisation)
+    assert a.logs().count("serving this node's models alone, retrying") == 1, a.logs()
+    cluster.nats.start()
+    wait_for(lambda: view(a)["connected"], 10, 0.05, "a joins once NATS is up")
+
+
+def test_a_loading_model_503_names_the_node_and_state(cluster):
+    a = cluster("a", "--load-wait", "1", models={"la": {}})
+    c = cluster("c", models={"slow": {"load_s": 4.0}})
+    converge(a, c)
+    wait_for(lambda: "slow" in a.models(), 10, 0.05, "slow registered on a")
+    status, _, raw = a.request("POST", "/v1/chat/completions", chat_body("slow", max_tokens=2))
+    assert status == 503, raw
+    err = json.loads(raw)["error"]
+    assert err["code"] == "model_loading"
+    assert err["loading"]["node"] == "c"
+    assert err["loading"]["state"] in ("placing", "loading")
+
+
+def test_bad_cluster_urls_and_options_stop_the_start_naming_the_option(tmp_path):
+    import subprocess
+    import sys
+
+    write_fake(tmp_path, "m")
+    for args, needle in ((["--cluster", "http://127.0.0.1:4222"], "--cluster"),
+                         (["--cluster", "nats://127.0.0.1:4222", "--node-name", "a.b"],
+                          "--node-name"),
+                         (["--cluster", "nats://127.0.0.1:4222", "--node-stale", "1"],
+                          "--node-stale")):
+        p = subprocess.run([sys.executable, "-m", "ggmux.supervisor", "serve", "--port", "1",
+                            "--fake-models-dir", str(tmp_path), "--no-hf-cache", *args],
+                           check=False, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2, p.stderr
+        assert needle in p.stderr
+
+
+def test_bad_nats_credentials_stop_the_start_naming_the_options(nats_server, serve, fakes):
+    ns = nats_server(auth=["--user", "u", "--pass", "p"])
+    fakes.add("m")
+    s = serve("--fake-models-dir", str(fakes), "--no-hf-cache", "--proxies", "1",
+              "--cluster", ns.url.replace("nats://", "nats://u:wrong@"), "--node-name", "a",
+              ready=False)
+    assert s.proc.wait(30) == 1
+    assert "NATS refused the credentials" in s.logs()
+    assert "--cluster URL" in s.logs()
+
+
+def test_a_second_node_with_a_live_nodes_name_refuses_to_start(cluster):
+    a = cluster("a", models={"m": {}})
+    again = cluster("a", models={"m": {}}, ready=False)
+    assert again.proc.wait(STALE + 20) == 1
+    assert "--node-name a is taken by a live node" in again.logs()
+    assert view(a)["connected"]
+
+
+def test_nothing_of_nats_is_imported_without_cluster():
+    import subprocess
+    import sys
+
+    code = ("import sys, ggmux.supervisor.cli, ggmux.supervisor.main, ggmux.proxy.server; "
+            "sys.exit('nats' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], check=False, timeout=60).returncode == 0

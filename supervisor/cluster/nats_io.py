@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 
 import nats
 import orjson
+from nats.errors import NoServersError
 from nats.js import api as js_api
 from nats.js.errors import APIError, BucketNotFoundError, NotFoundError
 
@@ -54,7 +55,10 @@ async def connect(o: ClusterOptions, on_gone: Callable[[], Awaitable[None]]):
     republishes). ``on_gone`` runs when the connection drops or closes.
     Pings every ``--heartbeat`` (at least 1 s), three unanswered drop it."""
 
+    errors: list[BaseException] = []
+
     async def on_error(e: Exception) -> None:
+        errors.append(e)
         log.debug("nats: %r", e)
 
     kw: dict = {}
@@ -66,12 +70,18 @@ async def connect(o: ClusterOptions, on_gone: Callable[[], Awaitable[None]]):
         kw["user_credentials"] = o.creds
     if o.url.startswith("tls://"):
         kw["tls"] = ssl.create_default_context(cafile=o.tls_ca or None)
-    return await nats.connect(
-        servers=[o.url], name=f"ggmux {o.node}", allow_reconnect=False,
-        max_reconnect_attempts=1, reconnect_time_wait=0.05,
-        connect_timeout=max(1.0, o.heartbeat), ping_interval=max(1.0, o.heartbeat),
-        max_outstanding_pings=3, disconnected_cb=on_gone, closed_cb=on_gone,
-        error_cb=on_error, **kw)
+    try:
+        return await nats.connect(
+            servers=[o.url], name=f"ggmux {o.node}", allow_reconnect=False,
+            max_reconnect_attempts=1, reconnect_time_wait=0.05,
+            connect_timeout=max(1.0, o.heartbeat), ping_interval=max(1.0, o.heartbeat),
+            max_outstanding_pings=3, disconnected_cb=on_gone, closed_cb=on_gone,
+            error_cb=on_error, **kw)
+    except NoServersError:
+        # nats-py's "no servers available" hides the cause it passed to error_cb
+        if errors:
+            raise errors[-1] from None
+        raise
 
 
 async def open_bucket(js, bucket: str, marker_ttl: float):

@@ -77,6 +77,8 @@ class ClusterNode:
         self.connected = False
         self.closing = False
         self.off = False  # the agent refused while serving: cluster mode is off
+        self.fatal = False  # refused before ever joining: the node stops (exit code 1)
+        self.joined_once = False
         self.restart_at_ns = 0
         self.nodes: dict[str, tuple[dict, int]] = {}  # name -> (record, arrived_ns)
         self.loads: dict[str, dict] = {}  # model name -> its load key's value
@@ -136,9 +138,15 @@ class ClusterNode:
         if code == 2 or self.verdict == "refused":
             self.verdict = "refused"
             self.refusal = self.refusal or "the cluster agent refused to start"
-            if not self.off:
-                log.error("cluster: %s; serving this node's models alone", self.refusal)
             self.off = True
+            if not self.joined_once:
+                # never joined: a configuration error (credentials, name), even
+                # when the first try only timed out and the node started alone
+                log.error("cluster: %s; stopping", self.refusal)
+                self.fatal = True
+                self.state.stopping_all = True
+                return
+            log.error("cluster: %s; serving this node's models alone", self.refusal)
             return
         log.error("cluster: agent exited with code %s; restarting it", code)
         self.restart_at_ns = time.monotonic_ns() + int(AGENT_RESTART_S * NS)
@@ -170,6 +178,7 @@ class ClusterNode:
     def _on_joined(self, node: str = "", reconnect: bool = False, **_) -> None:
         self.verdict = self.verdict or "joined"
         self.connected = True
+        self.joined_once = True
         self.next_publish_ns = 0  # republish at once
         self.shape = ()
 
@@ -421,8 +430,8 @@ class ClusterNode:
             if not self.connected or self.off:
                 if e.kind in LOCAL_KINDS and not self.draining:
                     if i not in self.allowed:
-                        log.warning("cluster: NATS unreachable: loading %s here without a "
-                                    "cluster-wide claim", name)
+                        log.warning("cluster: no NATS: loading %s here without a cluster-wide "
+                                    "claim", name)
                     self.allowed.add(i)
                 continue
             if nodes is None:
