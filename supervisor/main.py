@@ -23,7 +23,6 @@ import os
 import select
 import signal
 import socket
-import sys
 import time
 from collections.abc import Callable
 
@@ -230,11 +229,10 @@ class Supervisor:
                 busy = bool(self.state.replicas) or self.state.any_waiters()
                 self._poll_once(50 if busy else 250)
                 self.step()
+            if self.cluster is not None and self.cluster.fatal:
+                raise StartupError(self.cluster.refusal)
         finally:
             self.teardown()
-        if self.cluster is not None and self.cluster.fatal:
-            print(f"ggmux: {self.cluster.refusal}", file=sys.stderr)
-            return 1
         return 1 if self.startup_failed else 0
 
     def step(self) -> None:
