@@ -263,6 +263,8 @@ class Supervisor:
         self.replicas.spares.reap()
         self.measurer.reap()
         self.replicas.reap()
+        if self.cluster is not None:
+            self.cluster.reap()
 
     def _probe_step(self, now: int) -> None:
         """Readiness of ``cmd`` instances, health of ``upstream`` replicas."""
