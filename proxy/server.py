@@ -68,6 +68,7 @@ from .balancer import (
     session_key,
 )
 from .cluster import (
+    HOP,
     HOP_TRUSTED,
     annotate_models,
     cluster_view,
@@ -468,6 +469,8 @@ class Proxy:
             return
         admin = path in (b"/models/load", b"/models/unload", b"/cluster/drain") or (
             path in (b"/models", b"/v1/models") and b"reload" in req.query)
+        if self.cluster is None and req.header(HOP) is not None:
+            self.refresh()  # a hop header: is this node (already) in a cluster?
         req.hop = take_hop(req, self.cluster)
         if not (req.hop == HOP_TRUSTED and not admin) and not self._authorized(req, admin):
             if apis.handles(path):

@@ -153,11 +153,11 @@ class Supervisor:
             if e.load_on_startup:
                 st.models[i].requested_ns = now + i  # keep registry order
         self.remotes.add()
+        if self.cluster is not None:
+            self.cluster.start()  # its view is in the registry blob from the start
         self.publisher.registry()  # with the remotes' addresses
         st.calibrate()
         self.publisher.tables()
-        if self.cluster is not None:
-            self.cluster.start()
 
     def _children_left(self) -> bool:
         st = self.state

@@ -117,6 +117,12 @@ def test_a_model_only_one_node_has_loads_there_once_and_is_served_through_anothe
     status, body = ask(b, "onlyc")
     assert status == 200 and served_on(body, a, b, c) == "c"
     assert loads([a, b, c], "onlyc") == 1
+    # /metrics has one series per node
+    status, _, text = a.request("GET", "/metrics")
+    assert status == 200
+    assert b'ggmux_cluster_node_models{node="c"} 1' in text
+    assert b'ggmux_cluster_node_models{node="a"} 0' in text
+    assert b'ggmux_cluster_connected{node="a"} 1' in text
 
 
 # 2 -------------------------------------------------------------------------------

@@ -106,7 +106,9 @@ class ClusterNode:
         self.child = self.children.start(argv, "cluster", on_line=self.on_line, env=env)
         self._send("config", **self.o.agent_config())
         now = time.monotonic_ns()
-        self._publish(own_record(self.state, self.o.advertise, self.draining, now), now)
+        record = own_record(self.state, self.o.advertise, self.draining, now)
+        self._publish(record, now)
+        self._proxy_view(record)
         log.info("cluster: node %s joining through %s", self.o.node, _redact(self.o.url))
 
     def _send(self, cmd: str, **fields) -> None:
