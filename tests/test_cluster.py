@@ -428,3 +428,17 @@ def test_nothing_of_nats_is_imported_without_cluster():
     code = ("import sys, ggmux.supervisor.cli, ggmux.supervisor.main, ggmux.proxy.server; "
             "sys.exit('nats' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], check=False, timeout=60).returncode == 0
+
+
+def test_a_failed_load_on_another_node_answers_503_with_its_cause(cluster):
+    a = cluster("a", models={"la": {}})
+    c = cluster("c", models={"broken": {"fail_load": "no such tensor", "load_s": 0.1}})
+    converge(a, c)
+    wait_for(lambda: "broken" in a.models(), 10, 0.05, "broken registered on a")
+    status, headers, raw = a.request("POST", "/v1/chat/completions",
+                                     chat_body("broken", max_tokens=2))
+    assert status == 503, raw
+    err = json.loads(raw)["error"]
+    assert err["code"] == "model_load_failed"
+    assert "node c" in err["message"] and "no such tensor" in err["message"]
+    assert int(headers["retry-after"]) >= 1

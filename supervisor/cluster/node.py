@@ -198,7 +198,9 @@ class ClusterNode:
             failed = record.get("failed") or {}
             for model, target in list(self.placed.items()):
                 if target == name and model in failed:
-                    self._remote_failed(model, name, str(failed[model].get("error", "")))
+                    f = failed[model] if isinstance(failed[model], dict) else {}
+                    self._remote_failed(model, name, str(f.get("error", "")),
+                                        float(f.get("retry_in_s") or 0.0))
 
     def _on_gone(self, name: str, why: str = "", **_) -> None:
         if self.nodes.pop(name, None) is not None:
@@ -212,6 +214,7 @@ class ClusterNode:
             self.loads[model] = entry
         else:
             self.loads.pop(model, None)
+            self.placed.pop(model, None)  # that load is over, whatever came of it
 
     def _on_claimed(self, ref: int, model: str, ok: bool, holder: str | None = None,
                     error: str = "", **_) -> None:
@@ -276,13 +279,24 @@ class ClusterNode:
         self._send("hold", model=model, progress=0.0)
         self.load(i, why)
 
-    def _remote_failed(self, model: str, node: str, error: str) -> None:
-        """The node asked to load ``model`` refused or failed: leave it out of
-        the next placements for one ``--node-stale``, free the key."""
+    def _remote_failed(self, model: str, node: str, error: str, retry_in_s: float = 0.0) -> None:
+        """The node asked to load ``model`` refused (``retry_in_s`` 0) or
+        failed to load it: leave that node out of the next placements for one
+        ``--node-stale``, free the key; a failed load also puts the model in
+        backoff here for as long as there, so this node's waiters get the
+        503 with the cause and Retry-After, as for a local failure."""
         log.warning("cluster: node %s did not load %s: %s", node, model, error or "refused")
         self.placed.pop(model, None)
-        self.refused[(model, node)] = time.monotonic_ns() + int(self.o.node_stale * NS)
+        now = time.monotonic_ns()
+        self.refused[(model, node)] = now + int(max(self.o.node_stale, retry_in_s) * NS)
         self._send("release", model=model)
+        i = self.state.registry.resolve(model)
+        if retry_in_s > 0 and i is not None:
+            m = self.state.models[i]
+            m.failed = True
+            m.error = f"failed to load on node {node}: {error}"
+            m.retry_at_ns = now + int(retry_in_s * NS)
+            self.state.errors_dirty = True
 
     # ---- decisions ----------------------------------------------------------------
     def allows(self, model: int) -> bool:
@@ -357,6 +371,9 @@ class ClusterNode:
             st.remotes[slot] = Remote(slot, i, u.hostname or "127.0.0.1", u.port or 80,
                                       "/health", st.next_incarnation(), node=node)
             changed = True
+            m = st.models[i]
+            if m.failed and m.error.startswith("failed to load on node"):
+                m.failed, m.error, m.retry_at_ns = False, "", 0  # it loaded there after all
         if changed:
             st.dirty = True
             st.errors_dirty = True  # the remotes' addresses live in the registry blob
