@@ -105,6 +105,8 @@ class ClusterNode:
         env["GGMUX_LOG_LEVEL"] = self.log_level
         self.child = self.children.start(argv, "cluster", on_line=self.on_line, env=env)
         self._send("config", **self.o.agent_config())
+        for model, progress in self.holding.items():  # a restarted agent renews them too
+            self._send("hold", model=model, progress=progress)
         now = time.monotonic_ns()
         record = own_record(self.state, self.o.advertise, self.draining, now)
         self._publish(record, now)
@@ -152,6 +154,11 @@ class ClusterNode:
             return
         log.error("cluster: agent exited with code %s; restarting it", code)
         self.restart_at_ns = time.monotonic_ns() + int(AGENT_RESTART_S * NS)
+        # what only the dead agent knew: a new one reports the cluster afresh
+        self.nodes.clear()
+        self.loads.clear()
+        self.claims.clear()
+        self.requests.clear()
 
     def alive(self) -> bool:
         return self.child is not None
@@ -187,6 +194,9 @@ class ClusterNode:
     def _on_unreachable(self, error: str = "", **_) -> None:
         self.verdict = self.verdict or "unreachable"
         self.connected = False
+        # claims and commands in flight were answered "unreachable" or are lost
+        self.claims.clear()
+        self.requests.clear()
 
     def _on_refused(self, error: str = "", **_) -> None:
         self.verdict = "refused"
