@@ -12,10 +12,10 @@ to B:
 
 Target: at most one extra loopback hop of ggmux's own proxy cost.
 
-Cold: model ``cold`` is on B only; a streamed request on A (it places the
-model on B, B loads it, A forwards) is timed to its first token, against
-the load time B itself logs for that load ("ready in X s"). Each round
-unloads it on B first. ``--real`` makes ``cold`` the demo model
+Cold: model ``cold`` is on B only; in alternating rounds a streamed request
+to B itself and one to A (A places the model on B, B loads it, A forwards)
+are timed to their first token, beside the load time B logs for that load
+("ready in X s", spawn to ready). Each request finds the model unloaded. ``--real`` makes ``cold`` the demo model
 ``smollm2-135m`` (llama-cpp-python) instead of a fake with a 1 s load.
 
 Usage (repository root, ``pip install -e '.[test]'``)::
@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cold-rounds", type=int, default=3)
     ap.add_argument("--real", action="store_true", help="cold model: the demo smollm2-135m")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--keep", action="store_true", help="keep the nodes' logs (printed path)")
     args = ap.parse_args(argv)
 
     tmp = Path(tempfile.mkdtemp(prefix="ggmux-bench-cluster-"))
@@ -196,21 +197,23 @@ def main(argv: list[str] | None = None) -> int:
                       f"{rounds[-1]['c16']['rps']:.0f} req/s", flush=True)
         colds = []
         for r in range(args.cold_rounds):
-            if node_of(a, cold) is not None:
-                post(b + "/models/unload", {"model": cold})
-                wait(lambda: node_of(a, cold) is None, 60, "cold unloaded")
-            before = (tmp / "b.log").read_text(errors="replace").count(f"model {cold} ready")
-            res = run(replace(base_cfg, base_url=a, models=[(cold, 1.0)], requests=1,
-                              max_concurrency=1, stream=True, max_tokens=(2, 2), warmup=0,
-                              timeout=600, endpoint="completions"))
-            rec = res["requests"][0]
-            log = (tmp / "b.log").read_text(errors="replace")
-            found = re.findall(rf"model {re.escape(cold)} ready on port \d+ in ([\d.]+) s", log)
-            load_s = float(found[-1]) if len(found) > before else None
-            colds.append({"round": r, "ttft_s": rec["ttft"], "status": rec["status"],
-                          "b_load_s": load_s, "error": rec["error"]})
-            print(f"cold {r}: first token on a after {rec['ttft']} s; b's own load "
-                  f"{load_s} s (status {rec['status']})", flush=True)
+            for target, base in (("direct", b), ("via", a)):
+                for node in (a, b):  # unloaded everywhere, and both views agree
+                    wait(lambda node=node: _unloaded(node, b, cold), 60, "cold unloaded")
+                before = (tmp / "b.log").read_text(errors="replace").count(f"model {cold} ready")
+                res = run(replace(base_cfg, base_url=base, models=[(cold, 1.0)], requests=1,
+                                  max_concurrency=1, stream=True, max_tokens=(2, 2), warmup=0,
+                                  timeout=600, endpoint="completions"))
+                rec = res["requests"][0]
+                log = (tmp / "b.log").read_text(errors="replace")
+                found = re.findall(rf"model {re.escape(cold)} ready on port \d+ in ([\d.]+) s",
+                                   log)
+                load_s = float(found[-1]) if len(found) > before else None
+                colds.append({"round": r, "target": target, "ttft_s": rec["ttft"],
+                              "status": rec["status"], "b_load_s": load_s,
+                              "error": rec["error"]})
+                print(f"cold {r} {target:6}: first token after {rec['ttft']} s; b's own load "
+                      f"{load_s} s (status {rec['status']})", flush=True)
         report = _report(rounds, colds)
         print(report)
         if args.out:
@@ -220,8 +223,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         procs.close()
-        with contextlib.suppress(OSError):
-            shutil.rmtree(tmp)
+        if args.keep:
+            print(f"logs in {tmp}")
+        else:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(tmp)
+
+
+def _unloaded(node: str, b: str, model: str) -> bool:
+    """``model`` is held nowhere as ``node`` sees it (unloading it on ``b``
+    when it is loaded there)."""
+    for m in get(node + "/v1/models")["data"]:
+        if m["id"] == model:
+            if m["nodes"]:
+                if any(h["state"] == "loaded" for h in m["nodes"]):
+                    post(b + "/models/unload", {"model": model})
+                return False
+            return True
+    return True
 
 
 def _demo_preset(tmp: Path) -> Path:
@@ -247,12 +266,16 @@ def _report(rounds: list[dict], colds: list[dict]) -> str:
         lines.append(f"| {label} | {fmt.format(d)} | {fmt.format(v)} | {diff} |")
     fails = sum(r[lv]["failed"] for r in rounds for lv in ("c1", "c16"))
     lines.append(f"\nmedians over {len(rounds) // 2} alternating rounds; {fails} failed requests")
-    good = [c for c in colds if c["ttft_s"] is not None and c["b_load_s"] is not None]
-    if good:
-        t = statistics.median(c["ttft_s"] for c in good)
-        load = statistics.median(c["b_load_s"] for c in good)
-        lines.append(f"cold on A, loaded on B: first token after {t:.3f} s (median of "
-                     f"{len(good)}); B's own load {load:.3f} s; the rest {t - load:.3f} s")
+    labels = (("direct", "cold request to B"),
+              ("via", "cold request to A, placed and loaded on B"))
+    for target, label in labels:
+        good = [c for c in colds if c["target"] == target and c["ttft_s"] is not None
+                and c["b_load_s"] is not None]
+        if good:
+            t = statistics.median(c["ttft_s"] for c in good)
+            load = statistics.median(c["b_load_s"] for c in good)
+            lines.append(f"{label}: first token after {t:.3f} s (median of {len(good)}); "
+                         f"B's own load (spawn to ready) {load:.3f} s")
     return "\n".join(lines)
 
 

@@ -284,7 +284,7 @@ def test_nats_down_for_ten_seconds_under_traffic_loses_no_request(cluster):
         stop.set()
         t.join(30)
     assert results and all(r == 200 for r in results), [r for r in results if r != 200][:5]
-    assert converged_after < 2 * HB + 5.0
+    assert converged_after < 2 * HB, f"views converged {converged_after:.3f} s after NATS returned"
 
 
 # 6 -------------------------------------------------------------------------------
