@@ -233,7 +233,9 @@ def test_a_killed_node_disappears_within_node_stale_and_its_model_loads_elsewher
     for k in streams:
         assert b"[DONE]" in read_stream(k)
         k.close()
-    assert gone_after < STALE + 2 * HB + 1.0
+    # judged --node-stale after its last beat arrived (before the kill), on a
+    # tick of a quarter beat, then published to the proxies
+    assert gone_after < STALE + HB, f"c dropped {gone_after:.3f} s after the kill"
     # what a SIGKILLed supervisor could not remove: its segment and queue
     wait_for(lambda: not children_of(c.proc.pid), 10, 0.05, "c's children gone")
     for unlink, name in ((posix_ipc.unlink_shared_memory, segment_name(c.port)),
