@@ -261,7 +261,7 @@ def _report(rounds: list[dict], colds: list[dict]) -> str:
                                     ("p99, 1 connection", "c1", "p99_ms", "ms"),
                                     ("req/s, 16 connections", "c16", "rps", "")):
         d, v = med("direct", level, key), med("via", level, key)
-        diff = (f"+{v - d:.3f} ms" if unit else f"{v / d:.2f}x")
+        diff = (f"{v - d:+.3f} ms" if unit else f"{v / d:.2f}x")
         fmt = "{:.3f} ms" if unit else "{:.0f}"
         lines.append(f"| {label} | {fmt.format(d)} | {fmt.format(v)} | {diff} |")
     fails = sum(r[lv]["failed"] for r in rounds for lv in ("c1", "c16"))
