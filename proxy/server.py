@@ -178,6 +178,7 @@ class Proxy:
         self.cluster: dict | None = None  # cluster mode: the registry blob's "cluster"
         self.hop_slots: frozenset[int] = frozenset()  # remotes that are other nodes
         self.ready_local: set[int] = set()  # models with a ready replica on this node
+        self.held_local: set[int] = set()  # cluster mode: ... loading, ready or asleep here
         self.ready: set[int] = set()  # models with a ready replica
         self.single: dict[int, Candidate] = {}  # model -> its only replica
         self.model_rows = np.zeros((self.seg.sizes.models, L.M_WORDS), dtype=np.int64)
@@ -216,6 +217,11 @@ class Proxy:
             int(reps[s, L.R_MODEL]) for s in np.flatnonzero(reps[:, L.R_STATUS] ==
                                                             L.ReplicaStatus.READY)
             if int(s) not in self.hop_slots}
+        if self.cluster is not None:
+            held = np.isin(reps[:, L.R_STATUS], (L.ReplicaStatus.LOADING, L.ReplicaStatus.READY,
+                                                 L.ReplicaStatus.SLEEPING))
+            self.held_local = {int(reps[s, L.R_MODEL]) for s in np.flatnonzero(held)
+                               if int(s) not in self.hop_slots}
         # models served by exactly one local replica without a concurrency
         # limit need no balancing: skip building candidates per request
         per_model: dict[int, list[int]] = {}
@@ -682,7 +688,9 @@ class Proxy:
         try:
             while attempt < 6:
                 if m not in (self.ready_local if req.hop else self.ready):
-                    if req.hop:  # forwarded by another node: never forwarded again
+                    # forwarded by another node: served here (woken, loaded) or not at
+                    # all, never forwarded again
+                    if req.hop and m not in self.held_local:
                         conn.send_error(req, 503, f"model '{name}' is not loaded on this "
                                         "node", code="not_on_this_node",
                                         headers=[(b"retry-after", b"1")])

@@ -64,8 +64,9 @@ def converge(*servers, timeout: float = 15.0) -> None:
 
 
 def loads(servers, model: str) -> int:
-    """Loads of ``model`` that finished, over the nodes' logs."""
-    return sum(s.logs().count(f"model {model} ready on port") for s in servers)
+    """Loads of ``model`` started (instance processes spawned for it), over
+    the nodes' logs; a wake from sleep is no load."""
+    return sum(s.logs().count(f"loading {model} in slot") for s in servers)
 
 
 def node_of(model: str, s) -> str | None:
@@ -444,3 +445,17 @@ def test_a_failed_load_on_another_node_answers_503_with_its_cause(cluster):
     assert err["code"] == "model_load_failed"
     assert "node c" in err["message"] and "no such tensor" in err["message"]
     assert int(headers["retry-after"]) >= 1
+
+
+def test_a_model_asleep_on_another_node_is_woken_there_by_a_forwarded_request(cluster):
+    a = cluster("a", models={"la": {}})
+    b = cluster("b", "--sleep-idle-seconds", "0.5", models={"rb": {"wake_s": 0.1}})
+    converge(a, b)
+    status, body = ask(a, "rb")
+    assert status == 200 and served_on(body, a, b) == "b"
+    wait_for(lambda: a.models()["rb"]["nodes"] == [{"node": "b", "state": "sleeping"}], 15,
+             0.05, "a sees rb asleep on b")
+    status, body = ask(a, "rb")
+    assert status == 200, body
+    assert served_on(body, a, b) == "b"
+    assert loads([a, b], "rb") == 1
