@@ -236,6 +236,7 @@ class Request:
         "head_only",
         "header_bytes",
         "headers",
+        "hop",
         "http10",
         "keep_alive",
         "method",
@@ -273,6 +274,7 @@ class Request:
         self.expect: bytes | None = None
         self.origin: bytes | None = None
         self.extra_head = b""
+        self.hop = 0  # cluster mode: forwarded by another node (proxy.cluster.HOP_*)
 
     def header(self, name: bytes, default: bytes | None = None) -> bytes | None:
         """First value of header ``name`` (lower-case bytes)."""

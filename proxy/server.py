@@ -69,6 +69,17 @@ from .balancer import (
     choose,
     session_key,
 )
+from .cluster import (
+    HOP,
+    HOP_TRUSTED,
+    annotate_models,
+    cluster_view,
+    drain_route,
+    hop_headers,
+    loading_info,
+    metrics_lines,
+    take_hop,
+)
 from .cors import Cors
 from .http import (
     HttpConnection,
@@ -170,6 +181,10 @@ class Proxy:
         self.reg_models: list[dict] = []
         self.errors: dict[str, str] = {}
         self.remotes: dict[int, dict] = {}  # slot -> upstream replica address
+        self.cluster: dict | None = None  # cluster mode: the registry blob's "cluster"
+        self.hop_slots: frozenset[int] = frozenset()  # remotes that are other nodes
+        self.ready_local: set[int] = set()  # models with a ready replica on this node
+        self.held_local: set[int] = set()  # cluster mode: ... loading, ready or asleep here
         self.ready: set[int] = set()  # models with a ready replica
         self.single: dict[int, Candidate] = {}  # model -> its only replica
         self.model_rows = np.zeros((self.seg.sizes.models, L.M_WORDS), dtype=np.int64)
@@ -202,11 +217,22 @@ class Proxy:
             self.errors = doc.get("errors", {})
             self.remotes = {int(k): v for k, v in doc.get("remotes", {}).items()}
             self.reload_ids = doc.get("reload_ids", ())
+            self.cluster = doc.get("cluster")
+            self.hop_slots = frozenset(k for k, v in self.remotes.items() if v.get("hop"))
         g, (self.model_rows, reps) = seg.snapshot("models", "replicas")
         self.gen = g
         self.replica_rows = reps
         ready_rows = reps[reps[:, L.R_STATUS] == L.ReplicaStatus.READY]
         self.ready = {int(m) for m in ready_rows[:, L.R_MODEL]}
+        self.ready_local = self.ready if not self.hop_slots else {
+            int(reps[s, L.R_MODEL]) for s in np.flatnonzero(reps[:, L.R_STATUS] ==
+                                                            L.ReplicaStatus.READY)
+            if int(s) not in self.hop_slots}
+        if self.cluster is not None:
+            held = np.isin(reps[:, L.R_STATUS], (L.ReplicaStatus.LOADING, L.ReplicaStatus.READY,
+                                                 L.ReplicaStatus.SLEEPING))
+            self.held_local = {int(reps[s, L.R_MODEL]) for s in np.flatnonzero(held)
+                               if int(s) not in self.hop_slots}
         # models served by exactly one local replica without a concurrency
         # limit need no balancing: skip building candidates per request
         per_model: dict[int, list[int]] = {}
@@ -461,9 +487,13 @@ class Proxy:
         if Page.wants(path):  # the page holds no secret: it asks for the key
             self.page.serve(conn, req)
             return
-        admin = path in (b"/models/load", b"/models/unload", b"/logs", b"/logs/stream") or (
+        admin = path in (b"/models/load", b"/models/unload", b"/logs", b"/logs/stream",
+                     b"/cluster/drain") or (
             path in (b"/models", b"/v1/models") and b"reload" in req.query)
-        if not self._authorized(req, admin):
+        if self.cluster is None and req.header(HOP) is not None:
+            self.refresh()  # a hop header: is this node (already) in a cluster?
+        req.hop = take_hop(req, self.cluster)
+        if not (req.hop == HOP_TRUSTED and not admin) and not self._authorized(req, admin):
             if apis.handles(path):
                 apis.send_error(conn, req, 401, "invalid or missing API key",
                                 headers=[(b"www-authenticate", b"Bearer")])
@@ -483,13 +513,15 @@ class Proxy:
             if reload and not await self._reload(conn, req):
                 return
             self.refresh()
-            conn.send_json(req, 200, models_list(self.reg_models, self.model_rows, self.errors))
+            conn.send_json(req, 200, annotate_models(
+                models_list(self.reg_models, self.model_rows, self.errors), self.cluster))
         elif path in QUERY_ROUTED and req.method in (b"GET", b"HEAD"):
             name = self._query_model(req)
             if name is None and path == b"/metrics":
                 self.refresh()
                 text = metrics_text(self.seg, self.reg_models, self.model_rows,
                                     self.replica_rows)
+                text += "".join(metrics_lines(self.cluster)).encode()
                 conn.send_response(req, 200, text, b"text/plain; version=0.0.4")
             elif name is None:
                 conn.send_error(req, 400, f"{path.decode()} needs ?model=<name>")
@@ -512,6 +544,13 @@ class Proxy:
         elif (path in (b"/ps", b"/logs") and req.method in (b"GET", b"HEAD")
               or path == b"/logs/stream" and req.method == b"GET"):
             await self._operator(conn, req)
+        elif path in (b"/cluster", b"/cluster/drain") and self._in_cluster():
+            if path == b"/cluster/drain":
+                drain_route(conn, req, self._command)
+            elif req.method in (b"GET", b"HEAD"):
+                conn.send_json(req, 200, cluster_view(self.cluster))
+            else:
+                conn.send_error(req, 405, "/cluster needs GET")
         else:
             conn.send_error(req, 404, f"no route for {req.method.decode()} {path.decode('latin-1')}")
 
@@ -554,6 +593,10 @@ class Proxy:
             self.logtail.text(conn, req, name)
         else:
             await self.logtail.stream(conn, req, name)
+
+    def _in_cluster(self) -> bool:
+        self.refresh()
+        return self.cluster is not None
 
     def _query_model(self, req: Request) -> str | None:
         if not req.query:
@@ -686,7 +729,8 @@ class Proxy:
         status = L.ModelStatus.NAMES[int(row[L.M_STATUS])]
         eta = int(row[L.M_ETA_MS])
         loading = {"model": name, "state": status, "progress": int(row[L.M_PROGRESS]) / 1000,
-                   "eta_seconds": eta / 1000 if eta >= 0 else None}
+                   "eta_seconds": eta / 1000 if eta >= 0 else None,
+                   **loading_info(self.cluster, name)}
         conn.send_error(
             req, 503, f"model '{name}' is still loading after {self.load_wait:g} s (--load-wait)",
             code="model_loading", headers=[(b"retry-after", b"5")], loading=loading,
@@ -707,7 +751,14 @@ class Proxy:
         skey: str | None | bool = False  # the session key, read only when there is a choice
         try:
             while attempt < 6:
-                if m not in self.ready:
+                if m not in (self.ready_local if req.hop else self.ready):
+                    # forwarded by another node: served here (woken, loaded) or not at
+                    # all, never forwarded again
+                    if req.hop and m not in self.held_local:
+                        conn.send_error(req, 503, f"model '{name}' is not loaded on this "
+                                        "node", code="not_on_this_node",
+                                        headers=[(b"retry-after", b"1")])
+                        return
                     if not touch:
                         conn.send_error(req, 503, f"model '{name}' is not loaded (POST "
                                         "/models/load loads it)", code="model_not_loaded")
@@ -746,6 +797,8 @@ class Proxy:
                 if c is None or c.slot in tried:
                     cands = candidates_from_shm(self.replica_rows, self.seg.counters, m,
                                                 self.index, now, self.balancer)
+                    if req.hop and self.hop_slots:
+                        cands = [c for c in cands if c.slot not in self.hop_slots]
                     if skey is False:
                         skey = session_key(req.headers, body) if body is not None else None
                     c = choose(cands, tried, skey, self.rng, now_ns=now, config=self.balancer)
@@ -776,7 +829,7 @@ class Proxy:
                 if queued_since:
                     self.queued[m] -= 1
                     queued_since = 0
-                if c.slot in self.remotes and touch:
+                if c.slot in self.remotes and touch and c.slot not in self.hop_slots:
                     self._want_local(m, cands)
                 slot, inc = c.slot, c.incarnation
                 cnt = self.cw[slot]
@@ -872,7 +925,11 @@ class Proxy:
             return await self.pool.forward(port, conn, req, data)
         host = remote["host"]
         extra = []
-        if remote.get("api_key"):
+        if remote.get("hop") and self.cluster is not None:
+            extra = hop_headers(self.cluster, self.api_key)
+            saved = req.headers
+            req.headers = [(k, v) for k, v in saved if k not in (b"authorization", b"x-api-key")]
+        elif remote.get("api_key"):
             extra.append((b"authorization", b"Bearer " + remote["api_key"].encode()))
             saved = req.headers
             req.headers = [(k, v) for k, v in saved if k not in (b"authorization", b"x-api-key")]

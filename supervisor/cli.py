@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import logging
 import os
 import sys
@@ -27,6 +28,8 @@ from ..proxy.http import add_http_limit_options, http_limit_argv, limits_from_ar
 from ..shm.logring import MAX_RECORD
 from ..shm.segment import queue_name, segment_name
 from .client import add_client_commands, run_client
+from .cluster.options import add_cluster_options
+from .cluster.options import from_args as cluster_options
 from .logs import install as install_ring_handler
 from .main import Config, StartupError, Supervisor
 from .presets import command_line_layer, load_preset, resolve
@@ -42,6 +45,8 @@ from .registry import (
 log = logging.getLogger("ggmux")
 
 MiB = 1 << 20
+CLUSTER_MODEL_ROWS = 256  # model rows kept for models only other cluster nodes have
+CLUSTER_REMOTE_SLOTS = 64  # replica slots kept for replicas on other cluster nodes
 _DEFAULTS = ModelEntry(name="", path="")  # ggmux's per-model defaults
 
 
@@ -205,6 +210,10 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                         "file or a models dir")
     add_http_limit_options(s)
     add_request_limit_options(s)
+    add_cluster_options(s)
+    s.add_argument("--node-drain-timeout", type=float, default=120.0,
+                   help="cluster mode: a drain (SIGTERM, POST /cluster/drain) waits at most "
+                        "this many seconds for the requests in flight before the node leaves")
     apply_env_defaults(s, environ)
     add_client_commands(sub)
     return ap
@@ -303,6 +312,18 @@ def serve(args: argparse.Namespace) -> int:
     if args.proxies < 1 or args.models_max < 1:
         print("ggmux: --proxies and --models-max must be at least 1", file=sys.stderr)
         return 2
+    try:
+        cluster = cluster_options(args)
+    except ValueError as e:
+        print(f"ggmux: {e}", file=sys.stderr)
+        return 2
+    if cluster is not None and importlib.util.find_spec("nats") is None:
+        print("ggmux: --cluster needs the nats-py package: pip install 'ggmux[cluster]'",
+              file=sys.stderr)
+        return 2
+    if cluster is not None and not cluster.cluster_token:
+        log.warning("cluster: no --cluster-token: requests forwarded between nodes are not "
+                    "authenticated (the hop header is trusted from anyone, never as an API key)")
     cfg = Config(
         host=args.host, port=args.port, proxies=args.proxies, models_max=args.models_max,
         stop_timeout=args.stop_timeout, load_timeout=args.load_timeout,
@@ -322,7 +343,11 @@ def serve(args: argparse.Namespace) -> int:
         watch_paths=[*pristine.models_dir, *filter(None, (pristine.fake_models_dir,
                                                           pristine.models_preset))]
         if args.watch_config else [],
+        cluster=cluster, drain_timeout=args.node_drain_timeout, log_level=args.log_level,
     )
+    if cluster is not None:  # rows and slots for the models and replicas of other nodes
+        cfg.models_headroom += CLUSTER_MODEL_ROWS
+        cfg.replica_slots = max(8, 2 * args.models_max + 4) + CLUSTER_REMOTE_SLOTS
     for e in registry.entries:
         log.info("model %s: %s", e.name, e.path)
     setproctitle(f"ggmux: supervisor {args.host}:{args.port}")

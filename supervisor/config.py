@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .cluster.options import ClusterOptions
+
 
 @dataclass(slots=True)
 class Config:
@@ -34,3 +36,6 @@ class Config:
     log_ring_bytes: int = 1 << 20  # recent log lines kept for GET /logs (the log ring)
     watch_paths: list[str] = field(default_factory=list)  # --watch-config: preset file, dirs
     watch_interval: float = 0.5  # seconds between two looks at watch_paths
+    cluster: ClusterOptions | None = None  # --cluster: join a cluster (supervisor/cluster/)
+    drain_timeout: float = 120.0  # cluster mode: a drain stops waiting for requests after this
+    log_level: str = "INFO"

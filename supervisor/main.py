@@ -33,6 +33,7 @@ from ..shm import layout as L
 from ..shm.logring import log_ring_name
 from ..shm.segment import Segment
 from .children import Child, ChildSet
+from .cluster.node import ClusterNode
 from .config import Config
 from .logs import install as install_ring_handler
 from .measure import Measurer
@@ -107,6 +108,13 @@ class Supervisor:
         self.reconciler = Reconciler(self.state, self.replicas, self.measurer)
         self.publisher = Publisher(self.state)
         self.watch = ConfigWatch(cfg.watch_paths, cfg.watch_interval) if cfg.watch_paths else None
+        self.cluster: ClusterNode | None = None
+        if cfg.cluster is not None:
+            self.cluster = ClusterNode(
+                cfg.cluster, self.state, self.children, load=self.load, unload=self.unload,
+                apply_entries=self.apply_cluster_entries, drain_timeout=cfg.drain_timeout,
+                log_level=cfg.log_level)
+            self.reconciler.gate = self.cluster.allows
         self.proxy_ready: set[int] = set()
         self._serving = False  # every proxy listened once
         self.startup_failed = False
@@ -150,6 +158,8 @@ class Supervisor:
             if e.load_on_startup:
                 st.models[i].requested_ns = now + i  # keep registry order
         self.remotes.add()
+        if self.cluster is not None:
+            self.cluster.start()  # its view is in the registry blob from the start
         self.publisher.registry()  # with the remotes' addresses
         st.calibrate()
         self.publisher.tables()
@@ -157,7 +167,8 @@ class Supervisor:
     def _children_left(self) -> bool:
         st = self.state
         return bool(st.replicas or st.proxies or self.measurer.measuring
-                    or self.replicas.spares.pool)
+                    or self.replicas.spares.pool
+                    or (self.cluster is not None and self.cluster.alive()))
 
     def teardown(self) -> None:
         """Stop every child (exit, then SIGTERM, then SIGKILL) and remove the
@@ -171,15 +182,18 @@ class Supervisor:
             c.close_stdin()  # EOF: the proxy exits
         self.measurer.close()
         self.replicas.spares.close()
+        if self.cluster is not None:
+            self.cluster.close()
         deadline = time.monotonic() + self.cfg.stop_timeout + self.cfg.term_timeout
         while self._children_left():
             self._drain_signals()
             self._reap()
             self.replicas.escalate(time.monotonic_ns())
             if time.monotonic() > deadline:
+                agent = [self.cluster.child] if self.cluster and self.cluster.child else []
                 for c in [*(r.child for r in st.replicas.values()), *st.proxies.values(),
                           *self.measurer.measuring.values(),
-                          *(c for c, _ in self.replicas.spares.pool)]:
+                          *(c for c, _ in self.replicas.spares.pool), *agent]:
                     c.kill(signal.SIGKILL)
             if self._children_left():
                 self._poll_once(20)
@@ -203,6 +217,11 @@ class Supervisor:
         start); raises :class:`StartupError` from :meth:`setup`."""
         self.setup()
         try:
+            c = self.cluster
+            if c is not None and not c.wait_verdict(self._poll_once, c.o.node_stale
+                                                   + 2 * c.o.heartbeat + 5.0):
+                self.startup_failed = True
+                raise StartupError(c.refusal)
             if not self.wait_proxies_ready():
                 log.error("proxies did not start listening on %s:%d", self.cfg.host, self.cfg.port)
                 return 1
@@ -216,6 +235,8 @@ class Supervisor:
                 busy = bool(self.state.replicas) or self.state.any_waiters()
                 self._poll_once(50 if busy else 250)
                 self.step()
+            if self.cluster is not None and self.cluster.fatal:
+                raise StartupError(self.cluster.refusal)
         finally:
             self.teardown()
         return 1 if self.startup_failed else 0
@@ -228,6 +249,8 @@ class Supervisor:
         now = time.monotonic_ns()
         self.replicas.escalate(now)
         self._probe_step(now)
+        if self.cluster is not None and not self.state.stopping_all:
+            self.cluster.step(now)
         if not self.state.stopping_all:
             if self.watch is not None and (why := self.watch.check(now)):
                 self.reload(why)
@@ -248,6 +271,8 @@ class Supervisor:
         self.replicas.spares.reap()
         self.measurer.reap()
         self.replicas.reap()
+        if self.cluster is not None:
+            self.cluster.reap()
 
     def _probe_step(self, now: int) -> None:
         """Readiness of ``cmd`` instances, health of ``upstream`` replicas."""
@@ -262,7 +287,10 @@ class Supervisor:
         except (BlockingIOError, OSError):
             return
         for signum in data:
-            if signum in (signal.SIGTERM, signal.SIGINT):
+            if (signum == signal.SIGTERM and self.cluster is not None
+                    and not self.cluster.draining and not self.cluster.off):
+                self.cluster.drain("SIGTERM; a second one stops at once")
+            elif signum in (signal.SIGTERM, signal.SIGINT):
                 if not self.state.stopping_all:
                     log.info("received %s: stopping", signal.Signals(signum).name)
                 self.state.stopping_all = True
@@ -294,6 +322,10 @@ class Supervisor:
             return
         if op == "unload_idle":
             self.unload_idle("requested by POST /models/unload *")
+            return
+        if op == "drain":
+            if self.cluster is not None:
+                self.cluster.drain("POST /cluster/drain")
             return
         m = cmd.get("model")
         if not isinstance(m, int) or not 0 <= m < len(self.state.registry):
@@ -328,7 +360,6 @@ class Supervisor:
         self._reload(why)
 
     def _reload(self, why: str) -> None:
-        st = self.state
         if self.rebuild is None:
             log.warning("%s: no sources to rescan", why)
             return
@@ -337,6 +368,34 @@ class Supervisor:
         except (OSError, ValueError) as e:
             log.error("%s: reload failed, keeping the current models: %s", why, e)
             return
+        self._apply(new, why)
+
+    def apply_cluster_entries(self, entries: list, why: str) -> None:
+        """Cluster mode: make the registry's ``cluster``-kind entries (models
+        only other nodes have) exactly ``entries``, without rescanning the
+        local sources (the same bookkeeping as a reload)."""
+        st = self.state
+        local = [e for i, e in enumerate(st.registry.entries)
+                 if e.kind != "cluster" and i not in st.removed]
+        try:
+            new = Registry(local + entries)
+        except ValueError as e:
+            log.error("%s: cannot register the cluster's models: %s", why, e)
+            return
+        self._apply(new, why)
+
+    def _apply(self, new: Registry, why: str) -> None:
+        """Merge registry ``new`` into the running one (see :meth:`reload`)."""
+        st = self.state
+        if self.cluster is not None and why != "cluster":
+            names = {e.name for e in new.entries}
+            keep = [e for i, e in enumerate(st.registry.entries)
+                    if e.kind == "cluster" and i not in st.removed and e.name not in names]
+            if keep:
+                try:
+                    new = Registry(new.entries + keep)
+                except ValueError:
+                    pass
         old = st.registry
         entries = list(old.entries)
         added, changed, removed = [], [], []

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from ..shm import layout as L
 from ..shm.seqlock import write_fields
-from .state import Replica, State
+from .state import NODE_PRIORITY, Replica, State
 
 
 class Publisher:
@@ -33,12 +33,19 @@ class Publisher:
         doc["errors"] = {str(i): m.error for i, m in enumerate(st.models) if m.error}
         remotes = {}
         for slot, rm in st.remotes.items():
+            if rm.node:  # another cluster node: its own public port, hop header added
+                remotes[str(slot)] = {"host": rm.host, "port": rm.port, "tls": False,
+                                      "prefix": "", "api_key": None, "hop": True,
+                                      "node": rm.node}
+                continue
             e = st.registry.entries[rm.model]
             u = urlsplit(e.upstream)
             remotes[str(slot)] = {"host": rm.host, "port": rm.port, "tls": u.scheme == "https",
                                   "prefix": u.path.rstrip("/"), "api_key": e.api_key}
         doc["remotes"] = remotes  # proxies only: the segment is mode 0600
         doc["reload_ids"] = list(st.reload_ids)  # the reloads done (GET /models?reload=1)
+        if st.cluster_doc is not None:
+            doc["cluster"] = st.cluster_doc
         st.seg.write_registry(doc)
 
     def if_dirty(self) -> None:
@@ -70,7 +77,8 @@ class Publisher:
                     L.R_MODEL: rm.model, L.R_PORT: rm.port, L.R_PID: 0,
                     L.R_STATUS: L.ReplicaStatus.READY if rm.healthy else L.ReplicaStatus.LOADING,
                     L.R_INCARNATION: rm.incarnation, L.R_READY_NS: 1,
-                    L.R_WEIGHT: round(entry.weight * 1000), L.R_PRIORITY: entry.priority,
+                    L.R_WEIGHT: round(entry.weight * 1000),
+                    L.R_PRIORITY: entry.priority + (NODE_PRIORITY if rm.node else 0),
                     L.R_MAX_CONCURRENCY: entry.max_concurrency,
                 })
                 continue

@@ -8,6 +8,7 @@ The decisions themselves are :class:`~.scheduler.Scheduler`'s.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 
@@ -32,6 +33,8 @@ class Reconciler:
         self.replicas = replicas
         self.measurer = measurer
         self.scheduler = Scheduler(state.cfg.models_max)
+        # cluster mode: may this model load here? (ClusterNode.allows)
+        self.gate: Callable[[int], bool] | None = None
 
     def step(self, now: int) -> None:
         """Desired vs actual: measures, wakes, loads, evictions, idle stops
@@ -62,7 +65,8 @@ class Reconciler:
             ModelView(int(i), int(counts[i]), int(first[i]), st.models[i].retry_at_ns,
                       st.registry.entries[i].replicas)
             for i in np.flatnonzero(counts > 0)
-            if st.registry.entries[i].kind != "upstream"
+            if st.registry.entries[i].kind not in ("upstream", "cluster")
+            and (self.gate is None or self.gate(int(i)))
             and (st.models[i].measure in ("done", "failed")
                  or st.registry.entries[i].kind not in ("llama", "fake"))
         ]

@@ -46,7 +46,8 @@ class ModelEntry:
     ``path`` the GGUF file (first part of a multi-part model) or fake
     behaviour file, ``""`` for an upstream; ``kind`` ``"llama"``
     (llama-cpp-python instance), ``"fake"`` (tests), ``"cmd"`` (any command
-    serving an OpenAI-compatible API) or ``"upstream"`` (a remote server);
+    serving an OpenAI-compatible API), ``"upstream"`` (a remote server) or
+    ``"cluster"`` (only other cluster nodes have it; nothing to load here);
     ``aliases`` other names that resolve to this model (llama.cpp ``alias``,
     comma-separated there); ``size_bytes`` checkpoint size on disk, all parts
     summed; ``ctx_size`` tokens (0: the model's trained context, as in
@@ -139,7 +140,7 @@ class ModelEntry:
         """Effective arguments of this model, llama.cpp style (for
         ``status.args``): the llama-server options for ``llama``/``fake``, the
         split command for ``cmd``, nothing for ``upstream``."""
-        if self.kind == "upstream":
+        if self.kind in ("upstream", "cluster"):
             return []
         if self.kind == "cmd":
             try:

@@ -25,7 +25,7 @@ class Remotes:
         """One permanent replica per model with an ``upstream`` URL."""
         st = self.state
         for i, e in enumerate(st.registry.entries):
-            if not e.upstream or any(rm.model == i for rm in st.remotes.values()):
+            if not e.upstream or any(rm.model == i and not rm.node for rm in st.remotes.values()):
                 continue
             u = urlsplit(e.upstream)
             port = u.port or (443 if u.scheme == "https" else 80)
@@ -54,8 +54,9 @@ class Remotes:
             if rm.probe is not None and rm.probe.done:
                 ok = rm.probe.ok
                 if ok != rm.healthy:
-                    log.log(logging.INFO if ok else logging.WARNING, "upstream %s:%d for %s is %s%s",
-                            rm.host, rm.port, st.name(rm.model), "healthy" if ok else "unhealthy",
+                    log.log(logging.INFO if ok else logging.WARNING, "%s %s:%d for %s is %s%s",
+                            f"node {rm.node}" if rm.node else "upstream", rm.host, rm.port,
+                            st.name(rm.model), "healthy" if ok else "unhealthy",
                             "" if ok else f" ({rm.probe.why})")
                     rm.healthy = ok
                     st.dirty = True

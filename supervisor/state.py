@@ -24,6 +24,7 @@ from .registry import Registry
 
 NS = 1_000_000_000
 GiB = 1 << 30
+NODE_PRIORITY = 1000  # added to a model's priority for replicas on other cluster nodes
 
 
 RELOAD_IDS_KEPT = 32  # more proxies asking at once than this would be unusual
@@ -74,6 +75,7 @@ class Remote:
     next_probe_ns: int = 0
     fails: int = 0
     reported: bool = False  # the first failure was logged
+    node: str = ""  # cluster mode: the other node this replica is ("" for an upstream)
 
 
 @dataclass(slots=True)
@@ -130,6 +132,7 @@ class State:
         self.stopping_all = False
         self.dirty = True
         self.errors_dirty = False
+        self.cluster_doc: dict | None = None  # cluster mode: the proxies' view (registry blob)
         self.python = sys.executable
         # ids of the last reloads asked by proxies (GET /models?reload=1), published
         # in the registry so each proxy answers once its reload ran

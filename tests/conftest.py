@@ -226,3 +226,21 @@ def open_stream(port: int, body: dict, timeout: float | None = None) -> socket.s
 def chat_body(model: str, stream: bool = False, **extra) -> dict:
     return {"model": model, "stream": stream,
             "messages": [{"role": "user", "content": "Say hi"}], **extra}
+
+
+@pytest.fixture
+def nats_server(tmp_path):
+    """``nats_server(auth=None) -> NatsServer`` started (JetStream, loopback, a free
+    port, its own store); every one is stopped after the test (tests/natsd.py)."""
+    from natsd import NatsServer
+
+    started: list = []
+
+    def start(auth: list[str] | None = None):
+        s = NatsServer(tmp_path / f"nats{len(started)}", auth)
+        started.append(s)
+        return s.start()
+
+    yield start
+    for s in started:
+        s.stop()
