@@ -97,7 +97,9 @@ class RequestReader:
         cur = self._cur
         if cur is not None and cur.chunked and not self._in_head:
             # a chunk's size line may continue in the next read
-            self._tail = (self._tail + data)[-MAX_CHUNK_LINE:]
+            tail = self._tail
+            self._tail = (data[-MAX_CHUNK_LINE:] if len(data) >= MAX_CHUNK_LINE or not tail
+                          else (tail + data)[-MAX_CHUNK_LINE:])
         if self._cur is not None and self._active is None:
             # a request is partly here: its head (or body) clock runs from
             # its first bytes, and more bytes do not restart it. Armed here
