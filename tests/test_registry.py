@@ -697,9 +697,9 @@ def test_the_example_preset_loads(tmp_path, no_hub, monkeypatch):
 
 def test_every_key_of_the_example_is_documented_with_its_default():
     text = (ROOT / "presets.example.ini").read_text()
-    from ggmux.supervisor.presets import _FIELDS
+    from ggmux.supervisor.preset_values import FIELDS
 
-    for key in _FIELDS:
+    for key in FIELDS:
         assert f"; {key} = " in text, key
 
 
