@@ -32,7 +32,8 @@ from dataclasses import fields
 import orjson
 from setproctitle import setproctitle
 
-from ..proxy.http import HttpConnection, HttpLimits, Request, json_object
+from ..proxy.http import HttpConnection, Request, json_object
+from ..proxy.limits import add_http_limit_options, instance_limits, limits_from_args
 from . import protocol
 from .validate import BadRequest, RequestLimits, add_request_limit_options
 
@@ -330,6 +331,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_request_limit_options(ap)
     ap.add_argument("--slot", type=int, default=None,
                     help="the supervisor's replica slot, for the process title")
+    # the supervisor passes the header and body limits that fit its proxies'
+    add_http_limit_options(ap, instance_limits())
     return ap.parse_args(argv)
 
 
@@ -452,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     app = InstanceApp(backend)
     app.rss0 = rss0
     state["app"] = app
-    limits = HttpLimits()
+    limits = limits_from_args(args)
     if args.fd is not None:
         sock = socket.socket(fileno=args.fd)
     else:

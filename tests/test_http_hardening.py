@@ -446,3 +446,32 @@ def test_an_http_1_0_request_needs_no_host(serve_core):
     with Client(s.port) as c:
         c.send(b"GET /x HTTP/1.0\r\n\r\n")
         assert c.response().status == 200
+
+
+def _head_at(limit: int, body: bytes) -> bytes:
+    """A chat request whose head is ``limit - 8`` bytes as the proxy counts
+    it (target + each header's name, value and 4 bytes), padded by one
+    header: just under the proxy's --max-header-bytes."""
+    fixed = [("Host", "x"), ("Content-Type", "application/json"),
+             ("Content-Length", str(len(body)))]
+    used = len(CHAT) + sum(len(k) + len(v) + 4 for k, v in fixed) + len("x-pad") + 4
+    pad = "p" * (limit - 8 - used)
+    lines = "".join(f"{k}: {v}\r\n" for k, v in [*fixed, ("x-pad", pad)])
+    return f"POST {CHAT} HTTP/1.1\r\n{lines}\r\n".encode() + body
+
+
+@pytest.mark.parametrize("limit", [None, 131072])
+def test_a_head_the_proxy_accepts_is_never_refused_by_the_instance(serve, fakes, limit):
+    # issue 11, finding 11: the proxy's forwarded head (its own Host,
+    # x-request-id, content-length) could exceed what the instance accepts,
+    # and the client got the instance's 431 for a head the proxy took
+    fakes.add("m", tokens=2)
+    args = ["--fake-models-dir", str(fakes), "--no-hf-cache", "--proxies", "1"]
+    if limit is not None:
+        args += ["--max-header-bytes", str(limit)]
+    s = serve(*args)
+    body = json.dumps(chat_body("m")).encode()
+    with Client(s.port, timeout=30) as c:
+        c.send(_head_at(limit or HttpLimits().max_header_bytes, body))
+        r = c.response()
+        assert r.status == 200, (r.status, r.body[:300])
