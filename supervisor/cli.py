@@ -23,7 +23,14 @@ from ..instance.validate import (
     request_limit_argv,
     request_limits_from_args,
 )
-from ..proxy.limits import add_http_limit_options, http_limit_argv, limits_from_args, proxy_share
+from ..proxy.limits import (
+    INSTANCE_LIMIT_NAMES,
+    add_http_limit_options,
+    http_limit_argv,
+    instance_limits,
+    limits_from_args,
+    proxy_share,
+)
 from ..shm.logring import MAX_RECORD
 from ..shm.segment import queue_name, segment_name
 from .client import add_client_commands, run_client
@@ -313,6 +320,8 @@ def serve(args: argparse.Namespace) -> int:
                     "--stream-keepalive", str(args.stream_keepalive),
                     "--cors-origins", args.cors_origins,
                     *http_limit_argv(proxy_share(limits_from_args(args), args.proxies))],
+        instance_args=http_limit_argv(instance_limits(limits_from_args(args)),
+                                      INSTANCE_LIMIT_NAMES),
         proxy_env={k: v for k, v in (("GGMUX_API_KEY", args.api_key),
                                      ("GGMUX_ADMIN_KEY", args.admin_key)) if v},
         memory_margin=int(args.models_memory_margin * MiB),

@@ -34,7 +34,7 @@ class Publisher:
         remotes = {}
         for slot, rm in st.remotes.items():
             e = st.registry.entries[rm.model]
-            u = urlsplit(e.upstream)
+            u = urlsplit(rm.url)
             remotes[str(slot)] = {"host": rm.host, "port": rm.port, "tls": u.scheme == "https",
                                   "prefix": u.path.rstrip("/"), "api_key": e.api_key}
         doc["remotes"] = remotes  # proxies only: the segment is mode 0600
