@@ -33,7 +33,12 @@ import orjson
 from setproctitle import setproctitle
 
 from ..proxy.http import HttpConnection, Request, json_object
-from ..proxy.limits import add_http_limit_options, instance_limits, limits_from_args
+from ..proxy.limits import (
+    INSTANCE_LIMIT_NAMES,
+    add_http_limit_options,
+    instance_limits,
+    limits_from_args,
+)
 from . import protocol
 from .validate import BadRequest, RequestLimits, add_request_limit_options
 
@@ -421,10 +426,10 @@ def main(argv: list[str] | None = None) -> int:
         args.fake = bool(la.get("fake"))
         args.mmproj = la.get("mmproj")
         args.llama_args = la.get("llama_args") or []
-        # the request limits of `ggmux serve` (ModelEntry.instance_args)
+        # the request and HTTP limits of `ggmux serve` (ModelEntry.instance_args)
         given = parse_args(la.get("instance_args") or [])
-        for f in fields(RequestLimits):
-            setattr(args, f.name, getattr(given, f.name))
+        for name in (*(f.name for f in fields(RequestLimits)), *INSTANCE_LIMIT_NAMES):
+            setattr(args, name, getattr(given, name))
         args.slot = la.get("slot")
         setproctitle(process_title(args))
     backend = make_backend(args)

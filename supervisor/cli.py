@@ -225,8 +225,10 @@ def build_registry(args: argparse.Namespace) -> Registry:
     ``--threads``, ``--n-gpu-layers``, ``--stop-timeout`` given explicitly.
     Not given, those four keep ggmux's defaults, under every source;
     ``--ttl`` given is a default under every source too (a preset's ``ttl``
-    wins). The request limits (``--max-embedding-inputs`` ...) go to every
-    built-in instance (``ModelEntry.instance_args``).
+    wins). The request limits (``--max-embedding-inputs`` ...) and the
+    header and body limits that fit the proxies' (``--max-header-bytes``
+    plus :data:`~ggmux.proxy.limits.FORWARD_HEADROOM`, ``--max-body-bytes``)
+    go to every built-in instance (``ModelEntry.instance_args``).
 
     With none of ``--models-dir``, ``--fake-models-dir``, ``--models-preset``:
     the cache's models, as llama.cpp's router run with no source lists its
@@ -260,7 +262,8 @@ def build_registry(args: argparse.Namespace) -> Registry:
     ttl = getattr(args, "ttl", None)
     defaults = command_line_layer({"ttl": ttl} if ttl is not None else {})
     registry = Registry(resolve(entries, preset, cli, defaults=defaults))
-    instance_args = request_limit_argv(request_limits_from_args(args))
+    instance_args = request_limit_argv(request_limits_from_args(args)) + http_limit_argv(
+        instance_limits(limits_from_args(args)), INSTANCE_LIMIT_NAMES)
     for e in registry.entries:
         if e.kind in ("llama", "fake"):
             e.instance_args = list(instance_args)
@@ -320,8 +323,6 @@ def serve(args: argparse.Namespace) -> int:
                     "--stream-keepalive", str(args.stream_keepalive),
                     "--cors-origins", args.cors_origins,
                     *http_limit_argv(proxy_share(limits_from_args(args), args.proxies))],
-        instance_args=http_limit_argv(instance_limits(limits_from_args(args)),
-                                      INSTANCE_LIMIT_NAMES),
         proxy_env={k: v for k, v in (("GGMUX_API_KEY", args.api_key),
                                      ("GGMUX_ADMIN_KEY", args.admin_key)) if v},
         memory_margin=int(args.models_memory_margin * MiB),

@@ -22,8 +22,6 @@ class Config:
     mq_name: str = ""
     proxy_args: list[str] = field(default_factory=list)
     proxy_env: dict[str, str] = field(default_factory=dict)  # API keys: proxies only
-    # HTTP limits of every instance and spare (proxy.limits.instance_limits of the proxies')
-    instance_args: list[str] = field(default_factory=list)
     memory_margin: int = 0  # bytes that must stay free on every device after a load
     host_memory: int | None = None  # replace the host's memory size (tests, containers)
     ttl: float | None = None  # default idle unload, seconds after the last request ended

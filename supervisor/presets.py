@@ -538,6 +538,8 @@ def _apply_field(e: ModelEntry, key: str, v: object) -> None:
         e.check_endpoint = str(v)
     elif key == "upstream":
         e.upstream = list(v)
+    elif key == "translate":
+        e.translate = bool(v)
     else:  # pragma: no cover - FIELDS and this switch are kept in step
         raise AssertionError(key)
 

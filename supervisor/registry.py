@@ -631,17 +631,12 @@ class Registry:
         return {"models": [e.public() for e in self.entries], "names": dict(self.names)}
 
 
-def instance_argv(entry: ModelEntry, fd: int, python: str,
-                  http_args: list[str] | tuple[str, ...] = ()) -> list[str]:
-    """Command line of an instance serving ``entry`` on listening fd ``fd``;
-    ``http_args`` are its HTTP limits as options (the supervisor's
-    ``Config.instance_args``: heads and bodies as large as its proxies
-    accept, so no forwarded request is refused by the instance)."""
+def instance_argv(entry: ModelEntry, fd: int, python: str) -> list[str]:
+    """Command line of an instance serving ``entry`` on listening fd ``fd``."""
     argv = [
         python,
         "-m",
         "ggmux.instance",
-        *http_args,
         "--model",
         entry.path,
         "--name",

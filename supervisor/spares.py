@@ -69,7 +69,7 @@ class Spares:
             return
         if not any(e.kind in ("llama", "fake") for e in st.registry.entries):
             return
-        argv = [st.python, "-m", "ggmux.instance", *st.cfg.instance_args, "--spare", "--fd", "-1"]
+        argv = [st.python, "-m", "ggmux.instance", "--spare", "--fd", "-1"]
         child, port = self.children.start_with_socket(argv, "spare", on_line=self.on_line)
         self.pool.append((child, port))
 
