@@ -262,8 +262,11 @@ def build_registry(args: argparse.Namespace) -> Registry:
     ttl = getattr(args, "ttl", None)
     defaults = command_line_layer({"ttl": ttl} if ttl is not None else {})
     registry = Registry(resolve(entries, preset, cli, defaults=defaults))
-    instance_args = request_limit_argv(request_limits_from_args(args)) + http_limit_argv(
-        instance_limits(limits_from_args(args)), INSTANCE_LIMIT_NAMES)
+    # the header and body limits only when the proxies' are not the defaults
+    http, default = instance_limits(limits_from_args(args)), instance_limits()
+    instance_args = http_limit_argv(http, tuple(
+        n for n in INSTANCE_LIMIT_NAMES if getattr(http, n) != getattr(default, n)))
+    instance_args += request_limit_argv(request_limits_from_args(args))
     for e in registry.entries:
         if e.kind in ("llama", "fake"):
             e.instance_args = list(instance_args)
