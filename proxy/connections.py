@@ -13,11 +13,13 @@ one idle longest (nginx's ``reusable connections`` drained when
 ``worker_connections`` run short, here before they do). A connection that
 is receiving a body or being answered is never shed.
 
-Every operation is O(1): the sheddable set is an ``OrderedDict`` in the
-order connections became sheddable, which :class:`~.http.HttpConnection`
-updates itself on the two transitions of a request cycle (head complete,
-response finished). Proxies are separate processes: each one's registry
-holds its own connections.
+Every operation is O(1) (amortized for shedding): the sheddable set is an
+``OrderedDict`` in the order connections became sheddable, which
+:class:`~.http.HttpConnection` updates itself: a connection whose head is
+complete only clears its ``sheddable`` flag (one store per request; it is
+dropped from the set when shedding meets it), and one whose response
+finished moves to the end (one ``move_to_end``). Proxies are separate
+processes: each one's registry holds its own connections.
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ ADMITTED = 0
 
 
 class Sheddable(Protocol):
-    """What the registry needs of a connection."""
+    """What the registry needs of a connection: ``sheddable`` says closing
+    it loses nothing now (an entry whose flag is clear is stale)."""
+
+    sheddable: bool
 
     def shed(self) -> None:
         """Close now, the registry having forgotten it already."""
@@ -46,7 +51,8 @@ class ConnectionRegistry:
     close or are shed); ``per_ip``: the same per client address, for the
     connections that carry one; ``sheddable``: connection -> None, oldest
     first (see the module docstring); ``shed``: connections closed under
-    pressure so far."""
+    pressure so far. An entry of ``sheddable`` whose connection's flag is
+    clear is stale (it became busy) and is dropped when met."""
 
     __slots__ = ("count", "per_ip", "shed", "sheddable")
 
@@ -89,10 +95,14 @@ class ConnectionRegistry:
                 self.per_ip.pop(ip, None)
 
     def shed_one(self) -> bool:
-        """Close the first sheddable connection; False when there is none."""
-        if not self.sheddable:
-            return False
-        conn, _ = self.sheddable.popitem(last=False)
-        self.shed += 1
-        conn.shed()
-        return True
+        """Close the first sheddable connection; False when there is none.
+        Stale entries met on the way are dropped (each once per busy
+        period: amortized O(1))."""
+        pop = self.sheddable.popitem
+        while self.sheddable:
+            conn, _ = pop(last=False)
+            if conn.sheddable:
+                self.shed += 1
+                conn.shed()
+                return True
+        return False

@@ -123,6 +123,7 @@ class HttpConnection(RequestReader, ResponseWriter, asyncio.Protocol):
         "limits",
         "loop",
         "parser",
+        "sheddable",
         "transport",
         "write_paused",
         "write_paused_cb",
@@ -175,6 +176,7 @@ class HttpConnection(RequestReader, ResponseWriter, asyncio.Protocol):
         # the registry's sheddable set, which this connection is in while
         # closing it loses nothing (idle, no whole head yet, lingering)
         self._idle = self._reg.sheddable
+        self.sheddable = False  # closing it now loses nothing (the registry's flag)
         self._ip: str | None = None  # client address, when counted per address
         self._chunk_at = -1  # body bytes before the open chunk whose size is unchecked
         self._tail = b""  # last bytes of the previous read, while a chunked body arrives
@@ -201,7 +203,8 @@ class HttpConnection(RequestReader, ResponseWriter, asyncio.Protocol):
             self._write_error(None, refused, msg, extra=b"retry-after: 1\r\n")
             self._close_gracefully()
             return
-        self._idle[self] = None  # nothing sent yet: sheddable
+        self.sheddable = True  # nothing sent yet
+        self._idle[self] = None
         self._set_timeout(_IDLE, lim.keepalive_timeout)
 
     def shed(self) -> None:
@@ -339,13 +342,18 @@ class HttpConnection(RequestReader, ResponseWriter, asyncio.Protocol):
             self._reject(*self._pending_error)
             return
         cur = self._cur
+        if cur is None or self._in_head:
+            # idle keep-alive, or no whole head yet: sheddable, the newest
+            self.sheddable = True
+            try:
+                self._idle.move_to_end(self)
+            except KeyError:  # its entry was dropped while it was busy
+                self._idle[self] = None
         if cur is None:
-            self._idle[self] = None  # idle keep-alive: sheddable
             self._set_timeout(_IDLE, self.limits.keepalive_timeout)
         elif self._in_head:
             # a request is arriving behind the one just answered: its clock
             # starts now, so a slow earlier response does not time it out
-            self._idle[self] = None  # no whole head yet: sheddable
             self._set_timeout(_HEAD, self.limits.header_timeout)
         else:
             if cur.expect_continue:
@@ -378,6 +386,7 @@ class HttpConnection(RequestReader, ResponseWriter, asyncio.Protocol):
         self.uncork()
         self._closed = self._discard = True
         if self._counted:  # answered: the first to go under pressure
+            self.sheddable = True
             idle = self._idle
             idle[self] = None
             idle.move_to_end(self, last=False)
@@ -401,6 +410,7 @@ class HttpConnection(RequestReader, ResponseWriter, asyncio.Protocol):
         if not self._closed and t is not None:
             self.uncork()
             self._closed = self._discard = True
+            self.sheddable = False
             self._idle.pop(self, None)
             if t.get_write_buffer_size():  # else the close is immediate
                 self._set_timeout(_LINGER, self.limits.linger_timeout)

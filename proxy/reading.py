@@ -179,6 +179,10 @@ class RequestReader:
                 req.content_length = int(value)
             except ValueError:
                 self._fail(400, "Content-Length is not a number")
+        elif kind == _HOST:  # on every request: tested early
+            if req.host is not None:  # RFC 9112 3.2
+                self._fail(400, "more than one Host header")
+            req.host = value
         elif kind == _TRANSFER_ENCODING:
             req.chunked = True
         elif kind == _CONNECTION:
@@ -189,10 +193,6 @@ class RequestReader:
             req.expect = value
         elif kind == _ORIGIN:
             req.origin = value
-        elif kind == _HOST:
-            if req.host is not None:  # RFC 9112 3.2
-                self._fail(400, "more than one Host header")
-            req.host = value
         elif 0 < len(value) <= _RID_MAX and not value.translate(None, _RID_CHARS):
             req.request_id = value
 
@@ -202,14 +202,14 @@ class RequestReader:
         version = p.get_http_version()
         if version not in _VERSIONS:  # llhttp also takes 0.9 and 2.0
             self._fail(505, f"HTTP/{version} is not supported (HTTP/1.1 and HTTP/1.0 are)")
-        self._idle.pop(self, None)  # a whole head: no longer sheddable
+        self.sheddable = False  # a whole head (its stale entry goes when met)
         req.method = method = p.get_method()
         req.keep_alive = p.should_keep_alive()
         req.http10 = version == "1.0"
         if not req.request_id:
             req.request_id = b"%016x" % getrandbits(64)
         url = req.url
-        if not url.startswith(b"/") and url != b"*" and method != b"CONNECT":
+        if url[0] != 0x2F and url != b"*" and method != b"CONNECT":  # not "/...": RFC 9112 3.2
             url = req.url = self._origin_form(url)
         q = url.find(b"?")
         if q >= 0:

@@ -226,6 +226,7 @@ def test_the_registry_sheds_lingering_connections_before_idle_ones():
     class Conn:
         def __init__(self, name):
             self.name = name
+            self.sheddable = True
 
         def shed(self):
             shed.append(self.name)
@@ -239,12 +240,15 @@ def test_the_registry_sheds_lingering_connections_before_idle_ones():
     reg.sheddable[conns["new-idle"]] = None
     reg.sheddable[conns["lingering"]] = None
     reg.sheddable.move_to_end(conns["lingering"], last=False)
+    busy = Conn("became-busy")  # a stale entry: its flag was cleared
+    busy.sheddable = False
+    reg.sheddable[busy] = None
+    reg.sheddable.move_to_end(busy, last=False)
     # above 2 open: each new connection closes one
     for _ in range(3):
-        x = Conn("busy")
         assert reg.admit(None, 10, 0, 2) == 0
-        reg.sheddable.pop(x, None)
     assert shed == ["lingering", "old-idle", "new-idle"]
+    assert busy not in reg.sheddable and not reg.shed_one()
     assert reg.count == 3
 
 
