@@ -32,7 +32,13 @@ from dataclasses import fields
 import orjson
 from setproctitle import setproctitle
 
-from ..proxy.http import HttpConnection, HttpLimits, Request, json_object
+from ..proxy.http import HttpConnection, Request, json_object
+from ..proxy.limits import (
+    INSTANCE_LIMIT_NAMES,
+    add_http_limit_options,
+    instance_limits,
+    limits_from_args,
+)
 from . import protocol
 from .validate import BadRequest, RequestLimits, add_request_limit_options
 
@@ -330,6 +336,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_request_limit_options(ap)
     ap.add_argument("--slot", type=int, default=None,
                     help="the supervisor's replica slot, for the process title")
+    # the supervisor passes the header and body limits that fit its proxies'
+    add_http_limit_options(ap, instance_limits())
     return ap.parse_args(argv)
 
 
@@ -418,10 +426,10 @@ def main(argv: list[str] | None = None) -> int:
         args.fake = bool(la.get("fake"))
         args.mmproj = la.get("mmproj")
         args.llama_args = la.get("llama_args") or []
-        # the request limits of `ggmux serve` (ModelEntry.instance_args)
+        # the request and HTTP limits of `ggmux serve` (ModelEntry.instance_args)
         given = parse_args(la.get("instance_args") or [])
-        for f in fields(RequestLimits):
-            setattr(args, f.name, getattr(given, f.name))
+        for name in (*(f.name for f in fields(RequestLimits)), *INSTANCE_LIMIT_NAMES):
+            setattr(args, name, getattr(given, name))
         args.slot = la.get("slot")
         setproctitle(process_title(args))
     backend = make_backend(args)
@@ -452,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     app = InstanceApp(backend)
     app.rss0 = rss0
     state["app"] = app
-    limits = HttpLimits()
+    limits = limits_from_args(args)
     if args.fd is not None:
         sock = socket.socket(fileno=args.fd)
     else:

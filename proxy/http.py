@@ -6,10 +6,11 @@ requests on one connection are handled one at a time and answered in order
 (pipelining), flow control is explicit (``pause_writing`` /
 ``resume_writing`` from the transport, ``pause_reading`` when too many
 pipelined requests queue up), and every limit is a field of
-:class:`HttpLimits` with a default (``add_http_limit_options`` /
-``limits_from_args`` turn them into command-line options, ``http_limit_argv``
-back into a child's arguments, ``fit_fd_limit`` fits ``max_connections`` to
-the open-file limit).
+:class:`~.limits.HttpLimits` with a default (:mod:`.limits` holds them and
+their options; the names are importable from here too). The open
+connections of one server are counted, per client address too, in its
+:class:`~.connections.ConnectionRegistry`, which closes idle ones under
+pressure.
 
 A handler is ``async def handler(conn: HttpConnection, req: Request)``; it
 must answer through ``conn`` (``send_response``, ``start_stream`` /
@@ -31,6 +32,13 @@ What the core guarantees, so handlers need not:
 * ``Expect: 100-continue`` is answered with ``100 Continue`` only once the
   head was accepted and it is the request's turn; an unknown expectation
   gets 417, a body over the limit 413, both without reading the body;
+* RFC 9112's edges (issue 11, findings 8 and 11): fields of a chunked
+  trailer are not headers (they are dropped, never seen by a handler nor
+  forwarded); a chunk whose size overflows or exceeds what is left of the
+  body limit gets 413 as soon as its size line is in; a version other than
+  HTTP/1.0 and 1.1 gets 505; a missing ``Host`` on HTTP/1.1, or more than
+  one, gets 400; an absolute-form target (``GET http://h/p``) is served as
+  its path (``req.url`` is the origin form);
 * a request the server cannot frame (bad syntax, conflicting lengths, bad
   chunk size, limits, timeouts, invalid UTF-8 in a header) is answered with
   an OpenAI error envelope after the responses it was pipelined behind, and
@@ -42,371 +50,44 @@ What the core guarantees, so handlers need not:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
-import resource
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field, fields
-from http import HTTPStatus
-from random import getrandbits
+from collections.abc import Awaitable, Callable
 
 import httptools
-import orjson
+
+from .connections import ADMITTED
+from .limits import (  # the limits' names, importable from here as before the split
+    HttpLimits,
+    add_http_limit_options,
+    fit_fd_limit,
+    http_limit_argv,
+    limits_from_args,
+)
+from .reading import _BODY, _HEAD, _IDLE, _LINGER, MAX_CHUNK_LINE, RequestReader
+from .request import Header, Request, json_object, new_request_id
+from .response import (
+    CHUNKED,
+    ERROR_CODES,
+    ERROR_TYPES,
+    LLAMA_CPP_ROUTES,
+    ResponseWriter,
+    error_body,
+    error_code,
+    status_line,
+)
 
 log = logging.getLogger(__name__)
 
-Header = tuple[bytes, bytes]
 
-CHUNKED = b"transfer-encoding: chunked\r\n"
-"""The framing line that selects a chunked body in :meth:`HttpConnection.head`."""
-
-
-@dataclass(slots=True)
-class HttpLimits:
-    """Limits of one HTTP server (bytes, seconds, counts).
-
-    ``max_header_bytes``: request line plus headers (414 for the target
-    alone, else 431); ``max_body_bytes``: request body, by Content-Length or
-    as chunks arrive (413); ``header_timeout``: time to receive a whole head
-    once its first byte arrived (408); ``body_timeout``: time to receive the
-    body after the head (408); ``keepalive_timeout``: idle time before a
-    keep-alive connection is closed; ``send_timeout``: time a client may
-    leave the server's writes blocked (slow reader) before it is cut off;
-    ``max_connections``: open connections of this server, one more is
-    answered 503 and closed; ``max_pipelined``: queued requests before
-    reading pauses; ``linger_timeout``: how long unread input is drained
-    after an error response before the socket is dropped.
-
-    One object is shared by all connections of one server:
-    ``open_connections`` is their live count (not an option).
-    """
-
-    max_header_bytes: int = 64 * 1024
-    max_body_bytes: int = 64 * 1024 * 1024
-    header_timeout: float = 30.0
-    body_timeout: float = 300.0
-    keepalive_timeout: float = 75.0
-    send_timeout: float = 300.0
-    max_connections: int = 4096
-    max_pipelined: int = 16
-    linger_timeout: float = 5.0
-    open_connections: int = field(default=0, init=False, repr=False, compare=False)
-
-
-# (field, help) for add_http_limit_options; the flag is the field with dashes
-_OPTION_HELP = {
-    "max_header_bytes": "largest request head (request line + headers) in bytes; 431 past it",
-    "max_body_bytes": "largest request body in bytes; 413 past it",
-    "header_timeout": "seconds to receive a request head once it started; 408 past it",
-    "body_timeout": "seconds to receive a request body after its head; 408 past it",
-    "keepalive_timeout": "seconds an idle keep-alive connection stays open",
-    "send_timeout": "seconds a client may leave a response unread before it is cut off",
-    "max_connections": "open client connections per process; more are answered 503",
-    "max_pipelined": "pipelined requests queued per connection before reading pauses",
-    "linger_timeout": "seconds to drain unread input after an error response",
-}
-
-
-def _positive(kind: type) -> Callable[[str], int | float]:
-    def parse(text: str) -> int | float:
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if v <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-        return v
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
-def add_http_limit_options(
-    parser: argparse.ArgumentParser, defaults: HttpLimits | None = None
-) -> None:
-    """Add one option per :class:`HttpLimits` field (``--max-header-bytes``,
-    ``--max-body-bytes``, ``--header-timeout``, ``--body-timeout``,
-    ``--keepalive-timeout``, ``--send-timeout``, ``--max-connections``,
-    ``--max-pipelined``, ``--linger-timeout``) in an "HTTP limits" group;
-    ``defaults`` overrides the dataclass defaults. Read them back with
-    :func:`limits_from_args`."""
-    d = defaults if defaults is not None else HttpLimits()
-    group = parser.add_argument_group("HTTP limits")
-    for name, help_ in _OPTION_HELP.items():
-        value = getattr(d, name)
-        group.add_argument(
-            "--" + name.replace("_", "-"),
-            dest=name,
-            type=_positive(type(value)),
-            default=value,
-            metavar="N" if isinstance(value, int) else "SECONDS",
-            help=help_ + " (default: %(default)s)",
-        )
-
-
-def limits_from_args(args: argparse.Namespace) -> HttpLimits:
-    """:class:`HttpLimits` from options added by :func:`add_http_limit_options`
-    (a field whose option is missing keeps its default)."""
-    kw = {
-        f.name: getattr(args, f.name)
-        for f in fields(HttpLimits)
-        if f.init and hasattr(args, f.name)
-    }
-    return HttpLimits(**kw)
-
-
-def http_limit_argv(limits: HttpLimits) -> list[str]:
-    """The options that recreate ``limits`` in a child process whose parser
-    has :func:`add_http_limit_options` (the supervisor passes its limits to
-    each proxy this way)."""
-    argv = []
-    for name in _OPTION_HELP:
-        argv += ["--" + name.replace("_", "-"), str(getattr(limits, name))]
-    return argv
-
-
-def fit_fd_limit(limits: HttpLimits, per_connection: int = 2, reserve: int = 256) -> HttpLimits:
-    """Make ``max_connections`` fit this process's open-file limit.
-
-    Each client connection of a proxy holds ``per_connection`` descriptors
-    (the client's and its replica's); ``reserve`` more are kept for
-    everything else. The soft ``RLIMIT_NOFILE`` is raised as far as the hard
-    limit allows; where that is still too low, ``max_connections`` is
-    lowered (with a warning) so that the 503 answer, not a failing
-    ``accept()``, is what clients over the limit see. Returns ``limits``,
-    changed in place."""
-    need = limits.max_connections * per_connection + reserve
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < need:
-        want = need if hard == resource.RLIM_INFINITY else min(need, hard)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-            soft = want
-        except (ValueError, OSError) as e:
-            log.warning("cannot raise the open-file limit to %d: %s", want, e)
-    if soft != resource.RLIM_INFINITY and soft < need:
-        fit = max(1, (soft - reserve) // per_connection)
-        log.warning(
-            "open-file limit %d allows %d connections, not --max-connections %d",
-            soft,
-            fit,
-            limits.max_connections,
-        )
-        limits.max_connections = fit
-    return limits
-
-
-def new_request_id() -> bytes:
-    """A fresh request id: 16 lower-case hex digits."""
-    return b"%016x" % getrandbits(64)
-
-
-# a client's X-Request-Id is echoed only when it is short visible ASCII
-_RID_CHARS = bytes(range(0x21, 0x7F))
-_RID_MAX = 128
-
-
-class Request:
-    """One parsed request.
-
-    ``url`` is the raw target (``path`` and ``query`` split at ``?``),
-    ``headers`` a list of ``(lower-case name, value)``, ``body`` the whole
-    body as bytes or bytearray (requests are buffered; LLM request bodies are
-    small), ``request_id`` the id echoed as ``x-request-id``,
-    ``content_length`` -1 when absent, ``conn_tokens`` the header names the
-    client's ``Connection`` header lists (hop-by-hop, never forwarded).
-    ``on_disconnect`` is called once when the client goes away before the
-    response finished; ``disconnected`` says it did. ``origin`` is the
-    ``Origin`` header (None without one); ``extra_head`` header lines
-    (``b"name: value\r\n"`` ...) every response head to it carries (CORS).
-    """
-
-    __slots__ = (
-        "body",
-        "body_json",
-        "chunked",
-        "conn_tokens",
-        "content_length",
-        "disconnected",
-        "expect",
-        "expect_continue",
-        "extra_head",
-        "head_only",
-        "header_bytes",
-        "headers",
-        "hop",
-        "http10",
-        "keep_alive",
-        "method",
-        "on_disconnect",
-        "origin",
-        "path",
-        "preheaded",
-        "query",
-        "request_id",
-        "started_ns",
-        "url",
-    )
-
-    def __init__(self) -> None:
-        self.method = b""
-        self.url = b""
-        self.headers: list[Header] = []
-        self.body: bytes | bytearray = b""
-        self.body_json: dict | None = None  # the body parsed, when a fast path did
-        self.keep_alive = True
-        self.path = b""
-        self.query = b""
-        self.disconnected = False
-        self.on_disconnect: Callable[[], None] | None = None
-        self.head_only = False
-        self.expect_continue = False
-        self.header_bytes = 0
-        self.started_ns = 0
-        self.request_id = b""
-        self.preheaded = False  # a streaming head went out while the model loaded
-        self.http10 = False
-        self.content_length = -1
-        self.chunked = False
-        self.conn_tokens: tuple[bytes, ...] = ()
-        self.expect: bytes | None = None
-        self.origin: bytes | None = None
-        self.extra_head = b""
-        self.hop = 0  # cluster mode: forwarded by another node (proxy.cluster.HOP_*)
-
-    def header(self, name: bytes, default: bytes | None = None) -> bytes | None:
-        """First value of header ``name`` (lower-case bytes)."""
-        for k, v in self.headers:
-            if k == name:
-                return v
-        return default
-
-
-def _reason(status: int) -> bytes:
-    try:
-        return HTTPStatus(status).phrase.encode()
-    except ValueError:
-        return b"Unknown"
-
-
-_STATUS_LINES = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
-
-
-def status_line(status: int) -> bytes:
-    line = _STATUS_LINES.get(status)
-    if line is None:
-        line = b"HTTP/1.1 %d %s\r\n" % (status, _reason(status))
-    return line
-
-
-def error_body(message: str, type_: str, code: int | str | None, **extra) -> bytes:
-    """OpenAI's error envelope ``{"error": {"message", "type", "code"}}``."""
-    err = {"message": message, "type": type_, "code": code}
-    err.update(extra)
-    return orjson.dumps({"error": err})
-
-
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    408: "timeout_error",
-    413: "invalid_request_error",
-    414: "invalid_request_error",
-    417: "invalid_request_error",
-    429: "rate_limit_error",
-    431: "invalid_request_error",
-    500: "server_error",
-    501: "server_error",
-    502: "server_error",
-    503: "unavailable_error",
-    504: "timeout_error",
-}
-# HTTP status -> OpenAI-style string ``error.code`` (issue 14: one code
-# style). llama.cpp's numeric code (the status) stays on llama.cpp's own
-# routes, LLAMA_CPP_ROUTES, where llama.cpp's web UI and tools read it.
-ERROR_CODES = {
-    400: "invalid_request_error",
-    401: "invalid_api_key",
-    403: "permission_denied",
-    404: "not_found",
-    405: "method_not_allowed",
-    408: "request_timeout",
-    413: "request_too_large",
-    414: "request_too_large",
-    417: "expectation_failed",
-    429: "rate_limit_exceeded",
-    431: "request_too_large",
-    500: "server_error",
-    501: "not_implemented",
-    502: "bad_gateway",
-    503: "service_unavailable",
-    504: "gateway_timeout",
-}
-LLAMA_CPP_ROUTES = frozenset((b"/completion", b"/tokenize", b"/detokenize", b"/infill",
-                              b"/apply-template", b"/props", b"/slots"))
-
-
-def error_code(status: int, path: bytes = b"") -> int | str:
-    """The ``error.code`` for ``status``: OpenAI's string style
-    (:data:`ERROR_CODES`), or the number itself on a llama.cpp route."""
-    if path in LLAMA_CPP_ROUTES:
-        return status
-    return ERROR_CODES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-
-# headers the parser callbacks look at (one dict lookup per header)
-_CONTENT_LENGTH, _TRANSFER_ENCODING, _CONNECTION, _EXPECT, _REQUEST_ID, _ORIGIN = range(1, 7)
-_SPECIAL = {
-    b"content-length": _CONTENT_LENGTH,
-    b"transfer-encoding": _TRANSFER_ENCODING,
-    b"connection": _CONNECTION,
-    b"expect": _EXPECT,
-    b"x-request-id": _REQUEST_ID,
-    b"origin": _ORIGIN,
-}
-
-# deadline kinds of a connection's one timer
-_IDLE, _HEAD, _BODY, _LINGER = range(1, 5)
-
-
-def _connection_line(req: Request) -> bytes:
-    """The response's ``connection`` header line: ``close`` when this is the
-    connection's last response, ``keep-alive`` for an HTTP/1.0 client that
-    keeps it, none otherwise (HTTP/1.1's default)."""
-    if not req.keep_alive:
-        return b"connection: close\r\n"
-    return b"connection: keep-alive\r\n" if req.http10 else b""
-
-
-class _Reject(Exception):
-    """Raised from a parser callback to stop parsing; the answer is in
-    ``HttpConnection._error``."""
-
-
-def json_object(conn: HttpConnection, req: Request) -> dict | None:
-    """The request body as a JSON object, or None after answering 400
-    (malformed JSON, invalid UTF-8, or JSON that is not an object)."""
-    try:
-        body = orjson.loads(req.body)
-    except orjson.JSONDecodeError as e:
-        conn.send_error(req, 400, f"request body is not valid JSON: {e}")
-        return None
-    if not isinstance(body, dict):
-        conn.send_error(req, 400, "request body must be a JSON object")
-        return None
-    return body
-
-
-class HttpConnection(asyncio.Protocol):
+class HttpConnection(RequestReader, ResponseWriter, asyncio.Protocol):
     """Server side of one client connection (see the module docstring)."""
 
     __slots__ = (
         "_active",
         "_body_ok",
+        "_chunk_at",
         "_chunked",
         "_closed",
         "_cork",
@@ -418,7 +99,9 @@ class HttpConnection(asyncio.Protocol):
         "_drain_waiters",
         "_error",
         "_head_seen",
+        "_idle",
         "_in_head",
+        "_ip",
         "_lost",
         "_max_body",
         "_max_head",
@@ -427,8 +110,10 @@ class HttpConnection(asyncio.Protocol):
         "_queue",
         "_queued_bytes",
         "_reading_paused",
+        "_reg",
         "_responding",
         "_send_timer",
+        "_tail",
         "_task",
         "_timer",
         "_timer_at",
@@ -438,6 +123,7 @@ class HttpConnection(asyncio.Protocol):
         "limits",
         "loop",
         "parser",
+        "sheddable",
         "transport",
         "write_paused",
         "write_paused_cb",
@@ -486,32 +172,59 @@ class HttpConnection(asyncio.Protocol):
         self._cork: list[bytes] | None = None  # writes collected by cork()
         self._max_head = limits.max_header_bytes
         self._max_body = limits.max_body_bytes
+        self._reg = limits.connections
+        # the registry's sheddable set, which this connection is in while
+        # closing it loses nothing (idle, no whole head yet, lingering)
+        self._idle = self._reg.sheddable
+        self.sheddable = False  # closing it now loses nothing (the registry's flag)
+        self._ip: str | None = None  # client address, when counted per address
+        self._chunk_at = -1  # body bytes before the open chunk whose size is unchecked
+        self._tail = b""  # last bytes of the previous read, while a chunked body arrives
 
     # ---- asyncio.Protocol ----------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         lim = self.limits
-        lim.open_connections += 1
+        if lim.max_connections_per_ip:
+            peer = transport.get_extra_info("peername")
+            if type(peer) is tuple:
+                self._ip = peer[0]
         self._counted = True
-        if lim.open_connections > lim.max_connections:
+        refused = self._reg.admit(self._ip, lim.max_connections, lim.max_connections_per_ip,
+                                  lim.max_connections * lim.shed_idle_at)
+        if refused != ADMITTED:
             # answered before reading anything: the request never runs
             self._discard = True
-            self._write_error(
-                None,
-                503,
-                f"server is at its connection limit ({lim.max_connections})",
-                extra=b"retry-after: 1\r\n",
-            )
+            if refused == 429:
+                msg = (f"too many connections from {self._ip} "
+                       f"({lim.max_connections_per_ip}, --max-connections-per-ip)")
+            else:
+                msg = f"server is at its connection limit ({lim.max_connections})"
+            self._write_error(None, refused, msg, extra=b"retry-after: 1\r\n")
             self._close_gracefully()
             return
+        self.sheddable = True  # nothing sent yet
+        self._idle[self] = None
         self._set_timeout(_IDLE, lim.keepalive_timeout)
+
+    def shed(self) -> None:
+        """Close under pressure (:class:`~.connections.ConnectionRegistry`
+        chose this connection, idle or lingering, and forgot it already)."""
+        if self._counted:
+            self._counted = False
+            self._reg.leave(self, self._ip)
+        if self._closed:  # lingering after an error: it was answered
+            self._tkind = 0
+            self.transport.abort()
+        else:
+            self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = self._lost = self._discard = True
         self._cork = None
         if self._counted:
             self._counted = False
-            self.limits.open_connections -= 1
+            self._reg.leave(self, self._ip)
         self._tkind = 0
         if self._timer is not None:
             self._timer.cancel()
@@ -555,159 +268,6 @@ class HttpConnection(asyncio.Protocol):
                 if not w.done():
                     w.set_result(None)
             self._drain_waiters.clear()
-
-    def data_received(self, data: bytes) -> None:
-        if self._discard:
-            self._discarded = True
-            return
-        if self._in_head:
-            self._head_seen += len(data)
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # the request asking to upgrade is answered normally and ends the
-            # connection (on_headers_complete); CONNECT was refused there
-            return
-        except httptools.HttpParserError as e:
-            if self._discard:  # bytes after `Connection: close`: ignored
-                self._discarded = True
-                return
-            err = self._error
-            if err is None:
-                err = (400, f"malformed HTTP request: {e}")
-            self._reject(*err)
-            return
-        # httptools buffers a header line whole before calling on_header, so
-        # a head that never ends is caught on the raw byte count
-        if self._in_head and self._head_seen > self._max_head:
-            self._reject(431, f"request head exceeds {self._max_head} bytes")
-            return
-        if self._cur is not None and self._active is None:
-            # a request is partly here: its head (or body) clock runs from
-            # its first bytes, and more bytes do not restart it. Armed here
-            # rather than in the parser callbacks: a request that arrives
-            # whole (the common case) then costs no clock at all.
-            kind = _HEAD if self._in_head else _BODY
-            if self._tkind != kind:
-                self._set_timeout(kind, self.limits.header_timeout if kind == _HEAD
-                                  else self.limits.body_timeout)
-
-    # ---- parser callbacks -------------------------------------------------
-    def _fail(self, status: int, message: str) -> None:
-        self._error = (status, message)
-        raise _Reject(message)
-
-    def on_message_begin(self) -> None:
-        self._cur = Request()
-
-    def on_url(self, url: bytes) -> None:
-        req = self._cur
-        req.url = req.url + url if req.url else url
-        n = req.header_bytes = req.header_bytes + len(url)
-        if n > self._max_head:
-            self._fail(414, f"request target exceeds {self._max_head} bytes")
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        req = self._cur
-        n = req.header_bytes = req.header_bytes + len(name) + len(value) + 4
-        if n > self._max_head:
-            self._fail(431, f"request headers exceed {self._max_head} bytes")
-        name = name.lower()
-        if not value.isascii():
-            try:
-                value.decode()
-            except UnicodeDecodeError:
-                self._fail(400, f"header '{name.decode()}' is not valid UTF-8")
-        req.headers.append((name, value))
-        kind = _SPECIAL.get(name)
-        if kind is None:
-            return
-        if kind == _CONTENT_LENGTH:
-            try:
-                req.content_length = int(value)
-            except ValueError:
-                self._fail(400, "Content-Length is not a number")
-        elif kind == _TRANSFER_ENCODING:
-            req.chunked = True
-        elif kind == _CONNECTION:
-            v = value.lower()
-            if v != b"keep-alive" and v != b"close":  # those name no header to drop
-                req.conn_tokens += tuple([t.strip() for t in v.split(b",")])
-        elif kind == _EXPECT:
-            req.expect = value
-        elif kind == _ORIGIN:
-            req.origin = value
-        elif 0 < len(value) <= _RID_MAX and not value.translate(None, _RID_CHARS):
-            req.request_id = value
-
-    def on_headers_complete(self) -> None:
-        req = self._cur
-        p = self.parser
-        req.method = method = p.get_method()
-        req.keep_alive = p.should_keep_alive()
-        req.http10 = p.get_http_version() == "1.0"
-        if not req.request_id:
-            req.request_id = b"%016x" % getrandbits(64)
-        url = req.url
-        q = url.find(b"?")
-        if q >= 0:
-            req.path, req.query = url[:q], url[q + 1 :]
-        else:
-            req.path = url
-        req.head_only = method == b"HEAD"
-        self._in_head = False
-        self._head_seen = 0
-        if p.should_upgrade():
-            if method == b"CONNECT":
-                self._fail(405, "CONNECT is not supported")
-            # the upgrade is declined: answer in HTTP/1.1, then close, since
-            # the parser stops at an upgrade
-            req.keep_alive = False
-        if req.content_length > self._max_body:
-            self._fail(413, f"request body exceeds {self._max_body} bytes")
-        if req.expect is not None and not req.http10:
-            if req.expect.lower() != b"100-continue":
-                self._fail(417, f"unsupported expectation: {req.expect.decode('latin-1')}")
-            if req.content_length > 0 or req.chunked:
-                req.expect_continue = True
-                if self._active is None:
-                    self._continue(req)
-
-    def _continue(self, req: Request) -> None:
-        """Send ``100 Continue``: the head was accepted and it is its turn."""
-        req.expect_continue = False
-        self._out(b"HTTP/1.1 100 Continue\r\n\r\n")
-
-    def on_body(self, body: bytes) -> None:
-        req = self._cur
-        b = req.body
-        if not b:
-            req.body = body
-        else:
-            if type(b) is bytes:
-                b = req.body = bytearray(b)
-            b += body
-        if len(req.body) > self._max_body:
-            self._fail(413, f"request body exceeds {self._max_body} bytes")
-
-    def on_message_complete(self) -> None:
-        req = self._cur
-        self._cur = None
-        self._in_head = True
-        self._head_seen = 0
-        if not req.keep_alive:
-            self._discard = True  # nothing after it is read
-        if self._active is None:
-            self._start(req)
-        else:
-            self._queue.append(req)
-            self._queued_bytes += len(req.body)
-            if not self._reading_paused and (
-                len(self._queue) >= self.limits.max_pipelined
-                or self._queued_bytes >= self._max_body
-            ):
-                self._reading_paused = True
-                self.transport.pause_reading()
 
     # ---- request cycle ----------------------------------------------------
     def _start(self, req: Request) -> None:
@@ -782,6 +342,13 @@ class HttpConnection(asyncio.Protocol):
             self._reject(*self._pending_error)
             return
         cur = self._cur
+        if cur is None or self._in_head:
+            # idle keep-alive, or no whole head yet: sheddable, the newest
+            self.sheddable = True
+            try:
+                self._idle.move_to_end(self)
+            except KeyError:  # its entry was dropped while it was busy
+                self._idle[self] = None
         if cur is None:
             self._set_timeout(_IDLE, self.limits.keepalive_timeout)
         elif self._in_head:
@@ -793,174 +360,7 @@ class HttpConnection(asyncio.Protocol):
                 self._continue(cur)
             self._set_timeout(_BODY, self.limits.body_timeout)
 
-    # ---- writing ------------------------------------------------------------
-    def _out(self, data: bytes) -> None:
-        cork = self._cork
-        if cork is None:
-            self.transport.write(data)
-        else:
-            cork.append(data)
-
-    def write(self, data: bytes) -> None:
-        """Raw bytes of the current response (nothing once closing)."""
-        if not self._closed:
-            self._out(data)
-
-    def cork(self) -> None:
-        """Collect writes until :meth:`uncork` and send them in one go: the
-        forwarder corks around each read from a replica, so a response head
-        and its body leave in one syscall instead of two or three."""
-        if self._cork is None:
-            self._cork = []
-
-    def uncork(self) -> None:
-        """Send what was written since :meth:`cork`."""
-        out = self._cork
-        if out is None:
-            return
-        self._cork = None
-        if out and not self._lost:
-            if len(out) == 1:
-                self.transport.write(out[0])
-            else:
-                self.transport.writelines(out)
-
-    async def drain(self) -> None:
-        """Wait until the transport's write buffer is below its low mark."""
-        if not self.write_paused or self._closed:
-            return
-        fut = self.loop.create_future()
-        self._drain_waiters.append(fut)
-        await fut
-
-    def head(self, req: Request, status: int, headers: Iterable[Header], framing: bytes) -> bytes:
-        """Build a response head and set how its body is framed.
-
-        ``framing`` is the one framing header line: ``b"content-length: N\\r\\n"``
-        or :data:`CHUNKED`. ``headers`` must not carry framing,
-        ``connection`` or ``x-request-id`` (the core sets them). Afterwards
-        :meth:`send_chunk` / :meth:`end_stream` frame the body to match: no
-        body for HEAD, 204, 304 and 1xx; raw and close-delimited for an
-        HTTP/1.0 client of a chunked response."""
-        self._responding = True
-        if status < 200 or status == 204 or status == 304:
-            framing = b""
-            self._chunked = False
-            self._body_ok = False
-        else:
-            self._body_ok = not req.head_only
-            if framing == CHUNKED:
-                if req.http10:  # no chunks in HTTP/1.0: the close ends the body
-                    framing = b""
-                    req.keep_alive = False
-                    self._chunked = False
-                else:
-                    self._chunked = True
-            else:
-                self._chunked = False
-        parts = [status_line(status)]
-        for k, v in headers:
-            parts.append(b"%s: %s\r\n" % (k, v))
-        parts.append(b"%sx-request-id: %s\r\n%s%s\r\n" % (framing, req.request_id,
-                                                            _connection_line(req), req.extra_head))
-        return b"".join(parts)
-
-    def send_response(
-        self,
-        req: Request,
-        status: int,
-        body: bytes,
-        content_type: bytes = b"application/json",
-        headers: Iterable[Header] = (),
-    ) -> None:
-        """A complete response with ``content-length``; finishes ``req``."""
-        if req.disconnected or self._closed:
-            self.finish(req)
-            return
-        self._responding = True
-        if status == 204 or status == 304:
-            framing = b""
-            body = b""
-        else:
-            framing = b"content-length: %d\r\n" % len(body)
-        head = b"%scontent-type: %s\r\n%sx-request-id: %s\r\n%s%s" % (
-            status_line(status),
-            content_type,
-            framing,
-            req.request_id,
-            _connection_line(req),
-            req.extra_head,
-        )
-        for k, v in headers:
-            head += b"%s: %s\r\n" % (k, v)
-        if req.head_only or not body:
-            self._out(head + b"\r\n")
-        elif len(body) > 16384:  # no copy of a big body
-            self._out(head + b"\r\n")
-            self._out(body)
-        else:
-            self._out(b"%s\r\n%s" % (head, body))
-        self.finish(req)
-
-    def send_json(self, req: Request, status: int, obj, headers: Iterable[Header] = ()) -> None:
-        self.send_response(req, status, orjson.dumps(obj), headers=headers)
-
-    def send_error(
-        self,
-        req: Request,
-        status: int,
-        message: str,
-        code: int | str | None = None,
-        headers: Iterable[Header] = (),
-        **extra,
-    ) -> None:
-        """OpenAI error envelope with ``status``; ``code`` defaults to
-        :func:`error_code` of the status (and the request's route)."""
-        body = error_body(message, ERROR_TYPES.get(status, "error"),
-                          code or error_code(status, req.path), **extra)
-        self.send_response(req, status, body, headers=headers)
-
-    def start_stream(
-        self,
-        req: Request,
-        status: int = 200,
-        content_type: bytes = b"text/event-stream",
-        headers: Iterable[Header] = (),
-    ) -> None:
-        """Send a chunked response head; follow with send_chunk/end_stream.
-        Streams carry ``Cache-Control: no-cache`` and ``X-Accel-Buffering:
-        no``, so a buffering reverse proxy in front (nginx) does not hold
-        them back."""
-        hs = [(b"content-type", content_type), (b"cache-control", b"no-cache"),
-              (b"x-accel-buffering", b"no"), *headers]
-        self.write(self.head(req, status, hs, CHUNKED))
-
-    def send_chunk(self, data: bytes) -> None:
-        """Body bytes of the current response, framed as its head said."""
-        if data and self._body_ok and not self._closed:
-            if self._chunked:
-                self._out(b"%x\r\n%s\r\n" % (len(data), data))
-            else:
-                self._out(data)
-
-    def end_stream(self, req: Request) -> None:
-        """End the body of ``req`` (the last chunk when chunked); finish it."""
-        if self._chunked and self._body_ok and self._active is req and not self._closed:
-            self._out(b"0\r\n\r\n")
-        self.finish(req)
-
     # ---- errors, closing, timeouts -----------------------------------------
-    def _write_error(
-        self, req: Request | None, status: int, message: str, extra: bytes = b""
-    ) -> None:
-        body = error_body(message, ERROR_TYPES.get(status, "error"),
-                          error_code(status, req.path if req is not None else b""))
-        rid = req.request_id if req is not None and req.request_id else new_request_id()
-        self._out(
-            b"%scontent-type: application/json\r\ncontent-length: %d\r\nx-request-id: %s\r\n"
-            b"%sconnection: close\r\n\r\n%s" % (status_line(status), len(body), rid, extra, body)
-        )
-
     def _reject(self, status: int, message: str) -> None:
         """Answer a request whose framing is unsure, after the responses it
         was pipelined behind, then close; nothing after it is parsed."""
@@ -985,6 +385,11 @@ class HttpConnection(asyncio.Protocol):
             return
         self.uncork()
         self._closed = self._discard = True
+        if self._counted:  # answered: the first to go under pressure
+            self.sheddable = True
+            idle = self._idle
+            idle[self] = None
+            idle.move_to_end(self, last=False)
         t = self.transport
         self._set_timeout(_LINGER, self.limits.linger_timeout)
         if self._reading_paused:
@@ -1005,6 +410,8 @@ class HttpConnection(asyncio.Protocol):
         if not self._closed and t is not None:
             self.uncork()
             self._closed = self._discard = True
+            self.sheddable = False
+            self._idle.pop(self, None)
             if t.get_write_buffer_size():  # else the close is immediate
                 self._set_timeout(_LINGER, self.limits.linger_timeout)
             t.close()
@@ -1051,3 +458,25 @@ class HttpConnection(asyncio.Protocol):
             log.info("client did not read for %g s: closing", self.limits.send_timeout)
             self._closed = True
             self.transport.abort()
+
+
+__all__ = [
+    "CHUNKED",
+    "ERROR_CODES",
+    "ERROR_TYPES",
+    "LLAMA_CPP_ROUTES",
+    "MAX_CHUNK_LINE",
+    "Header",
+    "HttpConnection",
+    "HttpLimits",
+    "Request",
+    "add_http_limit_options",
+    "error_body",
+    "error_code",
+    "fit_fd_limit",
+    "http_limit_argv",
+    "json_object",
+    "limits_from_args",
+    "new_request_id",
+    "status_line",
+]

@@ -24,7 +24,14 @@ from ..instance.validate import (
     request_limit_argv,
     request_limits_from_args,
 )
-from ..proxy.http import add_http_limit_options, http_limit_argv, limits_from_args
+from ..proxy.limits import (
+    INSTANCE_LIMIT_NAMES,
+    add_http_limit_options,
+    http_limit_argv,
+    instance_limits,
+    limits_from_args,
+    proxy_share,
+)
 from ..shm.logring import MAX_RECORD
 from ..shm.segment import queue_name, segment_name
 from .client import add_client_commands, run_client
@@ -227,8 +234,10 @@ def build_registry(args: argparse.Namespace) -> Registry:
     ``--threads``, ``--n-gpu-layers``, ``--stop-timeout`` given explicitly.
     Not given, those four keep ggmux's defaults, under every source;
     ``--ttl`` given is a default under every source too (a preset's ``ttl``
-    wins). The request limits (``--max-embedding-inputs`` ...) go to every
-    built-in instance (``ModelEntry.instance_args``).
+    wins). The request limits (``--max-embedding-inputs`` ...) and the
+    header and body limits that fit the proxies' (``--max-header-bytes``
+    plus :data:`~ggmux.proxy.limits.FORWARD_HEADROOM`, ``--max-body-bytes``)
+    go to every built-in instance (``ModelEntry.instance_args``).
 
     With none of ``--models-dir``, ``--fake-models-dir``, ``--models-preset``:
     the cache's models, as llama.cpp's router run with no source lists its
@@ -262,7 +271,11 @@ def build_registry(args: argparse.Namespace) -> Registry:
     ttl = getattr(args, "ttl", None)
     defaults = command_line_layer({"ttl": ttl} if ttl is not None else {})
     registry = Registry(resolve(entries, preset, cli, defaults=defaults))
-    instance_args = request_limit_argv(request_limits_from_args(args))
+    # the header and body limits only when the proxies' are not the defaults
+    http, default = instance_limits(limits_from_args(args)), instance_limits()
+    instance_args = http_limit_argv(http, tuple(
+        n for n in INSTANCE_LIMIT_NAMES if getattr(http, n) != getattr(default, n)))
+    instance_args += request_limit_argv(request_limits_from_args(args))
     for e in registry.entries:
         if e.kind in ("llama", "fake"):
             e.instance_args = list(instance_args)
@@ -333,7 +346,7 @@ def serve(args: argparse.Namespace) -> int:
                     "--max-queue", str(args.max_queue),
                     "--stream-keepalive", str(args.stream_keepalive),
                     "--cors-origins", args.cors_origins,
-                    *http_limit_argv(limits_from_args(args))],
+                    *http_limit_argv(proxy_share(limits_from_args(args), args.proxies))],
         proxy_env={k: v for k, v in (("GGMUX_API_KEY", args.api_key),
                                      ("GGMUX_ADMIN_KEY", args.admin_key)) if v},
         memory_margin=int(args.models_memory_margin * MiB),

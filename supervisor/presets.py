@@ -54,14 +54,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import re
-import shlex
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .llama_options import LLAMA_OPTIONS, LLAMA_VALUES, LlamaOption
+from .preset_values import DOWNLOADS, FIELDS, RESERVED, parse_bool
 from .registry import ModelEntry, demo_path, gguf_name, gguf_parts, hf_cache_lookup, size_of
 
 log = logging.getLogger(__name__)
@@ -167,214 +166,6 @@ def _expand(value: str, path: str, line: int) -> str:
     return _MACRO_RE.sub(sub, value)
 
 
-# ---- llama-server options ------------------------------------------------------------
-
-
-@dataclass(slots=True, frozen=True)
-class LlamaOption:
-    """One llama-server option: ``forms`` its names with dashes (``-c``,
-    ``--ctx-size``), ``neg`` its negated names, ``kind`` ``"value"``,
-    ``"flag"`` (present or not) or ``"bool"`` (positive/negative pair),
-    ``env`` its environment variable (``""``: none). ``key`` is the
-    canonical preset key: the last form without dashes, the one llama.cpp
-    renders (``common_preset::to_args`` uses ``args.back()``)."""
-
-    forms: tuple[str, ...]
-    neg: tuple[str, ...]
-    kind: str
-    env: str
-
-    @property
-    def key(self) -> str:
-        return self.forms[-1].lstrip("-")
-
-
-def _parse_table(table: str) -> dict[str, tuple[LlamaOption, bool]]:
-    """Preset key (any form without dashes, or env name) -> (option, negated)."""
-    out: dict[str, tuple[LlamaOption, bool]] = {}
-    for row in table.strip().splitlines():
-        forms, neg, kind, env = row.split("|")
-        opt = LlamaOption(tuple(forms.split(",")), tuple(n for n in neg.split(",") if n), kind, env)
-        for f in opt.forms:
-            out.setdefault(f.lstrip("-"), (opt, False))
-        for f in opt.neg:
-            out.setdefault(f.lstrip("-"), (opt, True))
-        if env:
-            out.setdefault(env, (opt, False))
-    return out
-
-
-# ---- value parsers ------------------------------------------------------------------------
-
-_TRUE = ("on", "enabled", "true", "1")  # llama.cpp common_arg_utils::is_truthy
-_FALSE = ("off", "disabled", "false", "0")  # is_falsey
-
-
-class _Bad(ValueError):
-    """A value a parser rejects; the caller adds file, line and key."""
-
-
-def parse_bool(v: str) -> bool:
-    """llama.cpp's truthy/falsey words (case-insensitive here); raises
-    ``ValueError`` for anything else."""
-    s = v.strip().lower()
-    if s in _TRUE:
-        return True
-    if s in _FALSE:
-        return False
-    raise _Bad(f"bad boolean {v!r} (expected one of {', '.join(_TRUE + _FALSE)})")
-
-
-def _int(lo: int | None = None) -> Callable[[str], int]:
-    def parse(v: str) -> int:
-        try:
-            n = int(v.strip())
-        except ValueError:
-            raise _Bad(f"bad number {v!r} (expected an integer)") from None
-        if lo is not None and n < lo:
-            raise _Bad(f"bad number {v!r} (must be at least {lo})")
-        return n
-
-    return parse
-
-
-def _float(lo: float | None = None, positive: bool = False) -> Callable[[str], float]:
-    def parse(v: str) -> float:
-        try:
-            x = float(v.strip())
-        except ValueError:
-            raise _Bad(f"bad number {v!r} (expected a number)") from None
-        if not math.isfinite(x):
-            raise _Bad(f"bad number {v!r} (must be finite)")
-        if positive and x <= 0:
-            raise _Bad(f"bad number {v!r} (must be greater than 0)")
-        if lo is not None and x < lo:
-            raise _Bad(f"bad number {v!r} (must be at least {lo:g})")
-        return x
-
-    return parse
-
-
-def _n_gpu_layers(v: str) -> int:
-    """An integer, or llama.cpp's ``all``/``auto`` (both -1: every layer;
-    llama-cpp-python has no automatic fit)."""
-    if v.strip().lower() in ("all", "auto"):
-        return -1
-    return _int()(v)
-
-
-def _text(v: str) -> str:
-    if not v:
-        raise _Bad("empty value")
-    return v
-
-
-def _path(v: str) -> str:
-    return os.path.abspath(os.path.expanduser(_text(v)))
-
-
-def _aliases(v: str) -> list[str]:
-    """Comma-separated, each stripped, empty ones dropped (llama.cpp)."""
-    return [a for a in (s.strip() for s in v.split(",")) if a]
-
-
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def _env(v: str) -> dict[str, str]:
-    """``KEY=VALUE`` pairs separated by spaces, shell-quoted where needed:
-    ``env = CUDA_VISIBLE_DEVICES=0,1 "GREETING=hello world"``."""
-    try:
-        words = shlex.split(v)
-    except ValueError as e:
-        raise _Bad(f"bad env {v!r}: {e}") from None
-    out: dict[str, str] = {}
-    for w in words:
-        k, eq, val = w.partition("=")
-        if not eq or not _ENV_NAME_RE.match(k):
-            raise _Bad(f"bad env entry {w!r} (expected NAME=VALUE)")
-        out[k] = val
-    if not out:
-        raise _Bad("empty value")
-    return out
-
-
-def _endpoint(v: str) -> str:
-    """A path starting ``/``, or ``none`` (stored as ``""``: no check)."""
-    if v.strip().lower() == "none":
-        return ""
-    if not v.startswith("/"):
-        raise _Bad(f"bad check-endpoint {v!r} (expected a path starting with / or 'none')")
-    return v
-
-
-def _url(v: str) -> str:
-    if not re.match(r"^https?://[^/\s]+", v):
-        raise _Bad(f"bad upstream {v!r} (expected http://HOST[:PORT][/PATH])")
-    return v.rstrip("/")
-
-
-def _repo(v: str) -> str:
-    repo = v.partition(":")[0]
-    if repo.count("/") != 1 or not all(repo.split("/")):
-        raise _Bad(f"bad hf-repo {v!r} (expected ORG/REPO[:QUANT])")
-    return v
-
-
-# Keys ggmux reads itself (canonical key -> parser). llama.cpp options among
-# them are also in the table below, which maps their other spellings here.
-_FIELDS: dict[str, Callable[[str], object]] = {
-    # llama.cpp options
-    "model": _path,
-    "hf-repo": _repo,
-    "hf-file": _text,
-    "mmproj": _path,
-    "mmproj-auto": parse_bool,
-    "ctx-size": _int(0),
-    "threads": _int(),
-    "n-gpu-layers": _n_gpu_layers,
-    "alias": _aliases,
-    "api-key": _text,
-    "tags": str,  # llama.cpp: informational only; accepted and not used
-    # llama.cpp preset-only options (common_params_add_preset_options)
-    "load-on-startup": parse_bool,
-    "stop-timeout": _float(0),
-    "dedup-cache-models": parse_bool,
-    # ggmux (and llama-swap) keys
-    "ttl": _float(),
-    "replicas": _int(1),
-    "weight": _float(positive=True),
-    "priority": _int(),
-    "max-concurrency": _int(0),
-    "cmd": _text,
-    "cmd-stop": _text,
-    "env": _env,
-    "check-endpoint": _endpoint,
-    "upstream": _url,
-    "translate": parse_bool,
-}
-
-# llama.cpp options the router itself controls: dropped with a warning
-# (server-models.cpp unset_reserved_args / update_args).
-_RESERVED = frozenset(
-    {
-        "host",
-        "port",
-        "reuse-port",
-        "api-key-file",
-        "ssl-key-file",
-        "ssl-cert-file",
-        "models-dir",
-        "models-max",
-        "models-preset",
-        "models-autoload",
-        "hf-token",
-    }
-)
-# llama.cpp options that download: ggmux serves local files only.
-_DOWNLOADS = frozenset({"model-url", "mmproj-url", "docker-repo"})
-
-
 @dataclass(slots=True)
 class Opt:
     """One preset value after parsing: ``value`` typed (str for pass-through
@@ -393,7 +184,7 @@ Layer = dict  # canonical key -> Opt
 def normalise(key: str) -> tuple[str, LlamaOption | None, bool]:
     """``(canonical key, llama.cpp option or None, negated)`` of a preset key;
     raises ``KeyError`` when the key is unknown."""
-    if key in _FIELDS:
+    if key in FIELDS:
         hit = LLAMA_OPTIONS.get(key)
         return key, hit[0] if hit else None, False
     hit = LLAMA_OPTIONS.get(key)
@@ -416,25 +207,27 @@ def parse_item(file: str, item: IniItem) -> tuple[str, Opt] | None:
             item.line,
             f"unknown key {item.key!r} (not a llama-server option nor a ggmux preset key)",
         ) from None
-    if key in _DOWNLOADS:
+    if key in DOWNLOADS:
         raise PresetError(
             file,
             item.line,
             f"{item.key!r}: ggmux does not download models; give a local file with 'model'",
         )
-    if key in _RESERVED:
+    if key in RESERVED:
         log.warning("%s:%d: %r is controlled by ggmux; ignored", file, item.line, item.key)
         return None
     try:
-        if key in _FIELDS:
-            value: object = _FIELDS[key](item.value)
+        if key in FIELDS:
+            value: object = FIELDS[key](item.value)
         elif opt is not None and opt.kind in ("flag", "bool"):
             value = parse_bool(item.value)
+        elif key in LLAMA_VALUES:
+            value = LLAMA_VALUES[key](item.value)
         else:
             value = item.value
         if negated:
             value = not value
-    except _Bad as e:
+    except ValueError as e:
         raise PresetError(file, item.line, f"{item.key!r}: {e}") from None
     return key, Opt(value, file, item.line, item.key)
 
@@ -612,7 +405,8 @@ def _materialise(
             _merge_into(merged, k, o)
     if base is not None:
         e = dataclasses.replace(
-            base, aliases=list(base.aliases), env=dict(base.env), extra_args=list(base.extra_args)
+            base, aliases=list(base.aliases), env=dict(base.env), extra_args=list(base.extra_args),
+            upstream=list(base.upstream),
         )
     else:
         e = ModelEntry(name=name, path="")
@@ -654,7 +448,7 @@ def _materialise(
     extra: list[str] = []
     for key, o in merged.items():
         v = o.value
-        if key in _FIELDS:
+        if key in FIELDS:
             _apply_field(e, key, v)
             continue
         opt = LLAMA_OPTIONS[key][0]
@@ -743,10 +537,10 @@ def _apply_field(e: ModelEntry, key: str, v: object) -> None:
     elif key == "check-endpoint":
         e.check_endpoint = str(v)
     elif key == "upstream":
-        e.upstream = str(v)
+        e.upstream = list(v)
     elif key == "translate":
         e.translate = bool(v)
-    else:  # pragma: no cover - _FIELDS and this switch are kept in step
+    else:  # pragma: no cover - FIELDS and this switch are kept in step
         raise AssertionError(key)
 
 
@@ -772,278 +566,3 @@ def _dedup_cache(entries: list[ModelEntry], dedup: dict[int, bool]) -> list[Mode
             e.aliases.append(name)
             explicit.add(name)
     return [e for i, e in enumerate(entries) if i not in hidden]
-
-
-# llama-server options for presets, generated from llama.cpp common/arg.cpp
-# (build b11434, options of the server example; --help, --version,
-# --cache-list, --completion-bash, --list-devices and two-value options left
-# out), then options of earlier builds that existing preset files use
-# (--mmap/--no-mmap, --mlock, --draft-max, ...). Columns:
-# forms | negated forms | value, flag or bool | environment variable.
-_LLAMA_TABLE = """
--t,--threads||value|LLAMA_ARG_THREADS
--tb,--threads-batch||value|
--C,--cpu-mask||value|
--Cr,--cpu-range||value|
---cpu-strict||value|
---prio||value|
---poll||value|
--Cb,--cpu-mask-batch||value|
--Crb,--cpu-range-batch||value|
---cpu-strict-batch||value|
---prio-batch||value|
---poll-batch||value|
--lcs,--lookup-cache-static||value|
--lcd,--lookup-cache-dynamic||value|
--c,--ctx-size||value|LLAMA_ARG_CTX_SIZE
---kv-unified-per-slot||value|LLAMA_ARG_KV_UNIFIED_PER_SLOT
--n,--predict,--n-predict||value|LLAMA_ARG_N_PREDICT
--b,--batch-size||value|LLAMA_ARG_BATCH
--ub,--ubatch-size||value|LLAMA_ARG_UBATCH
---keep||value|
---swa-full||flag|LLAMA_ARG_SWA_FULL
--ctxcp,--ctx-checkpoints,--swa-checkpoints||value|LLAMA_ARG_CTX_CHECKPOINTS
--cms,--checkpoint-min-step||value|LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT
--cram,--cache-ram||value|LLAMA_ARG_CACHE_RAM
--kvu,--kv-unified|-no-kvu,--no-kv-unified|bool|LLAMA_ARG_KV_UNIFIED
---cache-idle-slots|--no-cache-idle-slots|bool|LLAMA_ARG_CACHE_IDLE_SLOTS
---context-shift|--no-context-shift|bool|LLAMA_ARG_CONTEXT_SHIFT
--fa,--flash-attn||value|LLAMA_ARG_FLASH_ATTN
---perf|--no-perf|bool|LLAMA_ARG_PERF
--e,--escape|--no-escape|bool|
--r,--reverse-prompt||value|
--sp,--special||flag|
---warmup|--no-warmup|bool|
---spm-infill||flag|
---samplers||value|
--s,--seed||value|
---sampler-seq,--sampling-seq||value|
---ignore-eos||flag|
---temp,--temperature||value|LLAMA_ARG_TEMPERATURE
---top-k||value|LLAMA_ARG_TOP_K
---top-p||value|LLAMA_ARG_TOP_P
---min-p||value|LLAMA_ARG_MIN_P
---top-nsigma,--top-n-sigma||value|
---xtc-probability||value|
---xtc-threshold||value|
---typical,--typical-p||value|
---repeat-last-n||value|
---repeat-penalty||value|LLAMA_ARG_REPEAT_PENALTY
---presence-penalty||value|LLAMA_ARG_PRESENCE_PENALTY
---frequency-penalty||value|LLAMA_ARG_FREQUENCY_PENALTY
---dry-multiplier||value|
---dry-base||value|
---dry-allowed-length||value|
---dry-penalty-last-n||value|
---dry-sequence-breaker||value|
---adaptive-target||value|
---adaptive-decay||value|
---dynatemp-range||value|
---dynatemp-exp||value|
---mirostat||value|
---mirostat-lr||value|
---mirostat-ent||value|
--l,--logit-bias||value|
---grammar||value|
---grammar-file||value|
--j,--json-schema||value|
--jf,--json-schema-file||value|
--bs,--backend-sampling||flag|LLAMA_ARG_BACKEND_SAMPLING
---pooling||value|LLAMA_ARG_POOLING
---rope-scaling||value|LLAMA_ARG_ROPE_SCALING_TYPE
---rope-scale||value|LLAMA_ARG_ROPE_SCALE
---rope-freq-base||value|LLAMA_ARG_ROPE_FREQ_BASE
---rope-freq-scale||value|LLAMA_ARG_ROPE_FREQ_SCALE
---yarn-orig-ctx||value|LLAMA_ARG_YARN_ORIG_CTX
---yarn-ext-factor||value|LLAMA_ARG_YARN_EXT_FACTOR
---yarn-attn-factor||value|LLAMA_ARG_YARN_ATTN_FACTOR
---yarn-beta-slow||value|LLAMA_ARG_YARN_BETA_SLOW
---yarn-beta-fast||value|LLAMA_ARG_YARN_BETA_FAST
--kvo,--kv-offload|-nkvo,--no-kv-offload|bool|LLAMA_ARG_KV_OFFLOAD
---repack|-nr,--no-repack|bool|LLAMA_ARG_REPACK
---no-host||flag|LLAMA_ARG_NO_HOST
--ctk,--cache-type-k||value|LLAMA_ARG_CACHE_TYPE_K
--ctv,--cache-type-v||value|LLAMA_ARG_CACHE_TYPE_V
--dt,--defrag-thold||value|LLAMA_ARG_DEFRAG_THOLD
--np,--parallel||value|LLAMA_ARG_N_PARALLEL
--cb,--cont-batching|-nocb,--no-cont-batching|bool|LLAMA_ARG_CONT_BATCHING
--mm,--mmproj||value|LLAMA_ARG_MMPROJ
--mmu,--mmproj-url||value|LLAMA_ARG_MMPROJ_URL
---mmproj-auto|--no-mmproj,--no-mmproj-auto|bool|LLAMA_ARG_MMPROJ_AUTO
---mmproj-offload|--no-mmproj-offload|bool|LLAMA_ARG_MMPROJ_OFFLOAD
--mmdev,--mmproj-device||value|MTMD_BACKEND_DEVICE
---image-min-tokens||value|LLAMA_ARG_IMAGE_MIN_TOKENS
---image-max-tokens||value|LLAMA_ARG_IMAGE_MAX_TOKENS
---mtmd-batch-max-tokens||value|LLAMA_ARG_MTMD_BATCH_MAX_TOKENS
---video-fps||value|LLAMA_ARG_VIDEO_FPS
---video-timestamp-interval||value|LLAMA_ARG_VIDEO_TIMESTAMP_INTERVAL
---video-ffmpeg-dir||value|LLAMA_ARG_VIDEO_FFMPEG_DIR
---rpc||value|LLAMA_ARG_RPC
--lm,--load-mode||value|LLAMA_ARG_LOAD_MODE
--lzm,--lazy-mode||value|LLAMA_ARG_LAZY_MODE
---numa||value|LLAMA_ARG_NUMA
--dev,--device||value|LLAMA_ARG_DEVICE
--ot,--override-tensor||value|LLAMA_ARG_OVERRIDE_TENSOR
--cmoe,--cpu-moe||flag|LLAMA_ARG_CPU_MOE
--ncmoe,--n-cpu-moe||value|LLAMA_ARG_N_CPU_MOE
--ncffn,--n-cpu-ffn||value|LLAMA_ARG_N_CPU_FFN
--ngl,--gpu-layers,--n-gpu-layers||value|LLAMA_ARG_N_GPU_LAYERS
--sm,--split-mode||value|LLAMA_ARG_SPLIT_MODE
--ts,--tensor-split||value|LLAMA_ARG_TENSOR_SPLIT
--mg,--main-gpu||value|LLAMA_ARG_MAIN_GPU
--fit,--fit||value|LLAMA_ARG_FIT
--fitt,--fit-target||value|LLAMA_ARG_FIT_TARGET
--fitc,--fit-ctx||value|LLAMA_ARG_FIT_CTX
---check-tensors||flag|
---override-kv||value|
---op-offload|--no-op-offload|bool|
---lora||value|
---lora-scaled||value|
---control-vector||value|
---control-vector-scaled||value|
--a,--alias||value|LLAMA_ARG_ALIAS
---tags||value|LLAMA_ARG_TAGS
--m,--model||value|LLAMA_ARG_MODEL
--mu,--model-url||value|LLAMA_ARG_MODEL_URL
--dr,--docker-repo||value|LLAMA_ARG_DOCKER_REPO
--hf,-hfr,--hf-repo||value|LLAMA_ARG_HF_REPO
--hff,--hf-file||value|LLAMA_ARG_HF_FILE
--hft,--hf-token||value|HF_TOKEN
---embd-normalize||value|
---host||value|LLAMA_ARG_HOST
---port||value|LLAMA_ARG_PORT
---reuse-port||flag|LLAMA_ARG_REUSE_PORT
---path||value|LLAMA_ARG_STATIC_PATH
---cors-origins||value|LLAMA_ARG_CORS_ORIGINS
---cors-methods||value|LLAMA_ARG_CORS_METHODS
---cors-headers||value|LLAMA_ARG_CORS_HEADERS
---cors-credentials|--no-cors-credentials|bool|LLAMA_ARG_CORS_CREDENTIALS
---api-prefix||value|LLAMA_ARG_API_PREFIX
---ui-config,--webui-config||value|LLAMA_ARG_UI_CONFIG
---ui-config-file,--webui-config-file||value|LLAMA_ARG_UI_CONFIG_FILE
---ui-mcp-proxy,--webui-mcp-proxy|--no-ui-mcp-proxy,--no-webui-mcp-proxy|bool|LLAMA_ARG_UI_MCP_PROXY
---tools||value|LLAMA_ARG_TOOLS
---tools-runtime||value|LLAMA_ARG_TOOLS_RUNTIME
---mcp-servers-config||value|LLAMA_ARG_MCP_SERVERS_CONFIG
---mcp-servers-json||value|LLAMA_ARG_MCP_SERVERS_JSON
--ag,--agent|-no-ag,--no-agent|bool|LLAMA_ARG_AGENT
---ui,--webui|--no-ui,--no-webui|bool|LLAMA_ARG_UI
---embedding,--embeddings||flag|LLAMA_ARG_EMBEDDINGS
---rerank,--reranking||flag|LLAMA_ARG_RERANKING
---api-key||value|LLAMA_API_KEY
---api-key-file||value|LLAMA_ARG_API_KEY_FILE
---ssl-key-file||value|LLAMA_ARG_SSL_KEY_FILE
---ssl-cert-file||value|LLAMA_ARG_SSL_CERT_FILE
---chat-template-kwargs||value|LLAMA_ARG_CHAT_TEMPLATE_KWARGS
--to,--timeout||value|LLAMA_ARG_TIMEOUT
---sse-ping-interval||value|LLAMA_ARG_SSE_PING_INTERVAL
---threads-http||value|LLAMA_ARG_THREADS_HTTP
---cache-prompt|--no-cache-prompt|bool|LLAMA_ARG_CACHE_PROMPT
---cache-reuse||value|LLAMA_ARG_CACHE_REUSE
---metrics||flag|LLAMA_ARG_ENDPOINT_METRICS
---props||flag|LLAMA_ARG_ENDPOINT_PROPS
---slots|--no-slots|bool|LLAMA_ARG_ENDPOINT_SLOTS
---slot-save-path||value|
---media-path||value|
---models-dir||value|LLAMA_ARG_MODELS_DIR
---models-preset||value|LLAMA_ARG_MODELS_PRESET
---models-max||value|LLAMA_ARG_MODELS_MAX
---models-autoload|--no-models-autoload|bool|LLAMA_ARG_MODELS_AUTOLOAD
---jinja|--no-jinja|bool|LLAMA_ARG_JINJA
---reasoning-format||value|LLAMA_ARG_THINK
--rea,--reasoning||value|LLAMA_ARG_REASONING
---reasoning-effort||value|LLAMA_ARG_REASONING_EFFORT
---reasoning-budget||value|LLAMA_ARG_THINK_BUDGET
---reasoning-budget-message||value|LLAMA_ARG_THINK_BUDGET_MESSAGE
---reasoning-preserve|--no-reasoning-preserve|bool|LLAMA_ARG_REASONING_PRESERVE
---chat-template||value|LLAMA_ARG_CHAT_TEMPLATE
---chat-template-file||value|LLAMA_ARG_CHAT_TEMPLATE_FILE
---skip-chat-parsing|--no-skip-chat-parsing|bool|LLAMA_ARG_SKIP_CHAT_PARSING
---prefill-assistant|--no-prefill-assistant|bool|LLAMA_ARG_PREFILL_ASSISTANT
--sps,--slot-prompt-similarity||value|
---lora-init-without-apply||flag|
---sleep-idle-seconds||value|
---log-disable||flag|
---log-file||value|LLAMA_ARG_LOG_FILE
---log-jsonl|--no-log-jsonl|bool|LLAMA_ARG_LOG_JSONL
---log-prompts-dir||value|
---log-colors||value|LLAMA_ARG_LOG_COLORS
--v,--verbose,--log-verbose||flag|
---offline||flag|LLAMA_ARG_OFFLINE
--lv,--verbosity,--log-verbosity||value|LLAMA_ARG_LOG_VERBOSITY
---log-prefix|--no-log-prefix|bool|LLAMA_ARG_LOG_PREFIX
---log-timestamps|--no-log-timestamps|bool|LLAMA_ARG_LOG_TIMESTAMPS
---spec-draft-hf,-hfd,-hfrd,--hf-repo-draft||value|LLAMA_ARG_SPEC_DRAFT_HF_REPO
---spec-draft-threads,-td,--threads-draft||value|
---spec-draft-threads-batch,-tbd,--threads-batch-draft||value|
---spec-draft-cpu-mask,-Cd,--cpu-mask-draft||value|
---spec-draft-cpu-range,-Crd,--cpu-range-draft||value|
---spec-draft-cpu-strict,--cpu-strict-draft||value|
---spec-draft-prio,--prio-draft||value|
---spec-draft-poll,--poll-draft||value|
---spec-draft-cpu-mask-batch,-Cbd,--cpu-mask-batch-draft||value|
---spec-draft-cpu-strict-batch,--cpu-strict-batch-draft||value|
---spec-draft-prio-batch,--prio-batch-draft||value|
---spec-draft-poll-batch,--poll-batch-draft||value|
---spec-draft-type-k,-ctkd,--cache-type-k-draft||value|LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K
---spec-draft-type-v,-ctvd,--cache-type-v-draft||value|LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V
---spec-draft-override-tensor,-otd,--override-tensor-draft||value|
---spec-draft-cpu-moe,-cmoed,--cpu-moe-draft||flag|LLAMA_ARG_SPEC_DRAFT_CPU_MOE
---spec-draft-n-cpu-moe,--spec-draft-ncmoe,-ncmoed,--n-cpu-moe-draft||value|LLAMA_ARG_SPEC_DRAFT_N_CPU_MOE
---spec-draft-n-max||value|LLAMA_ARG_SPEC_DRAFT_N_MAX
---spec-draft-n-min||value|LLAMA_ARG_SPEC_DRAFT_N_MIN
---spec-synth-len||value|LLAMA_ARG_SPEC_SYNTH_LEN
---spec-synth-rates||value|LLAMA_ARG_SPEC_SYNTH_RATES
---spec-draft-p-split,--draft-p-split||value|LLAMA_ARG_SPEC_DRAFT_P_SPLIT
---spec-draft-p-min,--draft-p-min||value|LLAMA_ARG_SPEC_DRAFT_P_MIN
---spec-draft-backend-sampling|--no-spec-draft-backend-sampling|bool|LLAMA_ARG_SPEC_DRAFT_BACKEND_SAMPLING
---spec-draft-sampling||value|LLAMA_ARG_SPEC_DRAFT_SAMPLING
---spec-draft-device,-devd,--device-draft||value|
---spec-draft-ngl,-ngld,--gpu-layers-draft,--n-gpu-layers-draft||value|LLAMA_ARG_N_GPU_LAYERS_DRAFT
---spec-draft-model,-md,--model-draft||value|LLAMA_ARG_SPEC_DRAFT_MODEL
---spec-type||value|LLAMA_ARG_SPEC_TYPE
---spec-ngram-mod-n-min||value|
---spec-ngram-mod-n-max||value|
---spec-ngram-mod-n-match||value|
---spec-ngram-simple-size-n||value|
---spec-ngram-simple-size-m||value|
---spec-ngram-simple-min-hits||value|
---spec-ngram-map-k-size-n||value|
---spec-ngram-map-k-size-m||value|
---spec-ngram-map-k-min-hits||value|
---spec-ngram-map-k4v-size-n||value|
---spec-ngram-map-k4v-size-m||value|
---spec-ngram-map-k4v-min-hits||value|
---embd-gemma-default||flag|
---fim-qwen-1.5b-default||flag|
---fim-qwen-3b-default||flag|
---fim-qwen-7b-default||flag|
---fim-qwen-7b-spec||flag|
---fim-qwen-14b-spec||flag|
---fim-qwen-30b-default||flag|
---gpt-oss-20b-default||flag|
---gpt-oss-120b-default||flag|
---vision-gemma-4b-default||flag|
---vision-gemma-12b-default||flag|
---spec-default||flag|
---mmap|--no-mmap|bool|LLAMA_ARG_MMAP
---mlock||flag|LLAMA_ARG_MLOCK
--dio,--direct-io|-ndio,--no-direct-io|bool|LLAMA_ARG_DIO
---draft,--draft-n,--draft-max||value|LLAMA_ARG_DRAFT_MAX
---draft-min,--draft-n-min||value|LLAMA_ARG_DRAFT_MIN
--cd,--ctx-size-draft||value|LLAMA_ARG_CTX_SIZE_DRAFT
--mv,--model-vocoder||value|
---tts-use-guide-tokens||flag|
--hfv,-hfrv,--hf-repo-v||value|LLAMA_ARG_HF_REPO_V
--hffv,--hf-file-v||value|LLAMA_ARG_HF_FILE_V
---allowed-local-media-path||value|LLAMA_ARG_ALLOWED_LOCAL_MEDIA_PATH
---local-media-max-size-mb||value|LLAMA_ARG_LOCAL_MEDIA_MAX_SIZE_MB
---embd-bge-small-en-default||flag|
---embd-e5-small-en-default||flag|
---embd-gte-small-default||flag|
---spec-ngram-size-n||value|
---spec-ngram-size-m||value|
---spec-ngram-min-hits||value|
-"""
-
-LLAMA_OPTIONS: dict[str, tuple[LlamaOption, bool]] = _parse_table(_LLAMA_TABLE)

@@ -8,6 +8,13 @@ sits in the same ``poll()`` set as the children's pipes: connect, send one
 ``GET``, read the status line. Intervals start at 10 ms and double to
 500 ms while a load is awaited (llama-swap polls every 250 ms; starting
 faster shaves the wait after a quick load).
+
+An upstream's host name is resolved here, in the loop (:func:`resolve`):
+a numeric address costs nothing, a name one ``getaddrinfo`` per
+``DNS_CACHE_S`` (blocking the loop as long as the resolver takes); a name
+that does not resolve fails the probe with the resolver's reason (the
+replica is unhealthy and the failure logged), never the loop (issue 11,
+finding 12: it was a traceback that stopped the server).
 """
 
 from __future__ import annotations
@@ -18,6 +25,38 @@ import socket
 FIRST_INTERVAL_S = 0.010
 MAX_INTERVAL_S = 0.500
 TIMEOUT_S = 2.0
+DNS_CACHE_S = 30.0
+"""Seconds a resolved upstream address is reused before it is looked up again."""
+DNS_FAILURE_CACHE_S = 5.0
+"""Seconds a name that did not resolve is not looked up again (its probe fails)."""
+
+Address = tuple[int, tuple]  # (address family, socket address)
+_resolved: dict[tuple[str, int], tuple[int, Address | str]] = {}  # -> (expires ns, result)
+
+
+def resolve(host: str, port: int, now_ns: int) -> Address | str:
+    """``(family, sockaddr)`` to connect to ``host:port``, or the reason it
+    cannot be resolved. Numeric addresses are parsed; names are looked up
+    with ``getaddrinfo`` and the answer (or failure) is cached for
+    :data:`DNS_CACHE_S` (:data:`DNS_FAILURE_CACHE_S`) seconds."""
+    for fam in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(fam, host)
+        except OSError:
+            continue
+        return (fam, (host, port) if fam == socket.AF_INET else (host, port, 0, 0))
+    hit = _resolved.get((host, port))
+    if hit is not None and hit[0] > now_ns:
+        return hit[1]
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        result: Address | str = (infos[0][0], infos[0][4])
+        ttl = DNS_CACHE_S
+    except (OSError, IndexError, UnicodeError) as e:
+        result = f"cannot resolve host {host!r}: {getattr(e, 'strerror', None) or e}"
+        ttl = DNS_FAILURE_CACHE_S
+    _resolved[(host, port)] = (now_ns + int(ttl * 1e9), result)
+    return result
 
 
 class Probe:
@@ -48,10 +87,18 @@ class Probe:
         self.ok = False
         self.why = ""
         self.deadline_ns = now_ns + int(TIMEOUT_S * 1e9)
-        fam = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.sock = socket.socket(fam, socket.SOCK_STREAM)
-        self.sock.setblocking(False)
-        err = self.sock.connect_ex((host, port))
+        self.sock: socket.socket | None = None
+        addr = resolve(host, port, now_ns)
+        if isinstance(addr, str):
+            self._finish(False, addr)
+            return
+        try:
+            self.sock = socket.socket(addr[0], socket.SOCK_STREAM)
+            self.sock.setblocking(False)
+            err = self.sock.connect_ex(addr[1])
+        except OSError as e:
+            self._finish(False, f"connect: {e}")
+            return
         if err not in (0, errno.EINPROGRESS):
             self._finish(False, f"connect: {errno.errorcode.get(err, err)}")
             self.state = "done"
@@ -110,10 +157,11 @@ class Probe:
         self.ok = ok
         self.why = why
         self.state = "done"
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+        if self.sock is not None:
+            try:
+                self.sock.close()
+            except OSError:
+                pass
 
 
 def next_interval(current: float) -> float:

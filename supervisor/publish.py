@@ -39,7 +39,7 @@ class Publisher:
                                       "node": rm.node}
                 continue
             e = st.registry.entries[rm.model]
-            u = urlsplit(e.upstream)
+            u = urlsplit(rm.url)
             remotes[str(slot)] = {"host": rm.host, "port": rm.port, "tls": u.scheme == "https",
                                   "prefix": u.path.rstrip("/"), "api_key": e.api_key}
         doc["remotes"] = remotes  # proxies only: the segment is mode 0600

@@ -64,8 +64,10 @@ class ModelEntry:
     spawn); ``cmd_stop`` command that stops it (llama-swap ``cmdStop``);
     ``env`` extra environment of the instance; ``check_endpoint`` path
     polled for readiness (``""``: no check, llama-swap's ``none``);
-    ``upstream`` base URL for kind ``upstream``; ``api_key`` bearer token
-    sent to the upstream; ``mmproj`` multimodal projector file;
+    ``upstream`` the base URLs of remote OpenAI-compatible servers, each one
+    replica of the model (the only replicas of kind ``upstream``, extra
+    ones beside a model file); ``api_key`` bearer token sent to them;
+    ``mmproj`` multimodal projector file;
     ``extra_args`` other llama.cpp options as ``--key value`` (flags alone);
     ``instance_args`` options of the built-in instance itself, from ``ggmux
     serve`` (its request limits, ``--max-embedding-inputs N`` ...);
@@ -94,7 +96,7 @@ class ModelEntry:
     cmd_stop: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     check_endpoint: str = "/health"
-    upstream: str | None = None
+    upstream: list[str] = field(default_factory=list)
     api_key: str | None = None
     mmproj: str | None = None
     extra_args: list[str] = field(default_factory=list)
@@ -120,7 +122,7 @@ class ModelEntry:
             "priority": self.priority,
             "max_concurrency": self.max_concurrency,
             "check_endpoint": self.check_endpoint,
-            "upstream": _without_userinfo(self.upstream) if self.upstream else None,
+            "upstream": [_without_userinfo(u) for u in self.upstream],
             "translate": self.translate,
             "created": self.created(),
         }

@@ -1,6 +1,7 @@
-"""``upstream`` replicas: one permanent :class:`~.state.Remote` per model
-with an ``upstream`` URL, never loaded or evicted, only health-checked
-(every 5 s while healthy, backing off from 0.1 s while not).
+"""``upstream`` replicas: one permanent :class:`~.state.Remote` per URL of
+a model's ``upstream`` list (several GPU boxes serving one model: issue
+11, finding 12), never loaded or evicted, only health-checked (every 5 s
+while healthy, backing off from 0.1 s while not).
 """
 
 from __future__ import annotations
@@ -22,28 +23,34 @@ class Remotes:
         self.probes = probes
 
     def add(self) -> None:
-        """One permanent replica per model with an ``upstream`` URL."""
+        """One permanent replica per URL of each model's ``upstream`` list
+        (the presets checked each URL: ``http://`` with a host)."""
         st = self.state
+        have = {(rm.model, rm.url) for rm in st.remotes.values()}
         for i, e in enumerate(st.registry.entries):
-            if not e.upstream or any(rm.model == i and not rm.node for rm in st.remotes.values()):
-                continue
-            u = urlsplit(e.upstream)
-            port = u.port or (443 if u.scheme == "https" else 80)
-            slot = st.free_slot()
-            if slot is None:
-                log.warning("no replica slot for upstream %s", e.upstream)
-                continue
-            path = "" if u.scheme == "https" or not e.check_endpoint else (
-                u.path.rstrip("/") + e.check_endpoint if e.check_endpoint.startswith("/") else
-                e.check_endpoint)
-            st.remotes[slot] = Remote(slot, i, u.hostname or "127.0.0.1", port, path,
-                                      st.next_incarnation())
+            for url in e.upstream:
+                if (i, url) in have:
+                    continue
+                u = urlsplit(url)
+                slot = st.free_slot()
+                if slot is None:
+                    log.warning("no replica slot for upstream %s of %s", u.netloc, e.name)
+                    continue
+                path = "" if not e.check_endpoint else (
+                    u.path.rstrip("/") + e.check_endpoint if e.check_endpoint.startswith("/")
+                    else e.check_endpoint)
+                st.remotes[slot] = Remote(slot, i, u.hostname or "127.0.0.1", u.port or 80, path,
+                                          st.next_incarnation(), url=url)
 
     def drop_removed(self) -> None:
-        """Forget the remotes of models removed from every source."""
+        """Forget the remotes of models removed from every source, and
+        those whose URL is no longer in their model's ``upstream`` list
+        (a cluster node's replica has no URL there: :mod:`.cluster.node` keeps it)."""
         st = self.state
         for slot, rm in list(st.remotes.items()):
-            if rm.model in st.removed:
+            if rm.node:
+                continue
+            if rm.model in st.removed or rm.url not in st.registry.entries[rm.model].upstream:
                 del st.remotes[slot]
 
     def probe_step(self, now: int) -> None:

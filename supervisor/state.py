@@ -62,7 +62,8 @@ class Replica:
 @dataclass(slots=True)
 class Remote:
     """An ``upstream`` replica: a remote OpenAI-compatible server that is
-    never loaded or evicted, only health-checked (every ``interval`` s)."""
+    never loaded or evicted, only health-checked (every ``interval`` s);
+    ``url`` is the one of its model's ``upstream`` URLs it serves."""
 
     slot: int
     model: int
@@ -70,6 +71,7 @@ class Remote:
     port: int
     path: str  # health path ("" = TCP connect only)
     incarnation: int
+    url: str = ""
     healthy: bool = False
     probe: Probe | None = None
     next_probe_ns: int = 0

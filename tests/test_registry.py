@@ -309,7 +309,7 @@ def test_ggmux_preset_keys_fill_the_model_entry(tmp_path, no_hub, monkeypatch):
         tmp_path / "p.ini",
         """
 [remote]
-upstream = https://user:pw@example.com:8443/
+upstream = http://user:pw@example.com:8443/, http://10.0.0.2:8080/v1x
 api-key = ${env.TOKEN}
 priority = 1
 weight = 2.5
@@ -329,7 +329,8 @@ ttl = 90
     models = by_name(resolve([], load_preset(str(p))))
     r = models["remote"]
     assert (
-        r.kind == "upstream" and r.path == "" and r.upstream == "https://user:pw@example.com:8443"
+        r.kind == "upstream" and r.path == ""
+        and r.upstream == ["http://user:pw@example.com:8443", "http://10.0.0.2:8080/v1x"]
     )
     assert (r.api_key, r.priority, r.weight, r.max_concurrency, r.replicas) == (
         "sk-secret",
@@ -342,7 +343,7 @@ ttl = 90
     assert r.args() == []
     pub = r.public()
     assert "api_key" not in pub and "env" not in pub
-    assert pub["upstream"] == "https://example.com:8443"
+    assert pub["upstream"] == ["http://example.com:8443", "http://10.0.0.2:8080/v1x"]
     s = models["server"]
     assert s.kind == "cmd" and s.cmd_stop == "pkill -f x" and s.ttl == 90.0
     assert s.env == {"A": "1", "B": "two words", "C": "3,4"}
@@ -691,14 +692,14 @@ def test_the_example_preset_loads(tmp_path, no_hub, monkeypatch):
     assert c.kind == "cmd" and f"-m {gemma}" in c.cmd and "--port ${PORT}" in c.cmd
     assert c.env == {"LLAMA_ARG_THREADS": "2"} and c.stop_timeout == 5.0
     u = reg.get("remote-gemma3")
-    assert (u.kind, u.upstream, u.priority) == ("upstream", "http://127.0.0.1:9000", 1)
+    assert (u.kind, u.upstream, u.priority) == ("upstream", ["http://127.0.0.1:9000"], 1)
 
 
 def test_every_key_of_the_example_is_documented_with_its_default():
     text = (ROOT / "presets.example.ini").read_text()
-    from ggmux.supervisor.presets import _FIELDS
+    from ggmux.supervisor.preset_values import FIELDS
 
-    for key in _FIELDS:
+    for key in FIELDS:
         assert f"; {key} = " in text, key
 
 

@@ -1,0 +1,214 @@
+"""Limits of one HTTP server (:class:`HttpLimits`) and their options.
+
+Every limit of the HTTP core is a field with a default;
+``add_http_limit_options`` / ``limits_from_args`` turn them into
+command-line options and back, ``http_limit_argv`` into a child's
+arguments (the supervisor passes its limits to each proxy, and the header
+and body limits to each instance, this way), ``fit_fd_limit`` fits
+``max_connections`` to the open-file limit, ``instance_limits`` gives the
+limits of an instance behind proxies with ``proxy`` limits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import resource
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
+
+from .connections import ConnectionRegistry
+
+log = logging.getLogger(__name__)
+
+FORWARD_HEADROOM = 4096
+"""Bytes a proxy may add to a request head it forwards (its own Host,
+``x-request-id``, ``content-length``, a replica's key, the one-byte
+``name: value`` spacing it restores per header line): an instance accepts
+heads this much larger than its proxies do, so no head a proxy accepted is
+answered 431 by the instance behind it (issue 11, finding 11)."""
+
+
+@dataclass(slots=True)
+class HttpLimits:
+    """Limits of one HTTP server (bytes, seconds, counts).
+
+    ``max_header_bytes``: request line plus headers (414 for the target
+    alone, else 431), chunked trailers counted too; ``max_body_bytes``:
+    request body, by Content-Length, by a chunk's announced size, or as
+    chunks arrive (413); ``header_timeout``: time to receive a whole head
+    once its first byte arrived (408); ``body_timeout``: time to receive the
+    body after the head (408); ``keepalive_timeout``: idle time before a
+    keep-alive connection is closed; ``send_timeout``: time a client may
+    leave the server's writes blocked (slow reader) before it is cut off;
+    ``max_connections``: open connections of this server, one more is
+    answered 503 and closed; ``max_connections_per_ip``: open connections
+    from one client address, one more is answered 429 and closed (0: no
+    cap); ``shed_idle_at``: above this fraction of ``max_connections``, each
+    new connection closes the oldest idle one (idle keep-alive, or without a
+    whole request head yet: issue 11, finding 10); ``max_pipelined``: queued
+    requests before reading pauses; ``linger_timeout``: how long unread
+    input is drained after an error response before the socket is dropped.
+
+    One object is shared by all connections of one server: ``connections``
+    is their registry (not an option), ``open_connections`` their count.
+    """
+
+    max_header_bytes: int = 64 * 1024
+    max_body_bytes: int = 64 * 1024 * 1024
+    header_timeout: float = 30.0
+    body_timeout: float = 300.0
+    keepalive_timeout: float = 75.0
+    send_timeout: float = 300.0
+    max_connections: int = 4096
+    max_connections_per_ip: int = 1024
+    shed_idle_at: float = 0.8
+    max_pipelined: int = 16
+    linger_timeout: float = 5.0
+    connections: ConnectionRegistry = field(
+        default_factory=ConnectionRegistry, init=False, repr=False, compare=False
+    )
+
+    @property
+    def open_connections(self) -> int:
+        """Connections of this server that are open and counted."""
+        return self.connections.count
+
+
+# (field, help) for add_http_limit_options; the flag is the field with dashes
+_OPTION_HELP = {
+    "max_header_bytes": "largest request head (request line + headers) in bytes; 431 past it",
+    "max_body_bytes": "largest request body in bytes; 413 past it",
+    "header_timeout": "seconds to receive a request head once it started; 408 past it",
+    "body_timeout": "seconds to receive a request body after its head; 408 past it",
+    "keepalive_timeout": "seconds an idle keep-alive connection stays open",
+    "send_timeout": "seconds a client may leave a response unread before it is cut off",
+    "max_connections": "open client connections per process; more are answered 503",
+    "max_connections_per_ip": "open connections from one client address (ggmux serve: in all, "
+    "each proxy allowing its share); more are answered 429; 0: no cap",
+    "shed_idle_at": "fraction of --max-connections above which each new connection closes "
+    "the oldest idle one (keep-alive, or without a whole request head)",
+    "max_pipelined": "pipelined requests queued per connection before reading pauses",
+    "linger_timeout": "seconds to drain unread input after an error response",
+}
+_MAY_BE_ZERO = frozenset({"max_connections_per_ip"})
+
+
+def _number(kind: type, zero: bool = False) -> Callable[[str], int | float]:
+    def parse(text: str) -> int | float:
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if v < 0 or (v == 0 and not zero):
+            raise argparse.ArgumentTypeError(
+                f"must be {'0 or more' if zero else 'positive'}: {text!r}")
+        return v
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def add_http_limit_options(
+    parser: argparse.ArgumentParser, defaults: HttpLimits | None = None
+) -> None:
+    """Add one option per :class:`HttpLimits` field (``--max-header-bytes``,
+    ``--max-body-bytes``, ``--header-timeout``, ``--body-timeout``,
+    ``--keepalive-timeout``, ``--send-timeout``, ``--max-connections``,
+    ``--max-connections-per-ip``, ``--shed-idle-at``, ``--max-pipelined``,
+    ``--linger-timeout``) in an "HTTP limits" group; ``defaults`` overrides
+    the dataclass defaults. Read them back with :func:`limits_from_args`."""
+    d = defaults if defaults is not None else HttpLimits()
+    group = parser.add_argument_group("HTTP limits")
+    for name, help_ in _OPTION_HELP.items():
+        value = getattr(d, name)
+        group.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=_number(type(value), name in _MAY_BE_ZERO),
+            default=value,
+            metavar="N" if isinstance(value, int) else "X" if name == "shed_idle_at"
+            else "SECONDS",
+            help=help_ + " (default: %(default)s)",
+        )
+
+
+def limits_from_args(args: argparse.Namespace) -> HttpLimits:
+    """:class:`HttpLimits` from options added by :func:`add_http_limit_options`
+    (a field whose option is missing keeps its default)."""
+    kw = {
+        f.name: getattr(args, f.name)
+        for f in fields(HttpLimits)
+        if f.init and hasattr(args, f.name)
+    }
+    return HttpLimits(**kw)
+
+
+def http_limit_argv(limits: HttpLimits, names: tuple[str, ...] | None = None) -> list[str]:
+    """The options that recreate ``limits`` (only the fields in ``names``,
+    when given) in a child process whose parser has
+    :func:`add_http_limit_options` (the supervisor passes its limits to
+    each proxy this way)."""
+    argv = []
+    for name in _OPTION_HELP if names is None else names:
+        argv += ["--" + name.replace("_", "-"), str(getattr(limits, name))]
+    return argv
+
+
+def proxy_share(limits: HttpLimits, proxies: int) -> HttpLimits:
+    """The limits of one of ``proxies`` proxy processes of a server whose
+    options are ``limits``: the same, except that each proxy allows its
+    share (rounded up) of ``max_connections_per_ip``, which counts a client
+    address's connections to the whole server. A copy."""
+    per_ip = limits.max_connections_per_ip
+    share = -(-per_ip // max(1, proxies)) if per_ip else 0
+    return replace(limits, max_connections_per_ip=share)
+
+
+INSTANCE_LIMIT_NAMES = ("max_header_bytes", "max_body_bytes")
+"""The limits an instance takes from its proxies (:func:`instance_limits`)."""
+
+
+def instance_limits(proxy: HttpLimits | None = None) -> HttpLimits:
+    """The limits of an instance served through proxies with ``proxy``
+    limits (default: :class:`HttpLimits`'s): heads up to
+    :data:`FORWARD_HEADROOM` bytes larger than a proxy accepts, the same
+    body limit, and no cap per client address (every connection comes from
+    the proxies, on 127.0.0.1)."""
+    p = proxy if proxy is not None else HttpLimits()
+    return HttpLimits(
+        max_header_bytes=p.max_header_bytes + FORWARD_HEADROOM,
+        max_body_bytes=p.max_body_bytes,
+        max_connections_per_ip=0,
+    )
+
+
+def fit_fd_limit(limits: HttpLimits, per_connection: int = 2, reserve: int = 256) -> HttpLimits:
+    """Make ``max_connections`` fit this process's open-file limit.
+
+    Each client connection of a proxy holds ``per_connection`` descriptors
+    (the client's and its replica's); ``reserve`` more are kept for
+    everything else. The soft ``RLIMIT_NOFILE`` is raised as far as the hard
+    limit allows; where that is still too low, ``max_connections`` is
+    lowered (with a warning) so that the 503 answer, not a failing
+    ``accept()``, is what clients over the limit see. Returns ``limits``,
+    changed in place."""
+    need = limits.max_connections * per_connection + reserve
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        want = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError) as e:
+            log.warning("cannot raise the open-file limit to %d: %s", want, e)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        fit = max(1, (soft - reserve) // per_connection)
+        log.warning(
+            "open-file limit %d allows %d connections, not --max-connections %d",
+            soft,
+            fit,
+            limits.max_connections,
+        )
+        limits.max_connections = fit
+    return limits

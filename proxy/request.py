@@ -1,0 +1,117 @@
+"""One parsed HTTP request (:class:`Request`) and reading its body as JSON.
+
+The HTTP core (:mod:`.http`) fills a :class:`Request` from its parser
+callbacks (:mod:`.reading`); handlers read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from random import getrandbits
+from typing import TYPE_CHECKING
+
+import orjson
+
+if TYPE_CHECKING:
+    from .http import HttpConnection
+
+Header = tuple[bytes, bytes]
+
+
+def new_request_id() -> bytes:
+    """A fresh request id: 16 lower-case hex digits."""
+    return b"%016x" % getrandbits(64)
+
+
+class Request:
+    """One parsed request.
+
+    ``url`` is the target in origin form (``path`` and ``query`` split at
+    ``?``; an absolute-form target loses its scheme and authority),
+    ``headers`` a list of ``(lower-case name, value)`` (never a chunked
+    trailer's fields), ``host`` the ``Host`` header (None: absent), ``body`` the whole
+    body as bytes or bytearray (requests are buffered; LLM request bodies are
+    small), ``request_id`` the id echoed as ``x-request-id``,
+    ``content_length`` -1 when absent, ``conn_tokens`` the header names the
+    client's ``Connection`` header lists (hop-by-hop, never forwarded).
+    ``on_disconnect`` is called once when the client goes away before the
+    response finished; ``disconnected`` says it did. ``origin`` is the
+    ``Origin`` header (None without one); ``extra_head`` header lines
+    (``b"name: value\r\n"`` ...) every response head to it carries (CORS).
+    """
+
+    __slots__ = (
+        "body",
+        "body_json",
+        "chunked",
+        "conn_tokens",
+        "content_length",
+        "disconnected",
+        "expect",
+        "expect_continue",
+        "extra_head",
+        "head_only",
+        "header_bytes",
+        "headers",
+        "hop",
+        "host",
+        "http10",
+        "keep_alive",
+        "method",
+        "on_disconnect",
+        "origin",
+        "path",
+        "preheaded",
+        "query",
+        "request_id",
+        "started_ns",
+        "url",
+    )
+
+    def __init__(self) -> None:
+        self.method = b""
+        self.url = b""
+        self.headers: list[Header] = []
+        self.host: bytes | None = None
+        self.body: bytes | bytearray = b""
+        self.body_json: dict | None = None  # the body parsed, when a fast path did
+        self.keep_alive = True
+        self.path = b""
+        self.query = b""
+        self.disconnected = False
+        self.on_disconnect: Callable[[], None] | None = None
+        self.head_only = False
+        self.expect_continue = False
+        self.header_bytes = 0
+        self.started_ns = 0
+        self.request_id = b""
+        self.preheaded = False  # a streaming head went out while the model loaded
+        self.http10 = False
+        self.content_length = -1
+        self.chunked = False
+        self.conn_tokens: tuple[bytes, ...] = ()
+        self.expect: bytes | None = None
+        self.origin: bytes | None = None
+        self.extra_head = b""
+        self.hop = 0  # cluster mode: forwarded by another node (proxy.cluster.HOP_*)
+
+    def header(self, name: bytes, default: bytes | None = None) -> bytes | None:
+        """First value of header ``name`` (lower-case bytes)."""
+        for k, v in self.headers:
+            if k == name:
+                return v
+        return default
+
+
+def json_object(conn: HttpConnection, req: Request) -> dict | None:
+    """The request body as a JSON object, or None after answering 400
+    (malformed JSON, invalid UTF-8, or JSON that is not an object)."""
+    try:
+        body = orjson.loads(req.body)
+    except orjson.JSONDecodeError as e:
+        conn.send_error(req, 400, f"request body is not valid JSON: {e}")
+        return None
+    if not isinstance(body, dict):
+        conn.send_error(req, 400, "request body must be a JSON object")
+        return None
+    return body

@@ -1,0 +1,86 @@
+"""``upstream`` lists end to end (issue 11, finding 12): each URL of a
+model's ``upstream`` is one remote replica that serves, and a host that
+does not resolve is a warning and an unhealthy replica, not a traceback
+that stops the server. The remote servers are real fake instances."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+from conftest import chat_body, free_port, wait_for
+
+CHAT = "/v1/chat/completions"
+
+
+def _connectable(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def remote_servers(fakes):
+    """``start(name) -> port``: a fake instance serving on its own port,
+    as a remote OpenAI-compatible server; all stopped after the test."""
+    procs = []
+
+    def start(name: str) -> int:
+        behaviour = fakes.dir.parent / f"{name}.json"
+        behaviour.write_text('{"tokens": 1}')
+        port = free_port()
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "ggmux.instance", "--fake", "--model", str(behaviour),
+             "--name", name, "--port", str(port)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ))
+        wait_for(lambda: _connectable(port), 20, 0.05, what=f"remote server {name}")
+        return port
+
+    yield start
+    for p in procs:
+        p.stdin.close()
+        p.wait(10)
+
+
+def test_every_url_of_an_upstream_list_is_a_replica_that_serves(serve, tmp_path,
+                                                                remote_servers):
+    a, b = remote_servers("box-a"), remote_servers("box-b")
+    preset = tmp_path / "p.ini"
+    preset.write_text(f"[m]\nupstream = http://127.0.0.1:{a}, http://127.0.0.1:{b}/\n")
+    s = serve("--models-preset", str(preset), "--no-hf-cache", "--proxies", "1")
+    seen = Counter()
+
+    def both() -> bool:
+        st, _, body = s.request("POST", CHAT, chat_body("m"))
+        assert st == 200, body
+        seen["a" if b"[box-a:" in body else "b" if b"[box-b:" in body else "?"] += 1
+        return seen["a"] and seen["b"]
+
+    wait_for(both, 20, 0.02, what="both upstreams serving")
+    assert seen["?"] == 0
+    assert s.models()["m"]["status"]["value"] == "loaded"
+
+
+def test_an_unresolvable_upstream_host_is_a_warning_and_an_unhealthy_replica(
+    serve, fakes, tmp_path
+):
+    fakes.add("local", tokens=1)
+    preset = tmp_path / "p.ini"
+    preset.write_text("[far]\nupstream = http://no-such-host.invalid:8080\n")
+    s = serve("--models-preset", str(preset), "--fake-models-dir", str(fakes), "--no-hf-cache",
+              "--proxies", "1")
+    wait_for(lambda: "cannot resolve host 'no-such-host.invalid'" in s.logs(), 10,
+             what="the warning")
+    st, doc = s.json("POST", CHAT, chat_body("far"))
+    assert st == 503 and doc["error"]["code"] == "upstream_unavailable", doc
+    assert s.request("POST", CHAT, chat_body("local"))[0] == 200  # the rest serves
+    assert s.proc.poll() is None
+    logs = s.logs()
+    assert "Traceback" not in logs
+    assert "WARNING" in logs.split("cannot resolve host")[0].rsplit("\n", 1)[-1]
