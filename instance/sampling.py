@@ -1,0 +1,160 @@
+"""Per-request sampling for the engine: llama.cpp sampler chains, stop
+strings and log-probabilities.
+
+Pure helpers around llama-cpp-python's low-level API; the engine
+(:mod:`ggmux.instance.engine`) owns when they run. Defaults are
+llama-server's (``common/common.h``: temperature 0.8, top_k 40, top_p 0.95,
+min_p 0.05, repeat penalty 1.0 over the last 64 tokens), and the chain's
+order is llama-server's default sampler sequence (penalties, top_k,
+typical_p, top_p, min_p, temperature, then a seeded draw), after the
+logit bias and the grammar.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: a random seed per chain
+
+
+@dataclass(slots=True)
+class Sampling:
+    """Sampling settings of one request (OpenAI's names; llama-server's
+    ``repeat_last_n``). ``temperature <= 0`` is greedy. ``seed`` None draws a
+    random seed; choice ``i`` of an ``n > 1`` request uses ``seed + i`` so
+    that its choices differ yet repeat. ``logit_bias`` maps token id to an
+    additive bias (OpenAI: -100 bans, +100 forces). ``grammar`` is GBNF text
+    (llama.cpp's ``grammars/README.md``) whose start rule is ``grammar_root``.
+    """
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    grammar: str | None = None
+    grammar_root: str = "root"
+
+
+class SamplerError(ValueError):
+    """A sampler chain could not be built (an unparsable grammar); the
+    request is at fault (answered with 400)."""
+
+
+def sampler_chain(llama_cpp, vocab, n_vocab: int, s: Sampling, seed: int) -> int:
+    """A new ``llama_sampler`` chain for ``s`` (a pointer the caller frees
+    with ``llama_sampler_free``). ``seed`` is the seed of the final draw.
+
+    Raises :class:`SamplerError` when the grammar does not parse (llama.cpp
+    logs the parser's reason)."""
+    L = llama_cpp
+    chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+
+    def add(smpl) -> None:
+        L.llama_sampler_chain_add(chain, smpl)
+
+    if s.logit_bias:
+        arr = (L.llama_logit_bias * len(s.logit_bias))()
+        for i, (tok, bias) in enumerate(s.logit_bias.items()):
+            arr[i].token = int(tok)
+            arr[i].bias = float(bias)
+        add(L.llama_sampler_init_logit_bias(n_vocab, len(s.logit_bias), arr))
+    if s.grammar:
+        g = L.llama_sampler_init_grammar(vocab, s.grammar.encode(), s.grammar_root.encode())
+        if not g:
+            L.llama_sampler_free(chain)
+            raise SamplerError("'grammar' could not be parsed as GBNF")
+        add(g)
+    if s.repeat_penalty != 1.0 or s.presence_penalty or s.frequency_penalty:
+        add(L.llama_sampler_init_penalties(s.repeat_last_n, s.repeat_penalty,
+                                           s.frequency_penalty, s.presence_penalty))
+    if s.temperature <= 0:
+        add(L.llama_sampler_init_greedy())
+        return chain
+    if s.top_k > 0:
+        add(L.llama_sampler_init_top_k(s.top_k))
+    if s.typical_p < 1.0:
+        add(L.llama_sampler_init_typical(s.typical_p, 1))
+    if s.top_p < 1.0:
+        add(L.llama_sampler_init_top_p(s.top_p, 1))
+    if s.min_p > 0.0:
+        add(L.llama_sampler_init_min_p(s.min_p, 1))
+    add(L.llama_sampler_init_temp(s.temperature))
+    add(L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+    return chain
+
+
+class StopText:
+    """Text of one choice as it is generated, held back where it could be
+    the start of a stop string (llama-server's partial-stop rule), so a
+    client never sees the beginning of a stop string that then matches.
+
+    ``feed(text)`` -> ``(text to send now, matched)``; after a match the
+    text up to the stop string has been returned and the rest is dropped.
+    ``flush()`` returns what was held back (the choice ended otherwise).
+    """
+
+    __slots__ = ("held", "stops")
+
+    def __init__(self, stops: list[str] | tuple[str, ...]) -> None:
+        self.stops = [s for s in stops if s]
+        self.held = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        if not self.stops:
+            return text, False
+        buf = self.held + text
+        first = -1
+        for s in self.stops:
+            i = buf.find(s)
+            if i >= 0 and (first < 0 or i < first):
+                first = i
+        if first >= 0:
+            self.held = ""
+            return buf[:first], True
+        hold = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(buf)), hold, -1):
+                if buf.endswith(s[:k]):
+                    hold = k
+                    break
+        self.held = buf[len(buf) - hold:] if hold else ""
+        return buf[: len(buf) - hold], False
+
+    def flush(self) -> str:
+        out, self.held = self.held, ""
+        return out
+
+
+def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+    """Log-probability of ``token`` under the model's raw distribution
+    (log-softmax of ``logits``, shape ``[n_vocab]``) and the ``top`` most
+    likely tokens as ``(id, logprob)``, best first (OpenAI's
+    ``top_logprobs``; raw model probabilities, as llama-cpp-python reports)."""
+    m = float(logits.max())
+    lse = m + float(np.log(np.exp(logits - m).sum()))
+    best: list[tuple[int, float]] = []
+    if top > 0:
+        idx = np.argpartition(-logits, min(top, logits.size - 1))[:top]
+        idx = idx[np.argsort(-logits[idx])]
+        best = [(int(i), float(logits[i]) - lse) for i in idx]
+    return float(logits[token]) - lse, best
+
+
+def logits_row(llama_cpp, ctx, i: int, n_vocab: int) -> np.ndarray:
+    """The logits of batch output ``i`` as a numpy view (valid until the
+    next decode)."""
+    ptr = llama_cpp.llama_get_logits_ith(ctx, i)
+    return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
