@@ -28,270 +28,46 @@ here: requests are submitted from other threads (:meth:`Engine.submit`) and
 their events come back through a callback run on the decode thread (keep it
 short and thread-safe, e.g. ``loop.call_soon_threadsafe``).
 
-Events, tuples whose first item names them:
-
-* ``("text", choice, text, logprobs)``: more text of one choice (``logprobs``
-  a list of per-token dicts when asked for, else None);
-* ``("end", choice, finish_reason)``: the choice ended (``stop``, ``length``);
-* ``("embedding", index, vector)``: one input's embedding (list of floats);
-* ``("done", usage, timings)``: the request ended (also after a cancel);
-* ``("error", message)``: the request failed (the engine is stopping, or a
-  decode failed); nothing follows.
+The events a request's consumer gets are listed in :mod:`ggmux.instance.jobs`.
 """
 
 from __future__ import annotations
 
 import codecs
-import ctypes
 import logging
-import os
-import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from .batch import Batch
+from .jobs import (
+    Embedding,
+    EngineAsleep,
+    EngineError,
+    EngineStopped,
+    Generation,
+    InvalidRequest,
+    Job,
+)
+from .model import EngineConfig, ModelContext
 from .sampling import (
-    DEFAULT_SEED,
     SamplerError,
     Sampling,
     StopText,
     logits_row,
+    logprob_entry,
     sampler_chain,
     token_logprobs,
 )
+from .slots import EMBED, GENERATE, IDLE, PROMPT, STATE_NAMES, WAIT, Slot, common_prefix
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "Embedding",
-    "Engine",
-    "EngineAsleep",
-    "EngineConfig",
-    "EngineError",
-    "EngineStopped",
-    "Generation",
-    "InvalidRequest",
-    "Job",
-    "Sampling",
-]
-
-
-class InvalidRequest(ValueError):
-    """The request cannot be served as given (a prompt longer than the
-    context, a bad token id, ``n`` above the slot count, a bad grammar):
-    the client's fault, answered with 400."""
-
-
-class EngineError(RuntimeError):
-    """A request failed inside the engine (``result()`` raises it)."""
-
-
-class EngineAsleep(EngineError):
-    """The weights are freed (``sleep``); answered with 503 until ``wake``."""
-
-
-class EngineStopped(EngineError):
-    """The engine was closed; nothing more is served."""
-
-
-@dataclass(slots=True)
-class EngineConfig:
-    """How the engine loads its model. Names are llama.cpp's (``n_batch``
-    ...) or llama-server's options (``ctx_size`` = ``--ctx-size``: the most
-    tokens one request may hold, prompt and answer; ``parallel`` =
-    ``--parallel``; ``kv_size``: KV cache tokens for all slots together, 0
-    for ``ctx_size x parallel``). ``ctx_size`` 0 takes the model's trained
-    context. ``n_threads`` 0 is every CPU; ``n_threads_batch`` 0 is
-    ``n_threads``. ``embedding`` makes the context an embedding one (pooling
-    from the model: an embedding model)."""
-
-    model_path: str
-    ctx_size: int = 2048
-    parallel: int = 4
-    kv_size: int = 0
-    n_batch: int = 512
-    n_ubatch: int = 512
-    n_threads: int = 0
-    n_threads_batch: int = 0
-    n_gpu_layers: int = 0
-    main_gpu: int = 0
-    use_mmap: bool = True
-    use_mlock: bool = False
-    type_k: int | None = None
-    type_v: int | None = None
-    flash_attn: bool = False
-    rope_freq_base: float = 0.0
-    rope_freq_scale: float = 0.0
-    embedding: bool = False
-    seed: int = DEFAULT_SEED
-    slot_prompt_similarity: float = 0.1
-
-
-@dataclass(slots=True)
-class Generation:
-    """A completion request in tokens. ``max_tokens`` None or <= 0 means
-    up to the context (llama-cpp-python's rule); more than the context
-    allows is cut to it. ``stop`` strings end a choice and are not part of
-    its text. ``logprobs`` None: none; k >= 0: the chosen token's and the k
-    best. ``cache_prompt`` False evaluates the whole prompt again."""
-
-    prompt: list[int]
-    sampling: Sampling = field(default_factory=Sampling)
-    max_tokens: int | None = None
-    stop: list[str] | tuple[str, ...] = ()
-    n: int = 1
-    ignore_eos: bool = False
-    cache_prompt: bool = True
-    logprobs: int | None = None
-    request_id: str = ""
-
-
-@dataclass(slots=True)
-class Embedding:
-    """One embedding per input (token lists, each at most the context)."""
-
-    inputs: list[list[int]]
-    request_id: str = ""
-
-
-# slot states
-IDLE, PROMPT, WAIT, GENERATE, EMBED = range(5)
-STATE_NAMES = ("idle", "prompt", "waiting for prompt", "generating", "embedding")
-
-
-class Job:
-    """A submitted request. ``cancel()`` (any thread) ends it at the next
-    step. Without an ``on_event`` callback its events queue up and
-    ``result()`` gathers them."""
-
-    def __init__(self, engine: Engine, request, on_event: Callable[[tuple], None] | None,
-                 jid: int) -> None:
-        self.id = jid
-        self.request = request
-        self.engine = engine
-        self.cancelled = False
-        self.ended = False
-        self.queue: queue.SimpleQueue | None = None
-        if on_event is None:
-            self.queue = queue.SimpleQueue()
-            on_event = self.queue.put
-        self._on_event = on_event
-        self.samplers: list = []
-        self.slots: list[_Slot] = []
-        self.left = 0
-        self.footprint = 0
-        self.max_gen = 0
-        self.n_cached = 0
-        self.n_decoded = 0
-        self.t_submit = time.monotonic()
-        self.t_start = 0.0
-        self.t_first = 0.0
-
-    def emit(self, event: tuple) -> None:
-        """Hand one event to the consumer (decode thread); a consumer that
-        raises is logged, never allowed to stop the engine."""
-        try:
-            self._on_event(event)
-        except Exception:
-            log.exception("event callback of job %d failed", self.id)
-
-    def cancel(self) -> None:
-        """End the request at the next step; its slots are freed."""
-        self.cancelled = True
-        self.engine._kick()
-
-    def result(self, timeout: float | None = None) -> dict:
-        """Wait for the end and gather the events: ``{"choices": [{"text",
-        "finish_reason", "logprobs"}], "usage", "timings"}`` or, for an
-        embedding request, ``{"embeddings", "usage", "timings"}``. Raises
-        :class:`EngineError` on an ``error`` event, ``queue.Empty`` past
-        ``timeout`` seconds."""
-        assert self.queue is not None, "result() needs a job submitted without on_event"
-        deadline = None if timeout is None else time.monotonic() + timeout
-        n = getattr(self.request, "n", 1)
-        texts = [[] for _ in range(n)]
-        logprobs: list[list] = [[] for _ in range(n)]
-        reasons: list[str | None] = [None] * n
-        embeddings: dict[int, list[float]] = {}
-        while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ev = self.queue.get(timeout=left)
-            kind = ev[0]
-            if kind == "text":
-                texts[ev[1]].append(ev[2])
-                if ev[3]:
-                    logprobs[ev[1]].extend(ev[3])
-            elif kind == "end":
-                reasons[ev[1]] = ev[2]
-            elif kind == "embedding":
-                embeddings[ev[1]] = ev[2]
-            elif kind == "error":
-                raise EngineError(ev[1])
-            elif kind == "done":
-                if isinstance(self.request, Embedding):
-                    return {"embeddings": [embeddings[i] for i in sorted(embeddings)],
-                            "usage": ev[1], "timings": ev[2]}
-                choices = [{"text": "".join(texts[i]), "finish_reason": reasons[i],
-                            "logprobs": logprobs[i] if self.request.logprobs is not None else None}
-                           for i in range(n)]
-                return {"choices": choices, "usage": ev[1], "timings": ev[2]}
-
-
-class _Slot:
-    __slots__ = (
-        "children",
-        "choice",
-        "decoder",
-        "embed_i",
-        "embed_pos",
-        "embed_sum",
-        "i_batch",
-        "id",
-        "job",
-        "n_cached",
-        "n_decoded",
-        "pending",
-        "reserved",
-        "sampler",
-        "state",
-        "stop",
-        "t_used",
-        "tokens",
-    )
-
-    def __init__(self, sid: int) -> None:
-        self.id = sid
-        self.state = IDLE
-        self.tokens: list[int] = []  # tokens whose KV is in sequence `id`, positions 0..
-        self.job: Job | None = None
-        self.choice = 0
-        self.sampler = None
-        self.pending = -1  # sampled, not yet decoded
-        self.i_batch = -1
-        self.n_decoded = 0
-        self.reserved = 0
-        self.decoder = None
-        self.stop: StopText | None = None
-        self.t_used = 0.0
-        self.children: list[_Slot] = []
-        self.embed_i = 0
-        self.embed_pos = 0
-        self.embed_sum = None
-        self.n_cached = 0
-
-
-def _common_prefix(a: list[int], b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(np.asarray(a[:n], np.int32) != b[:n])
-    return int(diff[0]) if diff.size else n
-
+__all__ = ["Embedding", "Engine", "EngineAsleep", "EngineConfig", "EngineError",
+           "EngineStopped", "Generation", "InvalidRequest", "Job", "Sampling"]
 
 class Engine:
     """Continuous batching over ``parallel`` slots of one llama context; see
@@ -305,18 +81,8 @@ class Engine:
         logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # llama.cpp's chatter
         self.L = llama_cpp
         self.cfg = config
-        self.model = None
-        self.ctx = None
-        self.vocab = None
-        self.mem = None
-        self.metadata: dict[str, str] = {}
-        self.n_vocab = 0
-        self.n_embd = 0
-        self.n_ctx = 0  # tokens per request
-        self.kv_size = 0  # KV cells for all slots
-        self.n_swa = 0
-        self.pooled = False
-        self.slots = [_Slot(i) for i in range(max(1, config.parallel))]
+        self.slots = [Slot(i) for i in range(max(1, config.parallel))]
+        self.m = ModelContext(llama_cpp, config, len(self.slots))
         self._cond = threading.Condition()
         self._model_lock = threading.Lock()
         self._inbox: list[Job] = []
@@ -328,12 +94,25 @@ class Engine:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._next_id = 0
-        self._pieces: dict[int, bytes] = {}
         self._batch: Batch | None = None
         self.stats = {"requests_total": 0, "prompt_tokens_total": 0, "prompt_seconds_total": 0.0,
                       "cached_tokens_total": 0, "predicted_tokens_total": 0,
                       "predicted_seconds_total": 0.0, "decode_calls_total": 0,
                       "decode_seconds_total": 0.0, "batch_tokens_total": 0}
+
+    @property
+    def n_ctx(self) -> int:
+        """Tokens one request may hold (prompt and answer)."""
+        return self.m.n_ctx
+
+    @property
+    def kv_size(self) -> int:
+        """KV cache cells for all slots together."""
+        return self.m.kv_size
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        return self.m.metadata
 
     # ---- model life cycle ---------------------------------------------------
     def load(self) -> dict:
@@ -342,99 +121,25 @@ class Engine:
         RuntimeError when llama.cpp cannot load the file or make the context."""
         with self._model_lock:
             self._load()
-            self._asleep = False
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
             self._thread.start()
+        return self.info()
+
+    def info(self) -> dict:
+        """``{"n_ctx", "kv_size", "slots"}`` of the loaded model."""
         return {"n_ctx": self.n_ctx, "kv_size": self.kv_size, "slots": len(self.slots)}
 
     def _load(self) -> None:
-        L, cfg = self.L, self.cfg
-        L.llama_backend_init()
-        mp = L.llama_model_default_params()
-        mp.n_gpu_layers = 0x7FFFFFFF if cfg.n_gpu_layers < 0 else cfg.n_gpu_layers
-        mp.main_gpu = cfg.main_gpu
-        if cfg.use_mmap and cfg.use_mlock:
-            mp.load_mode = L.LLAMA_LOAD_MODE_MMAP_MLOCK
-        elif cfg.use_mlock:
-            mp.load_mode = L.LLAMA_LOAD_MODE_MLOCK
-        else:
-            mp.load_mode = L.LLAMA_LOAD_MODE_MMAP if cfg.use_mmap else L.LLAMA_LOAD_MODE_NONE
-        if not os.path.exists(cfg.model_path):
-            raise RuntimeError(f"model file not found: {cfg.model_path}")
-        model = L.llama_model_load_from_file(cfg.model_path.encode(), mp)
-        if not model:
-            raise RuntimeError(f"llama.cpp could not load {cfg.model_path}")
-        n_ctx = cfg.ctx_size or L.llama_model_n_ctx_train(model)
-        parallel = len(self.slots)
-        kv = cfg.kv_size or n_ctx * parallel
-        cp = L.llama_context_default_params()
-        cp.n_ctx = kv
-        cp.n_batch = max(parallel, min(cfg.n_batch, kv))
-        cp.n_ubatch = max(1, min(cfg.n_ubatch, cp.n_batch))
-        cp.n_seq_max = parallel
-        cp.kv_unified = True  # one cache for all slots: kv_size, not kv_size / parallel each
-        cp.n_outputs_max_per_seq = 0  # embeddings want every token of a sequence
-        threads = cfg.n_threads or os.cpu_count() or 1
-        cp.n_threads = threads
-        cp.n_threads_batch = cfg.n_threads_batch or threads
-        cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if cfg.flash_attn
-                              else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-        if cfg.type_k is not None:
-            cp.type_k = cfg.type_k
-        if cfg.type_v is not None:
-            cp.type_v = cfg.type_v
-        cp.rope_freq_base = cfg.rope_freq_base
-        cp.rope_freq_scale = cfg.rope_freq_scale
-        cp.embeddings = cfg.embedding
-        cp.no_perf = True
-        ctx = L.llama_init_from_model(model, cp)
-        if not ctx:
-            L.llama_model_free(model)
-            raise RuntimeError(f"llama.cpp could not create a context of {kv} tokens")
-        self.model, self.ctx = model, ctx
-        self.vocab = L.llama_model_get_vocab(model)
-        self.mem = L.llama_get_memory(ctx)
-        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
-        self.n_embd = L.llama_model_n_embd(model)
-        self.kv_size = L.llama_n_ctx(ctx)
-        self.n_ctx = min(n_ctx, self.kv_size)
-        self.n_swa = L.llama_model_n_swa(model)
-        self.pooled = L.llama_pooling_type(ctx) not in (L.LLAMA_POOLING_TYPE_NONE,)
-        self.n_batch = cp.n_batch
-        self._batch = Batch(L, cp.n_batch, parallel)
-        self.metadata = self._read_metadata()
-        self._pieces = {}
+        self.m.load()
+        self._batch = Batch(self.L, self.m.n_batch, len(self.slots))
         for s in self.slots:
             s.tokens = []
             s.t_used = 0.0
-
-    def _read_metadata(self) -> dict[str, str]:
-        L, out = self.L, {}
-        buf = ctypes.create_string_buffer(1 << 16)
-        for i in range(L.llama_model_meta_count(self.model)):
-            n = L.llama_model_meta_key_by_index(self.model, i, buf, len(buf))
-            if n < 0:
-                continue
-            key = buf.value.decode("utf-8", "replace")
-            n = L.llama_model_meta_val_str_by_index(self.model, i, buf, len(buf))
-            if n >= len(buf):
-                big = ctypes.create_string_buffer(n + 1)
-                L.llama_model_meta_val_str_by_index(self.model, i, big, len(big))
-                out[key] = big.value.decode("utf-8", "replace")
-            elif n >= 0:
-                out[key] = buf.value.decode("utf-8", "replace")
-        return out
+        self._asleep = False
 
     def _free(self) -> None:
-        L = self.L
-        if self.ctx is not None:
-            L.llama_free(self.ctx)
-            self.ctx = None
-        if self.model is not None:
-            L.llama_model_free(self.model)
-            self.model = None
-        self.vocab = self.mem = None
+        self.m.free()
         for s in self.slots:
             s.tokens = []
 
@@ -455,8 +160,7 @@ class Engine:
         with self._model_lock:
             if self._asleep:
                 self._load()
-                self._asleep = False
-        return {"n_ctx": self.n_ctx, "kv_size": self.kv_size, "slots": len(self.slots)}
+        return self.info()
 
     @property
     def asleep(self) -> bool:
@@ -485,69 +189,37 @@ class Engine:
         tokens). Any thread. Raises EngineAsleep while asleep."""
         with self._model_lock:
             self._check_loaded()
-            return self._tokenize(text.encode("utf-8"), add_special, parse_special)
-
-    def _tokenize(self, raw: bytes, add_special: bool, parse_special: bool) -> list[int]:
-        L = self.L
-        cap = len(raw) + 8
-        buf = (L.llama_token * cap)()
-        n = L.llama_tokenize(self.vocab, raw, len(raw), buf, cap, add_special, parse_special)
-        if n < 0:
-            cap = -n
-            buf = (L.llama_token * cap)()
-            n = L.llama_tokenize(self.vocab, raw, len(raw), buf, cap, add_special, parse_special)
-        return list(buf[:max(0, n)])
+            return self.m.tokenize(text.encode("utf-8"), add_special, parse_special)
 
     def detokenize(self, tokens: list[int], special: bool = True) -> str:
-        """Text of ``tokens`` (ids checked against the vocabulary: InvalidRequest)."""
+        """Text of ``tokens``; InvalidRequest names an id outside the vocabulary."""
         with self._model_lock:
             self._check_loaded()
-            self._check_tokens(tokens, "tokens")
-            return b"".join(self._piece(t, special) for t in tokens).decode("utf-8", "replace")
+            self.m.check_tokens(tokens, "tokens")
+            return b"".join(self.m.piece(t, special) for t in tokens).decode("utf-8", "replace")
 
     def token_text(self, token: int) -> str:
         """The vocabulary's text of one token (``<|im_end|>``), '' for -1."""
-        if token < 0:
-            return ""
         with self._model_lock:
             self._check_loaded()
-            return self.L.llama_vocab_get_text(self.vocab, token).decode("utf-8", "replace")
+            return self.m.token_text(token)
 
     def special_tokens(self) -> dict[str, int]:
         """``{"bos", "eos"}`` token ids (-1 where the model has none)."""
         with self._model_lock:
             self._check_loaded()
-            return {"bos": self.L.llama_vocab_bos(self.vocab), "eos": self.L.llama_vocab_eos(self.vocab)}
+            return {"bos": self.L.llama_vocab_bos(self.m.vocab),
+                    "eos": self.L.llama_vocab_eos(self.m.vocab)}
 
-    def _piece(self, token: int, special: bool = False) -> bytes:
-        key = token if not special else -2 - token
-        p = self._pieces.get(key)
-        if p is None:
-            L = self.L
-            buf = ctypes.create_string_buffer(64)
-            n = L.llama_token_to_piece(self.vocab, token, buf, 64, 0, special)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = L.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
-            p = buf.raw[:max(0, n)]
-            self._pieces[key] = p
-        return p
+    @property
+    def n_vocab(self) -> int:
+        return self.m.n_vocab
 
     def _check_loaded(self) -> None:
         if self._closed or self._close_reason is not None:
             raise EngineStopped("the engine is stopped")
-        if self._asleep or self.model is None:
+        if self._asleep or not self.m.loaded:
             raise EngineAsleep("the model is asleep")
-
-    def _check_tokens(self, tokens, what: str) -> None:
-        if not tokens:
-            return
-        a = np.asarray(tokens)
-        bad = np.flatnonzero((a < 0) | (a >= self.n_vocab))
-        if bad.size:
-            i = int(bad[0])
-            raise InvalidRequest(f"{what}[{i}]: {tokens[i]} is not a token id of this model "
-                                 f"(vocabulary size {self.n_vocab})")
 
     # ---- submission ---------------------------------------------------------
     def submit(self, request: Generation | Embedding,
@@ -557,7 +229,7 @@ class Engine:
         given, EngineAsleep / EngineStopped when nothing is served."""
         with self._model_lock:
             self._check_loaded()
-            job = Job(self, request, on_event, self._next_id)
+            job = Job(request, on_event, self._next_id, self._kick)
             self._next_id += 1
             if isinstance(request, Generation):
                 self._prepare_generation(job, request)
@@ -569,18 +241,18 @@ class Engine:
         return job
 
     def _prepare_generation(self, job: Job, r: Generation) -> None:
-        if self.pooled:
+        if self.m.pooled:
             raise InvalidRequest("this model is loaded for embeddings only")
         if not r.prompt:
             raise InvalidRequest("the prompt is empty")
-        self._check_tokens(r.prompt, "prompt")
+        self.m.check_tokens(r.prompt, "prompt")
         if not isinstance(r.n, int) or not 1 <= r.n <= len(self.slots):
             raise InvalidRequest(f"'n' must be from 1 to {len(self.slots)} (the slot count)")
         room = self.n_ctx - len(r.prompt)
         if room < 1:
             raise InvalidRequest(f"the prompt has {len(r.prompt)} tokens; this model's context "
                                  f"(ctx-size) is {self.n_ctx} tokens per request")
-        self._check_tokens(list(r.sampling.logit_bias), "logit_bias")
+        self.m.check_tokens(list(r.sampling.logit_bias), "logit_bias")
         job.max_gen = room if r.max_tokens is None or r.max_tokens <= 0 else min(r.max_tokens, room)
         job.footprint = len(r.prompt) + job.max_gen
         if job.footprint * r.n > self.kv_size:
@@ -590,7 +262,7 @@ class Engine:
         try:
             for i in range(r.n):
                 s = self.cfg.seed if seed is None else seed + i
-                job.samplers.append(sampler_chain(self.L, self.vocab, self.n_vocab, r.sampling, s))
+                job.samplers.append(sampler_chain(self.L, self.m.vocab, self.m.n_vocab, r.sampling, s))
         except SamplerError as e:
             self._free_samplers(job)
             raise InvalidRequest(str(e)) from None
@@ -605,10 +277,10 @@ class Engine:
             if len(inp) > self.n_ctx:
                 raise InvalidRequest(f"input[{i}] has {len(inp)} tokens; the context (ctx-size) "
                                      f"is {self.n_ctx} tokens")
-            if self.pooled and len(inp) > self.n_batch:
+            if self.m.pooled and len(inp) > self.m.n_batch:
                 raise InvalidRequest(f"input[{i}] has {len(inp)} tokens; this embedding model "
-                                     f"takes at most {self.n_batch} (batch-size)")
-            self._check_tokens(inp, f"input[{i}]")
+                                     f"takes at most {self.m.n_batch} (batch-size)")
+            self.m.check_tokens(inp, f"input[{i}]")
         job.footprint = max(len(x) for x in r.inputs)
         job.left = 1
 
@@ -738,7 +410,7 @@ class Engine:
             self._waiting.popleft()
             self._start(job, chosen)
 
-    def _choose(self, job: Job, idle: list[_Slot], k: int) -> list[_Slot]:
+    def _choose(self, job: Job, idle: list[Slot], k: int) -> list[Slot]:
         r = job.request
         lru = sorted(idle, key=lambda s: s.t_used)
         if not isinstance(r, Generation) or not r.cache_prompt:
@@ -746,19 +418,19 @@ class Engine:
         best, best_n = None, 0
         for s in idle:
             if s.tokens:
-                n = _common_prefix(r.prompt, np.asarray(s.tokens, np.int32))
+                n = common_prefix(r.prompt, np.asarray(s.tokens, np.int32))
                 if n > best_n:
                     best, best_n = s, n
         if best is None or best_n < self.cfg.slot_prompt_similarity * len(r.prompt):
             return lru[:k]
         return [best] + [s for s in lru if s is not best][: k - 1]
 
-    def _clear(self, s: _Slot) -> None:
-        self.L.llama_memory_seq_rm(self.mem, s.id, -1, -1)
+    def _clear(self, s: Slot) -> None:
+        self.L.llama_memory_seq_rm(self.m.mem, s.id, -1, -1)
         s.tokens = []
         s.t_used = 0.0
 
-    def _start(self, job: Job, chosen: list[_Slot]) -> None:
+    def _start(self, job: Job, chosen: list[Slot]) -> None:
         job.t_start = time.monotonic()
         job.slots = chosen
         self.stats["requests_total"] += 1
@@ -774,14 +446,14 @@ class Engine:
         prompt = job.request.prompt
         keep = 0
         if job.request.cache_prompt and first.tokens:
-            keep = min(_common_prefix(prompt, np.asarray(first.tokens, np.int32)), len(prompt) - 1)
-            if keep > 0 and self.n_swa > 0:
+            keep = min(common_prefix(prompt, np.asarray(first.tokens, np.int32)), len(prompt) - 1)
+            if keep > 0 and self.m.n_swa > 0:
                 # the sliding-window cache forgets old positions; without them
                 # the prefix cannot be reused (llama-server's pos_min check)
-                pos_min = self.L.llama_memory_seq_pos_min(self.mem, first.id)
-                if pos_min > max(0, keep - self.n_swa):
+                pos_min = self.L.llama_memory_seq_pos_min(self.m.mem, first.id)
+                if pos_min > max(0, keep - self.m.n_swa):
                     keep = 0
-        if not self.L.llama_memory_seq_rm(self.mem, first.id, keep, -1):
+        if not self.L.llama_memory_seq_rm(self.m.mem, first.id, keep, -1):
             self._clear(first)
             keep = 0
         del first.tokens[keep:]
@@ -797,7 +469,7 @@ class Engine:
         first.state = PROMPT
 
     # -- generation
-    def _plan(self, prompt_budget: int) -> list[tuple[_Slot, int]]:
+    def _plan(self, prompt_budget: int) -> list[tuple[Slot, int]]:
         """Fill the batch: every generating slot's pending token, then prompt
         chunks (oldest request first) up to ``prompt_budget`` tokens.
         Returns ``(slot, tokens added)``; nothing is committed yet."""
@@ -823,7 +495,7 @@ class Engine:
 
     def _decode(self) -> tuple[int, float]:
         t0 = time.perf_counter()
-        ret = self.L.llama_decode(self.ctx, self._batch.ready())
+        ret = self.L.llama_decode(self.m.ctx, self._batch.ready())
         dt = time.perf_counter() - t0
         st = self.stats
         st["decode_calls_total"] += 1
@@ -847,7 +519,7 @@ class Engine:
                 continue
             log.error("llama_decode failed (%d) on a batch of %d tokens", ret, self._batch.n)
             for s, _ in plan:
-                self.L.llama_memory_seq_rm(self.mem, s.id, len(s.tokens), -1)
+                self.L.llama_memory_seq_rm(self.m.mem, s.id, len(s.tokens), -1)
                 if s.job is not None and not s.job.ended:
                     self._fail(s.job, f"decode failed ({ret})")
             return
@@ -868,7 +540,7 @@ class Engine:
             if s.state == PROMPT:
                 s.job.t_first = time.monotonic()
                 for c in s.children:  # n > 1: the other choices share the prompt's cells
-                    self.L.llama_memory_seq_cp(self.mem, s.id, c.id, -1, -1)
+                    self.L.llama_memory_seq_cp(self.m.mem, s.id, c.id, -1, -1)
                     c.tokens = list(s.tokens)
                     c.i_batch = s.i_batch
                 for c in [s, *s.children]:
@@ -877,23 +549,23 @@ class Engine:
             else:
                 self._sample(s)
 
-    def _sample(self, s: _Slot) -> None:
+    def _sample(self, s: Slot) -> None:
         L, job = self.L, s.job
         r = job.request
-        tok = L.llama_sampler_sample(s.sampler, self.ctx, s.i_batch)
+        tok = L.llama_sampler_sample(s.sampler, self.m.ctx, s.i_batch)
         s.n_decoded += 1
         job.n_decoded += 1
         lp = None
         if r.logprobs is not None:
-            row = logits_row(L, self.ctx, s.i_batch, self.n_vocab)
+            row = logits_row(L, self.m.ctx, s.i_batch, self.m.n_vocab)
             own, top = token_logprobs(row, tok, r.logprobs)
-            lp = [self._logprob_entry(tok, own, top)]
-        if not r.ignore_eos and L.llama_vocab_is_eog(self.vocab, tok):
+            lp = [logprob_entry(self.m.piece, tok, own, top)]
+        if not r.ignore_eos and self.m.is_eog(tok):
             if lp:
                 job.emit(("text", s.choice, "", lp))
             self._end_choice(s, "stop")
             return
-        text = s.decoder.decode(self._piece(tok))
+        text = s.decoder.decode(self.m.piece(tok))
         out, matched = s.stop.feed(text)
         if out or lp:
             job.emit(("text", s.choice, out, lp))
@@ -904,21 +576,14 @@ class Engine:
         else:
             s.pending = tok
 
-    def _logprob_entry(self, tok: int, own: float, top: list[tuple[int, float]]) -> dict:
-        def one(t: int, v: float) -> dict:
-            b = self._piece(t)
-            return {"id": t, "token": b.decode("utf-8", "replace"), "bytes": list(b), "logprob": v}
-
-        return {**one(tok, own), "top_logprobs": [one(t, v) for t, v in top]}
-
-    def _end_choice(self, s: _Slot, reason: str, flush: bool = True) -> None:
+    def _end_choice(self, s: Slot, reason: str, flush: bool = True) -> None:
         job = s.job
         if flush:
             tail = s.stop.flush() + s.decoder.decode(b"", True)
             if tail:
                 job.emit(("text", s.choice, tail, None))
         job.emit(("end", s.choice, reason))
-        self._release(s)
+        s.release()
         job.left -= 1
         if job.left == 0:
             self._end_job(job)
@@ -934,18 +599,18 @@ class Engine:
         for s in work:
             inp = s.job.request.inputs[s.embed_i]
             k = min(len(inp) - s.embed_pos, b.room)
-            if k <= 0 or (self.pooled and k < len(inp) - s.embed_pos):
+            if k <= 0 or (self.m.pooled and k < len(inp) - s.embed_pos):
                 continue  # a pooled model needs the whole input in one batch
             b.add_run(inp[s.embed_pos:s.embed_pos + k], s.embed_pos, s.id, "all")
             plan.append((s, b.n - k, k))
         if not plan:
             return
-        L.llama_set_embeddings(self.ctx, True)
+        L.llama_set_embeddings(self.m.ctx, True)
         try:
             ret, _ = self._decode()
         finally:
             if not self.cfg.embedding:
-                L.llama_set_embeddings(self.ctx, False)
+                L.llama_set_embeddings(self.m.ctx, False)
         if ret != 0:
             for s, _, _ in plan:
                 self._fail(s.job, f"embedding decode failed ({ret})")
@@ -954,15 +619,10 @@ class Engine:
             job = s.job
             inputs = job.request.inputs
             s.embed_pos += k
-            if self.pooled:
-                ptr = L.llama_get_embeddings_seq(self.ctx, s.id)
-                vec = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)),
-                                            shape=(self.n_embd,)).astype(np.float64)
+            if self.m.pooled:
+                vec = self.m.sequence_embedding(s.id)
             else:  # a generation model: mean of the tokens' last hidden states
-                ptr = L.llama_get_embeddings(self.ctx)
-                rows = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)),
-                                             shape=(b.n, self.n_embd))
-                part = rows[off:off + k].sum(axis=0, dtype=np.float64)
+                part = self.m.output_embeddings(b.n)[off:off + k].sum(axis=0, dtype=np.float64)
                 s.embed_sum = part if s.embed_sum is None else s.embed_sum + part
                 if s.embed_pos < len(inputs[s.embed_i]):
                     continue
@@ -970,25 +630,15 @@ class Engine:
             norm = float(np.linalg.norm(vec)) or 1.0
             job.emit(("embedding", s.embed_i, (vec / norm).tolist()))
             job.n_decoded += len(inputs[s.embed_i])
-            self.L.llama_memory_seq_rm(self.mem, s.id, -1, -1)
+            self.L.llama_memory_seq_rm(self.m.mem, s.id, -1, -1)
             s.embed_i, s.embed_pos, s.embed_sum = s.embed_i + 1, 0, None
             if s.embed_i == len(inputs):
-                self._release(s)
+                s.release()
                 s.tokens = []
                 job.left = 0
                 self._end_job(job)
 
     # -- ends
-    def _release(self, s: _Slot) -> None:
-        s.state = IDLE
-        s.job = None
-        s.sampler = None
-        s.reserved = 0
-        s.pending = -1
-        s.i_batch = -1
-        s.children = []
-        s.t_used = time.monotonic()
-
     def _free_samplers(self, job: Job) -> None:
         for smpl in job.samplers:
             self.L.llama_sampler_free(smpl)
@@ -1001,37 +651,16 @@ class Engine:
             if s.job is job:
                 if s.state == EMBED:
                     self._clear(s)
-                self._release(s)
+                s.release()
         job.ended = True
         self._free_samplers(job)
-        now = time.monotonic()
-        r = job.request
+        usage, timings = job.usage(), job.timings(time.monotonic())
         st = self.stats
-        if isinstance(r, Embedding):
-            n_prompt = sum(len(x) for x in r.inputs)
-            usage = {"prompt_tokens": n_prompt, "total_tokens": n_prompt}
-            timings = {"queue_ms": _ms(job.t_start - job.t_submit) if job.t_start else None,
-                       "prompt_n": job.n_decoded, "prompt_ms": _ms(now - job.t_start) if job.t_start else 0}
-            st["prompt_tokens_total"] += job.n_decoded
-            st["prompt_seconds_total"] += (now - job.t_start) if job.t_start else 0.0
-        else:
-            n_prompt = len(r.prompt)
-            usage = {"prompt_tokens": n_prompt, "completion_tokens": job.n_decoded,
-                     "total_tokens": n_prompt + job.n_decoded,
-                     "prompt_tokens_details": {"cached_tokens": job.n_cached}}
-            t_first = job.t_first or now
-            prompt_s = (t_first - job.t_start) if job.t_start else 0.0
-            gen_s = (now - t_first) if job.t_first else 0.0
-            timings = {"queue_ms": _ms(job.t_start - job.t_submit) if job.t_start else None,
-                       "cache_n": job.n_cached, "prompt_n": n_prompt - job.n_cached if job.t_first else 0,
-                       "prompt_ms": _ms(prompt_s), "predicted_n": job.n_decoded,
-                       "predicted_ms": _ms(gen_s)}
-            if job.t_first:
-                st["prompt_tokens_total"] += n_prompt - job.n_cached
-                st["prompt_seconds_total"] += prompt_s
-                st["cached_tokens_total"] += job.n_cached
-            st["predicted_tokens_total"] += job.n_decoded
-            st["predicted_seconds_total"] += gen_s
+        st["prompt_tokens_total"] += timings["prompt_n"]
+        st["prompt_seconds_total"] += timings["prompt_ms"] / 1000.0
+        st["cached_tokens_total"] += timings.get("cache_n", 0)
+        st["predicted_tokens_total"] += timings.get("predicted_n", 0)
+        st["predicted_seconds_total"] += timings.get("predicted_ms", 0.0) / 1000.0
         if cancelled:
             timings["cancelled"] = True
         job.emit(("done", usage, timings))
@@ -1039,11 +668,8 @@ class Engine:
     def _fail(self, job: Job, message: str) -> None:
         for s in job.slots:
             if s.job is job:
-                self._release(s)
+                s.release()
         job.ended = True
         self._free_samplers(job)
         job.emit(("error", message))
 
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000.0, 3)

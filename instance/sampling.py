@@ -153,6 +153,16 @@ def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, lis
     return float(logits[token]) - lse, best
 
 
+def logprob_entry(piece, tok: int, own: float, top: list[tuple[int, float]]) -> dict:
+    """One token's OpenAI-style logprob record (``id``, ``token``, ``bytes``,
+    ``logprob``, ``top_logprobs``); ``piece(id)`` gives a token's bytes."""
+    def one(t: int, v: float) -> dict:
+        b = piece(t)
+        return {"id": t, "token": b.decode("utf-8", "replace"), "bytes": list(b), "logprob": v}
+
+    return {**one(tok, own), "top_logprobs": [one(t, v) for t, v in top]}
+
+
 def logits_row(llama_cpp, ctx, i: int, n_vocab: int) -> np.ndarray:
     """The logits of batch output ``i`` as a numpy view (valid until the
     next decode)."""

@@ -1,0 +1,188 @@
+"""Requests to the engine and the handle of a submitted one.
+
+:class:`Generation` and :class:`Embedding` are what the HTTP side builds
+from a request body (in tokens); :meth:`Engine.submit
+<ggmux.instance.engine.Engine.submit>` returns a :class:`Job`, whose events
+(below) go to a callback or queue up for
+:meth:`Job.result`. No llama.cpp here.
+
+Events, tuples whose first item names them:
+
+* ``("text", choice, text, logprobs)``: more text of one choice (``logprobs``
+  a list of per-token dicts when asked for, else None);
+* ``("end", choice, finish_reason)``: the choice ended (``stop``, ``length``);
+* ``("embedding", index, vector)``: one input's embedding (list of floats);
+* ``("done", usage, timings)``: the request ended (also after a cancel);
+* ``("error", message)``: the request failed (the engine is stopping, or a
+  decode failed); nothing follows.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .sampling import Sampling
+
+log = logging.getLogger(__name__)
+
+
+class InvalidRequest(ValueError):
+    """The request cannot be served as given (a prompt longer than the
+    context, a bad token id, ``n`` above the slot count, a bad grammar):
+    the client's fault, answered with 400."""
+
+
+class EngineError(RuntimeError):
+    """A request failed inside the engine (``result()`` raises it)."""
+
+
+class EngineAsleep(EngineError):
+    """The weights are freed (``sleep``); answered with 503 until ``wake``."""
+
+
+class EngineStopped(EngineError):
+    """The engine was closed; nothing more is served."""
+
+
+@dataclass(slots=True)
+class Generation:
+    """A completion request in tokens. ``max_tokens`` None or <= 0 means
+    up to the context (llama-cpp-python's rule); more than the context
+    allows is cut to it. ``stop`` strings end a choice and are not part of
+    its text. ``logprobs`` None: none; k >= 0: the chosen token's and the k
+    best. ``cache_prompt`` False evaluates the whole prompt again."""
+
+    prompt: list[int]
+    sampling: Sampling = field(default_factory=Sampling)
+    max_tokens: int | None = None
+    stop: list[str] | tuple[str, ...] = ()
+    n: int = 1
+    ignore_eos: bool = False
+    cache_prompt: bool = True
+    logprobs: int | None = None
+    request_id: str = ""
+
+
+@dataclass(slots=True)
+class Embedding:
+    """One embedding per input (token lists, each at most the context)."""
+
+    inputs: list[list[int]]
+    request_id: str = ""
+
+
+class Job:
+    """A submitted request. ``cancel()`` (any thread) ends it at the next
+    step. Without an ``on_event`` callback its events queue up and
+    ``result()`` gathers them."""
+
+    def __init__(self, request, on_event: Callable[[tuple], None] | None, jid: int,
+                 kick: Callable[[], None]) -> None:
+        self.id = jid
+        self.request = request
+        self._kick = kick
+        self.cancelled = False
+        self.ended = False
+        self.queue: queue.SimpleQueue | None = None
+        if on_event is None:
+            self.queue = queue.SimpleQueue()
+            on_event = self.queue.put
+        self._on_event = on_event
+        self.samplers: list = []
+        self.slots: list = []  # the engine's slots serving it
+        self.left = 0
+        self.footprint = 0
+        self.max_gen = 0
+        self.n_cached = 0
+        self.n_decoded = 0
+        self.t_submit = time.monotonic()
+        self.t_start = 0.0
+        self.t_first = 0.0
+
+    def emit(self, event: tuple) -> None:
+        """Hand one event to the consumer (decode thread); a consumer that
+        raises is logged, never allowed to stop the engine."""
+        try:
+            self._on_event(event)
+        except Exception:
+            log.exception("event callback of job %d failed", self.id)
+
+    def cancel(self) -> None:
+        """End the request at the next step; its slots are freed."""
+        self.cancelled = True
+        self._kick()
+
+    def result(self, timeout: float | None = None) -> dict:
+        """Wait for the end and gather the events: ``{"choices": [{"text",
+        "finish_reason", "logprobs"}], "usage", "timings"}`` or, for an
+        embedding request, ``{"embeddings", "usage", "timings"}``. Raises
+        :class:`EngineError` on an ``error`` event, ``queue.Empty`` past
+        ``timeout`` seconds."""
+        assert self.queue is not None, "result() needs a job submitted without on_event"
+        deadline = None if timeout is None else time.monotonic() + timeout
+        n = getattr(self.request, "n", 1)
+        texts = [[] for _ in range(n)]
+        logprobs: list[list] = [[] for _ in range(n)]
+        reasons: list[str | None] = [None] * n
+        embeddings: dict[int, list[float]] = {}
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ev = self.queue.get(timeout=left)
+            kind = ev[0]
+            if kind == "text":
+                texts[ev[1]].append(ev[2])
+                if ev[3]:
+                    logprobs[ev[1]].extend(ev[3])
+            elif kind == "end":
+                reasons[ev[1]] = ev[2]
+            elif kind == "embedding":
+                embeddings[ev[1]] = ev[2]
+            elif kind == "error":
+                raise EngineError(ev[1])
+            elif kind == "done":
+                if isinstance(self.request, Embedding):
+                    return {"embeddings": [embeddings[i] for i in sorted(embeddings)],
+                            "usage": ev[1], "timings": ev[2]}
+                choices = [{"text": "".join(texts[i]), "finish_reason": reasons[i],
+                            "logprobs": logprobs[i] if self.request.logprobs is not None else None}
+                           for i in range(n)]
+                return {"choices": choices, "usage": ev[1], "timings": ev[2]}
+
+    def usage(self) -> dict:
+        """OpenAI's ``usage`` (``prompt_tokens_details.cached_tokens``: prompt
+        tokens reused from the slot's cache)."""
+        r = self.request
+        if isinstance(r, Embedding):
+            n = sum(len(x) for x in r.inputs)
+            return {"prompt_tokens": n, "total_tokens": n}
+        n = len(r.prompt)
+        return {"prompt_tokens": n, "completion_tokens": self.n_decoded,
+                "total_tokens": n + self.n_decoded,
+                "prompt_tokens_details": {"cached_tokens": self.n_cached}}
+
+    def timings(self, now: float) -> dict:
+        """llama-server's ``timings`` (milliseconds): ``queue_ms`` (waiting
+        for a slot or KV), ``prompt_n``/``prompt_ms`` (prompt tokens
+        evaluated, time to the first token), ``cache_n``,
+        ``predicted_n``/``predicted_ms`` (tokens generated, time after the
+        first)."""
+        started = self.t_start > 0
+        out = {"queue_ms": _ms((self.t_start if started else now) - self.t_submit)}
+        if isinstance(self.request, Embedding):
+            out.update(prompt_n=self.n_decoded, prompt_ms=_ms(now - self.t_start) if started else 0.0)
+            return out
+        first = self.t_first > 0
+        out.update(cache_n=self.n_cached,
+                   prompt_n=len(self.request.prompt) - self.n_cached if first else 0,
+                   prompt_ms=_ms((self.t_first if first else now) - self.t_start) if started else 0.0,
+                   predicted_n=self.n_decoded,
+                   predicted_ms=_ms(now - self.t_first) if first else 0.0)
+        return out
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 3)

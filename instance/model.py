@@ -1,0 +1,234 @@
+"""The weights, the llama context and the vocabulary the engine runs on.
+
+:class:`ModelContext` loads a GGUF file with llama-cpp-python's low-level
+API into a context made for parallel slots (``n_seq_max`` = slots, one
+unified KV cache of ``kv_size`` cells), and answers the vocabulary's
+questions (tokens, pieces, metadata). It is not thread-safe by itself: the
+engine serialises ``load``/``free`` against the other calls.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .jobs import InvalidRequest
+from .sampling import DEFAULT_SEED
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """How the engine loads its model. Names are llama.cpp's (``n_batch``
+    ...) or llama-server's options (``ctx_size`` = ``--ctx-size``: the most
+    tokens one request may hold, prompt and answer; ``parallel`` =
+    ``--parallel``; ``kv_size``: KV cache tokens for all slots together, 0
+    for ``ctx_size x parallel``). ``ctx_size`` 0 takes the model's trained
+    context. ``n_threads`` 0 is every CPU; ``n_threads_batch`` 0 is
+    ``n_threads``. ``embedding`` makes the context an embedding one (pooling
+    from the model: an embedding model). ``seed`` is the draw's seed for
+    requests that give none (default: random). ``slot_prompt_similarity``:
+    the share of a prompt a slot's cache must match to be chosen for it
+    (llama-server's ``--slot-prompt-similarity``, 0.1)."""
+
+    model_path: str
+    ctx_size: int = 2048
+    parallel: int = 4
+    kv_size: int = 0
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_threads: int = 0
+    n_threads_batch: int = 0
+    n_gpu_layers: int = 0
+    main_gpu: int = 0
+    use_mmap: bool = True
+    use_mlock: bool = False
+    type_k: int | None = None
+    type_v: int | None = None
+    flash_attn: bool = False
+    rope_freq_base: float = 0.0
+    rope_freq_scale: float = 0.0
+    embedding: bool = False
+    seed: int = DEFAULT_SEED
+    slot_prompt_similarity: float = 0.1
+
+
+class ModelContext:
+    """One loaded model and its context. After :meth:`load`: ``ctx``,
+    ``vocab``, ``mem`` (llama pointers), ``n_vocab``, ``n_embd``, ``n_ctx``
+    (tokens per request: ``min(ctx_size, kv_size)``), ``kv_size`` (cells
+    llama.cpp gave the cache), ``n_batch``, ``n_swa`` (sliding window, 0 for
+    none), ``pooled`` (an embedding model's pooling is on), ``metadata``
+    (GGUF key -> string)."""
+
+    def __init__(self, llama_cpp, config: EngineConfig, n_seq: int) -> None:
+        self.L = llama_cpp
+        self.cfg = config
+        self.n_seq = n_seq
+        self.model = self.ctx = self.vocab = self.mem = None
+        self.n_vocab = self.n_embd = self.n_ctx = self.kv_size = self.n_batch = self.n_swa = 0
+        self.pooled = False
+        self.metadata: dict[str, str] = {}
+        self._pieces: dict[int, bytes] = {}
+
+    @property
+    def loaded(self) -> bool:
+        return self.ctx is not None
+
+    def load(self) -> None:
+        """Load the weights and make the context. Raises RuntimeError when
+        llama.cpp cannot (missing file, bad GGUF, no memory for the KV)."""
+        L, cfg = self.L, self.cfg
+        L.llama_backend_init()
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = 0x7FFFFFFF if cfg.n_gpu_layers < 0 else cfg.n_gpu_layers
+        mp.main_gpu = cfg.main_gpu
+        if cfg.use_mmap and cfg.use_mlock:
+            mp.load_mode = L.LLAMA_LOAD_MODE_MMAP_MLOCK
+        elif cfg.use_mlock:
+            mp.load_mode = L.LLAMA_LOAD_MODE_MLOCK
+        else:
+            mp.load_mode = L.LLAMA_LOAD_MODE_MMAP if cfg.use_mmap else L.LLAMA_LOAD_MODE_NONE
+        if not os.path.exists(cfg.model_path):
+            raise RuntimeError(f"model file not found: {cfg.model_path}")
+        model = L.llama_model_load_from_file(cfg.model_path.encode(), mp)
+        if not model:
+            raise RuntimeError(f"llama.cpp could not load {cfg.model_path}")
+        n_ctx = cfg.ctx_size or L.llama_model_n_ctx_train(model)
+        kv = cfg.kv_size or n_ctx * self.n_seq
+        cp = L.llama_context_default_params()
+        cp.n_ctx = kv
+        cp.n_batch = max(self.n_seq, min(cfg.n_batch, kv))
+        cp.n_ubatch = max(1, min(cfg.n_ubatch, cp.n_batch))
+        cp.n_seq_max = self.n_seq
+        cp.kv_unified = True  # one cache for all slots: kv_size, not kv_size / slots each
+        cp.n_outputs_max_per_seq = 0  # embeddings want every token of a sequence
+        threads = cfg.n_threads or os.cpu_count() or 1
+        cp.n_threads = threads
+        cp.n_threads_batch = cfg.n_threads_batch or threads
+        cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if cfg.flash_attn
+                              else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        if cfg.type_k is not None:
+            cp.type_k = cfg.type_k
+        if cfg.type_v is not None:
+            cp.type_v = cfg.type_v
+        cp.rope_freq_base = cfg.rope_freq_base
+        cp.rope_freq_scale = cfg.rope_freq_scale
+        cp.embeddings = cfg.embedding
+        cp.no_perf = True
+        ctx = L.llama_init_from_model(model, cp)
+        if not ctx:
+            L.llama_model_free(model)
+            raise RuntimeError(f"llama.cpp could not create a context of {kv} tokens")
+        self.model, self.ctx = model, ctx
+        self.vocab = L.llama_model_get_vocab(model)
+        self.mem = L.llama_get_memory(ctx)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self.n_embd = L.llama_model_n_embd(model)
+        self.kv_size = L.llama_n_ctx(ctx)
+        self.n_ctx = min(n_ctx, self.kv_size)
+        self.n_batch = cp.n_batch
+        self.n_swa = L.llama_model_n_swa(model)
+        self.pooled = L.llama_pooling_type(ctx) != L.LLAMA_POOLING_TYPE_NONE
+        self.metadata = self._read_metadata()
+        self._pieces = {}
+        log.info("loaded %s: %d slots, %d tokens per request, KV cache %d tokens",
+                 os.path.basename(cfg.model_path), self.n_seq, self.n_ctx, self.kv_size)
+
+    def free(self) -> None:
+        """Free the context and the weights (idempotent)."""
+        if self.ctx is not None:
+            self.L.llama_free(self.ctx)
+            self.ctx = None
+        if self.model is not None:
+            self.L.llama_model_free(self.model)
+            self.model = None
+        self.vocab = self.mem = None
+
+    def _read_metadata(self) -> dict[str, str]:
+        L, out = self.L, {}
+        buf = ctypes.create_string_buffer(1 << 16)
+        for i in range(L.llama_model_meta_count(self.model)):
+            if L.llama_model_meta_key_by_index(self.model, i, buf, len(buf)) < 0:
+                continue
+            key = buf.value.decode("utf-8", "replace")
+            n = L.llama_model_meta_val_str_by_index(self.model, i, buf, len(buf))
+            if n >= len(buf):  # a long value (a chat template, a token list)
+                big = ctypes.create_string_buffer(n + 1)
+                L.llama_model_meta_val_str_by_index(self.model, i, big, len(big))
+                out[key] = big.value.decode("utf-8", "replace")
+            elif n >= 0:
+                out[key] = buf.value.decode("utf-8", "replace")
+        return out
+
+    # ---- outputs ------------------------------------------------------------
+    def output_embeddings(self, n_outputs: int) -> np.ndarray:
+        """The last decode's per-token embeddings, ``[n_outputs, n_embd]``
+        float32 (a view, valid until the next decode)."""
+        ptr = self.L.llama_get_embeddings(self.ctx)
+        return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)),
+                                     shape=(n_outputs, self.n_embd))
+
+    def sequence_embedding(self, seq: int) -> np.ndarray:
+        """The pooled embedding of sequence ``seq`` after the last decode
+        (an embedding model's pooling), ``[n_embd]`` float64."""
+        ptr = self.L.llama_get_embeddings_seq(self.ctx, seq)
+        return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)),
+                                     shape=(self.n_embd,)).astype(np.float64)
+
+    # ---- vocabulary ---------------------------------------------------------
+    def tokenize(self, raw: bytes, add_special: bool, parse_special: bool) -> list[int]:
+        """Token ids of UTF-8 ``raw``."""
+        L = self.L
+        cap = len(raw) + 8
+        buf = (L.llama_token * cap)()
+        n = L.llama_tokenize(self.vocab, raw, len(raw), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (L.llama_token * cap)()
+            n = L.llama_tokenize(self.vocab, raw, len(raw), buf, cap, add_special, parse_special)
+        return list(buf[:max(0, n)])
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes ``token`` stands for (``special``: control tokens as
+        their text, else as nothing, llama-server's output rule). Cached."""
+        key = token if not special else -2 - token
+        p = self._pieces.get(key)
+        if p is None:
+            L = self.L
+            buf = ctypes.create_string_buffer(64)
+            n = L.llama_token_to_piece(self.vocab, token, buf, 64, 0, special)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = L.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+            p = buf.raw[:max(0, n)]
+            self._pieces[key] = p
+        return p
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary's text of one token (``<|im_end|>``), '' for -1."""
+        if token < 0:
+            return ""
+        return self.L.llama_vocab_get_text(self.vocab, token).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self.L.llama_vocab_is_eog(self.vocab, token))
+
+    def check_tokens(self, tokens, what: str) -> None:
+        """Raise InvalidRequest naming the first id outside the vocabulary
+        (llama.cpp aborts the process on one: the hardening issue)."""
+        if not len(tokens):
+            return
+        a = np.asarray(tokens)
+        if a.dtype.kind not in "iu":
+            raise InvalidRequest(f"{what} must be token ids (integers)")
+        bad = np.flatnonzero((a < 0) | (a >= self.n_vocab))
+        if bad.size:
+            i = int(bad[0])
+            raise InvalidRequest(f"{what}[{i}]: {tokens[i]} is not a token id of this model "
+                                 f"(vocabulary size {self.n_vocab})")
