@@ -56,6 +56,7 @@ class EngineConfig:
     embedding: bool = False
     seed: int = DEFAULT_SEED
     slot_prompt_similarity: float = 0.1
+    kv_unified: bool = True
 
 
 class ModelContext:
@@ -106,7 +107,7 @@ class ModelContext:
         cp.n_batch = max(self.n_seq, min(cfg.n_batch, kv))
         cp.n_ubatch = max(1, min(cfg.n_ubatch, cp.n_batch))
         cp.n_seq_max = self.n_seq
-        cp.kv_unified = True  # one cache for all slots: kv_size, not kv_size / slots each
+        cp.kv_unified = cfg.kv_unified  # one cache for all slots, not kv_size / slots each
         cp.n_outputs_max_per_seq = 0  # embeddings want every token of a sequence
         threads = cfg.n_threads or os.cpu_count() or 1
         cp.n_threads = threads

