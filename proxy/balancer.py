@@ -25,8 +25,11 @@ A model may have several ready replicas. Per request the proxy builds one
    counts as the baseline, so a fresh replica is tried), and ``a`` is
    :attr:`BalancerConfig.ttft_share`. ``(in_flight + 1) * ttft`` estimates
    a new request's wait at a replica that serves one request at a time
-   (llama-cpp-python, ``llama-server --parallel 1``); ``a < 1`` softens the
-   latency term because the EWMA lags and already contains queueing.
+   (``llama-server --parallel 1``); ``in_flight`` counts relative to the
+   replica's ``slots`` (requests it batches at once, issue 12), so a replica
+   with free slots beats one whose slots are all busy and two replicas of a
+   model fill evenly; ``a < 1`` softens the latency term because the EWMA
+   lags and already contains queueing.
    Near-ties (within :attr:`BalancerConfig.tie_tolerance`) are broken at
    random, and with more than :attr:`BalancerConfig.p2c_above` of them by
    the power of two choices, so proxies sharing one view do not herd onto
@@ -111,7 +114,8 @@ class Candidate:
     ``incarnation``: spawn id (counters of another incarnation are stale);
     ``weight``: relative share within its tier (``R_WEIGHT / 1000``, > 0);
     ``priority``: tier, lower serves first; ``max_concurrency``: requests in
-    flight it accepts, 0 = unlimited; ``in_flight``: requests forwarded to it
+    flight it accepts, 0 = unlimited; ``slots``: requests it serves at once
+    (``R_SLOTS``, at least 1); ``in_flight``: requests forwarded to it
     and not finished, summed over all proxies; ``ttft_ewma_us``: TTFT EWMA in
     microseconds combined over proxies, 0 = unknown; ``circuit``:
     :class:`~ggmux.shm.layout.CircuitState` in this proxy's counters row;
@@ -129,6 +133,7 @@ class Candidate:
     ttft_ewma_us: float = 0.0
     circuit: int = CLOSED
     circuit_until_ns: int = 0
+    slots: int = 1
 
 
 # ---- circuit breaker ---------------------------------------------------------
@@ -324,7 +329,7 @@ def choose(
     for c in tier:
         t = c.ttft_ewma_us
         lat = a * t / base + (1.0 - a) if t > 0 else 1.0
-        s = c.weight / ((c.in_flight + 1) * lat)
+        s = c.weight / ((c.in_flight / c.slots + 1) * lat)
         scores.append(s)
     top = max(scores)
     cut = top * (1.0 - config.tie_tolerance)
@@ -464,6 +469,7 @@ def candidates_from_shm(
                 t_sum / n_sum if n_sum and used >= forget_before else 0.0,
                 own[L.C_CIRCUIT] if live else CLOSED,
                 own[L.C_CIRCUIT_UNTIL_NS] if live else 0,
+                max(1, r[L.R_SLOTS]),
             )
         )
     return out

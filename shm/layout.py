@@ -69,6 +69,7 @@ R_READY_NS = 7
 R_WEIGHT = 8  # x1000
 R_PRIORITY = 9
 R_MAX_CONCURRENCY = 10  # 0 = unlimited
+R_SLOTS = 11  # requests the replica serves at once (its `ready` line's slots); 0 = unknown: 1
 R_WORDS = 16
 
 # ---- counters: [proxy, replica, word], each [proxy] row written by that proxy

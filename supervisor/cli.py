@@ -160,6 +160,13 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     s.add_argument("--ctx-size", "-c", type=int, default=None,
                    help="context size, tokens, 0 = the model's; not given: "
                         f"{_DEFAULTS.ctx_size} under every preset, given: over every preset")
+    s.add_argument("--parallel", "-np", type=int, default=None,
+                   help="slots of each built-in instance (requests served at once, batched); "
+                        "not given: 4 under every preset, given: over every preset")
+    s.add_argument("--kv-size", type=int, default=None,
+                   help="KV cache tokens of each built-in instance for all its slots, 0 = "
+                        "ctx-size x parallel; not given: 0 under every preset, given: over "
+                        "every preset")
     s.add_argument("--threads", "-t", type=int, default=None,
                    help="generation threads per instance; not given: the backend's default "
                         "under every preset, given: over every preset")
@@ -266,7 +273,8 @@ def build_registry(args: argparse.Namespace) -> Registry:
         entries = demo_models()
     preset = load_preset(args.models_preset) if args.models_preset else None
     given = {"ctx-size": args.ctx_size, "threads": args.threads,
-             "n-gpu-layers": args.n_gpu_layers, "stop-timeout": args.stop_timeout}
+             "n-gpu-layers": args.n_gpu_layers, "stop-timeout": args.stop_timeout,
+             "parallel": args.parallel, "kv-size": args.kv_size}
     cli = command_line_layer({k: v for k, v in given.items() if v is not None})
     ttl = getattr(args, "ttl", None)
     defaults = command_line_layer({"ttl": ttl} if ttl is not None else {})

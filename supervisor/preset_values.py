@@ -197,6 +197,7 @@ FIELDS: dict[str, Callable[[str], object]] = {
     "weight": _float(positive=True),
     "priority": _int(),
     "max-concurrency": _int(0),
+    "kv-size": _int(0),
     "cmd": _text,
     "cmd-stop": _text,
     "env": _env,

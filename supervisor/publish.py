@@ -95,7 +95,7 @@ class Publisher:
                 L.R_PID: r.child.pid, L.R_INCARNATION: r.incarnation,
                 L.R_STARTED_NS: r.started_ns, L.R_READY_NS: r.ready_ns,
                 L.R_WEIGHT: round(entry.weight * 1000), L.R_PRIORITY: entry.priority,
-                L.R_MAX_CONCURRENCY: entry.max_concurrency,
+                L.R_MAX_CONCURRENCY: entry.max_concurrency, L.R_SLOTS: r.slots,
             })
         healthy_remote = {rm.model for rm in st.remotes.values() if rm.healthy}
         for i, m in enumerate(st.models):

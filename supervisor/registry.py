@@ -60,6 +60,8 @@ class ModelEntry:
     ``replicas`` instances to run; ``weight`` relative share of requests
     within a priority tier; ``priority`` tier, lowest served first;
     ``max_concurrency`` requests in flight per replica (0: unlimited);
+    ``kv_size`` KV cache tokens of a built-in instance for all its slots
+    (0: ``ctx_size`` x its ``--parallel`` slots);
     ``cmd`` command line for kind ``cmd`` (``${PORT}`` substituted at
     spawn); ``cmd_stop`` command that stops it (llama-swap ``cmdStop``);
     ``env`` extra environment of the instance; ``check_endpoint`` path
@@ -92,6 +94,7 @@ class ModelEntry:
     weight: float = 1.0
     priority: int = 0
     max_concurrency: int = 0
+    kv_size: int = 0
     cmd: str | None = None
     cmd_stop: str | None = None
     env: dict[str, str] = field(default_factory=dict)
@@ -150,6 +153,8 @@ class ModelEntry:
             except ValueError:
                 return [self.cmd or ""]
         a = ["--model", self.path, "--ctx-size", str(self.ctx_size)]
+        if self.kv_size:
+            a += ["--kv-size", str(self.kv_size)]
         if self.threads:
             a += ["--threads", str(self.threads)]
         if self.n_gpu_layers:
@@ -651,6 +656,8 @@ def instance_argv(entry: ModelEntry, fd: int, python: str) -> list[str]:
         argv += ["--threads", str(entry.threads)]
     if entry.n_gpu_layers:
         argv += ["--n-gpu-layers", str(entry.n_gpu_layers)]
+    if entry.kv_size:
+        argv += ["--kv-size", str(entry.kv_size)]
     if entry.kind == "fake":
         argv.append("--fake")
     if entry.mmproj:

@@ -94,6 +94,8 @@ class Replicas:
             rep.ready_ns = now
             rep.progress = 1.0
             rep.sleep_sent = rep.wake_sent = False
+            slots = msg.get("slots")
+            rep.slots = slots if isinstance(slots, int) and slots > 0 else 0
             eff = _amounts(msg.get("effective"))
             if sum(eff.values()) > 0:
                 rep.held = eff

@@ -57,6 +57,7 @@ class Replica:
     probe_interval: float = 0.0
     next_probe_ns: int = 0
     kill_at_ns: int = 0  # cmd instances: SIGKILL after this (stop-timeout after SIGTERM)
+    slots: int = 0  # parallel slots, from the `ready` line (0: unknown)
 
 
 @dataclass(slots=True)

@@ -109,6 +109,17 @@ def test_score_prefers_fewer_in_flight():
     assert pick([cand(0, in_flight=3), cand(1, in_flight=1), cand(2, in_flight=2)]) == 1
 
 
+def test_in_flight_counts_relative_to_slots():
+    """Issue 12: a replica with free slots beats one whose slots are busy,
+    and a closed loop fills replicas in proportion to their slots."""
+    assert pick([cand(0, in_flight=1, slots=1), cand(1, in_flight=2, slots=4)]) == 1
+    cands = [cand(0, slots=4), cand(1, slots=1)]
+    for _ in range(5):  # five requests that stay in flight
+        c = next(c for c in cands if c.slot == pick(cands))
+        c.in_flight += 1
+    assert [c.in_flight for c in cands] == [4, 1]
+
+
 def test_score_prefers_lower_ttft():
     cands = [
         cand(0, ttft_ewma_us=300_000.0),
@@ -490,6 +501,9 @@ def test_candidates_are_the_ready_replicas_of_the_model():
         4,
     )
     assert cs[1].weight == 1.0  # unset weight reads as 1
+    assert cs[0].slots == 1  # unknown slots read as one
+    rows[4, L.R_SLOTS] = 4
+    assert candidates_from_shm(rows, counters, 1, 0)[1].slots == 4
     assert candidates_from_shm(rows, counters, 7, 0) == []
 
 
