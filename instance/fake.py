@@ -13,7 +13,10 @@ tokens per answer unless the request's ``max_tokens`` is smaller;
 ``mem_bytes`` (0) effective host memory reported when ready; ``min_bytes``
 / ``max_bytes`` memory reported by ``--measure``, after ``measure_s`` (0); ``fail_requests`` (bool)
 answer requests with an error (so does the existence of a file
-``BEHAVIOUR.json.fail-<pid>``, which lets a test break and mend one replica).
+``BEHAVIOUR.json.fail-<pid>``, which lets a test break and mend one replica);
+``parallel`` (1) slots: requests served at once, the rest queued in arrival
+order, as the built-in instance's engine does (reported in the ``ready``
+line, so the balancer counts in-flight relative to it).
 
 Every answer's text starts ``[<name>:<pid>]`` so a test can tell which model
 and which process served it.
@@ -24,13 +27,23 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections import deque
+from dataclasses import dataclass, field
 
 import orjson
 
 from . import protocol
-from .server import Backend
+from .backend import Backend
 from .validate import BadRequest
+
+
+@dataclass(slots=True, eq=False)
+class _FakeJob:
+    kind: str
+    body: dict
+    sink: object
+    request_id: str
+    cancel: threading.Event = field(default_factory=threading.Event)
 
 
 class FakeBackend(Backend):
@@ -43,6 +56,13 @@ class FakeBackend(Backend):
                 self.cfg = orjson.loads(f.read() or b"{}")
         except (OSError, orjson.JSONDecodeError):
             self.cfg = {}
+        self.slots = max(1, int(self.cfg.get("parallel", 1)))
+        self._lock = threading.Condition()
+        self._queue: deque[_FakeJob] = deque()
+        self._busy: list[_FakeJob | None] = [None] * self.slots
+        self._closing: str | None = None
+        for i in range(self.slots):
+            threading.Thread(target=self._worker, args=(i,), name=f"slot{i}", daemon=True).start()
 
     def measure(self) -> dict:
         c = self.cfg
@@ -67,7 +87,8 @@ class FakeBackend(Backend):
         if c.get("crash_after_s") is not None:
             delay, code = float(c["crash_after_s"]), int(c.get("crash_code", 3))
             threading.Timer(delay, lambda: os._exit(code)).start()
-        return {"n_ctx": self.n_ctx, "effective": {"host": int(c.get("mem_bytes", 0))}}
+        return {"n_ctx": self.n_ctx, "effective": {"host": int(c.get("mem_bytes", 0))},
+                "slots": self.slots}
 
     def sleep(self) -> None:
         self.asleep = True
@@ -75,7 +96,8 @@ class FakeBackend(Backend):
     def wake(self) -> dict:
         time.sleep(float(self.cfg.get("wake_s", self.cfg.get("load_s", 0.05))))
         self.asleep = False
-        return {"n_ctx": self.n_ctx, "effective": {"host": int(self.cfg.get("mem_bytes", 0))}}
+        return {"n_ctx": self.n_ctx, "effective": {"host": int(self.cfg.get("mem_bytes", 0))},
+                "slots": self.slots}
 
     # ---- generation ---------------------------------------------------------
     def _tokens(self, body: dict) -> list[str]:
@@ -86,50 +108,107 @@ class FakeBackend(Backend):
         first = f"[{self.name}:{os.getpid()}]"
         return [first] + [" tok"] * max(0, n - 1)
 
-    def _gen(self, body: dict, cancel: threading.Event, chat: bool) -> dict | Iterator[dict]:
+    def start(self, kind: str, body: dict, sink, request_id: str = ""):
+        """Queue one request for the next free slot (FIFO, ``parallel``
+        slots); raises at once for ``fail_requests`` and bad chat bodies."""
         if self.cfg.get("fail_requests") or os.path.exists(self.path + f".fail-{os.getpid()}"):
             raise RuntimeError("fake failure")
-        if chat and not isinstance(body.get("messages"), list):
-            raise ValueError("'messages' must be a list")
+        if kind == "chat" and not isinstance(body.get("messages"), list):
+            raise BadRequest("'messages' must be a list", "messages")
+        job = _FakeJob(kind, body, sink, request_id)
+        with self._lock:
+            if self._closing is not None:
+                raise RuntimeError(self._closing)
+            self._queue.append(job)
+            self._lock.notify()
+        return job.cancel.set
+
+    def _worker(self, slot: int) -> None:
+        while True:
+            with self._lock:
+                while not self._queue:
+                    self._lock.wait()
+                job = self._queue.popleft()
+                if job.cancel.is_set():
+                    continue
+                self._busy[slot] = job
+            try:
+                self._serve(job)
+            except Exception as e:  # noqa: BLE001 - a fake's failure is its answer
+                job.sink("error", f"{type(e).__name__}: {e}")
+            finally:
+                with self._lock:
+                    self._busy[slot] = None
+
+    def _serve(self, job: _FakeJob) -> None:
+        body, chat, sink = job.body, job.kind == "chat", job.sink
+        if job.kind == "embedding":
+            sink("result", self._embedding(body))
+            return
         toks = self._tokens(body)
         ttft, tok_s = float(self.cfg.get("ttft_s", 0.002)), float(self.cfg.get("token_s", 0.002))
         created, rid = int(time.time()), f"fake-{os.getpid()}-{time.monotonic_ns()}"
         model = body.get("model") or self.name
+        usage = {"prompt_tokens": 1, "completion_tokens": len(toks), "total_tokens": len(toks) + 1}
         if not body.get("stream"):
-            time.sleep(ttft + tok_s * (len(toks) - 1))
+            if job.cancel.wait(ttft + tok_s * (len(toks) - 1)):
+                sink("error", self._closing or "cancelled")
+                return
             text = "".join(toks)
-            usage = {"prompt_tokens": 1, "completion_tokens": len(toks), "total_tokens": len(toks) + 1}
             if chat:
-                choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
-                return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-                        "choices": [choice], "usage": usage}
-            choice = {"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}
-            return {"id": rid, "object": "text_completion", "created": created, "model": model,
-                    "choices": [choice], "usage": usage}
+                choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                          "finish_reason": "stop"}
+                sink("result", {"id": rid, "object": "chat.completion", "created": created,
+                                "model": model, "choices": [choice], "usage": usage})
+            else:
+                choice = {"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}
+                sink("result", {"id": rid, "object": "text_completion", "created": created,
+                                "model": model, "choices": [choice], "usage": usage})
+            return
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        for i, t in enumerate(toks):
+            if job.cancel.wait(ttft if i == 0 else tok_s):
+                sink("error", self._closing or "cancelled")
+                return
+            last = i == len(toks) - 1
+            if chat:
+                delta = {"content": t} if i else {"role": "assistant", "content": t}
+                ch = {"index": 0, "delta": delta, "finish_reason": "stop" if last else None}
+            else:
+                ch = {"index": 0, "text": t, "finish_reason": "stop" if last else None,
+                      "logprobs": None}
+            sink("chunk", {"id": rid, "object": obj, "created": created, "model": model,
+                           "choices": [ch]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            sink("chunk", {"id": rid, "object": obj, "created": created, "model": model,
+                           "choices": [], "usage": usage})
+        sink("end", None)
 
-        def stream() -> Iterator[dict]:
-            for i, t in enumerate(toks):
-                if cancel.wait(ttft if i == 0 else tok_s):
-                    return
-                last = i == len(toks) - 1
-                if chat:
-                    delta = {"content": t} if i else {"role": "assistant", "content": t}
-                    ch = {"index": 0, "delta": delta, "finish_reason": "stop" if last else None}
-                    yield {"id": rid, "object": "chat.completion.chunk", "created": created,
-                           "model": model, "choices": [ch]}
-                else:
-                    ch = {"index": 0, "text": t, "finish_reason": "stop" if last else None,
-                          "logprobs": None}
-                    yield {"id": rid, "object": "text_completion", "created": created,
-                           "model": model, "choices": [ch]}
+    def close(self, reason: str) -> None:
+        with self._lock:
+            self._closing = reason
+            queued, self._queue = list(self._queue), deque()
+            running = [j for j in self._busy if j is not None]
+        for j in queued:
+            j.sink("error", reason)
+        for j in running:
+            j.cancel.set()
 
-        return stream()
+    def refuse_queued(self, reason: str) -> None:
+        with self._lock:
+            queued, self._queue = list(self._queue), deque()
+        for j in queued:
+            j.sink("error", reason)
 
-    def chat(self, body: dict, cancel: threading.Event) -> dict | Iterator[dict]:
-        return self._gen(body, cancel, chat=True)
+    def slot_info(self) -> list[dict]:
+        with self._lock:
+            return [{"id": i, "is_processing": j is not None, "state": "generating" if j else "idle",
+                     "request_id": j.request_id if j else ""} for i, j in enumerate(self._busy)]
 
-    def completion(self, body: dict, cancel: threading.Event) -> dict | Iterator[dict]:
-        return self._gen(body, cancel, chat=False)
+    def metrics(self) -> dict:
+        with self._lock:
+            busy = sum(j is not None for j in self._busy)
+            return {"slots_busy": busy, "slots_total": self.slots, "queue_depth": len(self._queue)}
 
     def tokenize(self, body: dict) -> dict:
         content = body.get("content")
@@ -142,9 +221,9 @@ class FakeBackend(Backend):
 
     def props(self) -> dict:
         return {"model_alias": self.name, "model_path": self.path, "n_ctx": self.n_ctx,
-                "total_slots": 1}
+                "total_slots": self.slots}
 
-    def embedding(self, body: dict, cancel: threading.Event) -> dict:
+    def _embedding(self, body: dict) -> dict:
         inp = body.get("input")
         items = inp if isinstance(inp, list) else [inp]
         data = [

@@ -1,16 +1,22 @@
-"""The built-in instance backend: llama-cpp-python on one GGUF file."""
+"""The built-in instance backend: a GGUF model served by the batching engine.
+
+OpenAI requests become engine requests here: chat messages go through the
+model's chat template (:mod:`.chat`), sampling fields become a
+:class:`~ggmux.instance.sampling.Sampling`, grammars and JSON schemas a GBNF
+grammar (:mod:`.structured`, with the request limits), and the engine's
+events come back as OpenAI answers (:mod:`.answers`). Every field is checked
+by :mod:`.validate` before llama.cpp sees it.
+"""
 
 from __future__ import annotations
 
-import base64
-import inspect
 import logging
 import os
 import re
-import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 
-from .server import Backend
+from .answers import Answer, embedding_answer
+from .backend import Backend, Sink
 from .structured import forced_tool, structured_output
 from .validate import (
     BadRequest,
@@ -19,6 +25,7 @@ from .validate import (
     completion_prompt,
     embedding_inputs,
     fit_embedding_input,
+    is_int,
     logit_bias,
     request_limits_from_args,
     token_ids,
@@ -41,8 +48,8 @@ def model_parts(path: str) -> list[str]:
     return [p for p in parts if os.path.exists(p)]
 
 
-# llama.cpp option -> (llama_cpp.Llama keyword, converter); preset keys arrive
-# as llama-server options ("--batch-size 256", "--no-mmap", ...)
+# llama.cpp option -> (EngineConfig field, or chat_format, converter); preset
+# keys arrive as llama-server options ("--batch-size 256", "--no-mmap", ...)
 _LLAMA_OPTIONS = {
     "--batch-size": ("n_batch", int), "-b": ("n_batch", int),
     "--ubatch-size": ("n_ubatch", int), "-ub": ("n_ubatch", int),
@@ -56,8 +63,11 @@ _LLAMA_OPTIONS = {
     "--flash-attn": ("flash_attn", lambda v: str(v).lower() in ("on", "1", "true", "auto")),
     "-fa": ("flash_attn", lambda v: str(v).lower() in ("on", "1", "true", "auto")),
     "--chat-template": ("chat_format", str),
+    "--parallel": ("parallel", int), "-np": ("parallel", int),
 }
 _LLAMA_FLAGS = {"--no-mmap": ("use_mmap", False), "--mmap": ("use_mmap", True),
+                "--kv-unified": ("kv_unified", True), "-kvu": ("kv_unified", True),
+                "--no-kv-unified": ("kv_unified", False),
                 "--mlock": ("use_mlock", True), "--no-mlock": ("use_mlock", False),
                 "--embedding": ("embedding", True), "--embeddings": ("embedding", True)}
 _GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
@@ -65,9 +75,10 @@ _GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "
 
 
 def llama_kwargs(argv: list[str]) -> dict:
-    """``llama_cpp.Llama`` keywords for llama-server options a preset gave
-    (``extra_args``); options llama-cpp-python has no equivalent for are
-    logged and ignored, as llama.cpp ignores unknown environment."""
+    """Engine settings (:class:`~ggmux.instance.model.EngineConfig` fields,
+    and ``chat_format``) for llama-server options a preset gave
+    (``extra_args``); options the engine has no equivalent for are logged
+    and ignored, as llama.cpp ignores unknown environment."""
     kw: dict = {}
     i = 0
     while i < len(argv):
@@ -104,24 +115,40 @@ def _gpu_count() -> int:
         return 0
 
 
-def _accepted(fn) -> frozenset[str]:
-    return frozenset(inspect.signature(fn).parameters)
-
 
 class LlamaBackend(Backend):
-    """Serves chat, completions and embeddings with ``llama_cpp.Llama``.
+    """Serves chat, completions and embeddings with the batching engine
+    (:class:`~ggmux.instance.engine.Engine`) on ``--parallel`` slots.
 
-    One context per process; calls come from the single generation thread.
-    Request keys that the llama-cpp-python method does not accept are
-    ignored, as OpenAI-compatible servers do with unknown sampling options.
-    """
+    ``start`` checks a request and submits it; its answer is built on the
+    engine's decode thread and handed to the server's sink."""
 
     def __init__(self, args) -> None:
         self.args = args
         self.path = args.model
         self.name = args.name or os.path.basename(args.model).rsplit(".", 1)[0]
         self.limits = request_limits_from_args(args)
-        self.llm = None
+        self.engine = None
+        self.template = None
+        self.slots = self._config().parallel
+
+    def _config(self):
+        from .model import EngineConfig
+
+        kw = llama_kwargs(getattr(self.args, "llama_args", []) or [])
+        self.chat_format = kw.pop("chat_format", None)
+        cfg = EngineConfig(self.path, ctx_size=self.args.ctx_size,
+                           n_gpu_layers=self.args.n_gpu_layers,
+                           kv_size=getattr(self.args, "kv_size", 0) or 0)
+        if self.args.threads:
+            cfg.n_threads = self.args.threads
+        for k, v in kw.items():
+            if k in ("seed",) and v is not None and v < 0:
+                continue  # llama.cpp: -1 = random
+            if hasattr(cfg, k):
+                setattr(cfg, k, v)
+        cfg.parallel = max(1, cfg.parallel)
+        return cfg
 
     def measure(self) -> dict:
         """Memory a load needs, from GGUF metadata read by llama.cpp itself
@@ -129,10 +156,12 @@ class LlamaBackend(Backend):
         vocabulary, no weights, ~0.1 s;
         the ``gguf`` package's reader takes seconds on a 49k-token vocab).
 
-        ``min`` = weights + KV cache at the configured context + compute
-        estimate; ``max`` = the same at the model's trained context. KV: K
-        and V, f16, ``n_layer * n_head_kv * head_dim`` per token. Compute:
-        ``4 * n_ubatch * (4 * n_embd + 2 * n_ff + n_head * n_ctx)`` bytes,
+        ``min`` = weights + KV cache at ``kv-size`` (``ctx-size x parallel``
+        unless given: the cache all slots share, issue 12) + compute
+        estimate; ``max`` = the same with every slot at the model's trained
+        context. KV: K and V, f16, ``n_layer * n_head_kv * head_dim`` per
+        token. Compute:
+        ``4 * n_ubatch * (4 * n_embd + 2 * n_ff + n_head * n_kv)`` bytes,
         llama.cpp's CPU graph buffers to within tens of MiB for small models;
         the ``effective`` figure a ready instance reports calibrates it.
         With ``--n-gpu-layers`` and a GPU, the offloaded share of weights and
@@ -174,7 +203,9 @@ class LlamaBackend(Backend):
             return weights + kv + compute
 
         ctx = self.args.ctx_size or n_ctx_train
-        lo, hi = need(ctx), need(max(ctx, n_ctx_train))
+        parallel = self._config().parallel
+        kv = getattr(self.args, "kv_size", 0) or ctx * parallel
+        lo, hi = need(kv), need(max(kv, n_ctx_train * parallel))
         ngl = self.args.n_gpu_layers
         if ngl and _gpu_count() > 0:
             frac = 1.0 if ngl < 0 else min(1.0, ngl / max(1, n_layer))
@@ -186,136 +217,156 @@ class LlamaBackend(Backend):
         return {"min": {"host": lo}, "max": {"host": hi}, "n_ctx_train": n_ctx_train}
 
     def load(self) -> dict:
-        from llama_cpp import Llama
+        from .chat import ChatTemplate
+        from .engine import Engine
 
-        kw = {
-            "model_path": self.path,
-            "n_ctx": self.args.ctx_size,
-            "n_gpu_layers": self.args.n_gpu_layers,
-            "verbose": False,
-        }
-        if self.args.threads:
-            kw["n_threads"] = self.args.threads
-        kw.update(llama_kwargs(getattr(self.args, "llama_args", []) or []))
-        self.llm = Llama(**kw)
-        self._chat_keys = _accepted(self.llm.create_chat_completion) - {"self"}
-        self._comp_keys = _accepted(self.llm.create_completion) - {"self"}
-        return {"n_ctx": self.llm.n_ctx()}
+        self.engine = Engine(self._config())
+        info = self.engine.load()
+        e = self.engine
+        special = e.special_tokens()
+        self.template = ChatTemplate(e.metadata, e.token_text(special["bos"]),
+                                     e.token_text(special["eos"]), special["eos"],
+                                     self.chat_format, self._raw_tokenize)
+        return {"n_ctx": info["n_ctx"], "slots": info["slots"], "kv_size": info["kv_size"]}
+
+    def _raw_tokenize(self, raw: bytes, add_special: bool, parse_special: bool) -> list[int]:
+        return self.engine.tokenize(raw.decode("utf-8", "replace"), add_special, parse_special)
 
     def sleep(self) -> None:
-        if self.llm is not None:
-            self.llm.close()
-            self.llm = None
-        import gc
+        if self.engine is not None:
+            self.engine.sleep()
 
-        gc.collect()
+    def wake(self) -> dict:
+        info = self.engine.wake()
+        return {"n_ctx": info["n_ctx"], "slots": info["slots"], "kv_size": info["kv_size"]}
 
-    # request keys never passed through: they take Python objects there
-    # (logits_processor, stopping_criteria, grammar), or the backend handles
-    # them itself (the rest)
-    _OWN_KEYS = frozenset(("logits_processor", "stopping_criteria", "grammar", "logit_bias",
-                           "response_format", "tools", "tool_choice", "functions",
-                           "function_call", "prompt", "messages", "model"))
+    def close(self, reason: str) -> None:
+        if self.engine is not None:
+            self.engine.close(reason)
 
-    def _kwargs(self, body: dict, keys: frozenset[str], cancel: threading.Event,
-                constrained: bool = False) -> dict:
-        """llama-cpp-python keywords for a chat or completion ``body``,
-        checked: its sampling fields, the request's grammar (parsed by
-        llama.cpp itself too), its ``logit_bias`` and the cancellation hook
-        as one logits processor (llama-cpp-python drops a processor list
-        when it is also given ``logit_bias``: ``list.extend`` returns None).
-        ``constrained``: llama-cpp-python adds a grammar of its own (a
-        forced tool call)."""
-        import numpy as np
-        from llama_cpp import LlamaGrammar, LogitsProcessorList
+    # ---- requests -----------------------------------------------------------
+    def start(self, kind: str, body: dict, sink: Sink, request_id: str = "") -> Callable[[], None]:
+        from .engine import InvalidRequest
 
-        check_sampling(body)
-        kw = {k: v for k, v in body.items() if k in keys and k not in self._OWN_KEYS
-              and v is not None}
-        if kw.get("logprobs"):
-            # the context keeps only the last token's logits (logits_all=False):
-            # llama-cpp-python refuses them for completions, ignores them for chat
-            raise BadRequest("'logprobs' is not supported by the llama-cpp-python instance",
-                             "logprobs")
-        kw.pop("logprobs", None)
-        if "max_tokens" not in kw and isinstance(body.get("max_completion_tokens"), int):
-            kw["max_tokens"] = body["max_completion_tokens"]
-        kw["model"] = body.get("model") if isinstance(body.get("model"), str) else self.name
-        gbnf = structured_output(body, self.limits)
-        if gbnf is not None:
-            self._check_grammar(gbnf)
-            kw["grammar"] = LlamaGrammar.from_string(gbnf, verbose=False)
-        bias = logit_bias(body, self.llm.n_vocab())
-        ids = np.fromiter(bias, dtype=np.intc) if bias else None
-        add = np.fromiter(bias.values(), dtype=np.single) if bias else None
-        eos = self.llm.token_eos()
-        constrained = constrained or gbnf is not None
-
-        def process(_ids, scores):
-            # runs before every token, first in llama.cpp's sampler chain
-            # (so index = token id)
-            if ids is not None:
-                scores[ids] += add
-            if cancel.is_set():
-                # the client went away: end the generation at once
-                # (create_chat_completion takes no stopping_criteria). Under
-                # a grammar only raise end-of-sequence: if every token the
-                # grammar allows were -inf, llama.cpp would abort
-                # ("Unexpected empty grammar stack")
-                if constrained:
-                    scores[eos] = scores.max() + 100.0
-                else:
-                    scores[:] = -float("inf")
-                    scores[eos] = 0.0
-            return scores
-
-        kw["logits_processor"] = LogitsProcessorList([process])
-        return kw
-
-    def _check_grammar(self, gbnf: str) -> None:
-        """Let llama.cpp parse ``gbnf`` once: what it refuses (left
-        recursion, too many repeated rules) would otherwise reach the
-        sampler as a NULL grammar."""
-        import llama_cpp
-
-        sampler = llama_cpp.llama_sampler_init_grammar(self.llm._model.vocab, gbnf.encode(),
-                                                       b"root")
-        if not sampler:
-            raise BadRequest("the request's grammar was refused by llama.cpp (left recursion, "
-                             "or too many repeated rules)", "grammar")
-        llama_cpp.llama_sampler_free(sampler)
-
-    def chat(self, body: dict, cancel: threading.Event) -> dict | Iterator[dict]:
-        from jinja2 import TemplateError
-
-        messages = chat_messages(body.get("messages"))
-        tool = forced_tool(body, self.limits)
-        if tool is not None and structured_output(body, self.limits) is not None:
-            raise BadRequest("a forced tool call cannot be combined with a grammar or JSON "
-                             "schema", "tool_choice")
-        kw = self._kwargs(body, self._chat_keys, cancel, constrained=tool is not None)
-        if tool is not None:
-            kw["tools"] = [{"type": "function", "function": tool}]
-            kw["tool_choice"] = {"type": "function", "function": {"name": tool["name"]}}
         try:
-            return self.llm.create_chat_completion(messages=messages, **kw)
-        except TemplateError as e:
-            raise BadRequest(f"messages: the model's chat template refused them: {e}",
-                             "messages") from None
+            if kind == "embedding":
+                job = self._embedding(body, sink, request_id)
+            else:
+                job = self._generation(kind, body, sink, request_id)
+        except InvalidRequest as e:
+            raise BadRequest(str(e)) from None
+        return job.cancel
 
-    def completion(self, body: dict, cancel: threading.Event) -> dict | Iterator[dict]:
-        prompt = completion_prompt(body, self.llm.n_vocab())
-        kw = self._kwargs(body, self._comp_keys, cancel)
-        return self.llm.create_completion(prompt=prompt, **kw)
+    def _model(self, body: dict) -> str:
+        return body["model"] if isinstance(body.get("model"), str) else self.name
+
+    def _generation(self, kind: str, body: dict, sink: Sink, request_id: str):
+        from .engine import Generation
+
+        check_sampling(body, max_n=self.slots)
+        n_vocab = self.engine.n_vocab
+        tool = None
+        echo = None
+        if kind == "chat":
+            messages = chat_messages(body.get("messages"))
+            tool = forced_tool(body, self.limits)
+            gbnf = structured_output(body, self.limits)
+            if tool is not None:
+                if gbnf is not None:
+                    raise BadRequest("a forced tool call cannot be combined with a grammar or "
+                                     "JSON schema", "tool_choice")
+                from .structured import schema_grammar
+
+                gbnf = schema_grammar(tool["parameters"], self.limits, "tool_choice")
+            prompt, stops = self.template.prompt(messages, tool)
+        else:
+            gbnf = structured_output(body, self.limits)
+            p = completion_prompt(body, n_vocab)
+            prompt = self.engine.tokenize(p) if isinstance(p, str) else p
+            stops = []
+            if body.get("echo"):
+                echo = p if isinstance(p, str) else self.engine.detokenize(p, special=False)
+        stop = body.get("stop")
+        stops = ([stop] if isinstance(stop, str) else list(stop or [])) + stops
+        lp = body.get("logprobs")
+        if kind == "chat":
+            top = body.get("top_logprobs") or 0 if lp else None
+        else:
+            top = None if lp is None or lp is False else (0 if lp is True else int(lp))
+        max_tokens = body.get("max_tokens")
+        if max_tokens is None:
+            max_tokens = body.get("max_completion_tokens")
+        if max_tokens is None and is_int(body.get("n_predict")):
+            max_tokens = body["n_predict"]
+        gen = Generation(prompt, self._sampling(body, gbnf, n_vocab), max_tokens=max_tokens,
+                         stop=stops, n=body.get("n") or 1,
+                         ignore_eos=body.get("ignore_eos") is True,
+                         cache_prompt=body.get("cache_prompt") is not False,
+                         logprobs=top, request_id=request_id)
+        opts = body.get("stream_options") or {}
+        answer = Answer(sink, kind, self._model(body), gen.n, stream=body.get("stream") is True,
+                        include_usage=opts.get("include_usage") is True,
+                        logprobs=None if top is None else kind,
+                        tool=tool["name"] if tool else None, echo=echo)
+        return self.engine.submit(gen, answer.on_event)
+
+    def _sampling(self, body: dict, gbnf: str | None, n_vocab: int):
+        from .sampling import Sampling
+
+        s = Sampling(grammar=gbnf, logit_bias=logit_bias(body, n_vocab) or {})
+        for k in ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty",
+                  "presence_penalty", "frequency_penalty", "mirostat_tau", "mirostat_eta"):
+            if body.get(k) is not None:
+                setattr(s, k, float(body[k]))
+        if body.get("top_k") is not None:
+            s.top_k = body["top_k"]
+        mode = body.get("mirostat", body.get("mirostat_mode"))
+        if mode is not None:
+            s.mirostat = mode
+        last_n = body.get("repeat_last_n")
+        if is_int(last_n) and last_n >= -1:
+            s.repeat_last_n = self.engine.n_ctx if last_n == -1 else last_n
+        seed = body.get("seed")
+        if seed is not None and seed >= 0:
+            s.seed = seed
+        return s
+
+    def _embedding(self, body: dict, sink: Sink, request_id: str):
+        from .engine import Embedding
+
+        e = self.engine
+        inputs = embedding_inputs(body, e.n_vocab, self.limits)
+        truncate = bool(body.get("truncate"))
+        n_max = min(e.n_ctx, e.m.n_batch) if e.m.pooled else e.n_ctx
+        batch = []
+        for i, x in enumerate(inputs):
+            tokens = e.tokenize(x) if isinstance(x, str) else x
+            field = "input" if len(inputs) == 1 else f"input[{i}]"
+            batch.append(fit_embedding_input(tokens, n_max, truncate, field))
+        model, encoding = self._model(body), body.get("encoding_format")
+
+        def on_event(ev: tuple) -> None:
+            if ev[0] == "done":
+                if ev[2].get("cancelled"):
+                    sink("error", "cancelled")
+                else:
+                    sink("result", embedding_answer(model, vectors, ev[1], encoding))
+            elif ev[0] == "embedding":
+                vectors.append(ev[2])
+            elif ev[0] == "error":
+                sink("error", ev[1])
+
+        vectors: list[list[float]] = []
+        return e.submit(Embedding(batch, request_id), on_event)
 
     def tokenize(self, body: dict) -> dict:
         content, add_special, with_pieces = tokenize_request(body)
-        tokens = self.llm.tokenize(content.encode(), add_bos=add_special, special=True)
+        tokens = self.engine.tokenize(content, add_special=add_special, parse_special=True)
         if not with_pieces:
             return {"tokens": tokens}
         out = []
         for t in tokens:
-            raw = self.llm.detokenize([t])
+            raw = self.engine.m.piece(t, True)
             try:
                 piece: str | list[int] = raw.decode("utf-8")
             except UnicodeDecodeError:
@@ -324,84 +375,23 @@ class LlamaBackend(Backend):
         return {"tokens": out}
 
     def detokenize(self, body: dict) -> dict:
-        tokens = token_ids(body.get("tokens"), self.llm.n_vocab(), "tokens")
-        return {"content": self.llm.detokenize(tokens).decode("utf-8", "replace")}
+        tokens = token_ids(body.get("tokens"), self.engine.n_vocab, "tokens")
+        return {"content": self.engine.detokenize(tokens, special=True)}
 
     def props(self) -> dict:
-        llm = self.llm
+        e = self.engine
+        loaded = e is not None and not e.asleep
         return {
             "model_alias": self.name,
             "model_path": self.path,
-            "n_ctx": llm.n_ctx() if llm is not None else self.args.ctx_size,
-            "total_slots": 1,
-            "chat_template": (llm.metadata.get("tokenizer.chat_template", "") if llm else ""),
+            "n_ctx": e.n_ctx if loaded else self.args.ctx_size,
+            "kv_size": e.kv_size if loaded else 0,
+            "total_slots": self.slots,
+            "chat_template": self.template.template if self.template else "",
         }
 
-    def embedding(self, body: dict, cancel: threading.Event | None = None) -> dict:
-        """OpenAI embeddings: one vector per input (a string or token ids),
-        the mean of the model's per-token output vectors, L2-normalised, for
-        a generation model (no pooling), or the model's pooled vector.
+    def slot_info(self) -> list[dict]:
+        return self.engine.slot_info() if self.engine is not None else []
 
-        All inputs are checked (count, token ids, length: ``ctx-size``
-        tokens, or one micro-batch for a pooling model, unless ``truncate``)
-        before any is computed; between inputs the work stops once
-        ``cancel`` is set (the client left), returning what was computed.
-        """
-        import llama_cpp
-        import numpy as np
-
-        llm = self.llm
-        inputs = embedding_inputs(body, llm.n_vocab(), self.limits)
-        truncate = bool(body.get("truncate"))
-        pooled = llm.pooling_type() not in (llama_cpp.LLAMA_POOLING_TYPE_NONE,
-                                            llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED)
-        # a pooling (non-causal) model must see an input in one micro-batch
-        n_max = min(llm.n_ctx(), llm.context_params.n_ubatch) if pooled else llm.n_ctx()
-        batch = []
-        for i, x in enumerate(inputs):
-            tokens = llm.tokenize(x.encode("utf-8")) if isinstance(x, str) else x
-            field = "input" if len(inputs) == 1 else f"input[{i}]"
-            batch.append(fit_embedding_input(tokens, n_max, truncate, field))
-        n_embd, n_batch = llm.n_embd(), llm.n_batch
-        ctx = llm._ctx
-        # A generation context can embed too: switch it to embedding output
-        # for this call (llama_set_embeddings) instead of holding a second
-        # copy of the model loaded with embedding=True.
-        llm.context_params.embeddings = True
-        llama_cpp.llama_set_embeddings(ctx.ctx, True)
-        vectors, used = [], 0
-        try:
-            for tokens in batch:
-                if cancel is not None and cancel.is_set():
-                    break
-                ctx.kv_cache_clear()
-                if pooled:
-                    llm._batch.set_batch(tokens, n_past=0, logits_all=True)
-                    ctx.decode(llm._batch)
-                    vec = np.array(llama_cpp.llama_get_embeddings_seq(ctx.ctx, 0)[:n_embd],
-                                   dtype=np.float64)
-                else:
-                    vec = np.zeros(n_embd, dtype=np.float64)
-                    for off in range(0, len(tokens), n_batch):
-                        chunk = tokens[off:off + n_batch]
-                        llm._batch.set_batch(chunk, n_past=off, logits_all=True)
-                        ctx.decode(llm._batch)
-                        rows = np.ctypeslib.as_array(llama_cpp.llama_get_embeddings(ctx.ctx),
-                                                     shape=(len(chunk), n_embd))
-                        vec += rows.sum(axis=0)
-                    vec /= len(tokens)
-                norm = float(np.sqrt(vec @ vec)) or 1.0
-                vectors.append(vec / norm)
-                used += len(tokens)
-        finally:
-            llm.context_params.embeddings = False
-            llama_cpp.llama_set_embeddings(ctx.ctx, False)
-            ctx.kv_cache_clear()
-            llm.reset()
-        b64 = body.get("encoding_format") == "base64"
-        data = [{"object": "embedding", "index": i,
-                 "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if b64
-                 else v.tolist()} for i, v in enumerate(vectors)]
-        return {"object": "list", "data": data,
-                "model": body.get("model") if isinstance(body.get("model"), str) else self.name,
-                "usage": {"prompt_tokens": used, "total_tokens": used}}
+    def metrics(self) -> dict:
+        return self.engine.metrics() if self.engine is not None else {}

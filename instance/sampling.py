@@ -31,6 +31,8 @@ class Sampling:
     that its choices differ yet repeat. ``logit_bias`` maps token id to an
     additive bias (OpenAI: -100 bans, +100 forces). ``grammar`` is GBNF text
     (llama.cpp's ``grammars/README.md``) whose start rule is ``grammar_root``.
+    ``mirostat`` 1 or 2 replaces top-k/p and the draw by Mirostat (v1, v2)
+    with target ``mirostat_tau`` and rate ``mirostat_eta``, as llama-server.
     """
 
     temperature: float = 0.8
@@ -46,6 +48,9 @@ class Sampling:
     logit_bias: dict[int, float] = field(default_factory=dict)
     grammar: str | None = None
     grammar_root: str = "root"
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
 
 
 class SamplerError(ValueError):
@@ -82,6 +87,15 @@ def sampler_chain(llama_cpp, vocab, n_vocab: int, s: Sampling, seed: int) -> int
                                            s.frequency_penalty, s.presence_penalty))
     if s.temperature <= 0:
         add(L.llama_sampler_init_greedy())
+        return chain
+    if s.mirostat in (1, 2):
+        add(L.llama_sampler_init_temp(s.temperature))
+        if s.mirostat == 1:
+            add(L.llama_sampler_init_mirostat(n_vocab, seed & 0xFFFFFFFF, s.mirostat_tau,
+                                              s.mirostat_eta, 100))
+        else:
+            add(L.llama_sampler_init_mirostat_v2(seed & 0xFFFFFFFF, s.mirostat_tau,
+                                                 s.mirostat_eta))
         return chain
     if s.top_k > 0:
         add(L.llama_sampler_init_top_k(s.top_k))

@@ -8,9 +8,15 @@ in tests; they differ only in their :class:`Backend`. The process:
 2. emits ``loading``, loads the backend, emits ``ready`` with ``n_ctx`` and
    ``effective`` memory (bytes), or ``error`` and exits 1;
 3. serves HTTP on the listening socket the supervisor passed (``--fd``) or
-   on ``--host``/``--port`` when run by hand, one generation at a time
-   (llama.cpp contexts are not re-entrant), stopping a generation when its
-   client disconnects.
+   on ``--host``/``--port`` when run by hand: every request goes to the
+   backend at once (the built-in one batches up to ``--parallel`` of them,
+   issue 12; the rest wait in its queue), and a client that disconnects
+   cancels its request;
+4. on ``exit``: stops taking requests (503), refuses those still queued in
+   the backend (503: nothing was done for them), lets running ones finish
+   for up to ``--stop-timeout`` less one second, then ends the rest with an
+   SSE error event (never a clean end) and exits, before the supervisor's
+   SIGTERM.
 """
 
 from __future__ import annotations
@@ -25,7 +31,6 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
 
@@ -40,6 +45,7 @@ from ..proxy.limits import (
     limits_from_args,
 )
 from . import protocol
+from .backend import Backend
 from .validate import BadRequest, RequestLimits, add_request_limit_options
 
 log = logging.getLogger("ggmux.instance")
@@ -47,46 +53,9 @@ log = logging.getLogger("ggmux.instance")
 __all__ = ["Backend", "BadRequest", "InstanceApp", "main"]
 
 
-class Backend:
-    """What an instance serves. Methods other than ``load`` run on the one
-    generation thread; ``cancel`` is set when the client went away."""
-
-    name: str = "model"
-
-    def load(self) -> dict:
-        """Load the model; return the ``ready`` payload (n_ctx, effective)."""
-        raise NotImplementedError
-
-    def chat(self, body: dict, cancel: threading.Event) -> dict | Iterator[dict]:
-        raise NotImplementedError
-
-    def completion(self, body: dict, cancel: threading.Event) -> dict | Iterator[dict]:
-        raise NotImplementedError
-
-    def embedding(self, body: dict, cancel: threading.Event) -> dict:
-        """OpenAI embeddings; stops early (its answer is dropped) once
-        ``cancel`` is set."""
-        raise NotImplementedError
-
-    def tokenize(self, body: dict) -> dict:
-        """llama.cpp ``/tokenize``: ``{"content", "add_special"}`` -> ``{"tokens"}``."""
-        raise BadRequest("tokenize is not supported by this backend")
-
-    def detokenize(self, body: dict) -> dict:
-        """llama.cpp ``/detokenize``: ``{"tokens"}`` -> ``{"content"}``."""
-        raise BadRequest("detokenize is not supported by this backend")
-
-    def props(self) -> dict:
-        """llama.cpp ``/props``-like facts about the loaded model."""
-        return {"model_alias": self.name}
-
-    def sleep(self) -> None:
-        """Free the weights, keep the process (``--sleep-idle-seconds``)."""
-
-    def wake(self) -> dict:
-        """Reload the weights after :meth:`sleep`; the ``ready`` payload."""
-        return self.load()
-
+# an answer that did nothing for the request: the proxy may send it to another
+# replica (x-ggmux-replica, the marker of the proxy's balancer, issue 11)
+REFUSED = [(b"x-ggmux-replica", b"refused"), (b"retry-after", b"1")]
 
 ROUTES = {
     b"/v1/chat/completions": "chat",
@@ -143,17 +112,23 @@ class InstanceApp:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.loop = asyncio.get_event_loop()
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="generate")
-        self.lock = asyncio.Lock()
+        # sleep/wake and request set-up (templates, tokenizing, grammars)
+        # off the event loop; generation itself runs on the backend's threads
+        self.executor = ThreadPoolExecutor(2, thread_name_prefix="instance")
         self.ready = False
+        self.stopping = False
         self.rss0 = 0
         self.requests = 0
+        self.in_flight = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self._switching = asyncio.Lock()  # one sleep or wake at a time
 
     async def sleep_or_wake(self, cmd: str) -> None:
-        """``sleep``: free the weights, keep the process (state ``sleeping``);
-        ``wake``: load them again (``loading`` then ``ready``). Runs between
-        generations, on the generation thread."""
-        async with self.lock:
+        """``sleep``: free the weights once the requests in progress end,
+        keep the process (state ``sleeping``); ``wake``: load them again
+        (``loading`` then ``ready``)."""
+        async with self._switching:
             if cmd == "sleep" and self.ready:
                 self.ready = False
                 await self.loop.run_in_executor(self.executor, self.backend.sleep)
@@ -171,6 +146,28 @@ class InstanceApp:
                 payload["load_seconds"] = round(time.monotonic() - t0, 4)
                 self.ready = True
                 protocol.emit("ready", **payload)
+
+    async def stop(self, drain_s: float) -> None:
+        """``exit``: refuse what is not started, give the running requests
+        ``drain_s`` seconds, then end them with an error event."""
+        self.stopping = True
+        await self.loop.run_in_executor(self.executor, self._refuse_queued)
+        try:
+            await asyncio.wait_for(self.idle.wait(), drain_s)
+        except TimeoutError:
+            log.info("stopping: %d requests still running after %.1f s get an error",
+                     self.in_flight, drain_s)
+        await self.loop.run_in_executor(self.executor, self.backend.close,
+                                        "the instance is stopping")
+        try:  # let the error events reach their clients
+            await asyncio.wait_for(self.idle.wait(), 1.0)
+        except TimeoutError:
+            pass
+
+    def _refuse_queued(self) -> None:
+        refuse = getattr(self.backend, "refuse_queued", None)
+        if refuse is not None:
+            refuse("the instance is stopping")
 
     async def handle(self, conn: HttpConnection, req: Request) -> None:
         path = req.path
@@ -194,16 +191,11 @@ class InstanceApp:
             conn.send_json(req, 200, {**self.backend.props(), "is_sleeping": not self.ready})
             return
         if path == b"/slots" and req.method == b"GET":
-            conn.send_json(req, 200, [{"id": 0, "is_processing": self.lock.locked()}])
+            conn.send_json(req, 200, self.backend.slot_info())
             return
         if path == b"/metrics" and req.method == b"GET":
-            text = (
-                "# TYPE ggmux_instance_requests_total counter\n"
-                f"ggmux_instance_requests_total {self.requests}\n"
-                "# TYPE ggmux_instance_busy gauge\n"
-                f"ggmux_instance_busy {int(self.lock.locked())}\n"
-            )
-            conn.send_response(req, 200, text.encode(), b"text/plain; version=0.0.4")
+            conn.send_response(req, 200, self.metrics_text().encode(),
+                               b"text/plain; version=0.0.4")
             return
         if path in UNSUPPORTED:
             conn.send_error(req, 501, f"{path.decode()} is not supported by the "
@@ -220,99 +212,129 @@ class InstanceApp:
         body = json_object(conn, req)
         if body is None:
             return
-        async with self.lock:
-            if req.disconnected:
-                conn.finish(req)
+        if self.stopping:
+            conn.send_error(req, 503, "the instance is stopping", code="shutting_down",
+                            headers=REFUSED)
+            return
+        if not self.ready:
+            conn.send_error(req, 503, "model is asleep", headers=REFUSED)
+            return
+        self.requests += 1
+        if kind in ("tokenize", "detokenize"):
+            try:
+                out = getattr(self.backend, kind)(body)
+            except ValueError as e:
+                conn.send_error(req, 400, str(e), param=getattr(e, "param", None))
                 return
-            if not self.ready:
-                conn.send_error(req, 503, "model is asleep", headers=[(b"retry-after", b"1")])
-                return
-            self.requests += 1
-            if kind in ("tokenize", "detokenize"):
-                fn = getattr(self.backend, kind)
-                try:
-                    out = await self.loop.run_in_executor(self.executor, fn, body)
-                except ValueError as e:
-                    conn.send_error(req, 400, str(e), param=getattr(e, "param", None))
-                    return
-                conn.send_json(req, 200, out)
-                return
+            conn.send_json(req, 200, out)
+            return
+        self.in_flight += 1
+        self.idle.clear()
+        try:
             await self._generate(conn, req, kind, body)
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self.idle.set()
+
+    def metrics_text(self) -> str:
+        """Prometheus text: requests, and the backend's figures (llama-server's
+        ``llamacpp:`` families: tokens and seconds, busy slots, deferred
+        requests, KV cache use)."""
+        m = self.backend.metrics()
+        lines = ["# TYPE ggmux_instance_requests_total counter",
+                 f"ggmux_instance_requests_total {self.requests}",
+                 "# TYPE ggmux_instance_in_flight gauge",
+                 f"ggmux_instance_in_flight {self.in_flight}"]
+        families = (
+            ("prompt_tokens_total", "counter", m.get("prompt_tokens_total")),
+            ("prompt_seconds_total", "counter", m.get("prompt_seconds_total")),
+            ("tokens_predicted_total", "counter", m.get("predicted_tokens_total")),
+            ("tokens_predicted_seconds_total", "counter", m.get("predicted_seconds_total")),
+            ("cached_tokens_total", "counter", m.get("cached_tokens_total")),
+            ("n_decode_total", "counter", m.get("decode_calls_total")),
+            ("decode_seconds_total", "counter", m.get("decode_seconds_total")),
+            ("requests_processing", "gauge", m.get("slots_busy")),
+            ("requests_deferred", "gauge", m.get("queue_depth")),
+            ("slots", "gauge", m.get("slots_total", self.backend.slots)),
+            ("kv_cache_tokens", "gauge", m.get("kv_used")),
+            ("kv_cache_size", "gauge", m.get("kv_size")),
+        )
+        for name, kind, v in families:
+            if v is not None:
+                lines += [f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {v:g}"]
+        if m.get("kv_size"):
+            lines += ["# TYPE llamacpp:kv_cache_usage_ratio gauge",
+                      f"llamacpp:kv_cache_usage_ratio {m['kv_used'] / m['kv_size']:.6f}"]
+        return "\n".join(lines) + "\n"
 
     async def _generate(self, conn: HttpConnection, req: Request, kind: str, body: dict) -> None:
-        cancel = threading.Event()
-        req.on_disconnect = cancel.set
         loop = self.loop
-        backend = self.backend
         native = kind == "native"
         if native:
             kind, body = "completion", native_request(body)
-        fn = getattr(backend, kind)
+        events: asyncio.Queue = asyncio.Queue()
 
-        def encode(chunk: dict) -> bytes:
-            if native:
-                chunk = native_chunk(chunk, False)
-            return b"data: " + orjson.dumps(chunk) + b"\n\n"
+        def sink(what: str, payload) -> None:  # any thread
+            loop.call_soon_threadsafe(events.put_nowait, (what, payload))
 
-        def first():
-            out = fn(body, cancel)
-            if isinstance(out, dict):
-                return out, None
-            it = iter(out)
-            try:
-                chunk = next(it)
-            except StopIteration:
-                return None, iter(())
-            return chunk, it
-
+        rid = (req.header(b"x-request-id") or b"").decode("latin-1")[:64]
         try:
-            head, it = await loop.run_in_executor(self.executor, first)
-        except ValueError as e:  # BadRequest, and llama-cpp-python's (prompt too long)
+            cancel = await loop.run_in_executor(self.executor, self.backend.start, kind, body,
+                                                sink, rid)
+        except ValueError as e:  # BadRequest
             conn.send_error(req, 400, str(e), param=getattr(e, "param", None))
             return
         except Exception as e:
-            log.exception("generation failed")
+            log.exception("request set-up failed")
             conn.send_error(req, 500, f"generation failed: {e}")
             return
-        if req.disconnected:  # an embedding batch cut short: nobody to answer
-            conn.finish(req)
-            return
-        if it is None:
-            conn.send_json(req, 200, native_chunk(head, True) if native else head)
-            return
-        conn.start_stream(req)
-        if head is not None:
-            conn.send_chunk(encode(head))
 
-        def rest() -> None:
-            send = conn.send_chunk
-            try:
-                for chunk in it:
-                    if cancel.is_set():
-                        break
-                    loop.call_soon_threadsafe(send, encode(chunk))
-            except Exception as e:  # mid-stream: an error event, never a clean end
-                log.exception("generation failed mid-stream")
-                err = {"error": {"message": str(e), "type": "server_error", "code": 500}}
-                loop.call_soon_threadsafe(send, b"data: " + orjson.dumps(err) + b"\n\n")
-                failed.append(e)
-                return
-            finally:
-                close = getattr(it, "close", None)
-                if close is not None:
-                    close()
-            if not cancel.is_set() and not native:  # llama.cpp's /completion has no [DONE]
-                loop.call_soon_threadsafe(send, b"data: [DONE]\n\n")
+        def gone() -> None:
+            cancel()
+            events.put_nowait(("gone", None))
 
-        failed: list[Exception] = []
-        await loop.run_in_executor(self.executor, rest)
+        req.on_disconnect = gone
         if req.disconnected:
-            conn.finish(req)
-        elif failed:
-            conn.close()  # no terminating chunk: the client cannot take it for a clean end
-            conn.finish(req)
-        else:
-            conn.end_stream(req)
+            gone()
+        started = False
+        while True:
+            what, payload = await events.get()
+            if what == "gone" or req.disconnected:
+                conn.finish(req)
+                return
+            if what == "result":
+                conn.send_json(req, 200, native_chunk(payload, True) if native else payload)
+                return
+            if what == "chunk":
+                if not started:
+                    conn.start_stream(req)
+                    started = True
+                if native:
+                    payload = native_chunk(payload, False)
+                conn.send_chunk(b"data: " + orjson.dumps(payload) + b"\n\n")
+            elif what == "end":
+                if not started:
+                    conn.start_stream(req)
+                if not native:  # llama.cpp's /completion has no [DONE]
+                    conn.send_chunk(b"data: [DONE]\n\n")
+                conn.end_stream(req)
+                return
+            elif what == "error":
+                message = str(payload)
+                if not started:  # nothing was sent: a plain answer, retryable when stopping
+                    if self.stopping:
+                        conn.send_error(req, 503, message, code="shutting_down",
+                                        headers=REFUSED)
+                    else:
+                        conn.send_error(req, 500, f"generation failed: {message}")
+                    return
+                err = {"error": {"message": message, "type": "server_error",
+                                 "code": 503 if self.stopping else 500}}
+                conn.send_chunk(b"data: " + orjson.dumps(err) + b"\n\n")
+                conn.close()  # no terminating chunk: the client cannot take it for a clean end
+                conn.finish(req)
+                return
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -324,7 +346,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fd", type=int, default=None, help="listening socket from the supervisor")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
-    ap.add_argument("--ctx-size", type=int, default=2048)
+    ap.add_argument("--ctx-size", type=int, default=2048,
+                    help="tokens one request may use, prompt and answer")
+    ap.add_argument("--kv-size", type=int, default=0,
+                    help="KV cache tokens for all slots together (0: ctx-size x --parallel, "
+                         "which comes in --llama-args)")
+    ap.add_argument("--stop-timeout", type=float, default=10.0,
+                    help="seconds the supervisor waits after 'exit' before SIGTERM; running "
+                         "requests get that less one second to finish")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--fake", action="store_true", help="use the fake backend (tests)")
@@ -421,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
         args.model = la["model"]
         args.name = la.get("name")
         args.ctx_size = int(la.get("ctx_size", args.ctx_size))
+        args.kv_size = int(la.get("kv_size") or 0)
+        args.stop_timeout = float(la.get("stop_timeout", args.stop_timeout))
         args.threads = la.get("threads")
         args.n_gpu_layers = int(la.get("n_gpu_layers", 0))
         args.fake = bool(la.get("fake"))
@@ -485,9 +516,8 @@ def main(argv: list[str] | None = None) -> int:
     async def wait_stop() -> None:
         await stop_event.wait()
         server.close()
-        # let the generation in progress finish (stop-timeout bounds it)
-        async with app.lock:
-            pass
+        # before the supervisor's SIGTERM: finish, or end with an error event
+        await app.stop(max(0.0, args.stop_timeout - 1.0))
 
     try:
         loop.run_until_complete(wait_stop())

@@ -152,14 +152,15 @@ _BOOLEANS = ("stream", "echo")
 _STRINGS = ("suffix", "user")
 
 
-def check_sampling(body: dict) -> None:
+def check_sampling(body: dict, max_n: int = 1) -> None:
     """Types and ranges of the sampling fields of a chat or completion
     request, as OpenAI checks them (``mirostat_*`` and ``tfs_z`` as
     llama.cpp defines them), so that a client mistake is a 400 naming the
     field (llama-cpp-python would fail inside ctypes with a 500). A field
-    given as ``null`` counts as not given. ``n`` must be 1: one generation
-    per request. ``stream`` and ``echo`` must be booleans (a string would be
-    taken as true). Raises :class:`BadRequest`."""
+    given as ``null`` counts as not given. ``n`` must be at most ``max_n``
+    (the batching engine serves each choice in a slot). ``stream`` and
+    ``echo`` must be booleans (a string would be taken as true). Raises
+    :class:`BadRequest`."""
     for k, (lo, hi) in _NUMBERS.items():
         v = body.get(k)
         if v is not None and (not _is_number(v) or not lo <= v <= hi):
@@ -172,8 +173,9 @@ def check_sampling(body: dict) -> None:
             rule = (f">= {lo}" if hi is None else "of 64 bits" if hi > 2**32 else
                     f"from {lo} to {hi}")
             raise BadRequest(f"'{k}' must be an integer {rule}, not {shown(v)}", k)
-    if body.get("n") not in (None, 1):
-        raise BadRequest("'n' > 1 is not supported (one generation per request)", "n")
+    if body.get("n") not in (None, 1) and body["n"] > max_n:
+        raise BadRequest("'n' > 1 is not supported (one generation per request)" if max_n == 1
+                         else f"'n' must be from 1 to {max_n} (the instance's slots)", "n")
     for k in _BOOLEANS:
         v = body.get(k)
         if v is not None and not isinstance(v, bool):

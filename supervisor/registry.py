@@ -658,6 +658,8 @@ def instance_argv(entry: ModelEntry, fd: int, python: str) -> list[str]:
         argv += ["--n-gpu-layers", str(entry.n_gpu_layers)]
     if entry.kv_size:
         argv += ["--kv-size", str(entry.kv_size)]
+    if entry.stop_timeout != 10.0:
+        argv += ["--stop-timeout", f"{entry.stop_timeout:g}"]
     if entry.kind == "fake":
         argv.append("--fake")
     if entry.mmproj:

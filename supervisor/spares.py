@@ -42,7 +42,7 @@ class Spares:
             line = orjson.dumps({
                 "model": entry.path, "name": entry.name, "ctx_size": entry.ctx_size,
                 "threads": entry.threads, "n_gpu_layers": entry.n_gpu_layers,
-                "kv_size": entry.kv_size,
+                "kv_size": entry.kv_size, "stop_timeout": entry.stop_timeout,
                 "fake": entry.kind == "fake", "mmproj": entry.mmproj,
                 "llama_args": entry.extra_args, "instance_args": entry.instance_args,
                 "slot": slot,

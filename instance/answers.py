@@ -1,0 +1,178 @@
+"""Engine events to OpenAI answers: ``chat.completion`` and its chunks,
+``text_completion`` (streamed or whole), a forced tool call, log
+probabilities, and the ``stream_options.include_usage`` usage chunk.
+
+:class:`Answer` is the one object that holds a request's streaming state
+(the shape of LiteLLM's streaming iterators); it runs on the engine's
+decode thread and hands finished objects to a ``sink(kind, payload)``:
+``("chunk", dict)`` for each streamed chunk, ``("result", dict)`` for a
+whole answer, ``("end", None)`` after the last chunk, ``("error", str)``.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+Sink = Callable[[str, object], None]
+
+
+def request_id(prefix: str) -> str:
+    """A fresh OpenAI-style id (``chatcmpl-...``, ``cmpl-...``)."""
+    return f"{prefix}-{os.urandom(12).hex()}"
+
+
+class Answer:
+    """One chat or completion request's answer being built.
+
+    ``kind``: ``"chat"`` or ``"completion"``; ``n`` choices; ``stream``;
+    ``include_usage``: a last chunk with ``usage`` and no choices (OpenAI's
+    ``stream_options``); ``logprobs``: None, or how the per-token records
+    are written (``"chat"``: ``{"content": [...]}``, ``"completion"``:
+    OpenAI's legacy ``tokens``/``token_logprobs``/``top_logprobs``);
+    ``tool``: the forced tool's name (the text is its arguments);
+    ``echo``: prompt text that a completion's text starts with."""
+
+    def __init__(self, sink: Sink, kind: str, model: str, n: int = 1, stream: bool = False,
+                 include_usage: bool = False, logprobs: str | None = None,
+                 tool: str | None = None, echo: str | None = None) -> None:
+        self.sink = sink
+        self.kind = kind
+        self.model = model
+        self.n = n
+        self.stream = stream
+        self.include_usage = include_usage
+        self.logprobs = logprobs
+        self.tool = tool
+        self.echo = echo
+        self.id = request_id("chatcmpl" if kind == "chat" else "cmpl")
+        self.created = int(time.time())
+        self.texts: list[list[str]] = [[] for _ in range(n)]
+        self.records: list[list[dict]] = [[] for _ in range(n)]
+        self.reasons: list[str | None] = [None] * n
+        self.started = [False] * n
+        self.call_ids = [f"call_{os.urandom(8).hex()}" for _ in range(n)] if tool else []
+
+    # ---- events (decode thread) ---------------------------------------------
+    def on_event(self, ev: tuple) -> None:
+        kind = ev[0]
+        if kind == "text":
+            _, i, text, lp = ev
+            if self.stream:
+                if text or lp:
+                    self._chunk(i, text, lp)
+            else:
+                self.texts[i].append(text)
+                if lp:
+                    self.records[i].extend(lp)
+        elif kind == "end":
+            i, reason = ev[1], ev[2]
+            if self.tool and reason == "stop":
+                reason = "tool_calls"
+            self.reasons[i] = reason
+            if self.stream:
+                self._chunk(i, None, None, reason)
+        elif kind == "done":
+            usage = ev[1]
+            if not self.stream:
+                self.sink("result", self._whole(usage))
+                return
+            if self.include_usage:
+                self.sink("chunk", self._head(choices=[], usage=usage))
+            self.sink("end", None)
+        elif kind == "error":
+            self.sink("error", ev[1])
+
+    # ---- streamed chunks ---------------------------------------------------
+    def _head(self, **rest) -> dict:
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                **rest}
+
+    def _chunk(self, i: int, text: str | None, lp: list[dict] | None,
+               reason: str | None = None) -> None:
+        if self.kind == "completion":
+            if not self.started[i]:
+                self.started[i] = True
+                if self.echo:
+                    text = self.echo + (text or "")
+            choice = {"index": i, "text": text or "", "logprobs": self._lp(lp) if lp else None,
+                      "finish_reason": reason}
+            self.sink("chunk", self._head(choices=[choice]))
+            return
+        delta: dict = {}
+        if not self.started[i]:
+            self.started[i] = True
+            delta["role"] = "assistant"
+            if self.tool:
+                delta["content"] = None
+                delta["tool_calls"] = [{"index": 0, "id": self.call_ids[i], "type": "function",
+                                        "function": {"name": self.tool, "arguments": ""}}]
+            else:
+                delta["content"] = ""
+        if text:
+            if self.tool:
+                delta["tool_calls"] = [{"index": 0, "function": {"arguments": text}}]
+            else:
+                delta["content"] = text
+        choice = {"index": i, "delta": delta, "logprobs": self._lp(lp) if lp else None,
+                  "finish_reason": reason}
+        self.sink("chunk", self._head(choices=[choice]))
+
+    # ---- whole answers -----------------------------------------------------
+    def _whole(self, usage: dict) -> dict:
+        choices = []
+        for i in range(self.n):
+            text = "".join(self.texts[i])
+            lp = self._lp(self.records[i]) if self.logprobs else None
+            if self.kind == "completion":
+                choices.append({"index": i, "text": (self.echo or "") + text, "logprobs": lp,
+                                "finish_reason": self.reasons[i]})
+                continue
+            if self.tool:
+                msg = {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": self.call_ids[i], "type": "function",
+                     "function": {"name": self.tool, "arguments": text}}]}
+            else:
+                msg = {"role": "assistant", "content": text}
+            choices.append({"index": i, "message": msg, "logprobs": lp,
+                            "finish_reason": self.reasons[i]})
+        obj = "chat.completion" if self.kind == "chat" else "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": choices, "usage": usage}
+
+    def _lp(self, records: list[dict]) -> dict:
+        """Per-token records (engine: ``id``, ``token``, ``bytes``,
+        ``logprob``, ``top_logprobs``) in OpenAI's chat or legacy form."""
+        if self.logprobs == "chat":
+            return {"content": [
+                {"token": r["token"], "logprob": r["logprob"], "bytes": r["bytes"],
+                 "top_logprobs": [{"token": t["token"], "logprob": t["logprob"],
+                                   "bytes": t["bytes"]} for t in r["top_logprobs"]]}
+                for r in records]}
+        offsets, at = [], 0
+        for r in records:
+            offsets.append(at)
+            at += len(r["token"])
+        return {"tokens": [r["token"] for r in records],
+                "token_logprobs": [r["logprob"] for r in records],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in r["top_logprobs"]}
+                                 for r in records],
+                "text_offset": offsets}
+
+
+def embedding_answer(model: str, vectors: list[list[float]], usage: dict,
+                     encoding: str | None) -> dict:
+    """OpenAI's embeddings list; ``encoding`` ``"base64"`` packs each
+    vector as little-endian float32 (what the OpenAI SDK asks for)."""
+    if encoding == "base64":
+        data = [base64.b64encode(np.asarray(v, "<f4").tobytes()).decode() for v in vectors]
+    else:
+        data = vectors
+    return {"object": "list", "model": model, "usage": usage,
+            "data": [{"object": "embedding", "index": i, "embedding": v}
+                     for i, v in enumerate(data)]}

@@ -1,0 +1,100 @@
+"""Chat turns to a prompt, as today's llama-cpp-python instance formats them.
+
+The engine takes tokens; this module turns OpenAI chat messages into them
+with llama-cpp-python's own chat handlers, chosen as ``llama_cpp.Llama``
+chooses them: the format named by ``--chat-template`` (``chatml``,
+``llama-2``, ...), else the one llama-cpp-python recognises in the GGUF's
+``tokenizer.chat_template``, else that Jinja template itself
+(``Jinja2ChatFormatter``), else ``llama-2``.
+
+A handler renders the prompt and then calls ``llama.create_completion``; it
+is handed a stand-in (:class:`_Capture`) that tokenizes with the engine and
+keeps the prompt tokens and stop strings the handler would have generated
+with, instead of generating.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from .validate import BadRequest
+
+log = logging.getLogger(__name__)
+
+
+class _Capture:
+    """What a llama-cpp-python chat handler uses of ``Llama``: ``tokenize``,
+    ``verbose`` and ``create_completion``, which records its prompt (token
+    ids) and stop strings and returns an empty completion."""
+
+    verbose = False
+
+    def __init__(self, tokenize: Callable[[bytes, bool, bool], list[int]]) -> None:
+        self._tokenize = tokenize
+        self.prompt: list[int] = []
+        self.stop: list[str] = []
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        return self._tokenize(text, add_bos, special)
+
+    def create_completion(self, prompt, stop=None, **_kw) -> dict:
+        self.prompt = list(prompt)
+        self.stop = [stop] if isinstance(stop, str) else list(stop or [])
+        return {"id": "capture", "object": "text_completion", "created": 0, "model": "",
+                "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+
+
+class ChatTemplate:
+    """The chat format of one model (see the module docstring).
+
+    ``metadata``: GGUF key -> value; ``bos``/``eos``: those tokens' texts,
+    ``eos_id`` its id (-1: none); ``chat_format``: a llama-cpp-python format
+    name or None; ``tokenize(raw, add_bos, special)``: the engine's.
+    Raises ValueError for an unknown ``chat_format``."""
+
+    def __init__(self, metadata: dict[str, str], bos: str, eos: str, eos_id: int,
+                 chat_format: str | None,
+                 tokenize: Callable[[bytes, bool, bool], list[int]]) -> None:
+        from llama_cpp import llama_chat_format as cf
+
+        self._tokenize = tokenize
+        own = {name[len("tokenizer."):]: t for name, t in metadata.items()
+               if name.startswith("tokenizer.chat_template.")}
+        if "tokenizer.chat_template" in metadata:
+            own["chat_template.default"] = metadata["tokenizer.chat_template"]
+        handlers = {name: cf.Jinja2ChatFormatter(template=t, eos_token=eos, bos_token=bos,
+                                                 stop_token_ids=[eos_id] if eos_id >= 0 else None
+                                                 ).to_chat_handler()
+                    for name, t in own.items()}
+        name = chat_format
+        if name is None and "chat_template.default" in own:
+            name = cf.guess_chat_format_from_gguf_metadata(metadata) or "chat_template.default"
+        name = name or "llama-2"
+        self.name = name
+        self.template = metadata.get("tokenizer.chat_template", "")
+        try:
+            self._handler = handlers.get(name) or cf.get_chat_completion_handler(name)
+        except Exception as e:  # noqa: BLE001 - llama-cpp-python raises its own exception type
+            raise ValueError(f"unknown chat template {name!r}: {e}") from None
+        log.info("chat format: %s", name)
+
+    def prompt(self, messages: list[dict], tool: dict | None = None) -> tuple[list[int], list[str]]:
+        """``(prompt tokens, stop strings)`` for checked ``messages``
+        (:func:`~ggmux.instance.validate.chat_messages`); ``tool``
+        (``{"name", "parameters"}``) is offered to the template as the one
+        forced tool. Raises BadRequest when the template refuses the
+        messages (a Jinja ``raise_exception``, a role it does not know)."""
+        from jinja2 import TemplateError
+
+        cap = _Capture(self._tokenize)
+        kw = {}
+        if tool is not None:
+            kw["tools"] = [{"type": "function", "function": tool}]
+        try:
+            self._handler(llama=cap, messages=messages, **kw)
+        except (TemplateError, ValueError, TypeError, KeyError) as e:
+            raise BadRequest(f"messages: the model's chat template refused them: {e}",
+                             "messages") from None
+        return cap.prompt, cap.stop
