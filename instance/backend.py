@@ -78,6 +78,10 @@ class Backend:
         """Reload the weights after :meth:`sleep`; the ``ready`` payload."""
         return self.load()
 
+    def refuse_queued(self, reason: str) -> None:
+        """Requests not started yet end with ``("error", reason)``; running
+        ones go on (the first step of a stop)."""
+
     def close(self, reason: str) -> None:
         """Stop: every queued and running request ends with ``("error",
         reason)``; nothing more is served."""

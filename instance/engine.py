@@ -89,6 +89,7 @@ class Engine:
         self._waiting: deque[Job] = deque()
         self._kicked = False
         self._close_reason: str | None = None
+        self._refuse: str | None = None
         self._sleep_done: threading.Event | None = None
         self._asleep = False
         self._closed = False
@@ -181,6 +182,14 @@ class Engine:
             with self._model_lock:
                 self._closed = True
                 self._free()
+
+    def refuse_waiting(self, reason: str) -> None:
+        """Requests not yet started (queued for a slot or KV room) end now
+        with ``("error", reason)``; running ones go on (a stop that lets
+        them finish, issue 11: nothing accepted is dropped silently)."""
+        with self._cond:
+            self._refuse = reason
+            self._cond.notify()
 
     # ---- tokens -------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
@@ -326,15 +335,19 @@ class Engine:
             while True:
                 with self._cond:
                     while not (self._inbox or self._kicked or self._close_reason is not None
-                               or self._sleep_done is not None or self._busy()):
+                               or self._sleep_done is not None or self._refuse is not None
+                               or self._busy()):
                         self._cond.wait()
                     self._waiting.extend(self._inbox)
                     self._inbox = []
                     self._kicked = False
                     reason = self._close_reason
+                    refuse, self._refuse = self._refuse, None
                 if reason is not None:
                     self._shutdown(reason)
                     return
+                while refuse is not None and self._waiting:
+                    self._fail(self._waiting.popleft(), refuse)
                 if self._sleep_done is not None and not self._busy():
                     self._do_sleep()
                     continue

@@ -244,6 +244,11 @@ class LlamaBackend(Backend):
         if self.engine is not None:
             self.engine.close(reason)
 
+    def refuse_queued(self, reason: str) -> None:
+        """Requests still waiting for a slot end with ``("error", reason)``."""
+        if self.engine is not None:
+            self.engine.refuse_waiting(reason)
+
     # ---- requests -----------------------------------------------------------
     def start(self, kind: str, body: dict, sink: Sink, request_id: str = "") -> Callable[[], None]:
         from .engine import InvalidRequest
@@ -290,7 +295,10 @@ class LlamaBackend(Backend):
         stops = ([stop] if isinstance(stop, str) else list(stop or [])) + stops
         lp = body.get("logprobs")
         if kind == "chat":
-            top = body.get("top_logprobs") or 0 if lp else None
+            if lp is not None and not isinstance(lp, bool):
+                raise BadRequest("'logprobs' of a chat request must be true or false (the "
+                                 "number of alternatives is 'top_logprobs')", "logprobs")
+            top = (body.get("top_logprobs") or 0) if lp else None
         else:
             top = None if lp is None or lp is False else (0 if lp is True else int(lp))
         max_tokens = body.get("max_tokens")

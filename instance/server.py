@@ -151,7 +151,8 @@ class InstanceApp:
         """``exit``: refuse what is not started, give the running requests
         ``drain_s`` seconds, then end them with an error event."""
         self.stopping = True
-        await self.loop.run_in_executor(self.executor, self._refuse_queued)
+        await self.loop.run_in_executor(self.executor, self.backend.refuse_queued,
+                                        "the instance is stopping")
         try:
             await asyncio.wait_for(self.idle.wait(), drain_s)
         except TimeoutError:
@@ -163,11 +164,6 @@ class InstanceApp:
             await asyncio.wait_for(self.idle.wait(), 1.0)
         except TimeoutError:
             pass
-
-    def _refuse_queued(self) -> None:
-        refuse = getattr(self.backend, "refuse_queued", None)
-        if refuse is not None:
-            refuse("the instance is stopping")
 
     async def handle(self, conn: HttpConnection, req: Request) -> None:
         path = req.path

@@ -128,7 +128,7 @@ def test_a_long_prompt_is_read_in_chunks_while_other_streams_keep_generating(eng
         streams.append(j)
     wait_for(lambda: all(rec.kinds(f"s{i}").count("text") >= 2 for i in range(3)), 120,
              what="three streams generating")
-    long_text = " ".join(f"item {i} is a token or two of filler;" for i in range(220))
+    long_text = " ".join(f"item {i} is a token or two of filler;" for i in range(120))
     prompt = engine.tokenize(chat(f"Summarise: {long_text}"))
     assert 1400 <= len(prompt) <= 1900, len(prompt)
     sink = rec.sink("long")

@@ -132,7 +132,8 @@ def test_malformed_fields_are_400_naming_the_field_never_500(smol):
         ("/v1/chat/completions", chat(response_format={"type": "xml"}), "response_format.type"),
         ("/v1/chat/completions", chat(stream="yes"), "stream"),
         ("/v1/completions", {"prompt": "Hi", "stream": 1}, "stream"),
-        ("/v1/chat/completions", chat(logprobs=True), "logprobs"),
+        ("/v1/chat/completions", chat(logprobs=3), "logprobs"),
+        ("/v1/chat/completions", chat(n=9), "n"),
         ("/completion", {"prompt": "Hi", "mirostat": 5}, "mirostat"),
         ("/completion", {"prompt": "Hi", "n_predict": "x"}, "n_predict"),
     ]
@@ -213,7 +214,7 @@ def test_embedding_inputs_are_bounded_in_number_and_length(smol):
 def busy(s: Server) -> bool:
     status, doc = s.json("GET", f"/slots?model={SMOL}")
     assert status == 200, doc
-    return doc[0]["is_processing"]
+    return any(slot["is_processing"] for slot in doc)
 
 
 def post_and_leave(s: Server, path: str, body: dict) -> None:
