@@ -306,10 +306,15 @@ class LlamaBackend(Backend):
             max_tokens = body.get("max_completion_tokens")
         if max_tokens is None and is_int(body.get("n_predict")):
             max_tokens = body["n_predict"]
-        gen = Generation(prompt, self._sampling(body, gbnf, n_vocab), max_tokens=max_tokens,
+        sampling = self._sampling(body, gbnf, n_vocab)
+        # a seeded draw repeats only if the logits do to the last digit: reusing a
+        # cached prefix evaluates the prompt's end in another batch shape, which
+        # changes them slightly, and a draw over the whole vocabulary feels it
+        seeded = sampling.seed is not None and sampling.temperature > 0
+        gen = Generation(prompt, sampling, max_tokens=max_tokens,
                          stop=stops, n=body.get("n") or 1,
                          ignore_eos=body.get("ignore_eos") is True,
-                         cache_prompt=body.get("cache_prompt") is not False,
+                         cache_prompt=body.get("cache_prompt") is not False and not seeded,
                          logprobs=top, request_id=request_id)
         opts = body.get("stream_options") or {}
         answer = Answer(sink, kind, self._model(body), gen.n, stream=body.get("stream") is True,

