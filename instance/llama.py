@@ -160,10 +160,14 @@ class LlamaBackend(Backend):
         unless given: the cache all slots share, issue 12) + compute
         estimate; ``max`` = the same with every slot at the model's trained
         context. KV: K and V, f16, ``n_layer * n_head_kv * head_dim`` per
-        token. Compute:
-        ``4 * n_ubatch * (4 * n_embd + 2 * n_ff + n_head * n_kv)`` bytes,
-        llama.cpp's CPU graph buffers to within tens of MiB for small models;
-        the ``effective`` figure a ready instance reports calibrates it.
+        token. Compute: ``4 * n_ubatch * (4 * n_embd + 2 * n_ff +
+        max(n_vocab, n_head * n_kv))`` bytes, where ``n_kv`` is the cells one
+        token attends over (``kv-size`` in a shared cache, ``ctx-size`` in a
+        slot's own stream): the graph holds either a micro-batch's logits or
+        its attention scores at its peak; within 5% of llama.cpp's CPU
+        compute buffer for smollm2 at 4 x 2048 tokens (99 MiB streams, 166
+        MiB shared); the ``effective`` figure a ready instance reports
+        calibrates it.
         With ``--n-gpu-layers`` and a GPU, the offloaded share of weights and
         KV is put on ``gpu0``. Bytes per device key.
         """
@@ -177,7 +181,7 @@ class LlamaBackend(Backend):
         params.vocab_only = True
         model = LlamaModel(path_model=self.path, params=params, verbose=False)
         try:
-            md = model.metadata()
+            md, n_vocab = model.metadata(), model.n_vocab()
         finally:
             model.close()
         arch = md.get("general.architecture", "llama")
@@ -197,15 +201,20 @@ class LlamaBackend(Backend):
         n_ctx_train = int(num("context_length", self.args.ctx_size)) or self.args.ctx_size
         n_ubatch = 512
 
-        def need(n_ctx: int) -> int:
-            kv = 2 * n_layer * n_ctx * n_head_kv * head_dim * 2
-            compute = 4 * n_ubatch * (4 * n_embd + 2 * n_ff + n_head * n_ctx)
-            return weights + kv + compute
-
         ctx = self.args.ctx_size or n_ctx_train
-        parallel = self._config().parallel
-        kv = getattr(self.args, "kv_size", 0) or ctx * parallel
-        lo, hi = need(kv), need(max(kv, n_ctx_train * parallel))
+        cfg = self._config()
+        parallel = cfg.parallel
+        kv = cfg.kv_size or ctx * parallel
+        unified = cfg.kv_unified if cfg.kv_unified is not None else kv < ctx * parallel
+
+        def need(cells: int, per_slot: int) -> int:
+            kv_bytes = 2 * n_layer * cells * n_head_kv * head_dim * 2
+            attended = cells if unified else per_slot
+            compute = 4 * n_ubatch * (4 * n_embd + 2 * n_ff + max(n_vocab, n_head * attended))
+            return weights + kv_bytes + compute
+
+        lo = need(kv, ctx)
+        hi = need(max(kv, n_ctx_train * parallel), max(ctx, n_ctx_train))
         ngl = self.args.n_gpu_layers
         if ngl and _gpu_count() > 0:
             frac = 1.0 if ngl < 0 else min(1.0, ngl / max(1, n_layer))

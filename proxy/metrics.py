@@ -1,6 +1,15 @@
-"""The router's ``GET /metrics``: Prometheus text for the whole server."""
+"""The router's ``GET /metrics``: Prometheus text for the whole server.
+
+Besides the proxies' and supervisor's figures from shared memory, the
+families each local replica exports (llama-server's ``llamacpp:`` names,
+which the built-in instance uses too) are scraped from the replicas at
+request time (:func:`scrape_replicas`) and summed per model (issue 12).
+"""
 
 from __future__ import annotations
+
+import asyncio
+import logging
 
 import numpy as np
 
@@ -8,13 +17,79 @@ from ..shm import layout as L
 from ..shm.segment import Segment
 from ..shm.seqlock import read_table
 
+log = logging.getLogger(__name__)
+
+# a replica's family -> (the router's per-model family, kind, help)
+REPLICA_FAMILIES = {
+    "llamacpp:prompt_tokens_total": ("ggmux_model_prompt_tokens_total", "counter",
+                                     "Prompt tokens the model's replicas evaluated."),
+    "llamacpp:cached_tokens_total": ("ggmux_model_cached_tokens_total", "counter",
+                                     "Prompt tokens reused from a slot's cache."),
+    "llamacpp:tokens_predicted_total": ("ggmux_model_tokens_predicted_total", "counter",
+                                        "Tokens the model's replicas generated."),
+    "llamacpp:tokens_predicted_seconds_total": (
+        "ggmux_model_tokens_predicted_seconds_total", "counter",
+        "Seconds of generation, summed over requests (tokens / seconds = tokens/s per stream)."),
+    "llamacpp:requests_processing": ("ggmux_model_requests_processing", "gauge",
+                                     "Requests in the replicas' slots."),
+    "llamacpp:requests_deferred": ("ggmux_model_requests_deferred", "gauge",
+                                   "Requests queued inside replicas for a slot or KV room."),
+    "llamacpp:slots": ("ggmux_model_slots", "gauge", "Slots of the ready replicas."),
+    "llamacpp:kv_cache_tokens": ("ggmux_model_kv_cache_tokens", "gauge",
+                                 "KV cache cells reserved or holding a slot's cache."),
+    "llamacpp:kv_cache_size": ("ggmux_model_kv_cache_size", "gauge",
+                               "KV cache cells of the ready replicas."),
+}
+
+
+async def _scrape(port: int, timeout: float) -> dict[str, float]:
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
+    try:
+        writer.write(b"GET /metrics HTTP/1.1\r\nhost: ggmux\r\nconnection: close\r\n\r\n")
+        data = await asyncio.wait_for(reader.read(-1), timeout)
+    finally:
+        writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        return {}
+    out: dict[str, float] = {}
+    for line in body.decode("utf-8", "replace").splitlines():
+        name, _, value = line.partition(" ")
+        if name in REPLICA_FAMILIES:
+            try:
+                out[name] = float(value.split()[0])
+            except (ValueError, IndexError):
+                pass
+    return out
+
+
+async def scrape_replicas(replica_rows: np.ndarray, timeout: float = 1.0) -> dict[int, dict]:
+    """Per model index, the sums of :data:`REPLICA_FAMILIES` over its ready
+    local replicas (a replica that does not answer within ``timeout``
+    seconds, or has no such families, adds nothing)."""
+    ready = [(int(r[L.R_MODEL]), int(r[L.R_PORT])) for r in replica_rows
+             if r[L.R_STATUS] == L.ReplicaStatus.READY and r[L.R_PID] > 0 and r[L.R_PORT] > 0]
+    results = await asyncio.gather(*(_scrape(port, timeout) for _, port in ready),
+                                   return_exceptions=True)
+    sums: dict[int, dict] = {}
+    for (m, port), got in zip(ready, results):
+        if isinstance(got, BaseException):
+            log.debug("no metrics from the replica on port %d: %s", port, got)
+            continue
+        acc = sums.setdefault(m, {})
+        for k, v in got.items():
+            acc[k] = acc.get(k, 0.0) + v
+    return sums
+
 
 def metrics_text(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
-                 replica_rows: np.ndarray) -> bytes:
+                 replica_rows: np.ndarray, replicas: dict[int, dict] | None = None) -> bytes:
     """Prometheus text exposition (version 0.0.4) for the whole server,
     summed over every proxy's counter rows: per model requests, errors, in
     flight, waiting, the TTFT histogram (seconds), loads, evictions, load
-    seconds, memory (bytes) and open circuits; per device memory (bytes)."""
+    seconds, memory (bytes) and open circuits; per device memory (bytes);
+    and, from ``replicas`` (:func:`scrape_replicas`), the replicas' own
+    token, slot, queue and KV figures per model."""
     mc = seg.mcounters.sum(axis=0)
     cnt = seg.counters
     inflight = cnt[:, :, L.C_IN_FLIGHT].sum(axis=0)
@@ -73,6 +148,11 @@ def metrics_text(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
         slots = np.flatnonzero(reps[:, L.R_MODEL] == i)
         opened = int((cnt[:, slots, L.C_CIRCUIT] == L.CircuitState.OPEN).any(axis=0).sum())
         out.append(f'ggmux_replica_circuit_open{{model="{n}"}} {opened}\n')
+    for src, (name, kind, help_) in REPLICA_FAMILIES.items():
+        have = [(i, n) for i, n in models if src in (replicas or {}).get(i, {})]
+        if have:
+            fam(name, kind, help_)
+            out.extend(f'{name}{{model="{n}"}} {replicas[i][src]:g}\n' for i, n in have)
     fam("ggmux_device_memory_bytes", "gauge", "Memory per device at the last calibration.")
     for d in read_table(seg.devices):
         dev = ("host" if int(d[L.D_KIND]) == 0 else f"gpu{int(d[L.D_INDEX])}")

@@ -92,7 +92,7 @@ from .http import (
 )
 from .listing import ModelEvents, models_list
 from .logs import LogTail
-from .metrics import metrics_text
+from .metrics import metrics_text, scrape_replicas
 from .overview import overview
 from .page import Page
 from .upstream import Exchange, UpstreamError, UpstreamPool, request_head
@@ -519,8 +519,9 @@ class Proxy:
             name = self._query_model(req)
             if name is None and path == b"/metrics":
                 self.refresh()
+                replicas = await scrape_replicas(self.replica_rows)
                 text = metrics_text(self.seg, self.reg_models, self.model_rows,
-                                    self.replica_rows)
+                                    self.replica_rows, replicas)
                 text += "".join(metrics_lines(self.cluster)).encode()
                 conn.send_response(req, 200, text, b"text/plain; version=0.0.4")
             elif name is None:

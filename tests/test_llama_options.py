@@ -6,10 +6,11 @@ from ggmux.instance.llama import llama_kwargs, model_parts
 def test_known_llama_cpp_options_map_to_llama_keywords():
     kw = llama_kwargs(["--batch-size", "256", "-ub", "64", "--no-mmap", "--mlock",
                        "--cache-type-k", "q8_0", "-ctv", "f16", "--flash-attn", "on",
-                       "--seed", "-1", "--rope-freq-base", "10000"])
+                       "--seed", "-1", "--rope-freq-base", "10000", "-np", "3",
+                       "--no-kv-unified"])
     assert kw == {"n_batch": 256, "n_ubatch": 64, "use_mmap": False, "use_mlock": True,
                   "type_k": 8, "type_v": 1, "flash_attn": True, "seed": -1,
-                  "rope_freq_base": 10000.0}
+                  "rope_freq_base": 10000.0, "parallel": 3, "kv_unified": False}
 
 
 def test_unknown_options_and_bad_cache_types_are_ignored():
