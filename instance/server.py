@@ -122,6 +122,9 @@ class InstanceApp:
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
+        self._flushing: set[HttpConnection] = set()  # closed after an error event, not yet gone
+        self._flushed = asyncio.Event()
+        self._flushed.set()
         self._switching = asyncio.Lock()  # one sleep or wake at a time
 
     async def sleep_or_wake(self, cmd: str) -> None:
@@ -160,10 +163,17 @@ class InstanceApp:
                      self.in_flight, drain_s)
         await self.loop.run_in_executor(self.executor, self.backend.close,
                                         "the instance is stopping")
-        try:  # let the error events reach their clients
+        try:  # let the error events reach their clients before the process ends
             await asyncio.wait_for(self.idle.wait(), 1.0)
+            await asyncio.wait_for(self._flushed.wait(), 1.0)
         except TimeoutError:
             pass
+
+    def connection_closed(self, conn: HttpConnection) -> None:
+        """``on_close`` of every connection (its output is flushed or dropped)."""
+        self._flushing.discard(conn)
+        if not self._flushing:
+            self._flushed.set()
 
     async def handle(self, conn: HttpConnection, req: Request) -> None:
         path = req.path
@@ -328,6 +338,8 @@ class InstanceApp:
                 err = {"error": {"message": message, "type": "server_error",
                                  "code": 503 if self.stopping else 500}}
                 conn.send_chunk(b"data: " + orjson.dumps(err) + b"\n\n")
+                self._flushing.add(conn)
+                self._flushed.clear()
                 conn.close()  # no terminating chunk: the client cannot take it for a clean end
                 conn.finish(req)
                 return
@@ -497,7 +509,8 @@ def main(argv: list[str] | None = None) -> int:
         sock.listen(128)
     sock.setblocking(False)
     server = loop.run_until_complete(
-        loop.create_server(lambda: HttpConnection(app.handle, limits), sock=sock)
+        loop.create_server(lambda: HttpConnection(app.handle, limits,
+                                                  on_close=app.connection_closed), sock=sock)
     )
     port = sock.getsockname()[1]
     state["loading"] = False
