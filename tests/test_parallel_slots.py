@@ -78,8 +78,8 @@ class Streams:
                     continue
                 payload = line[6:].strip()
                 self._add(tag, "DONE" if payload == b"[DONE]" else json.loads(payload))
-        except (OSError, http.client.HTTPException, ValueError):
-            pass
+        except (OSError, http.client.HTTPException, ValueError, AttributeError):
+            pass  # the test left (http.client then fails in odd ways)
         self._add(tag, ("closed",))
 
     def _add(self, tag: str, ev: object) -> None:
