@@ -17,7 +17,11 @@ from collections.abc import Callable
 
 from .answers import Answer, embedding_answer
 from .backend import Backend, Sink
-from .structured import forced_tool, structured_output
+from .chat import ChatTemplate
+from .engine import Embedding, Engine, Generation, InvalidRequest
+from .model import EngineConfig
+from .sampling import Sampling
+from .structured import forced_tool, schema_grammar, structured_output
 from .validate import (
     BadRequest,
     chat_messages,
@@ -133,8 +137,6 @@ class LlamaBackend(Backend):
         self.slots = self._config().parallel
 
     def _config(self):
-        from .model import EngineConfig
-
         kw = llama_kwargs(getattr(self.args, "llama_args", []) or [])
         self.chat_format = kw.pop("chat_format", None)
         cfg = EngineConfig(self.path, ctx_size=self.args.ctx_size,
@@ -226,9 +228,6 @@ class LlamaBackend(Backend):
         return {"min": {"host": lo}, "max": {"host": hi}, "n_ctx_train": n_ctx_train}
 
     def load(self) -> dict:
-        from .chat import ChatTemplate
-        from .engine import Engine
-
         self.engine = Engine(self._config())
         info = self.engine.load()
         e = self.engine
@@ -260,8 +259,6 @@ class LlamaBackend(Backend):
 
     # ---- requests -----------------------------------------------------------
     def start(self, kind: str, body: dict, sink: Sink, request_id: str = "") -> Callable[[], None]:
-        from .engine import InvalidRequest
-
         try:
             if kind == "embedding":
                 job = self._embedding(body, sink, request_id)
@@ -275,8 +272,6 @@ class LlamaBackend(Backend):
         return body["model"] if isinstance(body.get("model"), str) else self.name
 
     def _generation(self, kind: str, body: dict, sink: Sink, request_id: str):
-        from .engine import Generation
-
         check_sampling(body, max_n=self.slots)
         n_vocab = self.engine.n_vocab
         tool = None
@@ -289,8 +284,6 @@ class LlamaBackend(Backend):
                 if gbnf is not None:
                     raise BadRequest("a forced tool call cannot be combined with a grammar or "
                                      "JSON schema", "tool_choice")
-                from .structured import schema_grammar
-
                 gbnf = schema_grammar(tool["parameters"], self.limits, "tool_choice")
             prompt, stops = self.template.prompt(messages, tool)
         else:
@@ -333,8 +326,6 @@ class LlamaBackend(Backend):
         return self.engine.submit(gen, answer.on_event)
 
     def _sampling(self, body: dict, gbnf: str | None, n_vocab: int):
-        from .sampling import Sampling
-
         s = Sampling(grammar=gbnf, logit_bias=logit_bias(body, n_vocab) or {})
         for k in ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty",
                   "presence_penalty", "frequency_penalty", "mirostat_tau", "mirostat_eta"):
@@ -354,8 +345,6 @@ class LlamaBackend(Backend):
         return s
 
     def _embedding(self, body: dict, sink: Sink, request_id: str):
-        from .engine import Embedding
-
         e = self.engine
         inputs = embedding_inputs(body, e.n_vocab, self.limits)
         truncate = bool(body.get("truncate"))

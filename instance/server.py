@@ -269,6 +269,13 @@ class InstanceApp:
         for name, kind, v in families:
             if v is not None:
                 lines += [f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {v:g}"]
+        for name, tokens, seconds in (
+                ("prompt_tokens_seconds", "prompt_tokens_total", "prompt_seconds_total"),
+                ("predicted_tokens_seconds", "predicted_tokens_total",
+                 "predicted_seconds_total")):
+            if m.get(seconds):  # llama-server's averages: tokens per second of a request
+                lines += [f"# TYPE llamacpp:{name} gauge",
+                          f"llamacpp:{name} {m[tokens] / m[seconds]:.3f}"]
         if m.get("kv_size"):
             lines += ["# TYPE llamacpp:kv_cache_usage_ratio gauge",
                       f"llamacpp:kv_cache_usage_ratio {m['kv_used'] / m['kv_size']:.6f}"]
@@ -292,7 +299,7 @@ class InstanceApp:
             conn.send_error(req, 400, str(e), param=getattr(e, "param", None))
             return
         except Exception as e:
-            log.exception("request set-up failed")
+            log.exception("generation failed")
             conn.send_error(req, 500, f"generation failed: {e}")
             return
 
