@@ -52,6 +52,12 @@ def model_parts(path: str) -> list[str]:
     return [p for p in parts if os.path.exists(p)]
 
 
+def _on_off_auto(v) -> bool | None:
+    """llama.cpp's ``on``/``off``/``auto`` (None: llama.cpp decides)."""
+    t = str(v).lower()
+    return None if t == "auto" else t in ("on", "1", "true", "enabled")
+
+
 # llama.cpp option -> (EngineConfig field, or chat_format, converter); preset
 # keys arrive as llama-server options ("--batch-size 256", "--no-mmap", ...)
 _LLAMA_OPTIONS = {
@@ -64,8 +70,8 @@ _LLAMA_OPTIONS = {
     "--main-gpu": ("main_gpu", int), "-mg": ("main_gpu", int),
     "--cache-type-k": ("type_k", str), "-ctk": ("type_k", str),
     "--cache-type-v": ("type_v", str), "-ctv": ("type_v", str),
-    "--flash-attn": ("flash_attn", lambda v: str(v).lower() in ("on", "1", "true", "auto")),
-    "-fa": ("flash_attn", lambda v: str(v).lower() in ("on", "1", "true", "auto")),
+    "--flash-attn": ("flash_attn", lambda v: _on_off_auto(v)),
+    "-fa": ("flash_attn", lambda v: _on_off_auto(v)),
     "--chat-template": ("chat_format", str),
     "--parallel": ("parallel", int), "-np": ("parallel", int),
 }

@@ -34,7 +34,10 @@ class EngineConfig:
     from the model: an embedding model). ``seed`` is the draw's seed for
     requests that give none (default: random). ``slot_prompt_similarity``:
     the share of a prompt a slot's cache must match to be chosen for it
-    (llama-server's ``--slot-prompt-similarity``, 0.1). ``kv_unified``
+    (llama-server's ``--slot-prompt-similarity``, 0.1). ``flash_attn``
+    None is llama.cpp's ``auto`` (on where the backend has it, the CPU
+    included), as llama-server; llama-cpp-python's ``Llama`` turns it off.
+    ``kv_unified``
     (llama-server's ``--kv-unified``): one cache whose cells any slot may
     use, or one stream of ``kv_size / parallel`` cells per slot; None
     chooses: a stream per slot when each gets a whole ``ctx_size`` (the
@@ -59,7 +62,7 @@ class EngineConfig:
     use_mlock: bool = False
     type_k: int | None = None
     type_v: int | None = None
-    flash_attn: bool = False
+    flash_attn: bool | None = None
     rope_freq_base: float = 0.0
     rope_freq_scale: float = 0.0
     embedding: bool = False
@@ -123,7 +126,8 @@ class ModelContext:
         threads = cfg.n_threads or os.cpu_count() or 1
         cp.n_threads = threads
         cp.n_threads_batch = cfg.n_threads_batch or threads
-        cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if cfg.flash_attn
+        cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_AUTO if cfg.flash_attn is None
+                              else L.LLAMA_FLASH_ATTN_TYPE_ENABLED if cfg.flash_attn
                               else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         if cfg.type_k is not None:
             cp.type_k = cfg.type_k
