@@ -12,8 +12,13 @@ the first token; ``token_s`` (0.002) delay between tokens; ``tokens`` (8)
 tokens per answer unless the request's ``max_tokens`` is smaller;
 ``mem_bytes`` (0) effective host memory reported when ready; ``min_bytes``
 / ``max_bytes`` memory reported by ``--measure``, after ``measure_s`` (0); ``fail_requests`` (bool)
-answer requests with an error (so does the existence of a file
-``BEHAVIOUR.json.fail-<pid>``, which lets a test break and mend one replica).
+answer requests with the replica's own fault, a 500 marked ``fault`` (so does
+the existence of a file ``BEHAVIOUR.json.fail-<pid>``, which lets a test break
+and mend one replica); ``bad_request_marker`` (str) a request whose JSON body
+contains it fails with a plain 500, an error the request caused (llama.cpp
+answers some bad grammars so); ``crash_marker`` (str) a request whose JSON
+body contains it makes the process exit with ``crash_code`` at once, as
+llama.cpp aborts on an out-of-vocabulary token id.
 
 Every answer's text starts ``[<name>:<pid>]`` so a test can tell which model
 and which process served it.
@@ -29,7 +34,7 @@ from collections.abc import Iterator
 import orjson
 
 from . import protocol
-from .server import Backend
+from .server import Backend, ReplicaFault
 from .validate import BadRequest
 
 
@@ -78,6 +83,21 @@ class FakeBackend(Backend):
         return {"n_ctx": self.n_ctx, "effective": {"host": int(self.cfg.get("mem_bytes", 0))}}
 
     # ---- generation ---------------------------------------------------------
+    def _check(self, body: dict) -> None:
+        """The request-triggered behaviours: ``crash_marker``, ``bad_request_marker``."""
+        c = self.cfg
+        text = None
+        for key, act in (("crash_marker", "crash"), ("bad_request_marker", "fail")):
+            marker = c.get(key)
+            if not marker:
+                continue
+            if text is None:
+                text = orjson.dumps(body).decode()
+            if marker in text:
+                if act == "crash":
+                    os._exit(int(c.get("crash_code", 3)))
+                raise RuntimeError(f"request failed on {marker!r}")
+
     def _tokens(self, body: dict) -> list[str]:
         n = int(self.cfg.get("tokens", 8))
         mt = body.get("max_tokens") or body.get("max_completion_tokens")
@@ -87,8 +107,9 @@ class FakeBackend(Backend):
         return [first] + [" tok"] * max(0, n - 1)
 
     def _gen(self, body: dict, cancel: threading.Event, chat: bool) -> dict | Iterator[dict]:
+        self._check(body)
         if self.cfg.get("fail_requests") or os.path.exists(self.path + f".fail-{os.getpid()}"):
-            raise RuntimeError("fake failure")
+            raise ReplicaFault("fake failure")
         if chat and not isinstance(body.get("messages"), list):
             raise ValueError("'messages' must be a list")
         toks = self._tokens(body)
@@ -138,6 +159,7 @@ class FakeBackend(Backend):
         return {"tokens": [len(w) for w in content.split()]}
 
     def detokenize(self, body: dict) -> dict:
+        self._check(body)
         return {"content": " ".join("x" * int(t) for t in body.get("tokens", []))}
 
     def props(self) -> dict:

@@ -11,6 +11,15 @@ in tests; they differ only in their :class:`Backend`. The process:
    on ``--host``/``--port`` when run by hand, one generation at a time
    (llama.cpp contexts are not re-entrant), stopping a generation when its
    client disconnects.
+
+Issue 11: with a secret (from the supervisor's ``--keys-fd`` pipe, or a
+spare's ``load`` command) every route but ``/health`` needs it as the bearer
+token (401 otherwise), so no local user can go around ggmux's API key. On
+``exit`` the generation in progress finishes, and every request not yet
+started, or arriving after, gets 503 at once, marked ``refused`` in
+:data:`~ggmux.proxy.balancer.REPLICA_HEADER` (the proxy may send it to
+another replica). A :class:`ReplicaFault` is answered 500 marked ``fault``
+(it counts against the replica's circuit); any other error is the request's.
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ from dataclasses import fields
 import orjson
 from setproctitle import setproctitle
 
+from ..proxy.auth import authorized, read_keys
+from ..proxy.balancer import REPLICA_HEADER
 from ..proxy.http import HttpConnection, Request, json_object
 from ..proxy.limits import (
     INSTANCE_LIMIT_NAMES,
@@ -44,7 +55,17 @@ from .validate import BadRequest, RequestLimits, add_request_limit_options
 
 log = logging.getLogger("ggmux.instance")
 
-__all__ = ["Backend", "BadRequest", "InstanceApp", "main"]
+__all__ = ["Backend", "BadRequest", "InstanceApp", "ReplicaFault", "main"]
+
+
+class ReplicaFault(RuntimeError):
+    """The instance itself failed, whatever the request (a broken context,
+    a decode error): answered 500 marked ``fault``, so the replica's circuit
+    counts it (issue 11)."""
+
+
+FAULT = [(REPLICA_HEADER, b"fault")]
+REFUSED = [(REPLICA_HEADER, b"refused"), (b"retry-after", b"1")]
 
 
 class Backend:
@@ -140,7 +161,7 @@ def native_chunk(chunk: dict, final: bool) -> dict:
 class InstanceApp:
     """HTTP handler of one instance; see the module docstring."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, secret: str | None = None) -> None:
         self.backend = backend
         self.loop = asyncio.get_event_loop()
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="generate")
@@ -148,6 +169,29 @@ class InstanceApp:
         self.ready = False
         self.rss0 = 0
         self.requests = 0
+        self.secret = secret.encode() if secret else None
+        self.stopping = asyncio.Event()  # `exit` came: start nothing new
+
+    async def _turn(self) -> bool:
+        """Take the generation lock; False, without it, when the instance
+        stops first (a request queued behind a generation must not wait
+        for one it will never get)."""
+        if self.stopping.is_set():
+            return False
+        if not self.lock.locked():
+            await self.lock.acquire()
+            return True
+        got = asyncio.ensure_future(self.lock.acquire())
+        stop = asyncio.ensure_future(self.stopping.wait())
+        await asyncio.wait((got, stop), return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not got.done():
+            got.cancel()
+            return False
+        if self.stopping.is_set():  # its turn came with the stop: not started
+            self.lock.release()
+            return False
+        return True
 
     async def sleep_or_wake(self, cmd: str) -> None:
         """``sleep``: free the weights, keep the process (state ``sleeping``);
@@ -179,6 +223,14 @@ class InstanceApp:
                 conn.send_json(req, 200, {"status": "ok"})
             else:
                 conn.send_error(req, 503, "Loading model", headers=[(b"retry-after", b"1")])
+            return
+        if not authorized(req, self.secret):
+            conn.send_error(req, 401, "this instance takes requests from ggmux's proxies only",
+                            code="invalid_api_key", headers=[(b"www-authenticate", b"Bearer")])
+            return
+        if self.stopping.is_set():
+            conn.send_error(req, 503, "the instance is stopping", code="shutting_down",
+                            headers=REFUSED)
             return
         if path in (b"/v1/models", b"/models"):
             conn.send_json(
@@ -220,12 +272,16 @@ class InstanceApp:
         body = json_object(conn, req)
         if body is None:
             return
-        async with self.lock:
+        if not await self._turn():
+            conn.send_error(req, 503, "the instance is stopping", code="shutting_down",
+                            headers=REFUSED)
+            return
+        try:
             if req.disconnected:
                 conn.finish(req)
                 return
             if not self.ready:
-                conn.send_error(req, 503, "model is asleep", headers=[(b"retry-after", b"1")])
+                conn.send_error(req, 503, "model is asleep", headers=REFUSED)
                 return
             self.requests += 1
             if kind in ("tokenize", "detokenize"):
@@ -238,6 +294,8 @@ class InstanceApp:
                 conn.send_json(req, 200, out)
                 return
             await self._generate(conn, req, kind, body)
+        finally:
+            self.lock.release()
 
     async def _generate(self, conn: HttpConnection, req: Request, kind: str, body: dict) -> None:
         cancel = threading.Event()
@@ -272,7 +330,8 @@ class InstanceApp:
             return
         except Exception as e:
             log.exception("generation failed")
-            conn.send_error(req, 500, f"generation failed: {e}")
+            conn.send_error(req, 500, f"generation failed: {e}",
+                            headers=FAULT if isinstance(e, ReplicaFault) else ())
             return
         if req.disconnected:  # an embedding batch cut short: nobody to answer
             conn.finish(req)
@@ -322,6 +381,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="start, import everything, then wait for a 'load {json}' command")
     ap.add_argument("--name", default=None, help="model name reported in responses")
     ap.add_argument("--fd", type=int, default=None, help="listening socket from the supervisor")
+    ap.add_argument("--keys-fd", type=int, default=None,
+                    help='inherited pipe holding {"secret": HEX} as JSON (from the supervisor)')
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--ctx-size", type=int, default=2048)
@@ -374,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     setproctitle(process_title(args))
     protocol.claim_stdout()
+    # the secret comes through a pipe, never argv or the environment (issue 11)
+    secret = read_keys(args.keys_fd).get("secret") if args.keys_fd is not None else None
     state: dict = {"loading": True, "load_event": threading.Event()}
     stop = threading.Event()
 
@@ -432,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
             setattr(args, name, getattr(given, name))
         args.slot = la.get("slot")
         setproctitle(process_title(args))
+        secret = la.get("secret") or secret
     backend = make_backend(args)
     if args.measure:
         protocol.emit("measured", **backend.measure())
@@ -457,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     state["loop"] = loop
-    app = InstanceApp(backend)
+    app = InstanceApp(backend, secret)
     app.rss0 = rss0
     state["app"] = app
     limits = limits_from_args(args)
@@ -484,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
 
     async def wait_stop() -> None:
         await stop_event.wait()
+        app.stopping.set()  # requests not started get 503 now
         server.close()
         # let the generation in progress finish (stop-timeout bounds it)
         async with app.lock:

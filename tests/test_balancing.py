@@ -52,7 +52,10 @@ def test_failing_replica_is_skipped_and_taken_back_after_it_recovers(serve, fake
     f = fakes.add("m", tokens=1)
     s = serve("--models-preset", preset(tmp_path, f"[m]\nmodel = {f}\nreplicas = 2\n"),
               "--no-hf-cache", "--proxies", "1", "--models-max", "2")
-    pids = set()
+    pids = {served_by(s.request("POST", CHAT, chat_body("m"))[2])[1]}
+    # both must be ready before the choice can fall on both (the second may
+    # take longer to start than 40 requests take to answer)
+    wait_for(lambda: s.seg.models[0, L.M_REPLICAS] == 2, 20, what="two replicas ready")
     for _ in range(40):
         pids.add(served_by(s.request("POST", CHAT, chat_body("m"))[2])[1])
         if len(pids) == 2:

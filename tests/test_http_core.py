@@ -13,6 +13,7 @@ import asyncio
 import json
 import select
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -981,7 +982,10 @@ class Replica:
             conn.close()
         elif path == b"/close-on-reuse" and n > 1:
             # the keep-alive race: the replica closed a connection the proxy
-            # still had in its pool; it gets the request and answers nothing
+            # still had in its pool; the request meets a closed socket, which
+            # answers with a reset (SO_LINGER 0 makes this close one)
+            sock = conn.transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             conn.transport.abort()
             conn.close()
         elif path == b"/hold":
