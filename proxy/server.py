@@ -434,6 +434,14 @@ class Proxy:
         self.breakers[slot].record(False, now)
         if err.timeout:
             cw[L.C_TIMEOUT_NS] = now
+            # its TTFT was at least the timeout: a sample that steers the
+            # balancer to the other replicas at once (the circuit needs
+            # three faults), until the replica has been left alone for
+            # ttft_forget_s and is tried again
+            us = self.model_first_byte_ns[m] // 1000
+            old = cw[L.C_TTFT_EWMA_US]
+            cw[L.C_TTFT_EWMA_US] = us if old == 0 else int(old + TTFT_ALPHA * (us - old))
+            cw[L.C_TTFT_COUNT] += 1
         cw[L.C_ERRORS] += 1
         self.mcw[m][L.MC_ERRORS] += 1
         log.warning("proxy %d: %s (attempt %d)", self.index, err, attempt)
