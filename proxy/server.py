@@ -1014,9 +1014,7 @@ def main(argv: list[str] | None = None) -> int:
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
     # keys come through a pipe, never argv or the environment (issue 11)
-    keys = read_keys(args.keys_fd) if args.keys_fd is not None else {
-        "api_key": os.environ.get("GGMUX_API_KEY"),  # until the supervisor passes the pipe
-        "admin_key": os.environ.get("GGMUX_ADMIN_KEY")}
+    keys = read_keys(args.keys_fd) if args.keys_fd is not None else {}
     proxy = Proxy(
         args.index, args.shm, args.mq, args.load_wait, args.queue_timeout, args.max_queue,
         api_key=keys.get("api_key") or None, admin_key=keys.get("admin_key") or None,

@@ -197,6 +197,7 @@ FIELDS: dict[str, Callable[[str], object]] = {
     "weight": _float(positive=True),
     "priority": _int(),
     "max-concurrency": _int(0),
+    "first-byte-timeout": _float(positive=True),
     "cmd": _text,
     "cmd-stop": _text,
     "env": _env,

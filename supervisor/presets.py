@@ -528,6 +528,8 @@ def _apply_field(e: ModelEntry, key: str, v: object) -> None:
         e.priority = int(v)
     elif key == "max-concurrency":
         e.max_concurrency = int(v)
+    elif key == "first-byte-timeout":
+        e.first_byte_timeout = float(v)
     elif key == "cmd":
         e.cmd = str(v)
     elif key == "cmd-stop":

@@ -60,6 +60,8 @@ class ModelEntry:
     ``replicas`` instances to run; ``weight`` relative share of requests
     within a priority tier; ``priority`` tier, lowest served first;
     ``max_concurrency`` requests in flight per replica (0: unlimited);
+    ``first_byte_timeout`` seconds a replica may take to send the first byte
+    of an answer before the request gets 504 (None: ``--first-byte-timeout``);
     ``cmd`` command line for kind ``cmd`` (``${PORT}`` substituted at
     spawn); ``cmd_stop`` command that stops it (llama-swap ``cmdStop``);
     ``env`` extra environment of the instance; ``check_endpoint`` path
@@ -92,6 +94,7 @@ class ModelEntry:
     weight: float = 1.0
     priority: int = 0
     max_concurrency: int = 0
+    first_byte_timeout: float | None = None
     cmd: str | None = None
     cmd_stop: str | None = None
     env: dict[str, str] = field(default_factory=dict)
@@ -121,6 +124,7 @@ class ModelEntry:
             "weight": self.weight,
             "priority": self.priority,
             "max_concurrency": self.max_concurrency,
+            "first_byte_timeout": self.first_byte_timeout,
             "check_endpoint": self.check_endpoint,
             "upstream": [_without_userinfo(u) for u in self.upstream],
             "translate": self.translate,

@@ -57,6 +57,11 @@ class Replica:
     probe_interval: float = 0.0
     next_probe_ns: int = 0
     kill_at_ns: int = 0  # cmd instances: SIGKILL after this (stop-timeout after SIGTERM)
+    # its secret (issue 11): the proxies send it as the bearer token; 0, 0: none
+    secret_hi: int = 0
+    secret_lo: int = 0
+    key_file: str = ""  # a cmd instance's ${API_KEY_FILE}, removed when it exits
+    restart: bool = False  # killed as hung: load the model again once it is gone
 
 
 @dataclass(slots=True)

@@ -4,15 +4,20 @@ replica, tests/recorder.py, where what reaches a replica is the question)."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from http.server import ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
-from conftest import chat_body, open_stream, served_by, wait_for
+from conftest import alive, chat_body, children_of, open_stream, served_by, wait_for
 from ggmux.shm import layout as L
 from recorder import make_handler
 
@@ -234,3 +239,166 @@ def test_client_credentials_never_reach_an_upstream(serve, tmp_path, recorder):
             assert h["authorization"] == "Bearer upstream-key", r
         else:
             assert "authorization" not in h, r
+
+
+# ---- 6: keys are on no command line and in no environment ---------------------
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        kids = children_of(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+def test_keys_are_on_no_child_command_line_nor_in_any_child_environment(serve, fakes,
+                                                                       monkeypatch):
+    fakes.add("m", tokens=1)
+    monkeypatch.setenv("GGMUX_API_KEY", "api-key-from-env-1234")
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "2",
+              "--admin-key", "admin-key-on-argv-5678")
+    auth = {"Authorization": "Bearer api-key-from-env-1234"}
+    assert s.request("POST", CHAT, chat_body("m"), headers=auth)[0] == 200
+    assert s.request("POST", CHAT, chat_body("m"))[0] == 401  # the key is in force
+    # a spare, the instance, the proxies (and the measure child, if still there)
+    wait_for(lambda: len(_descendants(s.proc.pid)) >= 4, 20, what="children started")
+    for pid in _descendants(s.proc.pid):
+        for what in ("cmdline", "environ"):
+            try:
+                with open(f"/proc/{pid}/{what}", "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue  # gone meanwhile
+            assert b"api-key-from-env-1234" not in data, (pid, what)
+            assert b"admin-key-on-argv-5678" not in data, (pid, what)
+            assert b"GGMUX_API_KEY" not in data and b"GGMUX_ADMIN_KEY" not in data, (pid, what)
+
+
+def test_help_names_the_key_variables_and_never_prints_a_key():
+    env = {**os.environ, "GGMUX_API_KEY": "help-leak-1234", "GGMUX_ADMIN_KEY": "help-leak-5678"}
+    out = subprocess.run([sys.executable, "-m", "ggmux.supervisor", "serve", "--help"],
+                         check=True, capture_output=True, text=True, env=env,
+                         timeout=60).stdout
+    assert "$GGMUX_API_KEY" in out and "$GGMUX_ADMIN_KEY" in out
+    assert "help-leak" not in out
+
+
+# ---- 7: no way around the key on the same host ---------------------------------
+
+def test_an_instance_port_takes_only_its_own_secret(serve, fakes):
+    fakes.add("m", tokens=1)
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--api-key", "client-key")
+    auth = {"Authorization": "Bearer client-key"}
+    assert s.request("POST", CHAT, chat_body("m"), headers=auth)[0] == 200
+    port = int(s.seg.replicas[0, L.R_PORT])
+    direct = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    for headers in ({}, auth, {"x-api-key": "client-key"}):
+        direct.request("POST", CHAT, json.dumps(chat_body("m")), headers=headers)
+        r = direct.getresponse()
+        assert r.status == 401, (headers, r.read())
+        r.read()
+    direct.request("GET", "/health")  # readiness stays open, as llama-server's
+    assert direct.getresponse().status == 200
+    direct.close()
+    assert s.request("POST", CHAT, chat_body("m"), headers=auth)[0] == 200
+
+
+def test_a_cmd_instance_gets_its_secret_in_an_api_key_file(serve, tmp_path):
+    log = tmp_path / "cmd.jsonl"
+    log.touch()
+    recorder = Path(__file__).with_name("recorder.py")
+    cmd = (f"{sys.executable} {recorder} --port ${{PORT}} --log {log} "
+           "--api-key-file ${API_KEY_FILE}")
+    s = serve("--models-preset", preset(tmp_path, f"[c]\ncmd = {cmd}\n"), "--no-hf-cache",
+              "--proxies", "1")
+    st, _, body = s.request("POST", CHAT, chat_body("c"), timeout=30)
+    assert st == 200, body
+    port = int(s.seg.replicas[0, L.R_PORT])
+    direct = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    direct.request("POST", CHAT, json.dumps(chat_body("c")))
+    assert direct.getresponse().status == 401  # the key file is in force
+    direct.close()
+    sent = [json.loads(line) for line in log.read_text().splitlines()]
+    chats = [r for r in sent if r["path"] == CHAT]
+    assert chats and chats[0]["headers"]["authorization"].startswith("Bearer ")
+    assert len(chats[0]["headers"]["authorization"]) == len("Bearer ") + 32  # 128 bits, hex
+
+
+# ---- a hung replica ----------------------------------------------------------------
+
+def _stop_process(pid: int, stopped: list[int]) -> None:
+    os.kill(pid, signal.SIGSTOP)
+    stopped.append(pid)
+
+
+@pytest.fixture
+def stopped():
+    """Pids a test SIGSTOPped: continued at the end, whatever happened."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def test_hung_replica_gets_504_and_the_next_requests_go_to_the_other(serve, fakes, tmp_path,
+                                                                      stopped):
+    f = fakes.add("m", tokens=1)
+    s = serve("--models-preset", preset(tmp_path, f"[m]\nmodel = {f}\nreplicas = 2\n"
+                                        "first-byte-timeout = 1\n"),
+              "--no-hf-cache", "--proxies", "1", "--models-max", "2", "--spares", "0")
+    pids = {served_by(s.request("POST", CHAT, chat_body("m"))[2])[1]}
+    wait_for(lambda: s.seg.models[0, L.M_REPLICAS] == 2, 20, what="two replicas ready")
+
+    def both() -> bool:
+        pids.add(served_by(s.request("POST", CHAT, chat_body("m"))[2])[1])
+        return len(pids) == 2
+
+    wait_for(both, 20, what="both replicas serving")
+    # the one that served last is the one the balancer prefers now
+    hung = served_by(s.request("POST", CHAT, chat_body("m"))[2])[1]
+    _stop_process(hung, stopped)
+    statuses = []
+    while 504 not in statuses:
+        assert len(statuses) < 30, statuses
+        st, _, body = s.request("POST", CHAT, chat_body("m"), timeout=20)
+        statuses.append(st)
+        if st == 200:
+            assert served_by(body)[1] != hung
+        else:
+            assert st == 504 and json.loads(body)["error"]["code"] == "replica_timeout", body
+    for _ in range(10):  # one timeout is enough to steer the next ones away
+        st, _, body = s.request("POST", CHAT, chat_body("m"), timeout=20)
+        assert st == 200 and served_by(body)[1] != hung, body
+
+
+def test_hung_instance_is_restarted_once_nothing_is_in_flight(serve, fakes, stopped):
+    fakes.add("m", tokens=1)
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0",
+              "--first-byte-timeout", "1")
+    pid = served_by(s.request("POST", CHAT, chat_body("m"))[2])[1]
+    _stop_process(pid, stopped)
+    st, _, body = s.request("POST", CHAT, chat_body("m"), timeout=20)
+    assert st == 504, body
+    wait_for(lambda: not alive(pid), 20, what="the hung instance killed")
+    st, _, body = s.request("POST", CHAT, chat_body("m"), timeout=30)
+    assert st == 200 and served_by(body)[1] != pid, body
+
+
+def test_silent_stream_ends_with_an_error_event(serve, fakes, stopped):
+    fakes.add("m", tokens=50, ttft_s=0.01, token_s=0.05)
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0",
+              "--stream-idle-timeout", "1")
+    pid = served_by(s.request("POST", CHAT, chat_body("m", max_tokens=1))[2])[1]
+    sock = open_stream(s.port, chat_body("m", stream=True), timeout=20)
+    got = b""
+    while b"data:" not in got:
+        got += sock.recv(65536)
+    _stop_process(pid, stopped)
+    out = got + _read_all(sock)
+    assert out.startswith(b"HTTP/1.1 200")
+    assert b'"code":504' in out and b"stream-idle-timeout" in out, out[-400:]
+    assert not out.endswith(b"0\r\n\r\n")  # an error never ends cleanly
