@@ -170,25 +170,37 @@ class InstanceApp:
         self.rss0 = 0
         self.requests = 0
         self.secret = secret.encode() if secret else None
-        self.stopping = asyncio.Event()  # `exit` came: start nothing new
+        self.stopping = False  # `exit` came: start nothing new
+        self._queued: set[asyncio.Task] = set()  # handlers waiting for the lock
+        self._stopped: set[asyncio.Task] = set()  # ... and cancelled by stop()
+
+    def stop(self) -> None:
+        """``exit``: no request starts from now on; those queued behind the
+        generation in progress are woken to answer 503 at once."""
+        self.stopping = True
+        for t in self._queued:
+            self._stopped.add(t)
+            t.cancel()
 
     async def _turn(self) -> bool:
         """Take the generation lock; False, without it, when the instance
         stops first (a request queued behind a generation must not wait
         for one it will never get)."""
-        if self.stopping.is_set():
+        if self.stopping:
             return False
-        if not self.lock.locked():
+        task = asyncio.current_task()
+        self._queued.add(task)
+        try:
             await self.lock.acquire()
-            return True
-        got = asyncio.ensure_future(self.lock.acquire())
-        stop = asyncio.ensure_future(self.stopping.wait())
-        await asyncio.wait((got, stop), return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
-        if not got.done():
-            got.cancel()
+        except asyncio.CancelledError:
+            if task not in self._stopped:
+                raise
+            self._stopped.discard(task)
+            task.uncancel()
             return False
-        if self.stopping.is_set():  # its turn came with the stop: not started
+        finally:
+            self._queued.discard(task)
+        if self.stopping:  # its turn came with the stop: not started
             self.lock.release()
             return False
         return True
@@ -228,7 +240,7 @@ class InstanceApp:
             conn.send_error(req, 401, "this instance takes requests from ggmux's proxies only",
                             code="invalid_api_key", headers=[(b"www-authenticate", b"Bearer")])
             return
-        if self.stopping.is_set():
+        if self.stopping:
             conn.send_error(req, 503, "the instance is stopping", code="shutting_down",
                             headers=REFUSED)
             return
@@ -548,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
 
     async def wait_stop() -> None:
         await stop_event.wait()
-        app.stopping.set()  # requests not started get 503 now
+        app.stop()  # requests not started get 503 now
         server.close()
         # let the generation in progress finish (stop-timeout bounds it)
         async with app.lock:

@@ -96,7 +96,8 @@ from .logs import LogTail
 from .metrics import metrics_text
 from .overview import overview
 from .page import Page
-from .upstream import Exchange, UpstreamError, UpstreamPool, request_head
+from .pool import UpstreamPool
+from .upstream import Exchange, UpstreamError, request_head
 from .waiting import ModelWaiters
 
 log = logging.getLogger("ggmux.proxy")

@@ -33,7 +33,8 @@ from ggmux.proxy.http import (
     http_limit_argv,
     limits_from_args,
 )
-from ggmux.proxy.upstream import Exchange, UpstreamError, UpstreamPool, request_head
+from ggmux.proxy.pool import UpstreamPool
+from ggmux.proxy.upstream import Exchange, UpstreamError, request_head
 
 # ---------------------------------------------------------------------------
 # harness: an event loop thread, servers in it, a strict blocking client
