@@ -25,6 +25,9 @@ def test_two_equal_replicas_share_requests_evenly_across_proxies(serve, fakes, t
     f = fakes.add("m", ttft_s=0.003, token_s=0.0, tokens=1)
     s = serve("--models-preset", preset(tmp_path, f"[m]\nmodel = {f}\nreplicas = 2\n"),
               "--no-hf-cache", "--proxies", "2", "--models-max", "2")
+    assert s.request("POST", CHAT, chat_body("m"))[0] == 200
+    # an even share needs both from the start: the second may still be loading
+    wait_for(lambda: s.seg.models[0, L.M_REPLICAS] == 2, 20, what="two replicas ready")
     with ThreadPoolExecutor(8) as ex:
         bodies = list(ex.map(lambda _: s.request("POST", CHAT, chat_body("m"))[2], range(1000)))
     share = Counter(served_by(b)[1] for b in bodies)
