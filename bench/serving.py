@@ -11,6 +11,8 @@ weighted mix and carries a synthetic prompt. Per request it records:
   (streaming only);
 * ``tpot``: seconds per output token after the first,
   ``(e2e - ttft) / (output_tokens - 1)`` (streaming, two tokens or more);
+* ``itl``: the gaps between successive content events (streaming; their
+  pooled percentiles are the run's inter-token latency);
 * ``e2e``: seconds from writing the request to the end of the response body;
 * the HTTP status (0 when no response came), the model, the output token
   count and any error text.
@@ -26,6 +28,11 @@ Usage (from the repository root)::
     python -m bench.serving --base-url http://127.0.0.1:8080 \\
         --models smollm2-135m:3,gemma3-270m:1 --rate 2 --duration 30 \\
         --max-tokens 64 --out out.json --plot bench/out
+
+``--concurrency 1,4,8`` runs a closed-loop sweep, one run per level
+(``--requests`` or ``--duration`` each), and ``--slo ttft=1s,tpot=50ms``
+adds goodput (requests per second that met every bound), as ``vllm bench
+serve`` does; statistics live in :mod:`bench.stats`.
 
 Library use::
 
@@ -44,9 +51,8 @@ import math
 import random
 import sys
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -54,6 +60,12 @@ from urllib.parse import urlsplit
 
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.report import format_summary, format_sweep, plot
+from bench.stats import describe, parse_slo, percentile, summarize
+
+__all__ = ["BenchConfig", "RequestResult", "RequestSpec", "describe", "format_summary",
+           "format_sweep", "percentile", "plan", "run", "summarize", "sweep"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +78,6 @@ DEFAULT_PATHS = {
     "completions": "/v1/completions",
     "get": "/health",
 }
-
-PERCENTILES = (50.0, 90.0, 99.0)
 
 # A small fixed vocabulary: prompts are reproducible from the seed and
 # tokenize to roughly 1.3 tokens per word on common tokenizers.
@@ -170,6 +180,8 @@ class BenchConfig:
             as failed (status 0).
         api_key: sent as ``Authorization: Bearer`` when set.
         progress: draw a progress bar on stderr.
+        slo: bounds in seconds per metric (:data:`bench.stats.SLO_METRICS`)
+            a request must meet to count for goodput; empty for no goodput.
     """
 
     base_url: str = "http://127.0.0.1:8080"
@@ -192,6 +204,7 @@ class BenchConfig:
     timeout: float = 300.0
     api_key: str | None = None
     progress: bool = True
+    slo: dict[str, float] = field(default_factory=dict)
 
     def validate(self) -> None:
         """Raise ``ValueError`` when the configuration cannot run."""
@@ -245,6 +258,7 @@ class RequestResult:
     tpot: float | None = None
     output_tokens: int = 0
     prompt_tokens: int | None = None
+    itl: list[float] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------
@@ -537,6 +551,7 @@ class _Client:
     async def _read_stream(self, resp: _Response, start: float, result: RequestResult) -> None:
         buffer = b""
         chunks = 0
+        last = start
         usage: dict[str, Any] = {}
         async for data in _iter_body(resp):
             buffer = (buffer + data).replace(b"\r\n", b"\n")
@@ -553,8 +568,12 @@ class _Client:
                         result.error = json.dumps(message["error"])[:200]
                         continue
                     if _chunk_content(message):
+                        now = time.perf_counter()
                         if result.ttft is None:
-                            result.ttft = time.perf_counter() - start
+                            result.ttft = now - start
+                        else:
+                            result.itl.append(now - last)
+                        last = now
                         chunks += 1
                     usage = message.get("usage") or usage
         result.output_tokens = int(usage.get("completion_tokens") or chunks)
@@ -610,60 +629,6 @@ class _Progress:
             self._bar.close()
         elif self.enabled and self.done:
             sys.stderr.write("\n")
-
-
-# --------------------------------------------------------------------------
-# statistics
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The ``q``-th percentile (0..100) with linear interpolation, as numpy's default."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def describe(values: Sequence[float]) -> dict[str, float | int | None]:
-    """Count, mean, min, max and :data:`PERCENTILES` of ``values`` (seconds in, seconds out)."""
-    summary: dict[str, float | int | None] = {
-        "count": len(values),
-        "mean": sum(values) / len(values) if values else None,
-        "min": min(values) if values else None,
-        "max": max(values) if values else None,
-    }
-    for q in PERCENTILES:
-        summary[f"p{q:g}"] = percentile(values, q)
-    return summary
-
-
-def summarize(records: Sequence[RequestResult], elapsed: float) -> dict[str, Any]:
-    """Summary of ``records`` measured over ``elapsed`` seconds of wall time.
-
-    Latency statistics use successful requests only; throughputs are
-    successful requests (and their output tokens) per second of ``elapsed``.
-    """
-    good = [r for r in records if r.ok]
-    tokens = sum(r.output_tokens for r in good)
-    metrics = {
-        name: describe([v for r in good if (v := getattr(r, name)) is not None])
-        for name in ("ttfb", "ttft", "tpot", "e2e", "queue_delay")
-    }
-    return {
-        "requests": len(records),
-        "ok": len(good),
-        "failed": len(records) - len(good),
-        "status_counts": {str(k): v for k, v in sorted(Counter(r.status for r in records).items())},
-        "errors": dict(Counter(r.error for r in records if r.error).most_common(5)),
-        "elapsed_s": elapsed,
-        "request_throughput": len(good) / elapsed if elapsed > 0 else None,
-        "output_token_throughput": tokens / elapsed if elapsed > 0 else None,
-        "output_tokens": tokens,
-        "metrics": metrics,
-    }
 
 
 # --------------------------------------------------------------------------
@@ -764,7 +729,7 @@ async def _measure(client: _Client, config: BenchConfig) -> dict[str, Any]:
         cut_ids = {id(r) for r in cut}
         records = [r for r in records if id(r) not in cut_ids]
     per_model = {
-        name: summarize([r for r in records if r.model == name], elapsed)
+        name: summarize([r for r in records if r.model == name], elapsed, config.slo)
         for name, _ in config.models
     }
     return {
@@ -772,7 +737,7 @@ async def _measure(client: _Client, config: BenchConfig) -> dict[str, Any]:
         "started_at": started_at,
         "connections_opened": client.pool.opened,
         "cut_at_window_end": len(cut),
-        "summary": summarize(records, elapsed),
+        "summary": summarize(records, elapsed, config.slo),
         "per_model": per_model,
         "requests": [asdict(r) for r in records],
     }
@@ -798,105 +763,16 @@ def run(config: BenchConfig) -> dict[str, Any]:
     return uvloop.run(run_async(config))
 
 
-# --------------------------------------------------------------------------
-# report
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1000:.1f}"
-
-
-def format_summary(results: dict[str, Any]) -> str:
-    """Human-readable tables of one run's results (milliseconds)."""
-    summary = results["summary"]
-    lines = [
-        (
-            f"requests {summary['requests']}  ok {summary['ok']}  failed {summary['failed']}  "
-            f"statuses {summary['status_counts']}  elapsed {summary['elapsed_s']:.2f} s"
-        ),
-        (
-            f"throughput {summary['request_throughput'] or 0:.2f} req/s, "
-            f"{summary['output_token_throughput'] or 0:.1f} output tok/s, "
-            f"connections opened {results['connections_opened']}"
-        ),
-    ]
-    for error, count in summary["errors"].items():
-        lines.append(f"  error x{count}: {error}")
-    header = f"{'metric (ms)':<14}{'model':<24}{'n':>6}{'mean':>10}" + "".join(
-        f"{'p' + format(q, 'g'):>10}" for q in PERCENTILES
-    )
-    lines += ["", header, "-" * len(header)]
-    groups = [("all", summary)] + (
-        list(results["per_model"].items()) if len(results["per_model"]) > 1 else []
-    )
-    for metric in ("ttft", "tpot", "e2e", "ttfb"):
-        for name, group in groups:
-            stats = group["metrics"][metric]
-            if not stats["count"]:
-                continue
-            lines.append(
-                f"{metric:<14}{name[:23]:<24}{stats['count']:>6}{_ms(stats['mean']):>10}"
-                + "".join(f"{_ms(stats['p' + format(q, 'g')]):>10}" for q in PERCENTILES)
-            )
-    return "\n".join(lines)
-
-
-def plot(results: dict[str, Any], directory: Path, label: str = "") -> list[Path]:
-    """Write PNG charts of ``results`` under ``directory``; returns their paths.
-
-    Charts: the CDF of e2e latency and of TTFT per model, and TTFT against
-    send time. Returns ``[]`` (and logs) when matplotlib is not installed.
-    """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        logger.warning("matplotlib is not installed: no charts (pip install matplotlib)")
-        return []
-    directory.mkdir(parents=True, exist_ok=True)
-    prefix = f"{label}-" if label else ""
-    good = [r for r in results["requests"] if r["ok"]]
-    models = sorted({r["model"] for r in good})
-    written: list[Path] = []
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, metric in zip(axes, ("e2e", "ttft"), strict=True):
-        for model in models:
-            values = sorted(r[metric] * 1000 for r in good if r["model"] == model and r[metric])
-            if values:
-                ys = [(i + 1) / len(values) for i in range(len(values))]
-                ax.step(values, ys, where="post", label=model)
-        ax.set_xlabel(f"{metric} (ms)")
-        ax.set_ylabel("fraction of requests")
-        ax.set_title(f"{metric} CDF")
-        ax.grid(alpha=0.3)
-        if ax.has_data():
-            ax.legend()
-    fig.tight_layout()
-    written.append(directory / f"{prefix}latency_cdf.png")
-    fig.savefig(written[-1], dpi=100)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(11, 4))
-    for model in models:
-        points = [
-            (r["t_sent"], r["ttft"] * 1000) for r in good if r["model"] == model and r["ttft"]
-        ]
-        if points:
-            ax.scatter(*zip(*points, strict=True), s=8, label=model)
-    ax.set_xlabel("send time (s since start)")
-    ax.set_ylabel("TTFT (ms)")
-    ax.set_title("TTFT over time")
-    ax.grid(alpha=0.3)
-    if ax.has_data():
-        ax.legend()
-    fig.tight_layout()
-    written.append(directory / f"{prefix}ttft_over_time.png")
-    fig.savefig(written[-1], dpi=100)
-    plt.close(fig)
-    return written
+def sweep(config: BenchConfig, levels: Sequence[int]) -> dict[str, Any]:
+    """One closed-loop run of ``config`` per concurrency level (rate
+    infinite, ``max_concurrency`` = level; ``requests`` or ``duration`` per
+    run as configured), in the order given. Returns ``{"levels": [{"concurrency":
+    c, **run result}]}``; see :func:`run`."""
+    out = []
+    for c in levels:
+        cfg = replace(config, rate=math.inf, max_concurrency=c)
+        out.append({"concurrency": c, **run(cfg)})
+    return {"levels": out}
 
 
 # --------------------------------------------------------------------------
@@ -937,6 +813,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=10.0, help="seconds of arrivals")
     p.add_argument("--requests", type=int, help="number of requests (overrides --duration)")
     p.add_argument("--max-concurrency", type=int, help="most requests in flight")
+    p.add_argument(
+        "--concurrency",
+        type=lambda t: [int(x) for x in t.split(",") if x.strip()],
+        help="closed-loop sweep: one run per level, e.g. 1,4,8 (rate is then infinite)",
+    )
+    p.add_argument(
+        "--slo",
+        type=parse_slo,
+        default={},
+        help="goodput bounds, e.g. ttft=1s,tpot=50ms (metrics: ttft, tpot, itl, e2e, ttfb)",
+    )
     p.add_argument(
         "--max-tokens",
         type=parse_range,
@@ -1002,6 +889,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         timeout=args.timeout,
         api_key=args.api_key,
         progress=args.progress,
+        slo=args.slo,
     )
 
 
@@ -1014,6 +902,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     config = config_from_args(args)
     try:
+        if args.concurrency:
+            swept = sweep(config, args.concurrency)
+            print(format_sweep(swept))
+            if args.out:
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(swept, indent=1))
+                print(f"results: {args.out}")
+            return 0 if all(lv["summary"]["failed"] == 0 for lv in swept["levels"]) else 1
         results = run(config)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

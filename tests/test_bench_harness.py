@@ -63,6 +63,33 @@ def test_streaming_run_records_every_request_with_ttft_before_e2e(fake_server):
     assert "ttft" in format_summary(results)
 
 
+def test_a_concurrency_sweep_records_inter_token_gaps_and_goodput(fake_server):
+    from bench.serving import format_sweep, sweep
+    from bench.stats import parse_slo
+
+    assert parse_slo("ttft=1s,tpot=50ms, itl=0.2") == {"ttft": 1.0, "tpot": 0.05, "itl": 0.2}
+    with pytest.raises(ValueError):
+        parse_slo("latency=1s")
+    config = BenchConfig(base_url=fake_server.base_url, models=[("small", 1.0)], requests=6,
+                         max_tokens=(5, 5), timeout=10.0, progress=False,
+                         slo={"ttft": 60.0, "itl": 60.0})
+    swept = sweep(config, [1, 3])
+    assert [lv["concurrency"] for lv in swept["levels"]] == [1, 3]
+    for lv in swept["levels"]:
+        assert lv["config"]["max_concurrency"] == lv["concurrency"]
+        assert all(len(r["itl"]) == r["output_tokens"] - 1 == 4 for r in lv["requests"])
+        s = lv["summary"]
+        assert s["metrics"]["itl"]["count"] == 6 * 4
+        assert s["metrics"]["itl"]["p50"] <= s["metrics"]["itl"]["p99"]
+        assert s["goodput"] == s["request_throughput"] and s["slo_attained"] == 1.0
+    assert "ITL p99" in format_sweep(swept)
+    strict = run(BenchConfig(base_url=fake_server.base_url, models=[("small", 1.0)],
+                             requests=3, max_tokens=(5, 5), timeout=10.0, progress=False,
+                             slo={"ttft": 1e-9}))
+    assert strict["summary"]["goodput"] == 0 and strict["summary"]["slo_attained"] == 0
+    assert "goodput" in format_summary(strict)
+
+
 def test_non_streaming_completions_have_no_ttft(fake_server):
     config = BenchConfig(
         base_url=fake_server.base_url + "/v1",
