@@ -24,12 +24,14 @@ count is of the text alone, without the chat template's tokens (the
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import logging
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 logger = logging.getLogger(__name__)
@@ -149,6 +151,19 @@ def _token_count(raw: bytes) -> int | None:
     return len(tokens) if isinstance(tokens, list) else None
 
 
+@functools.lru_cache(maxsize=4)
+def gguf_vocabulary(path: str) -> Any:
+    """llama-cpp-python's ``Llama`` of the GGUF file ``path`` with its vocabulary only.
+
+    Cached (a run per concurrency level and target would load it again
+    each time). Raises ``ImportError`` without llama-cpp-python and
+    ``ValueError`` when the file does not load.
+    """
+    from llama_cpp import Llama
+
+    return Llama(model_path=path, vocab_only=True, verbose=False)
+
+
 def gguf_counter(path: str | Path) -> TokenCounter:
     """A counter with llama-cpp-python's tokenizer of the GGUF file ``path`` (vocabulary only).
 
@@ -157,9 +172,7 @@ def gguf_counter(path: str | Path) -> TokenCounter:
     ``add_special: false`` does. Raises ``ImportError`` without
     llama-cpp-python and ``ValueError`` when the file does not load.
     """
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=str(path), vocab_only=True, verbose=False)
+    llm = gguf_vocabulary(str(path))
 
     def count(_model: str, text: str) -> int:
         return len(llm.tokenize(text.encode(), add_bos=False, special=False))

@@ -400,3 +400,53 @@ def test_compare_alternates_targets_and_reports_ratios_to_direct(tmp_path, monke
     }
     table = format_report(report)
     assert "x)" in table  # ratios to direct are printed
+
+
+def test_slots_runs_every_level_on_every_target_in_turn_and_reports_ratios(tmp_path, monkeypatch):
+    import bench.slots
+    from bench.compare import Context, ProcessSet, Target
+    from bench.slots import Settings, figures, format_report, level_config, measure
+
+    settings = Settings(rounds=2, levels=(1, 3), per_stream=2, min_requests=2, max_tokens=4,
+                        prompt_tokens=12)
+    with (
+        FakeServerThread(ttft=0.005, token_delay=0.001) as a,
+        FakeServerThread(ttft=0.005, token_delay=0.001) as b,
+    ):
+        targets = [Target("llama-server", a.base_url), Target("ggmux", b.base_url)]
+        ctx = Context(args=None, procs=ProcessSet(tmp_path), model_paths={}, env={})
+        base = BenchConfig(models=[("m", 1.0)], rate=math.inf, max_tokens=(4, 4),
+                           prompt_tokens=12, timeout=10.0, progress=False)
+        calls: list[tuple[str, int, int]] = []
+
+        def recording_run(config):
+            calls.append((config.base_url, config.max_concurrency, config.seed))
+            return run(config)
+
+        monkeypatch.setattr(bench.slots, "run", recording_run)
+
+        runs = measure(ctx, targets, settings, base)
+
+        # the same prompts for both targets within a round and level, new ones otherwise
+        assert a.server.prompts == b.server.prompts
+        assert len(set(a.server.prompts)) == len(a.server.prompts) == 2 * (2 + 6)
+    # for every round, for every level: each target in turn
+    assert [(url, c) for url, c, _ in calls] == [
+        (url, c) for _ in range(2) for c in (1, 3) for url in (a.base_url, b.base_url)
+    ]
+    assert len({seed for _, _, seed in calls}) == 4
+    assert level_config(base, settings, targets[0], 3, 0).requests == 6
+    figs = figures(runs)
+    assert set(figs) == {"1", "3"}
+    for by_target in figs.values():
+        for fig in by_target.values():
+            assert fig["failed"] == 0 and fig["output_tokens"] == 4
+            assert fig["tok_s"] > 0 and 0 < fig["itl_p50"] <= fig["itl_p99"]
+    report = {
+        "targets": [{"name": t.name} for t in targets],
+        "figures": figs,
+        "commands": {t.name: ["serve"] for t in targets},
+        "skipped": {"llama-router": "not built"},
+    }
+    table = format_report(report)
+    assert "x)" in table and "ITL p99" in table and "skipped llama-router" in table
