@@ -105,7 +105,9 @@ def annotate_models(listing: dict, cluster: dict | None) -> dict:
     """Add to each model of a ``/v1/models`` list ``status.node`` (the node
     that serves it: this one if it holds it, else the first that does, else
     the one loading it; absent when none) and ``nodes`` (every node holding
-    or loading it, with its state)."""
+    or loading it, with its state). A model this node has not loaded but
+    another node has shows ``status.value`` ``loaded``: a request is served
+    at once."""
     if cluster is None:
         return listing
     me = cluster.get("node")
@@ -120,6 +122,10 @@ def annotate_models(listing: dict, cluster: dict | None) -> dict:
                 next((h["node"] for h in held), None))
         if node is not None:
             m["status"]["node"] = node
+        if loaded and m["status"].get("value") == "unloaded":
+            # served at once through a node that holds it; the models
+            # table's remote replica row may lag the cluster view a publish
+            m["status"]["value"] = "loaded"
     return listing
 
 
