@@ -77,6 +77,7 @@ from .cluster import (
     cluster_view,
     drain_route,
     hop_headers,
+    judge_hop,
     loading_info,
     metrics_lines,
     take_hop,
@@ -346,7 +347,11 @@ class Proxy:
         whose circuit is closed and that has an idle pooled connection.
 
         Returns False, having changed nothing, in every other case, errors
-        included: :meth:`handle` answers those. A forward that fails
+        included: :meth:`handle` answers those. A request forwarded by
+        another node (hop header and cluster token) follows the hop rules
+        of :meth:`handle`: a trusted one needs no key, and a model that one
+        local replica serves is what it may be served by; neither header
+        reaches the replica (``upstream.request_head`` drops them). A forward that fails
         before the replica got the request is handed to :meth:`handle`
         too, which retries as its own forwards do; one the replica got is
         answered here (502/504) and never sent again."""
@@ -377,7 +382,14 @@ class Proxy:
             name, target = route
         else:
             return False
-        if self.stopping or (self.api_key is not None and not self._authorized(req)):
+        if self.stopping:
+            return False
+        if req.hop_marked:  # the hop rules, as handle applies them
+            if self.cluster is None:
+                self.refresh()
+            req.hop = judge_hop(req, self.cluster)
+        if (self.api_key is not None and req.hop != HOP_TRUSTED
+                and not self._authorized(req)):
             return False
         self.refresh()
         m = self.names.get(name)

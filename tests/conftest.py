@@ -14,7 +14,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import posix_ipc
@@ -244,3 +246,24 @@ def nats_server(tmp_path):
     yield start
     for s in started:
         s.stop()
+
+
+@pytest.fixture
+def recorder(tmp_path):
+    """A recording replica (tests/recorder.py) in a thread: ``(port, requests())``, where
+    ``requests()`` lists what it was sent (method, path, headers)."""
+    from recorder import make_handler
+
+    log = tmp_path / "recorded.jsonl"
+    log.touch()
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(str(log), None))
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+
+    def requests() -> list[dict]:
+        return [json.loads(line) for line in log.read_text().splitlines()
+                if not json.loads(line)["path"].endswith("/health")]
+
+    yield srv.server_address[1], requests
+    srv.shutdown()
+    srv.server_close()

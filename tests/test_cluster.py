@@ -8,9 +8,11 @@ import json
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import posix_ipc
 import pytest
@@ -344,6 +346,41 @@ def test_the_hop_header_needs_the_token_and_forwarding_works_with_an_api_key(clu
     assert status == 200 and served_on(body, a, b) == "b"
     status, raw = ask_keyed(a, "rb", hop)
     assert status == 503 and json.loads(raw)["error"]["code"] == "not_on_this_node"
+
+
+def test_neither_the_hop_header_nor_the_cluster_token_reaches_a_local_instance_or_upstream(
+        cluster, serve, tmp_path, recorder):
+    """A forwarded request (hop header and token) is served by a local
+    replica, on the fast path too once a pooled connection is idle; what the
+    replica gets carries neither header, in cluster mode or not."""
+    up_port, up_requests = recorder
+    log = tmp_path / "local.jsonl"
+    log.touch()
+    rec = Path(__file__).with_name("recorder.py")
+    ini = tmp_path / "hop.ini"
+    ini.write_text(f"[c]\ncmd = {sys.executable} {rec} --port ${{PORT}} --log {log}\n"
+                   f"[up]\nupstream = http://127.0.0.1:{up_port}\n")
+    a = cluster("a", "--models-preset", str(ini))
+    plain = serve("--models-preset", str(ini), "--no-hf-cache", "--proxies", "1",
+                  "--spares", "0")
+    hop = {"x-ggmux-hop": "b", "x-ggmux-cluster-token": TOKEN}
+    for s in (a, plain):
+        wait_for(lambda s=s: s.request("GET", "/upstream/up/health")[0] == 200, 20, 0.1,
+                 "the upstream healthy")
+        for model in ("c", "up"):
+            # an ordinary request loads it (a node serves a forwarded request only
+            # with a model it holds), the next ones go over a pooled connection
+            for headers in ({}, hop, {"x-ggmux-hop": "b"}, {"x-ggmux-cluster-token": TOKEN}):
+                for _ in range(3):
+                    status, body = ask_keyed(s, model, headers)
+                    assert status == 200, body
+    local = [json.loads(line) for line in log.read_text().splitlines()]
+    seen = [r for r in local + up_requests() if not r["path"].endswith("/health")]
+    assert len(seen) == 2 * 2 * 4 * 3, seen
+    for r in seen:
+        assert "x-ggmux-hop" not in r["headers"], r
+        assert "x-ggmux-cluster-token" not in r["headers"], r
+        assert TOKEN not in json.dumps(r["headers"]), r
 
 
 def ask_keyed(s, model: str, headers: dict):

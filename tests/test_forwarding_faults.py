@@ -11,15 +11,12 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from conftest import alive, chat_body, children_of, open_stream, served_by, wait_for
 from ggmux.shm import layout as L
-from recorder import make_handler
 
 CHAT = "/v1/chat/completions"
 
@@ -28,25 +25,6 @@ def preset(tmp_path, text: str) -> str:
     p = tmp_path / "preset.ini"
     p.write_text(text)
     return str(p)
-
-
-@pytest.fixture
-def recorder(tmp_path):
-    """A recording replica in a thread: ``(port, requests())``, where
-    ``requests()`` lists what it was sent (method, path, headers)."""
-    log = tmp_path / "recorded.jsonl"
-    log.touch()
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(str(log), None))
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-
-    def requests() -> list[dict]:
-        return [json.loads(line) for line in log.read_text().splitlines()
-                if not json.loads(line)["path"].endswith("/health")]
-
-    yield srv.server_address[1], requests
-    srv.shutdown()
-    srv.server_close()
 
 
 def _read_all(sock: socket.socket) -> bytes:
