@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import alive, chat_body, children_of, open_stream, served_by, wait_for
+from conftest import alive, chat_body, descendants, open_stream, served_by, wait_for
 from ggmux.shm import layout as L
 
 CHAT = "/v1/chat/completions"
@@ -221,15 +221,6 @@ def test_client_credentials_never_reach_an_upstream(serve, tmp_path, recorder):
 
 # ---- 6: keys are on no command line and in no environment ---------------------
 
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        kids = children_of(todo.pop())
-        out += kids
-        todo += kids
-    return out
-
-
 def test_keys_are_on_no_child_command_line_nor_in_any_child_environment(serve, fakes,
                                                                        monkeypatch):
     fakes.add("m", tokens=1)
@@ -240,8 +231,8 @@ def test_keys_are_on_no_child_command_line_nor_in_any_child_environment(serve, f
     assert s.request("POST", CHAT, chat_body("m"), headers=auth)[0] == 200
     assert s.request("POST", CHAT, chat_body("m"))[0] == 401  # the key is in force
     # a spare, the instance, the proxies (and the measure child, if still there)
-    wait_for(lambda: len(_descendants(s.proc.pid)) >= 4, 20, what="children started")
-    for pid in _descendants(s.proc.pid):
+    wait_for(lambda: len(descendants(s.proc.pid)) >= 4, 20, what="children started")
+    for pid in descendants(s.proc.pid):
         for what in ("cmdline", "environ"):
             try:
                 with open(f"/proc/{pid}/{what}", "rb") as f:
