@@ -164,12 +164,17 @@ class Proxy(Forwarding):
 
     # ---- shared-memory snapshot ------------------------------------------
     def refresh(self) -> None:
-        """Re-read tables when the supervisor's generation moved; wake waiters."""
+        """Re-read tables when the supervisor's generation moved; wake waiters.
+
+        The generation read counts as seen only once the view built from it
+        is whole: a read that raises (``SeqlockBusy``: the supervisor stalled
+        mid-write) is retried on the next call, instead of leaving this
+        proxy on its old view (a replica that became ready unseen, every
+        request on the other) until the supervisor publishes again."""
         seg = self.seg
         g = seg.generation
         if g == self.gen:
             return
-        self.gen = g
         version, doc = seg.read_registry()
         if version != self.reg_version:
             self.reg_version = version
@@ -185,7 +190,6 @@ class Proxy(Forwarding):
                 int(t * NS) if isinstance(t := e.get("first_byte_timeout"), (int, float)) and t > 0
                 else self.first_byte_ns for e in self.reg_models]
         g, (self.model_rows, reps) = seg.snapshot("models", "replicas")
-        self.gen = g
         self.replica_rows = reps
         ready_rows = reps[reps[:, L.R_STATUS] == L.ReplicaStatus.READY]
         self.ready = {int(m) for m in ready_rows[:, L.R_MODEL]}
@@ -213,6 +217,7 @@ class Proxy(Forwarding):
         self.secrets = {
             int(slot): secret_header(int(reps[slot, L.R_SECRET_HI]), int(reps[slot, L.R_SECRET_LO]))
             for slot in np.flatnonzero(reps[:, L.R_SECRET_HI] | reps[:, L.R_SECRET_LO])}
+        self.gen = g  # the view of generation g is whole
         alive = {int(p) for p in ready_rows[:, L.R_PORT]}
         for port in list(self.pool.idle):
             if port not in alive:
