@@ -90,6 +90,12 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def is_child(cmd: str, kind: str) -> bool:
+    """Whether command line ``cmd`` is a ggmux child of ``kind`` (``proxy``,
+    ``instance``): ``python -m ggmux.KIND ...`` or its title ``ggmux: KIND ...``."""
+    return f"ggmux.{kind}" in cmd or cmd.startswith(f"ggmux: {kind}")
+
+
 def wait_http(url: str, deadline_s: float = 60.0, data: bytes | None = None) -> None:
     """Until ``url`` answers 200, or raise after ``deadline_s`` seconds."""
     end = time.monotonic() + deadline_s
@@ -161,8 +167,9 @@ class Targets:
         self.ggmux = f"http://127.0.0.1:{port}"
         wait_http(self.ggmux + "/v1/chat/completions", 60, CHAT_BODY.encode())
         kids = children(sup.pid)
-        self.ggmux_pids = [p for p in kids if "ggmux.proxy" in cmdline(p)]
-        inst = [p for p in kids if "ggmux.instance" in cmdline(p)]
+        # by module, or by the process title a child sets (``ggmux: proxy 0 :PORT``)
+        self.ggmux_pids = [p for p in kids if is_child(cmdline(p), "proxy")]
+        inst = [p for p in kids if is_child(cmdline(p), "instance")]
         if len(inst) != 1:
             raise RuntimeError(f"expected one instance under the supervisor, found {inst}")
         self.instance_pids = inst

@@ -8,8 +8,9 @@ Rules (issue 11, findings 6 and 7):
   by other users through ``/proc`` or ``ps``, and environments are
   inherited): the supervisor hands a child its keys through an inherited
   pipe (:func:`keys_pipe`, the child's ``--keys-fd``; :func:`read_keys`),
-  or on its stdin command pipe, and removes ``GGMUX_*_KEY`` from every
-  child's environment (:func:`scrub_env`).
+  or on its stdin command pipe (the cluster agent: its first line), and
+  removes every secret variable (``GGMUX_*_KEY``, the cluster token, NATS
+  passwords and tokens) from every child's environment (:func:`scrub_env`).
 * Every local instance requires a secret of its own, 128 random bits the
   supervisor makes per spawn (:func:`new_secret`), so that no local user can
   go around ``--api-key`` by talking to an instance port directly. The
@@ -32,7 +33,11 @@ from .http import Request
 
 log = logging.getLogger(__name__)
 
-_KEY_ENV = re.compile(r"GGMUX_\w*KEY\w*\Z")
+# secrets in the environment: the keys, the cluster token, NATS passwords and
+# tokens (GGMUX_API_KEY, GGMUX_CLUSTER_TOKEN, GGMUX_NATS_PASSWORD, ...)
+_SECRET_ENV = re.compile(r"GGMUX_\w*(?:KEY|TOKEN|PASSWORD|SECRET)\w*\Z")
+# a URL with credentials in it (GGMUX_CLUSTER=nats://user:password@host)
+_URL_WITH_CREDENTIALS = re.compile(r"\A\s*[A-Za-z][\w+.-]*://[^/@\s]*@")
 _MASK = (1 << 64) - 1
 
 
@@ -116,9 +121,15 @@ def read_keys(fd: int) -> dict:
 
 
 def scrub_env(env: dict[str, str]) -> dict[str, str]:
-    """``env`` without ``GGMUX_*KEY*`` variables (``GGMUX_API_KEY``,
-    ``GGMUX_ADMIN_KEY``, ...): what a child may inherit."""
-    return {k: v for k, v in env.items() if not _KEY_ENV.match(k)}
+    """``env`` without its secrets: what a child may inherit (issue 11
+    finding 6; the cluster's since issue 13). Removed: ``GGMUX_*`` variables
+    whose name holds ``KEY``, ``TOKEN``, ``PASSWORD`` or ``SECRET``
+    (``GGMUX_API_KEY``, ``GGMUX_ADMIN_KEY``, ``GGMUX_CLUSTER_TOKEN``,
+    ``GGMUX_NATS_PASSWORD``, ``GGMUX_NATS_TOKEN``), and any ``GGMUX_*``
+    whose value is a URL with credentials in it (``GGMUX_CLUSTER``)."""
+    return {k: v for k, v in env.items()
+            if not (_SECRET_ENV.match(k)
+                    or k.startswith("GGMUX_") and _URL_WITH_CREDENTIALS.match(v))}
 
 
 __all__ = ["authorized", "given_key", "keys_pipe", "new_secret", "read_keys", "scrub_env",

@@ -26,33 +26,24 @@ import hmac
 import time
 
 from .http import HttpConnection, Request
-
-HOP = b"x-ggmux-hop"
-TOKEN = b"x-ggmux-cluster-token"
+from .request import HOP, TOKEN
 
 HOP_NONE = 0  # an ordinary request
 HOP_LOOP = 1  # forwarded by a node, no token configured: served locally, key still needed
 HOP_TRUSTED = 2  # forwarded with the right cluster token: served locally, no key needed
 
 
-def take_hop(req: Request, cluster: dict | None) -> int:
-    """Classify ``req`` (one of ``HOP_*``) and strip the hop headers, so
-    they never reach a replica. Without cluster mode: :data:`HOP_NONE`,
-    headers untouched."""
+def judge_hop(req: Request, cluster: dict | None) -> int:
+    """Classify ``req`` (one of ``HOP_*``) by its hop header and cluster
+    token, changing nothing. Without cluster mode: :data:`HOP_NONE`."""
     if cluster is None:
         return HOP_NONE
     hop = given = None
-    kept = []
     for k, v in req.headers:
         if k == HOP:
             hop = v
         elif k == TOKEN:
             given = v
-        else:
-            kept.append((k, v))
-    if hop is None and given is None:
-        return HOP_NONE
-    req.headers = kept
     if hop is None:
         return HOP_NONE
     token = (cluster.get("token") or "").encode()
@@ -61,6 +52,17 @@ def take_hop(req: Request, cluster: dict | None) -> int:
     if given is not None and hmac.compare_digest(given, token):
         return HOP_TRUSTED
     return HOP_NONE
+
+
+def take_hop(req: Request, cluster: dict | None) -> int:
+    """:func:`judge_hop`, then strip the hop header and token from
+    ``req.headers`` (in cluster mode). No replica gets them either way:
+    ``upstream.request_head`` drops them; only a forward to another node
+    adds them, from :func:`hop_headers`."""
+    hop = judge_hop(req, cluster)
+    if cluster is not None:
+        req.headers = [(k, v) for k, v in req.headers if k != HOP and k != TOKEN]
+    return hop
 
 
 def hop_headers(cluster: dict, api_key: bytes | None) -> list[tuple[bytes, bytes]]:

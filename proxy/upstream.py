@@ -58,6 +58,7 @@ import httptools
 
 from .balancer import REPLICA_HEADER, replica_fault
 from .http import CHUNKED, ERROR_CODES, Header, HttpConnection, Request, error_body, status_line
+from .request import HOP, TOKEN
 
 if TYPE_CHECKING:
     from .pool import UpstreamPool
@@ -95,9 +96,10 @@ def _bytes_acked(transport: asyncio.BaseTransport | None) -> int:
 # never copied to the replica: framing, Host and request id are our own,
 # the core already answered any Expect, and the client's credentials are
 # for ggmux alone (issue 11: a local replica gets only its secret, an
-# upstream only its own api-key)
+# upstream only its own api-key), and so are the cluster's hop header and
+# token (a forward to another node adds its own: proxy.cluster.hop_headers)
 _REQUEST_DROP = HOP_BY_HOP | {b"content-length", b"host", b"expect", b"x-request-id",
-                              b"authorization", b"x-api-key"}
+                              b"authorization", b"x-api-key", HOP, TOKEN}
 # never copied to the client: the client core sets framing and the id; the
 # replica's verdict on itself is for the proxy
 _RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"x-request-id", REPLICA_HEADER}

@@ -58,7 +58,8 @@ CLUSTER_REMOTE_SLOTS = 64  # replica slots kept for replicas on other cluster no
 _DEFAULTS = ModelEntry(name="", path="")  # ggmux's per-model defaults
 
 
-SECRET_OPTIONS = frozenset(("api_key", "admin_key"))
+SECRET_OPTIONS = frozenset(("api_key", "admin_key", "cluster_token", "nats_password",
+                            "nats_token"))
 """Options whose value is never printed (``--help`` names their variable)."""
 
 _TRUE = frozenset(("1", "true", "yes", "on"))
@@ -312,9 +313,11 @@ def no_models_message(args: argparse.Namespace) -> str:
 
 def keys_from(args: argparse.Namespace) -> dict[str, str]:
     """``{"api_key", "admin_key"}`` given (``--api-key``, ``--admin-key``) or
-    from ``$GGMUX_API_KEY`` / ``$GGMUX_ADMIN_KEY``, unset ones left out; the
-    ``GGMUX_*KEY*`` variables are then removed from this process's
-    environment, so no child inherits them (issue 11)."""
+    from ``$GGMUX_API_KEY`` / ``$GGMUX_ADMIN_KEY``, unset ones left out; every
+    secret variable (:func:`~ggmux.proxy.auth.scrub_env`: the keys, and the
+    cluster token and NATS credentials, which ``cluster_options`` read
+    before) is then removed from this process's environment, so no child
+    inherits them (issue 11)."""
     keys = {"api_key": getattr(args, "api_key", None) or os.environ.get("GGMUX_API_KEY"),
             "admin_key": getattr(args, "admin_key", None) or os.environ.get("GGMUX_ADMIN_KEY")}
     for k in set(os.environ) - set(scrub_env(dict(os.environ))):

@@ -11,15 +11,12 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import alive, chat_body, children_of, open_stream, served_by, wait_for
+from conftest import alive, chat_body, descendants, open_stream, served_by, wait_for
 from ggmux.shm import layout as L
-from recorder import make_handler
 
 CHAT = "/v1/chat/completions"
 
@@ -28,25 +25,6 @@ def preset(tmp_path, text: str) -> str:
     p = tmp_path / "preset.ini"
     p.write_text(text)
     return str(p)
-
-
-@pytest.fixture
-def recorder(tmp_path):
-    """A recording replica in a thread: ``(port, requests())``, where
-    ``requests()`` lists what it was sent (method, path, headers)."""
-    log = tmp_path / "recorded.jsonl"
-    log.touch()
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(str(log), None))
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-
-    def requests() -> list[dict]:
-        return [json.loads(line) for line in log.read_text().splitlines()
-                if not json.loads(line)["path"].endswith("/health")]
-
-    yield srv.server_address[1], requests
-    srv.shutdown()
-    srv.server_close()
 
 
 def _read_all(sock: socket.socket) -> bytes:
@@ -243,15 +221,6 @@ def test_client_credentials_never_reach_an_upstream(serve, tmp_path, recorder):
 
 # ---- 6: keys are on no command line and in no environment ---------------------
 
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        kids = children_of(todo.pop())
-        out += kids
-        todo += kids
-    return out
-
-
 def test_keys_are_on_no_child_command_line_nor_in_any_child_environment(serve, fakes,
                                                                        monkeypatch):
     fakes.add("m", tokens=1)
@@ -262,8 +231,8 @@ def test_keys_are_on_no_child_command_line_nor_in_any_child_environment(serve, f
     assert s.request("POST", CHAT, chat_body("m"), headers=auth)[0] == 200
     assert s.request("POST", CHAT, chat_body("m"))[0] == 401  # the key is in force
     # a spare, the instance, the proxies (and the measure child, if still there)
-    wait_for(lambda: len(_descendants(s.proc.pid)) >= 4, 20, what="children started")
-    for pid in _descendants(s.proc.pid):
+    wait_for(lambda: len(descendants(s.proc.pid)) >= 4, 20, what="children started")
+    for pid in descendants(s.proc.pid):
         for what in ("cmdline", "environ"):
             try:
                 with open(f"/proc/{pid}/{what}", "rb") as f:

@@ -92,3 +92,12 @@ def test_keys_go_through_a_pipe_and_leave_the_environment():
     env = {"GGMUX_API_KEY": "a", "GGMUX_ADMIN_KEY": "b", "GGMUX_CLUSTER_TOKEN_KEY": "c",
            "GGMUX_PORT": "8080", "HOME": "/root"}
     assert scrub_env(env) == {"GGMUX_PORT": "8080", "HOME": "/root"}
+
+
+def test_cluster_and_nats_secrets_leave_the_environment():
+    env = {"GGMUX_CLUSTER_TOKEN": "t", "GGMUX_NATS_PASSWORD": "p", "GGMUX_NATS_TOKEN": "n",
+           "GGMUX_CLUSTER": "nats://u:p@nats:4222", "GGMUX_NATS_USER": "u",
+           "GGMUX_NODE_NAME": "a", "PATH": "/bin"}
+    assert scrub_env(env) == {"GGMUX_NATS_USER": "u", "GGMUX_NODE_NAME": "a", "PATH": "/bin"}
+    plain = {"GGMUX_CLUSTER": "nats://nats:4222", "GGMUX_ADVERTISE": "http://me:8080"}
+    assert scrub_env(plain) == plain

@@ -1014,7 +1014,7 @@ class Replica:
 
 @dataclass
 class Proxy:
-    """The proxy under test: like proxy/server.py's _forward, simplified."""
+    """The proxy under test: like proxy/forward.py's _forward, simplified."""
 
     lt: LoopThread
     replica_port: int
