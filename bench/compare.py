@@ -20,9 +20,10 @@ Targets:
     serving the demo models ``smollm2-135m`` and ``gemma3-270m``.
 ``llama-router``
     llama.cpp's ``llama-server`` in router mode (``--models-preset`` with
-    both demo models, ``--models-max 2``), when on PATH or given with
-    ``--llama-server``. A different engine: its ratios mix router overhead
-    with engine differences.
+    both demo models, ``--models-max 2``), when :func:`bench.llama_server.find`
+    finds the binary (``--llama-server``, ``$GGMUX_LLAMA_SERVER``, PATH, or
+    ``python -m bench.llama_server --build``'s). A different engine: its
+    ratios mix router overhead with engine differences.
 
 Figures (``--quick`` runs each briefly, under 5 minutes on 2 cores):
 
@@ -81,6 +82,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import llama_server
 from bench.serving import BenchConfig, percentile, run
 
 logger = logging.getLogger(__name__)
@@ -625,9 +627,13 @@ def start_ggmux(ctx: Context) -> Target:
 
 def start_llama_router(ctx: Context) -> Target:
     """llama.cpp's ``llama-server`` in router mode over a preset of the demo models."""
-    binary = ctx.args.llama_server or shutil.which("llama-server")
-    if not binary or not Path(binary).exists():
-        raise TargetError("llama-server not found (put it on PATH or pass --llama-server PATH)")
+    binary = llama_server.find(ctx.args.llama_server)
+    if binary is None:
+        raise TargetError(
+            f"{ctx.args.llama_server} is not a file"
+            if ctx.args.llama_server
+            else f"llama-server not found: {llama_server.HOW_TO_GET}"
+        )
     tmp = ctx.procs.workdir / "llama-router"
     (tmp / "cache").mkdir(parents=True, exist_ok=True)
     preset = tmp / "models.ini"
@@ -639,7 +645,7 @@ def start_llama_router(ctx: Context) -> Target:
     preset.write_text(f"version = 1\n\n[*]\nc = {CTX_SIZE}\n{sections}")
     port = free_port()
     cmd = [
-        binary,
+        str(binary),
         "--models-preset",
         str(preset),
         "--models-max",
@@ -1188,7 +1194,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--proxies", type=int, default=2, help="ggmux proxies and nginx workers")
     p.add_argument("--nginx", help="nginx binary (default: on PATH)")
-    p.add_argument("--llama-server", help="llama-server binary (default: on PATH)")
+    p.add_argument(
+        "--llama-server",
+        help="llama-server binary (default: $GGMUX_LLAMA_SERVER, PATH, "
+        "then python -m bench.llama_server --build's)",
+    )
     p.add_argument(
         "--llama-server-args",
         default=_default_llama_server_args(),

@@ -8,6 +8,8 @@ Standard library only (asyncio streams). It answers:
   seconds apart;
 * ``GET /health`` (200 ``{"status": "ok"}``), ``GET /v1/models`` (with
   llama.cpp router's ``status.value``);
+* ``POST /tokenize`` (llama.cpp's shape): one token per whitespace-separated
+  word of ``content``;
 * ``POST /models/load`` and ``POST /models/unload`` with ``{"model": name}``:
   a request for an unloaded model first waits ``load_delay`` seconds, so the
   cold-switch part of ``bench.compare`` can be exercised without a model.
@@ -53,6 +55,8 @@ class FakeOpenAIServer:
         load_delay: extra delay of the first request to an unloaded model.
         models: model names served; ``None`` accepts any name (loaded).
         served: completion requests answered so far (for tests).
+        prompts: the prompt of each completion request, in arrival order
+            (a chat's last message content; for tests).
     """
 
     host: str = "127.0.0.1"
@@ -62,6 +66,7 @@ class FakeOpenAIServer:
     load_delay: float = 0.2
     models: Sequence[str] | None = None
     served: int = 0
+    prompts: list[str] = field(default_factory=list)
     _unloaded: set[str] = field(default_factory=set)
     _server: asyncio.base_events.Server | None = None
 
@@ -123,6 +128,9 @@ class FakeOpenAIServer:
             else:
                 self._unloaded.discard(name)
             await _send_json(writer, 200, {"success": True})
+        elif method == "POST" and path == "/tokenize":
+            words = str(_json_or_empty(body).get("content", "")).split()
+            await _send_json(writer, 200, {"tokens": list(range(len(words)))})
         elif method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
             await self._complete(path, _json_or_empty(body), writer)
         else:
@@ -157,6 +165,8 @@ class FakeOpenAIServer:
             await asyncio.sleep(self.load_delay)
             self._unloaded.discard(model)
         self.served += 1
+        messages = request.get("messages") or [{}]
+        self.prompts.append(str(messages[-1].get("content", "") if chat else request.get("prompt")))
         if not request.get("stream"):
             await asyncio.sleep(self.ttft + self.token_delay * max(n - 1, 0))
             text = " ".join(f"tok{i}" for i in range(n))

@@ -43,6 +43,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from ggmux.proxy.auth import secret_text
+from ggmux.shm import layout as L
+from ggmux.shm.segment import Segment, segment_name
+
 from .compare import NGINX_CONF
 
 CHAT_BODY = '{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1}'
@@ -84,6 +88,12 @@ def cmdline(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+def is_child(cmd: str, kind: str) -> bool:
+    """Whether command line ``cmd`` is a ggmux child of ``kind`` (``proxy``,
+    ``instance``): ``python -m ggmux.KIND ...`` or its title ``ggmux: KIND ...``."""
+    return f"ggmux.{kind}" in cmd or cmd.startswith(f"ggmux: {kind}")
 
 
 def wait_http(url: str, deadline_s: float = 60.0, data: bytes | None = None) -> None:
@@ -157,13 +167,25 @@ class Targets:
         self.ggmux = f"http://127.0.0.1:{port}"
         wait_http(self.ggmux + "/v1/chat/completions", 60, CHAT_BODY.encode())
         kids = children(sup.pid)
-        self.ggmux_pids = [p for p in kids if "ggmux.proxy" in cmdline(p)]
-        inst = [p for p in kids if "ggmux.instance" in cmdline(p)]
+        # by module, or by the process title a child sets (``ggmux: proxy 0 :PORT``)
+        self.ggmux_pids = [p for p in kids if is_child(cmdline(p), "proxy")]
+        inst = [p for p in kids if is_child(cmdline(p), "instance")]
         if len(inst) != 1:
             raise RuntimeError(f"expected one instance under the supervisor, found {inst}")
         self.instance_pids = inst
         m = re.search(r"port (\d+)\)", (tmp / "ggmux.log").read_text())
         self.direct = f"http://127.0.0.1:{m.group(1)}"
+        # the instance takes only its secret (what ggmux's proxies send): direct
+        # requests and nginx send it too, so all three do the same work
+        seg = Segment.attach(segment_name(port))
+        try:
+            row = seg.replicas[seg.replicas[:, L.R_PORT] == int(m.group(1))][0]
+            secret = secret_text(int(row[L.R_SECRET_HI]), int(row[L.R_SECRET_LO]))
+        finally:
+            seg.close()
+        (tmp / "post-direct.lua").write_text(
+            WRK_POST + f'wrk.headers["Authorization"] = "Bearer {secret}"\n')
+        self.direct_post_script = tmp / "post-direct.lua"
         self.nginx: str | None = None
         self.nginx_pids: list[int] = []
         nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists()
@@ -175,7 +197,10 @@ class Targets:
             conf = nd / "nginx.conf"
             conf.write_text(NGINX_CONF.format(
                 user="user root;\n" if os.geteuid() == 0 else "", workers=proxies, tmp=nd,
-                upstream=m.group(1), port=nport))
+                upstream=m.group(1), port=nport).replace(
+                    'proxy_set_header Connection "";',
+                    f'proxy_set_header Connection "";\n'
+                    f'            proxy_set_header Authorization "Bearer {secret}";'))
             master = self._spawn([nginx, "-p", str(nd), "-c", str(conf), "-g", "daemon off;"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
             self.nginx = f"http://127.0.0.1:{nport}"
@@ -224,7 +249,8 @@ def measure(t: Targets, rounds: int, duration: float, conns: list[int]) -> dict:
                 for name, base, pids in t.table():
                     path = gpath if name == "ggmux" else dpath
                     c0 = cpu_seconds(pids), cpu_seconds(t.instance_pids)
-                    w = run_wrk(base + path, c, duration, t.post_script if post else None)
+                    script = (t.post_script if name == "ggmux" else t.direct_post_script)
+                    w = run_wrk(base + path, c, duration, script if post else None)
                     c1 = cpu_seconds(pids), cpu_seconds(t.instance_pids)
                     n = max(w["requests"], 1)
                     w["proxy_cpu_us"] = (c1[0] - c0[0]) / n * 1e6

@@ -32,7 +32,10 @@ Usage (from the repository root)::
 ``--concurrency 1,4,8`` runs a closed-loop sweep, one run per level
 (``--requests`` or ``--duration`` each), and ``--slo ttft=1s,tpot=50ms``
 adds goodput (requests per second that met every bound), as ``vllm bench
-serve`` does; statistics live in :mod:`bench.stats`.
+serve`` does; statistics live in :mod:`bench.stats`. ``--prompt-tokens
+100`` makes every prompt exactly 100 tokens of text, counted by the
+server's ``/tokenize`` or a GGUF file's tokenizer (``--tokenizer``;
+:mod:`bench.prompts`), so every target serving a model gets the same input.
 
 Library use::
 
@@ -51,7 +54,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -61,11 +64,20 @@ from urllib.parse import urlsplit
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.prompts import TokenCounter, make_counter, make_prompt, sized_prompt
 from bench.report import format_summary, format_sweep, plot
-from bench.stats import describe, parse_slo, percentile, summarize
+from bench.stats import (
+    SLO_METRICS,
+    describe,
+    inter_token_gaps,
+    parse_slo,
+    percentile,
+    summarize,
+    tpot,
+)
 
 __all__ = ["BenchConfig", "RequestResult", "RequestSpec", "describe", "format_summary",
-           "format_sweep", "percentile", "plan", "run", "summarize", "sweep"]
+           "format_sweep", "make_prompt", "percentile", "plan", "run", "summarize", "sweep"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,62 +90,6 @@ DEFAULT_PATHS = {
     "completions": "/v1/completions",
     "get": "/health",
 }
-
-# A small fixed vocabulary: prompts are reproducible from the seed and
-# tokenize to roughly 1.3 tokens per word on common tokenizers.
-_WORDS = [
-    "river",
-    "mountain",
-    "lantern",
-    "copper",
-    "garden",
-    "whisper",
-    "harbor",
-    "meadow",
-    "signal",
-    "orbit",
-    "candle",
-    "forest",
-    "marble",
-    "thunder",
-    "velvet",
-    "compass",
-    "island",
-    "ember",
-    "glacier",
-    "puzzle",
-    "falcon",
-    "quartz",
-    "harvest",
-    "beacon",
-    "canyon",
-    "silver",
-    "meadow",
-    "rocket",
-    "shadow",
-    "willow",
-    "anchor",
-    "bridge",
-    "cobalt",
-    "desert",
-    "engine",
-    "feather",
-    "galaxy",
-    "hollow",
-    "ivory",
-    "jungle",
-    "kettle",
-    "ladder",
-    "mirror",
-    "nickel",
-    "oyster",
-    "pepper",
-    "quiver",
-    "ribbon",
-    "saddle",
-    "timber",
-]
-
 
 # --------------------------------------------------------------------------
 # configuration
@@ -159,6 +115,13 @@ class BenchConfig:
             duration).
         max_tokens: ``(low, high)`` output tokens requested, uniform.
         prompt_words: ``(low, high)`` words of synthetic prompt, uniform.
+        prompt_tokens: when set, every prompt is this many tokens instead
+            (:func:`bench.prompts.sized_prompt`; the text alone, without the
+            chat template), counted by ``tokenizer``; the whole plan is then
+            made before the first request, so it must be finite (``requests``,
+            or a finite ``rate`` with a ``duration``).
+        tokenizer: ``server`` (the target's ``POST /tokenize``) or the path
+            of a GGUF file whose tokenizer counts (:func:`bench.prompts.make_counter`).
         stream: request SSE streaming (TTFT is measured only then).
         endpoint: one of :data:`ENDPOINTS`.
         path: request path overriding the endpoint's default.
@@ -192,6 +155,8 @@ class BenchConfig:
     max_concurrency: int | None = None
     max_tokens: tuple[int, int] = (64, 64)
     prompt_words: tuple[int, int] = (32, 32)
+    prompt_tokens: int | None = None
+    tokenizer: str = "server"
     stream: bool = True
     endpoint: str = "chat"
     path: str | None = None
@@ -226,24 +191,46 @@ class BenchConfig:
         ):
             if lo < 0 or hi < lo:
                 raise ValueError(f"{name} must be a range low <= high, not {(lo, hi)}")
+        if self.prompt_tokens is not None:
+            if self.prompt_tokens < 1:
+                raise ValueError(f"prompt_tokens must be at least 1, not {self.prompt_tokens}")
+            if self.requests is None and math.isinf(self.rate):
+                raise ValueError(
+                    "prompt_tokens needs a finite plan: set requests, or a finite rate"
+                )
+        for name in self.slo:
+            if name not in SLO_METRICS:
+                raise ValueError(f"unknown SLO metric {name!r} (one of {', '.join(SLO_METRICS)})")
+            if name in ("ttft", "itl", "tpot") and not self.stream:
+                raise ValueError(f"an SLO on {name} needs streaming requests")
         if urlsplit(self.base_url).scheme != "http":
             raise ValueError(f"base_url must be http://host:port, not {self.base_url!r}")
 
 
 @dataclass(slots=True)
 class RequestSpec:
-    """One planned request: when (seconds after start), which model, what body."""
+    """One planned request: when (seconds after start), which model, what body.
+
+    ``prompt_text_tokens``: the prompt's tokens as the tokenizer counted
+    them when it was sized (``BenchConfig.prompt_tokens``), else None.
+    """
 
     index: int
     at: float
     model: str
     prompt: str
     max_tokens: int
+    prompt_text_tokens: int | None = None
 
 
 @dataclass(slots=True)
 class RequestResult:
-    """What one request measured; times in seconds, ``t_sent`` since start."""
+    """What one request measured; times in seconds, ``t_sent`` since start.
+
+    ``prompt_tokens`` is the server's count (``usage``, chat template
+    included); ``prompt_text_tokens`` the planned count of the text alone.
+    ``itl`` holds the gaps between successive content events.
+    """
 
     index: int
     model: str
@@ -258,6 +245,7 @@ class RequestResult:
     tpot: float | None = None
     output_tokens: int = 0
     prompt_tokens: int | None = None
+    prompt_text_tokens: int | None = None
     itl: list[float] = field(default_factory=list)
 
 
@@ -270,26 +258,19 @@ def _uniform_int(rng: random.Random, bounds: tuple[int, int]) -> int:
     return lo if lo == hi else rng.randint(lo, hi)
 
 
-def make_prompt(rng: random.Random, words: int) -> str:
-    """A synthetic prompt: a random number, a fixed instruction, ``words`` random words.
-
-    The leading number makes every prompt of a run different, so a server
-    with a prompt cache (llama.cpp's ``--cache-ram``) cannot answer a
-    repeated prompt from it, while the chat template's fixed prefix still
-    can be reused, as in real traffic.
-    """
-    body = " ".join(rng.choice(_WORDS) for _ in range(words))
-    return f"{rng.randrange(10**6)}. Write a long story that uses these words: {body}"
-
-
-def plan(config: BenchConfig) -> Iterator[RequestSpec]:
+def plan(config: BenchConfig, counter: TokenCounter | None = None) -> Iterator[RequestSpec]:
     """Yield the requests of ``config`` in arrival order (deterministic per seed).
 
     Arrival times are seconds after the start: exponential gaps of mean
     ``1 / rate`` (a Poisson process), or all 0 for an infinite rate. With
     ``requests`` unset the plan ends after ``duration`` seconds of arrivals;
     for an infinite rate it is endless and the caller stops dispatching.
+    With ``config.prompt_tokens`` the prompts are sized by ``counter``
+    (``ValueError`` without one); the arrival times and models stay those
+    of the same seed without it.
     """
+    if config.prompt_tokens is not None and counter is None:
+        raise ValueError("prompt_tokens needs a token counter")
     rng = random.Random(config.seed)
     names = [name for name, _ in config.models]
     weights = [weight for _, weight in config.models]
@@ -301,8 +282,16 @@ def plan(config: BenchConfig) -> Iterator[RequestSpec]:
             if config.requests is None and config.duration is not None and at > config.duration:
                 return
         model = rng.choices(names, weights)[0]
-        prompt = make_prompt(rng, _uniform_int(rng, config.prompt_words))
-        yield RequestSpec(index, at, model, prompt, _uniform_int(rng, config.max_tokens))
+        words = _uniform_int(rng, config.prompt_words)
+        max_tokens = _uniform_int(rng, config.max_tokens)
+        # the prompt has its own generator: however many values sizing it
+        # draws, the arrival times and models of a seed stay the same
+        prompt_rng = random.Random(rng.getrandbits(64))
+        if config.prompt_tokens is None:
+            yield RequestSpec(index, at, model, make_prompt(prompt_rng, words), max_tokens)
+        else:
+            text, n = sized_prompt(prompt_rng, config.prompt_tokens, model, counter)
+            yield RequestSpec(index, at, model, text, max_tokens, n)
         index += 1
 
 
@@ -500,6 +489,7 @@ class _Client:
     async def send(self, spec: RequestSpec, result: RequestResult) -> None:
         """Send ``spec`` and record into ``result``; never raises but cancellation."""
         head, body = self._encode(spec)
+        result.prompt_text_tokens = spec.prompt_text_tokens
         start = time.perf_counter()
         held: list[_Response] = []
         try:
@@ -521,8 +511,7 @@ class _Client:
         finally:
             for resp in held:
                 self.pool.release(resp.conn, keep=resp.keep_alive and result.e2e is not None)
-        if result.ttft is not None and result.e2e is not None and result.output_tokens > 1:
-            result.tpot = (result.e2e - result.ttft) / (result.output_tokens - 1)
+        result.tpot = tpot(result.ttft, result.e2e, result.output_tokens)
 
     async def _exchange(
         self, head: bytes, body: bytes, start: float, result: RequestResult, held: list[_Response]
@@ -550,8 +539,7 @@ class _Client:
 
     async def _read_stream(self, resp: _Response, start: float, result: RequestResult) -> None:
         buffer = b""
-        chunks = 0
-        last = start
+        arrivals: list[float] = []  # of content events, seconds after ``start``
         usage: dict[str, Any] = {}
         async for data in _iter_body(resp):
             buffer = (buffer + data).replace(b"\r\n", b"\n")
@@ -568,15 +556,12 @@ class _Client:
                         result.error = json.dumps(message["error"])[:200]
                         continue
                     if _chunk_content(message):
-                        now = time.perf_counter()
-                        if result.ttft is None:
-                            result.ttft = now - start
-                        else:
-                            result.itl.append(now - last)
-                        last = now
-                        chunks += 1
+                        arrivals.append(time.perf_counter() - start)
                     usage = message.get("usage") or usage
-        result.output_tokens = int(usage.get("completion_tokens") or chunks)
+        if arrivals:
+            result.ttft = arrivals[0]
+            result.itl = inter_token_gaps(arrivals)
+        result.output_tokens = int(usage.get("completion_tokens") or len(arrivals))
         result.prompt_tokens = usage.get("prompt_tokens")
         if result.ttft is None and result.error is None:
             result.error = "stream ended without content"
@@ -640,26 +625,37 @@ async def run_async(config: BenchConfig) -> dict[str, Any]:
     config.validate()
     client = _Client(config)
     try:
+        specs: Iterable[RequestSpec] = plan(config)
+        counter = None
+        if config.prompt_tokens is not None:
+            # sized before the first request: counting may ask the server
+            counter = await asyncio.to_thread(
+                make_counter, config.tokenizer, config.base_url, config.api_key
+            )
+            specs = await asyncio.to_thread(list, plan(config, counter))
         if config.warmup:
-            await _warmup(client, config)
-        return await _measure(client, config)
+            await _warmup(client, config, counter)
+        return await _measure(client, config, specs)
     finally:
         await client.pool.close()
 
 
-async def _warmup(client: _Client, config: BenchConfig) -> None:
-    width = config.max_concurrency or config.warmup
+def _warmup_specs(config: BenchConfig, counter: TokenCounter | None) -> list[RequestSpec]:
     rng = random.Random(config.seed ^ 0x5EED)
-    specs = [
-        RequestSpec(
-            -1 - i,
-            0.0,
-            config.models[i % len(config.models)][0],
-            make_prompt(rng, config.prompt_words[0]),
-            config.max_tokens[0],
-        )
-        for i in range(config.warmup)
-    ]
+    specs = []
+    for i in range(config.warmup):
+        model = config.models[i % len(config.models)][0]
+        if config.prompt_tokens is None or counter is None:
+            prompt, n = make_prompt(rng, config.prompt_words[0]), None
+        else:
+            prompt, n = sized_prompt(rng, config.prompt_tokens, model, counter)
+        specs.append(RequestSpec(-1 - i, 0.0, model, prompt, config.max_tokens[0], n))
+    return specs
+
+
+async def _warmup(client: _Client, config: BenchConfig, counter: TokenCounter | None) -> None:
+    width = config.max_concurrency or config.warmup
+    specs = await asyncio.to_thread(_warmup_specs, config, counter)
     for i in range(0, len(specs), width):
         batch = specs[i : i + width]
         results = [RequestResult(s.index, s.model, 0.0) for s in batch]
@@ -669,7 +665,9 @@ async def _warmup(client: _Client, config: BenchConfig) -> None:
                 logger.warning("warm-up request to %s failed: %s", r.model, r.error)
 
 
-async def _measure(client: _Client, config: BenchConfig) -> dict[str, Any]:
+async def _measure(
+    client: _Client, config: BenchConfig, specs: Iterable[RequestSpec]
+) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     limit = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
     progress = _Progress(config.progress, config.requests)
@@ -688,7 +686,7 @@ async def _measure(client: _Client, config: BenchConfig) -> dict[str, Any]:
                 limit.release()
 
     async def dispatch() -> None:
-        for spec in plan(config):
+        for spec in specs:
             delay = t0 + spec.at - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -763,14 +761,25 @@ def run(config: BenchConfig) -> dict[str, Any]:
     return uvloop.run(run_async(config))
 
 
-def sweep(config: BenchConfig, levels: Sequence[int]) -> dict[str, Any]:
-    """One closed-loop run of ``config`` per concurrency level (rate
-    infinite, ``max_concurrency`` = level; ``requests`` or ``duration`` per
-    run as configured), in the order given. Returns ``{"levels": [{"concurrency":
-    c, **run result}]}``; see :func:`run`."""
+def sweep(
+    config: BenchConfig, levels: Sequence[int], fresh_prompts: bool = False
+) -> dict[str, Any]:
+    """One closed-loop run of ``config`` per concurrency level, in the order given.
+
+    Each run: rate infinite, ``max_concurrency`` = level, ``requests`` or
+    ``duration`` as configured. Every level gets the same prompts (the
+    same seed), as ``vllm bench serve`` does; a server with a prompt cache
+    may then answer a later level's prompts from an earlier one's, so
+    ``fresh_prompts`` gives level ``i`` the seed ``seed + i`` instead.
+    Returns ``{"levels": [{"concurrency": c, **run result}]}``; see
+    :func:`run`. Raises ``ValueError`` for a level below 1.
+    """
+    if any(c < 1 for c in levels):
+        raise ValueError(f"concurrency levels must be at least 1, not {list(levels)}")
     out = []
-    for c in levels:
-        cfg = replace(config, rate=math.inf, max_concurrency=c)
+    for i, c in enumerate(levels):
+        seed = config.seed + i if fresh_prompts else config.seed
+        cfg = replace(config, rate=math.inf, max_concurrency=c, seed=seed)
         out.append({"concurrency": c, **run(cfg)})
     return {"levels": out}
 
@@ -836,6 +845,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=(32, 32),
         help="synthetic prompt words, N or LOW-HIGH",
     )
+    p.add_argument(
+        "--prompt-tokens",
+        type=int,
+        help="every prompt exactly N tokens of text (instead of --prompt-words)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default="server",
+        help="what counts --prompt-tokens: 'server' (its POST /tokenize) or a GGUF file",
+    )
+    p.add_argument(
+        "--fresh-prompts",
+        action="store_true",
+        help="with --concurrency: new prompts for every level (else the same ones)",
+    )
     p.add_argument("--endpoint", choices=ENDPOINTS, default="chat")
     p.add_argument("--path", help="request path overriding the endpoint's default")
     p.add_argument(
@@ -877,6 +901,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         max_concurrency=args.max_concurrency,
         max_tokens=args.max_tokens,
         prompt_words=args.prompt_words,
+        prompt_tokens=args.prompt_tokens,
+        tokenizer=args.tokenizer,
         stream=args.stream,
         endpoint=args.endpoint,
         path=args.path,
@@ -903,7 +929,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = config_from_args(args)
     try:
         if args.concurrency:
-            swept = sweep(config, args.concurrency)
+            swept = sweep(config, args.concurrency, args.fresh_prompts)
             print(format_sweep(swept))
             if args.out:
                 args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ serve`` reports them.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections import Counter
@@ -49,6 +50,28 @@ def describe(values: Sequence[float]) -> dict[str, float | int | None]:
     for q in PERCENTILES:
         summary[f"p{q:g}"] = percentile(values, q)
     return summary
+
+
+def inter_token_gaps(arrivals: Sequence[float]) -> list[float]:
+    """Seconds between successive content events of one stream.
+
+    ``arrivals``: when each event carrying content arrived (seconds, any
+    origin, in order); the first one's time from the request is the TTFT,
+    so ``n`` events give ``n - 1`` gaps. An event that carries several
+    tokens is one gap, as the client saw it (vLLM counts the same way).
+    """
+    return [later - earlier for earlier, later in itertools.pairwise(arrivals)]
+
+
+def tpot(ttft: float | None, e2e: float | None, output_tokens: int) -> float | None:
+    """Time per output token after the first, ``(e2e - ttft) / (output_tokens - 1)``.
+
+    Seconds; None without a TTFT or an end, or with fewer than two tokens
+    (vLLM's definition).
+    """
+    if ttft is None or e2e is None or output_tokens < 2:
+        return None
+    return (e2e - ttft) / (output_tokens - 1)
 
 
 def parse_slo(text: str) -> dict[str, float]:
@@ -99,6 +122,11 @@ def summarize(records: Sequence[Any], elapsed: float,
         for name in ("ttfb", "ttft", "tpot", "e2e", "queue_delay")
     }
     metrics["itl"] = describe([gap for r in good for gap in r.itl])
+    prompt_tokens = {
+        # what the server counted (chat template included) and what was planned
+        name: describe([v for r in good if (v := getattr(r, name, None)) is not None])
+        for name in ("prompt_tokens", "prompt_text_tokens")
+    }
     out = {
         "requests": len(records),
         "ok": len(good),
@@ -110,6 +138,7 @@ def summarize(records: Sequence[Any], elapsed: float,
         "output_token_throughput": tokens / elapsed if elapsed > 0 else None,
         "output_tokens": tokens,
         "metrics": metrics,
+        "prompt_tokens": prompt_tokens,
     }
     if slo:
         met = [r for r in good if meets_slo(r, slo)]

@@ -15,8 +15,15 @@ Sink = Callable[[str, object], None]
 """``sink(kind, payload)`` of one request, callable from any thread:
 ``("chunk", dict)`` a streamed OpenAI chunk, ``("result", dict)`` a whole
 answer, ``("end", None)`` the stream ended cleanly, ``("error", str)`` it
-failed (a stop, a decode error); nothing follows ``result``, ``end`` or
+failed (a stop; a :class:`ReplicaFault`, a str too, for a decode error);
+nothing follows ``result``, ``end`` or
 ``error``."""
+
+
+class ReplicaFault(RuntimeError):
+    """The instance itself failed, whatever the request (a broken context,
+    a decode error): answered 500 marked ``fault``, so the replica's circuit
+    counts it (issue 11)."""
 
 
 class Backend:

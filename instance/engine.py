@@ -42,6 +42,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .backend import ReplicaFault
 from .batch import Batch
 from .jobs import (
     Embedding,
@@ -535,7 +536,7 @@ class Engine:
             for s, _ in plan:
                 self.L.llama_memory_seq_rm(self.m.mem, s.id, len(s.tokens), -1)
                 if s.job is not None and not s.job.ended:
-                    self._fail(s.job, f"decode failed ({ret})")
+                    self._fail(s.job, ReplicaFault(f"decode failed ({ret})"))
             return
         ready = []
         for s, k in plan:
@@ -627,7 +628,7 @@ class Engine:
                 L.llama_set_embeddings(self.m.ctx, False)
         if ret != 0:
             for s, _, _ in plan:
-                self._fail(s.job, f"embedding decode failed ({ret})")
+                self._fail(s.job, ReplicaFault(f"embedding decode failed ({ret})"))
             return
         for s, off, k in plan:
             job = s.job
@@ -679,7 +680,9 @@ class Engine:
             timings["cancelled"] = True
         job.emit(("done", usage, timings))
 
-    def _fail(self, job: Job, message: str) -> None:
+    def _fail(self, job: Job, message: str | ReplicaFault) -> None:
+        """End ``job`` with ``("error", message)``; a :class:`ReplicaFault`
+        (a decode error) is the replica's own failure, answered so."""
         for s in job.slots:
             if s.job is job:
                 s.release()

@@ -12,8 +12,13 @@ the first token; ``token_s`` (0.002) delay between tokens; ``tokens`` (8)
 tokens per answer unless the request's ``max_tokens`` is smaller;
 ``mem_bytes`` (0) effective host memory reported when ready; ``min_bytes``
 / ``max_bytes`` memory reported by ``--measure``, after ``measure_s`` (0); ``fail_requests`` (bool)
-answer requests with an error (so does the existence of a file
-``BEHAVIOUR.json.fail-<pid>``, which lets a test break and mend one replica);
+answer requests with the replica's own fault, a 500 marked ``fault`` (so does
+the existence of a file ``BEHAVIOUR.json.fail-<pid>``, which lets a test break
+and mend one replica); ``bad_request_marker`` (str) a request whose JSON body
+contains it fails with a plain 500, an error the request caused (llama.cpp
+answers some bad grammars so); ``crash_marker`` (str) a request whose JSON
+body contains it makes the process exit with ``crash_code`` at once, as
+llama.cpp aborts on an out-of-vocabulary token id;
 ``parallel`` (1) slots: requests served at once, the rest queued in arrival
 order, as the built-in instance's engine does (reported in the ``ready``
 line, so the balancer counts in-flight relative to it).
@@ -33,7 +38,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from . import protocol
-from .backend import Backend
+from .backend import Backend, ReplicaFault
 from .validate import BadRequest
 
 
@@ -108,11 +113,28 @@ class FakeBackend(Backend):
         first = f"[{self.name}:{os.getpid()}]"
         return [first] + [" tok"] * max(0, n - 1)
 
+    def _check(self, body: dict) -> None:
+        """The request-triggered behaviours: ``crash_marker``, ``bad_request_marker``."""
+        c = self.cfg
+        text = None
+        for key, act in (("crash_marker", "crash"), ("bad_request_marker", "fail")):
+            marker = c.get(key)
+            if not marker:
+                continue
+            if text is None:
+                text = orjson.dumps(body).decode()
+            if marker in text:
+                if act == "crash":
+                    os._exit(int(c.get("crash_code", 3)))
+                raise RuntimeError(f"request failed on {marker!r}")
+
     def start(self, kind: str, body: dict, sink, request_id: str = ""):
         """Queue one request for the next free slot (FIFO, ``parallel``
-        slots); raises at once for ``fail_requests`` and bad chat bodies."""
+        slots); raises at once for the markers, ``fail_requests``
+        (:class:`ReplicaFault`) and bad chat bodies."""
+        self._check(body)
         if self.cfg.get("fail_requests") or os.path.exists(self.path + f".fail-{os.getpid()}"):
-            raise RuntimeError("fake failure")
+            raise ReplicaFault("fake failure")
         if kind == "chat" and not isinstance(body.get("messages"), list):
             raise BadRequest("'messages' must be a list", "messages")
         job = _FakeJob(kind, body, sink, request_id)
@@ -217,6 +239,7 @@ class FakeBackend(Backend):
         return {"tokens": [len(w) for w in content.split()]}
 
     def detokenize(self, body: dict) -> dict:
+        self._check(body)
         return {"content": " ".join("x" * int(t) for t in body.get("tokens", []))}
 
     def props(self) -> dict:

@@ -17,6 +17,15 @@ in tests; they differ only in their :class:`Backend`. The process:
    for up to ``--stop-timeout`` less one second, then ends the rest with an
    SSE error event (never a clean end) and exits, before the supervisor's
    SIGTERM.
+
+Issue 11: with a secret (from the supervisor's ``--keys-fd`` pipe, or a
+spare's ``load`` command) every route but ``/health`` needs it as the bearer
+token (401 otherwise), so no local user can go around ggmux's API key. An
+answer that did nothing for its request (stopping, asleep) is 503 marked
+``refused`` in :data:`~ggmux.proxy.balancer.REPLICA_HEADER` (the proxy may
+send it to another replica); a :class:`ReplicaFault` is answered 500 marked
+``fault`` (it counts against the replica's circuit); any other error is the
+request's.
 """
 
 from __future__ import annotations
@@ -37,6 +46,8 @@ from dataclasses import fields
 import orjson
 from setproctitle import setproctitle
 
+from ..proxy.auth import authorized, read_keys
+from ..proxy.balancer import REPLICA_HEADER
 from ..proxy.http import HttpConnection, Request, json_object
 from ..proxy.limits import (
     INSTANCE_LIMIT_NAMES,
@@ -45,17 +56,18 @@ from ..proxy.limits import (
     limits_from_args,
 )
 from . import protocol
-from .backend import Backend
+from .backend import Backend, ReplicaFault
 from .validate import BadRequest, RequestLimits, add_request_limit_options
 
 log = logging.getLogger("ggmux.instance")
 
-__all__ = ["Backend", "BadRequest", "InstanceApp", "main"]
+__all__ = ["Backend", "BadRequest", "InstanceApp", "ReplicaFault", "main"]
 
 
 # an answer that did nothing for the request: the proxy may send it to another
-# replica (x-ggmux-replica, the marker of the proxy's balancer, issue 11)
-REFUSED = [(b"x-ggmux-replica", b"refused"), (b"retry-after", b"1")]
+# replica; a fault of the replica itself: it counts against its circuit
+REFUSED = [(REPLICA_HEADER, b"refused"), (b"retry-after", b"1")]
+FAULT = [(REPLICA_HEADER, b"fault")]
 
 ROUTES = {
     b"/v1/chat/completions": "chat",
@@ -109,8 +121,9 @@ def native_chunk(chunk: dict, final: bool) -> dict:
 class InstanceApp:
     """HTTP handler of one instance; see the module docstring."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, secret: str | None = None) -> None:
         self.backend = backend
+        self.secret = secret.encode() if secret else None
         self.loop = asyncio.get_event_loop()
         # sleep/wake and request set-up (templates, tokenizing, grammars)
         # off the event loop; generation itself runs on the backend's threads
@@ -182,6 +195,10 @@ class InstanceApp:
                 conn.send_json(req, 200, {"status": "ok"})
             else:
                 conn.send_error(req, 503, "Loading model", headers=[(b"retry-after", b"1")])
+            return
+        if not authorized(req, self.secret):
+            conn.send_error(req, 401, "this instance takes requests from ggmux's proxies only",
+                            code="invalid_api_key", headers=[(b"www-authenticate", b"Bearer")])
             return
         if path in (b"/v1/models", b"/models"):
             conn.send_json(
@@ -300,7 +317,8 @@ class InstanceApp:
             return
         except Exception as e:
             log.exception("generation failed")
-            conn.send_error(req, 500, f"generation failed: {e}")
+            conn.send_error(req, 500, f"generation failed: {e}",
+                            headers=FAULT if isinstance(e, ReplicaFault) else ())
             return
 
         def gone() -> None:
@@ -340,7 +358,9 @@ class InstanceApp:
                         conn.send_error(req, 503, message, code="shutting_down",
                                         headers=REFUSED)
                     else:
-                        conn.send_error(req, 500, f"generation failed: {message}")
+                        conn.send_error(req, 500, f"generation failed: {message}",
+                                        headers=FAULT if isinstance(payload, ReplicaFault)
+                                        else ())
                     return
                 err = {"error": {"message": message, "type": "server_error",
                                  "code": 503 if self.stopping else 500}}
@@ -359,6 +379,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="start, import everything, then wait for a 'load {json}' command")
     ap.add_argument("--name", default=None, help="model name reported in responses")
     ap.add_argument("--fd", type=int, default=None, help="listening socket from the supervisor")
+    ap.add_argument("--keys-fd", type=int, default=None,
+                    help='inherited pipe holding {"secret": HEX} as JSON (from the supervisor)')
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--ctx-size", type=int, default=2048,
@@ -418,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     setproctitle(process_title(args))
     protocol.claim_stdout()
+    # the secret comes through a pipe, never argv or the environment (issue 11)
+    secret = read_keys(args.keys_fd).get("secret") if args.keys_fd is not None else None
     state: dict = {"loading": True, "load_event": threading.Event()}
     stop = threading.Event()
 
@@ -478,6 +502,7 @@ def main(argv: list[str] | None = None) -> int:
             setattr(args, name, getattr(given, name))
         args.slot = la.get("slot")
         setproctitle(process_title(args))
+        secret = la.get("secret") or secret
     backend = make_backend(args)
     if args.measure:
         protocol.emit("measured", **backend.measure())
@@ -503,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     state["loop"] = loop
-    app = InstanceApp(backend)
+    app = InstanceApp(backend, secret)
     app.rss0 = rss0
     state["app"] = app
     limits = limits_from_args(args)

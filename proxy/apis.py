@@ -224,11 +224,11 @@ class ClientApis:
             reason = "unload"
         else:
             if m not in p.ready:
-                p._join(m)
+                p.waiters.join(m)
                 try:
-                    outcome = await p._wait_ready(m, req)
+                    outcome = await p.waiters.wait(m, req)
                 finally:
-                    p._leave(m)
+                    p.waiters.leave(m)
                 if outcome == "gone":
                     wrap.conn.finish(req)
                     return

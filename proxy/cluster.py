@@ -26,33 +26,24 @@ import hmac
 import time
 
 from .http import HttpConnection, Request
-
-HOP = b"x-ggmux-hop"
-TOKEN = b"x-ggmux-cluster-token"
+from .request import HOP, TOKEN
 
 HOP_NONE = 0  # an ordinary request
 HOP_LOOP = 1  # forwarded by a node, no token configured: served locally, key still needed
 HOP_TRUSTED = 2  # forwarded with the right cluster token: served locally, no key needed
 
 
-def take_hop(req: Request, cluster: dict | None) -> int:
-    """Classify ``req`` (one of ``HOP_*``) and strip the hop headers, so
-    they never reach a replica. Without cluster mode: :data:`HOP_NONE`,
-    headers untouched."""
+def judge_hop(req: Request, cluster: dict | None) -> int:
+    """Classify ``req`` (one of ``HOP_*``) by its hop header and cluster
+    token, changing nothing. Without cluster mode: :data:`HOP_NONE`."""
     if cluster is None:
         return HOP_NONE
     hop = given = None
-    kept = []
     for k, v in req.headers:
         if k == HOP:
             hop = v
         elif k == TOKEN:
             given = v
-        else:
-            kept.append((k, v))
-    if hop is None and given is None:
-        return HOP_NONE
-    req.headers = kept
     if hop is None:
         return HOP_NONE
     token = (cluster.get("token") or "").encode()
@@ -61,6 +52,17 @@ def take_hop(req: Request, cluster: dict | None) -> int:
     if given is not None and hmac.compare_digest(given, token):
         return HOP_TRUSTED
     return HOP_NONE
+
+
+def take_hop(req: Request, cluster: dict | None) -> int:
+    """:func:`judge_hop`, then strip the hop header and token from
+    ``req.headers`` (in cluster mode). No replica gets them either way:
+    ``upstream.request_head`` drops them; only a forward to another node
+    adds them, from :func:`hop_headers`."""
+    hop = judge_hop(req, cluster)
+    if cluster is not None:
+        req.headers = [(k, v) for k, v in req.headers if k != HOP and k != TOKEN]
+    return hop
 
 
 def hop_headers(cluster: dict, api_key: bytes | None) -> list[tuple[bytes, bytes]]:
@@ -105,7 +107,9 @@ def annotate_models(listing: dict, cluster: dict | None) -> dict:
     """Add to each model of a ``/v1/models`` list ``status.node`` (the node
     that serves it: this one if it holds it, else the first that does, else
     the one loading it; absent when none) and ``nodes`` (every node holding
-    or loading it, with its state)."""
+    or loading it, with its state). A model this node has not loaded but
+    another node has shows ``status.value`` ``loaded``: a request is served
+    at once."""
     if cluster is None:
         return listing
     me = cluster.get("node")
@@ -120,6 +124,10 @@ def annotate_models(listing: dict, cluster: dict | None) -> dict:
                 next((h["node"] for h in held), None))
         if node is not None:
             m["status"]["node"] = node
+        if loaded and m["status"].get("value") == "unloaded":
+            # served at once through a node that holds it; the models
+            # table's remote replica row may lag the cluster view a publish
+            m["status"]["value"] = "loaded"
     return listing
 
 

@@ -17,15 +17,15 @@ from random import getrandbits
 
 import httptools
 
-from .request import Request
+from .request import HOP, TOKEN, Request
 
 # a client's X-Request-Id is echoed only when it is short visible ASCII
 _RID_CHARS = bytes(range(0x21, 0x7F))
 _RID_MAX = 128
 
 # headers the parser callbacks look at (one dict lookup per header)
-_CONTENT_LENGTH, _TRANSFER_ENCODING, _CONNECTION, _EXPECT, _REQUEST_ID, _HOST, _ORIGIN = range(
-    1, 8)
+(_CONTENT_LENGTH, _TRANSFER_ENCODING, _CONNECTION, _EXPECT, _REQUEST_ID, _HOST, _ORIGIN,
+ _HOP) = range(1, 9)
 _SPECIAL = {
     b"content-length": _CONTENT_LENGTH,
     b"transfer-encoding": _TRANSFER_ENCODING,
@@ -34,6 +34,8 @@ _SPECIAL = {
     b"x-request-id": _REQUEST_ID,
     b"host": _HOST,
     b"origin": _ORIGIN,
+    HOP: _HOP,
+    TOKEN: _HOP,
 }
 _VERSIONS = frozenset(("1.1", "1.0"))  # RFC 9112 2.3: the versions this server speaks
 # a chunk-size line as llhttp accepts it (RFC 9112 7.1: size, extensions, CRLF)
@@ -193,6 +195,8 @@ class RequestReader:
             req.expect = value
         elif kind == _ORIGIN:
             req.origin = value
+        elif kind == _HOP:
+            req.hop_marked = True
         elif 0 < len(value) <= _RID_MAX and not value.translate(None, _RID_CHARS):
             req.request_id = value
 

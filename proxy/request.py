@@ -17,6 +17,12 @@ if TYPE_CHECKING:
 
 Header = tuple[bytes, bytes]
 
+# cluster mode's headers (DESIGN.md "Cluster", :mod:`.cluster`): the hop
+# header and the cluster token. The parser marks a request that carries
+# either (``Request.hop_marked``); no replica ever gets them
+HOP = b"x-ggmux-hop"
+TOKEN = b"x-ggmux-cluster-token"
+
 
 def new_request_id() -> bytes:
     """A fresh request id: 16 lower-case hex digits."""
@@ -34,6 +40,8 @@ class Request:
     small), ``request_id`` the id echoed as ``x-request-id``,
     ``content_length`` -1 when absent, ``conn_tokens`` the header names the
     client's ``Connection`` header lists (hop-by-hop, never forwarded).
+    ``hop_marked``: the head carries :data:`HOP` or :data:`TOKEN` (then
+    only the handler, which judges them, may forward it).
     ``on_disconnect`` is called once when the client goes away before the
     response finished; ``disconnected`` says it did. ``origin`` is the
     ``Origin`` header (None without one); ``extra_head`` header lines
@@ -54,6 +62,7 @@ class Request:
         "header_bytes",
         "headers",
         "hop",
+        "hop_marked",
         "host",
         "http10",
         "keep_alive",
@@ -94,6 +103,7 @@ class Request:
         self.origin: bytes | None = None
         self.extra_head = b""
         self.hop = 0  # cluster mode: forwarded by another node (proxy.cluster.HOP_*)
+        self.hop_marked = False
 
     def header(self, name: bytes, default: bytes | None = None) -> bytes | None:
         """First value of header ``name`` (lower-case bytes)."""

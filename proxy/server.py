@@ -10,20 +10,11 @@ asks the supervisor through the command queue, then waits to be woken (the
 supervisor writes a byte on the worker's stdin after every generation bump;
 stdin EOF means the supervisor is gone and the worker exits).
 
-Two paths: :meth:`Proxy.fast` forwards, from the parser's callback and
-with no task or coroutine, a request for a model that one local replica
-serves and that has an idle pooled connection (the steady state of a busy
-model; a third less CPU per forwarded request than the task path);
-everything else, and a fast forward that failed before the first byte,
-goes to :meth:`Proxy.handle` (waiting for loads, balancing, queueing,
-retries, errors).
-
-Counters: the worker is the only writer of ``counters[index]``,
-``waiters[index]`` and ``mcounters[index]``. A request counts as in flight
-from just before it is forwarded until its response ended; a waiter is
-removed only after its request counts as in flight, so a freshly loaded
-model is never without either and cannot be evicted before it serves the
-request that loaded it.
+Forwarding (the fast path from the parser's callback, the task path with
+waiting, balancing, retries, and the in-flight and breaker accounting) is
+:mod:`ggmux.proxy.forward`; the worker process's entry (arguments, event
+loop, keys) is :mod:`ggmux.proxy.__main__`. The worker is the only writer of
+``counters[index]``, ``waiters[index]`` and ``mcounters[index]``.
 
 Routes (llama.cpp router's, DESIGN.md "HTTP surface"): inference routed by
 the body's ``model``; ``GET /props|/metrics|/slots?model=`` routed by the
@@ -37,37 +28,27 @@ in :mod:`ggmux.proxy.apis`; CORS (:mod:`ggmux.proxy.cors`) on every answer.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import gc
-import hmac
 import logging
 import os
 import random
-import signal
-import sys
 import time
-from bisect import bisect_left
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs
 
 import numpy as np
 import orjson
 import posix_ipc
-from setproctitle import setproctitle
 
 from ..shm import layout as L
 from ..shm.logring import log_ring_name
 from ..shm.segment import Segment
-from . import apis
+from . import answers, apis, passthrough
 from .apis import ClientApis
+from .auth import authorized, secret_header
 from .balancer import (
-    CLOSED,
     BalancerConfig,
     Candidate,
     CircuitBreaker,
-    candidates_from_shm,
-    choose,
-    session_key,
 )
 from .cluster import (
     HOP,
@@ -75,64 +56,36 @@ from .cluster import (
     annotate_models,
     cluster_view,
     drain_route,
-    hop_headers,
-    loading_info,
     metrics_lines,
     take_hop,
 )
 from .cors import Cors
+from .forward import INFERENCE, NS, Forwarding
 from .http import (
     HttpConnection,
-    HttpLimits,
     Request,
-    add_http_limit_options,
-    fit_fd_limit,
     json_object,
-    limits_from_args,
 )
 from .listing import ModelEvents, models_list
 from .logs import LogTail
 from .metrics import metrics_text, scrape_replicas
 from .overview import overview
 from .page import Page
-from .upstream import Exchange, UpstreamError, UpstreamPool, request_head
+from .pool import UpstreamPool
+from .waiting import ModelWaiters
 
 log = logging.getLogger("ggmux.proxy")
 
-NS = 1_000_000_000
-
-# routed by the JSON body's "model" (llama.cpp router's list)
-INFERENCE = frozenset(
-    (
-        b"/v1/chat/completions",
-        b"/chat/completions",
-        b"/v1/completions",
-        b"/completions",
-        b"/v1/embeddings",
-        b"/embeddings",
-        b"/embedding",
-        b"/completion",
-        b"/tokenize",
-        b"/detokenize",
-        b"/infill",
-        b"/rerank",
-        b"/v1/rerank",
-        b"/reranking",
-        b"/apply-template",
-    )
-)  # /v1/messages, /v1/responses, /api/*: apis.ROUTES
 # routed by ?model=; they do not load the model nor refresh its last use
 QUERY_ROUTED = frozenset((b"/props", b"/metrics", b"/slots"))
 
-TTFT_ALPHA = 0.2  # EWMA weight of the newest sample
 RELOAD_WAIT_S = 30.0  # ?reload=1 waits this long for the rescan (a cache of many models is slow)
-GC_GEN0_THRESHOLD = 10_000  # allocations between young collections (CPython's default: 700)
-# bucket bounds in microseconds; an index past the last is the +Inf bucket
-_TTFT_BUCKETS_US = tuple(b * 1000 for b in L.TTFT_BUCKETS_MS)
+STOPPING = "the server is stopping"
 
 
-class Proxy:
-    """State of one worker; ``handle`` is the HTTP handler."""
+class Proxy(Forwarding):
+    """State of one worker; ``handle`` is the HTTP handler, :class:`~.forward.Forwarding`
+    the forwarding (the fast path, waiting, balancing, retries, accounting)."""
 
     def __init__(
         self,
@@ -146,19 +99,24 @@ class Proxy:
         admin_key: str | None = None,
         stream_keepalive: float = 5.0,
         drain_timeout: float = 10.0,
+        first_byte_timeout: float = 600.0,
+        stream_idle_timeout: float = 300.0,
         cors_origins: str = "*",
     ) -> None:
         self.index = index
         self.cors = Cors(cors_origins) if cors_origins else None
         self.apis = ClientApis(self)
         self.drain_timeout = drain_timeout
+        self.stopping = False  # draining: new requests get 503
+        # first-byte timeout, ns: the default, and per model (preset key)
+        self.first_byte_ns = int(first_byte_timeout * NS)
+        self.model_first_byte_ns: list[int] = []
         self.server: asyncio.AbstractServer | None = None
         self.stream_keepalive = stream_keepalive
         self.seg = Segment.attach(shm)
         self.mq = posix_ipc.MessageQueue(mq)
         self.mq.block = False
         self.cnt = self.seg.counters[index]  # (replicas, C_WORDS), ours alone
-        self.wait = self.seg.waiters[index]  # (models, W_WORDS), ours alone
         self.mc = self.seg.mcounters[index]  # (models, MC_WORDS), ours alone
         # the same rows as int64 memoryviews for the per-request updates: a
         # Python-level word costs a fifth of a numpy scalar's get + set
@@ -170,7 +128,9 @@ class Proxy:
         self.api_key = api_key.encode() if api_key else None
         self.admin_key = admin_key.encode() if admin_key else None
         self.loop = asyncio.get_event_loop()
-        self.pool = UpstreamPool(self.loop)
+        self.pool = UpstreamPool(self.loop, stream_idle_s=stream_idle_timeout)
+        self.pool.start_sweeping()
+        self.secrets: dict[int, bytes] = {}  # slot -> its instance's authorization line
         self.balancer = BalancerConfig()
         self.rng = random.Random()
         self.breakers = [CircuitBreaker(row, self.balancer) for row in self.cw]
@@ -189,7 +149,9 @@ class Proxy:
         self.single: dict[int, Candidate] = {}  # model -> its only replica
         self.model_rows = np.zeros((self.seg.sizes.models, L.M_WORDS), dtype=np.int64)
         self.replica_rows = np.zeros((self.seg.sizes.replicas, L.R_WORDS), dtype=np.int64)
-        self.waiting: dict[int, set[asyncio.Future]] = {}
+        self.waiters = ModelWaiters(self.loop, self.seg.waiters[index], self.mq, load_wait,
+                                    stream_keepalive,
+                                    lambda m: int(self.model_rows[m][L.M_PROGRESS]))
         self.queued: dict[int, int] = {}  # model -> requests queued for a free replica
         self.local_asked: dict[int, int] = {}  # model -> when a local replica was last asked
         self.events = ModelEvents(self.loop, lambda: (self.reg_models, self.model_rows,
@@ -202,12 +164,17 @@ class Proxy:
 
     # ---- shared-memory snapshot ------------------------------------------
     def refresh(self) -> None:
-        """Re-read tables when the supervisor's generation moved; wake waiters."""
+        """Re-read tables when the supervisor's generation moved; wake waiters.
+
+        The generation read counts as seen only once the view built from it
+        is whole: a read that raises (``SeqlockBusy``: the supervisor stalled
+        mid-write) is retried on the next call, instead of leaving this
+        proxy on its old view (a replica that became ready unseen, every
+        request on the other) until the supervisor publishes again."""
         seg = self.seg
         g = seg.generation
         if g == self.gen:
             return
-        self.gen = g
         version, doc = seg.read_registry()
         if version != self.reg_version:
             self.reg_version = version
@@ -219,8 +186,10 @@ class Proxy:
             self.reload_ids = doc.get("reload_ids", ())
             self.cluster = doc.get("cluster")
             self.hop_slots = frozenset(k for k, v in self.remotes.items() if v.get("hop"))
+            self.model_first_byte_ns = [
+                int(t * NS) if isinstance(t := e.get("first_byte_timeout"), (int, float)) and t > 0
+                else self.first_byte_ns for e in self.reg_models]
         g, (self.model_rows, reps) = seg.snapshot("models", "replicas")
-        self.gen = g
         self.replica_rows = reps
         ready_rows = reps[reps[:, L.R_STATUS] == L.ReplicaStatus.READY]
         self.ready = {int(m) for m in ready_rows[:, L.R_MODEL]}
@@ -245,22 +214,18 @@ class Proxy:
                 single[m] = Candidate(slot=slots[0], port=int(r[L.R_PORT]),
                                       incarnation=int(r[L.R_INCARNATION]))
         self.single = single
+        self.secrets = {
+            int(slot): secret_header(int(reps[slot, L.R_SECRET_HI]), int(reps[slot, L.R_SECRET_LO]))
+            for slot in np.flatnonzero(reps[:, L.R_SECRET_HI] | reps[:, L.R_SECRET_LO])}
+        self.gen = g  # the view of generation g is whole
         alive = {int(p) for p in ready_rows[:, L.R_PORT]}
         for port in list(self.pool.idle):
             if port not in alive:
                 self.pool.drop_port(port)
-        if self.waiting:
+        if self.waiters:
             now = time.monotonic_ns()
-            for m, futs in list(self.waiting.items()):
-                if m in self.ready:
-                    outcome = "ready"
-                elif self._in_backoff(m, now):
-                    outcome = "failed"
-                else:
-                    continue
-                for f in futs:
-                    if not f.done():
-                        f.set_result(outcome)
+            self.waiters.wake(lambda m: "ready" if m in self.ready else
+                              "failed" if self._in_backoff(m, now) else None)
         if self.events:
             self.events.publish()
 
@@ -283,195 +248,48 @@ class Proxy:
 
     def drain(self) -> None:
         """Stdin EOF (the supervisor is stopping, or gone): stop accepting,
-        let the requests being answered finish (instances finish their
-        generation on ``exit`` too), then stop, after ``drain_timeout``
-        seconds at the latest. A supervisor killed outright takes its
-        instances with it, so their requests fail fast and this is quick."""
+        let the requests being answered finish, for ``drain_timeout``
+        seconds at most (instances finish their generation on ``exit``
+        too), then answer whatever is left and stop.
+
+        Nothing accepted is dropped without an answer (issue 11): requests
+        waiting for a load or a replica get 503 ``shutting_down`` at once,
+        and so does a request that arrives meanwhile on a kept-alive
+        connection; at the deadline each exchange still in flight ends with
+        that 503, or mid-stream with an SSE error event saying the server
+        is stopping. A supervisor killed outright takes its instances with
+        it, so their requests fail fast and this is quick."""
         log.info("proxy %d: draining %d request(s), then exiting", self.index,
                  int(self.cnt[:, L.C_IN_FLIGHT].sum()))
+        self.stopping = True
+        self.pool.closing = STOPPING
         if self.server is not None:
             self.server.close()
-        for futs in self.waiting.values():  # no load will come now
-            for f in futs:
-                if not f.done():
-                    f.set_result("shutdown")
+        self.waiters.shutdown()  # no load will come now
         deadline = self.loop.time() + self.drain_timeout
 
         def check() -> None:
-            if (self.cnt[:, L.C_IN_FLIGHT].sum() <= 0 and not self.waiting) or (
-                self.loop.time() > deadline
-            ):
+            if self.cnt[:, L.C_IN_FLIGHT].sum() <= 0 and not self.waiters:
                 self.loop.stop()
+            elif self.loop.time() > deadline:
+                n = self.pool.abort_all(STOPPING)
+                log.warning("proxy %d: %d request(s) still running after %g s: ended with "
+                            "'%s'", self.index, n, self.drain_timeout, STOPPING)
+                self.loop.call_later(0.1, self.loop.stop)  # the answers leave first
             else:
                 self.loop.call_later(0.05, check)
 
         check()
 
-    # ---- waiters -------------------------------------------------------------------
-    def _join(self, m: int) -> None:
-        w = self.wait
-        if w[m, L.W_COUNT] == 0:
-            w[m, L.W_FIRST_NS] = time.monotonic_ns()
-        w[m, L.W_COUNT] += 1
-        try:
-            self.mq.send(b'{"op":"want","model":%d}' % m, timeout=0)
-        except posix_ipc.BusyError:
-            pass  # demand is in the waiters table; the supervisor's tick sees it
-
-    def _leave(self, m: int) -> None:
-        w = self.wait
-        w[m, L.W_COUNT] -= 1
-        if w[m, L.W_COUNT] <= 0:
-            w[m, L.W_COUNT] = 0
-            w[m, L.W_FIRST_NS] = 0
-
-    async def _wait_ready(
-        self, m: int, req: Request, conn: HttpConnection | None = None, name: str = ""
-    ) -> str:
-        """Wait for model ``m``: ``"ready"``, ``"failed"``, ``"timeout"`` or
-        ``"gone"`` (client disconnected). The caller must ``_leave(m)``.
-
-        With ``conn`` (a streaming request), after ``stream_keepalive``
-        seconds the SSE head goes out and a comment every interval keeps
-        the client and any proxy between from timing out during a long load
-        (the llama.cpp router sends nothing until the model is ready)."""
-        fut = self.loop.create_future()
-        self.waiting.setdefault(m, set()).add(fut)
-        req.on_disconnect = lambda: fut.done() or fut.set_result("gone")
-        deadline = self.loop.time() + self.load_wait
-        try:
-            while True:
-                left = deadline - self.loop.time()
-                if left <= 0:
-                    return "timeout"
-                step = min(left, self.stream_keepalive) if conn is not None else left
-                try:
-                    return await asyncio.wait_for(asyncio.shield(fut), step)
-                except TimeoutError:
-                    if conn is None or req.disconnected:
-                        continue
-                    if not req.preheaded:
-                        req.preheaded = True
-                        conn.start_stream(req)
-                    row = self.model_rows[m]
-                    conn.send_chunk(b": waiting for %s to load (%d%%)\n\n" % (
-                        name.encode(), int(row[L.M_PROGRESS]) // 10))
-        finally:
-            req.on_disconnect = None
-            s = self.waiting.get(m)
-            if s is not None:
-                s.discard(fut)
-                if not s:
-                    del self.waiting[m]
-
     # ---- HTTP ------------------------------------------------------------------------
     def _authorized(self, req: Request, admin: bool = False) -> bool:
         """``Authorization: Bearer KEY`` or ``x-api-key: KEY``, compared in
         constant time; admin routes need the admin key when one is set."""
-        key = self.admin_key if admin and self.admin_key else self.api_key
-        if key is None:
-            return True
-        given = req.header(b"x-api-key")
-        if given is None:
-            auth = req.header(b"authorization") or b""
-            if auth[:7].lower() == b"bearer ":
-                given = auth[7:].strip()
-        return given is not None and hmac.compare_digest(given, key)
+        return authorized(req, self.admin_key if admin and self.admin_key else self.api_key)
 
-    def fast(self, conn: HttpConnection, req: Request) -> bool:
-        """Forward ``req`` from the parser's callback, without a task, when
-        nothing needs waiting or choosing (the common case; run before
-        :meth:`handle`): an inference route or ``/upstream/<model>/...`` for
-        a model that exactly one local replica serves (:attr:`single`),
-        whose circuit is closed and that has an idle pooled connection.
-
-        Returns False, having changed nothing, in every other case, errors
-        included: :meth:`handle` answers those. A forward that fails
-        before anything reached the client is handed to :meth:`handle`
-        too, which retries as its own forwards do."""
-        if req.origin is not None and self.cors is not None:
-            req.extra_head = self.cors.headers(req.origin)
-        path = req.path
-        if path in INFERENCE:
-            if req.method != b"POST":
-                return False
-            try:
-                body = orjson.loads(req.body)
-            except orjson.JSONDecodeError:
-                return False
-            if type(body) is not dict:
-                return False
-            req.body_json = body
-            name = body.get("model")
-            if type(name) is not str or "stream_options" in body:  # usage may need adding
-                return False
-            target = req.url
-        elif path[:10] == b"/upstream/":
-            route = self._upstream_route(req)
-            if route is None:
-                return False
-            name, target = route
-        else:
-            return False
-        if self.api_key is not None and not self._authorized(req):
-            return False
-        self.refresh()
-        m = self.names.get(name)
-        if m is None:
-            return False
-        c = self.single.get(m)
-        if c is None:
-            return False
-        slot = c.slot
-        cw = self.cw[slot]
-        inc = c.incarnation
-        if cw[L.C_INCARNATION] != inc or cw[L.C_CIRCUIT] != CLOSED:
-            return False
-        up = self.pool.take_idle(c.port)
-        if up is None:
-            return False
-        body = req.body
-        data = request_head(req, c.port, len(body), target=target) + body
-        cw[L.C_IN_FLIGHT] += 1
-        cw[L.C_LAST_USED_NS] = time.monotonic_ns()
-        up.send(conn, req, data, lambda r: self._fast_done(conn, req, m, slot, inc, r))
-        return True
-
-    def _fast_done(self, conn: HttpConnection, req: Request, m: int, slot: int, inc: int,
-                   r: Exchange | UpstreamError) -> None:
-        cw = self.cw[slot]
-        now = time.monotonic_ns()
-        if cw[L.C_INCARNATION] == inc:
-            cw[L.C_IN_FLIGHT] -= 1
-            cw[L.C_LAST_USED_NS] = now
-        if isinstance(r, UpstreamError):
-            if not r.stale:  # a stale pooled connection says nothing of the replica
-                self._forward_failed(slot, m, r, 1)
-            conn.run_handler(req)  # the slow path retries or answers 502
-            return
-        self._verdict(self.breakers[slot], r, now)
-        self._account(cw, m, r)
-
-    def _forward_failed(self, slot: int, m: int, err: UpstreamError, attempt: int) -> None:
-        """A forward to ``slot`` failed before anything reached the client:
-        a failure for its breaker and the error counters; the tables are
-        re-read, since the replica may be gone."""
-        self.breakers[slot].record(False, time.monotonic_ns())
-        self.cw[slot][L.C_ERRORS] += 1
-        self.mcw[m][L.MC_ERRORS] += 1
-        log.warning("proxy %d: %s (attempt %d)", self.index, err, attempt)
-        self.gen = -1
-        self.refresh()
-
-    @staticmethod
-    def _verdict(br: CircuitBreaker, ex: Exchange, now: int) -> None:
-        """The breaker's verdict on a relayed response: a 5xx fails, anything
-        else succeeds, and a client that left before the first byte gives
-        none (the probe slot is only released)."""
-        if ex.status == 499 and not ex.first_byte_ns:
-            br.release()
-        else:
-            br.record(ex.status < 500, now)
+    def _is_admin(self, req: Request) -> bool:
+        """Whether the request presents the admin key (one must be set)."""
+        return self.admin_key is not None and authorized(req, self.admin_key)
 
     async def handle(self, conn: HttpConnection, req: Request) -> None:
         path = req.path
@@ -486,6 +304,9 @@ class Proxy:
             return
         if Page.wants(path):  # the page holds no secret: it asks for the key
             self.page.serve(conn, req)
+            return
+        if self.stopping:
+            answers.stopping(conn, req)
             return
         admin = path in (b"/models/load", b"/models/unload", b"/logs", b"/logs/stream",
                      b"/cluster/drain") or (
@@ -530,6 +351,8 @@ class Proxy:
                 m = self.names.get(name)
                 if m is None:
                     conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
+                elif self._redacts(req, path):
+                    await self._redacted(conn, req, m, name, touch=False)
                 else:
                     await self._forward(conn, req, m, name, None, touch=False)
         elif path in (b"/models/load", b"/models/unload"):
@@ -626,43 +449,51 @@ class Proxy:
 
     async def _passthrough(self, conn: HttpConnection, req: Request) -> None:
         """``/upstream/<model>/<path>``: the request, unchanged but for the
-        target, to one replica of the model. Names may contain ``/``: the
-        longest registered name (URL-decoded) wins."""
+        target, to one replica of the model (:mod:`ggmux.proxy.passthrough`:
+        names may contain ``/``, the longest registered name wins; dot
+        segments are resolved, so no path leaves the upstream's prefix)."""
         self.refresh()
-        route = self._upstream_route(req)
-        if route is None or route[0] not in self.names:
-            rest = req.path[len(b"/upstream/"):].decode("latin-1")
-            route = None
-            for i, ch in enumerate(rest + "/"):
-                if ch == "/":
-                    name = unquote(rest[:i])
-                    if name in self.names:
-                        route = (name, self._target(req, (rest[i:] or "/").encode("latin-1")))
-            if route is None:
-                conn.send_error(req, 404, f"no model in '/upstream/{rest}'",
-                                code="model_not_found")
-                return
+        try:
+            route = passthrough.route(req.path, req.query, self.names, self._slashed)
+        except passthrough.BadPath as e:
+            conn.send_error(req, 400, str(e))
+            return
+        if route is None:
+            rest = req.path[len(passthrough.PREFIX):].decode("latin-1")
+            conn.send_error(req, 404, f"no model in '/upstream/{rest}'", code="model_not_found")
+            return
         name, req.url = route
-        await self._forward(conn, req, self.names[name], name, None)
+        m = self.names[name]
+        if self._redacts(req, req.url):
+            await self._redacted(conn, req, m, name, touch=True)
+            return
+        await self._forward(conn, req, m, name, None)
 
-    def _upstream_route(self, req: Request) -> tuple[str, bytes] | None:
-        """``(model name, target for the replica)`` of ``/upstream/<name>/...``
-        in the common case, a name without ``/`` or ``%`` that no registered
-        name with ``/`` extends; None otherwise (the name may not be
-        registered: the caller checks)."""
-        i = req.path.find(b"/", 10)
-        raw = req.path[10:] if i < 0 else req.path[10:i]
-        if b"%" in raw:
-            return None
-        name = raw.decode("latin-1")
-        if self._slashed and any(n.startswith(name + "/") for n in self._slashed):
-            return None
-        return name, self._target(req, b"/" if i < 0 else req.path[i:])
+    def _redacts(self, req: Request, target: bytes) -> bool:
+        """Whether the replica's answer to ``target`` must lose its model
+        file paths: a GET of :data:`~ggmux.proxy.passthrough.REDACTED_PATHS`
+        by a caller without the admin key (issue 11)."""
+        if req.method not in (b"GET", b"HEAD"):
+            return False
+        return target.split(b"?", 1)[0] in passthrough.REDACTED_PATHS and not self._is_admin(req)
 
-    @staticmethod
-    def _target(req: Request, sub: bytes) -> bytes:
-        """``sub`` with the request's query string: what the replica is asked for."""
-        return sub + b"?" + req.query if req.query else sub
+    async def _redacted(self, conn: HttpConnection, req: Request, m: int, name: str,
+                        touch: bool) -> None:
+        """Forward, capture the answer, and relay it with every model file
+        path reduced to its base name (:func:`~ggmux.proxy.passthrough.redact_paths`)."""
+        ex = await self._forward(conn, req, m, name, None, touch=touch, capture=True)
+        if ex is None or ex.status == 499:
+            if ex is not None:
+                conn.finish(req)
+            return
+        ctype = b"application/json"
+        headers = []
+        for k, v in ex.headers or ():
+            if k == b"content-type":
+                ctype = v
+            else:
+                headers.append((k, v))
+        conn.send_response(req, ex.status, passthrough.redact_paths(ex.body), ctype, headers)
 
     def _model(self, conn: HttpConnection, req: Request, name) -> int | None:
         """Index of the model a request names, or None after answering
@@ -715,327 +546,3 @@ class Proxy:
             return
         if self._command(conn, req, {"op": op, "model": m}):
             conn.send_json(req, 200, {"success": True, "model": name, "op": op})
-
-    def _failure(self, conn: HttpConnection, req: Request, m: int, name: str) -> None:
-        row = self.model_rows[m]
-        retry = max(1, -(-(int(row[L.M_RETRY_AT_NS]) - time.monotonic_ns()) // NS))
-        cause = self.errors.get(str(m), "load failed")
-        conn.send_error(
-            req, 503, f"model '{name}' failed to load: {cause}", code="model_load_failed",
-            headers=[(b"retry-after", str(retry).encode())],
-        )
-
-    def _loading_error(self, conn: HttpConnection, req: Request, m: int, name: str) -> None:
-        row = self.model_rows[m]
-        status = L.ModelStatus.NAMES[int(row[L.M_STATUS])]
-        eta = int(row[L.M_ETA_MS])
-        loading = {"model": name, "state": status, "progress": int(row[L.M_PROGRESS]) / 1000,
-                   "eta_seconds": eta / 1000 if eta >= 0 else None,
-                   **loading_info(self.cluster, name)}
-        conn.send_error(
-            req, 503, f"model '{name}' is still loading after {self.load_wait:g} s (--load-wait)",
-            code="model_loading", headers=[(b"retry-after", b"5")], loading=loading,
-        )
-
-    # ---- forwarding -------------------------------------------------------------------
-    async def _forward(
-        self, conn: HttpConnection, req: Request, m: int, name: str, body: dict | None,
-        touch: bool = True, stream: bool = False,
-    ) -> None:
-        """Wait for a ready replica (loading the model when ``touch``), pick
-        one, forward; retry on another replica only while nothing reached the
-        client (DESIGN.md "Balancing replicas")."""
-        tried: set[int] = set()
-        waited = False  # a waiter registered by us is still counted
-        queued_since = 0
-        attempt = 0  # forwards that failed before anything reached the client
-        skey: str | None | bool = False  # the session key, read only when there is a choice
-        try:
-            while attempt < 6:
-                if m not in (self.ready_local if req.hop else self.ready):
-                    # forwarded by another node: served here (woken, loaded) or not at
-                    # all, never forwarded again
-                    if req.hop and m not in self.held_local:
-                        conn.send_error(req, 503, f"model '{name}' is not loaded on this "
-                                        "node", code="not_on_this_node",
-                                        headers=[(b"retry-after", b"1")])
-                        return
-                    if not touch:
-                        conn.send_error(req, 503, f"model '{name}' is not loaded (POST "
-                                        "/models/load loads it)", code="model_not_loaded")
-                        return
-                    now = time.monotonic_ns()
-                    if self._in_backoff(m, now):
-                        self._failure(conn, req, m, name)
-                        return
-                    if self.reg_models[m].get("kind") == "upstream":
-                        # nothing to load: a remote that is down answers at once
-                        conn.send_error(req, 503, f"the upstream of '{name}' is not answering "
-                                        "its health check", code="upstream_unavailable",
-                                        headers=[(b"retry-after", b"5")])
-                        return
-                    if not waited:
-                        self._join(m)
-                        waited = True
-                    outcome = await self._wait_ready(m, req, conn if stream else None, name)
-                    if outcome != "ready":
-                        if outcome == "gone":
-                            conn.finish(req)
-                        elif outcome == "shutdown":
-                            conn.send_error(req, 503, "the server is shutting down",
-                                            code="shutting_down",
-                                            headers=[(b"retry-after", b"5")])
-                        elif req.preheaded:
-                            self._sse_error(conn, req, outcome, m, name)
-                        elif outcome == "failed":
-                            self._failure(conn, req, m, name)
-                        else:
-                            self._loading_error(conn, req, m, name)
-                        return
-                    continue
-                now = time.monotonic_ns()
-                c = self.single.get(m)  # the common case: one local replica, no limits
-                if c is None or c.slot in tried:
-                    cands = candidates_from_shm(self.replica_rows, self.seg.counters, m,
-                                                self.index, now, self.balancer)
-                    if req.hop and self.hop_slots:
-                        cands = [c for c in cands if c.slot not in self.hop_slots]
-                    if skey is False:
-                        skey = session_key(req.headers, body) if body is not None else None
-                    c = choose(cands, tried, skey, self.rng, now_ns=now, config=self.balancer)
-                else:
-                    cands = (c,)
-                if c is None and tried and attempt < 5:
-                    tried.clear()  # one replica: retry the same (the breaker guards it)
-                    c = choose(cands, tried, skey, self.rng, now_ns=now, config=self.balancer)
-                if c is None:
-                    # every replica is at max-concurrency or its circuit is open: queue
-                    if not queued_since:
-                        if self.queued.get(m, 0) >= self.max_queue:
-                            conn.send_error(req, 429, f"too many requests queued for '{name}' "
-                                            "(max-queue)", headers=[(b"retry-after", b"1")])
-                            return
-                        queued_since = now
-                        self.queued[m] = self.queued.get(m, 0) + 1
-                    if now - queued_since > self.queue_timeout * NS or req.disconnected:
-                        if req.disconnected:
-                            conn.finish(req)
-                        else:
-                            conn.send_error(req, 429, f"every replica of '{name}' is busy "
-                                            "(queue-timeout)", headers=[(b"retry-after", b"1")])
-                        return
-                    await asyncio.sleep(0.005)
-                    self.refresh()
-                    continue
-                if queued_since:
-                    self.queued[m] -= 1
-                    queued_since = 0
-                if c.slot in self.remotes and touch and c.slot not in self.hop_slots:
-                    self._want_local(m, cands)
-                slot, inc = c.slot, c.incarnation
-                cnt = self.cw[slot]
-                if cnt[L.C_INCARNATION] != inc:  # first: the reset clears the breaker too
-                    self.cnt[slot] = 0
-                    cnt[L.C_INCARNATION] = inc
-                br = self.breakers[slot]
-                tried.add(slot)
-                if not br.allow(now):
-                    attempt += 1
-                    continue
-                cnt[L.C_IN_FLIGHT] += 1
-                if touch:
-                    cnt[L.C_LAST_USED_NS] = now
-                if waited:
-                    self._leave(m)  # only now: the request already counts as in flight
-                    waited = False
-                try:
-                    ex = await self._send(conn, req, slot, c.port)
-                except UpstreamError as e:
-                    attempt += 1
-                    self._forward_failed(slot, m, e, attempt)
-                    if m in self.ready and attempt < 6:
-                        # still listed: its exit may not have reached the
-                        # supervisor yet; give it that long before the next
-                        # try (10 ms doubling, 310 ms in all) instead of
-                        # spending every attempt on a dead replica at once
-                        await asyncio.sleep(0.005 * (1 << attempt))
-                        self.refresh()
-                    if req.disconnected:
-                        conn.finish(req)
-                        return
-                    if attempt < 6:
-                        continue
-                    if req.preheaded:
-                        self._sse_error(conn, req, "failed", m, name)
-                        return
-                    conn.send_error(req, 502, f"replica for '{name}' failed: {e}")
-                    return
-                finally:
-                    if cnt[L.C_INCARNATION] == inc:
-                        cnt[L.C_IN_FLIGHT] -= 1
-                        if touch:
-                            cnt[L.C_LAST_USED_NS] = time.monotonic_ns()
-                self._verdict(br, ex, time.monotonic_ns())
-                if touch:  # ?model= calls are neither use nor traffic for the metrics
-                    self._account(cnt, m, ex)
-                return
-            conn.send_error(req, 503, f"no replica of '{name}' stayed available")
-        finally:
-            if waited:
-                self._leave(m)
-            if queued_since:
-                self.queued[m] -= 1
-
-    def _want_local(self, m: int, cands) -> None:
-        """A model served by a remote upstream that also has a local
-        definition: ask for the local replica too (at most once a second),
-        so both serve, as a llama-swap user adding a remote peer expects."""
-        if self.reg_models[m].get("kind") == "upstream":
-            return
-        if any(c.slot not in self.remotes for c in cands):
-            return
-        now = time.monotonic_ns()
-        if now - self.local_asked.get(m, 0) < NS:
-            return
-        self.local_asked[m] = now
-        try:
-            self.mq.send(b'{"op":"load","model":%d}' % m, timeout=0)
-        except posix_ipc.BusyError:
-            pass
-
-    def _sse_error(self, conn: HttpConnection, req: Request, outcome: str, m: int,
-                   name: str) -> None:
-        """A waiting stream whose head already went out: the error as an SSE
-        event, then the connection closed (never a clean end)."""
-        if outcome == "failed":
-            msg = f"model '{name}' failed to load: {self.errors.get(str(m), 'load failed')}"
-            code = "model_load_failed"
-        else:
-            msg = f"model '{name}' is still loading after {self.load_wait:g} s (--load-wait)"
-            code = "model_loading"
-        err = {"error": {"message": msg, "type": "unavailable_error", "code": code}}
-        conn.send_chunk(b"data: " + orjson.dumps(err) + b"\n\n")
-        conn.close()
-        conn.finish(req)
-
-    async def _send(self, conn: HttpConnection, req: Request, slot: int, port: int):
-        remote = self.remotes.get(slot)
-        body = bytes(req.body)
-        if remote is None:
-            data = request_head(req, port, len(body)) + body
-            return await self.pool.forward(port, conn, req, data)
-        host = remote["host"]
-        extra = []
-        if remote.get("hop") and self.cluster is not None:
-            extra = hop_headers(self.cluster, self.api_key)
-            saved = req.headers
-            req.headers = [(k, v) for k, v in saved if k not in (b"authorization", b"x-api-key")]
-        elif remote.get("api_key"):
-            extra.append((b"authorization", b"Bearer " + remote["api_key"].encode()))
-            saved = req.headers
-            req.headers = [(k, v) for k, v in saved if k not in (b"authorization", b"x-api-key")]
-        else:
-            saved = None
-        try:
-            head = request_head(req, port, len(body), extra, host.encode())
-        finally:
-            if saved is not None:
-                req.headers = saved
-        prefix = remote.get("prefix", "").encode()
-        if prefix:
-            head = head.replace(b" " + req.url + b" ", b" " + prefix + req.url + b" ", 1)
-        return await self.pool.forward(port, conn, req, head + body, host)
-
-    def _account(self, cnt: memoryview, m: int, ex: Exchange) -> None:
-        """Count one forwarded request: requests, errors, TTFT (EWMA, last,
-        sum, count; microseconds) per replica, and per model the TTFT
-        histogram in :data:`~ggmux.shm.layout.TTFT_BUCKETS_MS`."""
-        cnt[L.C_REQUESTS] += 1
-        mc = self.mcw[m]
-        mc[L.MC_REQUESTS] += 1
-        if ex.status >= 500:
-            cnt[L.C_ERRORS] += 1
-            mc[L.MC_ERRORS] += 1
-        if ex.first_byte_ns and ex.sent_ns:
-            us = (ex.first_byte_ns - ex.sent_ns) // 1000
-            if us > 0:
-                old = cnt[L.C_TTFT_EWMA_US]
-                cnt[L.C_TTFT_EWMA_US] = us if old == 0 else int(old + TTFT_ALPHA * (us - old))
-                cnt[L.C_TTFT_LAST_US] = us
-                cnt[L.C_TTFT_SUM_US] += us
-                cnt[L.C_TTFT_COUNT] += 1
-                mc[L.MC_TTFT_COUNT] += 1
-                mc[L.MC_TTFT_SUM_US] += us
-                # bucket i counts TTFT <= TTFT_BUCKETS_MS[i] ms (and above the one before)
-                mc[L.MC_BUCKET0 + bisect_left(_TTFT_BUCKETS_US, us)] += 1
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m ggmux.proxy")
-    ap.add_argument("--index", type=int, required=True)
-    ap.add_argument("--shm", required=True)
-    ap.add_argument("--mq", required=True)
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8080)
-    ap.add_argument("--load-wait", type=float, default=300.0)
-    ap.add_argument("--queue-timeout", type=float, default=30.0)
-    ap.add_argument("--max-queue", type=int, default=64)
-    ap.add_argument("--stream-keepalive", type=float, default=5.0)
-    ap.add_argument("--cors-origins", default="*")
-    ap.add_argument("--log-level", default="INFO")
-    add_http_limit_options(ap)
-    return ap.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    setproctitle(f"ggmux: proxy {args.index} :{args.port}")
-    logging.basicConfig(
-        level=args.log_level.upper(), stream=sys.stderr,
-        # the supervisor reads our stderr: it adds the time and the tag
-        format="%(levelname)s %(name)s: %(message)s",
-    )
-    import uvloop
-
-    loop = uvloop.new_event_loop()
-    asyncio.set_event_loop(loop)
-    proxy = Proxy(
-        args.index, args.shm, args.mq, args.load_wait, args.queue_timeout, args.max_queue,
-        api_key=os.environ.get("GGMUX_API_KEY") or None,
-        admin_key=os.environ.get("GGMUX_ADMIN_KEY") or None,
-        stream_keepalive=args.stream_keepalive,
-        cors_origins=args.cors_origins,
-    )
-    limits: HttpLimits = fit_fd_limit(limits_from_args(args))
-    server = loop.run_until_complete(
-        loop.create_server(
-            lambda: HttpConnection(proxy.handle, limits, fast=proxy.fast), args.host, args.port,
-            reuse_port=True, backlog=2048,
-        )
-    )
-    proxy.server = server
-    os.set_blocking(0, False)
-    loop.add_reader(0, proxy.on_notify)
-    loop.add_signal_handler(signal.SIGTERM, loop.stop)
-    # the objects of start-up live as long as the process: out of the
-    # collector's sight (gc.freeze), and young collections rarer, since a
-    # request's objects die by reference count and few survive to be scanned
-    # (4% more forwarded requests/s under wrk)
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
-    os.write(1, b"ready\n")
-    prof = None
-    if os.environ.get("GGMUX_PROFILE"):  # developer aid: cProfile stats at exit
-        import cProfile
-
-        prof = cProfile.Profile()
-        prof.enable()
-    try:
-        loop.run_forever()
-    finally:
-        server.close()
-        if prof is not None:
-            prof.disable()
-            prof.dump_stats(f"{os.environ['GGMUX_PROFILE']}.{args.index}")
-    return 0

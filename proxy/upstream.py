@@ -1,7 +1,7 @@
 """Forwarding one request to a replica and streaming its answer back.
 
 An :class:`Upstream` is a keep-alive connection to one replica, kept in a
-:class:`UpstreamPool` between requests. Its httptools response-parser
+:class:`~ggmux.proxy.pool.UpstreamPool` between requests. Its httptools response-parser
 callbacks write straight to the client's connection (no queue, no task per
 chunk):
 
@@ -18,24 +18,50 @@ chunk):
   generation in the instance;
 * a replica that dies mid-body ends the client's response with an SSE
   error event and an unterminated chunked body (never a clean end); before
-  the head it is an :class:`UpstreamError` (a 502 for the caller);
-* :meth:`UpstreamPool.forward` retries once, on a fresh connection, when a
+  the head it is an :class:`UpstreamError` (a 502 for the caller), which
+  says whether the replica may have received the request (``delivered``:
+  then it is never sent again, issue 11: a request that crashes its
+  replica must not crash the replacement too). The kernel tells: a
+  connection that ends with no answer was delivered when it ended with a
+  clean close (FIN) after the replica's TCP acknowledged every byte we
+  wrote (``TCP_INFO``'s ``bytes_acked``). A replica already dead or
+  closing acknowledges nothing and answers a write with a reset; one that
+  dies before reading what its TCP acknowledged resets the connection
+  (Linux closes a socket with unread data so): neither got the request;
+* :meth:`~ggmux.proxy.pool.UpstreamPool.forward` retries once, on a fresh connection, when a
   pooled connection turns out to have been closed by the replica before it
-  answered anything (the keep-alive race every pooling proxy has).
+  got the request (the keep-alive race every pooling proxy has, or a
+  replica that died while idle);
+* timeouts (issue 11, a hung replica): no response byte within the
+  model's first-byte timeout, or nothing for ``stream_idle_ns`` once it
+  answered, ends the exchange (504, or an SSE error event mid-stream); one
+  sweep a quarter second checks the exchanges in flight, so a request
+  costs no timer;
+* the replica's verdict on itself: :data:`~ggmux.proxy.balancer.REPLICA_HEADER`
+  (``fault``: its own failure; ``refused``: it is stopping or asleep and did
+  not act on the request, which may go elsewhere), read from the head and
+  not relayed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import struct
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httptools
 
-from .http import CHUNKED, Header, HttpConnection, Request, error_body, status_line
+from .balancer import REPLICA_HEADER, replica_fault
+from .http import CHUNKED, ERROR_CODES, Header, HttpConnection, Request, error_body, status_line
+from .request import HOP, TOKEN
+
+if TYPE_CHECKING:
+    from .pool import UpstreamPool
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +79,30 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     )
 )
+_TCPI_BYTES_ACKED = 120  # offset of tcpi_bytes_acked in Linux's struct tcp_info (u64)
+
+
+def _bytes_acked(transport: asyncio.BaseTransport | None) -> int:
+    """Bytes of ours the peer's TCP acknowledged, counting the SYN as one;
+    -1 when the kernel does not say (not Linux, socket gone)."""
+    try:
+        sock = transport.get_extra_info("socket")
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCPI_BYTES_ACKED + 8)
+        return struct.unpack_from("Q", info, _TCPI_BYTES_ACKED)[0]
+    except (AttributeError, OSError, struct.error, ValueError):
+        return -1
+
+
 # never copied to the replica: framing, Host and request id are our own,
-# and the core already answered any Expect
-_REQUEST_DROP = HOP_BY_HOP | {b"content-length", b"host", b"expect", b"x-request-id"}
-# never copied to the client: the client core sets framing and the id
-_RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"x-request-id"}
+# the core already answered any Expect, and the client's credentials are
+# for ggmux alone (issue 11: a local replica gets only its secret, an
+# upstream only its own api-key), and so are the cluster's hop header and
+# token (a forward to another node adds its own: proxy.cluster.hop_headers)
+_REQUEST_DROP = HOP_BY_HOP | {b"content-length", b"host", b"expect", b"x-request-id",
+                              b"authorization", b"x-api-key", HOP, TOKEN}
+# never copied to the client: the client core sets framing and the id; the
+# replica's verdict on itself is for the proxy
+_RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"x-request-id", REPLICA_HEADER}
 # an SSE answer carries these whatever the replica sent, so a buffering
 # reverse proxy in front does not hold the stream back (issue 14)
 _SSE_HEADERS = ((b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"))
@@ -68,11 +113,22 @@ class UpstreamError(Exception):
 
     ``stale``: the failure was a pooled keep-alive connection that the
     replica had closed before it answered anything (the keep-alive race:
-    worth one retry on a fresh connection, and no verdict on the replica)."""
+    worth one retry on a fresh connection, and no verdict on the replica).
+    ``delivered``: the replica may have received the request before it
+    failed (closed the connection, sent garbage, timed out): the request is
+    not sent again anywhere. ``timeout``: no response within the first-byte
+    timeout (a 504). ``refused``: the replica answered that it did not act
+    on the request (stopping or asleep): it may go to another replica, and
+    says nothing about this one's health. With none set, nothing reached
+    the replica (connect error)."""
 
-    def __init__(self, message: str, stale: bool = False) -> None:
+    def __init__(self, message: str, stale: bool = False, delivered: bool = False,
+                 timeout: bool = False, refused: bool = False) -> None:
         super().__init__(message)
         self.stale = stale
+        self.delivered = delivered
+        self.timeout = timeout
+        self.refused = refused
 
 
 @dataclass(slots=True)
@@ -83,13 +139,21 @@ class Exchange:
     when the replica died mid-body); ``sent_ns`` / ``first_byte_ns``:
     ``time.monotonic_ns()`` when the request was written and when the first
     body byte came back (0: none); ``bytes_out``: body bytes relayed;
-    ``retried``: a stale pooled connection was replaced."""
+    ``retried``: a stale pooled connection was replaced; ``fault``: the
+    outcome is the replica's fault (:func:`~ggmux.proxy.balancer.replica_fault`
+    of the head, or it died or went silent mid-body); ``timed_out``: the
+    stream-idle timeout ended it; ``headers`` / ``body``: the response,
+    when it was captured rather than relayed."""
 
     status: int = 0
     sent_ns: int = 0
     first_byte_ns: int = 0
     bytes_out: int = 0
     retried: bool = False
+    fault: bool = False
+    timed_out: bool = False
+    headers: list | None = None
+    body: bytes = b""
 
 
 class Upstream(asyncio.Protocol):
@@ -99,9 +163,12 @@ class Upstream(asyncio.Protocol):
         "_on_gone",
         "_on_paused",
         "_resp_keepalive",
+        "acked",
+        "capture",
         "client",
         "closed",
         "conn_tokens",
+        "deadline_ns",
         "err_body",
         "ex",
         "finished",
@@ -110,12 +177,15 @@ class Upstream(asyncio.Protocol):
         "headers",
         "junk",
         "key",
+        "mark",
         "on_done",
+        "on_head",
         "parser",
         "paused",
         "pool",
         "req",
         "reused",
+        "sent_total",
         "sse",
         "status",
         "transport",
@@ -130,21 +200,27 @@ class Upstream(asyncio.Protocol):
         self.client: HttpConnection | None = None  # set while an exchange runs
         self.req: Request | None = None
         self.on_done: Callable[[Exchange | UpstreamError], None] | None = None
+        self.on_head: Callable[[Exchange], None] | None = None
         self.ex = Exchange()
         self.closed = False
         self.reused = False  # taken from the pool (may be stale)
         self.got_bytes = False  # the replica answered something to this request
         self.head_sent = False
+        self.capture = False  # collect the response into the Exchange, relay nothing
         self.sse = False
         self.status = 0
         self.headers: list[Header] = []
         self.conn_tokens: tuple[bytes, ...] = ()
+        self.mark: bytes | None = None  # the replica's REPLICA_HEADER
         self.until_close = False  # body ends when the replica closes
         self.paused = False
         self._resp_keepalive = True
         self.err_body: bytearray | None = None
         self.finished = False  # the response is whole (completed at the end of the read)
         self.junk = False  # the replica sent more than the response: not reused
+        self.deadline_ns = 0  # the exchange times out after this (0: never)
+        self.sent_total = 1  # bytes written on this connection, the SYN counted as TCP does
+        self.acked = -1  # bytes_acked when the replica closed (-1: unknown)
         self._on_paused = self._client_paused  # bound once, not per request
         self._on_gone = self._client_gone
 
@@ -157,6 +233,12 @@ class Upstream(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
+    def eof_received(self) -> bool:
+        # the socket is still open here: what did the replica acknowledge?
+        if self.client is not None and not self.got_bytes:
+            self.acked = _bytes_acked(self.transport)
+        return False
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.pool.forget(self)
@@ -164,12 +246,15 @@ class Upstream(asyncio.Protocol):
             return
         if self.until_close and self.head_sent and exc is None:
             self._complete()  # a close-delimited body ends here
+        elif exc is None:
+            if self.acked < 0 and not self.got_bytes:
+                self.acked = _bytes_acked(self.transport)
+            self._fail("replica closed the connection")
         else:
-            self._fail(
-                "replica closed the connection"
-                if exc is None
-                else f"replica connection lost: {exc}"
-            )
+            # a reset: the replica's socket was gone, or closed with our
+            # request unread (a clean close after reading it is a FIN)
+            self._fail(f"replica connection lost: {exc}",
+                       delivered=False if isinstance(exc, ConnectionResetError) else None)
 
     def data_received(self, data: bytes) -> None:
         client = self.client
@@ -179,6 +264,9 @@ class Upstream(asyncio.Protocol):
             self.transport.close()
             return
         self.got_bytes = True
+        idle = self.pool.stream_idle_ns
+        if idle:
+            self.deadline_ns = time.monotonic_ns() + idle
         client.cork()  # what this read produces leaves in one write
         try:
             self.parser.feed_data(data)
@@ -204,13 +292,22 @@ class Upstream(asyncio.Protocol):
         req: Request,
         data: bytes,
         on_done: Callable[[Exchange | UpstreamError], None],
+        first_byte_ns: int = 0,
+        on_head: Callable[[Exchange], None] | None = None,
+        capture: bool = False,
     ) -> None:
         """Write a whole request and relay the response to ``client``.
 
         ``on_done`` is called exactly once, possibly before this returns:
         with the :class:`Exchange` when the response was relayed (status
-        499: the client left first; 502: the replica died mid-body), or
-        with an :class:`UpstreamError` when nothing reached the client."""
+        499: the client left first; 502: the replica died mid-body; 504: it
+        went silent mid-body), or with an :class:`UpstreamError` when
+        nothing reached the client. ``first_byte_ns``: no response byte
+        within this many nanoseconds ends it (0: no limit). ``on_head`` is
+        called with the Exchange (``status``, ``fault`` set) when the head
+        arrives. ``capture``: nothing is relayed; the Exchange comes back
+        with ``headers`` (as relayed) and ``body``, for the caller to
+        answer (a failure is then always an UpstreamError)."""
         self.client = client
         self.req = req
         if self.parser is None:  # kept across keep-alive exchanges
@@ -218,21 +315,28 @@ class Upstream(asyncio.Protocol):
         self.status = 0
         self.headers = []
         self.conn_tokens = ()
+        self.mark = None
         self.head_sent = False
         self.got_bytes = False
         self.sse = False
         self.until_close = False
         self.err_body = None
         self.finished = False
-        self.ex = Exchange(sent_ns=time.monotonic_ns())
+        self.capture = capture
+        self.on_head = on_head
+        now = time.monotonic_ns()
+        self.ex = Exchange(sent_ns=now)
+        self.deadline_ns = now + first_byte_ns if first_byte_ns else 0
+        self.sent_total += len(data)
         self.on_done = on_done
+        self.pool.active.add(self)
         client.write_paused_cb = self._on_paused
         req.on_disconnect = self._on_gone
         try:
             self.transport.write(data)
-        except RuntimeError as e:  # closed under us since acquire()
+        except RuntimeError as e:  # closed under us since acquire(): nothing went out
             self.closed = True
-            self._fail(f"replica connection closed: {e}")
+            self._fail(f"replica connection closed: {e}", delivered=False)
             return
         if client.write_paused:
             self._client_paused(True)
@@ -258,7 +362,8 @@ class Upstream(asyncio.Protocol):
 
     def _detach(self) -> tuple[HttpConnection, Request, Callable | None]:
         client, req, done = self.client, self.req, self.on_done
-        self.client = self.req = self.on_done = None
+        self.client = self.req = self.on_done = self.on_head = None
+        self.pool.active.discard(self)
         if client is not None:
             client.write_paused_cb = None
             req.on_disconnect = None
@@ -304,6 +409,8 @@ class Upstream(asyncio.Protocol):
                     framing = b"content-length: %s\r\n" % v
                 elif k == b"transfer-encoding":
                     upstream_chunked = True
+                elif k == REPLICA_HEADER:
+                    self.mark = v.strip().lower()
                 continue
             if tokens and k in tokens:
                 continue
@@ -313,6 +420,19 @@ class Upstream(asyncio.Protocol):
         if self.sse:
             names = {k for k, _ in out}
             out += [h for h in _SSE_HEADERS if h[0] not in names]
+        if status >= 500:
+            if self.mark == b"refused":
+                # it did not act on the request (stopping, asleep): the
+                # caller may send it elsewhere; this response is not relayed
+                self.finished = True  # the rest of this read is ignored
+                self.closed = True
+                self.transport.close()
+                _, _, done = self._detach()
+                if done is not None:
+                    done(UpstreamError(f"the replica did not take the request ({status})",
+                                       refused=True))
+                return
+            self.ex.fault = replica_fault(status, self.mark)
         self.until_close = (
             framing is CHUNKED
             and not upstream_chunked
@@ -320,6 +440,17 @@ class Upstream(asyncio.Protocol):
             and status != 304
             and not req.head_only
         )
+        if self.on_head is not None:
+            self.ex.status = status
+            self.on_head(self.ex)
+        if self.capture:
+            self.head_sent = True  # (to the caller, not the client)
+            self.ex.headers = out
+            self.err_body = bytearray()
+            if req.head_only:
+                self.parser = None
+                self.finished = True
+            return
         if req.preheaded:
             # the proxy already sent a 200 SSE head (keep-alives while the
             # model loaded): relay the body into it; an error answer becomes
@@ -376,7 +507,10 @@ class Upstream(asyncio.Protocol):
         elif not self.closed:
             self.closed = True
             self.transport.close()
-        if err is not None:
+        if self.capture:
+            ex.body = bytes(err) if err is not None else b""
+            client.uncork()
+        elif err is not None:
             client.send_chunk(b"data: " + (bytes(err) or b'{"error":{}}') + b"\n\n")
             client.close()  # an error: no clean end
             client.finish(req)
@@ -387,148 +521,95 @@ class Upstream(asyncio.Protocol):
             done(ex)
 
     # ---- failure ---------------------------------------------------------------------
-    def _fail(self, why: str) -> None:
+    def _fail(self, why: str, delivered: bool | None = None) -> None:
+        """Nothing more will come for the exchange. ``delivered``: whether
+        the replica got the request; None: decide (see the module
+        docstring); False: certainly not (a write that failed, a reset)."""
         client, req, done = self._detach()
         if client is None or done is None:
             return
-        if not self.head_sent:
-            done(UpstreamError(why, stale=self.reused and not self.got_bytes))
+        if not self.head_sent or self.capture:
+            if self.got_bytes:
+                delivered = True  # it answered something: it had the request
+            elif delivered is None:
+                # no answer at all, then a clean close: delivered if the
+                # replica's TCP took every byte (it read the request, then
+                # died or hung up); unknown, a pooled connection counts as
+                # the keep-alive race and a fresh one as delivered
+                acked = self.acked
+                delivered = acked >= self.sent_total if acked >= 0 else not self.reused
+            stale = self.reused and not self.got_bytes and not delivered
+            done(UpstreamError(why, stale=stale, delivered=delivered))
             return
-        # mid-body: tell an SSE client why, then cut the body short so no
-        # client can mistake it for a clean end (an HTTP/1.0 client, whose
-        # body ends at the close, has only the event to go by)
+        if self.pool.closing:  # the replica went with the server
+            self._cut(client, req, done, self.pool.closing, 503, "unavailable_error", False)
+            return
+        self._cut(client, req, done, why, 502, "server_error")
+
+    def _cut(self, client: HttpConnection, req: Request, done: Callable, why: str,
+             status: int, type_: str, fault: bool = True) -> None:
+        """End a relayed body short: an SSE client is told why in an error
+        event, then the body is cut (no terminating chunk) so no client can
+        mistake it for a clean end (an HTTP/1.0 client, whose body ends at
+        the close, has only the event to go by)."""
         if self.sse:
-            client.send_chunk(b"data: " + error_body(why, "server_error", "bad_gateway") + b"\n\n")
+            client.send_chunk(b"data: " + error_body(why, type_, ERROR_CODES.get(status, status))
+                              + b"\n\n")
         ex = self.ex
-        ex.status = 502
+        ex.status = status
+        ex.fault = fault
         client.close()
         client.finish(req)
         done(ex)
 
-
-LOCAL_HOST = "127.0.0.1"
-
-
-def _settle(fut: asyncio.Future) -> Callable[[object], None]:
-    """An ``on_done`` that resolves ``fut`` (unless it was cancelled)."""
-
-    def done(result: object) -> None:
-        if not fut.done():
-            fut.set_result(result)
-
-    return done
-
-
-class UpstreamPool:
-    """Idle keep-alive connections per replica (``max_idle`` each).
-
-    ``idle`` holds local replicas' connections by port (what the proxy
-    prunes when a replica leaves the ready set); ``idle_remote`` holds
-    remote upstreams' by ``(host, port)``, so two remotes on one port never
-    share a connection."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, max_idle: int = 64) -> None:
-        self.loop = loop
-        self.idle: dict[int, deque[Upstream]] = {}
-        self.idle_remote: dict[tuple[str, int], deque[Upstream]] = {}
-        self.max_idle = max_idle
-
-    def _bucket(self, key: int | tuple[str, int]) -> dict:
-        return self.idle if type(key) is int else self.idle_remote
-
-    def take_idle(self, key: int | tuple[str, int]) -> Upstream | None:
-        """An idle pooled connection (``reused`` set) to the local replica
-        on port ``key`` or the remote ``(host, port)``, or None."""
-        q = self._bucket(key).get(key)
-        while q:
-            up = q.pop()
-            if not up.closed and not up.transport.is_closing():
-                up.reused = True
-                return up
-        return None
-
-    async def acquire(self, port: int, host: str = LOCAL_HOST, fresh: bool = False) -> Upstream:
-        """An idle connection to ``host:port`` (``reused`` set) or, when
-        there is none or ``fresh`` is set, a new one.
-
-        Raises :class:`UpstreamError` when the replica refuses."""
-        key = port if host == LOCAL_HOST else (host, port)
-        up = None if fresh else self.take_idle(key)
-        if up is not None:
-            return up
-        try:
-            _, up = await self.loop.create_connection(lambda: Upstream(self, key), host, port)
-        except OSError as e:
-            raise UpstreamError(f"cannot connect to replica at {host}:{port}: {e}") from e
-        return up
-
-    async def forward(
-        self, port: int, client: HttpConnection, req: Request, data: bytes, host: str = LOCAL_HOST
-    ) -> Exchange:
-        """Send ``data`` (a whole request: :func:`request_head` + body) to
-        the replica at ``host:port`` and relay its response to ``client``.
-
-        A pooled connection the replica closed before answering is replaced
-        by a fresh one once (nothing reached the client yet). Returns the
-        :class:`Exchange` (status 499: the client left first, nothing to
-        answer); raises :class:`UpstreamError` when the replica could not
-        answer at all."""
-        retried = False
-        while True:
-            up = await self.acquire(port, host, fresh=retried)
-            if req.disconnected:
-                self.release(up)
-                return Exchange(status=499, retried=retried)
-            fut = self.loop.create_future()
-            up.send(client, req, data, _settle(fut))
-            ex = await fut
-            if isinstance(ex, UpstreamError):
-                if ex.stale and not retried and not req.disconnected:
-                    log.debug("stale pooled connection to %s:%d (%s): retrying", host, port, ex)
-                    retried = True
-                    continue
-                raise ex
-            ex.retried = retried
-            return ex
-
-    def release(self, up: Upstream) -> None:
-        if up.closed:
+    def time_out(self) -> None:
+        """The exchange's deadline passed (see :class:`~ggmux.proxy.pool.UpstreamPool`):
+        before the response head, an :class:`UpstreamError` with
+        ``timeout`` (the caller answers 504); mid-body, the body is cut with
+        an SSE error event and the Exchange has status 504 and
+        ``timed_out``. Either way the connection is closed, which ends the
+        generation in an instance that is merely slow."""
+        client, req, done = self._detach()
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+        if client is None or done is None:
             return
-        key = up.key
-        bucket = self.idle if type(key) is int else self.idle_remote
-        q = bucket.get(key)
-        if q is None:
-            q = bucket[key] = deque()
-        if len(q) >= self.max_idle:
-            up.closed = True
-            up.transport.close()
+        pool = self.pool
+        if not self.got_bytes or not self.head_sent or self.capture:
+            limit = (f"{pool.stream_idle_ns / 1e9:g} s (--stream-idle-timeout)" if self.got_bytes
+                     else "the first-byte timeout (--first-byte-timeout)")
+            done(UpstreamError(f"no response from the replica within {limit}",
+                               delivered=True, timeout=True))
             return
-        q.append(up)
+        self.ex.timed_out = True
+        self._cut(client, req, done, "the replica sent nothing for "
+                  f"{pool.stream_idle_ns / 1e9:g} s (--stream-idle-timeout)", 504, "timeout_error")
 
-    def forget(self, up: Upstream) -> None:
-        q = self._bucket(up.key).get(up.key)
-        if q:
-            try:
-                q.remove(up)
-            except ValueError:
-                pass
-
-    def drop_port(self, port: int, host: str = LOCAL_HOST) -> None:
-        """Close idle connections to a replica that went away."""
-        key = port if host == LOCAL_HOST else (host, port)
-        q = self._bucket(key).pop(key, None)
-        while q:
-            up = q.pop()
-            up.closed = True
-            if up.transport is not None:
-                up.transport.close()
-
-    def close(self) -> None:
-        """Close every idle connection (shutdown)."""
-        for port in list(self.idle):
-            self.drop_port(port)
-        for host, port in list(self.idle_remote):
-            self.drop_port(port, host)
+    def abort(self, why: str) -> None:
+        """End the exchange now because the proxy stops (issue 11: nothing
+        accepted is dropped without an answer): before the head the client
+        gets a 503 ``shutting_down``, mid-body an SSE error event and a cut
+        body. The Exchange (status 503, no fault) goes to ``on_done``."""
+        client, req, done = self._detach()
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+        if client is None or done is None:
+            return
+        if self.head_sent and not self.capture:
+            self._cut(client, req, done, why, 503, "unavailable_error", fault=False)
+            return
+        self.ex.status = 503
+        if req.preheaded:
+            client.send_chunk(b"data: " + error_body(why, "unavailable_error", "shutting_down")
+                              + b"\n\n")
+            client.close()
+            client.finish(req)
+        else:
+            client.send_error(req, 503, why, code="shutting_down",
+                              headers=[(b"retry-after", b"5")])
+        done(self.ex)
 
 
 def request_head(
@@ -538,11 +619,15 @@ def request_head(
     extra: Iterable[Header] = (),
     host: bytes = b"127.0.0.1",
     target: bytes | None = None,
+    auth: bytes = b"",
 ) -> bytes:
     """The request head sent to a replica: same method and target (or
     ``target``), our own Host, Content-Length and ``x-request-id`` (the
-    client's id), hop-by-hop headers removed (the fixed list and those the
-    client's ``Connection`` header names), ``extra`` headers appended."""
+    client's id), hop-by-hop headers and the client's credentials
+    (``authorization``, ``x-api-key``) removed (the fixed list and those
+    the client's ``Connection`` header names), ``extra`` headers appended,
+    then ``auth``: whole header lines (``b"authorization: ...\\r\\n"``,
+    the replica's own credential) or nothing."""
     url = req.url if target is None else target
     parts = [b"%s %s HTTP/1.1\r\nhost: %s:%d\r\n" % (req.method, url, host, port)]
     tokens = req.conn_tokens
@@ -552,7 +637,8 @@ def request_head(
         parts.append(b"%s: %s\r\n" % (k, v))
     for k, v in extra:
         parts.append(b"%s: %s\r\n" % (k, v))
-    parts.append(b"x-request-id: %s\r\ncontent-length: %d\r\n\r\n" % (req.request_id, body_len))
+    parts.append(b"%sx-request-id: %s\r\ncontent-length: %d\r\n\r\n"
+                 % (auth, req.request_id, body_len))
     return b"".join(parts)
 
 
@@ -561,7 +647,6 @@ __all__ = [
     "Exchange",
     "Upstream",
     "UpstreamError",
-    "UpstreamPool",
     "request_head",
     "status_line",
 ]

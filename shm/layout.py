@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAGIC = 0x47474D5558534D31  # "GGMUXSM1"
-VERSION = 2
+VERSION = 4
 
 # ---- header: int64 words -------------------------------------------------
 H_MAGIC = 0
@@ -70,6 +70,10 @@ R_WEIGHT = 8  # x1000
 R_PRIORITY = 9
 R_MAX_CONCURRENCY = 10  # 0 = unlimited
 R_SLOTS = 11  # requests the replica serves at once (its `ready` line's slots); 0 = unknown: 1
+# the instance's secret, 128 random bits the proxies send as its bearer token
+# (issue 11: no way around the API key on the same host); 0, 0 = none
+R_SECRET_HI = 14
+R_SECRET_LO = 15
 R_WORDS = 16
 
 # ---- counters: [proxy, replica, word], each [proxy] row written by that proxy
@@ -87,6 +91,10 @@ C_CONSEC_FAILURES = 10  # failures in a row (connect error, 5xx, timeout before 
 C_CIRCUIT = 11  # CircuitState as this proxy sees the replica
 C_CIRCUIT_UNTIL_NS = 12  # open: no traffic before this time; then half-open
 C_PROBES_OK = 13  # good probes in a row while half-open
+# a hung replica (issue 11): the supervisor restarts a local instance idle
+# since its last timeout with no answer after it
+C_TIMEOUT_NS = 14  # when a request to it last timed out (first byte or stream idle)
+C_ANSWER_NS = 15  # when it last answered a request in time
 C_WORDS = 16
 
 # ---- model counters: [proxy, model, word], each [proxy] row written by that proxy

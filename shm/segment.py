@@ -205,24 +205,35 @@ class Segment:
         fence()
         h[L.H_REGISTRY_SEQ] += 1
 
-    def read_registry(self, retries: int = 10_000) -> tuple[int, dict]:
+    def read_registry(self, timeout: float = 2.0) -> tuple[int, dict]:
         """``(version, doc)``; ``version`` is the blob's even sequence word.
 
-        Cached: parsing happens only when the version changed.
+        Cached: parsing happens only when the version changed. Waits out a
+        write as :meth:`snapshot` does (spins, then yields, then sleeps 100
+        us between tries: a supervisor preempted mid-write holds the word
+        odd for a time slice, and 10,000 bare spins gave up after about a
+        millisecond); raises :class:`SeqlockBusy` after ``timeout`` seconds.
         """
         h = self.header
-        for _ in range(retries):
+        deadline = time.monotonic() + timeout
+        n = 0
+        while True:
             s1 = int(h[L.H_REGISTRY_SEQ])
-            if s1 & 1:
-                continue
-            if self._registry_cache is not None and self._registry_cache[0] == s1:
-                return self._registry_cache
-            fence()
-            n = int(h[L.H_REGISTRY_LEN])
-            data = self.registry[:n].tobytes()
-            fence()
-            if int(h[L.H_REGISTRY_SEQ]) == s1:
-                doc = orjson.loads(data) if n else {}
-                self._registry_cache = (s1, doc)
-                return self._registry_cache
-        raise SeqlockBusy("registry blob stayed busy")
+            if not s1 & 1:
+                if self._registry_cache is not None and self._registry_cache[0] == s1:
+                    return self._registry_cache
+                fence()
+                n_bytes = int(h[L.H_REGISTRY_LEN])
+                data = self.registry[:n_bytes].tobytes()
+                fence()
+                if int(h[L.H_REGISTRY_SEQ]) == s1:
+                    doc = orjson.loads(data) if n_bytes else {}
+                    self._registry_cache = (s1, doc)
+                    return self._registry_cache
+            n += 1
+            if n > 1000:
+                if time.monotonic() > deadline:
+                    raise SeqlockBusy("registry blob stayed busy")
+                time.sleep(0.0001)
+            elif n > 64:
+                os.sched_yield()

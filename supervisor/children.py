@@ -129,13 +129,13 @@ class ChildSet:
 
     def start_with_socket(
         self, argv: list[str], tag: str, *, on_line: OnLine | None = None,
-        env: dict[str, str] | None = None,
+        env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = (),
     ) -> tuple[Child, int]:
         """Start an instance-protocol child with a listening socket bound here
         (127.0.0.1, port 0) and passed as ``--fd``, so no other process can
         take its port between bind and listen. ``argv``'s ``--fd`` value is
-        replaced by the descriptor. Returns ``(child, port)``; raises
-        ``OSError`` like :meth:`start`."""
+        replaced by the descriptor; ``pass_fds`` are passed too. Returns
+        ``(child, port)``; raises ``OSError`` like :meth:`start`."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
         sock.listen(1024)
@@ -143,7 +143,8 @@ class ChildSet:
         argv = list(argv)
         argv[argv.index("--fd") + 1] = str(sock.fileno())
         try:
-            child = self.start(argv, tag, on_line=on_line, env=env, pass_fds=(sock.fileno(),))
+            child = self.start(argv, tag, on_line=on_line, env=env,
+                               pass_fds=(sock.fileno(), *pass_fds))
         finally:
             sock.close()
         return child, port

@@ -24,6 +24,7 @@ from ..instance.validate import (
     request_limit_argv,
     request_limits_from_args,
 )
+from ..proxy.auth import scrub_env
 from ..proxy.limits import (
     INSTANCE_LIMIT_NAMES,
     add_http_limit_options,
@@ -57,7 +58,8 @@ CLUSTER_REMOTE_SLOTS = 64  # replica slots kept for replicas on other cluster no
 _DEFAULTS = ModelEntry(name="", path="")  # ggmux's per-model defaults
 
 
-SECRET_OPTIONS = frozenset(("api_key", "admin_key"))
+SECRET_OPTIONS = frozenset(("api_key", "admin_key", "cluster_token", "nats_password",
+                            "nats_token"))
 """Options whose value is never printed (``--help`` names their variable)."""
 
 _TRUE = frozenset(("1", "true", "yes", "on"))
@@ -198,10 +200,11 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                         "a cold load costs only the model's own load time")
     s.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on every route "
-                        "but /health and the web page (default: $GGMUX_API_KEY; none: open)")
+                        "but /health and the web page (default: $GGMUX_API_KEY; none: open). On "
+                        "a command line any local user can read it (ps): prefer $GGMUX_API_KEY")
     s.add_argument("--admin-key", default=None,
-                   help="key for /models/load, /models/unload, reloads and /logs (default: "
-                        "$GGMUX_ADMIN_KEY; none: the API key)")
+                   help="key for /models/load, /models/unload, reloads, /logs and the model "
+                        "file paths in /props (default: $GGMUX_ADMIN_KEY; none: the API key)")
     s.add_argument("--queue-timeout", type=float, default=30.0,
                    help="seconds a request waits for a replica below its max-concurrency "
                         "before a 429")
@@ -215,6 +218,13 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                    help="origins browsers may call from: '*' (any, without credentials; "
                         "llama-server's default), or a comma-separated list, which also get "
                         "credentials; '' turns CORS off")
+    s.add_argument("--first-byte-timeout", type=float, default=600.0, metavar="S",
+                   help="a replica that sends no byte of its answer within this many seconds "
+                        "hangs: the request gets 504, the replica a fault (a preset's "
+                        "first-byte-timeout wins)")
+    s.add_argument("--stream-idle-timeout", type=float, default=300.0, metavar="S",
+                   help="a replica that sends nothing for this many seconds once it answered "
+                        "hangs: the stream ends with an error event, the replica a fault")
     s.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     s.add_argument("--log-ring-bytes", type=int, default=1 << 20, metavar="N",
                    help="bytes of recent log lines (the supervisor's and every child's) kept "
@@ -309,6 +319,20 @@ def no_models_message(args: argparse.Namespace) -> str:
             "pip install 'ggmux[demo]')")
 
 
+def keys_from(args: argparse.Namespace) -> dict[str, str]:
+    """``{"api_key", "admin_key"}`` given (``--api-key``, ``--admin-key``) or
+    from ``$GGMUX_API_KEY`` / ``$GGMUX_ADMIN_KEY``, unset ones left out; every
+    secret variable (:func:`~ggmux.proxy.auth.scrub_env`: the keys, and the
+    cluster token and NATS credentials, which ``cluster_options`` read
+    before) is then removed from this process's environment, so no child
+    inherits them (issue 11)."""
+    keys = {"api_key": getattr(args, "api_key", None) or os.environ.get("GGMUX_API_KEY"),
+            "admin_key": getattr(args, "admin_key", None) or os.environ.get("GGMUX_ADMIN_KEY")}
+    for k in set(os.environ) - set(scrub_env(dict(os.environ))):
+        del os.environ[k]
+    return {k: v for k, v in keys.items() if v}
+
+
 def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr,
@@ -354,9 +378,10 @@ def serve(args: argparse.Namespace) -> int:
                     "--max-queue", str(args.max_queue),
                     "--stream-keepalive", str(args.stream_keepalive),
                     "--cors-origins", args.cors_origins,
+                    "--first-byte-timeout", str(args.first_byte_timeout),
+                    "--stream-idle-timeout", str(args.stream_idle_timeout),
                     *http_limit_argv(proxy_share(limits_from_args(args), args.proxies))],
-        proxy_env={k: v for k, v in (("GGMUX_API_KEY", args.api_key),
-                                     ("GGMUX_ADMIN_KEY", args.admin_key)) if v},
+        proxy_keys=keys_from(args),
         memory_margin=int(args.models_memory_margin * MiB),
         host_memory=int(args.host_memory * MiB) if args.host_memory else None,
         ttl=args.ttl, sleep_idle=args.sleep_idle_seconds, spares=max(0, args.spares),

@@ -23,7 +23,8 @@ class Config:
     shm_name: str = ""
     mq_name: str = ""
     proxy_args: list[str] = field(default_factory=list)
-    proxy_env: dict[str, str] = field(default_factory=dict)  # API keys: proxies only
+    # {"api_key", "admin_key"}: proxies only, through a pipe (never argv or env)
+    proxy_keys: dict[str, str] = field(default_factory=dict)
     memory_margin: int = 0  # bytes that must stay free on every device after a load
     host_memory: int | None = None  # replace the host's memory size (tests, containers)
     ttl: float | None = None  # default idle unload, seconds after the last request ended

@@ -29,6 +29,7 @@ from collections.abc import Callable
 import orjson
 import posix_ipc
 
+from ..proxy.auth import keys_pipe
 from ..shm import layout as L
 from ..shm.logring import log_ring_name
 from ..shm.segment import Segment
@@ -197,6 +198,7 @@ class Supervisor:
                     c.kill(signal.SIGKILL)
             if self._children_left():
                 self._poll_once(20)
+        self.replicas.close()
         if st.seg is not None:
             st.seg.unlink()
             st.seg = None
@@ -254,6 +256,7 @@ class Supervisor:
         if not self.state.stopping_all:
             if self.watch is not None and (why := self.watch.check(now)):
                 self.reload(why)
+            self.replicas.hung_step(now)
             self.reconciler.step(now)
         self.publisher.if_dirty()
 
@@ -483,9 +486,15 @@ class Supervisor:
             "--mq", cfg.mq_name, "--host", cfg.host, "--port", str(cfg.port),
             "--load-wait", str(cfg.load_wait), *cfg.proxy_args,
         ]
-        # stdout says "ready"; stderr lines are logged (and kept in the log ring) here
-        child = self.children.start(argv, f"proxy-{idx}", on_line=self._on_proxy_line,
-                                    env={**os.environ, **cfg.proxy_env})
+        # the keys through a pipe: no key on a command line or in an
+        # environment (issue 11); stdout says "ready"; stderr lines are
+        # logged (and kept in the log ring) here
+        fd = keys_pipe(cfg.proxy_keys)
+        try:
+            child = self.children.start([*argv, "--keys-fd", str(fd)], f"proxy-{idx}",
+                                        on_line=self._on_proxy_line, pass_fds=(fd,))
+        finally:
+            os.close(fd)
         st.proxies[idx] = child
         log.debug("started proxy %d (pid %d)", idx, child.pid)
 

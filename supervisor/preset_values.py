@@ -198,6 +198,7 @@ FIELDS: dict[str, Callable[[str], object]] = {
     "priority": _int(),
     "max-concurrency": _int(0),
     "kv-size": _int(0),
+    "first-byte-timeout": _float(positive=True),
     "cmd": _text,
     "cmd-stop": _text,
     "env": _env,

@@ -530,6 +530,8 @@ def _apply_field(e: ModelEntry, key: str, v: object) -> None:
         e.max_concurrency = int(v)
     elif key == "kv-size":
         e.kv_size = int(v)
+    elif key == "first-byte-timeout":
+        e.first_byte_timeout = float(v)
     elif key == "cmd":
         e.cmd = str(v)
     elif key == "cmd-stop":

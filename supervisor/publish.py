@@ -80,6 +80,7 @@ class Publisher:
                     L.R_WEIGHT: round(entry.weight * 1000),
                     L.R_PRIORITY: entry.priority + (NODE_PRIORITY if rm.node else 0),
                     L.R_MAX_CONCURRENCY: entry.max_concurrency,
+                    L.R_SECRET_HI: 0, L.R_SECRET_LO: 0,
                 })
                 continue
             if r is None:
@@ -87,6 +88,7 @@ class Publisher:
                     write_fields(seg.replicas, slot, {
                         L.R_MODEL: -1, L.R_STATUS: L.ReplicaStatus.FREE, L.R_PORT: 0,
                         L.R_PID: 0, L.R_INCARNATION: 0, L.R_READY_NS: 0,
+                        L.R_SECRET_HI: 0, L.R_SECRET_LO: 0,
                     })
                 continue
             entry = st.registry.entries[r.model]
@@ -96,6 +98,7 @@ class Publisher:
                 L.R_STARTED_NS: r.started_ns, L.R_READY_NS: r.ready_ns,
                 L.R_WEIGHT: round(entry.weight * 1000), L.R_PRIORITY: entry.priority,
                 L.R_MAX_CONCURRENCY: entry.max_concurrency, L.R_SLOTS: r.slots,
+                L.R_SECRET_HI: r.secret_hi, L.R_SECRET_LO: r.secret_lo,
             })
         healthy_remote = {rm.model for rm in st.remotes.values() if rm.healthy}
         for i, m in enumerate(st.models):

@@ -62,6 +62,8 @@ class ModelEntry:
     ``max_concurrency`` requests in flight per replica (0: unlimited);
     ``kv_size`` KV cache tokens of a built-in instance for all its slots
     (0: ``ctx_size`` x its ``--parallel`` slots);
+    ``first_byte_timeout`` seconds a replica may take to send the first byte
+    of an answer before the request gets 504 (None: ``--first-byte-timeout``);
     ``cmd`` command line for kind ``cmd`` (``${PORT}`` substituted at
     spawn); ``cmd_stop`` command that stops it (llama-swap ``cmdStop``);
     ``env`` extra environment of the instance; ``check_endpoint`` path
@@ -95,6 +97,7 @@ class ModelEntry:
     priority: int = 0
     max_concurrency: int = 0
     kv_size: int = 0
+    first_byte_timeout: float | None = None
     cmd: str | None = None
     cmd_stop: str | None = None
     env: dict[str, str] = field(default_factory=dict)
@@ -124,6 +127,7 @@ class ModelEntry:
             "weight": self.weight,
             "priority": self.priority,
             "max_concurrency": self.max_concurrency,
+            "first_byte_timeout": self.first_byte_timeout,
             "check_endpoint": self.check_endpoint,
             "upstream": [_without_userinfo(u) for u in self.upstream],
             "translate": self.translate,

@@ -1,18 +1,29 @@
 """Local replicas: spawning instances and ``cmd`` commands, their state
 lines and readiness probes, stopping (``exit``, then SIGTERM, then
-SIGKILL), load deadlines, and what an exit means for the model
-(eviction, failed load with backoff, crash).
+SIGKILL), load deadlines, hung replicas, and what an exit means for the
+model (eviction, failed load with backoff, crash).
+
+Every local replica gets a secret of its own at spawn (issue 11: no way
+around the API key on the same host): an instance through a ``--keys-fd``
+pipe or, a spare, in its ``load`` line; a ``cmd`` command whose line names
+``${API_KEY_FILE}`` as a file holding it (mode 0600, in a 0700 folder; made
+for llama-server's ``--api-key-file``). The proxies read it from the
+replicas table and send it as the bearer token. A ``cmd`` line without
+``${API_KEY_FILE}`` gets no secret (and its port takes any local caller).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 
+from ..proxy.auth import keys_pipe, new_secret
 from ..shm import layout as L
 from .children import Child, ChildSet, state_line
 from .memory import Amounts, fmt
@@ -51,6 +62,7 @@ class Replicas:
         self.children = children
         self.probes = probes
         self.spares = Spares(state, children, on_line=self.on_line)
+        self._key_dir = ""  # 0700 folder of cmd instances' key files, made when needed
 
     # ---- state lines ---------------------------------------------------------
     def on_line(self, child: Child, line: bytes) -> None:
@@ -136,20 +148,27 @@ class Replicas:
             self._spawn_cmd(model, slot, reason)
             return
         tag = f"{entry.name}#{slot}"
-        taken = self.spares.take(entry, tag, slot)
+        secret, hi, lo = new_secret()
+        taken = self.spares.take(entry, tag, slot, secret)
         if taken is not None:
             child, port = taken
         else:
-            argv = [*instance_argv(entry, -1, st.python), "--slot", str(slot)]
-            child, port = self.children.start_with_socket(argv, tag, on_line=self.on_line,
-                                                          env=env_for_instance(entry))
+            fd = keys_pipe({"secret": secret})
+            argv = [*instance_argv(entry, -1, st.python), "--slot", str(slot),
+                    "--keys-fd", str(fd)]
+            try:
+                child, port = self.children.start_with_socket(
+                    argv, tag, on_line=self.on_line, env=env_for_instance(entry),
+                    pass_fds=(fd,))
+            finally:
+                os.close(fd)
         now = time.monotonic_ns()
         budget = load_budget_s(entry.size_bytes, st.cfg.load_timeout)
         rep = Replica(
             slot=slot, model=model, child=child, incarnation=st.next_incarnation(), port=port,
             started_ns=now, deadline_ns=now + int(budget * NS),
             held=dict(st.models[model].mem_min or {}),
-            kill_after=entry.stop_timeout,
+            kill_after=entry.stop_timeout, secret_hi=hi, secret_lo=lo,
         )
         st.replicas[slot] = rep
         log.info("loading %s in slot %d (pid %d, port %d): %s", entry.name, slot, child.pid,
@@ -168,6 +187,12 @@ class Replicas:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         line = entry.cmd.replace("${PORT}", str(port)).replace("${MODEL_ID}", entry.name)
+        hi = lo = 0
+        key_file = ""
+        if "${API_KEY_FILE}" in line:
+            secret, hi, lo = new_secret()
+            key_file = self._write_key_file(slot, secret)
+            line = line.replace("${API_KEY_FILE}", shlex.quote(key_file))
         try:
             argv = shlex.split(line)
             # stdin is a pipe we never write: a command that watches it sees EOF
@@ -181,6 +206,7 @@ class Replicas:
             m.error = f"cannot start {line!r}: {e}"
             st.errors_dirty = True
             log.error("%s: %s", entry.name, m.error)
+            _remove(key_file)
             return
         child.stdin_fd = -1  # never written: `exit` is not part of a command's protocol
         now = time.monotonic_ns()
@@ -191,10 +217,35 @@ class Replicas:
             held=dict(st.models[model].mem_min or {}), kill_after=entry.stop_timeout,
             kind="cmd", probe_interval=FIRST_INTERVAL_S,
             next_probe_ns=now + int(FIRST_INTERVAL_S * NS),
+            secret_hi=hi, secret_lo=lo, key_file=key_file,
         )
         log.info("starting %s in slot %d (pid %d, port %d): %s: %s", entry.name, slot,
                  child.pid, port, reason, line)
         st.dirty = True
+
+    def _write_key_file(self, slot: int, secret: str) -> str:
+        """A new file holding ``secret`` (mode 0600) in the supervisor's
+        0700 key folder; its path."""
+        if not self._key_dir or not os.path.isdir(self._key_dir):
+            self._key_dir = tempfile.mkdtemp(prefix="ggmux-keys-")  # mode 0700
+        path = os.path.join(self._key_dir, f"replica-{slot}-{time.monotonic_ns()}.key")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, secret.encode() + b"\n")
+        finally:
+            os.close(fd)
+        return path
+
+    def close(self) -> None:
+        """Remove the key folder (teardown, after every replica exited)."""
+        if self._key_dir:
+            for name in os.listdir(self._key_dir) if os.path.isdir(self._key_dir) else ():
+                _remove(os.path.join(self._key_dir, name))
+            try:
+                os.rmdir(self._key_dir)
+            except OSError:
+                pass
+            self._key_dir = ""
 
     def probe_step(self, now: int) -> None:
         """Readiness of loading ``cmd`` instances: ready on a 200 from
@@ -290,6 +341,38 @@ class Replicas:
                 rep.child.kill(signal.SIGKILL)
                 st.dirty = True
 
+    def hung_step(self, now: int) -> None:
+        """Restart a local replica that hangs (issue 11): a proxy's request
+        to it timed out (``--first-byte-timeout``, ``--stream-idle-timeout``:
+        ``C_TIMEOUT_NS``), it answered no request since (``C_ANSWER_NS``), and
+        nothing is in flight to it any more. It is killed at once (a hung
+        process may not read ``exit``, a stopped one takes no SIGTERM) and
+        its model loaded again; ``/v1/models`` shows the cause until then."""
+        st = self.state
+        cnt = st.seg.counters
+        for rep in list(st.replicas.values()):
+            if rep.status != L.ReplicaStatus.READY or rep.stop_stage:
+                continue
+            rows = cnt[:, rep.slot, :]
+            mine = rows[rows[:, L.C_INCARNATION] == rep.incarnation]
+            if not len(mine):
+                continue
+            timed_out = int(mine[:, L.C_TIMEOUT_NS].max())
+            if (not timed_out or timed_out <= int(mine[:, L.C_ANSWER_NS].max())
+                    or int(mine[:, L.C_IN_FLIGHT].sum()) > 0):
+                continue
+            log.warning("%s (slot %d, pid %d) hangs: a request to it timed out %.1f s ago and "
+                        "it answered none since; killing and restarting it", st.name(rep.model),
+                        rep.slot, rep.child.pid, (now - timed_out) / NS)
+            rep.error = ("hung: its requests timed out (--first-byte-timeout, "
+                         "--stream-idle-timeout); restarted")
+            rep.restart = True
+            rep.stop_stage = 3
+            rep.stop_ns = now
+            rep.status = L.ReplicaStatus.STOPPING
+            rep.child.kill(signal.SIGKILL)
+            st.dirty = True
+
     # ---- reaping -------------------------------------------------------------
     def reap(self) -> None:
         """Forget replicas that exited and record what that means."""
@@ -299,6 +382,7 @@ class Replicas:
             if code is None:
                 continue
             del st.replicas[slot]
+            _remove(rep.key_file)
             self._on_exit(rep, code)
             st.calibrate()
             st.dirty = True
@@ -328,7 +412,17 @@ class Replicas:
         else:
             m.error = rep.error or f"instance crashed with exit code {code}"
             log.error("%s crashed (slot %d, exit code %d)", name, rep.slot, code)
+        if rep.restart:
+            m.requested_ns = time.monotonic_ns()  # load it again
         st.errors_dirty = True
+
+
+def _remove(path: str) -> None:
+    if path:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _amounts(v) -> Amounts:

@@ -31,10 +31,12 @@ class Spares:
         self.on_line = on_line
         self.pool: list[tuple[Child, int]] = []
 
-    def take(self, entry: ModelEntry, tag: str, slot: int) -> tuple[Child, int] | None:
+    def take(self, entry: ModelEntry, tag: str, slot: int,
+             secret: str = "") -> tuple[Child, int] | None:
         """A spare told to load ``entry`` into replica ``slot``, retagged
         ``tag``, with its port; ``None`` when no spare fits or none is left
-        alive."""
+        alive. ``secret``: the instance's, in the ``load`` line (its stdin
+        is private)."""
         # a spare was started before its model was known: a model with its own
         # `env` needs a process started with it
         while self.pool and entry.kind in ("llama", "fake") and not entry.env:
@@ -45,7 +47,7 @@ class Spares:
                 "kv_size": entry.kv_size, "stop_timeout": entry.stop_timeout,
                 "fake": entry.kind == "fake", "mmproj": entry.mmproj,
                 "llama_args": entry.extra_args, "instance_args": entry.instance_args,
-                "slot": slot,
+                "slot": slot, "secret": secret,
             })
             if spare.proc.poll() is None and spare.send(b"load " + line + b"\n"):
                 spare.tag = tag

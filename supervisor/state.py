@@ -58,6 +58,11 @@ class Replica:
     next_probe_ns: int = 0
     kill_at_ns: int = 0  # cmd instances: SIGKILL after this (stop-timeout after SIGTERM)
     slots: int = 0  # parallel slots, from the `ready` line (0: unknown)
+    # its secret (issue 11): the proxies send it as the bearer token; 0, 0: none
+    secret_hi: int = 0
+    secret_lo: int = 0
+    key_file: str = ""  # a cmd instance's ${API_KEY_FILE}, removed when it exits
+    restart: bool = False  # killed as hung: load the model again once it is gone
 
 
 @dataclass(slots=True)

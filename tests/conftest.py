@@ -14,7 +14,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import posix_ipc
@@ -54,6 +56,16 @@ def children_of(pid: int) -> list[int]:
         fields = stat.rsplit(")", 1)[1].split()
         if int(fields[1]) == pid and fields[0] != "Z":
             out.append(int(d))
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living descendant of ``pid`` (children, theirs, ...)."""
+    out, todo = [], [pid]
+    while todo:
+        kids = children_of(todo.pop())
+        out += kids
+        todo += kids
     return out
 
 
@@ -244,3 +256,24 @@ def nats_server(tmp_path):
     yield start
     for s in started:
         s.stop()
+
+
+@pytest.fixture
+def recorder(tmp_path):
+    """A recording replica (tests/recorder.py) in a thread: ``(port, requests())``, where
+    ``requests()`` lists what it was sent (method, path, headers)."""
+    from recorder import make_handler
+
+    log = tmp_path / "recorded.jsonl"
+    log.touch()
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(str(log), None))
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+
+    def requests() -> list[dict]:
+        return [json.loads(line) for line in log.read_text().splitlines()
+                if not json.loads(line)["path"].endswith("/health")]
+
+    yield srv.server_address[1], requests
+    srv.shutdown()
+    srv.server_close()

@@ -25,6 +25,9 @@ def test_two_equal_replicas_share_requests_evenly_across_proxies(serve, fakes, t
     f = fakes.add("m", ttft_s=0.003, token_s=0.0, tokens=1)
     s = serve("--models-preset", preset(tmp_path, f"[m]\nmodel = {f}\nreplicas = 2\n"),
               "--no-hf-cache", "--proxies", "2", "--models-max", "2")
+    assert s.request("POST", CHAT, chat_body("m"))[0] == 200
+    # an even share needs both from the start: the second may still be loading
+    wait_for(lambda: s.seg.models[0, L.M_REPLICAS] == 2, 20, what="two replicas ready")
     with ThreadPoolExecutor(8) as ex:
         bodies = list(ex.map(lambda _: s.request("POST", CHAT, chat_body("m"))[2], range(1000)))
     share = Counter(served_by(b)[1] for b in bodies)
@@ -52,7 +55,10 @@ def test_failing_replica_is_skipped_and_taken_back_after_it_recovers(serve, fake
     f = fakes.add("m", tokens=1)
     s = serve("--models-preset", preset(tmp_path, f"[m]\nmodel = {f}\nreplicas = 2\n"),
               "--no-hf-cache", "--proxies", "1", "--models-max", "2")
-    pids = set()
+    pids = {served_by(s.request("POST", CHAT, chat_body("m"))[2])[1]}
+    # both must be ready before the choice can fall on both (the second may
+    # take longer to start than 40 requests take to answer)
+    wait_for(lambda: s.seg.models[0, L.M_REPLICAS] == 2, 20, what="two replicas ready")
     for _ in range(40):
         pids.add(served_by(s.request("POST", CHAT, chat_body("m"))[2])[1])
         if len(pids) == 2:

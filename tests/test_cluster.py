@@ -8,13 +8,23 @@ import json
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import posix_ipc
 import pytest
-from conftest import chat_body, children_of, open_stream, served_by, wait_for, write_fake
+from conftest import (
+    chat_body,
+    children_of,
+    descendants,
+    open_stream,
+    served_by,
+    wait_for,
+    write_fake,
+)
 from ggmux.shm.logring import log_ring_name
 from ggmux.shm.segment import queue_name, segment_name
 
@@ -344,6 +354,80 @@ def test_the_hop_header_needs_the_token_and_forwarding_works_with_an_api_key(clu
     assert status == 200 and served_on(body, a, b) == "b"
     status, raw = ask_keyed(a, "rb", hop)
     assert status == 503 and json.loads(raw)["error"]["code"] == "not_on_this_node"
+
+
+def test_neither_the_hop_header_nor_the_cluster_token_reaches_a_local_instance_or_upstream(
+        cluster, serve, tmp_path, recorder):
+    """A forwarded request (hop header and token) is served by a local
+    replica, on the fast path too once a pooled connection is idle; what the
+    replica gets carries neither header, in cluster mode or not."""
+    up_port, up_requests = recorder
+    log = tmp_path / "local.jsonl"
+    log.touch()
+    rec = Path(__file__).with_name("recorder.py")
+    ini = tmp_path / "hop.ini"
+    ini.write_text(f"[c]\ncmd = {sys.executable} {rec} --port ${{PORT}} --log {log}\n"
+                   f"[up]\nupstream = http://127.0.0.1:{up_port}\n")
+    a = cluster("a", "--models-preset", str(ini))
+    plain = serve("--models-preset", str(ini), "--no-hf-cache", "--proxies", "1",
+                  "--spares", "0")
+    hop = {"x-ggmux-hop": "b", "x-ggmux-cluster-token": TOKEN}
+    for s in (a, plain):
+        wait_for(lambda s=s: s.request("GET", "/upstream/up/health")[0] == 200, 20, 0.1,
+                 "the upstream healthy")
+        for model in ("c", "up"):
+            # an ordinary request loads it (a node serves a forwarded request only
+            # with a model it holds), the next ones go over a pooled connection
+            for headers in ({}, hop, {"x-ggmux-hop": "b"}, {"x-ggmux-cluster-token": TOKEN}):
+                for _ in range(3):
+                    status, body = ask_keyed(s, model, headers)
+                    assert status == 200, body
+    local = [json.loads(line) for line in log.read_text().splitlines()]
+    seen = [r for r in local + up_requests() if not r["path"].endswith("/health")]
+    assert len(seen) == 2 * 2 * 4 * 3, seen
+    for r in seen:
+        assert "x-ggmux-hop" not in r["headers"], r
+        assert "x-ggmux-cluster-token" not in r["headers"], r
+        assert TOKEN not in json.dumps(r["headers"]), r
+
+
+def test_cluster_and_nats_secrets_are_on_no_child_command_line_nor_in_any_environment(
+        nats_server, serve, tmp_path, monkeypatch):
+    """``--cluster-token`` and ``--nats-password`` on node a's command line,
+    ``$GGMUX_CLUSTER_TOKEN`` and ``$GGMUX_NATS_PASSWORD`` in node b's
+    environment: both join and forward, and no child of either (proxies,
+    instance, spare, cluster agent) has a secret or its variable in its
+    command line or environment."""
+    token, password = "cluster-token-on-argv-1234", "nats-password-5678"
+    ns = nats_server(auth=["--user", "u", "--pass", password])
+    common = ("--no-hf-cache", "--proxies", "1", "--spares", "1", "--cluster", ns.url,
+              "--nats-user", "u", "--heartbeat", str(HB), "--node-stale", str(STALE))
+    da, db = tmp_path / "models-a", tmp_path / "models-b"
+    write_fake(da, "la")
+    write_fake(db, "rb")
+    a = serve("--fake-models-dir", str(da), "--node-name", "a", *common,
+              "--cluster-token", token, "--nats-password", password)
+    monkeypatch.setenv("GGMUX_CLUSTER_TOKEN", token)
+    monkeypatch.setenv("GGMUX_NATS_PASSWORD", password)
+    b = serve("--fake-models-dir", str(db), "--node-name", "b", *common)
+    a.name, b.name = "a", "b"
+    converge(a, b)
+    status, body = ask(a, "rb")  # forwarded to b with the token, which b takes
+    assert status == 200, body
+    assert served_on(body, a, b) == "b"
+    assert ask(a, "la")[0] == 200
+    for s in (a, b):
+        # proxy, spare, cluster agent, and a's instance of la or b's of rb
+        wait_for(lambda s=s: len(descendants(s.proc.pid)) >= 4, 20, what="children started")
+        for pid in descendants(s.proc.pid):
+            for what in ("cmdline", "environ"):
+                try:
+                    with open(f"/proc/{pid}/{what}", "rb") as f:
+                        data = f.read()
+                except OSError:
+                    continue  # gone meanwhile
+                for secret in (token, password, "GGMUX_CLUSTER_TOKEN", "GGMUX_NATS_PASSWORD"):
+                    assert secret.encode() not in data, (s.name, pid, what, secret)
 
 
 def ask_keyed(s, model: str, headers: dict):

@@ -13,6 +13,7 @@ import asyncio
 import json
 import select
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +33,8 @@ from ggmux.proxy.http import (
     http_limit_argv,
     limits_from_args,
 )
-from ggmux.proxy.upstream import Exchange, UpstreamError, UpstreamPool, request_head
+from ggmux.proxy.pool import UpstreamPool
+from ggmux.proxy.upstream import Exchange, UpstreamError, request_head
 
 # ---------------------------------------------------------------------------
 # harness: an event loop thread, servers in it, a strict blocking client
@@ -981,7 +983,10 @@ class Replica:
             conn.close()
         elif path == b"/close-on-reuse" and n > 1:
             # the keep-alive race: the replica closed a connection the proxy
-            # still had in its pool; it gets the request and answers nothing
+            # still had in its pool; the request meets a closed socket, which
+            # answers with a reset (SO_LINGER 0 makes this close one)
+            sock = conn.transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             conn.transport.abort()
             conn.close()
         elif path == b"/hold":
@@ -1009,7 +1014,7 @@ class Replica:
 
 @dataclass
 class Proxy:
-    """The proxy under test: like proxy/server.py's _forward, simplified."""
+    """The proxy under test: like proxy/forward.py's _forward, simplified."""
 
     lt: LoopThread
     replica_port: int

@@ -71,9 +71,18 @@ def test_upstream_pass_through_and_url_decoded_names(server):
 def test_router_metrics_count_requests_ttft_loads_and_memory(server):
     for _ in range(3):
         assert server.request("POST", CHAT, chat_body("a"))[0] == 200
-    st, headers, text = server.request("GET", "/metrics")
-    assert st == 200 and headers["content-type"].startswith("text/plain")
-    t = text.decode()
+    counted = ('ggmux_requests_total{model="a"} 3', 'ggmux_ttft_seconds_count{model="a"} 3',
+               'ggmux_ttft_seconds_bucket{model="a",le="+Inf"} 3')
+
+    def scrape() -> str | None:
+        st, headers, text = server.request("GET", "/metrics")
+        assert st == 200 and headers["content-type"].startswith("text/plain")
+        t = text.decode()
+        return t if all(c in t for c in counted) else None
+
+    # a proxy counts a request right after its answer left (the next turn of
+    # its loop): a scrape through the other proxy may come between the two
+    t = wait_for(scrape, 10, 0.01, "the three requests counted")
     assert 'ggmux_requests_total{model="a"} 3' in t
     assert 'ggmux_ttft_seconds_count{model="a"} 3' in t
     assert 'ggmux_ttft_seconds_bucket{model="a",le="+Inf"} 3' in t

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import alive, chat_body, served_by, wait_for
+from conftest import alive, chat_body, open_stream, served_by, wait_for
 from ggmux.shm import layout as L
 from ggmux.shm.seqlock import read_table
 
@@ -40,18 +40,36 @@ def model_index(s, name: str) -> int:
     return doc["names"][name]
 
 
+def read_until(sock, marker: bytes, got: bytes = b"", timeout: float = 60.0) -> bytes:
+    """What ``sock`` sends until ``marker`` has arrived (or it closes)."""
+    sock.settimeout(timeout)
+    while marker not in got:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    return got
+
+
 def test_long_stream_is_not_cut_when_another_model_is_requested(serve, fakes):
     fakes.add("a", token_s=0.05, tokens=40)  # a 2 s stream
     fakes.add("b")
     s = serve("--fake-models-dir", str(fakes), "--models-max", "1", "--proxies", "2")
     assert s.request("POST", CHAT, chat_body("a", max_tokens=1))[0] == 200  # warm
-    with ThreadPoolExecutor(2) as ex:
-        fa = ex.submit(stream, s.port, "a")
-        wait_for(lambda: s.seg.counters[:, :, L.C_IN_FLIGHT].sum() == 1, 5, what="a streaming")
+    sock = open_stream(s.port, chat_body("a", stream=True))
+    # b only once a's stream runs: its first token came, so a proxy counts it
+    # in flight (a count seen before it could still be the warm request's,
+    # which its proxy lowers only after the answer left, and b could then
+    # reach the supervisor before the stream does)
+    got = read_until(sock, b"data: ")
+    with ThreadPoolExecutor(1) as ex:
         fb = ex.submit(lambda: (*s.request("POST", CHAT, chat_body("b")), time.monotonic()))
-        st_a, body_a, end_a = fa.result()
+        body_a = read_until(sock, b"[DONE]", got)
+        end_a = time.monotonic()
         st_b, _, body_b, end_b = fb.result()
-    assert st_a == 200 and body_a.count(b"data: ") == 41 and body_a.rstrip().endswith(b"[DONE]")
+    sock.close()
+    assert body_a.startswith(b"HTTP/1.1 200 "), body_a[:200]
+    assert body_a.count(b"data: ") == 41 and b"data: [DONE]" in body_a, body_a
     assert st_b == 200 and served_by(body_b)[0] == "b"
     assert end_b > end_a  # b waited for a's stream instead of cutting it
 
@@ -84,7 +102,13 @@ def test_cold_model_serves_its_request_before_a_later_model_evicts_it(serve, fak
     s = serve("--fake-models-dir", str(fakes), "--models-max", "1", "--proxies", "2")
     with ThreadPoolExecutor(2) as ex:
         fa = ex.submit(s.request, "POST", CHAT, chat_body("a"))
-        time.sleep(0.1)  # the scenario itself: B arrives 0.1 s after A
+        # the scenario itself: B arrives while A loads (after a fixed pause,
+        # a loaded machine could deliver B first, and B would load first)
+        a = model_index(s, "a")
+        wait_for(lambda: s.seg.models[a, L.M_STATUS] in (L.ModelStatus.LOADING,
+                                                          L.ModelStatus.LOADED), 10,
+                 0.002, "a to start loading")
+        assert s.seg.models[a, L.M_STATUS] == L.ModelStatus.LOADING
         fb = ex.submit(s.request, "POST", CHAT, chat_body("b"))
         ra, rb = fa.result(), fb.result()
     assert ra[0] == 200 and served_by(ra[2])[0] == "a"

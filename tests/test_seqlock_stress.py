@@ -114,3 +114,53 @@ def test_attach_rejects_a_segment_that_is_not_ggmux():
             Segment.attach(name)
     finally:
         posix_ipc.unlink_shared_memory(name)
+
+
+def test_a_registry_read_waits_out_a_writer_stalled_mid_write():
+    """A supervisor preempted while it rewrites the registry blob holds its
+    sequence word odd for a time slice: a reader waits (it gave up after
+    about a millisecond, and its proxy kept an old view)."""
+    import threading
+
+    name = f"/ggmux-test-reg-{os.getpid()}"
+    seg = Segment.create(name, L.Sizes(models=2, replicas=2, proxies=1, devices=1))
+    try:
+        seg.write_registry({"names": {"old": 0}})
+        seg.header[L.H_REGISTRY_SEQ] += 1  # odd: the write has begun
+
+        def finish() -> None:
+            time.sleep(0.05)  # the stalled writer (a scenario, not synchronisation)
+            seg.header[L.H_REGISTRY_SEQ] -= 1
+            seg.write_registry({"names": {"new": 0}})
+
+        t = threading.Thread(target=finish)
+        t.start()
+        version, doc = seg.read_registry()
+        t.join()
+        assert doc == {"names": {"new": 0}} and not version & 1
+        seg.header[L.H_REGISTRY_SEQ] += 1  # a writer that died mid-write: bounded
+        with pytest.raises(SeqlockBusy):
+            seg.read_registry(timeout=0.05)
+    finally:
+        seg.close()
+        seg.unlink()
+
+
+def test_a_proxy_whose_read_of_a_generation_fails_reads_it_again():
+    """refresh() marks a generation seen only once its view is whole: after
+    a read that raised, the next call reads again instead of keeping the
+    old view until the supervisor publishes once more."""
+    from ggmux.proxy.server import Proxy
+
+    class StalledSegment:
+        generation = 6
+
+        def read_registry(self):
+            raise SeqlockBusy("registry blob stayed busy")
+
+    p = Proxy.__new__(Proxy)  # the refresh alone: no segment, queue or loop
+    p.seg, p.gen = StalledSegment(), 4
+    for _ in range(2):
+        with pytest.raises(SeqlockBusy):
+            p.refresh()  # the second call reads again (it returned at once before)
+        assert p.gen == 4

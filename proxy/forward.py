@@ -1,0 +1,475 @@
+"""Forwarding a request to a replica: the forwarding half of
+:class:`~ggmux.proxy.server.Proxy` (a mixin, as
+:class:`~ggmux.proxy.reading.RequestReader` is of the HTTP connection).
+
+Two paths: :meth:`Forwarding.fast` forwards, from the parser's callback and
+with no task or coroutine, a request for a model that one local replica
+serves and that has an idle pooled connection (the steady state of a busy
+model; a third less CPU per forwarded request than the task path);
+everything else, and a fast forward that failed before the replica got the
+request, goes through :meth:`Forwarding._forward` (waiting for loads,
+balancing, queueing, retries, errors) from the proxy's handler.
+
+Counters: a request counts as in flight (``C_IN_FLIGHT`` of its replica's
+row in this proxy's counters) from just before it is forwarded until its
+response ended; a waiter is removed only after its request counts as in
+flight, so a freshly loaded model is never without either and cannot be
+evicted before it serves the request that loaded it. A breaker's verdict
+(:meth:`Forwarding._verdict`, :meth:`Forwarding._forward_failed`) and the
+request, error and TTFT counters (:meth:`Forwarding._account`) follow each
+response.
+
+The state it reads is the proxy's (:meth:`~ggmux.proxy.server.Proxy.refresh`
+keeps it): ``names``, ``reg_models``, ``single``, ``ready``, ``ready_local``,
+``held_local``, ``remotes``, ``hop_slots``, ``secrets``, ``cluster``,
+``replica_rows``, ``model_rows``, ``cw``/``mcw`` (this proxy's counter rows),
+``breakers``, ``pool``, ``waiters`` and the options.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from bisect import bisect_left
+
+import orjson
+import posix_ipc
+
+from ..shm import layout as L
+from . import answers, passthrough
+from .balancer import CLOSED, candidates_from_shm, choose, open_until, session_key
+from .cluster import HOP_TRUSTED, hop_headers, judge_hop, loading_info
+from .http import HttpConnection, Request
+from .upstream import Exchange, UpstreamError, request_head
+
+log = logging.getLogger(__name__)
+
+NS = 1_000_000_000
+
+# routed by the JSON body's "model" (llama.cpp router's list)
+INFERENCE = frozenset(
+    (
+        b"/v1/chat/completions",
+        b"/chat/completions",
+        b"/v1/completions",
+        b"/completions",
+        b"/v1/embeddings",
+        b"/embeddings",
+        b"/embedding",
+        b"/completion",
+        b"/tokenize",
+        b"/detokenize",
+        b"/infill",
+        b"/rerank",
+        b"/v1/rerank",
+        b"/reranking",
+        b"/apply-template",
+    )
+)  # /v1/messages, /v1/responses, /api/*: apis.ROUTES
+
+TTFT_ALPHA = 0.2  # EWMA weight of the newest sample
+MAX_ATTEMPTS = 6  # forwards of one request that failed before reaching a replica
+# bucket bounds in microseconds; an index past the last is the +Inf bucket
+_TTFT_BUCKETS_US = tuple(b * 1000 for b in L.TTFT_BUCKETS_MS)
+
+
+class Forwarding:
+    """The forwarding half of :class:`~ggmux.proxy.server.Proxy` (see the
+    module docstring); its attributes are the proxy's."""
+
+    def fast(self, conn: HttpConnection, req: Request) -> bool:
+        """Forward ``req`` from the parser's callback, without a task, when
+        nothing needs waiting or choosing (the common case; run before the
+        proxy's ``handle``): an inference route or ``/upstream/<model>/...``
+        for a model that exactly one local replica serves (``single``),
+        whose circuit is closed and that has an idle pooled connection.
+
+        Returns False in every other case, errors included: ``handle``
+        answers those. A request forwarded by another node (hop header and
+        cluster token) follows ``handle``'s hop rules: a trusted one needs
+        no key, and the one local replica is what it may be served by;
+        neither header reaches the replica (``upstream.request_head`` drops
+        them). A forward that fails before the replica got the request is
+        handed to ``handle`` too, which retries as its own forwards do; one
+        the replica got is answered here (502/504) and never sent again."""
+        if req.origin is not None and self.cors is not None:
+            req.extra_head = self.cors.headers(req.origin)
+        path = req.path
+        if path in INFERENCE:
+            if req.method != b"POST":
+                return False
+            try:
+                body = orjson.loads(req.body)
+            except orjson.JSONDecodeError:
+                return False
+            if type(body) is not dict:
+                return False
+            req.body_json = body
+            name = body.get("model")
+            if type(name) is not str or "stream_options" in body:  # usage may need adding
+                return False
+            target = req.url
+        elif path[:10] == b"/upstream/":
+            try:
+                route = passthrough.quick_route(path, req.query, self._slashed)
+            except passthrough.BadPath:
+                return False
+            if route is None or route[1].split(b"?", 1)[0] in passthrough.REDACTED_PATHS:
+                return False
+            name, target = route
+        else:
+            return False
+        if self.stopping:
+            return False
+        if req.hop_marked:  # the hop rules, as handle applies them
+            if self.cluster is None:
+                self.refresh()
+            req.hop = judge_hop(req, self.cluster)
+        if (self.api_key is not None and req.hop != HOP_TRUSTED
+                and not self._authorized(req)):
+            return False
+        self.refresh()
+        m = self.names.get(name)
+        if m is None:
+            return False
+        c = self.single.get(m)
+        if c is None:
+            return False
+        slot = c.slot
+        cw = self.cw[slot]
+        inc = c.incarnation
+        if cw[L.C_INCARNATION] != inc or cw[L.C_CIRCUIT] != CLOSED:
+            return False
+        up = self.pool.take_idle(c.port)
+        if up is None:
+            return False
+        body = req.body
+        data = request_head(req, c.port, len(body), target=target,
+                            auth=self.secrets.get(slot, b"")) + body
+        cw[L.C_IN_FLIGHT] += 1
+        cw[L.C_LAST_USED_NS] = time.monotonic_ns()
+        up.send(conn, req, data, lambda r: self._fast_done(conn, req, m, slot, inc, r),
+                self.model_first_byte_ns[m])
+        return True
+
+    def _fast_done(self, conn: HttpConnection, req: Request, m: int, slot: int, inc: int,
+                   r: Exchange | UpstreamError) -> None:
+        cw = self.cw[slot]
+        now = time.monotonic_ns()
+        if cw[L.C_INCARNATION] == inc:
+            cw[L.C_IN_FLIGHT] -= 1
+            cw[L.C_LAST_USED_NS] = now
+        if isinstance(r, UpstreamError):
+            if self.stopping:
+                answers.stopping(conn, req)
+                return
+            if r.delivered:  # never sent again (issue 11)
+                self._forward_failed(slot, m, r, 1)
+                answers.replica_failed(conn, req, self.reg_models[m]["name"], r)
+                return
+            # the slow path retries (a stale pooled connection is no verdict
+            # on the replica)
+            conn.run_handler(req)
+            return
+        self._verdict(slot, r, now)
+        self._account(cw, m, r)
+
+    def _forward_failed(self, slot: int, m: int, err: UpstreamError, attempt: int) -> None:
+        """A forward to ``slot`` failed before anything reached the client:
+        a fault for its breaker (and, for a timeout, the hung-replica clock)
+        and the error counters; the tables are re-read, since the replica
+        may be gone."""
+        now = time.monotonic_ns()
+        cw = self.cw[slot]
+        self.breakers[slot].record(False, now)
+        if err.timeout:
+            cw[L.C_TIMEOUT_NS] = now
+            # its TTFT was at least the timeout: a sample that steers the
+            # balancer to the other replicas at once (the circuit needs
+            # three faults), until the replica has been left alone for
+            # ttft_forget_s and is tried again
+            us = self.model_first_byte_ns[m] // 1000
+            old = cw[L.C_TTFT_EWMA_US]
+            cw[L.C_TTFT_EWMA_US] = us if old == 0 else int(old + TTFT_ALPHA * (us - old))
+            cw[L.C_TTFT_COUNT] += 1
+        cw[L.C_ERRORS] += 1
+        self.mcw[m][L.MC_ERRORS] += 1
+        log.warning("proxy %d: %s (attempt %d)", self.index, err, attempt)
+        self.gen = -1
+        self.refresh()
+
+    def _verdict(self, slot: int, ex: Exchange, now: int, judged: list | None = None) -> None:
+        """The breaker's verdict on a relayed response: a fault
+        (:func:`~ggmux.proxy.balancer.replica_fault`, a replica that died or
+        went silent mid-body) fails, anything else succeeds, and a client
+        that left before the first byte gives none (the probe slot is only
+        released). ``judged``: the probe's head already gave its verdict
+        (the list holds it); only a fault after that still counts. Also
+        stamps the replica's last answer or timeout (hung-replica restarts)."""
+        br = self.breakers[slot]
+        cw = self.cw[slot]
+        if ex.timed_out:
+            cw[L.C_TIMEOUT_NS] = now
+        elif ex.status != 499:
+            cw[L.C_ANSWER_NS] = now
+        if judged:
+            if ex.fault and not judged[0]:
+                br.record(False, now)
+        elif ex.status == 499 and not ex.first_byte_ns:
+            br.release()
+        else:
+            br.record(not ex.fault, now)
+
+    async def _forward(
+        self, conn: HttpConnection, req: Request, m: int, name: str, body: dict | None,
+        touch: bool = True, stream: bool = False, capture: bool = False,
+    ) -> Exchange | None:
+        """Wait for a ready replica (loading the model when ``touch``), pick
+        one, forward (DESIGN.md "Balancing replicas"); returns the
+        :class:`Exchange` once the response was relayed (with ``capture``:
+        collected, for the caller to answer), None when this answered.
+
+        Retries (issue 11): on another replica, or the same one again,
+        only while the request cannot have reached a replica (a connect
+        error, a replica that refused it because it stops); a replica that
+        took it and died, hung up or timed out gets no second copy, and
+        neither does its replacement: 502/504. A model whose every replica
+        has an open circuit gets 503 with Retry-After at once; one whose
+        replicas are all at max-concurrency, or whose half-open circuit has
+        its probe out, queues until ``--queue-timeout`` (then 429), and the
+        first request that finds the probe slot free is the next probe."""
+        tried: set[int] = set()
+        waited = False  # a waiter registered by us is still counted
+        queued_since = 0
+        attempt = 0  # forwards that failed before the request reached a replica
+        skey: str | None | bool = False  # the session key, read only when there is a choice
+        try:
+            while attempt < MAX_ATTEMPTS:
+                if self.stopping:
+                    answers.stopping(conn, req)
+                    return None
+                if m not in (self.ready_local if req.hop else self.ready):
+                    # forwarded by another node: served here (woken, loaded) or not at
+                    # all, never forwarded again
+                    if req.hop and m not in self.held_local:
+                        conn.send_error(req, 503, f"model '{name}' is not loaded on this "
+                                        "node", code="not_on_this_node",
+                                        headers=[(b"retry-after", b"1")])
+                        return None
+                    if not touch:
+                        conn.send_error(req, 503, f"model '{name}' is not loaded (POST "
+                                        "/models/load loads it)", code="model_not_loaded")
+                        return None
+                    now = time.monotonic_ns()
+                    if self._in_backoff(m, now):
+                        answers.load_failed(conn, req, name, self.model_rows[m],
+                                            self.errors.get(str(m), "load failed"))
+                        return None
+                    if self.reg_models[m].get("kind") == "upstream":
+                        # nothing to load: a remote that is down answers at once
+                        conn.send_error(req, 503, f"the upstream of '{name}' is not answering "
+                                        "its health check", code="upstream_unavailable",
+                                        headers=[(b"retry-after", b"5")])
+                        return None
+                    if not waited:
+                        self.waiters.join(m)
+                        waited = True
+                    outcome = await self.waiters.wait(m, req, conn if stream else None, name)
+                    if outcome != "ready":
+                        if outcome == "gone":
+                            conn.finish(req)
+                        elif outcome == "shutdown":
+                            answers.stopping(conn, req)
+                        elif outcome == "failed":
+                            answers.load_failed(conn, req, name, self.model_rows[m],
+                                                self.errors.get(str(m), "load failed"))
+                        else:
+                            answers.still_loading(conn, req, name, self.model_rows[m],
+                                                  self.load_wait,
+                                                  loading_info(self.cluster, name))
+                        return None
+                    continue
+                now = time.monotonic_ns()
+                c = self.single.get(m)  # the common case: one local replica, no limits
+                if c is None or c.slot in tried or self.cw[c.slot][L.C_CIRCUIT] != CLOSED:
+                    cands = candidates_from_shm(self.replica_rows, self.seg.counters, m,
+                                                self.index, now, self.balancer)
+                    if req.hop and self.hop_slots:
+                        cands = [c for c in cands if c.slot not in self.hop_slots]
+                    if skey is False:
+                        skey = session_key(req.headers, body) if body is not None else None
+                    c = choose(cands, tried, skey, self.rng, now_ns=now, config=self.balancer)
+                    if c is None and tried and attempt < MAX_ATTEMPTS - 1:
+                        tried.clear()  # one replica: retry the same (the breaker guards it)
+                        c = choose(cands, tried, skey, self.rng, now_ns=now,
+                                   config=self.balancer)
+                else:
+                    cands = (c,)
+                if c is None:
+                    until = open_until(cands, now) if cands else 0
+                    if until:
+                        answers.circuit_open(conn, req, name, until)
+                        return None
+                    # every replica is at max-concurrency or its probe is out: queue
+                    if not queued_since:
+                        if self.queued.get(m, 0) >= self.max_queue:
+                            conn.send_error(req, 429, f"too many requests queued for '{name}' "
+                                            "(max-queue)", headers=[(b"retry-after", b"1")])
+                            return None
+                        queued_since = now
+                        self.queued[m] = self.queued.get(m, 0) + 1
+                    if now - queued_since > self.queue_timeout * NS or req.disconnected:
+                        if req.disconnected:
+                            conn.finish(req)
+                        else:
+                            conn.send_error(req, 429, f"every replica of '{name}' is busy "
+                                            "(queue-timeout)", headers=[(b"retry-after", b"1")])
+                        return None
+                    await asyncio.sleep(0.005)
+                    self.refresh()
+                    continue
+                if queued_since:
+                    self.queued[m] -= 1
+                    queued_since = 0
+                if c.slot in self.remotes and touch and c.slot not in self.hop_slots:
+                    self._want_local(m, cands)
+                slot, inc = c.slot, c.incarnation
+                cnt = self.cw[slot]
+                if cnt[L.C_INCARNATION] != inc:  # first: the reset clears the breaker too
+                    self.cnt[slot] = 0
+                    cnt[L.C_INCARNATION] = inc
+                br = self.breakers[slot]
+                tried.add(slot)
+                probe = br.state != CLOSED
+                if not br.allow(now):
+                    continue  # its probe went out meanwhile: choose again (or queue)
+                judged: list | None = [] if probe else None
+                cnt[L.C_IN_FLIGHT] += 1
+                if touch:
+                    cnt[L.C_LAST_USED_NS] = now
+                if waited:
+                    self.waiters.leave(m)  # only now: the request already counts as in flight
+                    waited = False
+                try:
+                    ex = await self._send(conn, req, slot, c.port, m, judged, capture)
+                except UpstreamError as e:
+                    attempt += 1
+                    if self.stopping:
+                        answers.stopping(conn, req)
+                        return None
+                    if e.refused:  # it stops or sleeps: no verdict, send it elsewhere
+                        br.release()
+                        log.info("proxy %d: %s; sending the request elsewhere", self.index, e)
+                        self.gen = -1
+                        self.refresh()
+                    elif e.delivered:
+                        self._forward_failed(slot, m, e, attempt)
+                        answers.replica_failed(conn, req, name, e)
+                        return None
+                    else:
+                        self._forward_failed(slot, m, e, attempt)
+                    if m in self.ready and attempt < MAX_ATTEMPTS:
+                        # still listed: its exit may not have reached the
+                        # supervisor yet; give it that long before the next
+                        # try (10 ms doubling, 310 ms in all) instead of
+                        # spending every attempt on a dead replica at once
+                        await asyncio.sleep(0.005 * (1 << attempt))
+                        self.refresh()
+                    if req.disconnected:
+                        conn.finish(req)
+                        return None
+                    if attempt < MAX_ATTEMPTS:
+                        continue
+                    answers.unreachable(conn, req, name, e)
+                    return None
+                finally:
+                    if cnt[L.C_INCARNATION] == inc:
+                        cnt[L.C_IN_FLIGHT] -= 1
+                        if touch:
+                            cnt[L.C_LAST_USED_NS] = time.monotonic_ns()
+                self._verdict(slot, ex, time.monotonic_ns(), judged)
+                if touch:  # ?model= calls are neither use nor traffic for the metrics
+                    self._account(cnt, m, ex)
+                return ex
+            conn.send_error(req, 503, f"no replica of '{name}' stayed available")
+            return None
+        finally:
+            if waited:
+                self.waiters.leave(m)
+            if queued_since:
+                self.queued[m] -= 1
+
+    def _want_local(self, m: int, cands) -> None:
+        """A model served by a remote upstream that also has a local
+        definition: ask for the local replica too (at most once a second),
+        so both serve, as a llama-swap user adding a remote peer expects."""
+        if self.reg_models[m].get("kind") == "upstream":
+            return
+        if any(c.slot not in self.remotes for c in cands):
+            return
+        now = time.monotonic_ns()
+        if now - self.local_asked.get(m, 0) < NS:
+            return
+        self.local_asked[m] = now
+        try:
+            self.mq.send(b'{"op":"load","model":%d}' % m, timeout=0)
+        except posix_ipc.BusyError:
+            pass
+
+    async def _send(self, conn: HttpConnection, req: Request, slot: int, port: int, m: int,
+                    judged: list | None = None, capture: bool = False) -> Exchange:
+        """One forward to the replica in ``slot``: a local instance gets its
+        secret as the bearer token, a remote upstream its own ``api-key``
+        (and its path prefix); neither ever gets the client's credentials.
+        ``judged``: this is a half-open circuit's probe, judged at its head."""
+        on_head = None
+        if judged is not None:
+            br = self.breakers[slot]
+
+            def on_head(ex: Exchange) -> None:
+                judged.append(ex.fault)
+                br.record(not ex.fault, time.monotonic_ns())
+
+        fb = self.model_first_byte_ns[m]
+        remote = self.remotes.get(slot)
+        body = bytes(req.body)
+        if remote is None:
+            data = request_head(req, port, len(body), auth=self.secrets.get(slot, b"")) + body
+            return await self.pool.forward(port, conn, req, data, first_byte_ns=fb,
+                                           on_head=on_head, capture=capture)
+        host = remote["host"]
+        if remote.get("hop") and self.cluster is not None:
+            # another node of the cluster: the hop header and the cluster's token
+            extra, auth = hop_headers(self.cluster, self.api_key), b""
+        else:
+            key = remote.get("api_key")
+            extra, auth = (), b"authorization: Bearer %s\r\n" % key.encode() if key else b""
+        prefix = remote.get("prefix", "").encode()
+        head = request_head(req, port, len(body), extra, host.encode(), auth=auth,
+                            target=prefix + req.url if prefix else None)
+        return await self.pool.forward(port, conn, req, head + body, host, first_byte_ns=fb,
+                                       on_head=on_head, capture=capture)
+
+    def _account(self, cnt: memoryview, m: int, ex: Exchange) -> None:
+        """Count one forwarded request: requests, errors, TTFT (EWMA, last,
+        sum, count; microseconds) per replica, and per model the TTFT
+        histogram in :data:`~ggmux.shm.layout.TTFT_BUCKETS_MS`."""
+        cnt[L.C_REQUESTS] += 1
+        mc = self.mcw[m]
+        mc[L.MC_REQUESTS] += 1
+        if ex.status >= 500:
+            cnt[L.C_ERRORS] += 1
+            mc[L.MC_ERRORS] += 1
+        if ex.first_byte_ns and ex.sent_ns:
+            us = (ex.first_byte_ns - ex.sent_ns) // 1000
+            if us > 0:
+                old = cnt[L.C_TTFT_EWMA_US]
+                cnt[L.C_TTFT_EWMA_US] = us if old == 0 else int(old + TTFT_ALPHA * (us - old))
+                cnt[L.C_TTFT_LAST_US] = us
+                cnt[L.C_TTFT_SUM_US] += us
+                cnt[L.C_TTFT_COUNT] += 1
+                mc[L.MC_TTFT_COUNT] += 1
+                mc[L.MC_TTFT_SUM_US] += us
+                # bucket i counts TTFT <= TTFT_BUCKETS_MS[i] ms (and above the one before)
+                mc[L.MC_BUCKET0 + bisect_left(_TTFT_BUCKETS_US, us)] += 1

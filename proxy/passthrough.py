@@ -1,0 +1,137 @@
+"""``/upstream/<model>/<path>``: which model, and what the replica is asked for.
+
+Pure functions, no I/O (the proxy forwards). Two rules from issue 11:
+
+* **Dot segments** (RFC 3986 5.2.4 ``remove_dot_segments``) are resolved in
+  the sub-path before it goes to a replica, with ``%2e`` read as ``.`` (RFC
+  3986 6.2.2.2: percent-encoded unreserved characters are equivalent to the
+  characters), so no ``..`` can climb out of an upstream's configured path
+  prefix (``upstream = http://host/api`` must never be asked for
+  ``/admin``). A segment that decodes to something with ``/`` or ``\\`` in it
+  (``..%2f..``) is refused (:class:`BadPath`): some servers decode it into a
+  separator after we checked.
+* **Model file paths** are not shown to callers without the admin key:
+  :func:`redact_paths` turns every absolute path in a JSON answer of
+  :data:`REDACTED_PATHS` (llama-server's ``/props`` has ``model_path``; its
+  ``/v1/models`` ids may be paths) into its base name.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+from urllib.parse import unquote
+
+import orjson
+
+log = logging.getLogger(__name__)
+
+PREFIX = b"/upstream/"
+
+# replica routes whose JSON answers may carry a model file's path
+REDACTED_PATHS = frozenset((b"/props", b"/v1/models", b"/models", b"/slots"))
+
+
+class BadPath(ValueError):
+    """A pass-through path that cannot be forwarded safely (a 400)."""
+
+
+def normalize(sub: bytes) -> bytes:
+    """``sub`` (a path starting with ``/``, no query) with ``.`` and ``..``
+    segments resolved; ``..`` at the top stays at the top. Cheap when
+    there is nothing to do (no ``.``, ``%`` or ``\\``).
+
+    Raises :class:`BadPath` for a segment that decodes to one holding ``/``
+    or ``\\``, or a backslash anywhere (a separator on some servers)."""
+    if b"." not in sub and b"%" not in sub and b"\\" not in sub:
+        return sub
+    if b"\\" in sub:
+        raise BadPath("a backslash in an /upstream/ path")
+    out: list[bytes] = []
+    segs = sub.split(b"/")[1:]
+    last = len(segs) - 1
+    for i, seg in enumerate(segs):
+        plain = unquote(seg.decode("latin-1"), encoding="latin-1") if b"%" in seg else None
+        if plain is not None and ("/" in plain or "\\" in plain):
+            raise BadPath("an encoded '/' or '\\' in an /upstream/ path")
+        word = seg if plain is None else plain.encode("latin-1")
+        if word == b".":
+            if i == last:
+                out.append(b"")  # "/a/." -> "/a/"
+            continue
+        if word == b"..":
+            if out:
+                out.pop()
+            if i == last:
+                out.append(b"")
+            continue
+        out.append(seg)
+    return b"/" + b"/".join(out)
+
+
+def target(sub: bytes, query: bytes) -> bytes:
+    """The request target for the replica: ``sub`` normalized (see
+    :func:`normalize`, which may raise :class:`BadPath`), with ``query``."""
+    sub = normalize(sub)
+    return sub + b"?" + query if query else sub
+
+
+def quick_route(path: bytes, query: bytes, slashed: list[str]) -> tuple[str, bytes] | None:
+    """``(model name, target)`` of ``/upstream/<name>/...`` in the common
+    case, a name without ``/`` or ``%`` that no registered name with ``/``
+    (``slashed``) extends; None otherwise (the name may not be registered:
+    the caller checks). Raises :class:`BadPath`."""
+    i = path.find(b"/", 10)
+    raw = path[10:] if i < 0 else path[10:i]
+    if b"%" in raw:
+        return None
+    name = raw.decode("latin-1")
+    if slashed and any(n.startswith(name + "/") for n in slashed):
+        return None
+    return name, target(b"/" if i < 0 else path[i:], query)
+
+
+def route(path: bytes, query: bytes, names, slashed: list[str]) -> tuple[str, bytes] | None:
+    """``(model name, target)`` of a pass-through path, or None when it
+    names no registered model. Names may contain ``/`` and are matched
+    URL-decoded; the longest registered name wins. Raises :class:`BadPath`."""
+    found = quick_route(path, query, slashed)
+    if found is not None and found[0] in names:
+        return found
+    rest = path[len(PREFIX):].decode("latin-1")
+    found = None
+    for i, ch in enumerate(rest + "/"):
+        if ch == "/":
+            name = unquote(rest[:i])
+            if name in names:
+                found = (name, (rest[i:] or "/").encode("latin-1"))
+    if found is None:
+        return None
+    return found[0], target(found[1], query)
+
+
+def _redact(v):
+    if isinstance(v, str):
+        if v.startswith("/") and "\n" not in v and " " not in v.strip():
+            return posixpath.basename(v.rstrip("/")) or v
+        return v
+    if isinstance(v, dict):
+        return {k: _redact(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_redact(x) for x in v]
+    return v
+
+
+def redact_paths(body: bytes) -> bytes:
+    """``body`` (a JSON answer) with every string that is an absolute path
+    (starts with ``/``, no whitespace) replaced by its base name; a body
+    that is not JSON comes back unchanged."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    return orjson.dumps(_redact(doc))
+
+
+__all__ = ["REDACTED_PATHS", "BadPath", "normalize", "quick_route", "redact_paths", "route",
+           "target"]
