@@ -16,6 +16,7 @@ import numpy as np
 from ..shm import layout as L
 from ..shm.segment import Segment
 from ..shm.seqlock import read_table
+from .auth import secret_header
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +43,11 @@ REPLICA_FAMILIES = {
 }
 
 
-async def _scrape(port: int, timeout: float) -> dict[str, float]:
+async def _scrape(port: int, secret: bytes, timeout: float) -> dict[str, float]:
     reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
     try:
-        writer.write(b"GET /metrics HTTP/1.1\r\nhost: ggmux\r\nconnection: close\r\n\r\n")
+        writer.write(b"GET /metrics HTTP/1.1\r\nhost: ggmux\r\nconnection: close\r\n%s\r\n"
+                     % secret)
         data = await asyncio.wait_for(reader.read(-1), timeout)
     finally:
         writer.close()
@@ -66,13 +68,16 @@ async def _scrape(port: int, timeout: float) -> dict[str, float]:
 async def scrape_replicas(replica_rows: np.ndarray, timeout: float = 1.0) -> dict[int, dict]:
     """Per model index, the sums of :data:`REPLICA_FAMILIES` over its ready
     local replicas (a replica that does not answer within ``timeout``
-    seconds, or has no such families, adds nothing)."""
-    ready = [(int(r[L.R_MODEL]), int(r[L.R_PORT])) for r in replica_rows
+    seconds, or has no such families, adds nothing). Each is asked with its
+    secret (``R_SECRET_HI``/``R_SECRET_LO``) as the bearer token."""
+    ready = [(int(r[L.R_MODEL]), int(r[L.R_PORT]),
+              secret_header(int(r[L.R_SECRET_HI]), int(r[L.R_SECRET_LO])))
+             for r in replica_rows
              if r[L.R_STATUS] == L.ReplicaStatus.READY and r[L.R_PID] > 0 and r[L.R_PORT] > 0]
-    results = await asyncio.gather(*(_scrape(port, timeout) for _, port in ready),
+    results = await asyncio.gather(*(_scrape(port, secret, timeout) for _, port, secret in ready),
                                    return_exceptions=True)
     sums: dict[int, dict] = {}
-    for (m, port), got in zip(ready, results):
+    for (m, port, _), got in zip(ready, results):
         if isinstance(got, BaseException):
             log.debug("no metrics from the replica on port %d: %s", port, got)
             continue
