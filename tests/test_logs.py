@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -93,12 +92,14 @@ def test_logs_hold_the_supervisors_and_the_instances_lines_tagged(serve, fakes):
 
 
 def test_proxy_lines_reach_the_ring_too(serve, fakes):
-    fakes.add("alpha")
+    fakes.add("alpha", crash_marker="CRASH-NOW")
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0")
     assert s.request("POST", "/v1/chat/completions", chat_body("alpha"))[0] == 200
-    pid = s.json("GET", "/ps")[1]["models"][0]["replicas"][0]["pid"]
-    os.kill(pid, signal.SIGKILL)  # the proxy's next forward fails, and it says so
-    s.request("POST", "/v1/chat/completions", chat_body("alpha"))
+    # the replica dies while it serves this request: the proxy's forward
+    # fails, and it says so (a SIGKILL before the request raced the
+    # supervisor, which may take the dead replica out of the table first)
+    crash = chat_body("alpha", messages=[{"role": "user", "content": "CRASH-NOW"}])
+    assert s.request("POST", "/v1/chat/completions", crash)[0] == 502
     wait_for(lambda: b"WARNING [proxy-0]" in s.request("GET", "/logs")[2], 10,
              what="a proxy-0 warning")
     assert b"(attempt 1)" in s.request("GET", "/logs")[2]
