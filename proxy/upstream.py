@@ -27,7 +27,11 @@ chunk):
   wrote (``TCP_INFO``'s ``bytes_acked``). A replica already dead or
   closing acknowledges nothing and answers a write with a reset; one that
   dies before reading what its TCP acknowledged resets the connection
-  (Linux closes a socket with unread data so): neither got the request;
+  (Linux closes a socket with unread data so): neither got the request.
+  A server that shuts its socket down with the request unread sends a FIN
+  and then the reset (cpp-httplib does so after every streamed answer of
+  llama-server: ``shutdown``, then ``close``), so a close with no answer
+  is judged :data:`EOF_SETTLE_S` later, by whether a reset followed;
 * :meth:`~ggmux.proxy.pool.UpstreamPool.forward` retries once, on a fresh connection, when a
   pooled connection turns out to have been closed by the replica before it
   got the request (the keep-alive race every pooling proxy has, or a
@@ -80,6 +84,18 @@ HOP_BY_HOP = frozenset(
     )
 )
 _TCPI_BYTES_ACKED = 120  # offset of tcpi_bytes_acked in Linux's struct tcp_info (u64)
+_TCP_CLOSE = 7  # tcpi_state (the struct's first byte) once a reset came
+EOF_SETTLE_S = 0.01  # after a close with no answer, how long a reset may take to follow
+
+
+def _reset(transport: asyncio.BaseTransport | None) -> bool:
+    """Whether the peer reset the connection (``tcpi_state`` is CLOSE);
+    False when the kernel does not say."""
+    try:
+        sock = transport.get_extra_info("socket")
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == _TCP_CLOSE
+    except (AttributeError, OSError, IndexError, ValueError):
+        return False
 
 
 def _bytes_acked(transport: asyncio.BaseTransport | None) -> int:
@@ -163,6 +179,7 @@ class Upstream(asyncio.Protocol):
         "_on_gone",
         "_on_paused",
         "_resp_keepalive",
+        "_settle",
         "acked",
         "capture",
         "client",
@@ -221,6 +238,7 @@ class Upstream(asyncio.Protocol):
         self.deadline_ns = 0  # the exchange times out after this (0: never)
         self.sent_total = 1  # bytes written on this connection, the SYN counted as TCP does
         self.acked = -1  # bytes_acked when the replica closed (-1: unknown)
+        self._settle: asyncio.TimerHandle | None = None  # judging a close with no answer
         self._on_paused = self._client_paused  # bound once, not per request
         self._on_gone = self._client_gone
 
@@ -237,9 +255,29 @@ class Upstream(asyncio.Protocol):
         # the socket is still open here: what did the replica acknowledge?
         if self.client is not None and not self.got_bytes:
             self.acked = _bytes_acked(self.transport)
+            # a reset may follow the FIN (the request was unread): keep the
+            # socket a moment to see it (see the module docstring)
+            self._settle = asyncio.get_running_loop().call_later(EOF_SETTLE_S, self._eof_settled)
+            return True
         return False
 
+    def _eof_settled(self) -> None:
+        """:data:`EOF_SETTLE_S` after a close with no answer: a reset means
+        the replica never read the request."""
+        self._settle = None
+        if self.closed:
+            return
+        reset = _reset(self.transport)
+        self.closed = True
+        self.pool.forget(self)
+        self._fail("replica closed the connection" + (" (reset: request unread)" if reset else ""),
+                   delivered=False if reset else None)
+        self.transport.close()
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._settle is not None:
+            self._settle.cancel()
+            self._settle = None
         self.closed = True
         self.pool.forget(self)
         if self.client is None:
