@@ -69,6 +69,23 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def secrets_shown(pid: int, secrets) -> list[tuple[int, str, str]]:
+    """``(pid, "cmdline" | "environ", secret)`` for each of ``secrets`` (str)
+    found in the command line or environment of a living descendant of
+    ``pid``: a test of "no key on any child's command line nor in its
+    environment" asserts this is empty."""
+    found = []
+    for child in descendants(pid):
+        for what in ("cmdline", "environ"):
+            try:
+                with open(f"/proc/{child}/{what}", "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue  # gone meanwhile
+            found += [(child, what, x) for x in secrets if x.encode() in data]
+    return found
+
+
 def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
