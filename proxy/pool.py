@@ -59,6 +59,9 @@ class UpstreamPool:
         self.closing = ""  # set while the proxy stops: why a cut stream ends
         self.stream_idle_ns = int(stream_idle_s * 1e9)
         self._sweeper: asyncio.TimerHandle | None = None
+        # replicas seen closing a connection right after a chunked answer
+        # (llama-server): their connections are not pooled after one
+        self.closes_after_chunked: set[int | tuple[str, int]] = set()
 
     def start_sweeping(self) -> None:
         """Check the deadlines of the exchanges in flight every
@@ -161,6 +164,7 @@ class UpstreamPool:
             up.closed = True
             up.transport.close()
             return
+        up.idle_ns = time.monotonic_ns()
         q.append(up)
 
     def forget(self, up: Upstream) -> None:

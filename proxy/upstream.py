@@ -31,7 +31,13 @@ chunk):
   A server that shuts its socket down with the request unread sends a FIN
   and then the reset (cpp-httplib does so after every streamed answer of
   llama-server: ``shutdown``, then ``close``), so a close with no answer
-  is judged :data:`EOF_SETTLE_S` later, by whether a reset followed;
+  is judged :data:`EOF_SETTLE_S` later, by whether a reset followed. A
+  server that reads and drops it before closing (cpp-httplib drains the
+  socket after every streamed answer of llama-server) cannot be told from
+  one that died with it: a replica seen closing an idle connection just
+  after a chunked answer (within :data:`CLOSES_AFTER_STREAM_S`) is
+  remembered (``UpstreamPool.closes_after_chunked``), and its connections
+  are closed after a chunked answer instead of being pooled;
 * :meth:`~ggmux.proxy.pool.UpstreamPool.forward` retries once, on a fresh connection, when a
   pooled connection turns out to have been closed by the replica before it
   got the request (the keep-alive race every pooling proxy has, or a
@@ -86,6 +92,7 @@ HOP_BY_HOP = frozenset(
 _TCPI_BYTES_ACKED = 120  # offset of tcpi_bytes_acked in Linux's struct tcp_info (u64)
 _TCP_CLOSE = 7  # tcpi_state (the struct's first byte) once a reset came
 EOF_SETTLE_S = 0.01  # after a close with no answer, how long a reset may take to follow
+CLOSES_AFTER_STREAM_S = 0.1  # an idle close this soon after a chunked answer: the server's habit
 
 
 def _reset(transport: asyncio.BaseTransport | None) -> bool:
@@ -178,6 +185,7 @@ class Upstream(asyncio.Protocol):
     __slots__ = (
         "_on_gone",
         "_on_paused",
+        "_resp_chunked",
         "_resp_keepalive",
         "_settle",
         "acked",
@@ -192,6 +200,7 @@ class Upstream(asyncio.Protocol):
         "got_bytes",
         "head_sent",
         "headers",
+        "idle_ns",
         "junk",
         "key",
         "mark",
@@ -232,6 +241,8 @@ class Upstream(asyncio.Protocol):
         self.until_close = False  # body ends when the replica closes
         self.paused = False
         self._resp_keepalive = True
+        self._resp_chunked = False  # the last answer came chunked
+        self.idle_ns = 0  # when it last went back to the pool
         self.err_body: bytearray | None = None
         self.finished = False  # the response is whole (completed at the end of the read)
         self.junk = False  # the replica sent more than the response: not reused
@@ -281,6 +292,11 @@ class Upstream(asyncio.Protocol):
         self.closed = True
         self.pool.forget(self)
         if self.client is None:
+            if (self._resp_chunked and self.idle_ns and self.key not in self.pool.closes_after_chunked
+                    and time.monotonic_ns() - self.idle_ns < CLOSES_AFTER_STREAM_S * 1e9):
+                log.info("replica %s closes its connection after a chunked answer: "
+                         "not pooled after one from now on", self.key)
+                self.pool.closes_after_chunked.add(self.key)
             return
         if self.until_close and self.head_sent and exc is None:
             self._complete()  # a close-delimited body ends here
@@ -436,6 +452,7 @@ class Upstream(asyncio.Protocol):
             return
         self.status = status
         self._resp_keepalive = p.should_keep_alive()
+        self._resp_chunked = False
         client, req = self.client, self.req
         framing = CHUNKED
         upstream_chunked = False
@@ -447,6 +464,7 @@ class Upstream(asyncio.Protocol):
                     framing = b"content-length: %s\r\n" % v
                 elif k == b"transfer-encoding":
                     upstream_chunked = True
+                    self._resp_chunked = True
                 elif k == REPLICA_HEADER:
                     self.mark = v.strip().lower()
                 continue
@@ -540,7 +558,8 @@ class Upstream(asyncio.Protocol):
         if self.paused and not self.closed:
             self.paused = False
             self.transport.resume_reading()
-        if self._resp_keepalive and not self.closed and not self.until_close and not self.junk:
+        if (self._resp_keepalive and not self.closed and not self.until_close and not self.junk
+                and not (self._resp_chunked and self.key in self.pool.closes_after_chunked)):
             self.pool.release(self)
         elif not self.closed:
             self.closed = True
@@ -576,6 +595,10 @@ class Upstream(asyncio.Protocol):
                 # the keep-alive race and a fresh one as delivered
                 acked = self.acked
                 delivered = acked >= self.sent_total if acked >= 0 else not self.reused
+                if (delivered and self.reused and self._resp_chunked
+                        and time.monotonic_ns() - self.idle_ns < CLOSES_AFTER_STREAM_S * 1e9):
+                    # most likely the server's habit, not a crash: learn it
+                    self.pool.closes_after_chunked.add(self.key)
             stale = self.reused and not self.got_bytes and not delivered
             done(UpstreamError(why, stale=stale, delivered=delivered))
             return

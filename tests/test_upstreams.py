@@ -93,10 +93,12 @@ class _ClosingServer:
     whatever the client sent meanwhile (a FIN, then a reset for the unread
     request). ``requests``: the requests it answered."""
 
-    def __init__(self, linger_s: float = 0.3) -> None:
+    def __init__(self, linger_s: float = 0.3, drain: bool = False) -> None:
         import threading
 
         self.linger_s = linger_s
+        self.drain = drain  # cpp-httplib's way: chunked answers, then FIN, read and drop, close
+        self.connections = 0
         self.requests = 0
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
@@ -113,6 +115,7 @@ class _ClosingServer:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
+            self.connections += 1
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
@@ -136,11 +139,21 @@ class _ClosingServer:
                 body += conn.recv(65536)
             answer = (b'{"id":"x","object":"chat.completion","model":"m","choices":[{"index":0,'
                       b'"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}')
-            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                         b"content-length: %d\r\n\r\n%s" % (len(answer), answer))
+            if self.drain:
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+                             % (len(answer), answer))
+            else:
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\n\r\n%s" % (len(answer), answer))
             self.requests += 1
-            time.sleep(self.linger_s)  # a next request may arrive now: never read
-            conn.shutdown(socket.SHUT_RDWR)
+            time.sleep(self.linger_s)  # a next request may arrive now: never answered
+            if self.drain:
+                conn.shutdown(socket.SHUT_WR)
+                while conn.recv(65536):  # read and drop: no reset
+                    pass
+            else:
+                conn.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         finally:
@@ -168,5 +181,30 @@ def test_a_pooled_connection_the_server_shuts_with_the_request_unread_is_retried
         for _ in range(5):  # each one on the connection the one before left in the pool
             status, _, body = s.request("POST", CHAT, chat_body("m"))
             assert status == 200, body
+    finally:
+        upstream.close()
+
+
+def test_a_replica_that_closes_after_chunked_answers_gets_no_request_on_such_a_connection(
+        serve, tmp_path):
+    # llama-server (cpp-httplib) answers a stream chunked, then shuts its
+    # side, reads and drops whatever came meanwhile, and closes: a request
+    # sent on that pooled connection is lost with no sign a retry is safe.
+    # Once the proxy saw the habit (an idle connection closed just after a
+    # chunked answer), it pools no connection after a chunked answer.
+    upstream = _ClosingServer(linger_s=0.05, drain=True)
+    try:
+        preset = tmp_path / "p.ini"
+        preset.write_text(f"[m]\nupstream = http://127.0.0.1:{upstream.port}\n")
+        s = serve("--models-preset", str(preset), "--no-hf-cache", "--proxies", "1")
+        wait_for(lambda: s.request("POST", CHAT, chat_body("m"))[0] == 200, 20, 0.05,
+                 what="the upstream serving")
+        wait_for(lambda: "not pooled after one" in s.log_path.read_text(), 10, 0.02,
+                 what="the proxy learning the upstream's habit")
+        before = upstream.connections
+        for _ in range(5):  # back to back: each would land on a closing connection
+            status, _, body = s.request("POST", CHAT, chat_body("m"))
+            assert status == 200, body
+        assert upstream.connections - before >= 5  # a fresh connection each
     finally:
         upstream.close()
