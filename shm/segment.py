@@ -31,6 +31,18 @@ def queue_name(port: int) -> str:
     return f"/ggmux-{port}-q"
 
 
+
+def _back_off(tries: int, deadline: float, what: str) -> None:
+    """After a seqlocked read's ``tries``-th failed try: spin (up to 64),
+    then yield the CPU (up to 1,000), then sleep 100 us; past ``deadline``
+    (``time.monotonic()`` seconds) raise :class:`SeqlockBusy` naming ``what``."""
+    if tries > 1000:
+        if time.monotonic() > deadline:
+            raise SeqlockBusy(what)
+        time.sleep(0.0001)
+    elif tries > 64:
+        os.sched_yield()
+
 class Segment:
     """A mapped segment. Attributes are int64 views into shared memory.
 
@@ -181,12 +193,7 @@ class Segment:
                 if self._hwords[L.H_GENERATION] == g:
                     return g, out
             n += 1
-            if n > 1000:
-                if time.monotonic() > deadline:
-                    raise SeqlockBusy("tables kept changing")
-                time.sleep(0.0001)
-            elif n > 64:
-                os.sched_yield()
+            _back_off(n, deadline, "tables kept changing")
 
     # ---- registry blob ----------------------------------------------------
     def write_registry(self, doc: dict) -> None:
@@ -231,9 +238,4 @@ class Segment:
                     self._registry_cache = (s1, doc)
                     return self._registry_cache
             n += 1
-            if n > 1000:
-                if time.monotonic() > deadline:
-                    raise SeqlockBusy("registry blob stayed busy")
-                time.sleep(0.0001)
-            elif n > 64:
-                os.sched_yield()
+            _back_off(n, deadline, "registry blob stayed busy")
