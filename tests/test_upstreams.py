@@ -164,47 +164,52 @@ class _ClosingServer:
         self.sock.close()
 
 
-def test_a_pooled_connection_the_server_shuts_with_the_request_unread_is_retried(serve,
-                                                                                 tmp_path):
-    # the keep-alive race, as llama-server closes after every streamed
-    # answer: the replica's TCP acknowledged the request, then FIN and a
-    # reset came with no answer. It never had the request: send it again
-    # on a fresh connection (a 502 here failed 2 of 24 requests at 8
-    # streams of a `cmd` llama-server in bench/slots.py)
-    upstream = _ClosingServer()
-    try:
+@pytest.fixture
+def closing_upstream(serve, tmp_path):
+    """``start(**kw) -> (upstream, server)``: a :class:`_ClosingServer` and a
+    ``ggmux serve`` (one proxy) with model ``m`` on it, serving; the
+    upstream is closed after the test."""
+    made = []
+
+    def start(**kw):
+        upstream = _ClosingServer(**kw)
+        made.append(upstream)
         preset = tmp_path / "p.ini"
         preset.write_text(f"[m]\nupstream = http://127.0.0.1:{upstream.port}\n")
         s = serve("--models-preset", str(preset), "--no-hf-cache", "--proxies", "1")
         wait_for(lambda: s.request("POST", CHAT, chat_body("m"))[0] == 200, 20, 0.05,
                  what="the upstream serving")
-        for _ in range(5):  # each one on the connection the one before left in the pool
-            status, _, body = s.request("POST", CHAT, chat_body("m"))
-            assert status == 200, body
-    finally:
-        upstream.close()
+        return upstream, s
+
+    yield start
+    for u in made:
+        u.close()
+
+
+def test_a_pooled_connection_the_server_shuts_with_the_request_unread_is_retried(
+        closing_upstream):
+    # the keep-alive race: the replica's TCP acknowledged the request, then
+    # a FIN and a reset came with no answer (it closed with the request
+    # unread). It never had the request: send it again on a fresh connection
+    _, s = closing_upstream()
+    for _ in range(5):  # each one on the connection the one before left in the pool
+        status, _, body = s.request("POST", CHAT, chat_body("m"))
+        assert status == 200, body
 
 
 def test_a_replica_that_closes_after_chunked_answers_gets_no_request_on_such_a_connection(
-        serve, tmp_path):
+        closing_upstream):
     # llama-server (cpp-httplib) answers a stream chunked, then shuts its
     # side, reads and drops whatever came meanwhile, and closes: a request
-    # sent on that pooled connection is lost with no sign a retry is safe.
-    # Once the proxy saw the habit (an idle connection closed just after a
-    # chunked answer), it pools no connection after a chunked answer.
-    upstream = _ClosingServer(linger_s=0.05, drain=True)
-    try:
-        preset = tmp_path / "p.ini"
-        preset.write_text(f"[m]\nupstream = http://127.0.0.1:{upstream.port}\n")
-        s = serve("--models-preset", str(preset), "--no-hf-cache", "--proxies", "1")
-        wait_for(lambda: s.request("POST", CHAT, chat_body("m"))[0] == 200, 20, 0.05,
-                 what="the upstream serving")
-        wait_for(lambda: "not pooled after one" in s.log_path.read_text(), 10, 0.02,
-                 what="the proxy learning the upstream's habit")
-        before = upstream.connections
-        for _ in range(5):  # back to back: each would land on a closing connection
-            status, _, body = s.request("POST", CHAT, chat_body("m"))
-            assert status == 200, body
-        assert upstream.connections - before >= 5  # a fresh connection each
-    finally:
-        upstream.close()
+    # sent on that pooled connection is lost with no sign a retry is safe
+    # (bench/slots.py: 4 of 24 requests of a `cmd` llama-server got 502 at 8
+    # streams). Once the proxy saw the habit (an idle connection closed just
+    # after a chunked answer), it pools no connection after a chunked answer.
+    upstream, s = closing_upstream(linger_s=0.05, drain=True)
+    wait_for(lambda: "not pooled after one" in s.log_path.read_text(), 10, 0.02,
+             what="the proxy learning the upstream's habit")
+    before = upstream.connections
+    for _ in range(5):  # back to back: each would land on a closing connection
+        status, _, body = s.request("POST", CHAT, chat_body("m"))
+        assert status == 200, body
+    assert upstream.connections - before >= 5  # a fresh connection each
