@@ -247,6 +247,10 @@ class Agent:
         await self._claim_name()
         self.connected = True
         sub = await nc.subscribe(cmd_subject(self.o.node), cb=self._on_command)
+        # the server must know the subscription before anyone hears we joined:
+        # nats-py sends SUB from a buffer, and a request that came first would
+        # find no responder (a test's order to a just-joined node, 1 in ~20)
+        await nc.flush(timeout=max(1.0, self.o.heartbeat))
         reconnected_ns = time.monotonic_ns()
         for seen in self.nodes.values():  # judged from now: their beats could not arrive
             seen.arrived_ns = max(seen.arrived_ns, reconnected_ns)
