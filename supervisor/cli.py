@@ -405,7 +405,14 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "run" and not any(a.startswith("-") for a in extra):
+        # `ggmux run NAME --completion "text"`: argparse gives the words after
+        # an option to no positional (the prompt's nargs="*" matched none)
+        args.prompt = [*args.prompt, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "serve":
         return serve(args)
     return run_client(args)

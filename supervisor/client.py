@@ -25,6 +25,9 @@ from urllib.parse import quote, urlsplit
 DEFAULT_URL = "http://127.0.0.1:8080"
 CONNECT_TIMEOUT_S = 5.0
 NO_SERVER = 3
+# `ggmux run --completion` without --max-tokens: a base model (no end of
+# turn) would run until the context is full
+COMPLETION_MAX_TOKENS = 128
 
 
 class ServerError(Exception):
@@ -193,7 +196,8 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("prompt", nargs="*", help="the message (piped input is appended)")
     p.add_argument("--system", default=None, help="system message")
     p.add_argument("--max-tokens", type=int, default=None,
-                   help="most tokens per answer (default: the server's)")
+                   help="most tokens per answer (default: the server's; with --completion "
+                        f"{COMPLETION_MAX_TOKENS}, since a base model may never stop)")
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--completion", action="store_true",
                    help="plain text completion (/v1/completions): for base models without "
@@ -414,6 +418,8 @@ def cmd_run(client: Client, args: argparse.Namespace) -> int:
     base: dict = {"model": args.name, "stream": True}
     if args.max_tokens is not None:
         base["max_tokens"] = args.max_tokens
+    elif args.completion:
+        base["max_tokens"] = COMPLETION_MAX_TOKENS
     if args.temperature is not None:
         base["temperature"] = args.temperature
     system = [{"role": "system", "content": args.system}] if args.system else []

@@ -137,6 +137,25 @@ def test_run_keeps_the_conversation_between_piped_turns():
         {"role": "assistant", "content": "answer 1"}, {"role": "user", "content": "two"}]
 
 
+def test_run_takes_the_prompt_after_its_options_and_bounds_a_completion():
+    _Recorder.bodies = []
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_port}"
+    try:
+        # README's form: the options between the model and the prompt
+        r = ggmux("run", "m", "--completion", "The capital", "of France is", url=url)
+        assert r.returncode == 0, r.stderr
+        r2 = ggmux("run", "m", "hi", "--bogus", url=url)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    (body,) = _Recorder.bodies
+    assert body["prompt"] == "The capital of France is"
+    assert body["max_tokens"] == 128  # a base model may never stop by itself
+    assert r2.returncode == 2 and "--bogus" in r2.stderr
+
+
 def test_the_client_sends_the_key_from_the_environment(serve, fakes):
     fakes.add("alpha", tokens=2)
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0",
