@@ -315,11 +315,12 @@ class Proxy(Forwarding):
             self.refresh()  # a hop header: is this node (already) in a cluster?
         req.hop = take_hop(req, self.cluster)
         if not (req.hop == HOP_TRUSTED and not admin) and not self._authorized(req, admin):
+            why = ("this route needs the admin key (--admin-key)"
+                   if admin and self.admin_key else "invalid or missing API key")
             if apis.handles(path):
-                apis.send_error(conn, req, 401, "invalid or missing API key",
-                                headers=[(b"www-authenticate", b"Bearer")])
+                apis.send_error(conn, req, 401, why, headers=[(b"www-authenticate", b"Bearer")])
                 return
-            conn.send_error(req, 401, "invalid or missing API key", code="invalid_api_key",
+            conn.send_error(req, 401, why, code="invalid_api_key",
                             headers=[(b"www-authenticate", b"Bearer")])
             return
         if apis.handles(path):

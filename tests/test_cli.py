@@ -165,7 +165,7 @@ def test_the_client_sends_the_key_from_the_environment(serve, fakes):
     assert "GGMUX_API_KEY" in r.stderr
     assert ggmux("ps", url=s.base, env={"GGMUX_API_KEY": "k-api"}).returncode == 0
     r = ggmux("load", "alpha", url=s.base, env={"GGMUX_API_KEY": "k-api"})
-    assert r.returncode == 1  # load is an admin route
+    assert r.returncode == 1 and "needs the admin key" in r.stderr  # an admin route
     r = ggmux("load", "alpha", url=s.base, env={"GGMUX_API_KEY": "k-api",
                                                 "GGMUX_ADMIN_KEY": "k-admin"})
     assert r.returncode == 0, r
