@@ -83,6 +83,10 @@ def test_stream_cut_by_max_output_tokens_ends_incomplete():
     evs = events(run_stream(R.Responses().stream(t), chat_sse(["a"], finish="length")))
     assert evs[-1][0] == "response.incomplete"
     assert evs[-1][1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+    # the message item is incomplete too, in the item event and the response
+    item = next(d["item"] for n, d in evs if n == "response.output_item.done")
+    assert item["status"] == "incomplete"
+    assert evs[-1][1]["response"]["output"][0]["status"] == "incomplete"
 
 
 def test_error_mid_stream_is_an_error_event():

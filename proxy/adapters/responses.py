@@ -196,8 +196,9 @@ def from_chat(obj: dict, req: Translated) -> dict:
     usage.take(obj.get("usage"))
     status = "incomplete" if finish == "length" else "completed"
     created = obj.get("created") if isinstance(obj.get("created"), int) else now_s()
+    # a message cut at max_output_tokens is incomplete too, as OpenAI marks it
     return _response(new_id("resp_"), created, req, status,
-                     [_message(new_id("msg_"), text, "completed")], _usage(usage), finish)
+                     [_message(new_id("msg_"), text, status)], _usage(usage), finish)
 
 
 class ResponsesStream(StreamState):
@@ -248,8 +249,8 @@ class ResponsesStream(StreamState):
         out = b"" if self.started else self._start()
         text = "".join(self.text)
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        item = _message(self.item_id, text, "completed")
         status = "incomplete" if self.finish == "length" else "completed"
+        item = _message(self.item_id, text, status)
         resp = _response(self.id, self.created, self.req, status, [item], _usage(self.usage),
                          self.finish)
         return (out
