@@ -605,17 +605,19 @@ class Upstream(asyncio.Protocol):
         if self.pool.closing:  # the replica went with the server
             self._cut(client, req, done, self.pool.closing, 503, "unavailable_error", False)
             return
-        self._cut(client, req, done, why, 502, "server_error")
+        # the code a 502 before the head gets too (proxy.answers.replica_failed)
+        self._cut(client, req, done, why, 502, "server_error", code="replica_died")
 
     def _cut(self, client: HttpConnection, req: Request, done: Callable, why: str,
-             status: int, type_: str, fault: bool = True) -> None:
+             status: int, type_: str, fault: bool = True, code: str | None = None) -> None:
         """End a relayed body short: an SSE client is told why in an error
-        event, then the body is cut (no terminating chunk) so no client can
-        mistake it for a clean end (an HTTP/1.0 client, whose body ends at
-        the close, has only the event to go by)."""
+        event (``code``: the status's own unless given), then the body is
+        cut (no terminating chunk) so no client can mistake it for a clean
+        end (an HTTP/1.0 client, whose body ends at the close, has only the
+        event to go by)."""
         if self.sse:
-            client.send_chunk(b"data: " + error_body(why, type_, ERROR_CODES.get(status, status))
-                              + b"\n\n")
+            code = code or ERROR_CODES.get(status, status)
+            client.send_chunk(b"data: " + error_body(why, type_, code) + b"\n\n")
         ex = self.ex
         ex.status = status
         ex.fault = fault

@@ -1230,7 +1230,7 @@ def test_replica_dying_mid_stream_ends_the_client_stream_with_an_error_event(pro
     assert b'data: {"n": 1}' in body and b'data: {"n": 2}' in body
     events = [line for line in body.split(b"\r\n") if line.startswith(b'data: {"error"')]
     assert len(events) == 1
-    assert json.loads(events[0][6:])["error"]["code"] == "bad_gateway"
+    assert json.loads(events[0][6:])["error"]["code"] == "replica_died"
     assert not body.endswith(b"0\r\n\r\n"), "a dead replica must not look like a clean end"
 
 
