@@ -186,6 +186,10 @@ class ClientApis:
                 if isinstance(adapter, ollama.Chat) and _empty(body, adapter.generate):
                     await self._load_or_unload(wrap, req, m, name, keep, adapter.generate)
                     return
+                if (isinstance(adapter, ollama.Chat) and adapter.generate and not body.get("raw")
+                        and not body.get("system") and await self._without_template(m)):
+                    # Ollama's template of a model without one is the prompt alone
+                    body = {**body, "raw": True}
             t = adapter.request(body)
         except BadRequest as e:
             wrap.send_error(req, e.status, str(e))
@@ -246,6 +250,12 @@ class ClientApis:
             out["message"] = {"role": "assistant", "content": ""}
         out.update(done=True, done_reason=reason)
         wrap.conn.send_json(req, 200, out)
+
+    async def _without_template(self, m: int) -> bool:
+        """Whether model ``m`` is a GGUF file whose metadata has no chat
+        template (a base model); False when that cannot be read."""
+        f = await self._facts(self.proxy.reg_models[m])
+        return bool(f) and not f.get("template")
 
     # ---- router-level answers ------------------------------------------------------
     async def _facts(self, mdl: dict) -> dict:

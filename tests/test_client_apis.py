@@ -144,6 +144,19 @@ def test_ollama_client_list_ps_show_chat_generate_embed(real):
     assert f"{SMOL}:latest" in {m.model for m in c.ps().models}
 
 
+def test_ollama_generate_on_a_base_model_sends_the_prompt_alone(real):
+    # gemma3-270m's GGUF has no chat template: Ollama's template is then the
+    # prompt itself, so no chat format may wrap it (/api/show says "")
+    c = ollama.Client(host=real.base)
+    assert c.show("gemma3-270m").template == ""
+    prompt = "The capital of France is"
+    g = c.generate(model="gemma3-270m", prompt=prompt, options={"num_predict": 4})
+    status, doc = real.json("POST", "/v1/completions",
+                            {"model": "gemma3-270m", "prompt": prompt, "max_tokens": 1})
+    assert status == 200, doc
+    assert g.done and g.prompt_eval_count == doc["usage"]["prompt_tokens"]
+
+
 def test_ollama_keep_alive_zero_unloads_after_the_request(real):
     c = ollama.Client(host=real.base)
     r = c.chat(model=SMOL, messages=HI, options={"num_predict": 4}, keep_alive=0)
