@@ -284,7 +284,9 @@ class ClientApis:
                            + [int(row[L.M_LAST_READY_NS])])
                 expires = wall + ttl - (now_ns - used) / 1e9
             loaded.append((mdl, facts, int(row[L.M_MEM_EFFECTIVE]) or mdl.get("size_bytes", 0),
-                           expires, facts.get("context_length") or 0))
+                           # a request's context (ctx-size), as Ollama's num_ctx;
+                           # 0: the model's trained one
+                           expires, mdl.get("ctx_size") or facts.get("context_length") or 0))
         conn.send_json(req, 200, ollama.ps(loaded))
 
     async def _show(self, conn: HttpConnection, req: Request) -> None:

@@ -121,6 +121,7 @@ class ModelEntry:
             "source": self.source,
             "args": self.args(),
             "size_bytes": self.size_bytes,
+            "ctx_size": self.ctx_size,
             "ttl": self.ttl,
             "load_on_startup": self.load_on_startup,
             "replicas": self.replicas,

@@ -141,7 +141,8 @@ def test_ollama_client_list_ps_show_chat_generate_embed(real):
     assert g.done and g.response.strip()
     e = c.embed(model=SMOL, input=["hello", "world"])
     assert len(e.embeddings) == 2 and len(e.embeddings[0]) > 10
-    assert f"{SMOL}:latest" in {m.model for m in c.ps().models}
+    running = next(m for m in c.ps().models if m.model == f"{SMOL}:latest")
+    assert running.context_length == 512  # the server's --ctx-size, not the trained 8192
 
 
 def test_ollama_generate_on_a_base_model_sends_the_prompt_alone(real):
