@@ -35,7 +35,8 @@ def test_every_process_title_names_its_role_and_model(serve, fakes):
     s = serve("--fake-models-dir", str(fakes), "--proxies", "2", "--spares", "1")
     assert title(s.proc.pid) == f"ggmux: supervisor 127.0.0.1:{s.port}"
     wait_for(lambda: "ggmux: spare" in titles(s.proc.pid), 15, what="a spare")
-    assert "ggmux: measure beta" in titles(s.proc.pid)
+    # the measure child sets its title once its imports are done
+    wait_for(lambda: "ggmux: measure beta" in titles(s.proc.pid), 15, what="beta's measure child")
     # /health answered by one proxy: the other may still be starting up
     proxies = [f"ggmux: proxy 0 :{s.port}", f"ggmux: proxy 1 :{s.port}"]
     wait_for(lambda: [t for t in titles(s.proc.pid) if t.startswith("ggmux: proxy")] == proxies,
