@@ -44,6 +44,9 @@ from .http import HttpConnection, Request
 from .upstream import Exchange, UpstreamError, request_head
 
 log = logging.getLogger(__name__)
+# after a request lost on a connection its replica closes after chunked
+# answers: how long until the replica's liveness says whether it crashed
+HABIT_CHECK_S = 0.02
 
 NS = 1_000_000_000
 
@@ -164,6 +167,10 @@ class Forwarding:
             if self.stopping:
                 answers.stopping(conn, req)
                 return
+            if r.delivered and r.habit:  # judged once the replica could have exited
+                asyncio.get_running_loop().call_later(
+                    HABIT_CHECK_S, self._fast_habit, conn, req, m, slot, r)
+                return
             if r.delivered:  # never sent again (issue 11)
                 self._forward_failed(slot, m, r, 1)
                 answers.replica_failed(conn, req, self.reg_models[m]["name"], r)
@@ -174,6 +181,40 @@ class Forwarding:
             return
         self._verdict(slot, r, now)
         self._account(cw, m, r)
+
+    def _fast_habit(self, conn: HttpConnection, req: Request, m: int, slot: int,
+                    r: UpstreamError) -> None:
+        """A fast forward lost on a connection the replica closes after
+        chunked answers: the slow path sends it again if the replica lives
+        on, else it is the replica's death (502, never sent again)."""
+        if self.stopping:
+            answers.stopping(conn, req)
+        elif self._alive(slot):
+            log.info("proxy %d: %s just after a streamed answer, and the replica lives on: "
+                     "sending the request again", self.index, r)
+            conn.run_handler(req)
+        else:
+            self._forward_failed(slot, m, r, 1)
+            answers.replica_failed(conn, req, self.reg_models[m]["name"], r)
+
+    async def _lived_on(self, slot: int) -> bool:
+        """:meth:`_alive` :data:`HABIT_CHECK_S` from now (a replica that died
+        with the request has exited by then)."""
+        await asyncio.sleep(HABIT_CHECK_S)
+        return self._alive(slot)
+
+    def _alive(self, slot: int) -> bool:
+        """Whether the local process of replica ``slot`` is still running
+        (not gone, not a zombie); False for a remote one (no pid)."""
+        pid = int(self.replica_rows[slot, L.R_PID])
+        if pid <= 0:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        return state not in (b"Z", b"X", b"x")
 
     def _forward_failed(self, slot: int, m: int, err: UpstreamError, attempt: int) -> None:
         """A forward to ``slot`` failed before anything reached the client:
@@ -363,6 +404,12 @@ class Forwarding:
                         log.info("proxy %d: %s; sending the request elsewhere", self.index, e)
                         self.gen = -1
                         self.refresh()
+                    elif e.delivered and e.habit and await self._lived_on(slot):
+                        # dropped unread by a replica that closes after every
+                        # streamed answer (llama-server): no verdict, again
+                        br.release()
+                        log.info("proxy %d: %s just after a streamed answer, and the replica "
+                                 "lives on: sending the request again", self.index, e)
                     elif e.delivered:
                         self._forward_failed(slot, m, e, attempt)
                         answers.replica_failed(conn, req, name, e)

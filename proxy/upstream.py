@@ -142,16 +142,20 @@ class UpstreamError(Exception):
     not sent again anywhere. ``timeout``: no response within the first-byte
     timeout (a 504). ``refused``: the replica answered that it did not act
     on the request (stopping or asleep): it may go to another replica, and
-    says nothing about this one's health. With none set, nothing reached
-    the replica (connect error)."""
+    says nothing about this one's health. ``habit``: delivered, but on a
+    pooled connection the replica closed just after a chunked answer, as a
+    server that closes after every streamed answer does (cpp-httplib); if
+    the replica process lives on, it dropped the request unread. With none
+    set, nothing reached the replica (connect error)."""
 
     def __init__(self, message: str, stale: bool = False, delivered: bool = False,
-                 timeout: bool = False, refused: bool = False) -> None:
+                 timeout: bool = False, refused: bool = False, habit: bool = False) -> None:
         super().__init__(message)
         self.stale = stale
         self.delivered = delivered
         self.timeout = timeout
         self.refused = refused
+        self.habit = habit
 
 
 @dataclass(slots=True)
@@ -585,6 +589,7 @@ class Upstream(asyncio.Protocol):
         client, req, done = self._detach()
         if client is None or done is None:
             return
+        habit = False
         if not self.head_sent or self.capture:
             if self.got_bytes:
                 delivered = True  # it answered something: it had the request
@@ -599,8 +604,9 @@ class Upstream(asyncio.Protocol):
                         and time.monotonic_ns() - self.idle_ns < CLOSES_AFTER_STREAM_S * 1e9):
                     # most likely the server's habit, not a crash: learn it
                     self.pool.closes_after_chunked.add(self.key)
+                    habit = True
             stale = self.reused and not self.got_bytes and not delivered
-            done(UpstreamError(why, stale=stale, delivered=delivered))
+            done(UpstreamError(why, stale=stale, delivered=delivered, habit=habit))
             return
         if self.pool.closing:  # the replica went with the server
             self._cut(client, req, done, self.pool.closing, 503, "unavailable_error", False)

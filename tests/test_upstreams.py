@@ -9,8 +9,10 @@ import socket
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
+from closing_server import ClosingServer
 from conftest import chat_body, free_port, wait_for
 
 CHAT = "/v1/chat/completions"
@@ -86,93 +88,15 @@ def test_an_unresolvable_upstream_host_is_a_warning_and_an_unhealthy_replica(
     assert "WARNING" in logs.split("cannot resolve host")[0].rsplit("\n", 1)[-1]
 
 
-class _ClosingServer:
-    """An OpenAI-compatible server that, like llama-server (cpp-httplib
-    after a streamed answer), answers one request per connection with no
-    ``Connection: close`` and then shuts the socket down a moment later,
-    whatever the client sent meanwhile (a FIN, then a reset for the unread
-    request). ``requests``: the requests it answered."""
-
-    def __init__(self, linger_s: float = 0.3, drain: bool = False) -> None:
-        import threading
-
-        self.linger_s = linger_s
-        self.drain = drain  # cpp-httplib's way: chunked answers, then FIN, read and drop, close
-        self.connections = 0
-        self.requests = 0
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        self.running = True
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        import threading
-
-        while self.running:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        import time
-
-        data = b""
-        conn.settimeout(5)
-        try:
-            while b"\r\n\r\n" not in data:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                data += chunk
-            head, _, body = data.partition(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            while len(body) < length:
-                body += conn.recv(65536)
-            answer = (b'{"id":"x","object":"chat.completion","model":"m","choices":[{"index":0,'
-                      b'"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}')
-            if self.drain:
-                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                             b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
-                             % (len(answer), answer))
-            else:
-                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                             b"content-length: %d\r\n\r\n%s" % (len(answer), answer))
-            self.requests += 1
-            time.sleep(self.linger_s)  # a next request may arrive now: never answered
-            if self.drain:
-                conn.shutdown(socket.SHUT_WR)
-                while conn.recv(65536):  # read and drop: no reset
-                    pass
-            else:
-                conn.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        finally:
-            conn.close()
-
-    def close(self) -> None:
-        self.running = False
-        self.sock.close()
-
-
 @pytest.fixture
 def closing_upstream(serve, tmp_path):
-    """``start(**kw) -> (upstream, server)``: a :class:`_ClosingServer` and a
+    """``start(**kw) -> (upstream, server)``: a :class:`closing_server.ClosingServer` and a
     ``ggmux serve`` (one proxy) with model ``m`` on it, serving; the
     upstream is closed after the test."""
     made = []
 
     def start(**kw):
-        upstream = _ClosingServer(**kw)
+        upstream = ClosingServer(**kw)
         made.append(upstream)
         preset = tmp_path / "p.ini"
         preset.write_text(f"[m]\nupstream = http://127.0.0.1:{upstream.port}\n")
@@ -213,3 +137,20 @@ def test_a_replica_that_closes_after_chunked_answers_gets_no_request_on_such_a_c
         status, _, body = s.request("POST", CHAT, chat_body("m"))
         assert status == 200, body
     assert upstream.connections - before >= 5  # a fresh connection each
+
+
+def test_a_request_lost_to_a_live_local_replicas_close_after_a_stream_is_sent_again(
+        serve, tmp_path):
+    # the same server as a local `cmd` model, and no chance to learn its
+    # habit first: the second request lands on the connection it is
+    # closing. Its process lives on, so it dropped the request unread (a
+    # replica that died with the request would be gone): sent again
+    script = Path(__file__).parent / "closing_server.py"
+    preset = tmp_path / "p.ini"
+    preset.write_text(f"[m]\ncmd = {sys.executable} {script} ${{PORT}} --drain --linger 0.05\n"
+                      "check-endpoint = /health\n")
+    s = serve("--models-preset", str(preset), "--no-hf-cache", "--proxies", "1", "--spares", "0")
+    for _ in range(4):  # back to back, the first one loads the model
+        status, _, body = s.request("POST", CHAT, chat_body("m"), timeout=60)
+        assert status == 200, body
+    assert "the replica lives on: sending the request again" in s.log_path.read_text()
