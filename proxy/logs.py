@@ -110,18 +110,27 @@ class LogTail:
             raise ValueError("negative")
         return n
 
-    def text(self, conn: HttpConnection, req: Request, model: str | None) -> None:
-        """``GET /logs``: the lines the ring holds, oldest first, as text."""
-        query = parse_qs(req.query.decode("latin-1"))
+    def _open(self, conn: HttpConnection, req: Request, default: int | None):
+        """``(ring, lines)`` for a ``/logs`` request (``lines``: its
+        ``?lines=``, else ``default``), or None once it got its error: 400
+        for a bad ``lines``, 503 when the ring is not there."""
         try:
-            n = self._lines_param(query, None)
+            n = self._lines_param(parse_qs(req.query.decode("latin-1")), default)
         except ValueError:
             conn.send_error(req, 400, "'lines' must be a whole number >= 0")
-            return
+            return None
         ring = self._ring()
         if ring is None:
             conn.send_error(req, 503, "the log ring is not available")
+            return None
+        return ring, n
+
+    def text(self, conn: HttpConnection, req: Request, model: str | None) -> None:
+        """``GET /logs``: the lines the ring holds, oldest first, as text."""
+        opened = self._open(conn, req, None)
+        if opened is None:
             return
+        ring, n = opened
         keep = model_filter(model)
         recs = [r for r in _decode(ring.read(None)[0]) if keep(r)]
         if n is not None:
@@ -133,16 +142,10 @@ class LogTail:
         """``GET /logs/stream``: SSE, one ``data: {record}`` per line, the
         last ``?lines=`` (default :data:`STREAM_BACKLOG`) first, then new
         lines as they come, for as long as the client stays."""
-        query = parse_qs(req.query.decode("latin-1"))
-        try:
-            n = self._lines_param(query, STREAM_BACKLOG)
-        except ValueError:
-            conn.send_error(req, 400, "'lines' must be a whole number >= 0")
+        opened = self._open(conn, req, STREAM_BACKLOG)
+        if opened is None:
             return
-        ring = self._ring()
-        if ring is None:
-            conn.send_error(req, 503, "the log ring is not available")
-            return
+        ring, n = opened
         keep = model_filter(model)
         if self.subs:
             self._flush()  # the others get what came since the last poll ...
