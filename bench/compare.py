@@ -1107,6 +1107,18 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def publish(report: dict[str, Any], header: str, table: str, out: Path | None) -> None:
+    """Print a harness's ``header`` and ``table``; with ``out``, write the
+    whole ``report`` there as JSON (folders made as needed)."""
+    print()
+    print(header)
+    print(table)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1))
+        print(f"results: {out}")
+
+
 def format_header(report: dict[str, Any]) -> str:
     """One line: when, where and how a report was measured."""
     m = report["machine"]
@@ -1322,13 +1334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cold": cold,
         "hot": hot,
     }
-    print()
-    print(format_header(report))
-    print(format_report(report))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1))
-        print(f"results: {args.out}")
+    publish(report, format_header(report), format_report(report), args.out)
     return 0
 
 

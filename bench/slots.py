@@ -81,6 +81,7 @@ from bench.compare import (
     ggmux_env,
     http_request,
     machine_info,
+    publish,
     remove_ggmux_ipc,
     settle,
     wait_ready,
@@ -583,13 +584,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "figures": figures(runs),
         "runs": runs,
     }
-    print()
-    print(format_header(report))
-    print(format_report(report))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1))
-        print(f"results: {args.out}")
+    publish(report, format_header(report), format_report(report), args.out)
     return 0
 
 
