@@ -36,6 +36,15 @@ def wait_for(cond, timeout: float = 10.0, interval: float = 0.01, what: str = "c
         time.sleep(interval)
 
 
+def connectable(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:``port``."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import chat_body, free_port, served_by, wait_for
+from conftest import chat_body, connectable, free_port, served_by, wait_for
 from ggmux.shm import layout as L
 
 CHAT = "/v1/chat/completions"
@@ -103,7 +102,7 @@ def test_remote_upstream_serves_alongside_a_local_replica(serve, fakes, tmp_path
         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for(lambda: _connectable(port), 20, 0.05, what="remote server")
+        wait_for(lambda: connectable(port), 20, 0.05, what="remote server")
         local = fakes.add("m", tokens=1)
         fakes.dir.joinpath("remote-behaviour.json").rename(tmp_path / "remote.json")
         s = serve("--models-preset",
@@ -126,9 +125,3 @@ def test_remote_upstream_serves_alongside_a_local_replica(serve, fakes, tmp_path
         remote.wait(10)
 
 
-def _connectable(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        return True
-    except OSError:
-        return False

@@ -5,7 +5,6 @@ that stops the server. The remote servers are real fake instances."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from collections import Counter
@@ -13,17 +12,9 @@ from pathlib import Path
 
 import pytest
 from closing_server import ClosingServer
-from conftest import chat_body, free_port, wait_for
+from conftest import chat_body, connectable, free_port, wait_for
 
 CHAT = "/v1/chat/completions"
-
-
-def _connectable(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        return True
-    except OSError:
-        return False
 
 
 @pytest.fixture
@@ -41,7 +32,7 @@ def remote_servers(fakes):
              "--name", name, "--port", str(port)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         ))
-        wait_for(lambda: _connectable(port), 20, 0.05, what=f"remote server {name}")
+        wait_for(lambda: connectable(port), 20, 0.05, what=f"remote server {name}")
         return port
 
     yield start
