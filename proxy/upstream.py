@@ -276,6 +276,19 @@ class Upstream(asyncio.Protocol):
             return True
         return False
 
+    def _closes_after_stream(self) -> bool:
+        """Whether the replica closed this connection within
+        :data:`CLOSES_AFTER_STREAM_S` of the chunked answer before (its
+        habit); the pool then remembers the replica so."""
+        if not (self._resp_chunked and self.idle_ns
+                and time.monotonic_ns() - self.idle_ns < CLOSES_AFTER_STREAM_S * 1e9):
+            return False
+        if self.key not in self.pool.closes_after_chunked:
+            log.info("replica %s closes its connection after a chunked answer: "
+                     "not pooled after one from now on", self.key)
+            self.pool.closes_after_chunked.add(self.key)
+        return True
+
     def _eof_settled(self) -> None:
         """:data:`EOF_SETTLE_S` after a close with no answer: a reset means
         the replica never read the request."""
@@ -296,11 +309,7 @@ class Upstream(asyncio.Protocol):
         self.closed = True
         self.pool.forget(self)
         if self.client is None:
-            if (self._resp_chunked and self.idle_ns and self.key not in self.pool.closes_after_chunked
-                    and time.monotonic_ns() - self.idle_ns < CLOSES_AFTER_STREAM_S * 1e9):
-                log.info("replica %s closes its connection after a chunked answer: "
-                         "not pooled after one from now on", self.key)
-                self.pool.closes_after_chunked.add(self.key)
+            self._closes_after_stream()
             return
         if self.until_close and self.head_sent and exc is None:
             self._complete()  # a close-delimited body ends here
@@ -600,11 +609,8 @@ class Upstream(asyncio.Protocol):
                 # the keep-alive race and a fresh one as delivered
                 acked = self.acked
                 delivered = acked >= self.sent_total if acked >= 0 else not self.reused
-                if (delivered and self.reused and self._resp_chunked
-                        and time.monotonic_ns() - self.idle_ns < CLOSES_AFTER_STREAM_S * 1e9):
-                    # most likely the server's habit, not a crash: learn it
-                    self.pool.closes_after_chunked.add(self.key)
-                    habit = True
+                # most likely the server's habit, not a crash
+                habit = delivered and self.reused and self._closes_after_stream()
             stale = self.reused and not self.got_bytes and not delivered
             done(UpstreamError(why, stale=stale, delivered=delivered, habit=habit))
             return
