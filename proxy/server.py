@@ -158,6 +158,7 @@ class Proxy(Forwarding):
                                                       self.errors))
         self.reload_seq = 0  # this proxy's reload requests
         self.reload_ids: list[str] = []  # the reloads the supervisor finished, newest last
+        self.reload_errors: dict[str, str] = {}  # id -> why, of those that failed
         self.page = Page()
         self.logtail = LogTail(self.loop, log_ring_name(shm))
         self.refresh()
@@ -184,6 +185,7 @@ class Proxy(Forwarding):
             self.errors = doc.get("errors", {})
             self.remotes = {int(k): v for k, v in doc.get("remotes", {}).items()}
             self.reload_ids = doc.get("reload_ids", ())
+            self.reload_errors = doc.get("reload_errors", {})
             self.cluster = doc.get("cluster")
             self.hop_slots = frozenset(k for k, v in self.remotes.items() if v.get("hop"))
             self.model_first_byte_ns = [
@@ -384,7 +386,9 @@ class Proxy(Forwarding):
         registry it publishes says this reload ran (its id in
         ``reload_ids``), so ``?reload=1`` answers with the new list (issue
         15). False after answering 503 when the queue is full or no answer
-        came within :data:`RELOAD_WAIT_S`."""
+        came within :data:`RELOAD_WAIT_S`, or 500 when the reload failed and
+        changed nothing (as llama-server's router answers the exception of a
+        reload: ``ex_wrapper``, ``server_error``; issue 23)."""
         self.reload_seq += 1
         rid = f"{os.getpid()}-{self.reload_seq}"
         if not self._command(conn, req, {"op": "reload", "id": rid}):
@@ -397,6 +401,11 @@ class Proxy(Forwarding):
                 return False
             await asyncio.sleep(0.01)
             self.refresh()
+        error = self.reload_errors.get(rid)
+        if error is not None:
+            conn.send_error(req, 500, f"reload failed, the models are unchanged: {error}",
+                            code="reload_failed")
+            return False
         return True
 
     async def _operator(self, conn: HttpConnection, req: Request) -> None:

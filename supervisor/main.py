@@ -42,6 +42,7 @@ from .probe import ProbeSet
 from .publish import Publisher
 from .reconcile import Reconciler
 from .registry import Registry
+from .reload import plan_reload
 from .remotes import Remotes
 from .replicas import Replicas, backoff_s, load_budget_s
 from .state import ModelRuntime, State
@@ -352,26 +353,36 @@ class Supervisor:
         reload). New models appear; removed ones stop being listed or routed
         and unload once idle; a model whose configuration changed keeps
         serving on its old replicas until they are idle, then reloads on the
-        next request. Nothing loads merely because of a reload. A source that
-        fails to parse leaves everything as it was (the error is logged).
-        ``rid``, a proxy's reload id, is published once the reload ran, so
-        ``GET /models?reload=1`` answers with the list it produced."""
+        next request. Nothing loads merely because of a reload. A reload
+        that fails (a source that does not parse, an alias two models claim)
+        changes nothing; the error is logged. ``rid``, a proxy's reload id,
+        is published once the reload ran, with the error when it failed
+        (``reload_errors``), so ``GET /models?reload=1`` answers with the
+        list it produced or says why there is none (issue 23)."""
         st = self.state
+        error = self._reload(why)
         if rid is not None:
             st.reload_ids.append(str(rid))
+            kept = set(st.reload_ids)
+            st.reload_errors = {k: v for k, v in st.reload_errors.items() if k in kept}
+            if error is not None:
+                st.reload_errors[str(rid)] = error
             st.errors_dirty = True  # republish the registry: the id, and the new list
-        self._reload(why)
 
-    def _reload(self, why: str) -> None:
+    def _reload(self, why: str) -> str | None:
+        """Rescan and apply; the error when the reload failed, else None."""
         if self.rebuild is None:
             log.warning("%s: no sources to rescan", why)
-            return
+            return None
         try:
             new = self.rebuild()
         except (OSError, ValueError) as e:
             log.error("%s: reload failed, keeping the current models: %s", why, e)
-            return
-        self._apply(new, why)
+            return str(e)
+        except Exception as e:  # a bug in a source's reader must not end the server
+            log.exception("%s: reload failed, keeping the current models", why)
+            return f"{type(e).__name__}: {e}"
+        return self._apply(new, why)
 
     def apply_cluster_entries(self, entries: list, why: str) -> None:
         """Cluster mode: make the registry's ``cluster``-kind entries (models
@@ -387,8 +398,11 @@ class Supervisor:
             return
         self._apply(new, why)
 
-    def _apply(self, new: Registry, why: str) -> None:
-        """Merge registry ``new`` into the running one (see :meth:`reload`)."""
+    def _apply(self, new: Registry, why: str) -> str | None:
+        """Merge registry ``new`` into the running one (see :meth:`reload`):
+        the merge is planned first (:func:`.reload.plan_reload`) and
+        committed only when it is valid. Returns the error of a merge that
+        failed (nothing changed), else None."""
         st = self.state
         if self.cluster is not None and why != "cluster":
             names = {e.name for e in new.entries}
@@ -399,47 +413,29 @@ class Supervisor:
                     new = Registry(new.entries + keep)
                 except ValueError:
                     pass
-        old = st.registry
-        entries = list(old.entries)
-        added, changed, removed = [], [], []
-        seen = set()
-        for e in new.entries:
-            i = old.by_name.get(e.name)
-            if i is None:
-                if len(entries) >= st.sizes.models:
-                    log.error("%s: no room for model %s (raise the model-row headroom)", why, e.name)
-                    continue
-                entries.append(e)
-                st.models.append(ModelRuntime())
-                added.append(e.name)
-                seen.add(len(entries) - 1)
-                continue
-            seen.add(i)
-            if i in st.removed:
-                st.removed.discard(i)
-                added.append(e.name)
-            if not _same_config(e, entries[i]):
-                entries[i] = e
-                changed.append(e.name)
-                st.models[i].measure = "pending"
-                st.models[i].mem_min = st.models[i].mem_max = None
-                st.stale |= {r.slot for r in st.replicas.values() if r.model == i}
-        for i, e in enumerate(entries):
-            if i not in seen and i not in st.removed:
-                st.removed.add(i)
-                removed.append(e.name)
-                st.models[i].requested_ns = 0
-                st.stale |= {r.slot for r in st.replicas.values() if r.model == i}
         try:
-            st.registry = Registry(entries)
+            plan = plan_reload(st.registry, st.removed, new, st.sizes.models)
         except ValueError as e:
             log.error("%s: reload failed, keeping the current models: %s", why, e)
-            return
+            return str(e)
+        for name in plan.skipped:
+            log.error("%s: no room for model %s (raise the model-row headroom)", why, name)
+        st.models.extend(ModelRuntime() for _ in range(plan.new_rows))
+        for i in plan.changed:
+            st.models[i].measure = "pending"
+            st.models[i].mem_min = st.models[i].mem_max = None
+        for i in plan.gone:
+            st.models[i].requested_ns = 0
+        outdated = plan.changed | plan.gone
+        st.stale |= {r.slot for r in st.replicas.values() if r.model in outdated}
+        st.registry, st.removed = plan.registry, plan.removed
         self.remotes.add()
         self.remotes.drop_removed()
         log.info("%s: reloaded models: %d added %s, %d changed %s, %d removed %s", why,
-                 len(added), added, len(changed), changed, len(removed), removed)
+                 len(plan.added), plan.added, len(plan.edited), plan.edited,
+                 len(plan.dropped), plan.dropped)
         st.errors_dirty = True
+        return None
 
     def load(self, m: int, why: str) -> None:
         """Queue an explicit load of model ``m`` (no-op when it is running)."""
@@ -530,14 +526,6 @@ class Supervisor:
                     continue
                 log.error("proxy %d exited with code %s: restarting", idx, code)
                 self._spawn_proxy(idx)
-
-
-def _same_config(a, b) -> bool:
-    """Entries equal but for where they were read (a preset edit shifts the
-    line numbers of every later section)."""
-    import dataclasses
-
-    return dataclasses.replace(a, source="") == dataclasses.replace(b, source="")
 
 
 def _noop(signum, frame) -> None:

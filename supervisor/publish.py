@@ -44,6 +44,7 @@ class Publisher:
                                   "prefix": u.path.rstrip("/"), "api_key": e.api_key}
         doc["remotes"] = remotes  # proxies only: the segment is mode 0600
         doc["reload_ids"] = list(st.reload_ids)  # the reloads done (GET /models?reload=1)
+        doc["reload_errors"] = dict(st.reload_errors)  # and why, for those that failed
         if st.cluster_doc is not None:
             doc["cluster"] = st.cluster_doc
         st.seg.write_registry(doc)

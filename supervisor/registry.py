@@ -589,9 +589,15 @@ class Registry:
     given to two models or equals another model's name (llama.cpp
     ``add_model``: "alias ... conflicts with ..."). An alias equal to the
     model's own name is dropped.
+
+    ``removed``: indices of models no source lists any more, whose rows a
+    reload keeps (:mod:`.reload`): their aliases resolve to nothing and are
+    free for other models, and so is their name as another model's alias
+    (llama.cpp's router forgets such a model on reload).
     """
 
-    def __init__(self, entries: list[ModelEntry]) -> None:
+    def __init__(self, entries: list[ModelEntry], removed: set[int] | frozenset[int] = frozenset()
+                 ) -> None:
         self.entries: list[ModelEntry] = []
         self.by_name: dict[str, int] = {}
         for e in entries:
@@ -604,8 +610,10 @@ class Registry:
         owner: dict[str, str] = {}
         for i, e in enumerate(self.entries):
             e.aliases = [a for a in dict.fromkeys(e.aliases) if a != e.name]
+            if i in removed:
+                continue
             for a in e.aliases:
-                if a in self.by_name:
+                if a in self.by_name and self.by_name[a] not in removed:
                     raise ValueError(
                         f"alias {a!r} of model {e.name!r} ({e.source}) is the name of another model"
                     )

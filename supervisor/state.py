@@ -145,6 +145,7 @@ class State:
         # ids of the last reloads asked by proxies (GET /models?reload=1), published
         # in the registry so each proxy answers once its reload ran
         self.reload_ids: deque[str] = deque(maxlen=RELOAD_IDS_KEPT)
+        self.reload_errors: dict[str, str] = {}  # id -> why, of those reloads that failed
 
     def name(self, model: int) -> str:
         """The model's name in the registry."""
