@@ -40,7 +40,7 @@ from .cluster.options import add_cluster_options
 from .cluster.options import from_args as cluster_options
 from .logs import install as install_ring_handler
 from .main import Config, StartupError, Supervisor
-from .presets import command_line_layer, load_preset, resolve
+from .presets import command_line_layer, llama_args_layer, load_preset, resolve
 from .registry import (
     ModelEntry,
     Registry,
@@ -131,10 +131,14 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     ap.add_argument("--version", action="version", version=f"ggmux {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the server", formatter_class=HelpFormatter,
+                       usage="ggmux serve [options] [-- LLAMA-SERVER-OPTIONS]",
                        description="Run the server. Every option can also be set as "
                        "GGMUX_<OPTION> in the environment (--models-max as "
                        "GGMUX_MODELS_MAX, flags as 1/0, --models-dir as a "
-                       f"'{os.pathsep}'-separated list); the command line wins.")
+                       f"'{os.pathsep}'-separated list); the command line wins. "
+                       "llama-server options after -- (--temp 0.7 --no-mmap) apply to "
+                       "every model, over every preset, as llama-server's router "
+                       "passes its own command line to every model.")
     s.add_argument("--host", default="127.0.0.1", help="address the proxies listen on")
     s.add_argument("--port", type=int, default=8080, help="public port")
     s.add_argument("--proxies", type=int, default=os.cpu_count() or 1,
@@ -156,6 +160,10 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                         "ggmux.instance.fake)")
     s.add_argument("--models-max", type=int, default=4,
                    help="most model replicas running at once (llama.cpp --models-max)")
+    s.add_argument("--models-autoload", action=argparse.BooleanOptionalAction, default=True,
+                   help="load a model when a request names it (llama.cpp --[no-]models-autoload); "
+                        "--no-models-autoload: only POST /models/load and load-on-startup load "
+                        "one, and requests for other models wait")
     # Model options: None when not given, so build_registry can tell a default
     # (under every source) from an explicit value (over every source, as
     # llama.cpp's router overlays its own command line on every preset).
@@ -285,7 +293,8 @@ def build_registry(args: argparse.Namespace) -> Registry:
     given = {"ctx-size": args.ctx_size, "threads": args.threads,
              "n-gpu-layers": args.n_gpu_layers, "stop-timeout": args.stop_timeout,
              "parallel": args.parallel, "kv-size": args.kv_size}
-    cli = command_line_layer({k: v for k, v in given.items() if v is not None})
+    cli = llama_args_layer(getattr(args, "llama_args", None) or [])
+    cli.update(command_line_layer({k: v for k, v in given.items() if v is not None}))
     ttl = getattr(args, "ttl", None)
     defaults = command_line_layer({"ttl": ttl} if ttl is not None else {})
     registry = Registry(resolve(entries, preset, cli, defaults=defaults))
@@ -371,6 +380,7 @@ def serve(args: argparse.Namespace) -> int:
                     "authenticated (the hop header is trusted from anyone, never as an API key)")
     cfg = Config(
         host=args.host, port=args.port, proxies=args.proxies, models_max=args.models_max,
+        models_autoload=args.models_autoload,
         stop_timeout=args.stop_timeout, load_timeout=args.load_timeout,
         load_wait=args.load_wait, shm_name=segment_name(args.port),
         mq_name=queue_name(args.port),
@@ -406,7 +416,13 @@ def serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    llama_args: list[str] = []
+    if "--" in argv and "serve" in argv[: argv.index("--")]:
+        # `ggmux serve [options] -- LLAMA-SERVER-OPTIONS`: for every model
+        argv, llama_args = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     args, extra = parser.parse_known_args(argv)
+    args.llama_args = llama_args
     if extra and args.command == "run" and not any(a.startswith("-") for a in extra):
         # `ggmux run NAME --completion "text"`: argparse gives the words after
         # an option to no positional (the prompt's nargs="*" matched none)

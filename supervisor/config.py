@@ -15,6 +15,7 @@ class Config:
     port: int = 8080
     proxies: int = 1
     models_max: int = 4
+    models_autoload: bool = True  # False: only explicit loads start a model (llama.cpp)
     stop_timeout: float = 10.0
     term_timeout: float = 5.0  # SIGTERM -> SIGKILL
     load_timeout: float | None = None  # None: 5 min + 20 s per GiB, capped at 6 h

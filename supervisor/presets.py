@@ -298,6 +298,40 @@ def command_line_layer(values: dict[str, object]) -> Layer:
     return {k: Opt(v, CLI_FILE, 0, "--" + k) for k, v in values.items()}
 
 
+def llama_args_layer(argv: list[str]) -> Layer:
+    """A layer from llama-server options given after ``--`` on ``ggmux
+    serve``'s command line (``["--temp", "0.8", "--no-mmap"]``), for every
+    model, over every preset: llama.cpp's router overlays its own command
+    line on every preset (``server_models::load_models``). Each option is
+    read as the preset key of the same name (``--temp 0.8`` as
+    ``temp = 0.8``; ``--key=value`` too; a flag takes no value). Raises
+    :class:`PresetError` (file ``command line``) for a word that is not an
+    option, an unknown option, a missing or bad value."""
+    layer: Layer = {}
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        name, eq, inline = word.lstrip("-").partition("=")
+        if not word.startswith("-") or not name:
+            raise PresetError(CLI_FILE, 0, f"expected a llama-server option after --, got {word!r}")
+        try:
+            _, opt, _ = normalise(name)
+        except KeyError:
+            raise PresetError(CLI_FILE, 0, f"unknown llama-server option {word!r}") from None
+        if opt is not None and opt.kind in ("flag", "bool"):
+            value, i = (inline if eq else "true"), i + 1
+        elif eq:
+            value, i = inline, i + 1
+        elif i + 1 < len(argv):
+            value, i = argv[i + 1], i + 2
+        else:
+            raise PresetError(CLI_FILE, 0, f"{word} needs a value")
+        parsed = parse_item(CLI_FILE, IniItem(name, value, 0))
+        if parsed is not None:
+            _merge_into(layer, *parsed)
+    return layer
+
+
 # ---- merging sources and presets ------------------------------------------------------------
 
 # keys that say which file a model is: a source's own value beats [*]'s

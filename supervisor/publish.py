@@ -45,6 +45,9 @@ class Publisher:
         doc["remotes"] = remotes  # proxies only: the segment is mode 0600
         doc["reload_ids"] = list(st.reload_ids)  # the reloads done (GET /models?reload=1)
         doc["reload_errors"] = dict(st.reload_errors)  # and why, for those that failed
+        # the router's own settings, for GET /props without a model (llama.cpp router)
+        doc["router"] = {"models_max": st.cfg.models_max,
+                         "models_autoload": st.cfg.models_autoload}
         if st.cluster_doc is not None:
             doc["cluster"] = st.cluster_doc
         st.seg.write_registry(doc)

@@ -60,11 +60,21 @@ class Reconciler:
                 r.wake_sent = r.child.send(b"wake\n")
                 log.info("waking %s (slot %d): %d waiting", st.name(r.model), r.slot,
                          int(counts[r.model]))
+        wanted = counts
+        if not st.cfg.models_autoload:
+            # llama.cpp's --no-models-autoload: requests wait for a running
+            # model; only an explicit load (POST /models/load, load-on-startup)
+            # starts one
+            wanted = counts.copy()
+            running = {r.model for r in st.replicas.values() if r.stop_stage == 0}
+            for i in range(len(wanted)):
+                if i not in running and not st.models[i].requested_ns:
+                    wanted[i] = 0
         # a model is loaded only once measured (or found unmeasurable)
         models = [
-            ModelView(int(i), int(counts[i]), int(first[i]), st.models[i].retry_at_ns,
+            ModelView(int(i), int(wanted[i]), int(first[i]), st.models[i].retry_at_ns,
                       st.registry.entries[i].replicas)
-            for i in np.flatnonzero(counts > 0)
+            for i in np.flatnonzero(wanted > 0)
             if st.registry.entries[i].kind not in ("upstream", "cluster")
             and (self.gate is None or self.gate(int(i)))
             and (st.models[i].measure in ("done", "failed")
