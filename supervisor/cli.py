@@ -414,13 +414,19 @@ def serve(args: argparse.Namespace) -> int:
         return 1
 
 
+def split_llama_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``ggmux serve [options] -- LLAMA-SERVER-OPTIONS``: ``(argv before
+    --, the llama-server options after it)``; ``(argv, [])`` without ``--``
+    or for another command."""
+    if "--" in argv and "serve" in argv[: argv.index("--")]:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, []
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    llama_args: list[str] = []
-    if "--" in argv and "serve" in argv[: argv.index("--")]:
-        # `ggmux serve [options] -- LLAMA-SERVER-OPTIONS`: for every model
-        argv, llama_args = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
+    argv, llama_args = split_llama_args(list(sys.argv[1:] if argv is None else argv))
     args, extra = parser.parse_known_args(argv)
     args.llama_args = llama_args
     if extra and args.command == "run" and not any(a.startswith("-") for a in extra):

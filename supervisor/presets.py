@@ -354,11 +354,13 @@ def resolve(
     (llama.cpp: "if a model exists in both cached and local, local takes
     precedence"). Every entry gets ``defaults``, then ``[*]`` (except its
     file keys), then its own section (merged key by key), then ``cli``. Sections naming no base entry are new models,
-    after the base ones in file order. A Hugging Face cache entry whose file
-    a preset section also names is listed once, under the section's name,
-    its cache name kept as an alias (llama.cpp's ``dedup-cache-models``,
-    which ggmux turns on by default; ``dedup-cache-models = false`` keeps
-    both). Raises :class:`PresetError`.
+    after the base ones in file order. With ``dedup-cache-models`` true (in
+    a section or ``[*]``; false by default, as in llama.cpp), a Hugging Face
+    cache entry whose file the section's ``hf-repo`` (or its draft's
+    ``spec-draft-hf``) resolves to is marked ``hidden``: left out of the
+    model lists, still served by its own name (llama.cpp
+    ``server_models::load_models``, "hiding cache model ... deduplicated by
+    a preset"). Raises :class:`PresetError`.
     """
     glob: Layer = preset.globals if preset else {}
     sections = {s.name: s for s in preset.sections} if preset else {}
@@ -368,7 +370,7 @@ def resolve(
     for e in base:
         merged_base[e.name] = e
     out: list[ModelEntry] = []
-    dedup: dict[int, bool] = {}  # index in out of a section entry -> dedup-cache-models
+    hide: set[str] = set()  # real paths of the files whose cache entries are hidden
     for e in merged_base.values():
         g = {
             k: o
@@ -378,8 +380,6 @@ def resolve(
         s = sections.get(e.name)
         layers = [defaults, g] + ([s.layer] if s else []) + [cli]
         source = f"preset:{preset.path}:{s.line}" if s else e.source
-        if s is not None:
-            dedup[len(out)] = bool(_value(layers, "dedup-cache-models", True))
         out.append(
             _materialise(
                 e.name,
@@ -391,6 +391,8 @@ def resolve(
                 preset.path if preset else "",
             )
         )
+        if s is not None:
+            hide |= _dedup_files(layers, out[-1], hf_cache)
     for s in sections.values():
         if s.name in merged_base:
             continue
@@ -402,7 +404,6 @@ def resolve(
                 + ", ".join(_NEEDS_ONE_OF),
             )
         layers = [defaults, glob, s.layer, cli]
-        dedup[len(out)] = bool(_value(layers, "dedup-cache-models", True))
         out.append(
             _materialise(
                 s.name,
@@ -414,7 +415,31 @@ def resolve(
                 preset.path,
             )
         )
-    return _dedup_cache(out, dedup)
+        hide |= _dedup_files(layers, out[-1], hf_cache)
+    for e in out:
+        if e.source == "hf-cache" and e.path and os.path.realpath(e.path) in hide:
+            e.hidden = True
+            log.info("hiding cached model %s (deduplicated by a preset)", e.name)
+    return out
+
+
+def _dedup_files(layers: list[Layer], e: ModelEntry, hf_cache: Path | None) -> set[str]:
+    """Real paths of the cache files a section with ``dedup-cache-models``
+    true names by ``hf-repo`` (its model, ``e``) and ``spec-draft-hf`` (its
+    draft, with ``spec-draft-model`` as the file, as llama.cpp reads it);
+    empty when the key is false or absent (llama.cpp's default)."""
+    if not _value(layers, "dedup-cache-models", False):
+        return set()
+    files = {os.path.realpath(e.path)} if _value(layers, "hf-repo", None) and e.path else set()
+    draft = _value(layers, "hf-repo-draft", None)
+    if draft:
+        try:
+            found = hf_cache_lookup(str(draft), _value(layers, "model-draft", None), hf_cache)
+        except ValueError:
+            found = None  # a malformed repo: the instance's load says so
+        if found is not None:
+            files.add(os.path.realpath(found[0]))
+    return files
 
 
 def _value(layers: list[Layer], key: str, default: object) -> object:
@@ -580,27 +605,3 @@ def _apply_field(e: ModelEntry, key: str, v: object) -> None:
         e.translate = bool(v)
     else:  # pragma: no cover - FIELDS and this switch are kept in step
         raise AssertionError(key)
-
-
-def _dedup_cache(entries: list[ModelEntry], dedup: dict[int, bool]) -> list[ModelEntry]:
-    cache = {
-        os.path.realpath(e.path): i
-        for i, e in enumerate(entries)
-        if e.source == "hf-cache" and e.path
-    }
-    if not cache:
-        return entries
-    explicit = {a for e in entries for a in e.aliases}
-    hidden: set[int] = set()
-    for i, on in dedup.items():
-        e = entries[i]
-        j = cache.get(os.path.realpath(e.path)) if e.path and on else None
-        if j is None or j == i or j in hidden:
-            continue
-        hidden.add(j)
-        name = entries[j].name
-        log.info("%s: listing cached model %s once, as %s", e.source, name, e.name)
-        if name not in explicit:
-            e.aliases.append(name)
-            explicit.add(name)
-    return [e for i, e in enumerate(entries) if i not in hidden]

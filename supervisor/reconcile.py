@@ -65,11 +65,13 @@ class Reconciler:
             # llama.cpp's --no-models-autoload: requests wait for a running
             # model; only an explicit load (POST /models/load, load-on-startup)
             # starts one
-            wanted = counts.copy()
             running = {r.model for r in st.replicas.values() if r.stop_stage == 0}
-            for i in range(len(wanted)):
-                if i not in running and not st.models[i].requested_ns:
-                    wanted[i] = 0
+            wanted = np.zeros_like(counts)
+            for i in running:
+                wanted[i] = counts[i]
+            for i, rt in enumerate(st.models):
+                if rt.requested_ns:
+                    wanted[i] = counts[i]
         # a model is loaded only once measured (or found unmeasurable)
         models = [
             ModelView(int(i), int(wanted[i]), int(first[i]), st.models[i].retry_at_ns,

@@ -78,7 +78,9 @@ class ModelEntry:
     ``translate`` translate the Anthropic and Responses APIs for a ``cmd`` or
     ``upstream`` model instead of passing them through (issue 14);
     ``source`` where the entry came from: ``"hf-cache"``, ``"dir:PATH"``,
-    ``"preset:FILE:LINE"``, ``"demo"``.
+    ``"preset:FILE:LINE"``, ``"demo"``; ``hidden`` a cache entry that a
+    preset's ``dedup-cache-models`` hides: served by its name, left out of
+    the model lists (llama.cpp).
     """
 
     name: str
@@ -109,6 +111,7 @@ class ModelEntry:
     instance_args: list[str] = field(default_factory=list)
     translate: bool = False
     source: str = ""
+    hidden: bool = False
 
     def public(self) -> dict:
         """The JSON the proxies see in the registry blob (and clients in
@@ -132,6 +135,7 @@ class ModelEntry:
             "check_endpoint": self.check_endpoint,
             "upstream": [_without_userinfo(u) for u in self.upstream],
             "translate": self.translate,
+            "hidden": self.hidden,
             "created": self.created(),
         }
 

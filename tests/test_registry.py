@@ -529,25 +529,37 @@ def test_a_later_models_dir_replaces_a_model_of_the_same_name(tmp_path, no_hub):
     assert reg.get("m").path == str(tmp_path / "d2" / "m.gguf")
 
 
-def test_a_cached_file_that_a_preset_names_is_listed_once_under_the_presets_name(tmp_path, hub):
+def test_dedup_cache_models_hides_the_cache_entries_of_a_presets_hf_repo_and_draft(tmp_path, hub):
+    """llama.cpp's dedup-cache-models: false by default; true hides (from
+    the lists, not from routing) the cache entries that the section's
+    hf-repo and spec-draft-hf resolve to; a `model = FILE` section hides
+    nothing (llama.cpp looks at hf-repo only)."""
     snap = cache_repo(hub, "org/repo", {"repo-Q4_K_M.gguf": 64, "repo-Q8_0.gguf": 128})
-    p = write(
-        tmp_path / "p.ini",
-        f"""
+    cache_repo(hub, "org/draft", {"draft-F16.gguf": 8})
+    body = f"""
 [fast]
 model = {snap}/repo-Q4_K_M.gguf
 c = 1024
 
 [big]
 hf-repo = org/repo:q8_0
-dedup-cache-models = false
-""",
-    )
+spec-draft-hf = org/draft
+"""
+    p = write(tmp_path / "p.ini", body)
     reg = registry("--models-preset", str(p))
-    assert sorted(e.name for e in reg.entries) == ["big", "fast", "org/repo:Q8_0"]
-    assert reg.canonical("org/repo:Q4_K_M") == "fast"  # the cache name still works
+    names = ["big", "fast", "org/draft:F16", "org/repo:Q4_K_M", "org/repo:Q8_0"]
+    assert sorted(e.name for e in reg.entries) == names
+    assert not any(e.hidden for e in reg.entries)  # llama.cpp's default: nothing hidden
     assert reg.get("big").path == str(snap / "repo-Q8_0.gguf")
     assert reg.get("big").size_bytes == 128
+    for where in ("[big]\n", "[*]\ndedup-cache-models = 1\n"):
+        text = (body.replace("[big]\n", "[big]\ndedup-cache-models = true\n")
+                if where == "[big]\n" else where + body)
+        reg = registry("--models-preset", str(write(tmp_path / "p.ini", text)))
+        assert sorted(e.name for e in reg.entries) == names  # every one still served
+        hidden = {e.name for e in reg.entries if e.hidden}
+        assert hidden == {"org/repo:Q8_0", "org/draft:F16"}, where
+        assert reg.doc()["models"][reg.resolve("org/repo:Q8_0")]["hidden"] is True
 
 
 def test_hf_repo_resolves_like_llama_cpp_default_quant_and_file(tmp_path, hub):
