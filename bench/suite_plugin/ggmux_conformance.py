@@ -7,7 +7,7 @@ server's requests or answers beyond what is said here:
 * ``ServerPreset.load_all`` (the session fixture that downloads every
   model once) does nothing: the run's fake Hugging Face cache holds them;
 * with ``GGMUX_CONFORMANCE_ADD_MODEL=1`` (the runner's default), a POST
-  body that names no ``model`` gets the served model's name, on a server
+  body that names no ``model`` (or ``null``) gets the served model's name, on a server
   started with one model: llama-server then serves it as before (one model:
   the name is not checked), and a router (ggmux) can route it. The name is
   the one the shim gives the model: the first ``--alias``, else the repo,
@@ -33,7 +33,7 @@ def _served_name(server) -> str | None:
 
 
 def _with_model(server, data):
-    if isinstance(data, dict) and "model" not in data:
+    if isinstance(data, dict) and data.get("model") is None:
         name = _served_name(server)
         if name is not None:
             return {**data, "model": name}
