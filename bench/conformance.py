@@ -84,13 +84,18 @@ def suite_tests(work: Path, source: Path | None) -> Path:
     """A copy in ``work`` of ``tools/server/tests`` of the llama.cpp tree
     (``source``, else the sdist's, downloaded into ``work`` when missing),
     with its ``tmp`` folder: the tests write there, and the tree stays as it
-    was unpacked."""
+    was unpacked. The copy keeps its place in a tree whose ``models`` is the
+    source's (the tests read ``../../../models/templates/*.jinja``)."""
     tree = source if source is not None else llama_server._source(work, sys.executable)
     src = tree / "tools" / "server" / "tests"
     if not (src / "utils.py").is_file():
         raise FileNotFoundError(f"{src} holds no utils.py: not llama.cpp's server tests")
-    tests = work / "tests"
+    copy = work / "llama.cpp"
+    tests = copy / "tools" / "server" / "tests"
     shutil.copytree(src, tests, dirs_exist_ok=True)
+    models = copy / "models"
+    if not models.is_symlink():
+        models.symlink_to(tree.resolve() / "models")
     (tests / "tmp").mkdir(exist_ok=True)
     return tests
 
