@@ -19,7 +19,7 @@ def _presets(fakes, tmp_path):
     removes model-a and gives its alias to a new model-c (llama.cpp's
     test_router_reload_models, where a cached model's name is that alias)."""
     x, y = fakes.add("x"), fakes.add("y")
-    before = f"[model-a]\nmodel = {x}\nalias = shared\n\n[model-b]\nmodel = {y}\n"
+    before = f"; a and b\n[model-a]\nmodel = {x}\nalias = shared\n\n[model-b]\nmodel = {y}\n"
     after = f"[model-b]\nmodel = {y}\n\n[model-c]\nmodel = {x}\nalias = shared\n"
     preset = tmp_path / "models.ini"
     preset.write_text(before)
@@ -52,22 +52,26 @@ def test_a_renamed_model_keeps_its_alias_through_reload_and_the_server_lives(
     assert s.request("POST", CHAT, chat_body("model-a"))[0] == 404
 
 
-def test_sighup_rename_with_the_alias_serves_the_new_model(serve, fakes, tmp_path):
+def test_sighup_and_watch_config_renames_with_the_alias_serve_the_new_model(
+        serve, fakes, tmp_path):
     preset, after = _presets(fakes, tmp_path)
-    s = serve("--models-preset", str(preset), "--proxies", "1")
-    preset.write_text(after)
+    s = serve("--models-preset", str(preset), "--proxies", "1", "--watch-config")
+    # an edit the watcher cannot see (same size, inode and mtime): only SIGHUP reloads
+    before, stat = preset.read_text(), preset.stat()
+    pad = len(before) - len(after) - 1
+    assert pad >= 1
+    preset.write_text(after + ";" + "-" * (pad - 1) + "\n")
+    os.utime(preset, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     s.proc.send_signal(signal.SIGHUP)
     wait_for(lambda: _listed(s) == {"model-b", "model-c"}, 10, what="reload by SIGHUP")
     _serves_c_through_the_alias(s)
-
-
-def test_watch_config_rename_with_the_alias_serves_the_new_model(serve, fakes, tmp_path):
-    preset, after = _presets(fakes, tmp_path)
-    s = serve("--models-preset", str(preset), "--proxies", "1", "--watch-config")
-    preset.write_text(after)
+    # --watch-config alone: model-c goes, model-e takes the alias
+    preset.write_text(after.replace("[model-c]", "[model-e]"))
     os.utime(preset, ns=(10**18, 10**18))  # a new mtime even on a coarse clock
-    wait_for(lambda: _listed(s) == {"model-b", "model-c"}, 10, what="reload by --watch-config")
-    _serves_c_through_the_alias(s)
+    wait_for(lambda: _listed(s) == {"model-b", "model-e"}, 10, what="reload by --watch-config")
+    st, _, body = s.request("POST", CHAT, chat_body("shared"))
+    assert st == 200 and served_by(body)[0] == "model-e", body
+    assert s.proc.poll() is None
 
 
 def test_a_failed_reload_answers_500_and_changes_nothing(serve, fakes, tmp_path):
