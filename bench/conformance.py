@@ -66,6 +66,8 @@ FILES = ("test_router", "test_chat_completion", "test_completion", "test_compat_
          "test_metrics")
 QUICK = ("test_router", "test_chat_completion", "test_compat_anthropic")
 FILE_TIMEOUT_S = 3600  # one file of the suite on one side
+TEST_TIMEOUT_S = 600  # one test (pytest-timeout): a hung test fails, the file goes on
+RUNNER_PACKAGES = ("pytest-timeout",)  # what the runner adds to the suite's requirements
 
 
 @dataclass(slots=True)
@@ -102,19 +104,24 @@ def suite_tests(work: Path, source: Path | None) -> Path:
 
 def suite_venv(work: Path, tests: Path) -> Path:
     """The python of a virtualenv with the suite's ``requirements.txt``
-    (made once; made again when the requirements change)."""
+    (made once; made again when the requirements change) and
+    :data:`RUNNER_PACKAGES`."""
     req = tests / "requirements.txt"
     venv = work / "venv"
     python = venv / "bin" / "python"
     stamp = venv / "requirements.sha256"
     digest = hashlib.sha256(req.read_bytes()).hexdigest()
-    if python.exists() and stamp.exists() and stamp.read_text() == digest:
-        return python
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    with open(work / "venv-pip.log", "w") as out:
-        subprocess.run([str(python), "-m", "pip", "install", "-r", str(req)], check=True,
-                       stdout=out, stderr=subprocess.STDOUT)
-    stamp.write_text(digest)
+    with open(work / "venv-pip.log", "a") as out:
+        if not (python.exists() and stamp.exists() and stamp.read_text() == digest):
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+            subprocess.run([str(python), "-m", "pip", "install", "-r", str(req)], check=True,
+                           stdout=out, stderr=subprocess.STDOUT)
+            stamp.write_text(digest)
+        have = subprocess.run([str(python), "-m", "pip", "show", "-q", *RUNNER_PACKAGES],
+                              check=False, capture_output=True)
+        if have.returncode != 0:
+            subprocess.run([str(python), "-m", "pip", "install", *RUNNER_PACKAGES], check=True,
+                           stdout=out, stderr=subprocess.STDOUT)
     return python
 
 
@@ -157,14 +164,15 @@ def side_env(side: str, binary: Path, cache: Path, work: Path) -> dict[str, str]
 
 
 def run_file(python: Path, tests: Path, name: str, side: str, env: dict[str, str],
-             work: Path, timeout: float) -> Path:
-    """Run ``unit/NAME.py`` (not the slow tests) on one side; the JUnit XML
-    path (its log beside it)."""
+             work: Path, timeout: float, test_timeout: float = TEST_TIMEOUT_S) -> Path:
+    """Run ``unit/NAME.py`` (not the slow tests) on one side, each test at
+    most ``test_timeout`` seconds; the JUnit XML path (its log beside it)."""
     results = work / "results" / side
     results.mkdir(parents=True, exist_ok=True)
     xml, logfile = results / f"{name}.xml", results / f"{name}.log"
     cmd = [str(python), "-m", "pytest", f"unit/{name}.py", "-m", "not slow", "-q", "-rN",
-           "-p", "ggmux_conformance", "-p", "no:cacheprovider", f"--junitxml={xml}"]
+           "-p", "ggmux_conformance", "-p", "no:cacheprovider", f"--junitxml={xml}",
+           f"--timeout={test_timeout:g}"]
     log.info("%s %s: %s", side, name, " ".join(cmd))
     with open(logfile, "w") as out:
         try:
@@ -288,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=WORK, help="sdist, venv, cache and results")
     ap.add_argument("--timeout", type=float, default=FILE_TIMEOUT_S,
                     help="seconds one file may run on one side")
+    ap.add_argument("--test-timeout", type=float, default=TEST_TIMEOUT_S,
+                    help="seconds one test may run (then it fails, and the file goes on)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     work = args.work.resolve()
@@ -311,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         for side in sides:
             for name in files:
                 env = side_env(side, binaries[side], cache, work)
-                run_file(python, tests, name, side, env, work, args.timeout)
+                run_file(python, tests, name, side, env, work, args.timeout, args.test_timeout)
                 clean_ipc(int(env["PORT"]))
         shutil.rmtree(work / "presets", ignore_errors=True)
     print(report(collect(work), work.parent / "conformance.json"))
