@@ -40,6 +40,7 @@ import logging
 import os
 import platform
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -65,7 +66,7 @@ FILES = ("test_router", "test_chat_completion", "test_completion", "test_compat_
          "test_compat_oai_responses", "test_tokenize", "test_embedding", "test_security",
          "test_metrics")
 QUICK = ("test_router", "test_chat_completion", "test_compat_anthropic")
-FILE_TIMEOUT_S = 3600  # one file of the suite on one side
+FILE_TIMEOUT_S = 4 * 3600  # one file of the suite on one side
 TEST_TIMEOUT_S = 600  # one test (pytest-timeout): a hung test fails, the file goes on
 RUNNER_PACKAGES = ("pytest-timeout",)  # what the runner adds to the suite's requirements
 
@@ -175,11 +176,21 @@ def run_file(python: Path, tests: Path, name: str, side: str, env: dict[str, str
            f"--timeout={test_timeout:g}"]
     log.info("%s %s: %s", side, name, " ".join(cmd))
     with open(logfile, "w") as out:
+        # a session of its own: a stopped run takes the servers it started along
+        proc = subprocess.Popen(cmd, cwd=tests, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         try:
-            subprocess.run(cmd, cwd=tests, env=env, stdout=out, stderr=subprocess.STDOUT,
-                           timeout=timeout, check=False)
+            proc.wait(timeout)
         except subprocess.TimeoutExpired:
             log.error("%s %s: still running after %.0f s, stopped", side, name, timeout)
+            os.kill(proc.pid, signal.SIGINT)  # pytest stops its servers and writes the XML
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # what is left of the session
+        proc.wait()
     return xml
 
 
