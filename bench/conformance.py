@@ -329,8 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         written = fake_hf_cache.build(cache, fake_hf_cache.demo_files())
         log.info("fake Hugging Face cache %s: %d files", cache, len(written))
         binaries["ggmux"] = shim_executable(work)
-        for side in sides:
-            for name in files:
+        for name in files:  # both sides of a file, then the next: pairs come one by one
+            for side in sides:
                 env = side_env(side, binaries[side], cache, work)
                 run_file(python, tests, name, side, env, work, args.timeout, args.test_timeout)
                 clean_ipc(int(env["PORT"]))
