@@ -158,6 +158,9 @@ def side_env(side: str, binary: Path, cache: Path, work: Path) -> dict[str, str]
         "GGMUX_SHIM_DIR": str(work / "presets"),
     })
     env.pop("HF_HOME", None)
+    # both engines' threads sleep instead of spinning while they wait: on a
+    # shared machine spinning threads slow every server down many times over
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return env
 
 
