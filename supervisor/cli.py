@@ -42,7 +42,7 @@ from ..proxy.limits import (
 )
 from ..shm.logring import MAX_RECORD
 from ..shm.segment import queue_name, segment_name
-from .client import add_client_commands, run_client
+from .client import add_client_commands, add_client_options, run_client
 from .cluster.options import add_cluster_options
 from .cluster.options import from_args as cluster_options
 from .logs import install as install_ring_handler
@@ -141,6 +141,8 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     ap = argparse.ArgumentParser(prog="ggmux", description="Many local GGUF models behind one "
                                  "OpenAI-compatible port.")
     ap.add_argument("--version", action="version", version=f"ggmux {__version__}")
+    add_client_options(ap.add_argument_group("client commands (before or after the command)"),
+                       top=True)
     sub = ap.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the server", formatter_class=HelpFormatter,
                        description="Run the server. Every option can also be set as "
@@ -531,6 +533,11 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "serve":
+        given = [o for o in ("url", "timeout", "max_answer_bytes")
+                 if getattr(args, o, None) is not None]
+        if given:
+            parser.error(f"--{given[0].replace('_', '-')} is an option of the client commands "
+                         "(ps, load, unload, logs, run), not of serve")
         hide_secrets(args, argv, environ, resumed)
         args.resumed = resumed
         return serve(args)
