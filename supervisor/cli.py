@@ -215,7 +215,8 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     s.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on every route "
                         "but /health and the web page (default: $GGMUX_API_KEY; none: open). On "
-                        "a command line any local user can read it (ps): prefer $GGMUX_API_KEY")
+                        "a command line any local user can read it (ps) until the server has "
+                        "started, and the shell's history keeps it: prefer $GGMUX_API_KEY")
     s.add_argument("--admin-key", default=None,
                    help="key for /models/load, /models/unload, reloads, /logs and the model "
                         "file paths in /props (default: $GGMUX_ADMIN_KEY; none: the API key)")

@@ -44,17 +44,25 @@ NO_ANSWER = NO_SERVER = 3
 # `ggmux run --completion` without --max-tokens: a base model (no end of
 # turn) would run until the context is full
 COMPLETION_MAX_TOKENS = 128
+# `ggmux run` without --timeout: its answer's head comes with the first
+# token (after the prompt is read and a slot is free), which may take long
+# on a CPU; the server's own --first-byte-timeout (600 s) answers 504 by then
+RUN_TIMEOUT_S = 600.0
 
 
 def client_from_args(args: argparse.Namespace) -> Client:
-    """The :class:`Client` that ``--url`` / ``$GGMUX_URL``, ``--timeout``,
-    ``--max-answer-bytes`` and the key variables name."""
+    """The :class:`Client` that ``--url`` / ``$GGMUX_URL``, ``--timeout``
+    (not given: the command's default, :data:`DEFAULT_TIMEOUT_S` or for
+    ``run`` :data:`RUN_TIMEOUT_S`), ``--max-answer-bytes`` and the key
+    variables name."""
     url = getattr(args, "url", None) or os.environ.get("GGMUX_URL") or DEFAULT_URL
     timeout = getattr(args, "timeout", None)
+    if timeout is None:
+        timeout = getattr(args, "default_timeout", DEFAULT_TIMEOUT_S)
     max_bytes = getattr(args, "max_answer_bytes", None)
     return Client(url, os.environ.get("GGMUX_API_KEY") or None,
                   os.environ.get("GGMUX_ADMIN_KEY") or None,
-                  DEFAULT_TIMEOUT_S if timeout is None else timeout,
+                  timeout,
                   MAX_ANSWER_BYTES if max_bytes is None else max_bytes)
 
 
@@ -71,9 +79,10 @@ def add_client_options(parser: argparse.ArgumentParser, top: bool) -> None:
                              "$GGMUX_ADMIN_KEY when set)")
     parser.add_argument("--timeout", type=float, metavar="S", **kw,
                         help=f"seconds the server has to connect, to answer and to send a "
-                             f"whole non-streamed answer (default: {DEFAULT_TIMEOUT_S:g}); a "
-                             "stream (run, logs -f, the wait of load and unload) lasts as "
-                             "long as it does once it began")
+                             f"whole non-streamed answer (default: {DEFAULT_TIMEOUT_S:g}; run: "
+                             f"{RUN_TIMEOUT_S:g} for its answer to begin); a stream (run, "
+                             "logs -f, the wait of load and unload) lasts as long as it does "
+                             "once it began")
     parser.add_argument("--max-answer-bytes", type=int, metavar="N", **kw,
                         help="largest non-streamed answer (and event of a stream) taken, "
                              f"bytes (default: {MAX_ANSWER_BYTES}, 16 MiB)")
@@ -120,7 +129,7 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--completion", action="store_true",
                    help="plain text completion (/v1/completions): for base models without "
                         "a chat template")
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=cmd_run, default_timeout=RUN_TIMEOUT_S)
 
 
 def run_client(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ that never shows a key and says each default once."""
 from __future__ import annotations
 
 import http.server
+import io
 import json
 import os
 import re
@@ -18,7 +19,7 @@ import pytest
 from conftest import chat_body, free_port, served_by, wait_for
 from ggmux import __version__
 from ggmux.shm import layout as L
-from ggmux.supervisor.cli import build_parser
+from ggmux.supervisor.cli import build_parser, main
 from ggmux.supervisor.client import ps_table
 
 
@@ -255,23 +256,30 @@ def test_serve_help_says_each_default_once():
     assert "(default: 4)" in helps["--models-max"]
 
 
-def test_client_options_go_before_or_after_the_command(serve, fakes):
+def test_client_options_go_before_or_after_the_command(serve, fakes, capsys, monkeypatch):
     """``--url``, ``--timeout`` and ``--max-answer-bytes`` are options of
     ``ggmux`` and of each client command alike; after the command wins."""
     fakes.add("alpha", tokens=2)
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0")
     nowhere = f"http://127.0.0.1:{free_port()}"
-    for args in (("--url", s.base, "ps", "--all"), ("ps", "--all", "--url", s.base),
-                 ("--url", nowhere, "--timeout", "5", "ps", "--url", s.base, "--all"),
-                 ("--timeout=5", "--max-answer-bytes", "100000", "run", "alpha", "hi",
-                  "--url", s.base)):
-        r = ggmux(*args, url=nowhere)
-        assert r.returncode == 0 and "alpha" in r.stdout, (args, r)
-    r = ggmux("--url", s.base, "--max-answer-bytes", "10", "ps")
-    assert r.returncode == 3 and "over the 10 bytes cap (--max-answer-bytes)" in r.stderr, r
-    r = ggmux("--url", s.base, "serve")
-    assert r.returncode == 2 and "--url is an option of the client commands" in r.stderr
-    assert ggmux("--timeout", "0", "ps", url=s.base).returncode == 2
+    r = ggmux("--url", s.base, "ps", "--all", url=nowhere)
+    assert r.returncode == 0 and "alpha" in r.stdout, r
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    for args, rc, out in (
+            (("ps", "--all", "--url", s.base), 0, "alpha"),
+            (("--url", nowhere, "--timeout", "5", "ps", "--url", s.base, "--all"), 0, "alpha"),
+            (("--timeout=5", "--max-answer-bytes", "100000", "run", "alpha", "hi", "--url",
+              s.base), 0, "[alpha:"),
+            (("--url", s.base, "--max-answer-bytes", "10", "ps"), 3,
+             "over the 10 bytes cap (--max-answer-bytes)"),
+            (("--timeout", "0", "ps", "--url", s.base), 2, "must be above 0")):
+        capsys.readouterr()
+        assert main(list(args)) == rc, args
+        assert out in "".join(capsys.readouterr()), args
+    with pytest.raises(SystemExit) as e:
+        main(["--url", s.base, "serve"])
+    assert e.value.code == 2 and "--url is an option of the client commands" in \
+        capsys.readouterr().err
 
 
 def test_ps_table_says_when_nothing_runs_and_shows_odd_fields_as_dashes():

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
-from ggmux.supervisor.cli import main
+from ggmux.supervisor.cli import build_parser, main
+from ggmux.supervisor.client import client_from_args
 from test_cli import ggmux
 
 Answer = Callable[[socket.socket, threading.Event], None]
@@ -212,6 +213,17 @@ def test_a_stream_that_began_may_pause_longer_than_the_timeout(bad_server, cli):
     r = cli("logs", "-f", "--timeout", "0.3", "--url", s.url)
     assert r.returncode == 0 and r.stdout.endswith("INFO [x] a line\n"), r
     assert "Traceback" not in r.stderr
+
+
+def test_run_waits_longer_than_the_other_commands_for_its_answer_to_begin():
+    """The head of ``run``'s answer comes with the first token (after the
+    prompt is read, once a slot is free): 600 s unless ``--timeout``."""
+    parse = build_parser({}).parse_args
+    assert client_from_args(parse(["ps"])).timeout == 10
+    assert client_from_args(parse(["run", "m"])).timeout == 600
+    assert client_from_args(parse(["--timeout", "3", "run", "m"])).timeout == 3
+    assert client_from_args(parse(["run", "m", "--timeout", "4"])).timeout == 4
+    assert client_from_args(parse(["--timeout", "3", "load", "m", "--timeout", "5"])).timeout == 5
 
 
 def test_the_load_wait_ends_at_its_deadline_on_a_silent_event_stream(bad_server, cli):
