@@ -392,8 +392,15 @@ def hide_secrets(args: argparse.Namespace, argv: list[str], environ: Mapping[str
     if resumed or not _shown(title, on_argv):
         return
     fd = _argv_fd({"argv": argv, "env": env_secrets})
-    os.execve(sys.executable, [sys.executable, "-m", "ggmux.supervisor", ARGV_FD, str(fd)],
-              scrub_env(dict(os.environ)))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execve(sys.executable, [sys.executable, "-m", "ggmux.supervisor", ARGV_FD, str(fd)],
+                  scrub_env(dict(os.environ)))
+    except OSError as e:  # no interpreter to start (an embedded Python): go on as we are
+        os.close(fd)
+        print(f"ggmux: warning: a secret shows in /proc/{os.getpid()} and ggmux could not "
+              f"start itself again without it ({e})", file=sys.stderr)
 
 
 def _shown(title: str, on_argv: bool) -> bool:
@@ -448,8 +455,8 @@ def serve(args: argparse.Namespace) -> int:
     )
     install_ring_handler()  # start-up lines too reach GET /logs
     if getattr(args, "resumed", False):
-        log.info("started again without its secrets in its environment (setproctitle could "
-                 "not overwrite it): ps and /proc show none")
+        log.info("started again without its secrets in its command line or environment "
+                 "(setproctitle could not overwrite them): ps and /proc show none")
     pristine = copy.copy(args)  # build_registry fills defaults into what it is given
     try:
         registry = build_registry(args)

@@ -38,6 +38,7 @@ from .http_client import (
     items,
     json_kind,
     number,
+    parse_json,
 )
 
 NO_ANSWER = NO_SERVER = 3
@@ -225,7 +226,11 @@ def cmd_ps(client: Client, args: argparse.Namespace) -> int:
     doc = client.object("GET", "/ps")
     items(client, "GET", "/ps", doc, "models", ("id", "state"))
     if args.json:
-        print(json.dumps(doc, indent=2))
+        try:
+            text = json.dumps(doc, indent=2)
+        except RecursionError:
+            raise client.shape("GET", "/ps", "JSON nested too deep") from None
+        print(text)
     else:
         sys.stdout.write(ps_table(doc, every=args.all))
     return 0
@@ -254,7 +259,7 @@ def _wait_state(client: Client, name: str, want: tuple[str, ...], wait: float,
             if event != "model":
                 continue
             try:
-                doc = json.loads(data)
+                doc = parse_json(data)
             except ValueError:
                 raise client.shape("GET", "/models/sse",
                                    f"an event that is not JSON ({data[:60]!r})") from None
@@ -325,7 +330,7 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
         if event == "comment":
             continue
         try:
-            rec = json.loads(data)
+            rec = parse_json(data)
         except ValueError:
             continue
         if isinstance(rec, dict):  # a time that is not a number shows as the epoch
@@ -366,7 +371,7 @@ def _pieces(client: Client, path: str, data: str) -> list[str]:
     ``text``, one per choice); an error event is a :class:`ServerError`,
     a chunk of another shape :class:`NoAnswer`."""
     try:
-        chunk = json.loads(data)
+        chunk = parse_json(data)
     except ValueError:
         raise client.shape("POST", path, f"an event that is not JSON ({data[:60]!r})") from None
     if not isinstance(chunk, dict):

@@ -120,6 +120,8 @@ class Client:
         if resp.status >= 400:
             try:
                 text = self._body(resp, sock, method, path, deadline, ERROR_BODY_BYTES, True)
+            except NoAnswer:  # the status is the answer; its message did not come
+                text = b""
             finally:
                 conn.close()
             raise ServerError(resp.status, error_message(text) or f"HTTP {resp.status}")
@@ -163,8 +165,9 @@ class Client:
             data = self._body(resp, sock, method, path, deadline, self.max_bytes)
         finally:
             resp.close()
+            sock.close()
         try:
-            return json.loads(data) if data.strip() else None
+            return parse_json(data) if data.strip() else None
         except ValueError:
             raise self.shape(method, path, f"not JSON ({data[:60]!r})") from None
 
@@ -181,6 +184,7 @@ class Client:
             data = self._body(resp, sock, "GET", path, deadline, self.max_bytes)
         finally:
             resp.close()
+            sock.close()
         return data.decode("utf-8", "replace")
 
     def events(self, method: str, path: str, body=None, admin: bool = False,
@@ -233,6 +237,7 @@ class Client:
                         data.append(value)
         finally:
             resp.close()
+            sock.close()
 
 
 def json_kind(doc) -> str:
@@ -241,11 +246,19 @@ def json_kind(doc) -> str:
             type(None): "null"}.get(type(doc), "number")
 
 
+def parse_json(data: bytes | str):
+    """``json.loads``, with nesting too deep for it a ``ValueError`` too."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None
+
+
 def error_message(body: bytes) -> str:
     """The message of an error answer: its envelope's ``error.message`` (or
     ``error`` text), else the body's first 500 characters."""
     try:
-        doc = json.loads(body)
+        doc = parse_json(body)
     except ValueError:
         return body.decode("utf-8", "replace").strip()[:500]
     if isinstance(doc, dict):

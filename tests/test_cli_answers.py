@@ -158,10 +158,11 @@ def assert_no_usable_answer(r, *words: str) -> None:
     (body(b'{"models": {"id": "m"}}'), ("'models' is a JSON object, not an array",)),
     (body(b'{"data": []}'), ("no 'models'",)),
     (body(b"<html>hello</html>", "text/html"), ("not JSON", "<html>")),
+    (body(b"[" * 100000 + b"]" * 100000), ("not JSON",)),
     (silent, ("nothing within 0.5 s (--timeout)",)),
     (announced_600_mb, ("600 MiB announced, over the 16 MiB cap (--max-answer-bytes)",)),
     (endless_chunks, ("over the 16 MiB cap (--max-answer-bytes)",)),
-], ids=["array", "no-id", "no-state", "models-object", "no-models", "html", "silent",
+], ids=["array", "no-id", "no-state", "models-object", "no-models", "html", "deep", "silent",
         "600-mb", "endless"])
 def test_ps_says_in_one_line_that_the_answer_is_unusable(bad_server, cli, answer, words):
     s = bad_server(answer)
