@@ -5,6 +5,9 @@
 Every ``serve`` option can be given as ``GGMUX_<OPTION>`` in the environment
 (``--models-max`` as ``GGMUX_MODELS_MAX``; containers), the command line
 winning: :func:`apply_env_defaults`.
+
+No secret stays in the supervisor's own command line or environment block
+(``ps``, ``/proc/PID/cmdline``, ``/proc/PID/environ``): :func:`hide_secrets`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,11 @@ import importlib.util
 import logging
 import os
 import sys
+from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import urlsplit
 
+import orjson
 from setproctitle import setproctitle
 
 from .. import __version__
@@ -24,7 +31,7 @@ from ..instance.validate import (
     request_limit_argv,
     request_limits_from_args,
 )
-from ..proxy.auth import scrub_env
+from ..proxy.auth import keys_pipe, read_keys, scrub_env
 from ..proxy.limits import (
     INSTANCE_LIMIT_NAMES,
     add_http_limit_options,
@@ -35,7 +42,7 @@ from ..proxy.limits import (
 )
 from ..shm.logring import MAX_RECORD
 from ..shm.segment import queue_name, segment_name
-from .client import add_client_commands, run_client
+from .client import add_client_commands, add_client_options, run_client
 from .cluster.options import add_cluster_options
 from .cluster.options import from_args as cluster_options
 from .logs import install as install_ring_handler
@@ -61,6 +68,11 @@ _DEFAULTS = ModelEntry(name="", path="")  # ggmux's per-model defaults
 SECRET_OPTIONS = frozenset(("api_key", "admin_key", "cluster_token", "nats_password",
                             "nats_token"))
 """Options whose value is never printed (``--help`` names their variable)."""
+
+ARGV_FD = "--argv-fd"
+"""First argument of a supervisor that :func:`hide_secrets` started again:
+its real arguments and secret variables come through this inherited
+descriptor (internal, never typed)."""
 
 _TRUE = frozenset(("1", "true", "yes", "on"))
 _FALSE = frozenset(("0", "false", "no", "off", ""))
@@ -129,6 +141,8 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     ap = argparse.ArgumentParser(prog="ggmux", description="Many local GGUF models behind one "
                                  "OpenAI-compatible port.")
     ap.add_argument("--version", action="version", version=f"ggmux {__version__}")
+    add_client_options(ap.add_argument_group("client commands (before or after the command)"),
+                       top=True)
     sub = ap.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the server", formatter_class=HelpFormatter,
                        description="Run the server. Every option can also be set as "
@@ -201,7 +215,8 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     s.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on every route "
                         "but /health and the web page (default: $GGMUX_API_KEY; none: open). On "
-                        "a command line any local user can read it (ps): prefer $GGMUX_API_KEY")
+                        "a command line any local user can read it (ps) until the server has "
+                        "started, and the shell's history keeps it: prefer $GGMUX_API_KEY")
     s.add_argument("--admin-key", default=None,
                    help="key for /models/load, /models/unload, reloads, /logs and the model "
                         "file paths in /props (default: $GGMUX_ADMIN_KEY; none: the API key)")
@@ -333,12 +348,115 @@ def keys_from(args: argparse.Namespace) -> dict[str, str]:
     return {k: v for k, v in keys.items() if v}
 
 
+def secret_values(args: argparse.Namespace) -> list[str]:
+    """The secrets ``serve`` was given, however given (``--opt VALUE``,
+    ``--opt=VALUE``, ``$GGMUX_OPT``: the parser reads the variables): the
+    values of :data:`SECRET_OPTIONS` and the password of a ``--cluster``
+    URL (its user name when it has no password: ``nats://TOKEN@HOST``)."""
+    out = [v for dest in sorted(SECRET_OPTIONS) if (v := getattr(args, dest, None))]
+    url = getattr(args, "cluster", None)
+    if url:
+        u = urlsplit(url)
+        credential = u.password if u.password is not None else u.username
+        if credential:
+            out.append(credential)
+    return out
+
+
+def hide_secrets(args: argparse.Namespace, argv: list[str], environ: Mapping[str, str],
+                 resumed: bool = False) -> None:
+    """Leave no secret in this process's command line nor environment block
+    (issue 18, finding 7): both stay readable through ``ps`` and
+    ``/proc/PID/cmdline`` (anyone), ``/proc/PID/environ`` (the same user)
+    for the whole run, and deleting a variable from ``os.environ`` erases
+    nothing there.
+
+    Called before anything changes the environment: setproctitle's title
+    takes over the memory of the original arguments and environment and
+    zeroes the rest of it (a variable deleted first made it silently do
+    nothing). Where that leaves a secret showing (``$SPT_NOENV``, an
+    environment not where setproctitle expects it), the process starts
+    itself again with :func:`os.execve` (the same pid, so a parent's
+    bookkeeping and ``kill`` keep working): no secret variable in its
+    environment, its arguments read from an inherited descriptor
+    (``--argv-fd``, :data:`ARGV_FD`; ``resumed`` is then True and nothing
+    is started again). No-op without secrets, and where ``/proc`` is
+    missing (the title is still set)."""
+    env_secrets = {k: v for k, v in environ.items() if k not in scrub_env(dict(environ))}
+    values = secret_values(args)
+    if not values and not env_secrets:
+        return
+    title = f"ggmux: supervisor {args.host}:{args.port}"
+    setproctitle(title)
+    on_argv = any(v in a for a in argv for v in values)
+    if resumed or not _shown(title, on_argv):
+        return
+    fd = _argv_fd({"argv": argv, "env": env_secrets})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execve(sys.executable, [sys.executable, "-m", "ggmux.supervisor", ARGV_FD, str(fd)],
+                  scrub_env(dict(os.environ)))
+    except OSError as e:  # no interpreter to start (an embedded Python): go on as we are
+        os.close(fd)
+        print(f"ggmux: warning: a secret shows in /proc/{os.getpid()} and ggmux could not "
+              f"start itself again without it ({e})", file=sys.stderr)
+
+
+def _shown(title: str, on_argv: bool) -> bool:
+    """Whether ``/proc/self`` still shows a secret: the original arguments
+    (``on_argv``: they held one) or a secret variable."""
+    try:
+        cmdline = Path("/proc/self/cmdline").read_bytes()
+        block = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        return False  # no /proc: nothing shows it there
+    if on_argv and cmdline.rstrip(b"\0") != title.encode():
+        return True
+    env = dict(e.partition("=")[::2] for e in block.decode("utf-8", "replace").split("\0") if e)
+    return env != scrub_env(env)
+
+
+def _argv_fd(doc: dict) -> int:
+    """An inheritable descriptor to read ``doc`` from (:func:`read_keys`):
+    a memory file where Linux has one (no size limit), else a pipe."""
+    if not hasattr(os, "memfd_create"):
+        fd = keys_pipe(doc)
+    else:
+        fd = os.memfd_create("ggmux-argv", 0)
+        data = orjson.dumps(doc)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    os.set_inheritable(fd, True)
+    return fd
+
+
+def resumed_argv(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """What :func:`hide_secrets` handed a supervisor started again
+    (``argv`` is ``[ARGV_FD, FD]``): its arguments, and the environment to
+    read the ``GGMUX_*`` defaults from (this one plus the secret variables,
+    which stay out of ``os.environ``). Raises ``ValueError`` for anything
+    else."""
+    try:
+        doc = read_keys(int(argv[1]))
+        args = [str(a) for a in doc["argv"]]
+        env = {str(k): str(v) for k, v in doc["env"].items()}
+    except (AttributeError, IndexError, KeyError, OSError, TypeError, ValueError) as e:
+        raise ValueError(f"{ARGV_FD} is internal to ggmux ({e})") from None
+    return args, {**os.environ, **env}
+
+
 def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     install_ring_handler()  # start-up lines too reach GET /logs
+    if getattr(args, "resumed", False):
+        log.info("started again without its secrets in its command line or environment "
+                 "(setproctitle could not overwrite them): ps and /proc show none")
     pristine = copy.copy(args)  # build_registry fills defaults into what it is given
     try:
         registry = build_registry(args)
@@ -405,7 +523,16 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    environ: Mapping[str, str] = os.environ
+    resumed = argv[:1] == [ARGV_FD]
+    if resumed:  # started again by hide_secrets
+        try:
+            argv, environ = resumed_argv(argv)
+        except ValueError as e:
+            print(f"ggmux: {e}", file=sys.stderr)
+            return 2
+    parser = build_parser(dict(environ))
     args, extra = parser.parse_known_args(argv)
     if extra and args.command == "run" and not any(a.startswith("-") for a in extra):
         # `ggmux run NAME --completion "text"`: argparse gives the words after
@@ -414,6 +541,13 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "serve":
+        given = [o for o in ("url", "timeout", "max_answer_bytes")
+                 if getattr(args, o, None) is not None]
+        if given:
+            parser.error(f"--{given[0].replace('_', '-')} is an option of the client commands "
+                         "(ps, load, unload, logs, run), not of serve")
+        hide_secrets(args, argv, environ, resumed)
+        args.resumed = resumed
         return serve(args)
     return run_client(args)
 
