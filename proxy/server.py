@@ -4,7 +4,7 @@ N identical workers bind the public address with ``SO_REUSEPORT``; the
 kernel spreads connections over them. A worker resolves the request's model
 through the registry blob, picks a replica from the shared-memory tables
 (:mod:`ggmux.proxy.balancer`) and forwards bytes
-(:mod:`ggmux.proxy.upstream`). It never decides to load or evict: for a
+(:mod:`ggmux.proxy.http.upstream`). It never decides to load or evict: for a
 model with no ready replica it registers a waiter in its waiters row and
 asks the supervisor through the command queue, then waits to be woken (the
 supervisor writes a byte on the worker's stdin after every generation bump;
@@ -66,12 +66,12 @@ from .http import (
     Request,
     json_object,
 )
+from .http.pool import UpstreamPool
 from .listing import ModelEvents, models_list
 from .logs import LogTail
 from .metrics import metrics_text, scrape_replicas
 from .overview import overview
 from .page import Page
-from .pool import UpstreamPool
 from .waiting import ModelWaiters
 
 log = logging.getLogger("ggmux.proxy")

@@ -1,6 +1,6 @@
 """One parsed HTTP request (:class:`Request`) and reading its body as JSON.
 
-The HTTP core (:mod:`.http`) fills a :class:`Request` from its parser
+The HTTP core (:mod:`.connection`) fills a :class:`Request` from its parser
 callbacks (:mod:`.reading`); handlers read it.
 """
 
@@ -8,12 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from random import getrandbits
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import orjson
-
-if TYPE_CHECKING:
-    from .http import HttpConnection
 
 Header = tuple[bytes, bytes]
 
@@ -113,7 +110,14 @@ class Request:
         return default
 
 
-def json_object(conn: HttpConnection, req: Request) -> dict | None:
+class Answering(Protocol):
+    """What :func:`json_object` needs of a connection
+    (:class:`~.connection.HttpConnection`): answering with an error."""
+
+    def send_error(self, req: Request, status: int, message: str) -> None: ...
+
+
+def json_object(conn: Answering, req: Request) -> dict | None:
     """The request body as a JSON object, or None after answering 400
     (malformed JSON, invalid UTF-8, or JSON that is not an object)."""
     try:
