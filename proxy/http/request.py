@@ -14,7 +14,7 @@ import orjson
 
 Header = tuple[bytes, bytes]
 
-# cluster mode's headers (DESIGN.md "Cluster", :mod:`.cluster`): the hop
+# cluster mode's headers (DESIGN.md "Cluster", :mod:`ggmux.proxy.cluster`): the hop
 # header and the cluster token. The parser marks a request that carries
 # either (``Request.hop_marked``); no replica ever gets them
 HOP = b"x-ggmux-hop"

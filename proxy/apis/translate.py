@@ -33,8 +33,8 @@ from collections.abc import Iterable
 
 import orjson
 
+from ..http import Header, HttpConnection, Request
 from .adapters.common import Adapter, BadReply, SseEvents, StreamState, Translated
-from .http import Header, HttpConnection, Request
 
 log = logging.getLogger(__name__)
 
