@@ -68,10 +68,10 @@ from .http import (
 )
 from .http.pool import UpstreamPool
 from .listing import ModelEvents, models_list
-from .logs import LogTail
 from .metrics import metrics_text, scrape_replicas
-from .overview import overview
-from .page import Page
+from .operator.logs import LogTail
+from .operator.overview import overview
+from .operator.page import Page
 from .waiting import ModelWaiters
 
 log = logging.getLogger("ggmux.proxy")
@@ -400,8 +400,8 @@ class Proxy(Forwarding):
         return True
 
     async def _operator(self, conn: HttpConnection, req: Request) -> None:
-        """``GET /ps`` (:mod:`.overview`), ``GET /logs`` and
-        ``/logs/stream`` (:mod:`.logs`; ``?model=`` a name or alias)."""
+        """``GET /ps`` (:mod:`.operator.overview`), ``GET /logs`` and
+        ``/logs/stream`` (:mod:`.operator.logs`; ``?model=`` a name or alias)."""
         self.refresh()
         if req.path == b"/ps":
             conn.send_json(req, 200, overview(self.seg, self.reg_models, self.model_rows,
