@@ -22,7 +22,7 @@ Issue 11: with a secret (from the supervisor's ``--keys-fd`` pipe, or a
 spare's ``load`` command) every route but ``/health`` needs it as the bearer
 token (401 otherwise), so no local user can go around ggmux's API key. An
 answer that did nothing for its request (stopping, asleep) is 503 marked
-``refused`` in :data:`~ggmux.proxy.balancer.REPLICA_HEADER` (the proxy may
+``refused`` in :data:`~ggmux.proxy.http.verdict.REPLICA_HEADER` (the proxy may
 send it to another replica); a :class:`ReplicaFault` is answered 500 marked
 ``fault`` (it counts against the replica's circuit); any other error is the
 request's.
@@ -47,14 +47,14 @@ import orjson
 from setproctitle import setproctitle
 
 from ..proxy.auth import authorized, read_keys
-from ..proxy.balancer import REPLICA_HEADER
 from ..proxy.http import HttpConnection, Request, json_object
-from ..proxy.limits import (
+from ..proxy.http.limits import (
     INSTANCE_LIMIT_NAMES,
     add_http_limit_options,
     instance_limits,
     limits_from_args,
 )
+from ..proxy.http.verdict import REPLICA_HEADER
 from . import protocol
 from .backend import Backend, ReplicaFault
 from .validate import BadRequest, RequestLimits, add_request_limit_options

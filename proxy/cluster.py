@@ -26,7 +26,7 @@ import hmac
 import time
 
 from .http import HttpConnection, Request
-from .request import HOP, TOKEN
+from .http.request import HOP, TOKEN
 
 HOP_NONE = 0  # an ordinary request
 HOP_LOOP = 1  # forwarded by a node, no token configured: served locally, key still needed

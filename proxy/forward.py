@@ -1,6 +1,6 @@
 """Forwarding a request to a replica: the forwarding half of
 :class:`~ggmux.proxy.server.Proxy` (a mixin, as
-:class:`~ggmux.proxy.reading.RequestReader` is of the HTTP connection).
+:class:`~ggmux.proxy.http.reading.RequestReader` is of the HTTP connection).
 
 Two paths: :meth:`Forwarding.fast` forwards, from the parser's callback and
 with no task or coroutine, a request for a model that one local replica
@@ -41,7 +41,7 @@ from . import answers, passthrough
 from .balancer import CLOSED, candidates_from_shm, choose, open_until, session_key
 from .cluster import HOP_TRUSTED, hop_headers, judge_hop, loading_info
 from .http import HttpConnection, Request
-from .upstream import Exchange, UpstreamError, request_head
+from .http.upstream import Exchange, UpstreamError, request_head
 
 log = logging.getLogger(__name__)
 # after a request lost on a connection its replica closes after chunked

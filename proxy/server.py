@@ -4,7 +4,7 @@ N identical workers bind the public address with ``SO_REUSEPORT``; the
 kernel spreads connections over them. A worker resolves the request's model
 through the registry blob, picks a replica from the shared-memory tables
 (:mod:`ggmux.proxy.balancer`) and forwards bytes
-(:mod:`ggmux.proxy.upstream`). It never decides to load or evict: for a
+(:mod:`ggmux.proxy.http.upstream`). It never decides to load or evict: for a
 model with no ready replica it registers a waiter in its waiters row and
 asks the supervisor through the command queue, then waits to be woken (the
 supervisor writes a byte on the worker's stdin after every generation bump;
@@ -24,6 +24,7 @@ query (they neither load a model nor refresh its last use); ``/v1/models``,
 (Prometheus, whole server); ``/upstream/<model>/<path>`` pass-through; the
 other client APIs (Anthropic, Responses, Ollama, ``GET /v1/models/{id}``)
 in :mod:`ggmux.proxy.apis`; CORS (:mod:`ggmux.proxy.cors`) on every answer.
+The routes are one table, :data:`ggmux.proxy.routes.ROUTES`.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import posix_ipc
 from ..shm import layout as L
 from ..shm.logring import log_ring_name
 from ..shm.segment import Segment
-from . import answers, apis, passthrough
+from . import answers, apis, passthrough, routes
 from .apis import ClientApis
 from .auth import authorized, secret_header
 from .balancer import (
@@ -60,24 +61,21 @@ from .cluster import (
     take_hop,
 )
 from .cors import Cors
-from .forward import INFERENCE, NS, Forwarding
+from .forward import NS, Forwarding
 from .http import (
     HttpConnection,
     Request,
     json_object,
 )
+from .http.pool import UpstreamPool
 from .listing import ModelEvents, models_list
-from .logs import LogTail
 from .metrics import metrics_text, scrape_replicas
-from .overview import overview
-from .page import Page
-from .pool import UpstreamPool
+from .operator.logs import LogTail
+from .operator.overview import overview
+from .operator.page import Page
 from .waiting import ModelWaiters
 
 log = logging.getLogger("ggmux.proxy")
-
-# routed by ?model=; they do not load the model nor refresh its last use
-QUERY_ROUTED = frozenset((b"/props", b"/metrics", b"/slots"))
 
 RELOAD_WAIT_S = 30.0  # ?reload=1 waits this long for the rescan (a cache of many models is slow)
 STOPPING = "the server is stopping"
@@ -292,92 +290,102 @@ class Proxy(Forwarding):
         return self.admin_key is not None and authorized(req, self.admin_key)
 
     async def handle(self, conn: HttpConnection, req: Request) -> None:
+        """Answer one request through the route table (:mod:`.routes`, whose
+        docstring gives the order of the checks)."""
         path = req.path
-        if path == b"/health":
-            conn.send_response(req, 200, b'{"status":"ok"}')
-            return
-        if req.method == b"OPTIONS":  # before the key check: preflights carry no key
+        route = routes.match(path)
+        if req.method == b"OPTIONS" and (route is None or route.preflight):
+            # before the key check: preflights carry no key
             if self.cors is not None:
                 self.cors.options(conn, req)
             else:
                 conn.send_response(req, 204, b"", headers=[(b"allow", b"GET, POST, HEAD, OPTIONS")])
             return
-        if Page.wants(path):  # the page holds no secret: it asks for the key
-            self.page.serve(conn, req)
+        if route is not None and route.public:  # /health; the page holds no secret: it asks for the key
+            await getattr(self, route.handler)(conn, req)
             return
         if self.stopping:
             answers.stopping(conn, req)
             return
-        admin = path in (b"/models/load", b"/models/unload", b"/logs", b"/logs/stream",
-                     b"/cluster/drain") or (
-            path in (b"/models", b"/v1/models") and b"reload" in req.query)
+        admin = route is not None and route.needs_admin(req.query)
         if self.cluster is None and req.header(HOP) is not None:
             self.refresh()  # a hop header: is this node (already) in a cluster?
         req.hop = take_hop(req, self.cluster)
         if not (req.hop == HOP_TRUSTED and not admin) and not self._authorized(req, admin):
             why = ("this route needs the admin key (--admin-key)"
                    if admin and self.admin_key else "invalid or missing API key")
-            if apis.handles(path):
+            if route is not None and route.foreign:
                 apis.send_error(conn, req, 401, why, headers=[(b"www-authenticate", b"Bearer")])
                 return
             conn.send_error(req, 401, why, code="invalid_api_key",
                             headers=[(b"www-authenticate", b"Bearer")])
             return
-        if apis.handles(path):
-            await self.apis.handle(conn, req)
-        elif path in INFERENCE:
-            if req.method != b"POST":
-                conn.send_error(req, 405, f"{path.decode()} needs POST")
-                return
-            await self._inference(conn, req)
-        elif path in (b"/v1/models", b"/models"):
-            reload = b"reload=1" in req.query or b"reload=true" in req.query
-            if reload and not await self._reload(conn, req):
-                return
-            self.refresh()
-            conn.send_json(req, 200, annotate_models(
-                models_list(self.reg_models, self.model_rows, self.errors), self.cluster))
-        elif path in QUERY_ROUTED and req.method in (b"GET", b"HEAD"):
-            name = self._query_model(req)
-            if name is None and path == b"/metrics":
-                self.refresh()
-                replicas = await scrape_replicas(self.replica_rows)
-                text = metrics_text(self.seg, self.reg_models, self.model_rows,
-                                    self.replica_rows, replicas)
-                text += "".join(metrics_lines(self.cluster)).encode()
-                conn.send_response(req, 200, text, b"text/plain; version=0.0.4")
-            elif name is None:
-                conn.send_error(req, 400, f"{path.decode()} needs ?model=<name>")
-            else:
-                m = self.names.get(name)
-                if m is None:
-                    conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
-                elif self._redacts(req, path):
-                    await self._redacted(conn, req, m, name, touch=False)
-                else:
-                    await self._forward(conn, req, m, name, None, touch=False)
-        elif path in (b"/models/load", b"/models/unload"):
-            if req.method != b"POST":
-                conn.send_error(req, 405, f"{path.decode()} needs POST")
-                return
-            self._load_unload(conn, req, path.rsplit(b"/", 1)[1].decode())
-        elif path == b"/models/sse" and req.method == b"GET":
-            self.refresh()
-            await self.events.subscribe(conn, req)
-        elif path.startswith(b"/upstream/"):
-            await self._passthrough(conn, req)
-        elif (path in (b"/ps", b"/logs") and req.method in (b"GET", b"HEAD")
-              or path == b"/logs/stream" and req.method == b"GET"):
-            await self._operator(conn, req)
-        elif path in (b"/cluster", b"/cluster/drain") and self._in_cluster():
-            if path == b"/cluster/drain":
-                drain_route(conn, req, self._command)
-            elif req.method in (b"GET", b"HEAD"):
-                conn.send_json(req, 200, cluster_view(self.cluster))
-            else:
-                conn.send_error(req, 405, "/cluster needs GET")
-        else:
+        if route is None or (route.guard and not getattr(self, route.guard)()):
             conn.send_error(req, 404, f"no route for {req.method.decode()} {path.decode('latin-1')}")
+            return
+        if route.methods and req.method not in route.methods:
+            if route.refuse:
+                conn.send_error(req, 405, f"{path.decode()} needs {route.methods[0].decode()}")
+            else:
+                conn.send_error(req, 404,
+                                f"no route for {req.method.decode()} {path.decode('latin-1')}")
+            return
+        await getattr(self, route.handler)(conn, req)
+
+    # ---- the routes' handlers (:data:`.routes.ROUTES` names them) ------------------
+    async def _health(self, conn: HttpConnection, req: Request) -> None:
+        conn.send_response(req, 200, b'{"status":"ok"}')
+
+    async def _page(self, conn: HttpConnection, req: Request) -> None:
+        self.page.serve(conn, req)
+
+    async def _client_api(self, conn: HttpConnection, req: Request) -> None:
+        await self.apis.handle(conn, req)
+
+    async def _models(self, conn: HttpConnection, req: Request) -> None:
+        reload = b"reload=1" in req.query or b"reload=true" in req.query
+        if reload and not await self._reload(conn, req):
+            return
+        self.refresh()
+        conn.send_json(req, 200, annotate_models(
+            models_list(self.reg_models, self.model_rows, self.errors), self.cluster))
+
+    async def _by_query(self, conn: HttpConnection, req: Request) -> None:
+        """``GET /props|/metrics|/slots?model=``: routed by the query (they
+        neither load the model nor refresh its last use); ``/metrics``
+        without one is the whole server's."""
+        path = req.path
+        name = self._query_model(req)
+        if name is None and path == b"/metrics":
+            self.refresh()
+            replicas = await scrape_replicas(self.replica_rows)
+            text = metrics_text(self.seg, self.reg_models, self.model_rows,
+                                self.replica_rows, replicas)
+            text += "".join(metrics_lines(self.cluster)).encode()
+            conn.send_response(req, 200, text, b"text/plain; version=0.0.4")
+        elif name is None:
+            conn.send_error(req, 400, f"{path.decode()} needs ?model=<name>")
+        else:
+            m = self.names.get(name)
+            if m is None:
+                conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
+            elif self._redacts(req, path):
+                await self._redacted(conn, req, m, name, touch=False)
+            else:
+                await self._forward(conn, req, m, name, None, touch=False)
+
+    async def _load_or_unload(self, conn: HttpConnection, req: Request) -> None:
+        self._load_unload(conn, req, req.path.rsplit(b"/", 1)[1].decode())
+
+    async def _models_sse(self, conn: HttpConnection, req: Request) -> None:
+        self.refresh()
+        await self.events.subscribe(conn, req)
+
+    async def _cluster(self, conn: HttpConnection, req: Request) -> None:
+        conn.send_json(req, 200, cluster_view(self.cluster))
+
+    async def _cluster_drain(self, conn: HttpConnection, req: Request) -> None:
+        drain_route(conn, req, self._command)
 
     async def _reload(self, conn: HttpConnection, req: Request) -> bool:
         """Ask the supervisor to rescan every source and wait until the
@@ -400,8 +408,8 @@ class Proxy(Forwarding):
         return True
 
     async def _operator(self, conn: HttpConnection, req: Request) -> None:
-        """``GET /ps`` (:mod:`.overview`), ``GET /logs`` and
-        ``/logs/stream`` (:mod:`.logs`; ``?model=`` a name or alias)."""
+        """``GET /ps`` (:mod:`.operator.overview`), ``GET /logs`` and
+        ``/logs/stream`` (:mod:`.operator.logs`; ``?model=`` a name or alias)."""
         self.refresh()
         if req.path == b"/ps":
             conn.send_json(req, 200, overview(self.seg, self.reg_models, self.model_rows,

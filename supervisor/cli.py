@@ -32,7 +32,7 @@ from ..instance.validate import (
     request_limits_from_args,
 )
 from ..proxy.auth import keys_pipe, read_keys, scrub_env
-from ..proxy.limits import (
+from ..proxy.http.limits import (
     INSTANCE_LIMIT_NAMES,
     add_http_limit_options,
     http_limit_argv,
@@ -268,7 +268,7 @@ def build_registry(args: argparse.Namespace) -> Registry:
     ``--ttl`` given is a default under every source too (a preset's ``ttl``
     wins). The request limits (``--max-embedding-inputs`` ...) and the
     header and body limits that fit the proxies' (``--max-header-bytes``
-    plus :data:`~ggmux.proxy.limits.FORWARD_HEADROOM`, ``--max-body-bytes``)
+    plus :data:`~ggmux.proxy.http.limits.FORWARD_HEADROOM`, ``--max-body-bytes``)
     go to every built-in instance (``ModelEntry.instance_args``).
 
     With none of ``--models-dir``, ``--fake-models-dir``, ``--models-preset``:

@@ -315,7 +315,7 @@ def cmd_unload(client: Client, args: argparse.Namespace) -> int:
 
 # ---- logs ---------------------------------------------------------------------
 def cmd_logs(client: Client, args: argparse.Namespace) -> int:
-    from ..proxy.logs import format_line
+    from ..shm.logring import format_line
 
     query = []
     if args.name:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from ggmux.proxy.adapters.common import SseEvents, StreamState
+from ggmux.proxy.apis.adapters.common import SseEvents, StreamState
 
 
 def chat_sse(texts: list[str], finish: str = "stop", usage: dict | None = None,

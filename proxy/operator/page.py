@@ -1,6 +1,6 @@
 """The operator's web page: ``GET /`` and ``GET /ui/<file>``.
 
-Static files shipped in the package (``proxy/ui/``: plain HTML, CSS and
+Static files shipped in the package (``proxy/operator/ui/``: plain HTML, CSS and
 JavaScript, no CDN, no build step), read once and served from memory. They
 need no key: they hold none, and the page asks for the API key (and, for
 load, unload and logs, the admin key) when the server answers 401. A
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-from .http import HttpConnection, Request
+from ..http import HttpConnection, Request
 
 UI_FILES = {
     "index.html": b"text/html; charset=utf-8",

@@ -2,10 +2,10 @@
 (DESIGN.md "Client APIs"; issue 14).
 
 * Translated routes (:data:`ROUTES`): the request goes through its
-  adapter (:mod:`ggmux.proxy.adapters`) to a chat-completion request (or
+  adapter (:mod:`ggmux.proxy.apis.adapters`) to a chat-completion request (or
   ``/tokenize``, ``/v1/embeddings``), is forwarded by the proxy's own
   forwarding (waiting for loads, balancing, retries), and its answer is
-  rewritten by :class:`~ggmux.proxy.translate.TranslatedConnection`. For a
+  rewritten by :class:`~ggmux.proxy.apis.translate.TranslatedConnection`. For a
   model whose replicas speak Anthropic's and the Responses API themselves
   (kind ``cmd``, a llama-server, or ``upstream``) those two pass through
   unchanged unless its preset says ``translate = true``; Ollama's API is
@@ -27,23 +27,53 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import unquote
 
 import orjson
 
-from ..shm import layout as L
+from ...shm import layout as L
+from ..http import HttpConnection, Request
+from ..listing import model_object
+from ..modelinfo import ModelFacts
 from .adapters import anthropic, ollama, openai, responses
 from .adapters.common import Adapter, BadRequest
-from .http import HttpConnection, Request
-from .listing import model_object
-from .modelinfo import ModelFacts
 from .translate import ApiErrors, TranslatedConnection
 
 if TYPE_CHECKING:
-    from .server import Proxy
+    import numpy as np
+
+    from ...shm.segment import Segment
+    from ..http.upstream import Exchange
+    from ..waiting import ModelWaiters
 
 log = logging.getLogger(__name__)
+
+
+class Proxy(Protocol):
+    """What the client APIs need of their proxy worker
+    (:class:`~ggmux.proxy.server.Proxy`): its view of the registry and the
+    tables (``refresh`` brings it up to date), its waiters, the
+    supervisor's queue (``command``: False when full) and its forwarding
+    (:meth:`~ggmux.proxy.forward.Forwarding._forward`)."""
+
+    names: dict[str, int]
+    reg_models: list[dict]
+    errors: dict[str, str]
+    model_rows: np.ndarray
+    replica_rows: np.ndarray
+    ready: set[int]
+    seg: Segment
+    waiters: ModelWaiters
+
+    def refresh(self) -> None: ...
+
+    def command(self, cmd: dict) -> bool: ...
+
+    async def _forward(
+        self, conn: HttpConnection, req: Request, m: int, name: str, body: dict | None,
+        touch: bool = True, stream: bool = False, capture: bool = False,
+    ) -> Exchange | None: ...
 
 # path -> (adapter, passed through to replicas that speak it natively)
 ROUTES: dict[bytes, tuple[Adapter, bool]] = {

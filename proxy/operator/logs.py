@@ -25,21 +25,14 @@ from urllib.parse import parse_qs
 import orjson
 import posix_ipc
 
-from ..shm.logring import LogRing
-from .http import HttpConnection, Request
+from ...shm.logring import LogRing, format_line
+from ..http import HttpConnection, Request
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.2  # how often a proxy with /logs/stream subscribers looks for new lines
 KEEPALIVE_S = 15.0
 STREAM_BACKLOG = 100  # lines a new /logs/stream subscriber gets first
-
-
-def format_line(rec: dict) -> str:
-    """One record as a text line: ``2024-12-01 08:10:00.123 INFO [src] msg``."""
-    ts = rec.get("ts") or 0.0
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) + f".{int(ts * 1000) % 1000:03d}"
-    return f"{stamp} {rec.get('level', 'INFO')} [{rec.get('src', '?')}] {rec.get('msg', '')}"
 
 
 def model_filter(name: str | None) -> Callable[[dict], bool]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import orjson
 
-from ..http import ERROR_TYPES, error_code
+from ...http import ERROR_TYPES, error_code
 from .common import Adapter, StreamState, Translated, Usage, chunk_delta, sse
 
 

@@ -4,7 +4,7 @@ answer, rewritten into the client's API as it streams.
 :class:`TranslatedConnection` stands in for the client's
 :class:`~ggmux.proxy.http.HttpConnection` wherever the forwarding code
 writes a response (the proxy's ``_forward`` and the
-:class:`~ggmux.proxy.upstream.Upstream` relay), so that code has no branch
+:class:`~ggmux.proxy.http.upstream.Upstream` relay), so that code has no branch
 for any API: it writes OpenAI's answer (a head, SSE or JSON body, an error
 envelope, a keep-alive comment while the model loads) and this object
 writes the adapter's translation to the real connection instead:
@@ -33,8 +33,8 @@ from collections.abc import Iterable
 
 import orjson
 
+from ..http import Header, HttpConnection, Request
 from .adapters.common import Adapter, BadReply, SseEvents, StreamState, Translated
-from .http import Header, HttpConnection, Request
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ An adapter (one module per API: :mod:`.anthropic`, :mod:`.responses`,
 the API's request to a chat-completion body (raising :class:`BadRequest`)
 and from a chat-completion answer back, plus a :class:`StreamState` per
 streamed answer that turns chat-completion chunks into the API's events.
-Nothing here does I/O; :mod:`ggmux.proxy.translate` feeds them bytes.
+Nothing here does I/O; :mod:`ggmux.proxy.apis.translate` feeds them bytes.
 """
 
 from __future__ import annotations

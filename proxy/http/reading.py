@@ -1,12 +1,12 @@
-"""The reading half of :class:`~.http.HttpConnection`: bytes in, requests
+"""The reading half of :class:`~.connection.HttpConnection`: bytes in, requests
 out, through httptools' parser callbacks.
 
 :class:`RequestReader` is a mixin with one job: feeding a connection's
 input to its parser and turning the callbacks into :class:`~.request.Request`
 objects, enforcing the head and body limits and RFC 9112's edges on the way
 (trailers, versions, Host, absolute-form targets, chunk sizes: the module
-docstring of :mod:`.http` lists them). It keeps no state of its own: it
-uses :class:`~.http.HttpConnection`'s slots and calls its request cycle
+docstring of :mod:`.connection` lists them). It keeps no state of its own: it
+uses :class:`~.connection.HttpConnection`'s slots and calls its request cycle
 (``_start``, ``_continue``'s turn, ``_reject``, ``_set_timeout``).
 """
 
@@ -59,7 +59,7 @@ class _Reject(Exception):
 
 
 class RequestReader:
-    """The reading half of :class:`~.http.HttpConnection` (see the module
+    """The reading half of :class:`~.connection.HttpConnection` (see the module
     docstring)."""
 
     __slots__ = ()

@@ -1,7 +1,7 @@
 """Forwarding one request to a replica and streaming its answer back.
 
 An :class:`Upstream` is a keep-alive connection to one replica, kept in a
-:class:`~ggmux.proxy.pool.UpstreamPool` between requests. Its httptools response-parser
+:class:`~ggmux.proxy.http.pool.UpstreamPool` between requests. Its httptools response-parser
 callbacks write straight to the client's connection (no queue, no task per
 chunk):
 
@@ -38,7 +38,7 @@ chunk):
   after a chunked answer (within :data:`CLOSES_AFTER_STREAM_S`) is
   remembered (``UpstreamPool.closes_after_chunked``), and its connections
   are closed after a chunked answer instead of being pooled;
-* :meth:`~ggmux.proxy.pool.UpstreamPool.forward` retries once, on a fresh connection, when a
+* :meth:`~ggmux.proxy.http.pool.UpstreamPool.forward` retries once, on a fresh connection, when a
   pooled connection turns out to have been closed by the replica before it
   got the request (the keep-alive race every pooling proxy has, or a
   replica that died while idle);
@@ -47,7 +47,7 @@ chunk):
   answered, ends the exchange (504, or an SSE error event mid-stream); one
   sweep a quarter second checks the exchanges in flight, so a request
   costs no timer;
-* the replica's verdict on itself: :data:`~ggmux.proxy.balancer.REPLICA_HEADER`
+* the replica's verdict on itself: :data:`~ggmux.proxy.http.verdict.REPLICA_HEADER`
   (``fault``: its own failure; ``refused``: it is stopping or asleep and did
   not act on the request, which may go elsewhere), read from the head and
   not relayed.
@@ -62,18 +62,41 @@ import struct
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import httptools
 
-from .balancer import REPLICA_HEADER, replica_fault
-from .http import CHUNKED, ERROR_CODES, Header, HttpConnection, Request, error_body, status_line
+from .connection import (
+    CHUNKED,
+    ERROR_CODES,
+    Header,
+    HttpConnection,
+    Request,
+    error_body,
+    status_line,
+)
 from .request import HOP, TOKEN
-
-if TYPE_CHECKING:
-    from .pool import UpstreamPool
+from .verdict import REPLICA_HEADER, replica_fault
 
 log = logging.getLogger(__name__)
+
+
+class Pool(Protocol):
+    """What an :class:`Upstream` needs of the pool that holds it
+    (:class:`~ggmux.proxy.http.pool.UpstreamPool`): the connections with an
+    exchange in flight (``active``), the replicas seen closing after a
+    chunked answer, the stream-idle limit (ns; 0: none), why a cut stream
+    ends while the proxy stops (``closing``; empty: it does not), and
+    taking a connection back (``release``) or dropping it (``forget``)."""
+
+    active: set[Upstream]
+    closes_after_chunked: set[int | tuple[str, int]]
+    stream_idle_ns: int
+    closing: str
+
+    def release(self, up: Upstream) -> None: ...
+
+    def forget(self, up: Upstream) -> None: ...
 
 # RFC 9110 7.6.1 connection-specific headers
 HOP_BY_HOP = frozenset(
@@ -167,7 +190,7 @@ class Exchange:
     ``time.monotonic_ns()`` when the request was written and when the first
     body byte came back (0: none); ``bytes_out``: body bytes relayed;
     ``retried``: a stale pooled connection was replaced; ``fault``: the
-    outcome is the replica's fault (:func:`~ggmux.proxy.balancer.replica_fault`
+    outcome is the replica's fault (:func:`~ggmux.proxy.http.verdict.replica_fault`
     of the head, or it died or went silent mid-body); ``timed_out``: the
     stream-idle timeout ended it; ``headers`` / ``body``: the response,
     when it was captured rather than relayed."""
@@ -222,7 +245,7 @@ class Upstream(asyncio.Protocol):
         "until_close",
     )
 
-    def __init__(self, pool: UpstreamPool, key: int | tuple[str, int]) -> None:
+    def __init__(self, pool: Pool, key: int | tuple[str, int]) -> None:
         self.pool = pool
         self.key = key
         self.transport: asyncio.Transport | None = None
@@ -638,7 +661,7 @@ class Upstream(asyncio.Protocol):
         done(ex)
 
     def time_out(self) -> None:
-        """The exchange's deadline passed (see :class:`~ggmux.proxy.pool.UpstreamPool`):
+        """The exchange's deadline passed (see :class:`~ggmux.proxy.http.pool.UpstreamPool`):
         before the response head, an :class:`UpstreamError` with
         ``timeout`` (the caller answers 504); mid-body, the body is cut with
         an SSE error event and the Exchange has status 504 and

@@ -1,12 +1,12 @@
 """How a response leaves a connection: status lines, OpenAI's error
 envelope, and :class:`ResponseWriter`, the writing half of
-:class:`~.http.HttpConnection`.
+:class:`~.connection.HttpConnection`.
 
 :class:`ResponseWriter` is a mixin with one job: framing and writing the
 responses of one connection (a whole response, a chunked stream, or a head
 and raw bytes; corked writes; the error answer of a request that cannot be
 framed). It keeps no state of its own: the attributes it uses are
-:class:`~.http.HttpConnection`'s slots (``transport``, ``_cork``,
+:class:`~.connection.HttpConnection`'s slots (``transport``, ``_cork``,
 ``_chunked``, ``_body_ok``, ``_responding``, ``_closed``, ``_lost``, ...),
 and ``finish`` / ``_active`` are the request cycle's.
 """
@@ -111,7 +111,7 @@ def _connection_line(req: Request) -> bytes:
 
 
 class ResponseWriter:
-    """The writing half of :class:`~.http.HttpConnection` (see the module
+    """The writing half of :class:`~.connection.HttpConnection` (see the module
     docstring)."""
 
     __slots__ = ()

@@ -15,7 +15,7 @@ is receiving a body or being answered is never shed.
 
 Every operation is O(1) (amortized for shedding): the sheddable set is an
 ``OrderedDict`` in the order connections became sheddable, which
-:class:`~.http.HttpConnection` updates itself: a connection whose head is
+:class:`~.connection.HttpConnection` updates itself: a connection whose head is
 complete only clears its ``sheddable`` flag (one store per request; it is
 dropped from the set when shedding meets it), and one whose response
 finished moves to the end (one ``move_to_end``). Proxies are separate

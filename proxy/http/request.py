@@ -1,6 +1,6 @@
 """One parsed HTTP request (:class:`Request`) and reading its body as JSON.
 
-The HTTP core (:mod:`.http`) fills a :class:`Request` from its parser
+The HTTP core (:mod:`.connection`) fills a :class:`Request` from its parser
 callbacks (:mod:`.reading`); handlers read it.
 """
 
@@ -8,16 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from random import getrandbits
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import orjson
 
-if TYPE_CHECKING:
-    from .http import HttpConnection
-
 Header = tuple[bytes, bytes]
 
-# cluster mode's headers (DESIGN.md "Cluster", :mod:`.cluster`): the hop
+# cluster mode's headers (DESIGN.md "Cluster", :mod:`ggmux.proxy.cluster`): the hop
 # header and the cluster token. The parser marks a request that carries
 # either (``Request.hop_marked``); no replica ever gets them
 HOP = b"x-ggmux-hop"
@@ -113,7 +110,14 @@ class Request:
         return default
 
 
-def json_object(conn: HttpConnection, req: Request) -> dict | None:
+class Answering(Protocol):
+    """What :func:`json_object` needs of a connection
+    (:class:`~.connection.HttpConnection`): answering with an error."""
+
+    def send_error(self, req: Request, status: int, message: str) -> None: ...
+
+
+def json_object(conn: Answering, req: Request) -> dict | None:
     """The request body as a JSON object, or None after answering 400
     (malformed JSON, invalid UTF-8, or JSON that is not an object)."""
     try:

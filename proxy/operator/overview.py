@@ -10,10 +10,10 @@ import time
 
 import numpy as np
 
-from .. import __version__
-from ..shm import layout as L
-from ..shm.segment import Segment
-from ..shm.seqlock import read_table
+from ... import __version__
+from ...shm import layout as L
+from ...shm.segment import Segment
+from ...shm.seqlock import read_table
 
 NS = 1_000_000_000
 
