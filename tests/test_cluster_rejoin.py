@@ -158,7 +158,10 @@ def test_a_node_frozen_past_node_stale_is_dropped_and_both_sides_route_again_aft
              "a request through n1 served on n2")
 
 
-def test_a_drained_node_that_rejoins_is_routed_to_again(nodes):
+def test_a_drained_node_that_rejoins_then_one_back_on_a_new_port_across_a_nats_restart(nodes):
+    """n1 drains and exits, then rejoins: n2 routes to it again. Then n1
+    dies and comes back on another port while NATS is down, with its model
+    loaded: once NATS is back n2 forwards to n1's new address."""
     n1 = nodes.start("n1", models={"only1": {}})
     n2 = nodes.start("n2", models={"l2": {}})
     converge(n1, n2)
@@ -174,24 +177,13 @@ def test_a_drained_node_that_rejoins_is_routed_to_again(nodes):
     wait_for(lambda: sees(n2, {"n1", "n2"}), 10, 0.02, "n2 sees n1 rejoin")
     wait_for(lambda: listed(n2, "only1"), 2 * HB, 0.02, "only1 listed on n2 within two beats")
     assert routed(n2, "only1", "n1", n1, n2)
-
-
-def test_a_node_back_on_a_new_port_across_a_nats_restart_is_routed_to_at_its_new_address(
-        nodes):
-    """n1 dies and comes back on another port while NATS is down, with its
-    model loaded: once NATS is back, n2 never saw n1 go, and must forward
-    to n1's new address, not keep the old one."""
-    n1 = nodes.start("n1", models={"only1": {}})
-    n2 = nodes.start("n2", models={"l2": {}})
-    converge(n1, n2)
-    wait_for(lambda: listed(n2, "only1"), 10, 0.05, "only1 listed on n2")
-    assert routed(n2, "only1", "n1", n1, n2)
+    # NATS down; n1 dies and comes back on another port, serving alone meanwhile
     nodes.nats.stop(kill=True)
     wait_for(lambda: not view(n2)["connected"], 10, 0.05, "n2 notices NATS is gone")
     nodes.kill("n1")
     n1 = nodes.start("n1", models={"only1": {}}, new_port=True)
     assert not view(n1)["connected"]
-    assert routed(n1, "only1", "n1", n1, n2)  # serving alone meanwhile
+    assert routed(n1, "only1", "n1", n1, n2)
     nodes.nats.start()
     wait_for(lambda: view(n1)["connected"] and view(n2)["connected"], 10, 0.02,
              "both reconnect")
@@ -200,39 +192,60 @@ def test_a_node_back_on_a_new_port_across_a_nats_restart_is_routed_to_at_its_new
              "a request through n2 served on n1 at its new port within two beats")
 
 
-def test_a_model_dropped_from_a_nodes_own_sources_is_served_by_the_node_that_still_has_it(
-        nodes):
-    n1 = nodes.start("n1", models={"shared": {}})
-    n2 = nodes.start("n2", models={"shared": {}, "l2": {}})
+def test_a_node_whose_cluster_agent_crashed_routes_to_the_other_nodes_again(nodes):
+    """A restarted agent reports the cluster afresh: the models only other
+    nodes have go and come back, and must come back."""
+    n1 = nodes.start("n1", models={"only1": {}})
+    n2 = nodes.start("n2", models={"l2": {}})
     converge(n1, n2)
-    assert routed(n2, "shared", "n2", n1, n2)
-    (nodes.tmp / "models-n2" / "shared.json").unlink()
+    wait_for(lambda: listed(n2, "only1"), 10, 0.05, "only1 listed on n2")
+    assert routed(n2, "only1", "n1", n1, n2)
+    agent = agent_of(n2)
+    os.kill(agent, signal.SIGKILL)
+    wait_for(lambda: "agent exited with code" in n2.logs(), 10, 0.02, "n2 notices")
+    wait_for(lambda: agent_of(n2) not in (None, agent) and view(n2)["connected"], 10, 0.02,
+             "n2's new agent joins")
+    wait_for(lambda: listed(n2, "only1"), 4 * HB, 0.02, "only1 listed on n2 again")
+    assert routed(n2, "only1", "n1", n1, n2)
+
+
+def agent_of(s) -> int | None:
+    """Pid of node ``s``'s cluster agent."""
+    for pid in descendants(s.proc.pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"ggmux.supervisor.cluster.agent" in f.read():
+                    return pid
+        except OSError:
+            continue
+    return None
+
+
+def test_models_a_reload_drops_are_served_by_the_node_that_has_them_and_no_alias_breaks_it(
+        nodes, fakes):
+    """n2's reload drops its own ``shared`` (n1 has one too) and its ``a``,
+    whose alias ``x`` is n1's model: ``shared`` is forwarded to n1 from then
+    on. ``x`` is not: the reload bookkeeping keeps a removed model's aliases
+    and refuses a model named like one (it left the registry half changed,
+    and the supervisor crashed), so ``x`` waits for n2's restart, said once
+    in the log; n2 stays up."""
+    n1 = nodes.start("n1", models={"shared": {}, "x": {}})
+    preset = nodes.tmp / "n2.ini"
+    l2 = f"[l2]\nmodel = {fakes.add('l2')}\n"
+    preset.write_text(f"[shared]\nmodel = {fakes.add('shared')}\n"
+                      f"[a]\nmodel = {fakes.add('a')}\nalias = x\n{l2}")
+    n2 = nodes.start("n2", "--models-preset", str(preset))
+    converge(n1, n2)
+    assert routed(n2, "shared", "n2", n1, n2)  # n2's own names win
+    assert routed(n2, "x", "n2", n1, n2)
+    preset.write_text(l2)
     status, doc = n2.json("GET", "/models?reload=1")
     assert status == 200, doc
     wait_for(lambda: listed(n2, "shared"), 2 * HB, 0.02, "shared listed on n2 from n1")
     wait_for(lambda: routed(n2, "shared", "n1", n1, n2), 2 * HB, 0.02,
-             "a request through n2 served on n1")
-
-
-def test_an_alias_of_a_removed_model_never_breaks_the_node_that_reloads(nodes, fakes):
-    """n2's reload removes model ``a`` whose alias ``x`` is n1's model. The
-    reload bookkeeping keeps a removed model's aliases and refuses a model
-    named like one (it then left the registry half changed: the supervisor
-    crashed), so ``x`` is not taken from n1 until n2 restarts: said once in
-    the log; n2 stays up and serves the rest of the cluster."""
-    n1 = nodes.start("n1", models={"x": {}, "only1": {}})
-    preset = nodes.tmp / "n2.ini"
-    preset.write_text(f"[a]\nmodel = {fakes.add('a')}\nalias = x\n"
-                      f"[l2]\nmodel = {fakes.add('l2')}\n")
-    n2 = nodes.start("n2", "--models-preset", str(preset))
-    converge(n1, n2)
-    assert routed(n2, "x", "n2", n1, n2)  # a name of n2's own wins
-    preset.write_text(f"[l2]\nmodel = {fakes.add('l2')}\n")
-    status, doc = n2.json("GET", "/models?reload=1")
-    assert status == 200, doc
+             "a request for shared through n2 served on n1")
     wait_for(lambda: "it is an alias of the removed model a" in n2.logs(), 4 * HB, 0.02,
              "n2 says why x stays unserved")
-    assert routed(n2, "only1", "n1", n1, n2)
     assert ask(n2, "x")[0] == 404 and n2.proc.poll() is None
     assert n2.logs().count("it is an alias of the removed model") == 1
     assert "cannot register" not in n2.logs() and "reload failed" not in n2.logs()
