@@ -6,12 +6,16 @@ that rejoins, one that comes back across a NATS restart. Real
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
 
+import posix_ipc
 import pytest
 from conftest import Server, alive, descendants, free_port, wait_for, write_fake
+from ggmux.shm.logring import log_ring_name
+from ggmux.shm.segment import queue_name, segment_name
 from test_cluster import ask, converge, sees, served_on, view
 
 HB, STALE = 0.5, 1.5  # --heartbeat, --node-stale
@@ -30,6 +34,7 @@ class Nodes:
         self.tmp = tmp_path
         self.ports: dict[str, int] = {}
         self.live: dict[str, Server] = {}
+        self.killed: set[int] = set()  # ports of SIGKILLed supervisors
         self.starts = 0
 
     def start(self, name: str, *args: str, models: dict | None = None,
@@ -62,10 +67,20 @@ class Nodes:
         for pid in kids:
             wait_for(lambda p=pid: not alive(p), 10, 0.02, f"{name}'s child {pid} to exit")
         s.log.close()
+        self.killed.add(s.port)
 
     def close(self) -> None:
+        """Stop the live nodes; remove what a SIGKILLed supervisor left on a
+        port no node took again (its segment, log ring and command queue)."""
         for s in self.live.values():
             s.stop()
+        for port in self.killed - {s.port for s in self.live.values()}:
+            for unlink, name in ((posix_ipc.unlink_shared_memory, segment_name(port)),
+                                 (posix_ipc.unlink_shared_memory,
+                                  log_ring_name(segment_name(port))),
+                                 (posix_ipc.unlink_message_queue, queue_name(port))):
+                with contextlib.suppress(posix_ipc.ExistentialError):
+                    unlink(name)
 
 
 @pytest.fixture
