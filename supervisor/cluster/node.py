@@ -90,7 +90,7 @@ class ClusterNode:
         self.holding: dict[str, float] = {}  # model -> progress last sent with hold
         self.told_wait: set[str] = set()  # models whose "no room anywhere" was logged
         self.told_alias: set[str] = set()  # names held back as a removed model's alias
-        self.registry_tried: tuple = ()  # (wanted, had) of the last registry change asked
+        self.registry_tried: tuple = ()  # (wanted, had) of the last refused registry change
         self.ref = 0
         self.draining = False
         self.drain_since_ns = 0
@@ -442,13 +442,16 @@ class ClusterNode:
                                 kept[n])
                 continue
             wanted[n] = node
-        have = {reg.entries[i].name for i in self._cluster_rows()}
+        have = self._cluster_names()
         attempt = (frozenset(wanted), frozenset(have))
-        if set(wanted) != have and attempt != self.registry_tried:
-            self.registry_tried = attempt  # a refused change is not retried every turn
-            self.apply_entries([ModelEntry(name=n, path="", kind="cluster",
-                                           source=f"cluster:{node}")
-                                for n, node in sorted(wanted.items())], "cluster")
+        if set(wanted) == have or attempt == self.registry_tried:
+            return  # in line, or asked already and refused (logged): not every turn
+        self.apply_entries([ModelEntry(name=n, path="", kind="cluster", source=f"cluster:{node}")
+                            for n, node in sorted(wanted.items())], "cluster")
+        self.registry_tried = () if self._cluster_names() == set(wanted) else attempt
+
+    def _cluster_names(self) -> set[str]:
+        return {self.state.registry.entries[i].name for i in self._cluster_rows()}
 
     def _cluster_rows(self) -> list[int]:
         st = self.state
