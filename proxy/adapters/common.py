@@ -40,7 +40,9 @@ class Translated:
     sent there, ``stream`` whether the client asked for a stream,
     ``session`` the session key the API names (``metadata.user_id``,
     ``previous_response_id``) or None, ``method`` the replica request's,
-    ``echo`` client fields the answer repeats (not sent to the replica)."""
+    ``echo`` client fields the answer repeats (not sent to the replica),
+    ``images`` whether the messages carry images (refused with 400 for a
+    model without a multimodal projector, :func:`ggmux.proxy.apis.has_projector`)."""
 
     target: bytes
     body: dict
@@ -48,6 +50,7 @@ class Translated:
     session: str | None = None
     method: bytes = b"POST"
     echo: dict = field(default_factory=dict)
+    images: bool = False
 
 
 class StreamState:
