@@ -25,7 +25,8 @@ from .tools import Calls, ToolCall, arguments_object, delta
 
 def usage_object(u: Usage) -> dict:
     """The Responses API's ``usage`` of these counts."""
-    return {"input_tokens": u.prompt, "input_tokens_details": {"cached_tokens": u.cached},
+    return {"input_tokens": u.prompt,
+            "input_tokens_details": {"cached_tokens": u.cached, "cache_write_tokens": 0},
             "output_tokens": u.completion, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": u.prompt + u.completion}
 
