@@ -28,8 +28,9 @@ llama-server's Jinja mode answers: a chat request with ``tools`` whose
 ``tool_choice`` is not ``"none"`` and whose last message is not a tool
 result is answered with tool calls (``finish_reason: "tool_calls"``;
 streamed as ``delta.tool_calls``: index, id and name first, then the
-arguments in pieces): to the tool ``tool_choice`` names, else the tool
-called ``tool`` (str) when the request offers it, else the first; the
+arguments in pieces): to the tool ``tool_choice`` names, else the first
+tool named in ``tool`` (a name or a list) that the request offers, else the
+first; the
 arguments hold each required property of the tool's schema with a value
 built from the schema alone (:func:`example_value`), or are
 ``tool_arguments[name]`` (an object) when given; ``tool_calls`` (1) calls
@@ -182,7 +183,9 @@ class FakeBackend(Backend):
                                  "tool_choice")
             first = names.index(name)
         else:
-            first = names.index(self.cfg["tool"]) if self.cfg.get("tool") in names else 0
+            wanted = self.cfg.get("tool") or []
+            wanted = [wanted] if isinstance(wanted, str) else wanted
+            first = next((names.index(w) for w in wanted if w in names), 0)
         n = 1 if body.get("parallel_tool_calls") is False or isinstance(choice, dict) else max(
             1, int(self.cfg.get("tool_calls", 1)))
         given = self.cfg.get("tool_arguments") or {}
