@@ -376,3 +376,20 @@ def test_translated_requests_flag_images_only_when_there_are_some():
     assert O.generate_request({"model": "m", "prompt": "hi", "images": ["iVBORw"]}).images
     with pytest.raises(BadRequest, match="raw"):
         O.generate_request({"model": "m", "prompt": "hi", "images": ["x"], "raw": True})
+
+
+def test_images_go_to_models_with_a_projector_or_remote_ones_only():
+    from ggmux.proxy.apis import has_projector
+
+    assert not has_projector({"kind": "llama", "args": ["--model", "m.gguf"]})
+    assert has_projector({"kind": "llama", "args": ["--model", "m.gguf", "--mmproj", "p.gguf"]})
+    assert has_projector({"kind": "cmd", "args": ["llama-server", "-m", "x", "--mmproj=p"]})
+    assert has_projector({"kind": "upstream", "args": []})
+
+
+def test_ollama_capabilities_offer_tools_and_thinking_by_the_template():
+    from ggmux.proxy.modelinfo import capabilities
+
+    assert capabilities("") == ["completion"]
+    assert capabilities("{{ messages }}") == ["completion", "tools"]
+    assert capabilities("{% if enable_thinking %}<think>") == ["completion", "tools", "thinking"]

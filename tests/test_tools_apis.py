@@ -158,6 +158,16 @@ def test_anthropic_tools_pass_through_unchanged_to_replicas_that_speak_it(srv, m
     assert posted["path"] == "/v1/messages?beta=true"
     assert posted["body"]["tools"] == A_TOOLS and posted["body"]["tool_choice"] == {
         "type": "auto"}
+    oai_client(srv).responses.create(model=model, input="Weather?", tools=R_TOOLS)
+    posted = [x for x in recorded(srv, log) if x["method"] == "POST"][-1]
+    assert posted["path"] == "/v1/responses" and posted["body"]["tools"] == R_TOOLS
+    # Ollama's API is always translated: the replica gets OpenAI's tools
+    r = ollama.Client(host=srv.base).chat(model=model, messages=ASK, tools=F_TOOLS)
+    assert r.message.tool_calls[0].function.name == "weather"
+    assert r.message.tool_calls[0].function.arguments == {}
+    posted = [x for x in recorded(srv, log) if x["method"] == "POST"][-1]
+    assert posted["path"] == "/v1/chat/completions"  # (the ollama client keeps less schema)
+    assert [t["function"]["name"] for t in posted["body"]["tools"]] == ["weather", "note"]
 
 
 @pytest.mark.parametrize("model, log", [("native-translated", "translated"),
