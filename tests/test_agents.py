@@ -15,9 +15,11 @@ To run them on the demo model instead (once the built-in instance calls
 tools): ``GGMUX_AGENT_MODEL=smollm2-135m pytest tests/test_agents.py``. The
 server then serves the demo models with ``--ctx-size 32768`` (Claude Code's
 system prompt and tools are about 20k tokens; smollm2 is trained for 8k,
-which llama.cpp stretches), the CLIs get up to 15 minutes (one turn of
-that prompt takes minutes of prefill on 2 cores), and only the protocol is
-asserted: a 135M model rarely does the task.
+which llama.cpp stretches), the CLIs get up to 15 minutes, and only the
+protocol is asserted: a 135M model rarely does the task. One turn is a
+~20k-token prefill: on this project's shared 2-core machine (load average
+18) smollm2 took 98 s for the first 1024 tokens of Claude Code's request,
+so expect minutes per turn on 2 cores unless the prompt is cached.
 """
 
 from __future__ import annotations
