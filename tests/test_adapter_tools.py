@@ -393,3 +393,22 @@ def test_ollama_capabilities_offer_tools_and_thinking_by_the_template():
     assert capabilities("") == ["completion"]
     assert capabilities("{{ messages }}") == ["completion", "tools"]
     assert capabilities("{% if enable_thinking %}<think>") == ["completion", "tools", "thinking"]
+
+
+def test_ollama_generate_thinks_and_answers_thinking_apart():
+    g = O.Generate()
+    t = g.request({"model": "m", "prompt": "why?", "think": True, "stream": False})
+    assert t.body["chat_template_kwargs"] == {"enable_thinking": True}
+    out = g.response(chat_answer("because", reasoning="let me see"), t)
+    r = ollama.GenerateResponse.model_validate(out)
+    assert (r.response, r.thinking) == ("because", "let me see")
+    raw = run_stream(g.stream(t), delta_sse(tool_deltas("let me see", "because")))
+    lines = [json.loads(x) for x in raw.splitlines()]
+    assert "".join(x.get("thinking", "") for x in lines) == "let me see"
+    assert "".join(x["response"] for x in lines) == "because" and lines[-1]["done"]
+
+
+def test_anthropic_tool_choice_without_tools():
+    assert "tool_choice" not in A.to_chat(anth(tool_choice={"type": "auto"})).body
+    with pytest.raises(BadRequest, match="needs 'tools'"):
+        A.to_chat(anth(tool_choice={"type": "any"}))

@@ -278,8 +278,10 @@ def _tool_choice(body: dict, chat: dict) -> None:
     kind = tc.get("type")
     if kind not in ("auto", "any", "tool", "none"):
         raise BadRequest("'tool_choice.type' must be auto, any, tool or none")
-    if kind in ("any", "tool") and not chat.get("tools"):
-        raise BadRequest(f"'tool_choice' {kind!r} needs 'tools'")
+    if not chat.get("tools"):
+        if kind in ("any", "tool"):
+            raise BadRequest(f"'tool_choice' {kind!r} needs 'tools'")
+        return  # auto or none of no tools: nothing to say to the replica
     chat["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(kind) or (
         named_choice(tc.get("name"), "tool_choice"))
     dp = tc.get("disable_parallel_tool_use")
