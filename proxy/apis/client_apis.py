@@ -36,8 +36,8 @@ from ...shm import layout as L
 from ..http import HttpConnection, Request
 from ..listing import model_object
 from ..modelinfo import ModelFacts
-from .adapters import anthropic, ollama, openai, responses
-from .adapters.common import Adapter, BadRequest
+from .adapters import anthropic, ollama, openai, responses, tools
+from .adapters.common import Adapter, BadRequest, Translated
 from .translate import ApiErrors, TranslatedConnection
 
 if TYPE_CHECKING:
@@ -220,9 +220,17 @@ class ClientApis:
                         and not body.get("system") and await self._without_template(m)):
                     # Ollama's template of a model without one is the prompt alone
                     body = {**body, "raw": True}
-            t = adapter.request(body)
+            if isinstance(adapter, anthropic.CountTokens):
+                t = await self._count_request(wrap, req, adapter, m, name, body)
+                if t is None:
+                    return
+            else:
+                t = adapter.request(body)
         except BadRequest as e:
             wrap.send_error(req, e.status, str(e))
+            return
+        if t.images and not has_projector(p.reg_models[m]):
+            wrap.send_error(req, 400, tools.no_projector(name))
             return
         if name not in p.names:  # NAME:latest: the replica gets the registered name
             t.body["model"] = p.reg_models[m]["name"]
@@ -236,6 +244,40 @@ class ClientApis:
         finally:
             if keep is not None:
                 self._keep_alive(m, name, keep)
+
+    async def _count_request(self, wrap: TranslatedConnection, req: Request,
+                             adapter: anthropic.CountTokens, m: int, name: str,
+                             body: dict) -> Translated | None:
+        """The ``/tokenize`` request that counts a ``count_tokens`` body:
+        of the prompt the replica's chat template renders (its
+        ``/apply-template``, forwarded as any request), or, when the replica
+        has no such route or cannot render, of the text alone
+        (:class:`~.adapters.anthropic.CountTokens`). None after answering
+        (the model failed to load, the client left, images for a model
+        without a projector)."""
+        p = self.proxy
+        t = adapter.template_request(body)
+        if t.images and not has_projector(p.reg_models[m]):
+            wrap.send_error(req, 400, tools.no_projector(name))
+            return None
+        t.body["model"] = p.reg_models[m]["name"]
+        req.body, req.url = orjson.dumps(t.body), t.target
+        ex = await p._forward(wrap, req, m, name, None, capture=True)
+        if ex is None:
+            return None
+        if ex.status == 499:
+            wrap.conn.finish(req)
+            return None
+        prompt = None
+        if ex.status == 200:
+            try:
+                prompt = orjson.loads(ex.body).get("prompt")
+            except (orjson.JSONDecodeError, AttributeError):
+                prompt = None
+        if isinstance(prompt, str):
+            return adapter.tokenize_request(body, prompt)
+        log.debug("%s: /apply-template answered %d: counting the text alone", name, ex.status)
+        return adapter.request(body)
 
     def _keep_alive(self, m: int, name: str, seconds: float) -> None:
         """Ollama's ``keep_alive`` after a request: 0 unloads the model, any
@@ -347,6 +389,20 @@ class ClientApis:
             conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
             return
         conn.send_json(req, 200, model_object(m, p.reg_models[m], p.model_rows[m], p.errors))
+
+
+# llama.cpp options that give a model its multimodal projector
+_PROJECTOR_FLAGS = frozenset(("--mmproj", "-mm", "--mmproj-url", "-mmu"))
+
+
+def has_projector(mdl: dict) -> bool:
+    """Whether a registry model can be sent images: its arguments name a
+    multimodal projector (llama.cpp's ``--mmproj``, the preset's
+    ``mmproj``), or it is a remote ``upstream``/``cluster`` model, whose
+    server judges for itself."""
+    if mdl.get("kind") in ("upstream", "cluster"):
+        return True
+    return any(a.split("=", 1)[0] in _PROJECTOR_FLAGS for a in mdl.get("args") or ())
 
 
 def _empty(body: dict, generate: bool) -> bool:

@@ -2,25 +2,59 @@
 on a chat-completion replica.
 
 Request (Anthropic's Messages reference): ``model``, ``max_tokens``
-(required), ``messages`` (``user``/``assistant``, content a string or text
+(required), ``messages`` (``user``/``assistant``, content a string or
 blocks), ``system`` (string or text blocks), ``stop_sequences``,
 ``temperature``, ``top_p``, ``top_k``, ``stream``, ``metadata.user_id`` (the
-session key). Blocks other than text (images, tools) and ``tools`` are
-refused with 400: the replicas' chat API here carries text only.
+session key), ``tools``, ``tool_choice``, ``thinking``. Blocks:
 
-Answer: a ``message`` object; streamed, Anthropic's event sequence
-``message_start``, ``content_block_start``, ``ping``,
-``content_block_delta`` (``text_delta``) ..., ``content_block_stop``,
-``message_delta`` (``stop_reason``, ``usage``), ``message_stop``; errors as
-``{"type": "error", "error": {"type", "message"}}``, in a stream as an
-``error`` event. Split after LiteLLM's Anthropic adapter: these pure
-functions plus :class:`MessagesStream` holding the streaming state.
+* ``text``; ``image`` (base64 or URL source) becomes an ``image_url`` part
+  (refused with 400 by the proxy for a model without a projector);
+* ``tool_use`` (assistant) becomes the assistant message's ``tool_calls``
+  (``input`` as JSON text), ``tool_result`` (user) a ``role: "tool"``
+  message with ``tool_call_id`` (string or block content; ``is_error``
+  prefixes the text with ``Error:``), placed before the user's other
+  content, as the chat API wants the results right after the calls;
+* ``thinking`` (assistant) becomes the message's ``reasoning_content``,
+  which templates that know reasoning render (llama-server's own
+  translation does the same); ``redacted_thinking`` is dropped;
+* a ``system`` message inside ``messages`` (Claude Code's
+  mid-conversation system prompt) stays a system message in its place;
+* ``cache_control`` on any block or tool is ignored (the replica's prompt
+  cache is automatic); ``document``, ``search_result`` and the server-tool
+  blocks are refused with 400.
+
+``tools`` (``name``, ``description``, ``input_schema``) become function
+tools; a tool with a ``type`` other than ``custom`` (Anthropic's server and
+built-in tools: ``web_search_*``, ``code_execution_*``, ``bash_*``,
+``text_editor_*``, ...) is refused with 400: nothing here runs them.
+``tool_choice``: ``auto`` -> ``"auto"``, ``any`` -> ``"required"``,
+``tool`` -> that function, ``none`` -> ``"none"``;
+``disable_parallel_tool_use`` -> ``parallel_tool_calls: false``.
+``thinking`` (``enabled``/``adaptive``/``disabled``) becomes
+``chat_template_kwargs.enable_thinking`` (Qwen 3's and others' switch),
+``output_config.effort`` (``low``/``medium``/``high``) ``reasoning_effort``;
+``chat_template_kwargs`` is passed on, as llama-server takes it. Claude
+Code's ``x-anthropic-billing-header`` system text has its per-request
+``cch=`` stamp made constant, as llama-server does, so the prompt cache
+gets past it. Other fields (``context_management``, ``service_tier``, ...)
+are ignored.
+
+Answer: a ``message`` whose content is a ``thinking`` block (from the
+replica's ``reasoning_content``), a ``text`` block, then one ``tool_use``
+block per tool call (``stop_reason: "tool_use"``); streamed, Anthropic's
+event sequence (:mod:`.anthropic_stream`). Errors as ``{"type": "error",
+"error": {"type", "message"}}``, in a stream as an ``error`` event. Split
+after LiteLLM's Anthropic adapter: these pure functions plus the stream
+state object.
 """
 
 from __future__ import annotations
 
+import re
+
 import orjson
 
+from .anthropic_stream import STOP_REASONS, MessagesStream, error_body, usage_object
 from .common import (
     Adapter,
     BadReply,
@@ -28,97 +62,283 @@ from .common import (
     StreamState,
     Translated,
     Usage,
-    chunk_delta,
     integer,
-    message_text,
     new_id,
     number,
-    sse,
     stream_flag,
     string_list,
 )
+from .tools import (
+    arguments_object,
+    content,
+    function_tool,
+    image_part,
+    named_choice,
+    reply,
+)
 
-# HTTP status -> Anthropic error type (Anthropic's "Errors" page)
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    408: "timeout_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    501: "api_error",
-    502: "api_error",
-    503: "overloaded_error",
-    504: "timeout_error",
-    529: "overloaded_error",
+__all__ = ["STOP_REASONS", "CountTokens", "Messages", "MessagesStream", "error_body",
+           "from_chat", "to_chat"]
+
+# blocks the Messages API has that no chat template can take
+_UNSUPPORTED_BLOCKS = {
+    "document": "documents (PDF, text files) are not supported: send their text as a text block",
+    "search_result": "search_result blocks are not supported: send their text as a text block",
+    "server_tool_use": "server tool blocks are not supported (ggmux runs no server tools)",
+    "web_search_tool_result": "server tool blocks are not supported (ggmux runs no server "
+                              "tools)",
+    "container_upload": "container_upload blocks are not supported (ggmux has no code "
+                        "execution container)",
 }
 
-# chat finish_reason -> Anthropic stop_reason
-STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
-                "content_filter": "refusal"}
+
+def _text_block(block: dict, where: str) -> str:
+    if not isinstance(block.get("text"), str):
+        raise BadRequest(f"{where}: a text block needs a string 'text'")
+    return block["text"]
 
 
-def error_body(status: int, message: str) -> bytes:
-    """Anthropic's error envelope for ``status``."""
-    etype = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    return orjson.dumps({"type": "error", "error": {"type": etype, "message": message}})
+def _image(block: dict, where: str) -> dict:
+    """An ``image`` block as an ``image_url`` part (base64 -> ``data:`` URL)."""
+    src = block.get("source")
+    kind = src.get("type") if isinstance(src, dict) else None
+    if kind == "base64" and isinstance(src.get("data"), str):
+        media = src.get("media_type") if isinstance(src.get("media_type"), str) else "image/png"
+        return image_part(f"data:{media};base64,{src['data']}")
+    if kind == "url" and isinstance(src.get("url"), str):
+        return image_part(src["url"])
+    raise BadRequest(f"{where}: an image block needs a 'source' of type base64 (with "
+                     "'data') or url (with 'url'); file sources need Anthropic's Files API")
 
 
-def _text(content, where: str) -> str:
-    """The text of a content (string or list of text blocks)."""
+def _blocks(content, where: str) -> list[dict]:
     if isinstance(content, str):
-        return content
+        return [{"type": "text", "text": content}]
     if not isinstance(content, list):
         raise BadRequest(f"{where}: content must be a string or a list of content blocks")
-    parts = []
-    for block in content:
+    for j, block in enumerate(content):
         if not isinstance(block, dict):
-            raise BadRequest(f"{where}: each content block must be an object")
-        kind = block.get("type")
-        if kind == "text":
-            if not isinstance(block.get("text"), str):
-                raise BadRequest(f"{where}: a text block needs a string 'text'")
-            parts.append(block["text"])
-        else:
-            raise BadRequest(f"{where}: content blocks of type {kind!r} are not supported "
-                             "(ggmux translates text blocks only)")
+            raise BadRequest(f"{where}.content.{j}: each content block must be an object")
+    return content
+
+
+def _unsupported(kind, where: str) -> BadRequest:
+    why = _UNSUPPORTED_BLOCKS.get(kind) if isinstance(kind, str) else None
+    return BadRequest(f"{where}: {why or f'content blocks of type {kind!r} are not supported'}")
+
+
+_BILLING = "x-anthropic-billing-header:"
+_CCH = re.compile(r"cch=[0-9a-zA-Z]{5};")
+
+
+def _system_text(system, where: str) -> str:
+    parts = []
+    for j, block in enumerate(_blocks(system, where)):
+        if block.get("type") != "text":
+            raise BadRequest(f"{where}.{j}: only text blocks may form a system prompt")
+        text = _text_block(block, f"{where}.{j}")
+        if text.startswith(_BILLING):  # a stamp that changes every request
+            text = _CCH.sub("cch=fffff;", text, count=1)
+        parts.append(text)
     return "".join(parts)
 
 
+def _tool_result(block: dict, where: str) -> tuple[dict, list[dict]]:
+    """A ``tool_result`` block -> ``(role "tool" message, image parts)``."""
+    tid = block.get("tool_use_id")
+    if not isinstance(tid, str) or not tid:
+        raise BadRequest(f"{where}: a tool_result block needs its 'tool_use_id'")
+    texts, images = [], []
+    c = block.get("content")
+    if c is not None:
+        for j, b in enumerate(_blocks(c, where)):
+            kind = b.get("type")
+            if kind == "text":
+                texts.append(_text_block(b, f"{where}.content.{j}"))
+            elif kind == "image":
+                images.append(_image(b, f"{where}.content.{j}"))
+            else:
+                raise _unsupported(kind, f"{where}.content.{j}")
+    text = "\n".join(texts)
+    if block.get("is_error") is True:
+        text = "Error: " + text if text else "Error"
+    return {"role": "tool", "tool_call_id": tid, "content": text}, images
+
+
+def _user(m: dict, where: str) -> list[dict]:
+    """A user message: its tool results first (``role: "tool"``), then
+    what it says (text and images, the tool results' images included)."""
+    results, parts = [], []
+    for j, block in enumerate(_blocks(m.get("content"), where)):
+        kind, here = block.get("type"), f"{where}.content.{j}"
+        if kind == "text":
+            parts.append({"type": "text", "text": _text_block(block, here)})
+        elif kind == "image":
+            parts.append(_image(block, here))
+        elif kind == "tool_result":
+            msg, images = _tool_result(block, here)
+            results.append(msg)
+            parts += images
+        else:
+            raise _unsupported(kind, here)
+    if parts or not results:
+        results.append({"role": "user", "content": content(parts)})
+    return results
+
+
+def _assistant(m: dict, where: str) -> dict:
+    """An assistant message: its text, its ``tool_use`` blocks as
+    ``tool_calls`` and its thinking as ``reasoning_content``."""
+    texts, calls, thinking = [], [], []
+    for j, block in enumerate(_blocks(m.get("content"), where)):
+        kind, here = block.get("type"), f"{where}.content.{j}"
+        if kind == "text":
+            texts.append(_text_block(block, here))
+        elif kind == "tool_use":
+            name, tid, inp = block.get("name"), block.get("id"), block.get("input")
+            if not isinstance(name, str) or not isinstance(tid, str):
+                raise BadRequest(f"{here}: a tool_use block needs a string 'id' and 'name'")
+            if inp is not None and not isinstance(inp, dict):
+                raise BadRequest(f"{here}: a tool_use block's 'input' must be an object")
+            calls.append({"id": tid, "type": "function", "function": {
+                "name": name, "arguments": orjson.dumps(inp or {}).decode()}})
+        elif kind == "thinking":
+            if isinstance(block.get("thinking"), str):
+                thinking.append(block["thinking"])
+        elif kind == "redacted_thinking":
+            continue
+        else:
+            raise _unsupported(kind, here)
+    # "" rather than null beside tool_calls: every template renders it
+    msg: dict = {"role": "assistant", "content": "".join(texts)}
+    if calls:
+        msg["tool_calls"] = calls
+    if thinking:
+        msg["reasoning_content"] = "".join(thinking)
+    return msg
+
+
 def chat_messages(body: dict) -> list[dict]:
-    """``system`` + ``messages`` as chat-completion messages; raises
-    :class:`BadRequest` for anything the Messages API itself refuses or
-    that has no text form."""
+    """``system`` + ``messages`` as chat-completion messages (module
+    docstring); raises :class:`BadRequest` for anything the Messages API
+    itself refuses or that has no chat form."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise BadRequest("'messages' must be a non-empty list")
     out = []
     system = body.get("system")
     if system is not None:
-        out.append({"role": "system", "content": _text(system, "system")})
+        out.append({"role": "system", "content": _system_text(system, "system")})
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
             raise BadRequest(f"messages.{i}: must be an object")
         role = m.get("role")
-        if role not in ("user", "assistant"):
-            raise BadRequest(f"messages.{i}.role: must be 'user' or 'assistant'")
-        out.append({"role": role, "content": _text(m.get("content"), f"messages.{i}")})
+        if role == "user":
+            out += _user(m, f"messages.{i}")
+        elif role == "assistant":
+            out.append(_assistant(m, f"messages.{i}"))
+        elif role == "system":
+            out.append({"role": "system", "content": _system_text(m.get("content"),
+                                                                  f"messages.{i}")})
+        else:
+            raise BadRequest(f"messages.{i}.role: must be 'user', 'assistant' or 'system'")
     return out
+
+
+def chat_tools(body: dict) -> list[dict]:
+    """``tools`` as OpenAI function tools; raises :class:`BadRequest` for a
+    server or built-in tool (module docstring)."""
+    tools = body.get("tools")
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise BadRequest("'tools' must be a list")
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict):
+            raise BadRequest(f"tools.{i}: must be an object")
+        kind = t.get("type")
+        if kind not in (None, "custom"):
+            raise BadRequest(f"tools.{i}: {t.get('name') or kind!r} is one of Anthropic's "
+                             f"server or built-in tools (type {kind!r}), which ggmux cannot "
+                             "run; give custom tools with an 'input_schema'")
+        if "input_schema" not in t:
+            raise BadRequest(f"tools.{i}: a tool needs an 'input_schema'")
+        out.append(function_tool(t.get("name"), t.get("description"), t["input_schema"],
+                                 f"tools.{i}"))
+    return out
+
+
+def _tool_choice(body: dict, chat: dict) -> None:
+    tc = body.get("tool_choice")
+    if tc is None:
+        return
+    if not isinstance(tc, dict):
+        raise BadRequest("'tool_choice' must be an object such as {\"type\": \"auto\"}")
+    kind = tc.get("type")
+    if kind not in ("auto", "any", "tool", "none"):
+        raise BadRequest("'tool_choice.type' must be auto, any, tool or none")
+    if not chat.get("tools"):
+        if kind in ("any", "tool"):
+            raise BadRequest(f"'tool_choice' {kind!r} needs 'tools'")
+        return  # auto or none of no tools: nothing to say to the replica
+    chat["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(kind) or (
+        named_choice(tc.get("name"), "tool_choice"))
+    dp = tc.get("disable_parallel_tool_use")
+    if dp is not None:
+        if not isinstance(dp, bool):
+            raise BadRequest("'tool_choice.disable_parallel_tool_use' must be a boolean")
+        if dp and chat.get("tools"):
+            chat["parallel_tool_calls"] = False
+
+
+def _thinking(body: dict, chat: dict) -> None:
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise BadRequest("'chat_template_kwargs' must be an object")
+    kwargs = dict(kwargs or {})
+    th = body.get("thinking")
+    if th is not None:
+        kind = th.get("type") if isinstance(th, dict) else None
+        if kind not in ("enabled", "disabled", "adaptive"):
+            raise BadRequest("'thinking.type' must be enabled, adaptive or disabled")
+        kwargs.setdefault("enable_thinking", kind != "disabled")
+    if kwargs:
+        chat["chat_template_kwargs"] = kwargs
+    oc = body.get("output_config")
+    effort = oc.get("effort") if isinstance(oc, dict) else None
+    if effort in ("low", "medium", "high"):
+        chat["reasoning_effort"] = effort
+
+
+def _session(body: dict) -> str | None:
+    meta = body.get("metadata")
+    if meta is None:
+        return None
+    if not isinstance(meta, dict):
+        raise BadRequest("'metadata' must be an object")
+    uid = meta.get("user_id")
+    if uid is not None and not isinstance(uid, str):
+        raise BadRequest("'metadata.user_id' must be a string")
+    return uid
+
+
+def _has_images(messages: list[dict]) -> bool:
+    return any(isinstance(m.get("content"), list) for m in messages)
 
 
 def to_chat(body: dict) -> Translated:
     """A Messages request -> a chat-completion request (see the module
     docstring for what maps); raises :class:`BadRequest`."""
-    if body.get("tools"):
-        raise BadRequest("'tools' are not supported (ggmux translates text only)")
     max_tokens = integer(body, "max_tokens", 1)
     if max_tokens is None:
         raise BadRequest("'max_tokens' is required")
+    if body.get("mcp_servers"):
+        raise BadRequest("'mcp_servers' (Anthropic's MCP connector) is not supported: ggmux "
+                         "connects to no MCP server; run the tools in the client")
     stream = stream_flag(body)
-    chat: dict = {"model": body.get("model"), "messages": chat_messages(body),
+    messages = chat_messages(body)
+    chat: dict = {"model": body.get("model"), "messages": messages,
                   "max_tokens": max_tokens, "stream": stream}
     if stream:
         chat["stream_options"] = {"include_usage": True}
@@ -131,94 +351,41 @@ def to_chat(body: dict) -> Translated:
         chat["top_k"] = top_k
     if body.get("stop_sequences") is not None:
         chat["stop"] = string_list(body["stop_sequences"], "stop_sequences")
-    session = None
-    meta = body.get("metadata")
-    if meta is not None:
-        if not isinstance(meta, dict):
-            raise BadRequest("'metadata' must be an object")
-        uid = meta.get("user_id")
-        if uid is not None:
-            if not isinstance(uid, str):
-                raise BadRequest("'metadata.user_id' must be a string")
-            session = uid
-    return Translated(b"/v1/chat/completions", chat, stream, session)
-
-
-def _usage(u: Usage) -> dict:
-    out = {"input_tokens": u.prompt, "output_tokens": u.completion}
-    if u.cached:
-        out["cache_read_input_tokens"] = u.cached
-    return out
+    tools = chat_tools(body)
+    if tools:
+        chat["tools"] = tools
+    _tool_choice(body, chat)
+    _thinking(body, chat)
+    return Translated(b"/v1/chat/completions", chat, stream, _session(body),
+                      images=_has_images(messages))
 
 
 def from_chat(obj: dict, model: str) -> dict:
-    """A chat completion -> a Messages ``message`` answer."""
-    text, finish = message_text(obj)
+    """A chat completion -> a Messages ``message`` answer; raises
+    :class:`BadReply` for tool-call arguments that are not a JSON object."""
+    r = reply(obj)
     usage = Usage()
     usage.take(obj.get("usage"))
+    blocks: list[dict] = []
+    if r.reasoning:
+        blocks.append({"type": "thinking", "thinking": r.reasoning, "signature": ""})
+    if r.text or not r.calls:
+        blocks.append({"type": "text", "text": r.text})
+    for c in r.calls:
+        blocks.append({"type": "tool_use", "id": c.id, "name": c.name,
+                       "input": arguments_object(c.arguments, c.name)})
     rid = obj.get("id")
+    stop = "tool_use" if r.calls else STOP_REASONS.get(r.finish or "stop", "end_turn")
     return {
         "id": "msg_" + rid if isinstance(rid, str) and rid else new_id("msg_"),
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": [{"type": "text", "text": text}],
-        "stop_reason": STOP_REASONS.get(finish or "stop", "end_turn"),
+        "content": blocks,
+        "stop_reason": stop,
         "stop_sequence": None,
-        "usage": _usage(usage),
+        "usage": usage_object(usage),
     }
-
-
-class MessagesStream(StreamState):
-    """Chat-completion chunks -> Anthropic's stream events (module docstring).
-
-    ``message_start`` (with ``content_block_start`` and ``ping``) goes out
-    with the first chunk, so a replica that fails before answering leaves
-    room for a plain HTTP error; the text block closes at the end, followed
-    by ``message_delta`` with the stop reason and the usage (the input
-    tokens the replica reported, else 0)."""
-
-    def __init__(self, model: str) -> None:
-        self.model = model
-        self.started = False
-        self.finish: str | None = None
-        self.usage = Usage()
-        self.id = new_id("msg_")
-
-    def _start(self) -> bytes:
-        self.started = True
-        msg = {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
-               "content": [], "stop_reason": None, "stop_sequence": None,
-               "usage": {"input_tokens": self.usage.prompt, "output_tokens": 0}}
-        return (sse("message_start", {"type": "message_start", "message": msg})
-                + sse("content_block_start", {"type": "content_block_start", "index": 0,
-                                               "content_block": {"type": "text", "text": ""}})
-                + sse("ping", {"type": "ping"}))
-
-    def chunk(self, chunk: dict) -> bytes:
-        if "usage" in chunk:
-            self.usage.take(chunk["usage"])
-        text, finish = chunk_delta(chunk)
-        if finish:
-            self.finish = finish
-        out = b"" if self.started else self._start()
-        if text:
-            self.usage.counted()
-            out += sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                               "delta": {"type": "text_delta", "text": text}})
-        return out
-
-    def end(self) -> bytes:
-        out = b"" if self.started else self._start()
-        delta = {"stop_reason": STOP_REASONS.get(self.finish or "stop", "end_turn"),
-                 "stop_sequence": None}
-        return (out + sse("content_block_stop", {"type": "content_block_stop", "index": 0})
-                + sse("message_delta", {"type": "message_delta", "delta": delta,
-                                        "usage": _usage(self.usage)})
-                + sse("message_stop", {"type": "message_stop"}))
-
-    def error(self, status: int, message: str) -> bytes:
-        return b"event: error\ndata: " + error_body(status, message) + b"\n\n"
 
 
 class Messages(Adapter):
@@ -240,20 +407,49 @@ class Messages(Adapter):
 
 
 def count_text(body: dict) -> str:
-    """The text whose tokens ``count_tokens`` counts: the system prompt and
-    every message's text, one per line (the chat template's own tokens are
-    not counted: the replica's tokenizer sees the text alone)."""
-    return "\n".join(m["content"] for m in chat_messages(body))
+    """The text whose tokens ``count_tokens`` counts when the replica cannot
+    render its chat template: the system prompt, every message's text
+    (tool calls and results included) and the tools as JSON, one per line
+    (the template's own tokens are then left out)."""
+    lines = []
+    for m in chat_messages(body):
+        c = m.get("content")
+        if isinstance(c, list):
+            c = "".join(p.get("text", "") for p in c)
+        lines.append(c)
+        for call in m.get("tool_calls") or ():
+            lines.append(orjson.dumps(call["function"]).decode())
+    lines += [orjson.dumps(t["function"]).decode() for t in chat_tools(body)]
+    return "\n".join(lines)
 
 
 class CountTokens(Messages):
-    """``POST /v1/messages/count_tokens`` through the replica's ``/tokenize``
-    (llama.cpp's: ``{"content"}`` -> ``{"tokens": [...]}``), answered
-    ``{"input_tokens": N}``."""
+    """``POST /v1/messages/count_tokens``, answered ``{"input_tokens": N}``.
+
+    The proxy first asks the replica to render the request with its chat
+    template (:meth:`template_request`: llama-server's ``/apply-template``,
+    a chat body in, ``{"prompt"}`` out), then tokenizes that prompt
+    (:meth:`tokenize_request`), so the template's tokens and the tools are
+    counted as the model will see them; a replica without that route (404,
+    501) gets :meth:`request`, the tokens of :func:`count_text`. Both
+    tokenize through llama.cpp's ``/tokenize`` (``{"content"}`` ->
+    ``{"tokens": [...]}``)."""
+
+    def template_request(self, body: dict) -> Translated:
+        chat: dict = {"model": body.get("model"), "messages": chat_messages(body)}
+        tools = chat_tools(body)
+        if tools:
+            chat["tools"] = tools
+            _tool_choice(body, chat)
+        _thinking(body, chat)
+        return Translated(b"/apply-template", chat, images=_has_images(chat["messages"]))
+
+    def tokenize_request(self, body: dict, prompt: str) -> Translated:
+        # the rendered prompt holds the template's special tokens (BOS too)
+        return Translated(b"/tokenize", {"model": body.get("model"), "content": prompt,
+                                         "add_special": False, "parse_special": True})
 
     def request(self, body: dict) -> Translated:
-        if body.get("tools"):
-            raise BadRequest("'tools' are not supported (ggmux translates text only)")
         return Translated(b"/tokenize", {"model": body.get("model"), "content": count_text(body),
                                          "add_special": True})
 

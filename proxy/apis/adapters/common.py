@@ -6,6 +6,7 @@ An adapter (one module per API: :mod:`.anthropic`, :mod:`.responses`,
 the API's request to a chat-completion body (raising :class:`BadRequest`)
 and from a chat-completion answer back, plus a :class:`StreamState` per
 streamed answer that turns chat-completion chunks into the API's events.
+What an answer holds (text, reasoning, tool calls) is read by :mod:`.tools`.
 Nothing here does I/O; :mod:`ggmux.proxy.apis.translate` feeds them bytes.
 """
 
@@ -40,7 +41,9 @@ class Translated:
     sent there, ``stream`` whether the client asked for a stream,
     ``session`` the session key the API names (``metadata.user_id``,
     ``previous_response_id``) or None, ``method`` the replica request's,
-    ``echo`` client fields the answer repeats (not sent to the replica)."""
+    ``echo`` client fields the answer repeats (not sent to the replica),
+    ``images`` whether the messages carry images (refused with 400 for a
+    model without a multimodal projector, :func:`ggmux.proxy.apis.has_projector`)."""
 
     target: bytes
     body: dict
@@ -48,6 +51,7 @@ class Translated:
     session: str | None = None
     method: bytes = b"POST"
     echo: dict = field(default_factory=dict)
+    images: bool = False
 
 
 class StreamState:
@@ -269,32 +273,6 @@ class Usage:
         if self.cached:
             u["prompt_tokens_details"] = {"cached_tokens": self.cached}
         return u
-
-
-def chunk_delta(chunk: dict) -> tuple[str, str | None]:
-    """``(text, finish_reason)`` of a chat-completion chunk (``delta.content``)
-    or a completion chunk (``text``); ``("", None)`` for a chunk without a
-    choice (the usage chunk)."""
-    choices = chunk.get("choices")
-    if not choices:
-        return "", None
-    ch = choices[0]
-    if not isinstance(ch, dict):
-        return "", None
-    delta = ch.get("delta")
-    text = delta.get("content") if isinstance(delta, dict) else ch.get("text")
-    return (text if isinstance(text, str) else ""), ch.get("finish_reason")
-
-
-def message_text(obj: dict) -> tuple[str, str | None]:
-    """``(text, finish_reason)`` of a whole chat completion (or completion)."""
-    choices = obj.get("choices")
-    if not choices or not isinstance(choices[0], dict):
-        return "", None
-    ch = choices[0]
-    msg = ch.get("message")
-    text = msg.get("content") if isinstance(msg, dict) else ch.get("text")
-    return (text if isinstance(text, str) else ""), ch.get("finish_reason")
 
 
 def new_id(prefix: str) -> str:

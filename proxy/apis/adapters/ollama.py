@@ -16,6 +16,15 @@ template), or with ``"raw": true`` a plain completion of the prompt.
 ``keep_alive`` is read by :func:`keep_alive_seconds`; the proxy maps it to
 the model's idle timer. Errors are Ollama's ``{"error": "message"}``, in a
 stream as one such line.
+
+Tools and reasoning (issue 19): ``tools`` (OpenAI's function tools) pass
+on; assistant ``tool_calls`` (arguments as objects) and ``role: "tool"``
+messages (``tool_name``) map to OpenAI's (:func:`chat_messages`); ``think``
+(true, false, ``"low"``/``"medium"``/``"high"``) switches the template's
+reasoning; the answer's ``reasoning_content`` is ``message.thinking``
+(``thinking`` for ``/api/generate``) and its tool calls
+``message.tool_calls`` with ``arguments`` as an object. ``images``
+(base64) become ``image_url`` parts.
 """
 
 from __future__ import annotations
@@ -34,10 +43,18 @@ from .common import (
     StreamState,
     Translated,
     Usage,
-    chunk_delta,
-    message_text,
     stream_flag,
     string_list,
+)
+from .tools import (
+    Calls,
+    ToolCall,
+    arguments_object,
+    arguments_text,
+    delta,
+    function_tool,
+    image_part,
+    reply,
 )
 
 log = logging.getLogger(__name__)
@@ -50,6 +67,12 @@ OPTIONS = {"num_predict": "max_tokens", "temperature": "temperature", "top_k": "
            "top_p": "top_p", "min_p": "min_p", "stop": "stop", "seed": "seed",
            "repeat_penalty": "repeat_penalty", "presence_penalty": "presence_penalty",
            "frequency_penalty": "frequency_penalty"}
+
+ROLES = frozenset(("system", "user", "assistant", "tool"))
+THINK_LEVELS = ("low", "medium", "high")  # Ollama's think levels (GPT-OSS)
+# the first base64 characters of an image file -> its media type
+_IMAGE_SIGNATURES = (("/9j/", "image/jpeg"), ("iVBOR", "image/png"), ("R0lGOD", "image/gif"),
+                     ("UklGR", "image/webp"))
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -132,34 +155,131 @@ def _format(body: dict, chat: dict) -> None:
         raise BadRequest("'format' must be \"json\" or a JSON schema object")
 
 
+def _think(body: dict, chat: dict) -> None:
+    """Ollama's ``think``: true/false switch the template's thinking
+    (``chat_template_kwargs.enable_thinking``), a level (GPT-OSS's) also
+    sets ``reasoning_effort``."""
+    think = body.get("think")
+    if think is None:
+        return
+    if think in THINK_LEVELS:
+        chat["reasoning_effort"] = think
+    elif not isinstance(think, bool):
+        raise BadRequest("'think' must be true, false, \"low\", \"medium\" or \"high\"")
+    chat["chat_template_kwargs"] = {"enable_thinking": think is not False}
+
+
 def _common(body: dict, chat: dict, stream: bool) -> None:
     if stream:
         chat["stream_options"] = {"include_usage": True}
     _options(body, chat)
     _format(body, chat)
-    if body.get("tools"):
-        raise BadRequest("'tools' are not supported (ggmux translates text only)")
+    _think(body, chat)
+
+
+def _image_url(data, where: str) -> dict:
+    """An Ollama image (base64 without a media type) as an ``image_url``
+    part with a ``data:`` URL, its type told by the first bytes."""
+    if not isinstance(data, str) or not data:
+        raise BadRequest(f"{where}: an image must be a base64 string")
+    media = next((t for sig, t in _IMAGE_SIGNATURES if data.startswith(sig)), "image/png")
+    return image_part(f"data:{media};base64,{data}")
+
+
+def _with_images(text: str, images, where: str) -> str | list[dict]:
+    if not images:
+        return text
+    if not isinstance(images, list):
+        raise BadRequest(f"{where}.images must be a list of base64 strings")
+    return [{"type": "text", "text": text}] + [_image_url(d, f"{where}.images[{j}]")
+                                              for j, d in enumerate(images)]
+
+
+def _calls(m: dict, i: int) -> list[dict]:
+    """An assistant message's ``tool_calls`` (arguments objects) in
+    OpenAI's shape; ids the client left out (Ollama's have none) are
+    ``call_<message>_<call>``, the same on every turn."""
+    calls = m.get("tool_calls")
+    if not isinstance(calls, list):
+        raise BadRequest(f"messages[{i}].tool_calls must be a list")
+    out = []
+    for j, c in enumerate(calls):
+        where = f"messages[{i}].tool_calls[{j}]"
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise BadRequest(f"{where}: needs a 'function' with a 'name'")
+        cid = c.get("id") if isinstance(c.get("id"), str) and c.get("id") else f"call_{i}_{j}"
+        out.append({"id": cid, "type": "function", "function": {
+            "name": fn["name"], "arguments": arguments_text(fn.get("arguments"), where)}})
+    return out
+
+
+def chat_messages(msgs) -> list[dict]:
+    """``/api/chat`` messages as chat-completion messages: ``images`` as
+    ``image_url`` parts, assistant ``tool_calls`` with ids (:func:`_calls`),
+    a ``role: "tool"`` message answering the call its ``tool_call_id``
+    names, else the first unanswered one of its ``tool_name``, else the
+    first unanswered one; ``thinking`` kept as ``reasoning_content``."""
+    if not isinstance(msgs, list):
+        raise BadRequest("'messages' must be a list")
+    out: list[dict] = []
+    pending: list[dict] = []  # the last assistant message's calls not yet answered
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise BadRequest(f"messages[{i}]: needs a role of system, user, assistant or tool")
+        role = m["role"]
+        content = m.get("content") or ""
+        if not isinstance(content, str):
+            raise BadRequest(f"messages[{i}].content must be a string")
+        msg: dict = {"role": role, "content": _with_images(content, m.get("images"),
+                                                          f"messages[{i}]")}
+        if role == "assistant":
+            if m.get("tool_calls"):
+                calls = _calls(m, i)
+                msg["tool_calls"] = calls
+                pending = list(calls)
+            if isinstance(m.get("thinking"), str) and m["thinking"]:
+                msg["reasoning_content"] = m["thinking"]
+        elif role == "tool":
+            cid = m.get("tool_call_id")
+            name = m.get("tool_name") or m.get("name")
+            call = next((c for c in pending if c["id"] == cid), None) or next(
+                (c for c in pending if c["function"]["name"] == name), None) or (
+                pending[0] if pending else None)
+            if call is not None:
+                pending.remove(call)
+                cid = call["id"]
+            msg["tool_call_id"] = cid if isinstance(cid, str) and cid else f"call_{i}"
+        out.append(msg)
+    return out
+
+
+def _tools(body: dict, chat: dict) -> None:
+    tools = body.get("tools")
+    if not tools:
+        return
+    if not isinstance(tools, list):
+        raise BadRequest("'tools' must be a list")
+    out = []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(fn, dict) or t.get("type", "function") != "function":
+            raise BadRequest(f"tools[{i}]: must be {{\"type\": \"function\", \"function\": "
+                             "{\"name\", \"description\", \"parameters\"}}")
+        out.append(function_tool(fn.get("name"), fn.get("description"), fn.get("parameters"),
+                                 f"tools[{i}]"))
+    chat["tools"] = out
 
 
 def chat_request(body: dict) -> Translated:
     """``/api/chat`` -> chat completion (``stream`` defaults to true)."""
-    msgs = body.get("messages")
-    if not isinstance(msgs, list):
-        raise BadRequest("'messages' must be a list")
-    out = []
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
-            raise BadRequest(f"messages[{i}]: needs a role of system, user or assistant")
-        if m.get("images"):
-            raise BadRequest(f"messages[{i}]: images are not supported")
-        content = m.get("content", "")
-        if not isinstance(content, str):
-            raise BadRequest(f"messages[{i}].content must be a string")
-        out.append({"role": m["role"], "content": content})
+    out = chat_messages(body.get("messages"))
     stream = stream_flag(body, True)
     chat = {"model": body.get("model"), "messages": out, "stream": stream}
     _common(body, chat, stream)
-    return Translated(b"/v1/chat/completions", chat, stream)
+    _tools(body, chat)
+    return Translated(b"/v1/chat/completions", chat, stream,
+                      images=any(isinstance(m["content"], list) for m in out))
 
 
 def generate_request(body: dict) -> Translated:
@@ -167,22 +287,23 @@ def generate_request(body: dict) -> Translated:
     prompt = body.get("prompt", "")
     if not isinstance(prompt, str):
         raise BadRequest("'prompt' must be a string")
-    if body.get("images"):
-        raise BadRequest("images are not supported")
     system = body.get("system")
     if system is not None and not isinstance(system, str):
         raise BadRequest("'system' must be a string")
     stream = stream_flag(body, True)
     if body.get("raw"):
+        if body.get("images"):
+            raise BadRequest("images need the model's template: leave out 'raw'")
         chat = {"model": body.get("model"), "prompt": prompt, "stream": stream}
         target = b"/v1/completions"
     else:
         msgs = [{"role": "system", "content": system}] if system else []
-        msgs.append({"role": "user", "content": prompt})
+        msgs.append({"role": "user", "content": _with_images(prompt, body.get("images"),
+                                                             "body")})
         chat = {"model": body.get("model"), "messages": msgs, "stream": stream}
         target = b"/v1/chat/completions"
     _common(body, chat, stream)
-    return Translated(target, chat, stream)
+    return Translated(target, chat, stream, images=bool(body.get("images")))
 
 
 def embed_request(body: dict, old: bool = False) -> Translated:
@@ -212,11 +333,27 @@ def _done_fields(usage: Usage, t0: int, t1: int, t2: int) -> dict:
             "eval_duration": max(0, t2 - t1)}
 
 
+def ollama_calls(calls: list[ToolCall]) -> list[dict]:
+    """Tool calls in Ollama's shape: ``{"id", "function": {"index", "name",
+    "arguments": {...}}}`` (arguments an object); raises
+    :class:`~.common.BadReply` for arguments that are not one."""
+    return [{"id": c.id, "function": {"index": i, "name": c.name,
+                                      "arguments": arguments_object(c.arguments, c.name)}}
+            for i, c in enumerate(calls)]
+
+
+def done_reason(finish: str | None) -> str:
+    """Ollama's ``done_reason`` (``stop`` after tool calls too, as Ollama says)."""
+    return "length" if finish == "length" else "stop"
+
+
 class NdjsonStream(StreamState):
     """Chat-completion chunks -> Ollama's NDJSON lines: one
     ``{"model", "created_at", "message": {...}, "done": false}`` per text
-    chunk (``"response"`` for ``/api/generate``), then the ``done: true``
-    line with ``done_reason`` and the statistics."""
+    or thinking piece (``message.thinking``; ``"response"`` and
+    ``"thinking"`` for ``/api/generate``), the tool calls whole in one line
+    once the replica finished them (Ollama streams no partial arguments),
+    then the ``done: true`` line with ``done_reason`` and the statistics."""
 
     content_type = NDJSON
 
@@ -225,35 +362,55 @@ class NdjsonStream(StreamState):
         self.generate = generate
         self.usage = Usage()
         self.finish: str | None = None
+        self.calls = Calls()
         self.t0 = time.monotonic_ns()
         self.t1 = 0
 
-    def _line(self, text: str, **extra) -> bytes:
+    def _line(self, text: str, thinking: str = "", calls: list[dict] | None = None,
+              **extra) -> bytes:
         obj: dict = {"model": self.model, "created_at": created_at()}
         if self.generate:
             obj["response"] = text
+            if thinking:
+                obj["thinking"] = thinking
         else:
-            obj["message"] = {"role": "assistant", "content": text}
+            msg: dict = {"role": "assistant", "content": text}
+            if thinking:
+                msg["thinking"] = thinking
+            if calls:
+                msg["tool_calls"] = calls
+            obj["message"] = msg
         obj.update(extra)
         return orjson.dumps(obj) + b"\n"
 
     def chunk(self, chunk: dict) -> bytes:
         if "usage" in chunk:
             self.usage.take(chunk["usage"])
-        text, finish = chunk_delta(chunk)
-        if finish:
-            self.finish = finish
-        if not text:
+        d = delta(chunk)
+        if d.finish:
+            self.finish = d.finish
+        for cd in d.calls:
+            self.calls.add(cd)
+        if not (d.text or d.reasoning or d.calls):
             return b""
         if not self.t1:
             self.t1 = time.monotonic_ns()
         self.usage.counted()
-        return self._line(text, done=False)
+        if not (d.text or d.reasoning):
+            return b""
+        return self._line(d.text, d.reasoning, done=False)
 
     def end(self) -> bytes:
+        out = b""
+        if self.calls.calls:
+            try:
+                out = self._line("", calls=ollama_calls(self.calls.calls), done=False)
+            except BadReply as e:
+                self.failed = True
+                return self.error(502, str(e))
         t2 = time.monotonic_ns()
-        return self._line("", done=True, done_reason=self.finish or "stop",
-                          **_done_fields(self.usage, self.t0, self.t1 or t2, t2))
+        return out + self._line("", done=True, done_reason=done_reason(self.finish),
+                                **_done_fields(self.usage, self.t0, self.t1 or t2, t2))
 
     def error(self, status: int, message: str) -> bytes:
         return orjson.dumps({"error": message}) + b"\n"
@@ -283,16 +440,23 @@ class Chat(_Ollama):
         return t
 
     def response(self, obj: dict, req: Translated) -> dict:
-        text, finish = message_text(obj)
+        r = reply(obj)
         usage = Usage()
         usage.take(obj.get("usage"))
         out: dict = {"model": req.echo["model"], "created_at": created_at()}
         if self.generate:
-            out["response"] = text
+            out["response"] = r.text
+            if r.reasoning:
+                out["thinking"] = r.reasoning
         else:
-            out["message"] = {"role": "assistant", "content": text}
+            msg: dict = {"role": "assistant", "content": r.text}
+            if r.reasoning:
+                msg["thinking"] = r.reasoning
+            if r.calls:
+                msg["tool_calls"] = ollama_calls(r.calls)
+            out["message"] = msg
         t2 = time.monotonic_ns()
-        out.update(done=True, done_reason=finish or "stop",
+        out.update(done=True, done_reason=done_reason(r.finish),
                    **_done_fields(usage, req.echo["t0"], t2, t2))
         return out
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import orjson
 
 from ...http import ERROR_TYPES, error_code
-from .common import Adapter, StreamState, Translated, Usage, chunk_delta, sse
+from .common import Adapter, StreamState, Translated, Usage, sse
+from .tools import delta
 
 
 def error_body(status: int, message: str, code: str | int | None = None, **extra) -> bytes:
@@ -51,8 +52,8 @@ class UsageStream(StreamState):
     def chunk(self, chunk: dict) -> bytes:
         if chunk.get("usage"):
             self.usage.take(chunk["usage"])
-        text, _ = chunk_delta(chunk)
-        if text:
+        d = delta(chunk)
+        if d.text or d.reasoning or d.calls:  # one token per piece, tool calls' too
             self.usage.counted()
         self.last = chunk
         return b""

@@ -1,30 +1,48 @@
 """OpenAI Responses API (``POST /v1/responses``) on a chat-completion replica.
 
 Request (OpenAI's Responses reference): ``model``, ``input`` (a string, or
-message items ``{"role", "content"}`` with ``type: "message"`` optional and
-content a string or ``input_text``/``output_text`` parts),
-``instructions`` (the system message), ``max_output_tokens``,
+items), ``instructions`` (the system message), ``max_output_tokens``,
 ``temperature``, ``top_p``, ``stream``, ``text.format`` (``text``,
-``json_object``, ``json_schema``), and ``previous_response_id``,
-``prompt_cache_key`` or ``user`` as the session key. ggmux stores no
-responses: ``previous_response_id`` only keeps the conversation on one
-replica (its history is not restored), and what needs stored state
-(``background``, ``conversation``, ``item_reference`` items, retrieving a
-response) is refused with a 400 that says so. Tools and non-text items are
-refused too.
+``json_object``, ``json_schema``), ``tools``, ``tool_choice``,
+``parallel_tool_calls``, ``reasoning.effort``, and ``previous_response_id``,
+``prompt_cache_key`` or ``user`` as the session key. Input items:
+
+* ``message`` (``type`` optional; ``developer`` is a system message;
+  content a string or ``input_text``/``output_text``/``refusal`` parts,
+  ``input_image`` becomes an ``image_url`` part);
+* ``function_call`` (``call_id``, ``name``, ``arguments``) joins the
+  assistant message before it as one of its ``tool_calls``;
+  ``function_call_output`` (``call_id``, ``output``) is a ``role: "tool"``
+  message; ``custom_tool_call`` / ``custom_tool_call_output`` the same, the
+  free-form ``input`` carried as ``{"input": ...}``;
+* ``reasoning`` items become the next assistant message's
+  ``reasoning_content`` (their ``content`` text, else their summary).
+
+Tools: ``function`` tools as they are; ``custom`` (free-form) tools as a
+function of one string ``input``, their calls answered as
+``custom_tool_call`` items; a ``namespace`` (Codex's grouping) adds its
+functions, their calls answered with that ``namespace``. Built-in tools
+(``web_search``, ``file_search``, ``computer_use_preview``,
+``code_interpreter``, ``image_generation``, ``mcp``, ``local_shell``, ...)
+are refused with 400: nothing here runs them. ``tool_choice``: ``auto``,
+``none``, ``required``, ``{"type": "function", "name"}``,
+``{"type": "allowed_tools", "mode"}`` (its mode).
+
+ggmux stores no responses: ``previous_response_id`` only keeps the
+conversation on one replica (its history is not restored), and what needs
+stored state (``background``, ``conversation``, ``item_reference`` items,
+retrieving a response) is refused with a 400 that says so.
 
 Answer: a ``response`` object (``status`` ``completed``, or ``incomplete``
-with ``incomplete_details.reason: max_output_tokens``); streamed, the
-events ``response.created``, ``response.in_progress``,
-``response.output_item.added``, ``response.content_part.added``,
-``response.output_text.delta`` ..., ``response.output_text.done``,
-``response.content_part.done``, ``response.output_item.done``,
-``response.completed`` (or ``response.incomplete``), each with its
-``sequence_number``; a failure mid-stream is an ``error`` event. Errors
-use OpenAI's envelope.
+with ``incomplete_details.reason: max_output_tokens``) whose ``output`` is a
+``reasoning`` item (from ``reasoning_content``), a ``message`` and one
+``function_call`` item per tool call; streamed, :mod:`.responses_stream`.
+Errors use OpenAI's envelope.
 """
 
 from __future__ import annotations
+
+import orjson
 
 from .common import (
     Adapter,
@@ -32,41 +50,70 @@ from .common import (
     StreamState,
     Translated,
     Usage,
-    chunk_delta,
     integer,
-    message_text,
     new_id,
     now_s,
     number,
-    sse,
     stream_flag,
 )
 from .openai import error_body
+from .responses_stream import ResponsesStream, output_items, response_object, usage_object
+from .tools import content, function_tool, image_part, named_choice, reply
 
 NOT_STORED = ("ggmux stores no responses (no server-side state): {what} is not available; "
               "send the whole conversation as 'input' instead")
 
+# the one parameter of a custom (free-form) tool's function
+CUSTOM_INPUT = {"type": "object", "properties": {"input": {"type": "string"}},
+                "required": ["input"]}
 
-def _content_text(content, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
+
+def _parts(c, where: str) -> list[dict]:
+    """Message content as OpenAI chat parts (text and ``image_url``)."""
+    if isinstance(c, str):
+        return [{"type": "text", "text": c}]
+    if not isinstance(c, list):
         raise BadRequest(f"{where}: content must be a string or a list of parts")
-    parts = []
-    for p in content:
-        if not isinstance(p, dict) or p.get("type") not in ("input_text", "output_text", "text"):
-            kind = p.get("type") if isinstance(p, dict) else type(p).__name__
-            raise BadRequest(f"{where}: content parts of type {kind!r} are not supported "
-                             "(ggmux translates text only)")
-        if not isinstance(p.get("text"), str):
-            raise BadRequest(f"{where}: a text part needs a string 'text'")
-        parts.append(p["text"])
-    return "".join(parts)
+    out = []
+    for j, p in enumerate(c):
+        kind = p.get("type") if isinstance(p, dict) else type(p).__name__
+        if kind in ("input_text", "output_text", "text", "refusal"):
+            text = p.get("refusal") if kind == "refusal" else p.get("text")
+            if not isinstance(text, str):
+                raise BadRequest(f"{where}.{j}: a text part needs a string 'text'")
+            out.append({"type": "text", "text": text})
+        elif kind == "input_image":
+            url = p.get("image_url")
+            if not isinstance(url, str):
+                raise BadRequest(f"{where}.{j}: an input_image needs an 'image_url' (a URL or "
+                                 "a data: URL); file_id needs OpenAI's Files API")
+            out.append(image_part(url))
+        else:
+            raise BadRequest(f"{where}.{j}: content parts of type {kind!r} are not supported")
+    return out
+
+
+def _output_text(output, where: str) -> str:
+    """A tool output (a string or text parts) as the tool message's text."""
+    if isinstance(output, str):
+        return output
+    parts = _parts(output, where)
+    if any(p["type"] != "text" for p in parts):
+        raise BadRequest(f"{where}: a tool output may hold text only")
+    return "".join(p["text"] for p in parts)
+
+
+def _call_id(item: dict, where: str) -> str:
+    cid = item.get("call_id")
+    if not isinstance(cid, str) or not cid:
+        raise BadRequest(f"{where}: needs a string 'call_id'")
+    return cid
 
 
 def chat_messages(body: dict) -> list[dict]:
-    """``instructions`` + ``input`` as chat-completion messages."""
-    out = []
+    """``instructions`` + ``input`` as chat-completion messages (module
+    docstring); raises :class:`BadRequest`."""
+    out: list[dict] = []
     instructions = body.get("instructions")
     if instructions is not None:
         if not isinstance(instructions, str):
@@ -78,21 +125,122 @@ def chat_messages(body: dict) -> list[dict]:
         return out
     if not isinstance(inp, list) or not inp:
         raise BadRequest("'input' must be a string or a non-empty list of items")
+    reasoning: list[str] = []
+
+    def assistant() -> dict:
+        """The assistant message the next call joins (a new one after
+        anything else)."""
+        last = out[-1] if out else None
+        if last is None or last["role"] != "assistant":
+            last = {"role": "assistant", "content": ""}
+            out.append(last)
+        if reasoning:
+            last["reasoning_content"] = "".join(reasoning)
+            reasoning.clear()
+        return last
+
     for i, item in enumerate(inp):
+        where = f"input.{i}"
         if not isinstance(item, dict):
-            raise BadRequest(f"input.{i}: must be an object")
+            raise BadRequest(f"{where}: must be an object")
         kind = item.get("type", "message")
-        if kind == "item_reference":
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise BadRequest(f"{where}.role: must be user, assistant, system or developer")
+            c = content(_parts(item.get("content"), where))
+            if role == "assistant":
+                msg = {"role": "assistant", "content": c}
+                out.append(msg)
+                if reasoning:
+                    msg["reasoning_content"] = "".join(reasoning)
+                    reasoning.clear()
+            else:
+                out.append({"role": "system" if role == "developer" else role, "content": c})
+        elif kind in ("function_call", "custom_tool_call"):
+            name = item.get("name")
+            if not isinstance(name, str) or not name:
+                raise BadRequest(f"{where}: needs a string 'name'")
+            if kind == "function_call":
+                args = item.get("arguments")
+                if not isinstance(args, str):
+                    raise BadRequest(f"{where}.arguments must be a string of JSON")
+            else:
+                if not isinstance(item.get("input"), str):
+                    raise BadRequest(f"{where}.input must be a string")
+                args = orjson.dumps({"input": item["input"]}).decode()
+            msg = assistant()
+            msg.setdefault("tool_calls", []).append(
+                {"id": _call_id(item, where), "type": "function",
+                 "function": {"name": name, "arguments": args}})
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            out.append({"role": "tool", "tool_call_id": _call_id(item, where),
+                        "content": _output_text(item.get("output", ""), f"{where}.output")})
+        elif kind == "reasoning":
+            texts = [p.get("text") for p in item.get("content") or item.get("summary") or ()
+                     if isinstance(p, dict) and isinstance(p.get("text"), str)]
+            reasoning.append("".join(texts))
+        elif kind == "item_reference":
             raise BadRequest(NOT_STORED.format(what="an item_reference input item"))
-        if kind != "message":
-            raise BadRequest(f"input.{i}: items of type {kind!r} are not supported "
-                             "(ggmux translates message items only)")
-        role = item.get("role")
-        if role not in ("user", "assistant", "system", "developer"):
-            raise BadRequest(f"input.{i}.role: must be user, assistant, system or developer")
-        out.append({"role": "system" if role == "developer" else role,
-                    "content": _content_text(item.get("content"), f"input.{i}")})
+        else:
+            raise BadRequest(f"{where}: items of type {kind!r} are not supported (ggmux "
+                             "translates messages, function and custom tool calls and their "
+                             "outputs, and reasoning)")
     return out
+
+
+def chat_tools(tools) -> tuple[list[dict], dict[str, dict]]:
+    """``tools`` -> ``(OpenAI function tools, {function name: how its calls
+    are answered})``: ``{"custom": True}`` for a free-form tool,
+    ``{"namespace": N}`` for a function of a namespace. Raises
+    :class:`BadRequest` for a built-in tool."""
+    if tools is None:
+        return [], {}
+    if not isinstance(tools, list):
+        raise BadRequest("'tools' must be a list")
+    out: list[dict] = []
+    kinds: dict[str, dict] = {}
+
+    def add(t, where: str, namespace: str | None = None) -> None:
+        if not isinstance(t, dict):
+            raise BadRequest(f"{where}: must be an object")
+        kind = t.get("type")
+        if kind == "function":
+            out.append(function_tool(t.get("name"), t.get("description"), t.get("parameters"),
+                                     where))
+            if namespace:
+                kinds[t["name"]] = {"namespace": namespace}
+        elif kind == "custom" and namespace is None:
+            out.append(function_tool(t.get("name"), t.get("description"), CUSTOM_INPUT, where))
+            kinds[t["name"]] = {"custom": True}
+        elif kind == "namespace" and namespace is None:
+            name = t.get("name")
+            if not isinstance(name, str) or not isinstance(t.get("tools"), list):
+                raise BadRequest(f"{where}: a namespace needs a 'name' and a list of 'tools'")
+            for j, inner in enumerate(t["tools"]):
+                add(inner, f"{where}.tools.{j}", name)
+        else:
+            raise BadRequest(f"{where}: {kind!r} is one of OpenAI's built-in tools, which ggmux "
+                             "cannot run; give function tools (for Codex: web_search = "
+                             "\"disabled\" in its config)")
+
+    for i, t in enumerate(tools):
+        add(t, f"tools.{i}")
+    return out, kinds
+
+
+def _tool_choice(tc):
+    if tc is None:
+        return None
+    if tc in ("auto", "none", "required"):
+        return tc
+    kind = tc.get("type") if isinstance(tc, dict) else None
+    if kind in ("function", "custom"):
+        return named_choice(tc.get("name"), "tool_choice")
+    if kind == "allowed_tools" and tc.get("mode") in ("auto", "required"):
+        return tc["mode"]
+    raise BadRequest("'tool_choice' must be auto, none, required or {\"type\": \"function\", "
+                     "\"name\": ...} (built-in tools cannot be chosen here)")
 
 
 def _response_format(text) -> dict | None:
@@ -119,10 +267,9 @@ def to_chat(body: dict) -> Translated:
         raise BadRequest(NOT_STORED.format(what="'background' (it needs the stored response)"))
     if body.get("conversation") is not None:
         raise BadRequest(NOT_STORED.format(what="'conversation'"))
-    if body.get("tools"):
-        raise BadRequest("'tools' are not supported (ggmux translates text only)")
     stream = stream_flag(body)
-    chat: dict = {"model": body.get("model"), "messages": chat_messages(body), "stream": stream}
+    messages = chat_messages(body)
+    chat: dict = {"model": body.get("model"), "messages": messages, "stream": stream}
     if stream:
         chat["stream_options"] = {"include_usage": True}
     mt = integer(body, "max_output_tokens", 1)
@@ -135,6 +282,20 @@ def to_chat(body: dict) -> Translated:
     rf = _response_format(body.get("text"))
     if rf is not None:
         chat["response_format"] = rf
+    tools, kinds = chat_tools(body.get("tools"))
+    if tools:
+        chat["tools"] = tools
+        tc = _tool_choice(body.get("tool_choice"))
+        if tc is not None:
+            chat["tool_choice"] = tc
+        ptc = body.get("parallel_tool_calls")
+        if ptc is not None:
+            if not isinstance(ptc, bool):
+                raise BadRequest("'parallel_tool_calls' must be a boolean")
+            chat["parallel_tool_calls"] = ptc
+    reasoning = body.get("reasoning")
+    if isinstance(reasoning, dict) and reasoning.get("effort") in ("low", "medium", "high"):
+        chat["reasoning_effort"] = reasoning["effort"]
     session = None
     for key in ("previous_response_id", "prompt_cache_key", "user"):
         v = body.get(key)
@@ -143,127 +304,24 @@ def to_chat(body: dict) -> Translated:
                 raise BadRequest(f"'{key}' must be a string")
             session = session or v
     echo = {k: body.get(k) for k in ("instructions", "max_output_tokens", "previous_response_id",
-                                     "temperature", "top_p", "metadata")}
-    return Translated(b"/v1/chat/completions", chat, stream, session, echo=echo)
-
-
-def _usage(u: Usage) -> dict:
-    return {"input_tokens": u.prompt, "input_tokens_details": {"cached_tokens": u.cached},
-            "output_tokens": u.completion, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": u.prompt + u.completion}
-
-
-def _message(item_id: str, text: str, status: str) -> dict:
-    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
-    return {"id": item_id, "type": "message", "status": status, "role": "assistant",
-            "content": content if status != "in_progress" else []}
-
-
-def _response(rid: str, created: int, req: Translated, status: str, output: list, usage,
-              finish: str | None = None) -> dict:
-    """The ``response`` object (the parts of OpenAI's that apply here)."""
-    body = req.echo
-    return {
-        "id": rid,
-        "object": "response",
-        "created_at": created,
-        "status": status,
-        "background": False,
-        "error": None,
-        "incomplete_details": {"reason": "max_output_tokens"} if finish == "length" else None,
-        "instructions": body.get("instructions"),
-        "max_output_tokens": body.get("max_output_tokens"),
-        "model": req.body.get("model"),
-        "output": output,
-        "parallel_tool_calls": False,
-        "previous_response_id": body.get("previous_response_id"),
-        "store": False,
-        "temperature": body.get("temperature"),
-        "text": {"format": {"type": "text"}},
-        "tool_choice": "none",
-        "tools": [],
-        "top_p": body.get("top_p"),
-        "truncation": "disabled",
-        "usage": usage,
-        "metadata": body.get("metadata") or {},
-    }
+                                     "temperature", "top_p", "metadata", "tools", "tool_choice",
+                                     "parallel_tool_calls", "text")}
+    echo["kinds"] = kinds
+    return Translated(b"/v1/chat/completions", chat, stream, session, echo=echo,
+                      images=any(isinstance(m.get("content"), list) for m in messages))
 
 
 def from_chat(obj: dict, req: Translated) -> dict:
     """A chat completion -> a ``response`` object for the translated request ``req``."""
-    text, finish = message_text(obj)
+    r = reply(obj)
     usage = Usage()
     usage.take(obj.get("usage"))
-    status = "incomplete" if finish == "length" else "completed"
-    created = obj.get("created") if isinstance(obj.get("created"), int) else now_s()
     # a message cut at max_output_tokens is incomplete too, as OpenAI marks it
-    return _response(new_id("resp_"), created, req, status,
-                     [_message(new_id("msg_"), text, status)], _usage(usage), finish)
-
-
-class ResponsesStream(StreamState):
-    """Chat-completion chunks -> the Responses stream events (module docstring)."""
-
-    def __init__(self, req: Translated) -> None:
-        self.req = req
-        self.id = new_id("resp_")
-        self.item_id = new_id("msg_")
-        self.created = now_s()
-        self.seq = 0
-        self.started = False
-        self.text: list[str] = []
-        self.finish: str | None = None
-        self.usage = Usage()
-
-    def _ev(self, kind: str, **fields) -> bytes:
-        obj = {"type": kind, **fields, "sequence_number": self.seq}
-        self.seq += 1
-        return sse(kind, obj)
-
-    def _start(self) -> bytes:
-        self.started = True
-        resp = _response(self.id, self.created, self.req, "in_progress", [], None)
-        return (self._ev("response.created", response=resp)
-                + self._ev("response.in_progress", response=resp)
-                + self._ev("response.output_item.added", output_index=0,
-                           item=_message(self.item_id, "", "in_progress"))
-                + self._ev("response.content_part.added", item_id=self.item_id, output_index=0,
-                           content_index=0,
-                           part={"type": "output_text", "text": "", "annotations": []}))
-
-    def chunk(self, chunk: dict) -> bytes:
-        if "usage" in chunk:
-            self.usage.take(chunk["usage"])
-        text, finish = chunk_delta(chunk)
-        if finish:
-            self.finish = finish
-        out = b"" if self.started else self._start()
-        if text:
-            self.usage.counted()
-            self.text.append(text)
-            out += self._ev("response.output_text.delta", item_id=self.item_id, output_index=0,
-                            content_index=0, delta=text, logprobs=[])
-        return out
-
-    def end(self) -> bytes:
-        out = b"" if self.started else self._start()
-        text = "".join(self.text)
-        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        status = "incomplete" if self.finish == "length" else "completed"
-        item = _message(self.item_id, text, status)
-        resp = _response(self.id, self.created, self.req, status, [item], _usage(self.usage),
-                         self.finish)
-        return (out
-                + self._ev("response.output_text.done", item_id=self.item_id, output_index=0,
-                           content_index=0, text=text, logprobs=[])
-                + self._ev("response.content_part.done", item_id=self.item_id, output_index=0,
-                           content_index=0, part=part)
-                + self._ev("response.output_item.done", output_index=0, item=item)
-                + self._ev("response." + status, response=resp))
-
-    def error(self, status: int, message: str) -> bytes:
-        code = "server_error" if status >= 500 else "invalid_request_error"
-        return self._ev("error", code=code, message=message, param=None)
+    status = "incomplete" if r.finish == "length" else "completed"
+    created = obj.get("created") if isinstance(obj.get("created"), int) else now_s()
+    output = output_items(r.reasoning, r.text, r.calls, req.echo.get("kinds") or {}, status)
+    return response_object(new_id("resp_"), created, req, status, output,
+                           usage_object(usage), r.finish)
 
 
 class Responses(Adapter):
@@ -282,4 +340,3 @@ class Responses(Adapter):
 
     def error(self, status: int, message: str) -> tuple[bytes, bytes]:
         return b"application/json", error_body(status, message)
-
