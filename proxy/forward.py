@@ -32,6 +32,7 @@ import asyncio
 import logging
 import time
 from bisect import bisect_left
+from collections.abc import Callable
 
 import orjson
 import posix_ipc
@@ -392,8 +393,19 @@ class Forwarding:
                 if waited:
                     self.waiters.leave(m)  # only now: the request already counts as in flight
                     waited = False
+                held = [True]  # it counts as in flight; ended() takes it out, once
+
+                def ended(_ex: Exchange | None, cnt=cnt, inc=inc, held=held) -> None:
+                    if held[0]:
+                        held[0] = False
+                        if cnt[L.C_INCARNATION] == inc:
+                            cnt[L.C_IN_FLIGHT] -= 1
+                            if touch:
+                                cnt[L.C_LAST_USED_NS] = time.monotonic_ns()
+
                 try:
-                    ex = await self._send(conn, req, slot, c.port, m, judged, capture)
+                    # ended() runs as the response ends, before its end leaves
+                    ex = await self._send(conn, req, slot, c.port, m, judged, capture, ended)
                 except UpstreamError as e:
                     attempt += 1
                     if self.stopping:
@@ -431,10 +443,7 @@ class Forwarding:
                     answers.unreachable(conn, req, name, e)
                     return None
                 finally:
-                    if cnt[L.C_INCARNATION] == inc:
-                        cnt[L.C_IN_FLIGHT] -= 1
-                        if touch:
-                            cnt[L.C_LAST_USED_NS] = time.monotonic_ns()
+                    ended(None)
                 self._verdict(slot, ex, time.monotonic_ns(), judged)
                 if touch:  # ?model= calls are neither use nor traffic for the metrics
                     self._account(cnt, m, ex)
@@ -465,11 +474,13 @@ class Forwarding:
             pass
 
     async def _send(self, conn: HttpConnection, req: Request, slot: int, port: int, m: int,
-                    judged: list | None = None, capture: bool = False) -> Exchange:
+                    judged: list | None = None, capture: bool = False,
+                    on_end: Callable[[Exchange], None] | None = None) -> Exchange:
         """One forward to the replica in ``slot``: a local instance gets its
         secret as the bearer token, a remote upstream its own ``api-key``
         (and its path prefix); neither ever gets the client's credentials.
-        ``judged``: this is a half-open circuit's probe, judged at its head."""
+        ``judged``: this is a half-open circuit's probe, judged at its head.
+        ``on_end``: see :meth:`~ggmux.proxy.http.pool.UpstreamPool.forward`."""
         on_head = None
         if judged is not None:
             br = self.breakers[slot]
@@ -484,7 +495,7 @@ class Forwarding:
         if remote is None:
             data = request_head(req, port, len(body), auth=self.secrets.get(slot, b"")) + body
             return await self.pool.forward(port, conn, req, data, first_byte_ns=fb,
-                                           on_head=on_head, capture=capture)
+                                           on_head=on_head, capture=capture, on_end=on_end)
         host = remote["host"]
         if remote.get("hop") and self.cluster is not None:
             # another node of the cluster: the hop header and the cluster's token
@@ -496,12 +507,13 @@ class Forwarding:
         head = request_head(req, port, len(body), extra, host.encode(), auth=auth,
                             target=prefix + req.url if prefix else None)
         return await self.pool.forward(port, conn, req, head + body, host, first_byte_ns=fb,
-                                       on_head=on_head, capture=capture)
+                                       on_head=on_head, capture=capture, on_end=on_end)
 
     def _account(self, cnt: memoryview, m: int, ex: Exchange) -> None:
         """Count one forwarded request: requests, errors, TTFT (EWMA, last,
         sum, count; microseconds) per replica, and per model the TTFT
-        histogram in :data:`~ggmux.shm.layout.TTFT_BUCKETS_MS`."""
+        histogram in :data:`~ggmux.shm.layout.TTFT_BUCKETS_MS` and the ring
+        of its :data:`~ggmux.shm.layout.TTFT_RECENT` last samples."""
         cnt[L.C_REQUESTS] += 1
         mc = self.mcw[m]
         mc[L.MC_REQUESTS] += 1
@@ -520,3 +532,6 @@ class Forwarding:
                 mc[L.MC_TTFT_SUM_US] += us
                 # bucket i counts TTFT <= TTFT_BUCKETS_MS[i] ms (and above the one before)
                 mc[L.MC_BUCKET0 + bisect_left(_TTFT_BUCKETS_US, us)] += 1
+                k = mc[L.MC_RECENT_N]  # the recent samples' ring (/ps's p50)
+                mc[L.MC_RECENT0 + k % L.TTFT_RECENT] = us
+                mc[L.MC_RECENT_N] = k + 1

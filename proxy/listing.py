@@ -10,6 +10,7 @@ import numpy as np
 import orjson
 
 from ..shm import layout as L
+from .cluster import annotate_model
 from .http import HttpConnection, Request
 
 SSE_KEEPALIVE_S = 15.0
@@ -58,9 +59,14 @@ class ModelEvents:
     """The ``GET /models/sse`` subscribers of one proxy.
 
     :meth:`publish` runs after every table refresh and sends one
-    ``event: model`` per model whose status changed since the last event;
-    a comment every :data:`SSE_KEEPALIVE_S` seconds keeps idle streams open.
-    ``state()`` returns ``(reg_models, model_rows, errors)`` as of now."""
+    ``event: model`` per model whose status changed since the last event:
+    ``{"id", "status"}``, and in cluster mode ``status.node`` and
+    ``nodes`` as ``/v1/models`` has them (:func:`~.cluster.annotate_model`),
+    so an event never takes back what the list said; a comment every
+    :data:`SSE_KEEPALIVE_S` seconds keeps idle streams open. ``state()``
+    returns ``(reg_models, model_rows, errors, cluster)`` as of now
+    (``cluster``: the registry blob's cluster object, None outside
+    cluster mode)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, state) -> None:
         self.loop = loop
@@ -73,9 +79,10 @@ class ModelEvents:
         return bool(self.subs)
 
     def _event(self, i: int) -> bytes:
-        reg_models, rows, errors = self.state()
+        reg_models, rows, errors, cluster = self.state()
         mdl = reg_models[i]
-        data = orjson.dumps({"id": mdl["name"], "status": model_status(i, rows[i], mdl, errors)})
+        data = orjson.dumps(annotate_model(
+            {"id": mdl["name"], "status": model_status(i, rows[i], mdl, errors)}, cluster))
         return b"event: model\ndata: " + data + b"\n\n"
 
     async def subscribe(self, conn: HttpConnection, req: Request) -> None:

@@ -153,7 +153,7 @@ class Proxy(Forwarding):
         self.queued: dict[int, int] = {}  # model -> requests queued for a free replica
         self.local_asked: dict[int, int] = {}  # model -> when a local replica was last asked
         self.events = ModelEvents(self.loop, lambda: (self.reg_models, self.model_rows,
-                                                      self.errors))
+                                                      self.errors, self.cluster))
         self.reload_seq = 0  # this proxy's reload requests
         self.reload_ids: list[str] = []  # the reloads the supervisor finished, newest last
         self.page = Page()
@@ -413,7 +413,8 @@ class Proxy(Forwarding):
         self.refresh()
         if req.path == b"/ps":
             conn.send_json(req, 200, overview(self.seg, self.reg_models, self.model_rows,
-                                              self.replica_rows, self.remotes, self.errors))
+                                              self.replica_rows, self.remotes, self.errors,
+                                              cluster=self.cluster))
             return
         name = self._query_model(req)
         if name is not None:

@@ -183,15 +183,30 @@ def _seconds(s: float | None) -> str:
     return f"{s // 3600:.0f} h {s % 3600 // 60:.0f} min"
 
 
+def _node_cell(m: dict) -> str:
+    """The NODE cell of a model: the node that serves it, then (in
+    parentheses) the other nodes holding or loading it; ``-`` for none."""
+    node = m.get("node") if isinstance(m.get("node"), str) else None
+    nodes = m.get("nodes") if isinstance(m.get("nodes"), list) else []
+    others = [n["node"] for n in nodes if isinstance(n, dict) and isinstance(n.get("node"), str)
+              and n["node"] != node]
+    if node is None:
+        return ", ".join(others) or "-"
+    return node + (f" (+{', '.join(others)})" if others else "")
+
+
 def ps_table(doc: dict, every: bool = False) -> str:
     """The text of ``ggmux ps`` from a ``/ps`` document: NAME, STATE,
+    (in cluster mode, when the document names this ``node``) NODE,
     REPLICAS, MEMORY, IN FLIGHT, WAITING, IDLE FOR, UNTIL UNLOAD; unloaded
-    models only with ``every``. Each model has a string ``id`` and
-    ``state`` (:func:`items`); another field of an unexpected type shows
-    as ``-``. With no row to show, one line that says so (and that ``--all``
-    lists every model)."""
-    rows = [("NAME", "STATE", "REPLICAS", "MEMORY", "IN FLIGHT", "WAITING", "IDLE FOR",
-             "UNTIL UNLOAD")]
+    models only with ``every``. NODE is the node that serves the model (as
+    ``ollama ps``'s PROCESSOR says where it runs), other nodes holding it
+    after it. Each model has a string ``id`` and ``state`` (:func:`items`);
+    another field of an unexpected type shows as ``-``. With no row to
+    show, one line that says so (and that ``--all`` lists every model)."""
+    cluster = isinstance(doc.get("node"), str)
+    rows = [("NAME", "STATE", *(("NODE",) if cluster else ()), "REPLICAS", "MEMORY",
+             "IN FLIGHT", "WAITING", "IDLE FOR", "UNTIL UNLOAD")]
     models = doc.get("models") or []
     for m in models:
         failed = bool(m.get("failed"))
@@ -207,7 +222,8 @@ def ps_table(doc: dict, every: bool = False) -> str:
         mem = m.get("memory") if isinstance(m.get("memory"), dict) else {}
         idle, until = number(m.get("idle_s")), number(m.get("unload_in_s"))
         rows.append((
-            m["id"], state, f"{ready}/{len(reps)}" if reps else "-",
+            m["id"], state, *((_node_cell(m),) if cluster else ()),
+            f"{ready}/{len(reps)}" if reps else "-",
             _bytes(number(mem.get("effective")) or number(mem.get("min")) or 0),
             str(m.get("in_flight", 0)), str(m.get("waiting", 0)), _seconds(idle),
             _seconds(until) if until is not None else ("never" if idle is not None else "-"),

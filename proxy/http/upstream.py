@@ -602,16 +602,19 @@ class Upstream(asyncio.Protocol):
             self.transport.close()
         if self.capture:
             ex.body = bytes(err) if err is not None else b""
-            client.uncork()
         elif err is not None:
             client.send_chunk(b"data: " + (bytes(err) or b'{"error":{}}') + b"\n\n")
             client.close()  # an error: no clean end
             client.finish(req)
         else:
+            client.cork()  # (a close-delimited body ends outside data_received)
             client.end_stream(req)
-            client.uncork()  # the response leaves now; the bookkeeping comes after
+        # the bookkeeping (the in-flight count) before the end leaves: a
+        # client that saw its response end must never find it still in flight
+        # (issue 22: GET /ps right after a stream showed it, on a busy host)
         if done is not None:
             done(ex)
+        client.uncork()
 
     # ---- failure ---------------------------------------------------------------------
     def _fail(self, why: str, delivered: bool | None = None) -> None:
