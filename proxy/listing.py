@@ -36,8 +36,11 @@ def model_status(i: int, row: np.ndarray, mdl: dict, errors: dict[str, str]) -> 
 def model_object(i: int, mdl: dict, row: np.ndarray, errors: dict[str, str]) -> dict:
     """OpenAI's model object for model ``i`` (``created``: its file's
     modification time) with llama.cpp router's ``status`` and ggmux's
-    ``aliases``."""
-    return {
+    ``aliases`` and, once the model is measured, ``has_chat_template``
+    (whether its GGUF has ``tokenizer.chat_template``: without one, chat
+    requests have no template to use, and a client should use
+    ``/v1/completions``)."""
+    out = {
         "id": mdl["name"],
         "object": "model",
         "created": mdl.get("created", 0),
@@ -45,6 +48,9 @@ def model_object(i: int, mdl: dict, row: np.ndarray, errors: dict[str, str]) -> 
         "aliases": mdl.get("aliases", []),
         "status": model_status(i, row, mdl, errors),
     }
+    if isinstance(mdl.get("chat_template"), bool):
+        out["has_chat_template"] = mdl["chat_template"]
+    return out
 
 
 def models_list(reg_models: list[dict], model_rows: np.ndarray, errors: dict[str, str]) -> dict:
