@@ -325,7 +325,7 @@ class FakeBackend(Backend):
         if (body.get("stream_options") or {}).get("include_usage"):
             sink("chunk", {"id": rid, "object": obj, "created": created, "model": model,
                            "choices": [], "usage": usage})
-        sink("end", None)
+        sink("end", usage)
 
     def close(self, reason: str) -> None:
         with self._lock:

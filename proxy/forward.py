@@ -23,7 +23,9 @@ The state it reads is the proxy's (:meth:`~ggmux.proxy.server.Proxy.refresh`
 keeps it): ``names``, ``reg_models``, ``single``, ``ready``, ``ready_local``,
 ``held_local``, ``remotes``, ``hop_slots``, ``secrets``, ``cluster``,
 ``replica_rows``, ``model_rows``, ``cw``/``mcw`` (this proxy's counter rows),
-``breakers``, ``pool``, ``waiters`` and the options.
+``breakers``, ``pool``, ``waiters``, ``activity`` (its region of the
+request ring: every request that named a model is recorded as it ends) and
+the options.
 """
 
 from __future__ import annotations
@@ -175,6 +177,7 @@ class Forwarding:
             if r.delivered:  # never sent again (issue 11)
                 self._forward_failed(slot, m, r, 1)
                 answers.replica_failed(conn, req, self.reg_models[m]["name"], r)
+                self.activity.record(req, m, slot, None, req.status)
                 return
             # the slow path retries (a stale pooled connection is no verdict
             # on the replica)
@@ -182,6 +185,7 @@ class Forwarding:
             return
         self._verdict(slot, r, now)
         self._account(cw, m, r)
+        self.activity.record(req, m, slot, r, 0)
 
     def _fast_habit(self, conn: HttpConnection, req: Request, m: int, slot: int,
                     r: UpstreamError) -> None:
@@ -197,6 +201,7 @@ class Forwarding:
         else:
             self._forward_failed(slot, m, r, 1)
             answers.replica_failed(conn, req, self.reg_models[m]["name"], r)
+            self.activity.record(req, m, slot, None, req.status)
 
     async def _lived_on(self, slot: int) -> bool:
         """:meth:`_alive` :data:`HABIT_CHECK_S` from now (a replica that died
@@ -282,6 +287,8 @@ class Forwarding:
         its probe out, queues until ``--queue-timeout`` (then 429), and the
         first request that finds the probe slot free is the next probe."""
         tried: set[int] = set()
+        recorded = not touch or capture  # (not a request of the model's, for the ring)
+        last_slot = -1
         waited = False  # a waiter registered by us is still counted
         queued_since = 0
         attempt = 0  # forwards that failed before the request reached a replica
@@ -377,6 +384,7 @@ class Forwarding:
                 if c.slot in self.remotes and touch and c.slot not in self.hop_slots:
                     self._want_local(m, cands)
                 slot, inc = c.slot, c.incarnation
+                last_slot = slot
                 cnt = self.cw[slot]
                 if cnt[L.C_INCARNATION] != inc:  # first: the reset clears the breaker too
                     self.cnt[slot] = 0
@@ -447,6 +455,9 @@ class Forwarding:
                 self._verdict(slot, ex, time.monotonic_ns(), judged)
                 if touch:  # ?model= calls are neither use nor traffic for the metrics
                     self._account(cnt, m, ex)
+                if not recorded:
+                    recorded = True
+                    self.activity.record(req, m, slot, ex, 0)
                 return ex
             conn.send_error(req, 503, f"no replica of '{name}' stayed available")
             return None
@@ -455,6 +466,8 @@ class Forwarding:
                 self.waiters.leave(m)
             if queued_since:
                 self.queued[m] -= 1
+            if not recorded:  # answered here (or the client left): recorded too
+                self.activity.record(req, m, last_slot, None, req.status or 499)
 
     def _want_local(self, m: int, cands) -> None:
         """A model served by a remote upstream that also has a local

@@ -194,6 +194,7 @@ class Server:
             wait_for(lambda p=pid: not alive(p), 10, 0.02, f"child {pid} to exit")
         assert not segment_exists(self.port), "shared-memory segment left behind"
         assert not segment_exists(self.port, "-log"), "log ring left behind"
+        assert not segment_exists(self.port, "-req"), "request ring left behind"
         try:
             posix_ipc.MessageQueue(queue_name(self.port)).close()
             raise AssertionError("command queue left behind")

@@ -50,13 +50,16 @@ class UpstreamPool:
     received for this long once the replica answered, 0: no limit; the
     first-byte limit comes per exchange) and :meth:`abort_all` ends them
     when the proxy stops; meanwhile ``closing`` says why (a replica that
-    stops with the server and cuts a stream is not a replica failure)."""
+    stops with the server and cuts a stream is not a replica failure).
+    ``keep_bodies``: each exchange keeps its answer's first bytes
+    (:data:`~.upstream.KEEP_BYTES`, for the request ring's excerpts)."""
 
     SWEEP_S = 0.25  # how often deadlines are checked: timeouts are that coarse
 
     def __init__(self, loop: asyncio.AbstractEventLoop, max_idle: int = 64,
-                 stream_idle_s: float = 0.0) -> None:
+                 stream_idle_s: float = 0.0, keep_bodies: bool = False) -> None:
         self.loop = loop
+        self.keep_bodies = keep_bodies
         self.idle: dict[int, deque[Upstream]] = {}
         self.idle_remote: dict[tuple[str, int], deque[Upstream]] = {}
         self.max_idle = max_idle
