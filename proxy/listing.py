@@ -66,7 +66,8 @@ class ModelEvents:
 
     :meth:`publish` runs after every table refresh and sends one
     ``event: model`` per model whose status changed since the last event:
-    ``{"id", "status"}``, and in cluster mode ``status.node`` and
+    ``{"id", "status"}``, ``has_chat_template`` once the model is measured
+    (:func:`model_object`), and in cluster mode ``status.node`` and
     ``nodes`` as ``/v1/models`` has them (:func:`~.cluster.annotate_model`),
     so an event never takes back what the list said; a comment every
     :data:`SSE_KEEPALIVE_S` seconds keeps idle streams open. ``state()``
@@ -87,8 +88,10 @@ class ModelEvents:
     def _event(self, i: int) -> bytes:
         reg_models, rows, errors, cluster = self.state()
         mdl = reg_models[i]
-        data = orjson.dumps(annotate_model(
-            {"id": mdl["name"], "status": model_status(i, rows[i], mdl, errors)}, cluster))
+        ev = {"id": mdl["name"], "status": model_status(i, rows[i], mdl, errors)}
+        if isinstance(mdl.get("chat_template"), bool):  # known once measured: an event then
+            ev["has_chat_template"] = mdl["chat_template"]
+        data = orjson.dumps(annotate_model(ev, cluster))
         return b"event: model\ndata: " + data + b"\n\n"
 
     async def subscribe(self, conn: HttpConnection, req: Request) -> None:

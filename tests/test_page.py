@@ -53,7 +53,7 @@ def test_the_page_shows_the_demo_models_loads_one_and_streams_a_chat(serve, brow
     page.goto(s.base + "/")
     expect(row(page, "smollm2-135m")).to_be_visible()
     expect(row(page, "gemma3-270m")).to_be_visible()
-    expect(page.locator("#model-count")).to_have_text("2 models")
+    expect(page.locator("#model-count")).to_have_text("0 loaded of 2")
     expect(row(page, "gemma3-270m").locator(".state")).to_have_text("unloaded")
     expect(page.locator("#live")).to_have_text("live")
 
@@ -94,7 +94,7 @@ def test_the_page_shows_the_demo_models_loads_one_and_streams_a_chat(serve, brow
     page.fill("#filter", "gemma")
     expect(row(page, "smollm2-135m")).to_be_hidden()
     expect(row(page, "gemma3-270m")).to_be_visible()
-    expect(page.locator("#model-count")).to_have_text("1 of 2 models")
+    expect(page.locator("#model-count")).to_have_text("1 shown · 2 loaded of 2")
     assert page.errors == []
 
 
@@ -131,15 +131,15 @@ def test_the_filter_keeps_the_page_usable_with_200_models(serve, fakes, browser_
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0")
     page = browser_page
     page.goto(s.base + "/")
-    expect(page.locator("#model-count")).to_have_text("200 models")
+    expect(page.locator("#model-count")).to_have_text("0 loaded of 200")
     page.fill("#filter", "m-123")
-    expect(page.locator("#model-count")).to_have_text("1 of 200 models")
+    expect(page.locator("#model-count")).to_have_text("1 shown · 0 loaded of 200")
     expect(row(page, "m-123")).to_be_visible()
     expect(row(page, "m-124")).to_be_hidden()
     row(page, "m-123").locator("button.load").click()
     expect(row(page, "m-123").locator(".state")).to_have_text("loaded", timeout=30_000)
     page.fill("#filter", "loaded")  # the state is searchable too
-    expect(page.locator("#model-count")).to_have_text("1 of 200 models")
+    expect(page.locator("#model-count")).to_have_text("1 shown · 1 loaded of 200")
     page.fill("#filter", "")
     expect(page.locator("#models tbody tr:visible")).to_have_count(200)
     assert page.errors == []
