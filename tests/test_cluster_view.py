@@ -11,14 +11,29 @@ import socket
 import subprocess
 import sys
 
-from conftest import wait_for
-
-# test_cluster's two-node fixture and test_page's browser (registered under their names)
-from test_cluster import cluster as _cluster  # noqa: F401
-from test_cluster import converge, node_of
-from test_page import CHROMIUM
-from test_page import browser_page as _browser_page  # noqa: F401
+import pytest
+from conftest import CHROMIUM, wait_for, write_fake
+from test_cluster import HB, STALE, TOKEN, converge, node_of
 from test_page import row
+
+
+@pytest.fixture
+def cluster(nats_server, serve, tmp_path):
+    """``cluster(name, models={name: behaviour}) -> Server``: a node of one
+    cluster (as test_cluster.py's)."""
+    ns = nats_server()
+
+    def node(name: str, models: dict) -> object:
+        d = tmp_path / f"models-{name}"
+        for m, behaviour in models.items():
+            write_fake(d, m, **behaviour)
+        s = serve("--fake-models-dir", str(d), "--no-hf-cache", "--proxies", "1",
+                  "--spares", "0", "--cluster", ns.url, "--node-name", name,
+                  "--heartbeat", str(HB), "--node-stale", str(STALE), "--cluster-token", TOKEN)
+        s.name = name
+        return s
+
+    return node
 
 
 def sse_models(s, until, timeout: float = 20.0) -> list[dict]:
@@ -65,7 +80,7 @@ def test_events_the_page_and_ggmux_ps_name_the_node_that_serves_a_model(cluster,
     assert head.split()[:3] == ["NAME", "STATE", "NODE"]
     line = next(x for x in lines if x.startswith("onlyb"))
     assert line.split()[1:3] == ["loaded", "b"]
-    status, ps = a.json("GET", "/ps")
+    _, ps = a.json("GET", "/ps")
     assert ps["node"] == "a"
     assert next(m for m in ps["models"] if m["id"] == "onlyb")["node"] == "b"
 

@@ -12,32 +12,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import CHROMIUM
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason="Debian's chromium is not installed (.ci/run installs it)")
 ROOT = Path(__file__).resolve().parent.parent
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 LOAD_S = 90_000  # ms: a demo model's load on a busy 2-core machine
-
-
-@pytest.fixture
-def browser_page(tmp_path):
-    """A fresh Chromium profile and page; console errors collected in ``page.errors``."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=CHROMIUM, args=ARGS, headless=True,
-            viewport={"width": 1280, "height": 900})
-        page = ctx.pages[0] if ctx.pages else ctx.new_page()
-        page.errors = []
-        page.on("pageerror", lambda e: page.errors.append(str(e)))
-        try:
-            yield page
-        finally:
-            ctx.close()
 
 
 def row(page, model: str):

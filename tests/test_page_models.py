@@ -13,10 +13,7 @@ import math
 import re
 
 from conftest import chat_body, wait_for
-
-# test_page's browser fixture (registered under its own name) and skip mark
-from test_page import browser_page as _browser_page  # noqa: F401
-from test_page import pytestmark, row  # noqa: F401
+from test_page import pytestmark, row  # noqa: F401 - its skip mark (no chromium)
 
 
 def rows_order(page) -> list[str]:

@@ -230,17 +230,17 @@ function render(id) {
   m.load.disabled = running || state === "stopping" || ps.kind === "upstream";
   m.unload.disabled = !running || ps.kind === "upstream";
   m.row.classList.toggle("selected", id === selected);
-  const pinned = PINNED.has(state);
-  if (pinned !== m.pinned) {
-    m.pinned = pinned;
-    m.row.classList.toggle("pinned", pinned);
+  if (state !== m.shown) { // the count above changes, and maybe its place
+    m.shown = state;
+    m.pinned = PINNED.has(state);
+    m.row.classList.toggle("pinned", m.pinned);
     placeRows();
   }
   if (id === selected) showTemplate();
 }
 
-// pinned models first, each group in the server's order; the count above
-// says how many run
+// pinned models first, each group in the server's order (rows move only
+// when that order changed); the count above says how many run
 let placing = false;
 function placeRows() {
   if (placing) return;
@@ -250,7 +250,10 @@ function placeRows() {
     const tb = $("#models tbody");
     const all = [...models.values()];
     const pinned = all.filter((m) => m.pinned);
-    for (const m of [...pinned, ...all.filter((m) => !m.pinned)]) tb.appendChild(m.row);
+    const order = [...pinned, ...all.filter((m) => !m.pinned)];
+    if (order.some((m, i) => tb.children[i] !== m.row)) {
+      for (const m of order) tb.appendChild(m.row);
+    }
     for (const m of all) m.row.classList.toggle("pin-last", m === pinned[pinned.length - 1]);
     applyFilter();
   });
@@ -259,7 +262,7 @@ function placeRows() {
 function ensureModel(id) {
   let m = models.get(id);
   if (!m) {
-    m = { id, status: null, ps: null, aliases: [], nodes: null, pinned: false,
+    m = { id, status: null, ps: null, aliases: [], nodes: null, pinned: false, shown: "",
           template: undefined, ...makeRow(id) };
     models.set(id, m);
     $("#models tbody").appendChild(m.row);
@@ -624,7 +627,7 @@ function fmtMs(v) {
 
 function requestRow(r) {
   const tr = el("tr");
-  tr.dataset.model = r.model || "";
+  tr.dataset.requestOf = r.model || ""; // (data-model is a models-table row)
   const d = new Date((r.time || 0) * 1000);
   const stamp = d.toTimeString().slice(0, 8) + "." + String(d.getMilliseconds()).padStart(3, "0");
   const n = (v) => (v === null || v === undefined ? "" : String(v));
