@@ -8,8 +8,12 @@ in-process: a replica and a proxy of ``HttpConnection`` + ``UpstreamPool``
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 
 import pytest
+from conftest import chat_body
 from ggmux.proxy.http import HttpConnection, HttpLimits, Request
 from ggmux.proxy.http.pool import UpstreamPool
 from ggmux.proxy.http.upstream import request_head
@@ -119,3 +123,23 @@ def test_the_usage_line_reaches_the_exchange_and_never_the_client(setup):
     for r, raw in ((stream, proxy.sent[0]), (whole, proxy.sent[1])):
         assert r.get(USAGE_HEADER.decode()) == []
         assert USAGE_HEADER not in raw.lower()
+
+
+def test_in_flight_is_zero_for_a_client_that_saw_its_stream_end(serve, fakes):
+    """End to end: ``GET /ps`` (any proxy) and ``ggmux ps`` right after a
+    stream's last byte never count it in flight (issue 22 item 9: on a busy
+    host the count lagged the end)."""
+    fakes.add("alpha", tokens=6, token_s=0.002)
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "2", "--spares", "0")
+    for _ in range(20):
+        status, _, body = s.request("POST", "/v1/chat/completions",
+                                    chat_body("alpha", stream=True))
+        assert status == 200 and body.endswith(b"data: [DONE]\n\n")
+        ps = s.json("GET", "/ps")[1]
+        assert [m["in_flight"] for m in ps["models"]] == [0]
+        assert [r["in_flight"] for r in ps["models"][0]["replicas"]] == [0]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GGMUX_")}
+    r = subprocess.run([sys.executable, "-m", "ggmux", "ps", "--url", s.base],
+                       capture_output=True, text=True, timeout=30, env=env, check=False)
+    line = next(x for x in r.stdout.splitlines() if x.startswith("alpha"))
+    assert line.split()[4] == "0", r.stdout  # IN FLIGHT
