@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import posix_ipc
 
-from .seqlock import fence
+from .seqlock import NEEDS_FENCE, fence
 
 MAGIC = 0x47474D5558524551  # "GGMUXREQ"
 VERSION = 1
@@ -82,6 +82,7 @@ F_USAGE_COUNTED = 4  # generated tokens counted by the proxy (stream events)
 FIELDS = struct.Struct("<" + "q" * (Q_WORDS - 3) + "16s")
 """Words ``Q_WALL_NS`` .. ``Q_ANSWER_LEN`` then the request id: one record's
 body after its sequence word, written in one call."""
+_pack_into = FIELDS.pack_into
 
 
 def request_ring_name(segment: str) -> str:
@@ -121,6 +122,7 @@ class RequestRing:
         n = H_WORDS + shape.proxies * shape.region_words()
         self._words = np.frombuffer(mm, dtype=np.int64, count=n)
         self._q = self._buf[: 8 * n].cast("q")  # Python-level words: the writer's stores
+        self._region, self._rows, self._text = shape.region_words(), shape.rows, shape.text_offset()
         regions = self._words[H_WORDS:].reshape(shape.proxies, shape.region_words())
         self.counts = regions[:, :P_WORDS]  # (proxies, P_WORDS)
         self.rows = regions[:, P_WORDS:].reshape(shape.proxies, shape.rows, Q_WORDS)
@@ -190,24 +192,27 @@ class RequestRing:
         fields :data:`FIELDS` packs (``Q_WALL_NS`` .. ``Q_ANSWER_LEN`` and
         the request id as bytes); ``prompt`` / ``answer`` the excerpts
         (cut to the ring's excerpt size; the caller sets their lengths in
-        ``values``). Only the proxy that owns the region may call this."""
-        shape = self.shape
-        base = H_WORDS + proxy * shape.region_words()
+        ``values``). Only the proxy that owns the region may call this.
+        (Once per request on the forwarding path: a few word stores and
+        one pack.)"""
         q = self._q
-        k = q[base + P_WRITTEN]
-        pos = k % shape.rows
+        base = H_WORDS + proxy * self._region
+        k = q[base]
+        pos = k % self._rows
         at = base + P_WORDS + pos * Q_WORDS
-        q[at + Q_SEQ] = 2 * k + 1
-        fence()
-        FIELDS.pack_into(self._buf, 8 * (at + 1), *values)
-        ex = shape.excerpt
+        q[at] = 2 * k + 1
+        if NEEDS_FENCE:
+            fence()
+        _pack_into(self._buf, 8 * at + 8, *values)
+        ex = self.shape.excerpt
         if ex:
-            off = shape.text_offset() + ((proxy * shape.rows + pos) * 2) * ex
+            off = self._text + ((proxy * self._rows + pos) * 2) * ex
             self._buf[off : off + len(prompt[:ex])] = prompt[:ex]
             self._buf[off + ex : off + ex + len(answer[:ex])] = answer[:ex]
-        fence()
-        q[at + Q_SEQ] = 2 * k + 2
-        q[base + P_WRITTEN] = k + 1
+        if NEEDS_FENCE:
+            fence()
+        q[at] = 2 * k + 2
+        q[base] = k + 1
 
     # ---- readers ---------------------------------------------------------------
     def written(self) -> np.ndarray:

@@ -53,12 +53,12 @@ def usage_trailer(usage: object) -> bytes:
 def parse_usage(value: bytes | None) -> tuple[int, int, int] | None:
     """``(prompt, cached, generated)`` of a :data:`USAGE_HEADER` value;
     None for none or a malformed one."""
-    if not value:
+    try:
+        prompt, cached, gen = value.split()
+        counts = int(prompt), int(cached), int(gen)
+    except (AttributeError, ValueError):  # none, not three fields, not numbers
         return None
-    parts = value.split()
-    if len(parts) != 3 or not all(p.isdigit() for p in parts):
-        return None
-    return int(parts[0]), int(parts[1]), int(parts[2])
+    return counts if min(counts) >= 0 else None
 
 
 _USAGE = re.compile(rb'"usage"\s*:\s*\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}')
