@@ -11,12 +11,11 @@
 // requests, the admin key) and keeps it in sessionStorage, for this tab
 // only; a key the server refused is said so, and the panes that waited for
 // a key start by themselves once it is known. Streams are read with fetch()
-// rather than EventSource, which cannot send an Authorization header.
+// rather than EventSource, which cannot send an Authorization header. The
+// log tail and the requests table are logs.js and requests.js, loaded first.
 "use strict";
 
 const PS_INTERVAL_MS = 1000;
-const LOG_LINES_KEPT = 1000;
-const REQUEST_ROWS_KEPT = 200;
 const RETRY_MS = 2000;
 
 const $ = (sel) => document.querySelector(sel);
@@ -563,144 +562,6 @@ function clearChat() {
   conversation = [];
   $("#pg-transcript").textContent = "";
   $("#pg-stats").textContent = "";
-}
-
-// ---- logs ---------------------------------------------------------------------
-let logAbort = null;
-
-function logLine(rec) {
-  const d = new Date((rec.ts || 0) * 1000);
-  const stamp = d.toTimeString().slice(0, 8) + "." + String(d.getMilliseconds()).padStart(3, "0");
-  const span = el("span", rec.level || "INFO",
-    stamp + " " + (rec.level || "") + " [" + (rec.src || "?") + "] " + (rec.msg || "") + "\n");
-  const pre = $("#log");
-  const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
-  pre.appendChild(span);
-  while (pre.childNodes.length > LOG_LINES_KEPT) pre.removeChild(pre.firstChild);
-  if (atEnd) pre.scrollTop = pre.scrollHeight;
-}
-
-function restartLogs() {
-  if (logAbort) logAbort.abort();
-  followLogs();
-}
-
-async function followLogs() {
-  const ctl = new AbortController();
-  logAbort = ctl;
-  const state = $("#logs-state");
-  const only = $("#logs-model-only").checked && selected;
-  const path = "/logs/stream?lines=200" + (only ? "&model=" + encodeURIComponent(selected) : "");
-  $("#log").textContent = "";
-  while (!ctl.signal.aborted) {
-    try {
-      const resp = await api(path, { admin: true, ask: false, signal: ctl.signal });
-      if (resp.status === 401) {
-        state.textContent = keys.admin ? "the admin key was refused" : "the log tail needs the admin key";
-        $("#logs-admin").hidden = false;
-        keyWaiters.add(restartLogs); // starts by itself once a key is entered
-        return;
-      }
-      keyWaiters.delete(restartLogs);
-      if (!resp.ok) throw new Error(await errorText(resp));
-      $("#logs-admin").hidden = true;
-      state.textContent = "live";
-      for await (const ev of sseEvents(resp)) {
-        if ($("#logs-pause").checked) continue;
-        logLine(JSON.parse(ev.data));
-      }
-    } catch (err) {
-      if (ctl.signal.aborted) return;
-      state.textContent = "reconnecting";
-    }
-    await new Promise((r) => setTimeout(r, RETRY_MS));
-  }
-}
-
-// ---- requests -----------------------------------------------------------------
-let reqAbort = null;
-
-function fmtMs(v) {
-  if (v === null || v === undefined) return "";
-  return v < 10000 ? Math.round(v) + " ms" : (v / 1000).toFixed(1) + " s";
-}
-
-function requestRow(r) {
-  const tr = el("tr");
-  tr.dataset.requestOf = r.model || ""; // (data-model is a models-table row)
-  const d = new Date((r.time || 0) * 1000);
-  const stamp = d.toTimeString().slice(0, 8) + "." + String(d.getMilliseconds()).padStart(3, "0");
-  const n = (v) => (v === null || v === undefined ? "" : String(v));
-  const where = r.replica === null ? "" : "#" + r.replica + (r.where && r.where !== "local" ? " @" + r.where : "");
-  const cells = [
-    ["time", stamp], ["model", r.model || ""], ["replica", where],
-    ["api", r.api + " " + r.path + (r.stream ? " (stream)" : "")], ["status", n(r.status)],
-    ["prompt", n(r.prompt_tokens)], ["cached", n(r.cached_tokens)],
-    ["generated", n(r.generated_tokens) + (r.tokens_from === "proxy" ? "~" : "")],
-    ["ttft", fmtMs(r.ttft_ms)], ["rate", r.tokens_per_s === null ? "" : r.tokens_per_s.toFixed(1)],
-    ["duration", fmtMs(r.duration_ms)],
-  ];
-  for (const [name, text] of cells) {
-    const td = el("td", "col-" + name, text);
-    if (!["time", "model", "replica", "api"].includes(name)) td.classList.add("num");
-    tr.appendChild(td);
-  }
-  if (r.status >= 400) tr.classList.add("failed");
-  tr.title = "request " + (r.request_id || "") + (r.wait_ms ? ", waited " + fmtMs(r.wait_ms) : "")
-    + (r.prompt !== undefined ? "\nprompt: " + r.prompt + "\nanswer: " + r.answer : "");
-  return tr;
-}
-
-function restartRequests() {
-  if (reqAbort) reqAbort.abort();
-  followRequests();
-}
-
-async function followRequests() {
-  const ctl = new AbortController();
-  reqAbort = ctl;
-  const state = $("#req-state");
-  const only = $("#req-model").value;
-  const path = "/requests/stream?limit=100" + (only ? "&model=" + encodeURIComponent(only) : "");
-  const body = $("#requests tbody");
-  body.textContent = "";
-  while (!ctl.signal.aborted) {
-    try {
-      const resp = await api(path, { admin: true, ask: false, signal: ctl.signal });
-      if (resp.status === 401) {
-        state.textContent = keys.admin ? "the admin key was refused" : "the requests need the admin key";
-        $("#req-admin").hidden = false;
-        keyWaiters.add(restartRequests);
-        return;
-      }
-      keyWaiters.delete(restartRequests);
-      if (!resp.ok) throw new Error(await errorText(resp));
-      $("#req-admin").hidden = true;
-      state.textContent = "live";
-      body.textContent = "";
-      $("#requests-empty").hidden = false;
-      for await (const ev of sseEvents(resp)) {
-        body.insertBefore(requestRow(JSON.parse(ev.data)), body.firstChild); // newest first
-        while (body.childNodes.length > REQUEST_ROWS_KEPT) body.removeChild(body.lastChild);
-        $("#requests-empty").hidden = true;
-      }
-    } catch (err) {
-      if (ctl.signal.aborted) return;
-      state.textContent = "reconnecting";
-    }
-    await new Promise((r) => setTimeout(r, RETRY_MS));
-  }
-}
-
-function fillRequestModels() {
-  const sel = $("#req-model");
-  const have = new Set([...sel.options].map((o) => o.value));
-  for (const id of models.keys()) {
-    if (have.has(id)) continue;
-    const opt = el("option", null, id);
-    opt.value = id;
-    sel.appendChild(opt);
-  }
 }
 
 // ---- start ------------------------------------------------------------------
