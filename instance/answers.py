@@ -6,7 +6,8 @@ probabilities, and the ``stream_options.include_usage`` usage chunk.
 (the shape of LiteLLM's streaming iterators); it runs on the engine's
 decode thread and hands finished objects to a ``sink(kind, payload)``:
 ``("chunk", dict)`` for each streamed chunk, ``("result", dict)`` for a
-whole answer, ``("end", None)`` after the last chunk, ``("error", str)``.
+whole answer, ``("end", usage)`` after the last chunk (its usage object),
+``("error", str)``.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class Answer:
                 return
             if self.include_usage:
                 self.sink("chunk", self._head(choices=[], usage=usage))
-            self.sink("end", None)
+            self.sink("end", usage)  # (the server's usage trailer)
         elif kind == "error":
             self.sink("error", ev[1])
 

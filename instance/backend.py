@@ -14,7 +14,8 @@ from .validate import BadRequest
 Sink = Callable[[str, object], None]
 """``sink(kind, payload)`` of one request, callable from any thread:
 ``("chunk", dict)`` a streamed OpenAI chunk, ``("result", dict)`` a whole
-answer, ``("end", None)`` the stream ended cleanly, ``("error", str)`` it
+answer, ``("end", usage)`` the stream ended cleanly (its OpenAI ``usage``
+object, or None), ``("error", str)`` it
 failed (a stop; a :class:`ReplicaFault`, a str too, for a decode error);
 nothing follows ``result``, ``end`` or
 ``error``."""

@@ -78,14 +78,17 @@ class Engine(EmbeddingSteps):
     thread, ``sleep()``/``wake()`` to free and restore the weights,
     ``close()`` to end (queued and running requests get an ``error``)."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig,
+                 on_progress: Callable[[float], None] | None = None) -> None:
+        """``on_progress``: called with the weights' load progress (0.0 ..
+        1.0) while :meth:`load` or :meth:`wake` reads them."""
         import llama_cpp
 
         logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # llama.cpp's chatter
         self.L = llama_cpp
         self.cfg = config
         self.slots = [Slot(i) for i in range(max(1, config.parallel))]
-        self.m = ModelContext(llama_cpp, config, len(self.slots))
+        self.m = ModelContext(llama_cpp, config, len(self.slots), on_progress)
         self._cond = threading.Condition()
         self._model_lock = threading.Lock()
         self._inbox: list[Job] = []

@@ -11,7 +11,8 @@ with ``crash_code`` (3) this long after ready; ``ttft_s`` (0.002) delay before
 the first token; ``token_s`` (0.002) delay between tokens; ``tokens`` (8)
 tokens per answer unless the request's ``max_tokens`` is smaller;
 ``mem_bytes`` (0) effective host memory reported when ready; ``min_bytes``
-/ ``max_bytes`` memory reported by ``--measure``, after ``measure_s`` (0); ``fail_requests`` (bool)
+/ ``max_bytes`` memory reported by ``--measure``, after ``measure_s`` (0), with
+``chat_template`` (true): whether the model has a chat template; ``fail_requests`` (bool)
 answer requests with the replica's own fault, a 500 marked ``fault`` (so does
 the existence of a file ``BEHAVIOUR.json.fail-<pid>``, which lets a test break
 and mend one replica); ``bad_request_marker`` (str) a request whose JSON body
@@ -124,7 +125,9 @@ class FakeBackend(Backend):
     def measure(self) -> dict:
         c = self.cfg
         time.sleep(float(c.get("measure_s", 0)))
-        return {"min": {"host": int(c.get("min_bytes", 0))}, "max": {"host": int(c.get("max_bytes", 0))}}
+        return {"min": {"host": int(c.get("min_bytes", 0))},
+                "max": {"host": int(c.get("max_bytes", 0))},
+                "chat_template": bool(c.get("chat_template", True))}
 
     def load(self) -> dict:
         c = self.cfg
@@ -135,7 +138,9 @@ class FakeBackend(Backend):
         if c.get("crash_load") is not None:
             time.sleep(load_s / 2)
             os._exit(int(c["crash_load"]))
-        steps = 4
+        # progress as the built-in instance reports llama.cpp's: a line per
+        # LOAD_PROGRESS_S (at least four), the last at 1.0
+        steps = max(4, int(load_s / protocol.LOAD_PROGRESS_S))
         for i in range(steps):
             time.sleep(load_s / steps)
             protocol.emit("loading", progress=round((i + 1) / steps, 3))
@@ -320,7 +325,7 @@ class FakeBackend(Backend):
         if (body.get("stream_options") or {}).get("include_usage"):
             sink("chunk", {"id": rid, "object": obj, "created": created, "model": model,
                            "choices": [], "usage": usage})
-        sink("end", None)
+        sink("end", usage)
 
     def close(self, reason: str) -> None:
         with self._lock:

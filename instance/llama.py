@@ -15,6 +15,7 @@ import os
 import re
 from collections.abc import Callable
 
+from . import protocol
 from .answers import Answer, embedding_answer
 from .backend import Backend, Sink
 from .chat import ChatTemplate
@@ -177,7 +178,8 @@ class LlamaBackend(Backend):
         MiB shared); the ``effective`` figure a ready instance reports
         calibrates it.
         With ``--n-gpu-layers`` and a GPU, the offloaded share of weights and
-        KV is put on ``gpu0``. Bytes per device key.
+        KV is put on ``gpu0``. Bytes per device key. ``chat_template``:
+        whether the GGUF metadata has ``tokenizer.chat_template``.
         """
         import llama_cpp
         from llama_cpp._internals import LlamaModel
@@ -224,17 +226,22 @@ class LlamaBackend(Backend):
         lo = need(kv, ctx)
         hi = need(max(kv, n_ctx_train * parallel), max(ctx, n_ctx_train))
         ngl = self.args.n_gpu_layers
+        # whether the GGUF has a chat template (a base model has none: the
+        # page and clients then use completions, issue 22)
+        has_template = bool(md.get("tokenizer.chat_template"))
         if ngl and _gpu_count() > 0:
             frac = 1.0 if ngl < 0 else min(1.0, ngl / max(1, n_layer))
             return {
                 "min": {"host": int(lo * (1 - frac)) + 64 << 20, "gpu0": int(lo * frac)},
                 "max": {"host": int(hi * (1 - frac)) + 64 << 20, "gpu0": int(hi * frac)},
-                "n_ctx_train": n_ctx_train,
+                "n_ctx_train": n_ctx_train, "chat_template": has_template,
             }
-        return {"min": {"host": lo}, "max": {"host": hi}, "n_ctx_train": n_ctx_train}
+        return {"min": {"host": lo}, "max": {"host": hi}, "n_ctx_train": n_ctx_train,
+                "chat_template": has_template}
 
     def load(self) -> dict:
-        self.engine = Engine(self._config())
+        # the weights' progress as llama-server reports it to its router
+        self.engine = Engine(self._config(), on_progress=protocol.LoadProgress())
         info = self.engine.load()
         e = self.engine
         special = e.special_tokens()

@@ -54,6 +54,7 @@ from ..proxy.http.limits import (
     instance_limits,
     limits_from_args,
 )
+from ..proxy.http.usage import USAGE_HEADER, usage_line, usage_trailer
 from ..proxy.http.verdict import REPLICA_HEADER
 from . import protocol
 from .backend import Backend, ReplicaFault
@@ -335,7 +336,10 @@ class InstanceApp:
                 conn.finish(req)
                 return
             if what == "result":
-                conn.send_json(req, 200, native_chunk(payload, True) if native else payload)
+                # the usage line: the proxy's request ring reads it, not the body
+                line = usage_line(payload.get("usage")) if isinstance(payload, dict) else b""
+                conn.send_json(req, 200, native_chunk(payload, True) if native else payload,
+                               headers=[(USAGE_HEADER, line)] if line else ())
                 return
             if what == "chunk":
                 if not started:
@@ -349,7 +353,7 @@ class InstanceApp:
                     conn.start_stream(req)
                 if not native:  # llama.cpp's /completion has no [DONE]
                     conn.send_chunk(b"data: [DONE]\n\n")
-                conn.end_stream(req)
+                conn.end_stream(req, usage_trailer(payload))  # the usage line, as a trailer
                 return
             elif what == "error":
                 message = str(payload)

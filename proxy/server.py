@@ -21,7 +21,8 @@ the body's ``model``; ``GET /props|/metrics|/slots?model=`` routed by the
 query (they neither load a model nor refresh its last use); ``/v1/models``,
 ``/models`` (``?reload=1`` rescans the sources); ``POST /models/load``,
 ``/models/unload``; ``GET /models/sse``; ``GET /health``; ``GET /metrics``
-(Prometheus, whole server); ``/upstream/<model>/<path>`` pass-through; the
+(Prometheus, whole server); ``GET /requests`` and ``/requests/stream`` (the
+request ring); ``/upstream/<model>/<path>`` pass-through; the
 other client APIs (Anthropic, Responses, Ollama, ``GET /v1/models/{id}``)
 in :mod:`ggmux.proxy.apis`; CORS (:mod:`ggmux.proxy.cors`) on every answer.
 The routes are one table, :data:`ggmux.proxy.routes.ROUTES`.
@@ -42,8 +43,10 @@ import posix_ipc
 
 from ..shm import layout as L
 from ..shm.logring import log_ring_name
+from ..shm.requestring import request_ring_name
 from ..shm.segment import Segment
 from . import answers, apis, passthrough, routes
+from .activity import Activity
 from .apis import ClientApis
 from .auth import authorized, secret_header
 from .balancer import (
@@ -73,6 +76,7 @@ from .metrics import metrics_text, scrape_replicas
 from .operator.logs import LogTail
 from .operator.overview import overview
 from .operator.page import Page
+from .operator.requests import RequestLog
 from .waiting import ModelWaiters
 
 log = logging.getLogger("ggmux.proxy")
@@ -153,11 +157,14 @@ class Proxy(Forwarding):
         self.queued: dict[int, int] = {}  # model -> requests queued for a free replica
         self.local_asked: dict[int, int] = {}  # model -> when a local replica was last asked
         self.events = ModelEvents(self.loop, lambda: (self.reg_models, self.model_rows,
-                                                      self.errors))
+                                                      self.errors, self.cluster))
         self.reload_seq = 0  # this proxy's reload requests
         self.reload_ids: list[str] = []  # the reloads the supervisor finished, newest last
         self.page = Page()
         self.logtail = LogTail(self.loop, log_ring_name(shm))
+        self.activity = Activity(request_ring_name(shm), index)
+        self.pool.keep_bodies = self.activity.excerpt > 0  # --log-requests-bodies
+        self.requests = RequestLog(self.loop, self.activity.ring)
         self.refresh()
 
     # ---- shared-memory snapshot ------------------------------------------
@@ -413,7 +420,8 @@ class Proxy(Forwarding):
         self.refresh()
         if req.path == b"/ps":
             conn.send_json(req, 200, overview(self.seg, self.reg_models, self.model_rows,
-                                              self.replica_rows, self.remotes, self.errors))
+                                              self.replica_rows, self.remotes, self.errors,
+                                              cluster=self.cluster))
             return
         name = self._query_model(req)
         if name is not None:
@@ -426,6 +434,27 @@ class Proxy(Forwarding):
             self.logtail.text(conn, req, name)
         else:
             await self.logtail.stream(conn, req, name)
+
+    async def _requests(self, conn: HttpConnection, req: Request) -> None:
+        """``GET /requests`` and ``/requests/stream`` (:mod:`.operator.requests`;
+        ``?model=`` a name or alias)."""
+        self.refresh()
+        m = None
+        name = self._query_model(req)
+        if name is not None:
+            m = apis.resolve(self.names, name)
+            if m is None:
+                conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
+                return
+        view = self._request_view
+        if req.path == b"/requests":
+            self.requests.list(conn, req, view, m)
+        else:
+            await self.requests.stream(conn, req, view, m)
+
+    def _request_view(self) -> tuple[list[dict], dict[int, dict]]:
+        self.refresh()
+        return self.reg_models, self.remotes
 
     def _in_cluster(self) -> bool:
         self.refresh()

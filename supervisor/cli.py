@@ -41,6 +41,7 @@ from ..proxy.http.limits import (
     proxy_share,
 )
 from ..shm.logring import MAX_RECORD
+from ..shm.requestring import REQUEST_EXCERPT_BYTES
 from ..shm.segment import queue_name, segment_name
 from .client import add_client_commands, add_client_options, run_client
 from .cluster.options import add_cluster_options
@@ -244,6 +245,14 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     s.add_argument("--log-ring-bytes", type=int, default=1 << 20, metavar="N",
                    help="bytes of recent log lines (the supervisor's and every child's) kept "
                         "for GET /logs and ggmux logs")
+    s.add_argument("--requests-kept", type=int, default=1000, metavar="N",
+                   help="requests each proxy keeps in the request ring (time, model, replica, "
+                        "API, status, tokens, TTFT, duration) for GET /requests, the page's "
+                        "requests table and ggmux logs --requests")
+    s.add_argument("--log-requests-bodies", action="store_true",
+                   help="keep, with each request of the request ring, the first "
+                        f"{REQUEST_EXCERPT_BYTES} bytes of its prompt's last message and of "
+                        "its answer's text (off: no prompt or answer text is kept)")
     s.add_argument("--watch-config", action="store_true",
                    help="reload, as SIGHUP does, within a second of a change to the preset "
                         "file or a models dir")
@@ -472,6 +481,9 @@ def serve(args: argparse.Namespace) -> int:
     if args.log_ring_bytes < 4 * MAX_RECORD:
         print(f"ggmux: --log-ring-bytes must be at least {4 * MAX_RECORD}", file=sys.stderr)
         return 2
+    if args.requests_kept < 1:
+        print("ggmux: --requests-kept must be at least 1", file=sys.stderr)
+        return 2
     if args.proxies < 1 or args.models_max < 1:
         print("ggmux: --proxies and --models-max must be at least 1", file=sys.stderr)
         return 2
@@ -503,7 +515,8 @@ def serve(args: argparse.Namespace) -> int:
         memory_margin=int(args.models_memory_margin * MiB),
         host_memory=int(args.host_memory * MiB) if args.host_memory else None,
         ttl=args.ttl, sleep_idle=args.sleep_idle_seconds, spares=max(0, args.spares),
-        log_ring_bytes=args.log_ring_bytes,
+        log_ring_bytes=args.log_ring_bytes, requests_kept=args.requests_kept,
+        request_excerpt=REQUEST_EXCERPT_BYTES if args.log_requests_bodies else 0,
         watch_paths=[*pristine.models_dir, *filter(None, (pristine.fake_models_dir,
                                                           pristine.models_preset))]
         if args.watch_config else [],

@@ -37,6 +37,8 @@ class Request:
     small), ``request_id`` the id echoed as ``x-request-id``,
     ``content_length`` -1 when absent, ``conn_tokens`` the header names the
     client's ``Connection`` header lists (hop-by-hop, never forwarded).
+    ``started_ns``: ``time.monotonic_ns()`` when the head was whole;
+    ``status``: of the response sent to it, 0 before one.
     ``hop_marked``: the head carries :data:`HOP` or :data:`TOKEN` (then
     only the handler, which judges them, may forward it).
     ``on_disconnect`` is called once when the client goes away before the
@@ -71,6 +73,7 @@ class Request:
         "query",
         "request_id",
         "started_ns",
+        "status",
         "url",
     )
 
@@ -89,7 +92,8 @@ class Request:
         self.head_only = False
         self.expect_continue = False
         self.header_bytes = 0
-        self.started_ns = 0
+        self.started_ns = 0  # time.monotonic_ns() when its head was whole
+        self.status = 0  # of the response sent to it (0: none yet)
         self.request_id = b""
         self.preheaded = False  # a streaming head went out while the model loaded
         self.http10 = False
