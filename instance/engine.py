@@ -7,11 +7,16 @@ x parallel``) shared by ``parallel`` slots; slot ``i`` is llama sequence
 
 1. ``_reap``: cancelled requests leave their slots (a client that left
    frees its slot at the next step);
-2. ``_admit``: queued requests take free slots in arrival order. A request
-   goes to the free slot whose cached tokens share the longest prefix with
-   its prompt (llama-server's ``cache_prompt``; below
-   ``slot_prompt_similarity`` of the prompt, the least recently used slot)
-   and only the rest is evaluated. It starts only when every running slot's
+2. ``_admit``: queued requests take free slots, round robin by tenant
+   (:mod:`ggmux.instance.fairness`: the oldest request of the tenant
+   holding the fewest slots goes first). A request goes to the free slot
+   whose cached tokens share the longest prefix with its prompt
+   (llama-server's ``cache_prompt``; below ``slot_prompt_similarity`` of
+   the prompt, the least recently used slot) and only the rest is
+   evaluated; with ``cache_scope`` ``key`` only a slot whose cache its own
+   tenant made counts, with ``none`` no cache is reused (issue 18, finding
+   6: ``cached_tokens`` told one client another's prompt). It starts only
+   when every running slot's
    *reservation* (prompt + the most tokens it may generate) and its own fit
    in the KV cache, evicting idle slots' caches first: a full cache makes
    new requests wait and never aborts a running one (llama.cpp #23652);
@@ -37,7 +42,7 @@ import codecs
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -45,6 +50,7 @@ import numpy as np
 from .backend import ReplicaFault
 from .batch import Batch
 from .embedding import EmbeddingSteps
+from .fairness import FairQueue
 from .jobs import (
     Embedding,
     EngineAsleep,
@@ -58,13 +64,13 @@ from .model import EngineConfig, ModelContext
 from .sampling import (
     SamplerError,
     Sampling,
-    StopText,
     logits_row,
     logprob_entry,
     sampler_chain,
     token_logprobs,
 )
 from .slots import EMBED, GENERATE, IDLE, PROMPT, STATE_NAMES, WAIT, Slot, common_prefix
+from .stops import StopStrings, StopText
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +95,7 @@ class Engine(EmbeddingSteps):
         self._cond = threading.Condition()
         self._model_lock = threading.Lock()
         self._inbox: list[Job] = []
-        self._waiting: deque[Job] = deque()
+        self._waiting: FairQueue[Job] = FairQueue(_tenant)
         self._kicked = False
         self._close_reason: str | None = None
         self._refuse: str | None = None
@@ -239,9 +245,12 @@ class Engine(EmbeddingSteps):
         """Queue a request (any thread); returns its :class:`Job` at once.
         Raises InvalidRequest for a request this model cannot serve as
         given, EngineAsleep / EngineStopped when nothing is served."""
+        # the stop strings' automaton: on the caller's thread, before the lock
+        stops = StopStrings(request.stop) if isinstance(request, Generation) else None
         with self._model_lock:
             self._check_loaded()
             job = Job(request, on_event, self._next_id, self._kick)
+            job.stops = stops
             self._next_id += 1
             if isinstance(request, Generation):
                 self._prepare_generation(job, request)
@@ -327,7 +336,7 @@ class Engine(EmbeddingSteps):
                         self._cond.wait()
                     self._waiting.extend(self._inbox)
                     self._inbox = []
-                    self._kicked = False
+                    kicked, self._kicked = self._kicked, False
                     reason = self._close_reason
                     refuse, self._refuse = self._refuse, None
                 if reason is not None:
@@ -340,7 +349,7 @@ class Engine(EmbeddingSteps):
                     continue
                 if self._asleep:
                     continue
-                self._step()
+                self._step(kicked)
         except BaseException as e:  # a bug: fail every request rather than hang them
             log.exception("engine loop failed")
             self._shutdown(f"engine failure: {type(e).__name__}: {e}")
@@ -371,17 +380,18 @@ class Engine(EmbeddingSteps):
             if self._sleep_done is not None:
                 self._sleep_done.set()
 
-    def _step(self) -> None:
-        self._reap()
+    def _step(self, kicked: bool = True) -> None:
+        self._reap(kicked)
         self._admit()
         self._generate()
         self._embed()
 
-    def _reap(self) -> None:
+    def _reap(self, kicked: bool) -> None:
         for s in self.slots:
             if s.job is not None and s.job.cancelled and not s.job.ended:
                 self._end_job(s.job, cancelled=True)
-        if any(j.cancelled for j in self._waiting):
+        # only a cancel kicks: the queue is looked through only after one
+        if kicked and any(j.cancelled for j in self._waiting):
             for j in [j for j in self._waiting if j.cancelled]:
                 self._waiting.remove(j)
                 self._end_job(j, cancelled=True)
@@ -389,10 +399,14 @@ class Engine(EmbeddingSteps):
     # -- admission
     def _admit(self) -> None:
         while self._waiting:
-            job = self._waiting[0]
+            idle = [s for s in self.slots if s.state == IDLE]
+            if not idle:
+                return
+            held = Counter(_tenant(s.job) for s in self.slots
+                           if s.state != IDLE and s.job is not None)
+            job = self._waiting.next(held)
             r = job.request
             k = r.n if isinstance(r, Generation) else 1
-            idle = [s for s in self.slots if s.state == IDLE]
             if len(idle) < k:
                 return
             chosen = self._choose(job, idle, k)
@@ -407,7 +421,7 @@ class Engine(EmbeddingSteps):
                     break
                 cached -= len(s.tokens)
                 self._clear(s)
-            self._waiting.popleft()
+            self._waiting.take(job)
             self._start(job, chosen)
 
     def _choose(self, job: Job, idle: list[Slot], k: int) -> list[Slot]:
@@ -417,13 +431,20 @@ class Engine(EmbeddingSteps):
             return lru[:k]
         best, best_n = None, 0
         for s in idle:
-            if s.tokens:
+            if s.tokens and self._may_reuse(s, r):
                 n = common_prefix(r.prompt, np.asarray(s.tokens, np.int32))
                 if n > best_n:
                     best, best_n = s, n
         if best is None or best_n < self.cfg.slot_prompt_similarity * len(r.prompt):
             return lru[:k]
         return [best] + [s for s in lru if s is not best][: k - 1]
+
+    def _may_reuse(self, s: Slot, r: Generation) -> bool:
+        """Whether ``r`` may reuse the prompt cache of slot ``s``
+        (``cache_scope``: ``global`` any, ``key`` one its own tenant made,
+        ``none`` never)."""
+        scope = self.cfg.cache_scope
+        return scope == "global" or scope == "key" and s.owner == r.tenant
 
     def _clear(self, s: Slot) -> None:
         self.L.llama_memory_seq_rm(self.m.mem, s.id, -1, -1)
@@ -436,6 +457,7 @@ class Engine(EmbeddingSteps):
         self.stats["requests_total"] += 1
         for i, s in enumerate(chosen):
             s.job, s.choice, s.reserved, s.n_decoded = job, i, job.footprint, 0
+            s.owner = job.request.tenant  # the KV it will hold is this tenant's
             s.children, s.pending, s.i_batch = [], -1, -1
         first = chosen[0]
         if isinstance(job.request, Embedding):
@@ -445,7 +467,7 @@ class Engine(EmbeddingSteps):
             return
         prompt = job.request.prompt
         keep = 0
-        if job.request.cache_prompt and first.tokens:
+        if job.request.cache_prompt and first.tokens and self._may_reuse(first, job.request):
             keep = min(common_prefix(prompt, np.asarray(first.tokens, np.int32)), len(prompt) - 1)
             if keep > 0 and self.m.n_swa > 0:
                 # the sliding-window cache forgets old positions; without them
@@ -461,7 +483,7 @@ class Engine(EmbeddingSteps):
         for i, s in enumerate(chosen):
             s.sampler = job.samplers[i]
             s.decoder = codecs.getincrementaldecoder("utf-8")("replace")
-            s.stop = StopText(job.request.stop)
+            s.stop = StopText(job.stops)
             if s is not first:
                 self._clear(s)
                 s.state, s.n_cached = WAIT, keep
@@ -625,3 +647,6 @@ class Engine(EmbeddingSteps):
         self._free_samplers(job)
         job.emit(("error", message))
 
+
+def _tenant(job: Job) -> str:
+    return job.request.tenant

@@ -1,5 +1,5 @@
-"""Per-request sampling for the engine: llama.cpp sampler chains, stop
-strings and log-probabilities.
+"""Per-request sampling for the engine: llama.cpp sampler chains and
+log-probabilities (stop strings: :mod:`ggmux.instance.stops`).
 
 Pure helpers around llama-cpp-python's low-level API; the engine
 (:mod:`ggmux.instance.engine`) owns when they run. Defaults are
@@ -108,48 +108,6 @@ def sampler_chain(llama_cpp, vocab, n_vocab: int, s: Sampling, seed: int) -> int
     add(L.llama_sampler_init_temp(s.temperature))
     add(L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
     return chain
-
-
-class StopText:
-    """Text of one choice as it is generated, held back where it could be
-    the start of a stop string (llama-server's partial-stop rule), so a
-    client never sees the beginning of a stop string that then matches.
-
-    ``feed(text)`` -> ``(text to send now, matched)``; after a match the
-    text up to the stop string has been returned and the rest is dropped.
-    ``flush()`` returns what was held back (the choice ended otherwise).
-    """
-
-    __slots__ = ("held", "stops")
-
-    def __init__(self, stops: list[str] | tuple[str, ...]) -> None:
-        self.stops = [s for s in stops if s]
-        self.held = ""
-
-    def feed(self, text: str) -> tuple[str, bool]:
-        if not self.stops:
-            return text, False
-        buf = self.held + text
-        first = -1
-        for s in self.stops:
-            i = buf.find(s)
-            if i >= 0 and (first < 0 or i < first):
-                first = i
-        if first >= 0:
-            self.held = ""
-            return buf[:first], True
-        hold = 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(buf)), hold, -1):
-                if buf.endswith(s[:k]):
-                    hold = k
-                    break
-        self.held = buf[len(buf) - hold:] if hold else ""
-        return buf[: len(buf) - hold], False
-
-    def flush(self) -> str:
-        out, self.held = self.held, ""
-        return out
 
 
 def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:

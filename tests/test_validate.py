@@ -60,7 +60,8 @@ def test_sampling_fields_need_their_types_and_ranges():
     # llama.cpp's /completion names, as the instance maps them
     from ggmux.instance.server import native_request
 
-    assert native_request({"n_predict": -1, "mirostat": 2})["max_tokens"] == 0
+    out = native_request({"n_predict": -1, "max_tokens": 9, "mirostat": 2})
+    assert out["n_predict"] == 0 and "max_tokens" not in out  # n_predict wins, as in llama-server
     for body, param in [({"n_predict": "x"}, "n_predict"), ({"mirostat": 3}, "mirostat")]:
         assert param_of(V.check_sampling, native_request(body)) == param
 
