@@ -32,6 +32,7 @@ import asyncio
 import logging
 import os
 import random
+import secrets
 import time
 from urllib.parse import parse_qs
 
@@ -102,6 +103,7 @@ class Proxy(Forwarding):
         first_byte_timeout: float = 600.0,
         stream_idle_timeout: float = 300.0,
         cors_origins: str = "*",
+        tenant_secret: str | None = None,
     ) -> None:
         self.index = index
         self.cors = Cors(cors_origins) if cors_origins else None
@@ -125,8 +127,13 @@ class Proxy(Forwarding):
         self.load_wait = load_wait
         self.queue_timeout = queue_timeout
         self.max_queue = max_queue
-        self.api_key = api_key.encode() if api_key else None
+        # llama-server's form: several keys separated by commas, each its own
+        # tenant (auth.tenant); the first is what this node sends other nodes
+        self.api_keys = tuple(k.strip().encode() for k in (api_key or "").split(",") if k.strip())
+        self.api_key = self.api_keys[0] if self.api_keys else None
         self.admin_key = admin_key.encode() if admin_key else None
+        # keys the tenant hashes (auth.tenant); one per server, from the supervisor
+        self.tenant_secret = tenant_secret.encode() if tenant_secret else secrets.token_bytes(16)
         self.loop = asyncio.get_event_loop()
         self.pool = UpstreamPool(self.loop, stream_idle_s=stream_idle_timeout)
         self.pool.start_sweeping()
@@ -284,8 +291,16 @@ class Proxy(Forwarding):
     # ---- HTTP ------------------------------------------------------------------------
     def _authorized(self, req: Request, admin: bool = False) -> bool:
         """``Authorization: Bearer KEY`` or ``x-api-key: KEY``, compared in
-        constant time; admin routes need the admin key when one is set."""
-        return authorized(req, self.admin_key if admin and self.admin_key else self.api_key)
+        constant time (with every API key); admin routes need the admin key
+        when one is set."""
+        if admin and self.admin_key:
+            return authorized(req, self.admin_key)
+        if self.api_key is None:
+            return True
+        ok = False
+        for key in self.api_keys:
+            ok |= authorized(req, key)
+        return ok
 
     def _is_admin(self, req: Request) -> bool:
         """Whether the request presents the admin key (one must be set)."""
@@ -472,8 +487,9 @@ class Proxy(Forwarding):
 
     def _redacts(self, req: Request, target: bytes) -> bool:
         """Whether the replica's answer to ``target`` must lose its model
-        file paths: a GET of :data:`~ggmux.proxy.passthrough.REDACTED_PATHS`
-        by a caller without the admin key (issue 11)."""
+        file paths (and, for ``/slots``, other clients' request ids): a GET
+        of :data:`~ggmux.proxy.passthrough.REDACTED_PATHS` by a caller
+        without the admin key (issue 11; issue 18, finding 6)."""
         if req.method not in (b"GET", b"HEAD"):
             return False
         return target.split(b"?", 1)[0] in passthrough.REDACTED_PATHS and not self._is_admin(req)
@@ -494,7 +510,10 @@ class Proxy(Forwarding):
                 ctype = v
             else:
                 headers.append((k, v))
-        conn.send_response(req, ex.status, passthrough.redact_paths(ex.body), ctype, headers)
+        body = passthrough.redact_paths(ex.body)
+        if req.url.split(b"?", 1)[0] == b"/slots":
+            body = passthrough.redact_slots(body)
+        conn.send_response(req, ex.status, body, ctype, headers)
 
     def _model(self, conn: HttpConnection, req: Request, name) -> int | None:
         """Index of the model a request names, or None after answering

@@ -154,7 +154,8 @@ def client_from_args(args: argparse.Namespace) -> Client:
     """The :class:`Client` that ``--url`` / ``$GGMUX_URL`` and the key
     variables name."""
     url = args.url or os.environ.get("GGMUX_URL") or DEFAULT_URL
-    return Client(url, os.environ.get("GGMUX_API_KEY") or None,
+    # the server's $GGMUX_API_KEY may list several keys: the first one serves
+    return Client(url, (os.environ.get("GGMUX_API_KEY") or "").split(",")[0].strip() or None,
                   os.environ.get("GGMUX_ADMIN_KEY") or None)
 
 
