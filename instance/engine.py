@@ -297,7 +297,7 @@ class Engine(EmbeddingSteps):
     # ---- observation --------------------------------------------------------
     def slot_info(self) -> list[dict]:
         """One dict per slot (llama-server's ``/slots`` fields plus ours):
-        ``id``, ``id_task``, ``request_id``, ``state``, ``is_processing``,
+        ``id``, ``id_task``, ``request_id``, ``tenant``, ``state``, ``is_processing``,
         ``n_ctx``, ``n_past`` (tokens in its KV), ``n_cached`` (prompt tokens
         its current or last request reused), ``n_decoded``. A snapshot read
         without locking, exact between steps."""
@@ -306,6 +306,7 @@ class Engine(EmbeddingSteps):
             job = s.job
             out.append({"id": s.id, "id_task": job.id if job else -1,
                         "request_id": job.request.request_id if job else "",
+                        "tenant": job.request.tenant if job else "",
                         "state": STATE_NAMES[s.state], "is_processing": s.state != IDLE,
                         "n_ctx": self.n_ctx, "n_past": len(s.tokens), "n_cached": s.n_cached,
                         "n_decoded": s.n_decoded})
@@ -457,7 +458,6 @@ class Engine(EmbeddingSteps):
         self.stats["requests_total"] += 1
         for i, s in enumerate(chosen):
             s.job, s.choice, s.reserved, s.n_decoded = job, i, job.footprint, 0
-            s.owner = job.request.tenant  # the KV it will hold is this tenant's
             s.children, s.pending, s.i_batch = [], -1, -1
         first = chosen[0]
         if isinstance(job.request, Embedding):
@@ -481,6 +481,7 @@ class Engine(EmbeddingSteps):
         del first.tokens[keep:]
         job.n_cached = first.n_cached = keep
         for i, s in enumerate(chosen):
+            s.owner = job.request.tenant  # the KV it holds from now on is this tenant's
             s.sampler = job.samplers[i]
             s.decoder = codecs.getincrementaldecoder("utf-8")("replace")
             s.stop = StopText(job.stops)

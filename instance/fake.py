@@ -237,7 +237,8 @@ class FakeBackend(Backend):
     def slot_info(self) -> list[dict]:
         with self._lock:
             return [{"id": i, "is_processing": j is not None, "state": "generating" if j else "idle",
-                     "request_id": j.request_id if j else ""} for i, j in enumerate(self._busy)]
+                     "request_id": j.request_id if j else "", "tenant": j.tenant if j else ""}
+                    for i, j in enumerate(self._busy)]
 
     def metrics(self) -> dict:
         with self._lock:

@@ -125,9 +125,9 @@ def _redact(v):
     return v
 
 
-# what a /slots entry tells about the request in it: ggmux's request id,
-# llama-server's prompt and generated text (with --slots-debug)
-SLOT_PRIVATE = ("request_id", "prompt", "generated")
+# what a /slots entry tells about the request in it: ggmux's request id and
+# tenant, llama-server's prompt and generated text (with --slots-debug)
+SLOT_PRIVATE = ("request_id", "tenant", "prompt", "generated")
 
 
 def redact_slots(body: bytes) -> bytes:

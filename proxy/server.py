@@ -329,7 +329,10 @@ class Proxy(Forwarding):
         if self.cluster is None and req.header(HOP) is not None:
             self.refresh()  # a hop header: is this node (already) in a cluster?
         req.hop = take_hop(req, self.cluster)
-        if not (req.hop == HOP_TRUSTED and not admin) and not self._authorized(req, admin):
+        # the admin key also reads what a model's slots, props and metrics say
+        # (issue 18: /slots shows request ids to it alone)
+        if (not (req.hop == HOP_TRUSTED and not admin) and not self._authorized(req, admin)
+                and not (path in QUERY_ROUTED and self._is_admin(req))):
             why = ("this route needs the admin key (--admin-key)"
                    if admin and self.admin_key else "invalid or missing API key")
             if apis.handles(path):

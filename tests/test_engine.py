@@ -347,3 +347,58 @@ def test_close_during_four_generations_gives_each_an_error():
         assert "done" not in rec.kinds(f"g{i}")
     with pytest.raises(EngineStopped):
         e.submit(Generation([1]))
+
+
+# ---- issue 18: tenants -------------------------------------------------------------------
+
+def test_a_tenant_holding_every_slot_waits_behind_one_holding_none(engine):
+    """Finding 10 (engine level): tenant a fills the four slots and queues a
+    fifth request, then tenant b queues one: b's starts first when a slot
+    frees, though it came last (arrival order started a's)."""
+    rec = Recorder()
+    jobs = [engine.submit(Generation(engine.tokenize(chat(q)), GREEDY, max_tokens=1000,
+                                     ignore_eos=True, tenant="a"), rec.sink(f"a{i}"))
+            for i, q in enumerate(QUESTIONS)]
+    wait_for(lambda: engine.metrics()["slots_busy"] == 4, 60, what="four busy slots")
+    engine.submit(Generation(engine.tokenize(chat("Say yes.")), GREEDY, max_tokens=2,
+                             tenant="a"), rec.sink("a-more"))
+    engine.submit(Generation(engine.tokenize(chat("Say no.")), GREEDY, max_tokens=2,
+                             tenant="b"), rec.sink("b"))
+    wait_for(lambda: engine.metrics()["queue_depth"] == 2, 10, what="two queued")
+    assert {s["tenant"] for s in engine.slot_info()} == {"a"}
+    jobs[0].cancel()  # one slot frees
+    rec.wait("a0", "b")
+    assert "text" not in rec.kinds("a-more")  # still waiting: a holds three slots, b none
+    jobs[1].cancel()
+    rec.wait("a1", "a-more")
+    assert rec.index("b", "text") < rec.index("a-more", "text")
+    for j in jobs:
+        j.cancel()
+    rec.wait("a2", "a3")
+    wait_for(lambda: engine.metrics()["slots_busy"] == 0, 30, what="idle slots")
+
+
+def test_with_cache_scope_key_a_prompt_cache_serves_only_its_own_tenant(engine):
+    """Finding 6 (engine level): a prompt one tenant ran is cached for it
+    alone under ``key`` (another's same prompt reuses nothing and its usage
+    says so), for everybody under ``global``, for nobody under ``none``."""
+    system = "You keep secrets. The password is tulip-4417-zebra. " + " ".join(
+        f"Rule {i}: never tell." for i in range(30))
+    prompt = engine.tokenize(chat("What is the password?", system))
+
+    def cached(tenant: str) -> int:
+        r = engine.submit(Generation(prompt, GREEDY, max_tokens=1, tenant=tenant)).result(120)
+        return r["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    try:  # tenants no other test used: none of them has a cache of its own yet
+        engine.cfg.cache_scope = "key"
+        cached("owner")
+        assert cached("other") == 0  # owner's cache is there, but not other's to use
+        assert cached("owner") > 100 and cached("other") > 100  # each its own now
+        engine.cfg.cache_scope = "none"
+        assert cached("owner") == 0
+        engine.cfg.cache_scope = "global"
+        cached("third")
+        assert cached("fourth") > 100  # llama-server's way: anyone's cache serves
+    finally:
+        engine.cfg.cache_scope = "global"
