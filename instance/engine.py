@@ -24,7 +24,9 @@ x parallel``) shared by ``parallel`` slots; slot ``i`` is llama sequence
    and then chunks of prompts still being read, up to ``n_batch`` tokens, so
    a long prompt never stops the others' tokens (chunked prefill); one
    ``llama_decode``; then every slot whose logits came out samples with its
-   own ``llama_sampler`` chain and hands its text on;
+   own ``llama_sampler`` chain and hands its text on
+   (:mod:`ggmux.instance.sample_steps`: a grammar's draw, whose cost grows
+   with the grammar, runs on a worker thread while the others go on);
 4. ``_embed``: one batch of embedding chunks, decoded with embeddings on.
 
 ``n > 1`` evaluates the prompt once and copies its KV to the other choices'
@@ -61,15 +63,9 @@ from .jobs import (
     Job,
 )
 from .model import EngineConfig, ModelContext
-from .sampling import (
-    SamplerError,
-    Sampling,
-    logits_row,
-    logprob_entry,
-    sampler_chain,
-    token_logprobs,
-)
-from .slots import EMBED, GENERATE, IDLE, PROMPT, STATE_NAMES, WAIT, Slot, common_prefix
+from .sample_steps import SampleSteps
+from .sampling import SamplerError, Sampling, sampler_chain
+from .slots import EMBED, GENERATE, IDLE, PROMPT, SAMPLE, STATE_NAMES, WAIT, Slot, common_prefix
 from .stops import StopStrings, StopText
 
 log = logging.getLogger(__name__)
@@ -78,7 +74,7 @@ __all__ = ["Embedding", "Engine", "EngineAsleep", "EngineConfig", "EngineError",
            "EngineStopped", "Generation", "InvalidRequest", "Job", "Sampling"]
 
 
-class Engine(EmbeddingSteps):
+class Engine(EmbeddingSteps, SampleSteps):
     """Continuous batching over ``parallel`` slots of one llama context; see
     the module docstring. Life cycle: ``load()``, then ``submit`` from any
     thread, ``sleep()``/``wake()`` to free and restore the weights,
@@ -97,6 +93,7 @@ class Engine(EmbeddingSteps):
         self._inbox: list[Job] = []
         self._waiting: FairQueue[Job] = FairQueue(_tenant)
         self._kicked = False
+        self._results: list = []  # tokens drawn on worker threads (sample_steps)
         self._close_reason: str | None = None
         self._refuse: str | None = None
         self._sleep_done: threading.Event | None = None
@@ -325,7 +322,20 @@ class Engine(EmbeddingSteps):
 
     # ---- the decode thread --------------------------------------------------
     def _busy(self) -> bool:
+        """Whether any request is queued or running."""
         return bool(self._waiting) or any(s.state != IDLE for s in self.slots)
+
+    def _runnable(self) -> bool:
+        """Whether a step has work: a slot reading, generating or embedding
+        (not only waiting for a worker's token), or a request queued while a
+        slot is free."""
+        free = False
+        for s in self.slots:
+            if s.state == IDLE:
+                free = True
+            elif s.state != SAMPLE:
+                return True
+        return free and bool(self._waiting)
 
     def _run(self) -> None:
         try:
@@ -333,7 +343,7 @@ class Engine(EmbeddingSteps):
                 with self._cond:
                     while not (self._inbox or self._kicked or self._close_reason is not None
                                or self._sleep_done is not None or self._refuse is not None
-                               or self._busy()):
+                               or self._results or self._runnable()):
                         self._cond.wait()
                     self._waiting.extend(self._inbox)
                     self._inbox = []
@@ -362,6 +372,7 @@ class Engine(EmbeddingSteps):
                     return
                 done, self._sleep_done = self._sleep_done, None
                 self._asleep = True
+            self._drain_samples()
             self._free()
         log.info("asleep: weights and KV cache freed")
         done.set()
@@ -377,11 +388,13 @@ class Engine(EmbeddingSteps):
                     self._fail(s.job, reason)
             while self._waiting:
                 self._fail(self._waiting.popleft(), reason)
+            self._drain_samples()
             self._free()
             if self._sleep_done is not None:
                 self._sleep_done.set()
 
     def _step(self, kicked: bool = True) -> None:
+        self._collect()
         self._reap(kicked)
         self._admit()
         self._generate()
@@ -520,6 +533,7 @@ class Engine(EmbeddingSteps):
         t0 = time.perf_counter()
         ret = self.L.llama_decode(self.m.ctx, self._batch.ready())
         dt = time.perf_counter() - t0
+        self._timed(dt)
         st = self.stats
         st["decode_calls_total"] += 1
         st["decode_seconds_total"] += dt
@@ -572,51 +586,7 @@ class Engine(EmbeddingSteps):
             else:
                 self._sample(s)
 
-    def _sample(self, s: Slot) -> None:
-        L, job = self.L, s.job
-        r = job.request
-        tok = L.llama_sampler_sample(s.sampler, self.m.ctx, s.i_batch)
-        s.n_decoded += 1
-        job.n_decoded += 1
-        lp = None
-        if r.logprobs is not None:
-            row = logits_row(L, self.m.ctx, s.i_batch, self.m.n_vocab)
-            own, top = token_logprobs(row, tok, r.logprobs)
-            lp = [logprob_entry(self.m.piece, tok, own, top)]
-        if not r.ignore_eos and self.m.is_eog(tok):
-            if lp:
-                job.emit(("text", s.choice, "", lp))
-            self._end_choice(s, "stop")
-            return
-        text = s.decoder.decode(self.m.piece(tok))
-        out, matched = s.stop.feed(text)
-        if out or lp:
-            job.emit(("text", s.choice, out, lp))
-        if matched:
-            self._end_choice(s, "stop", flush=False)
-        elif s.n_decoded >= job.max_gen:
-            self._end_choice(s, "length")
-        else:
-            s.pending = tok
-
-    def _end_choice(self, s: Slot, reason: str, flush: bool = True) -> None:
-        job = s.job
-        if flush:
-            tail = s.stop.flush() + s.decoder.decode(b"", True)
-            if tail:
-                job.emit(("text", s.choice, tail, None))
-        job.emit(("end", s.choice, reason))
-        s.release()
-        job.left -= 1
-        if job.left == 0:
-            self._end_job(job)
-
     # -- ends
-    def _free_samplers(self, job: Job) -> None:
-        for smpl in job.samplers:
-            self.L.llama_sampler_free(smpl)
-        job.samplers = []
-
     def _end_job(self, job: Job, cancelled: bool = False) -> None:
         """The request is over (all choices ended, or cancelled): free its
         slots and samplers, count it, send ``done``."""

@@ -99,6 +99,7 @@ class Job:
         self._on_event = on_event
         self.samplers: list = []
         self.stops = None  # the request's StopStrings automaton (a Generation)
+        self.sampling = 0  # tokens being drawn on worker threads (its samplers are in use)
         self.slots: list = []  # the engine's slots serving it
         self.left = 0
         self.footprint = 0

@@ -135,6 +135,33 @@ def logprob_entry(piece, tok: int, own: float, top: list[tuple[int, float]]) -> 
     return {**one(tok, own), "top_logprobs": [one(t, v) for t, v in top]}
 
 
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+"""llama.cpp's ``llama_token_data`` as a numpy record."""
+
+
+def sample_logits(llama_cpp, chain, logits: np.ndarray) -> int:
+    """What ``llama_sampler_sample`` does (llama.cpp ``src/llama-sampler.cpp``),
+    on ``logits`` (shape ``[n_vocab]``, a copy the caller owns) instead of the
+    context's: every token a candidate, the chain applied, the selected one
+    accepted. Needs no context, so it may run on any thread while the
+    context decodes (one thread per chain at a time). Returns the token;
+    raises :class:`SamplerError` when the chain selected none."""
+    L = llama_cpp
+    n = int(logits.size)
+    cur = np.empty(n, TOKEN_DATA)
+    cur["id"] = np.arange(n, dtype=np.int32)
+    cur["logit"] = logits
+    cur["p"] = 0.0
+    arr = L.llama_token_data_array(cur.ctypes.data_as(ctypes.POINTER(L.llama_token_data)), n,
+                                   -1, False)
+    L.llama_sampler_apply(chain, ctypes.byref(arr))
+    if not 0 <= arr.selected < arr.size:
+        raise SamplerError("the sampler chain selected no token")
+    tok = int(arr.data[arr.selected].id)
+    L.llama_sampler_accept(chain, tok)
+    return tok
+
+
 def logits_row(llama_cpp, ctx, i: int, n_vocab: int) -> np.ndarray:
     """The logits of batch output ``i`` as a numpy view (valid until the
     next decode)."""

@@ -11,8 +11,9 @@ from .jobs import Job
 from .stops import StopText
 
 # slot states
-IDLE, PROMPT, WAIT, GENERATE, EMBED = range(5)
-STATE_NAMES = ("idle", "prompt", "waiting for prompt", "generating", "embedding")
+IDLE, PROMPT, WAIT, GENERATE, EMBED, SAMPLE = range(6)
+# SAMPLE: generating, its next token drawn on a worker thread (a grammar's)
+STATE_NAMES = ("idle", "prompt", "waiting for prompt", "generating", "embedding", "sampling")
 
 
 class Slot:

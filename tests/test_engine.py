@@ -402,3 +402,60 @@ def test_with_cache_scope_key_a_prompt_cache_serves_only_its_own_tenant(engine):
         assert cached("fourth") > 100  # llama-server's way: anyone's cache serves
     finally:
         engine.cfg.cache_scope = "global"
+
+
+def test_a_grammars_draw_runs_off_the_decode_thread_while_other_streams_go_on(engine,
+                                                                            monkeypatch):
+    """Finding 2, the grammar's share: llama.cpp checks every candidate
+    against every parse stack, so a big grammar's draw can take seconds.
+    Here every grammar draw is held until the test lets it go: a normal
+    request beside it runs to its end meanwhile (on the decode thread it
+    could not), then the grammar request completes, constrained."""
+    from ggmux.instance import sample_steps
+
+    gate = threading.Event()
+    real = sample_steps.sample_logits
+
+    def held(llama_cpp, chain, logits):
+        assert threading.current_thread().name.startswith("sampler")
+        gate.wait(120)
+        return real(llama_cpp, chain, logits)
+
+    monkeypatch.setattr(sample_steps, "sample_logits", held)
+    rec = Recorder()
+    g = engine.submit(Generation(engine.tokenize(chat("Yes or no?")),
+                                 Sampling(temperature=0, grammar='root ::= "yes" | "no"'),
+                                 max_tokens=4), rec.sink("grammar"))
+    wait_for(lambda: any(s["state"] == "sampling" for s in engine.slot_info()), 60,
+             what="the grammar's first draw on a worker")
+    normal = engine.submit(Generation(engine.tokenize(chat("Name a colour.")), GREEDY,
+                                      max_tokens=6), rec.sink("normal")).id
+    rec.wait("normal")
+    assert normal and rec.final("normal")[0] == "done" and rec.text("normal")
+    assert "text" not in rec.kinds("grammar")  # still drawing its first token
+    gate.set()
+    rec.wait("grammar")
+    assert rec.final("grammar")[0] == "done" and rec.text("grammar") in ("yes", "no")
+    assert g.ended
+
+
+def test_a_request_cancelled_while_its_grammar_draws_frees_everything(engine, monkeypatch):
+    from ggmux.instance import sample_steps
+
+    gate = threading.Event()
+    real = sample_steps.sample_logits
+    monkeypatch.setattr(sample_steps, "sample_logits",
+                        lambda *a: (gate.wait(120), real(*a))[1])
+    rec = Recorder()
+    job = engine.submit(Generation(engine.tokenize(chat("Yes or no?")),
+                                   Sampling(temperature=0, grammar='root ::= "yes" | "no"'),
+                                   max_tokens=4, n=2), rec.sink("g"))
+    wait_for(lambda: sum(s["state"] == "sampling" for s in engine.slot_info()) == 2, 60,
+             what="both choices drawing")
+    job.cancel()
+    rec.wait("g")
+    assert rec.final("g")[2].get("cancelled") is True
+    assert job.samplers and job.sampling == 2  # the workers still hold them
+    gate.set()
+    wait_for(lambda: job.sampling == 0 and not job.samplers, 30, what="samplers freed")
+    wait_for(lambda: engine.metrics()["slots_busy"] == 0, 30, what="idle slots")
