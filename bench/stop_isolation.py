@@ -1,7 +1,7 @@
-"""One client's stop strings against another client's stream (issue 18,
-finding 2): tokens/s of a normal greedy stream alone, and beside a request
-whose stop strings the text never completes, on one in-process engine
-(smollm2, two slots).
+"""One client's stop strings or grammar against another client's stream
+(issue 18, finding 2): tokens/s of a normal greedy stream alone, and beside
+a request whose stop strings the text never completes, or whose grammar is
+costly to check, on one in-process engine (smollm2, two slots).
 
 ``python -m bench.stop_isolation [--tokens 30] [--rounds 2] [--out FILE]``
 
@@ -14,8 +14,12 @@ Cases, run in alternating rounds:
   (``--max-stops`` 64 stop strings of ``--max-stop-bytes`` 256 bytes);
 * ``10k``: beside 10,000 stop strings of 16 bytes (past the limits: sent to
   the engine directly), with the automaton;
-* ``10k-old``: the same beside the matcher that tried every stop string at
-  every token (main before the fix, which had no limit either).
+* ``100k-old``: beside 100,000 stop strings of 16 bytes and the matcher
+  that tried every stop string at every token (main before the fix, which
+  had no limit either: the finding's request);
+* ``grammar``: beside a request whose grammar has 4,000 alternatives
+  (within ``--max-grammar-bytes``), its draws on a worker thread;
+* ``grammar-old``: the same drawn on the decode thread (as before the fix).
 
 Each figure is the normal stream's decode rate (tokens after the first,
 per second of its ``predicted_ms``); the ratios are alone / beside and
@@ -98,8 +102,14 @@ def run(engine, gen_cls, sampling, prompt: list[int], tokens: int,
             if ev[0] == "text":
                 started.set()
 
-        other = engine.submit(gen_cls(prompt, sampling, max_tokens=20 * tokens, stop=adversary,
-                                      ignore_eos=True), on_event)
+        if adversary == "grammar":  # any of 4,000 words, forever: 87 KB of GBNF
+            words = " | ".join(f'"w{i} "' for i in range(4000))
+            req = gen_cls(prompt, type(sampling)(temperature=0, grammar=f"root ::= x+\nx ::= {words}"),
+                          max_tokens=20 * tokens, ignore_eos=True)
+        else:
+            req = gen_cls(prompt, sampling, max_tokens=20 * tokens, stop=adversary,
+                          ignore_eos=True)
+        other = engine.submit(req, on_event)
         if not started.wait(300):
             raise RuntimeError("the adversarial request did not start")
     r = engine.submit(gen_cls(prompt, sampling, max_tokens=tokens, ignore_eos=True)).result(600)
@@ -142,19 +152,30 @@ def main() -> None:
         "plain": [],
         "limits": stops_from(text, limits.max_stops, limits.max_stop_bytes),
         "10k": stops_from(text, 10_000, 16),
-        "10k-old": stops_from(text, 10_000, 16),
+        "100k-old": stops_from(text, 100_000, 16),
+        "grammar": "grammar",
+        "grammar-old": "grammar",
     }
+    from ggmux.instance.sample_steps import SampleSteps
+
+    later = SampleSteps._sample_later
+
+    def on_the_decode_thread(self, s) -> None:  # the draw as before the fix
+        tok = self.L.llama_sampler_sample(s.sampler, self.m.ctx, s.i_batch)
+        self._took(s, tok, None)
     rates: dict[str, list[float]] = {k: [] for k in cases}
     try:
         for _ in range(args.rounds):
             for name, stops in cases.items():
                 old = name.endswith("-old")
                 engine_mod.StopStrings, engine_mod.StopText = (
-                    (list, OldStopText) if old else (StopStrings, StopText))
+                    (list, OldStopText) if old and stops != "grammar" else (StopStrings, StopText))
+                SampleSteps._sample_later = on_the_decode_thread if old else later
                 rates[name].append(run(e, Generation, greedy, prompt, args.tokens, stops))
                 print(f"{name:>8}: {rates[name][-1]:.1f} tok/s", flush=True)
     finally:
         engine_mod.StopStrings, engine_mod.StopText = StopStrings, StopText
+        SampleSteps._sample_later = later
         e.close()
     alone = statistics.median(rates["alone"])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,

@@ -14,9 +14,10 @@ has a grammar therefore draws on a worker thread, from a copy of its logits
 ctypes lets go of the GIL in llama.cpp): meanwhile it sits out of the
 batches (state ``sampling``) and the other slots go on; its token is taken
 at the start of the next step after it is ready (:meth:`SampleSteps._collect`),
-which waits for outstanding draws up to :data:`DRAW_WAIT` of a decode's
-time, so that a cheap grammar (most JSON schemas) still joins every batch
-while an expensive one delays the others by at most that share. A
+which waits for the draws sent since the last step up to :data:`DRAW_WAIT`
+of a decode's time, so that a cheap grammar (most JSON schemas) still
+joins every batch while an expensive one delays the others by at most that
+share, once per token of its own. A
 request's samplers are freed only once no worker holds one, and the
 weights only once no worker runs (:meth:`SampleSteps._drain_samples`).
 """
@@ -45,6 +46,7 @@ class SampleSteps:
 
     _pool: ThreadPoolExecutor | None = None
     _drawing = 0  # draws on workers not yet collected
+    _fresh = 0  # of those, sent since the last step's collect
     _step_s = 0.0  # EWMA of a decode's seconds (:meth:`_timed`)
 
     def _timed(self, seconds: float) -> None:
@@ -72,6 +74,7 @@ class SampleSteps:
         job = s.job
         job.sampling += 1
         self._drawing += 1
+        self._fresh += 1
         self._pool.submit(self._sample_off, s, job, s.sampler, row)
 
     def _sample_off(self, s: Slot, job, sampler, row: np.ndarray) -> None:
@@ -86,13 +89,16 @@ class SampleSteps:
 
     def _collect(self) -> None:
         """Take the tokens the workers drew (the start of a step), waiting
-        for outstanding ones up to :data:`DRAW_WAIT` of a decode's time."""
+        for those sent since the last step up to :data:`DRAW_WAIT` of a
+        decode's time (a draw still out after that is a slow one: the
+        others do not wait for it again)."""
         if not self._drawing:
             return
         with self._cond:
-            if not self._results:
+            if not self._results and self._fresh:
                 self._cond.wait_for(lambda: self._results, DRAW_WAIT * self._step_s)
             done, self._results = self._results, []
+        self._fresh = 0
         self._drawing -= len(done)
         for s, job, tok, row in done:
             job.sampling -= 1
@@ -115,7 +121,7 @@ class SampleSteps:
             self._pool = None
         with self._cond:
             done, self._results = self._results, []
-        self._drawing = 0
+        self._drawing = self._fresh = 0
         for _, job, _, _ in done:
             job.sampling -= 1
             if job.ended and job.sampling == 0:
