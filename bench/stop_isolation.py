@@ -188,11 +188,11 @@ def main() -> None:
     print(f"\n{report['date']}  {report['nproc']} cores  commit {commit}  load "
           f"{report['load_1m'][0]} -> {report['load_1m'][1]}  ({report['seconds']} s)")
     plain = statistics.median(rates["plain"])
-    print(f"{'case':<10}{'tok/s (each round)':<28}{'median':>8}{'alone/this':>12}"
+    print(f"{'case':<13}{'tok/s (each round)':<28}{'median':>8}{'alone/this':>12}"
           f"{'plain/this':>12}")
     for name, v in rates.items():
         med = statistics.median(v)
-        print(f"{name:<10}{', '.join(f'{x:.1f}' for x in v):<28}{med:>8.1f}{alone / med:>12.2f}"
+        print(f"{name:<13}{', '.join(f'{x:.1f}' for x in v):<28}{med:>8.1f}{alone / med:>12.2f}"
               f"{plain / med:>12.2f}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
