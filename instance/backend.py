@@ -47,10 +47,12 @@ class Backend:
         "max": {...}}``."""
         return {"min": {}, "max": {}}
 
-    def start(self, kind: str, body: dict, sink: Sink, request_id: str = "") -> Callable[[], None]:
+    def start(self, kind: str, body: dict, sink: Sink, request_id: str = "",
+              tenant: str = "") -> Callable[[], None]:
         """Begin one ``kind`` request (``chat``, ``completion``,
         ``embedding``) with a JSON ``body`` (``request_id`` is shown in
-        ``/slots``): checks it (raises
+        ``/slots``; ``tenant``, the proxy's ``x-ggmux-tenant``, decides its
+        turn for a slot and whose prompt cache it may reuse): checks it (raises
         :class:`~ggmux.instance.validate.BadRequest` at once), queues it, and
         returns ``cancel()`` (any thread), which ends it at the next step
         (the client left). Its answer goes to ``sink``."""

@@ -30,9 +30,11 @@ from .validate import (
     completion_prompt,
     embedding_inputs,
     fit_embedding_input,
+    generation_limit,
     is_int,
     logit_bias,
     request_limits_from_args,
+    stop_strings,
     token_ids,
     tokenize_request,
 )
@@ -74,6 +76,7 @@ _LLAMA_OPTIONS = {
     "--flash-attn": ("flash_attn", lambda v: _on_off_auto(v)),
     "-fa": ("flash_attn", lambda v: _on_off_auto(v)),
     "--chat-template": ("chat_format", str),
+    "--n-predict": ("n_predict", int), "--predict": ("n_predict", int), "-n": ("n_predict", int),
     "--parallel": ("parallel", int), "-np": ("parallel", int),
 }
 _LLAMA_FLAGS = {"--no-mmap": ("use_mmap", False), "--mmap": ("use_mmap", True),
@@ -87,7 +90,7 @@ _GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "
 
 def llama_kwargs(argv: list[str]) -> dict:
     """Engine settings (:class:`~ggmux.instance.model.EngineConfig` fields,
-    and ``chat_format``) for llama-server options a preset gave
+    ``chat_format`` and ``n_predict``) for llama-server options a preset gave
     (``extra_args``); options the engine has no equivalent for are logged
     and ignored, as llama.cpp ignores unknown environment."""
     kw: dict = {}
@@ -146,9 +149,12 @@ class LlamaBackend(Backend):
     def _config(self):
         kw = llama_kwargs(getattr(self.args, "llama_args", []) or [])
         self.chat_format = kw.pop("chat_format", None)
+        # llama-server's -n: the tokens a request that gives no limit generates
+        self.n_predict = kw.pop("n_predict", -1)
         cfg = EngineConfig(self.path, ctx_size=self.args.ctx_size,
                            n_gpu_layers=self.args.n_gpu_layers,
-                           kv_size=getattr(self.args, "kv_size", 0) or 0)
+                           kv_size=getattr(self.args, "kv_size", 0) or 0,
+                           cache_scope=getattr(self.args, "cache_scope", "global"))
         if self.args.threads:
             cfg.n_threads = self.args.threads
         for k, v in kw.items():
@@ -271,12 +277,13 @@ class LlamaBackend(Backend):
             self.engine.refuse_waiting(reason)
 
     # ---- requests -----------------------------------------------------------
-    def start(self, kind: str, body: dict, sink: Sink, request_id: str = "") -> Callable[[], None]:
+    def start(self, kind: str, body: dict, sink: Sink, request_id: str = "",
+              tenant: str = "") -> Callable[[], None]:
         try:
             if kind == "embedding":
-                job = self._embedding(body, sink, request_id)
+                job = self._embedding(body, sink, request_id, tenant)
             else:
-                job = self._generation(kind, body, sink, request_id)
+                job = self._generation(kind, body, sink, request_id, tenant)
         except InvalidRequest as e:
             raise BadRequest(str(e)) from None
         return job.cancel
@@ -284,7 +291,7 @@ class LlamaBackend(Backend):
     def _model(self, body: dict) -> str:
         return body["model"] if isinstance(body.get("model"), str) else self.name
 
-    def _generation(self, kind: str, body: dict, sink: Sink, request_id: str):
+    def _generation(self, kind: str, body: dict, sink: Sink, request_id: str, tenant: str = ""):
         check_sampling(body, max_n=self.slots)
         n_vocab = self.engine.n_vocab
         tool = None
@@ -306,8 +313,7 @@ class LlamaBackend(Backend):
             stops = []
             if body.get("echo"):
                 echo = p if isinstance(p, str) else self.engine.detokenize(p, special=False)
-        stop = body.get("stop")
-        stops = ([stop] if isinstance(stop, str) else list(stop or [])) + stops
+        stops = stop_strings(body, self.limits) + stops
         lp = body.get("logprobs")
         if kind == "chat":
             if lp is not None and not isinstance(lp, bool):
@@ -316,11 +322,7 @@ class LlamaBackend(Backend):
             top = (body.get("top_logprobs") or 0) if lp else None
         else:
             top = None if lp is None or lp is False else (0 if lp is True else int(lp))
-        max_tokens = body.get("max_tokens")
-        if max_tokens is None:
-            max_tokens = body.get("max_completion_tokens")
-        if max_tokens is None and is_int(body.get("n_predict")):
-            max_tokens = body["n_predict"]
+        max_tokens = generation_limit(body, self.limits, self.n_predict)
         sampling = self._sampling(body, gbnf, n_vocab)
         # a seeded draw repeats only if the logits do to the last digit: reusing a
         # cached prefix evaluates the prompt's end in another batch shape, which
@@ -330,7 +332,7 @@ class LlamaBackend(Backend):
                          stop=stops, n=body.get("n") or 1,
                          ignore_eos=body.get("ignore_eos") is True,
                          cache_prompt=body.get("cache_prompt") is not False and not seeded,
-                         logprobs=top, request_id=request_id)
+                         logprobs=top, request_id=request_id, tenant=tenant)
         opts = body.get("stream_options") or {}
         answer = Answer(sink, kind, self._model(body), gen.n, stream=body.get("stream") is True,
                         include_usage=opts.get("include_usage") is True,
@@ -351,13 +353,15 @@ class LlamaBackend(Backend):
             s.mirostat = mode
         last_n = body.get("repeat_last_n")
         if is_int(last_n) and last_n >= -1:
-            s.repeat_last_n = self.engine.n_ctx if last_n == -1 else last_n
+            # no request holds more than n_ctx tokens: a longer window is the
+            # same window, and llama.cpp allocates it whole (2**31 aborted)
+            s.repeat_last_n = self.engine.n_ctx if last_n == -1 else min(last_n, self.engine.n_ctx)
         seed = body.get("seed")
         if seed is not None and seed >= 0:
             s.seed = seed
         return s
 
-    def _embedding(self, body: dict, sink: Sink, request_id: str):
+    def _embedding(self, body: dict, sink: Sink, request_id: str, tenant: str = ""):
         e = self.engine
         inputs = embedding_inputs(body, e.n_vocab, self.limits)
         truncate = bool(body.get("truncate"))
@@ -381,7 +385,7 @@ class LlamaBackend(Backend):
                 sink("error", ev[1])
 
         vectors: list[list[float]] = []
-        return e.submit(Embedding(batch, request_id), on_event)
+        return e.submit(Embedding(batch, request_id, tenant), on_event)
 
     def tokenize(self, body: dict) -> dict:
         content, add_special, with_pieces = tokenize_request(body)

@@ -47,7 +47,10 @@ class EngineConfig:
     the same prompt's alone; measured on this CPU, where a shared cache
     parted them after 8 to 48 tokens) and cheaper (each token attends over
     its own cells only); a shared cache lets a smaller ``kv_size`` serve
-    long requests, the rest waiting for room."""
+    long requests, the rest waiting for room. ``cache_scope``
+    (``--cache-scope``, issue 18 finding 6): whose prompt cache a request
+    may reuse: ``global`` any slot's (llama-server), ``key`` only one made
+    by a request of its own tenant, ``none`` nobody's."""
 
     model_path: str
     ctx_size: int = 2048
@@ -70,6 +73,7 @@ class EngineConfig:
     seed: int = DEFAULT_SEED
     slot_prompt_similarity: float = 0.1
     kv_unified: bool | None = None
+    cache_scope: str = "global"
 
 
 class ModelContext:

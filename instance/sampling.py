@@ -1,5 +1,5 @@
-"""Per-request sampling for the engine: llama.cpp sampler chains, stop
-strings and log-probabilities.
+"""Per-request sampling for the engine: llama.cpp sampler chains and
+log-probabilities (stop strings: :mod:`ggmux.instance.stops`).
 
 Pure helpers around llama-cpp-python's low-level API; the engine
 (:mod:`ggmux.instance.engine`) owns when they run. Defaults are
@@ -110,48 +110,6 @@ def sampler_chain(llama_cpp, vocab, n_vocab: int, s: Sampling, seed: int) -> int
     return chain
 
 
-class StopText:
-    """Text of one choice as it is generated, held back where it could be
-    the start of a stop string (llama-server's partial-stop rule), so a
-    client never sees the beginning of a stop string that then matches.
-
-    ``feed(text)`` -> ``(text to send now, matched)``; after a match the
-    text up to the stop string has been returned and the rest is dropped.
-    ``flush()`` returns what was held back (the choice ended otherwise).
-    """
-
-    __slots__ = ("held", "stops")
-
-    def __init__(self, stops: list[str] | tuple[str, ...]) -> None:
-        self.stops = [s for s in stops if s]
-        self.held = ""
-
-    def feed(self, text: str) -> tuple[str, bool]:
-        if not self.stops:
-            return text, False
-        buf = self.held + text
-        first = -1
-        for s in self.stops:
-            i = buf.find(s)
-            if i >= 0 and (first < 0 or i < first):
-                first = i
-        if first >= 0:
-            self.held = ""
-            return buf[:first], True
-        hold = 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(buf)), hold, -1):
-                if buf.endswith(s[:k]):
-                    hold = k
-                    break
-        self.held = buf[len(buf) - hold:] if hold else ""
-        return buf[: len(buf) - hold], False
-
-    def flush(self) -> str:
-        out, self.held = self.held, ""
-        return out
-
-
 def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
     """Log-probability of ``token`` under the model's raw distribution
     (log-softmax of ``logits``, shape ``[n_vocab]``) and the ``top`` most
@@ -175,6 +133,33 @@ def logprob_entry(piece, tok: int, own: float, top: list[tuple[int, float]]) -> 
         return {"id": t, "token": b.decode("utf-8", "replace"), "bytes": list(b), "logprob": v}
 
     return {**one(tok, own), "top_logprobs": [one(t, v) for t, v in top]}
+
+
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+"""llama.cpp's ``llama_token_data`` as a numpy record."""
+
+
+def sample_logits(llama_cpp, chain, logits: np.ndarray) -> int:
+    """What ``llama_sampler_sample`` does (llama.cpp ``src/llama-sampler.cpp``),
+    on ``logits`` (shape ``[n_vocab]``, a copy the caller owns) instead of the
+    context's: every token a candidate, the chain applied, the selected one
+    accepted. Needs no context, so it may run on any thread while the
+    context decodes (one thread per chain at a time). Returns the token;
+    raises :class:`SamplerError` when the chain selected none."""
+    L = llama_cpp
+    n = int(logits.size)
+    cur = np.empty(n, TOKEN_DATA)
+    cur["id"] = np.arange(n, dtype=np.int32)
+    cur["logit"] = logits
+    cur["p"] = 0.0
+    arr = L.llama_token_data_array(cur.ctypes.data_as(ctypes.POINTER(L.llama_token_data)), n,
+                                   -1, False)
+    L.llama_sampler_apply(chain, ctypes.byref(arr))
+    if not 0 <= arr.selected < arr.size:
+        raise SamplerError("the sampler chain selected no token")
+    tok = int(arr.data[arr.selected].id)
+    L.llama_sampler_accept(chain, tok)
+    return tok
 
 
 def logits_row(llama_cpp, ctx, i: int, n_vocab: int) -> np.ndarray:

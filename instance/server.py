@@ -54,11 +54,12 @@ from ..proxy.http.limits import (
     instance_limits,
     limits_from_args,
 )
+from ..proxy.http.request import TENANT
 from ..proxy.http.usage import USAGE_HEADER, usage_line, usage_trailer
 from ..proxy.http.verdict import REPLICA_HEADER
 from . import protocol
 from .backend import Backend, ReplicaFault
-from .validate import BadRequest, RequestLimits, add_request_limit_options
+from .validate import CACHE_SCOPES, BadRequest, RequestLimits, add_request_limit_options
 
 log = logging.getLogger("ggmux.instance")
 
@@ -92,12 +93,14 @@ UNSUPPORTED = frozenset(
 
 def native_request(body: dict) -> dict:
     """llama.cpp ``/completion`` body -> OpenAI completion body."""
-    out = {k: v for k, v in body.items() if k not in ("n_predict", "content")}
+    out = {k: v for k, v in body.items() if k != "content"}
     n = body.get("n_predict")
     if isinstance(n, int) and not isinstance(n, bool) and n >= -1:
-        out["max_tokens"] = max(n, 0)  # -1: until the context is full, as 0 is here
-    elif n is not None:
-        out["n_predict"] = n  # for the checks to name it
+        # n_predict wins over max_tokens (llama-server); -1 and 0: the server's
+        # --n-predict, else up to the context. Kept under its own name, which
+        # the checks name (and a limit's 400)
+        out.pop("max_tokens", None)
+        out["n_predict"] = max(n, 0)
     if "mirostat" in body:
         out["mirostat_mode"] = body["mirostat"]
     if "prompt" not in out and "content" in body:
@@ -310,9 +313,10 @@ class InstanceApp:
             loop.call_soon_threadsafe(events.put_nowait, (what, payload))
 
         rid = (req.header(b"x-request-id") or b"").decode("latin-1")[:64]
+        tenant = (req.header(TENANT) or b"").decode("latin-1")[:64]
         try:
             cancel = await loop.run_in_executor(self.executor, self.backend.start, kind, body,
-                                                sink, rid)
+                                                sink, rid, tenant)
         except ValueError as e:  # BadRequest
             conn.send_error(req, 400, str(e), param=getattr(e, "param", None))
             return
@@ -404,6 +408,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          '\'["--batch-size", "256", "--flash-attn", "on"]\'')
     ap.add_argument("--measure", action="store_true", help="report memory needs and exit")
     add_request_limit_options(ap)
+    ap.add_argument("--cache-scope", choices=CACHE_SCOPES, default="global",
+                    help="whose prompt cache a request may reuse: key (its own tenant's, "
+                         "from the proxy's x-ggmux-tenant), global (any), none")
     ap.add_argument("--slot", type=int, default=None,
                     help="the supervisor's replica slot, for the process title")
     # the supervisor passes the header and body limits that fit its proxies'
@@ -502,7 +509,8 @@ def main(argv: list[str] | None = None) -> int:
         args.llama_args = la.get("llama_args") or []
         # the request and HTTP limits of `ggmux serve` (ModelEntry.instance_args)
         given = parse_args(la.get("instance_args") or [])
-        for name in (*(f.name for f in fields(RequestLimits)), *INSTANCE_LIMIT_NAMES):
+        for name in (*(f.name for f in fields(RequestLimits)), *INSTANCE_LIMIT_NAMES,
+                     "cache_scope"):
             setattr(args, name, getattr(given, name))
         args.slot = la.get("slot")
         setproctitle(process_title(args))

@@ -41,6 +41,7 @@ import posix_ipc
 
 from ..shm import layout as L
 from . import answers, passthrough
+from .auth import tenant
 from .balancer import CLOSED, candidates_from_shm, choose, open_until, session_key
 from .cluster import HOP_TRUSTED, hop_headers, judge_hop, loading_info
 from .http import HttpConnection, Request
@@ -152,7 +153,7 @@ class Forwarding:
             return False
         body = req.body
         data = request_head(req, c.port, len(body), target=target,
-                            auth=self.secrets.get(slot, b"")) + body
+                            auth=self.secrets.get(slot, b""), tenant=self._tenant(req, m)) + body
         cw[L.C_IN_FLIGHT] += 1
         cw[L.C_LAST_USED_NS] = time.monotonic_ns()
         up.send(conn, req, data, lambda r: self._fast_done(conn, req, m, slot, inc, r),
@@ -506,21 +507,32 @@ class Forwarding:
         remote = self.remotes.get(slot)
         body = bytes(req.body)
         if remote is None:
-            data = request_head(req, port, len(body), auth=self.secrets.get(slot, b"")) + body
+            data = request_head(req, port, len(body), auth=self.secrets.get(slot, b""),
+                                tenant=self._tenant(req, m)) + body
             return await self.pool.forward(port, conn, req, data, first_byte_ns=fb,
                                            on_head=on_head, capture=capture, on_end=on_end)
         host = remote["host"]
         if remote.get("hop") and self.cluster is not None:
             # another node of the cluster: the hop header and the cluster's token
             extra, auth = hop_headers(self.cluster, self.api_key), b""
+            who = tenant(req, self.tenant_secret, req.hop == HOP_TRUSTED)
         else:
             key = remote.get("api_key")
             extra, auth = (), b"authorization: Bearer %s\r\n" % key.encode() if key else b""
+            who = b""
         prefix = remote.get("prefix", "").encode()
         head = request_head(req, port, len(body), extra, host.encode(), auth=auth,
-                            target=prefix + req.url if prefix else None)
+                            target=prefix + req.url if prefix else None, tenant=who)
         return await self.pool.forward(port, conn, req, head + body, host, first_byte_ns=fb,
                                        on_head=on_head, capture=capture, on_end=on_end)
+
+    def _tenant(self, req: Request, m: int) -> bytes:
+        """``x-ggmux-tenant`` for a local replica of model ``m``: only a
+        built-in instance gets one (a ``cmd`` replica is someone else's
+        server)."""
+        if self.reg_models[m].get("kind") not in ("llama", "fake"):
+            return b""
+        return tenant(req, self.tenant_secret, req.hop == HOP_TRUSTED)
 
     def _account(self, cnt: memoryview, m: int, ex: Exchange) -> None:
         """Count one forwarded request: requests, errors, TTFT (EWMA, last,

@@ -34,6 +34,7 @@ import asyncio
 import logging
 import os
 import random
+import secrets
 import time
 from urllib.parse import parse_qs
 
@@ -81,6 +82,9 @@ from .waiting import ModelWaiters
 
 log = logging.getLogger("ggmux.proxy")
 
+# routed by ?model=; the admin key may read them too (their answers show more to it)
+QUERY_ROUTED = frozenset((b"/props", b"/metrics", b"/slots"))
+
 RELOAD_WAIT_S = 30.0  # ?reload=1 waits this long for the rescan (a cache of many models is slow)
 STOPPING = "the server is stopping"
 
@@ -104,6 +108,7 @@ class Proxy(Forwarding):
         first_byte_timeout: float = 600.0,
         stream_idle_timeout: float = 300.0,
         cors_origins: str = "*",
+        tenant_secret: str | None = None,
     ) -> None:
         self.index = index
         self.cors = Cors(cors_origins) if cors_origins else None
@@ -127,8 +132,13 @@ class Proxy(Forwarding):
         self.load_wait = load_wait
         self.queue_timeout = queue_timeout
         self.max_queue = max_queue
-        self.api_key = api_key.encode() if api_key else None
+        # llama-server's form: several keys separated by commas, each its own
+        # tenant (auth.tenant); the first is what this node sends other nodes
+        self.api_keys = tuple(k.strip().encode() for k in (api_key or "").split(",") if k.strip())
+        self.api_key = self.api_keys[0] if self.api_keys else None
         self.admin_key = admin_key.encode() if admin_key else None
+        # keys the tenant hashes (auth.tenant); one per server, from the supervisor
+        self.tenant_secret = tenant_secret.encode() if tenant_secret else secrets.token_bytes(16)
         self.loop = asyncio.get_event_loop()
         self.pool = UpstreamPool(self.loop, stream_idle_s=stream_idle_timeout)
         self.pool.start_sweeping()
@@ -289,8 +299,16 @@ class Proxy(Forwarding):
     # ---- HTTP ------------------------------------------------------------------------
     def _authorized(self, req: Request, admin: bool = False) -> bool:
         """``Authorization: Bearer KEY`` or ``x-api-key: KEY``, compared in
-        constant time; admin routes need the admin key when one is set."""
-        return authorized(req, self.admin_key if admin and self.admin_key else self.api_key)
+        constant time (with every API key); admin routes need the admin key
+        when one is set."""
+        if admin and self.admin_key:
+            return authorized(req, self.admin_key)
+        if self.api_key is None:
+            return True
+        ok = False
+        for key in self.api_keys:
+            ok |= authorized(req, key)
+        return ok
 
     def _is_admin(self, req: Request) -> bool:
         """Whether the request presents the admin key (one must be set)."""
@@ -318,7 +336,10 @@ class Proxy(Forwarding):
         if self.cluster is None and req.header(HOP) is not None:
             self.refresh()  # a hop header: is this node (already) in a cluster?
         req.hop = take_hop(req, self.cluster)
-        if not (req.hop == HOP_TRUSTED and not admin) and not self._authorized(req, admin):
+        # the admin key also reads what a model's slots, props and metrics say
+        # (issue 18: /slots shows request ids to it alone)
+        if (not (req.hop == HOP_TRUSTED and not admin) and not self._authorized(req, admin)
+                and not (path in QUERY_ROUTED and self._is_admin(req))):
             why = ("this route needs the admin key (--admin-key)"
                    if admin and self.admin_key else "invalid or missing API key")
             if route is not None and route.foreign:
@@ -509,8 +530,9 @@ class Proxy(Forwarding):
 
     def _redacts(self, req: Request, target: bytes) -> bool:
         """Whether the replica's answer to ``target`` must lose its model
-        file paths: a GET of :data:`~ggmux.proxy.passthrough.REDACTED_PATHS`
-        by a caller without the admin key (issue 11)."""
+        file paths (and, for ``/slots``, other clients' request ids): a GET
+        of :data:`~ggmux.proxy.passthrough.REDACTED_PATHS` by a caller
+        without the admin key (issue 11; issue 18, finding 6)."""
         if req.method not in (b"GET", b"HEAD"):
             return False
         return target.split(b"?", 1)[0] in passthrough.REDACTED_PATHS and not self._is_admin(req)
@@ -531,7 +553,10 @@ class Proxy(Forwarding):
                 ctype = v
             else:
                 headers.append((k, v))
-        conn.send_response(req, ex.status, passthrough.redact_paths(ex.body), ctype, headers)
+        body = passthrough.redact_paths(ex.body)
+        if req.url.split(b"?", 1)[0] == b"/slots":
+            body = passthrough.redact_slots(body)
+        conn.send_response(req, ex.status, body, ctype, headers)
 
     def _model(self, conn: HttpConnection, req: Request, name) -> int | None:
         """Index of the model a request names, or None after answering

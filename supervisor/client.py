@@ -61,7 +61,8 @@ def client_from_args(args: argparse.Namespace) -> Client:
     if timeout is None:
         timeout = getattr(args, "default_timeout", DEFAULT_TIMEOUT_S)
     max_bytes = getattr(args, "max_answer_bytes", None)
-    return Client(url, os.environ.get("GGMUX_API_KEY") or None,
+    # the server's $GGMUX_API_KEY may list several keys: the first one serves
+    return Client(url, (os.environ.get("GGMUX_API_KEY") or "").split(",")[0].strip() or None,
                   os.environ.get("GGMUX_ADMIN_KEY") or None,
                   timeout,
                   MAX_ANSWER_BYTES if max_bytes is None else max_bytes)

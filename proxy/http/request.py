@@ -19,6 +19,10 @@ Header = tuple[bytes, bytes]
 # either (``Request.hop_marked``); no replica ever gets them
 HOP = b"x-ggmux-hop"
 TOKEN = b"x-ggmux-cluster-token"
+# who asked, for a built-in instance's fairness and prompt-cache scope: a
+# keyed hash of the caller's API key (:func:`~.auth.tenant`); a client's own
+# is always dropped (issue 18, findings 6 and 10)
+TENANT = b"x-ggmux-tenant"
 
 
 def new_request_id() -> bytes:

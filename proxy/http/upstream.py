@@ -75,7 +75,7 @@ from .connection import (
     error_body,
     status_line,
 )
-from .request import HOP, TOKEN
+from .request import HOP, TENANT, TOKEN
 from .usage import USAGE_HEADER
 from .verdict import REPLICA_HEADER, replica_fault
 
@@ -149,7 +149,7 @@ def _bytes_acked(transport: asyncio.BaseTransport | None) -> int:
 # upstream only its own api-key), and so are the cluster's hop header and
 # token (a forward to another node adds its own: proxy.cluster.hop_headers)
 _REQUEST_DROP = HOP_BY_HOP | {b"content-length", b"host", b"expect", b"x-request-id",
-                              b"authorization", b"x-api-key", HOP, TOKEN}
+                              b"authorization", b"x-api-key", HOP, TOKEN, TENANT}
 # never copied to the client: the client core sets framing and the id; the
 # replica's verdict on itself is for the proxy
 _RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"x-request-id", REPLICA_HEADER, USAGE_HEADER}
@@ -752,6 +752,7 @@ def request_head(
     host: bytes = b"127.0.0.1",
     target: bytes | None = None,
     auth: bytes = b"",
+    tenant: bytes = b"",
 ) -> bytes:
     """The request head sent to a replica: same method and target (or
     ``target``), our own Host, Content-Length and ``x-request-id`` (the
@@ -759,7 +760,8 @@ def request_head(
     (``authorization``, ``x-api-key``) removed (the fixed list and those
     the client's ``Connection`` header names), ``extra`` headers appended,
     then ``auth``: whole header lines (``b"authorization: ...\\r\\n"``,
-    the replica's own credential) or nothing."""
+    the replica's own credential) or nothing, and ``tenant`` as
+    ``x-ggmux-tenant`` when given (a client's own never passes)."""
     url = req.url if target is None else target
     parts = [b"%s %s HTTP/1.1\r\nhost: %s:%d\r\n" % (req.method, url, host, port)]
     tokens = req.conn_tokens
@@ -769,6 +771,8 @@ def request_head(
         parts.append(b"%s: %s\r\n" % (k, v))
     for k, v in extra:
         parts.append(b"%s: %s\r\n" % (k, v))
+    if tenant:
+        parts.append(b"%s: %s\r\n" % (TENANT, tenant))
     parts.append(b"%sx-request-id: %s\r\ncontent-length: %d\r\n\r\n"
                  % (auth, req.request_id, body_len))
     return b"".join(parts)
