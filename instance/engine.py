@@ -552,7 +552,7 @@ class Engine(EmbeddingSteps):
     def _sample(self, s: Slot) -> None:
         L, job = self.L, s.job
         r = job.request
-        tok = L.llama_sampler_sample(s.sampler, self.m.ctx, s.i_batch)
+        tok = s.sampler.sample(self.m.ctx, s.i_batch)
         s.n_decoded += 1
         job.n_decoded += 1
         lp = None
@@ -565,7 +565,7 @@ class Engine(EmbeddingSteps):
                 job.emit(("text", s.choice, "", lp))
             self._end_choice(s, "stop")
             return
-        text = s.decoder.decode(self.m.piece(tok))
+        text = s.decoder.decode(self.m.piece(tok, tok in r.preserved))
         out, matched = s.stop.feed(text)
         if out or lp:
             job.emit(("text", s.choice, out, lp))
@@ -591,7 +591,7 @@ class Engine(EmbeddingSteps):
     # -- ends
     def _free_samplers(self, job: Job) -> None:
         for smpl in job.samplers:
-            self.L.llama_sampler_free(smpl)
+            smpl.free()
         job.samplers = []
 
     def _end_job(self, job: Job, cancelled: bool = False) -> None:

@@ -54,7 +54,10 @@ class Generation:
     up to the context (llama-cpp-python's rule); more than the context
     allows is cut to it. ``stop`` strings end a choice and are not part of
     its text. ``logprobs`` None: none; k >= 0: the chosen token's and the k
-    best. ``cache_prompt`` False evaluates the whole prompt again."""
+    best. ``cache_prompt`` False evaluates the whole prompt again.
+    ``preserved``: special tokens whose text the answer shows (a tool-call
+    format's markers, llama-server's ``preserved_tokens``); other control
+    tokens show as nothing."""
 
     prompt: list[int]
     sampling: Sampling = field(default_factory=Sampling)
@@ -65,6 +68,7 @@ class Generation:
     cache_prompt: bool = True
     logprobs: int | None = None
     request_id: str = ""
+    preserved: frozenset[int] = frozenset()
 
 
 @dataclass(slots=True)

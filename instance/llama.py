@@ -19,9 +19,19 @@ from .answers import Answer, embedding_answer
 from .backend import Backend, Sink
 from .chat import ChatTemplate
 from .engine import Embedding, Engine, Generation, InvalidRequest
+from .messages import chat_messages as jinja_messages
+from .messages import refuse_media
 from .model import EngineConfig
 from .sampling import Sampling
-from .structured import forced_tool, schema_grammar, structured_output
+from .structured import (
+    forced_tool,
+    grammar_text,
+    response_schema,
+    schema_grammar,
+    structured_output,
+)
+from .tools.request import tool_request
+from .tools.stream import ChatStream
 from .validate import (
     BadRequest,
     chat_messages,
@@ -140,6 +150,7 @@ class LlamaBackend(Backend):
         self.limits = request_limits_from_args(args)
         self.engine = None
         self.template = None
+        self.reasoning_format = getattr(args, "reasoning_format", None) or "deepseek"
         self.slots = self._config().parallel
 
     def _config(self):
@@ -282,7 +293,30 @@ class LlamaBackend(Backend):
         n_vocab = self.engine.n_vocab
         tool = None
         echo = None
-        if kind == "chat":
+        parser = None
+        preserved: frozenset[int] = frozenset()
+        triggers: tuple[list[str], list[int]] = ([], [])
+        lazy = False
+        if kind == "chat" and self.template.jinja is not None:
+            messages = jinja_messages(body.get("messages"), self._model(body))
+            gbnf = structured_output(body, self.limits)
+            req = tool_request(body, self.limits, self.reasoning_format,
+                               response_schema(body) if gbnf is not None else None)
+            if req.calls_tools and body.get("grammar") is not None:
+                raise BadRequest("'grammar' cannot be combined with tools (give tool_choice "
+                                 "\"none\" or no grammar)", "grammar")
+            cp = self.template.chat(messages, req)
+            plan = cp.plan
+            if plan.grammar is not None:
+                gbnf = grammar_text(plan.grammar, self.limits, "tools")
+                lazy = plan.lazy
+                triggers = (cp.trigger_patterns, cp.trigger_tokens)
+            prompt, stops = cp.tokens, list(plan.stops)
+            preserved = cp.preserved
+            fmt = cp.fmt
+            parser = lambda: ChatStream(fmt, plan)
+        elif kind == "chat":
+            refuse_media(body.get("messages"), self._model(body))
             messages = chat_messages(body.get("messages"))
             tool = forced_tool(body, self.limits)
             gbnf = structured_output(body, self.limits)
@@ -315,6 +349,9 @@ class LlamaBackend(Backend):
         if max_tokens is None and is_int(body.get("n_predict")):
             max_tokens = body["n_predict"]
         sampling = self._sampling(body, gbnf, n_vocab)
+        if lazy:
+            sampling.grammar_lazy = True
+            sampling.grammar_patterns, sampling.grammar_tokens = triggers
         # a seeded draw repeats only if the logits do to the last digit: reusing a
         # cached prefix evaluates the prompt's end in another batch shape, which
         # changes them slightly, and a draw over the whole vocabulary feels it
@@ -323,12 +360,12 @@ class LlamaBackend(Backend):
                          stop=stops, n=body.get("n") or 1,
                          ignore_eos=body.get("ignore_eos") is True,
                          cache_prompt=body.get("cache_prompt") is not False and not seeded,
-                         logprobs=top, request_id=request_id)
+                         logprobs=top, request_id=request_id, preserved=preserved)
         opts = body.get("stream_options") or {}
         answer = Answer(sink, kind, self._model(body), gen.n, stream=body.get("stream") is True,
                         include_usage=opts.get("include_usage") is True,
                         logprobs=None if top is None else kind,
-                        tool=tool["name"] if tool else None, echo=echo)
+                        tool=tool["name"] if tool else None, echo=echo, parser=parser)
         return self.engine.submit(gen, answer.on_event)
 
     def _sampling(self, body: dict, gbnf: str | None, n_vocab: int):

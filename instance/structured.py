@@ -296,3 +296,21 @@ def forced_tool(body: dict, limits: RequestLimits) -> dict | None:
                          '{"type": "function", "function": {"name": ...}} to force one, or '
                          '"none"', "tools" if tools is not None else "functions")
     return None
+
+
+def response_schema(body: dict) -> dict | None:
+    """The JSON schema of a request's structured output (``json_schema``,
+    ``response_format``'s ``schema`` or ``json_schema.schema``; ``{"type":
+    "object"}`` for a bare ``json_object``), or None (a GBNF ``grammar``,
+    plain text). For a body :func:`structured_output` accepted."""
+    if isinstance(body.get("json_schema"), dict):
+        return body["json_schema"]
+    rf = body.get("response_format")
+    if not isinstance(rf, dict):
+        return None
+    if rf.get("type") == "json_object":
+        return rf.get("schema") if isinstance(rf.get("schema"), dict) else {"type": "object"}
+    if rf.get("type") == "json_schema":
+        js = rf.get("json_schema") or {}
+        return js.get("schema") if isinstance(js.get("schema"), dict) else {"type": "object"}
+    return None
