@@ -36,11 +36,19 @@ class GrammarProbe:
         n = L.llama_tokenize(self.vocab, raw, len(raw), buf, len(raw) + 8, False, False)
         return list(buf[:n])
 
-    def accepts(self, grammar: str, text: str, complete: bool = True) -> bool:
+    def accepts(self, grammar: str, text: str, complete: bool = True,
+                patterns: list[str] | None = None) -> bool:
         """Whether ``grammar`` lets ``text`` be generated (and, with
-        ``complete``, end there)."""
+        ``complete``, end there); with ``patterns``, as a lazy grammar that
+        waits for one of them (llama.cpp's trigger patterns)."""
         L = self.L
-        s = L.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
+        if patterns is not None:
+            pats = (ctypes.c_char_p * len(patterns))(*[p.encode() for p in patterns])
+            toks = (L.llama_token * 1)()
+            s = L.llama_sampler_init_grammar_lazy_patterns(self.vocab, grammar.encode(), b"root",
+                                                           pats, len(patterns), toks, 0)
+        else:
+            s = L.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
         assert s, "llama.cpp did not parse the grammar"
         arr = (L.llama_token_data * 1)()
         try:

@@ -14,13 +14,27 @@ parses into OpenAI deltas; :mod:`.request` checks the request's fields.
 from __future__ import annotations
 
 from .base import ChatMsg, ChatPlan, ToolCall, ToolFormat, ToolRequest
+from .command_r import CommandR7BFormat
+from .deepseek import DeepSeekR1Format, DeepSeekV31Format
+from .functionary import FunctionaryFormat
 from .generic import GenericFormat
+from .gpt_oss import GptOssFormat
+from .granite import GraniteFormat
+from .hermes import HermesFormat
+from .llama3 import Llama3Format
+from .mistral import MistralFormat
 
 __all__ = ["ChatMsg", "ChatPlan", "ToolCall", "ToolFormat", "ToolRequest", "detect",
            "format_for"]
 
 # families in llama.cpp's order of detection; the first whose detect() holds
-FAMILIES: list[type[ToolFormat]] = []
+FAMILIES: list[type[ToolFormat]] = [
+    DeepSeekV31Format, DeepSeekR1Format, CommandR7BFormat, GraniteFormat, HermesFormat,
+    GptOssFormat, FunctionaryFormat, Llama3Format,
+]
+# families used only when the request calls tools (llama.cpp: after "plain
+# handler (no tools)")
+TOOL_ONLY_FAMILIES: list[type[ToolFormat]] = [MistralFormat]
 
 
 class ContentFormat(ToolFormat):
@@ -34,10 +48,11 @@ class ContentFormat(ToolFormat):
         self.thinking = "<think>" in source
 
 
-def detect(source: str) -> type[ToolFormat] | None:
+def detect(source: str, calls_tools: bool = True) -> type[ToolFormat] | None:
     """The family of a template's ``source`` text, or None (no family:
-    the generic format serves its tool calls)."""
-    for fam in FAMILIES:
+    the generic format serves its tool calls). Some families are only used
+    when the request calls tools (``calls_tools``)."""
+    for fam in FAMILIES + (TOOL_ONLY_FAMILIES if calls_tools else []):
         if fam.detect(source):
             return fam
     return None
@@ -52,7 +67,7 @@ def format_for(source: str, calls_tools: bool, json_schema: bool = False) -> Too
     ``<think>``)."""
     if calls_tools and json_schema:
         return GenericFormat(source)
-    fam = detect(source)
+    fam = detect(source, calls_tools)
     if fam is not None:
         return fam(source)
     if calls_tools:

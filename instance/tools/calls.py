@@ -11,6 +11,8 @@ final arguments.
 
 from __future__ import annotations
 
+import json
+
 from .base import ToolCall
 from .jsonscan import Incomplete, object_items, partial_string, value_end, ws
 
@@ -18,7 +20,7 @@ NAME_KEYS = ("name", "function")
 ARG_KEYS = ("arguments", "parameters")
 
 
-def read_call(text: str, i: int, name_keys=NAME_KEYS, arg_keys=ARG_KEYS
+def read_call(text: str, i: int, name_keys=NAME_KEYS, arg_keys=ARG_KEYS, id_keys=("id",)
               ) -> tuple[ToolCall | None, int | None]:
     """The call object at ``ws(text, i)``: ``(call, end)``; ``end`` None when
     the text ends inside it (``call`` then holds what is there: None until
@@ -49,7 +51,7 @@ def read_call(text: str, i: int, name_keys=NAME_KEYS, arg_keys=ARG_KEYS
                         args = text[start:].rstrip()
                         raise
                     args = text[start:end]
-            elif key == "id" and start < len(text) and text[start] == '"':
+            elif key in id_keys and start < len(text) and text[start] == '"':
                 s, end = partial_string(text, start)
                 if end is None:
                     raise Incomplete
@@ -67,8 +69,8 @@ def read_call(text: str, i: int, name_keys=NAME_KEYS, arg_keys=ARG_KEYS
         return ToolCall(name, args or "", cid), None
 
 
-def read_call_list(text: str, i: int, partial: bool, name_keys=NAME_KEYS, arg_keys=ARG_KEYS
-                   ) -> tuple[list[ToolCall], int | None]:
+def read_call_list(text: str, i: int, partial: bool, name_keys=NAME_KEYS, arg_keys=ARG_KEYS,
+                   id_keys=("id",)) -> tuple[list[ToolCall], int | None]:
     """A JSON list of call objects at ``ws(text, i)``: ``(calls, end)``, end
     None when the text ends inside the list."""
     i = ws(text, i)
@@ -81,7 +83,7 @@ def read_call_list(text: str, i: int, partial: bool, name_keys=NAME_KEYS, arg_ke
     if i < len(text) and text[i] == "]":
         return calls, i + 1
     while i < len(text):
-        call, end = read_call(text, i, name_keys, arg_keys)
+        call, end = read_call(text, i, name_keys, arg_keys, id_keys)
         if call is not None:
             calls.append(call)
         if end is None:
@@ -95,3 +97,10 @@ def read_call_list(text: str, i: int, partial: bool, name_keys=NAME_KEYS, arg_ke
             raise ValueError(f"expected ',' or ']' at {i}")
         i = ws(text, i + 1)
     return calls, None
+
+
+def code_arguments(code: str, partial: bool) -> str:
+    """``{"code": CODE}`` as JSON text; while the code still grows, without
+    its closing ``"}`` (so what streams is a prefix of the final text)."""
+    text = json.dumps({"code": code}, ensure_ascii=False)
+    return text[:-2] if partial else text
