@@ -136,16 +136,16 @@ CASES = [
      '<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1}}</tool_call>',
      "", "", CALL, {}),
     ("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja", "hermes-2-pro",
-     'Hello, world!\nWhat\'s up?<tool_call>\n{"name": "special_function", "arguments": '
-     '{"arg1": 1}}</tool_call>', HELLO, "", CALL, {}),
+     ('Hello, world!\nWhat\'s up?<tool_call>\n{"name": "special_function", "arguments": '
+     '{"arg1": 1}}</tool_call>'), HELLO, "", CALL, {}),
     ("Qwen-Qwen2.5-7B-Instruct.jinja", "hermes-2-pro",
      '<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1}}\n</tool_call>',
      "", "", CALL, {}),
     ("Qwen-Qwen3-0.6B.jinja", "hermes-2-pro",
      "<think>I'm\nthinking</think>Hello, world!\nWhat's up?", HELLO, THINKING, (), {}),
     ("Qwen-Qwen3-0.6B.jinja", "hermes-2-pro",
-     "<think>I'm\nthinking</think>\n\n<tool_call>\n{\"name\": \"special_function\", "
-     "\"arguments\": {\"arg1\": 1}}\n</tool_call>", "", THINKING, CALL, {}),
+     ("<think>I'm\nthinking</think>\n\n<tool_call>\n{\"name\": \"special_function\", "
+     "\"arguments\": {\"arg1\": 1}}\n</tool_call>"), "", THINKING, CALL, {}),
     ("Qwen-QwQ-32B.jinja", "hermes-2-pro",
      "Let me think about this...\n</think>\nThe answer is 42.", "The answer is 42.",
      "Let me think about this...", (), {}),
@@ -172,34 +172,34 @@ CASES = [
     ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "command-r7b",
      "<|START_RESPONSE|>Hello, world!\nWhat's up?<|END_RESPONSE|>", HELLO, "", (), {}),
     ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "command-r7b",
-     "<|START_THINKING|>I'm\nthinking<|END_THINKING|><|START_RESPONSE|>Hello, world!\n"
-     "What's up?<|END_RESPONSE|>", HELLO, THINKING, (), {}),
+     ("<|START_THINKING|>I'm\nthinking<|END_THINKING|><|START_RESPONSE|>Hello, world!\n"
+     "What's up?<|END_RESPONSE|>"), HELLO, THINKING, (), {}),
     ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "command-r7b",
-     "<|START_THINKING|>I'm\nthinking<|END_THINKING|><|START_ACTION|>[\n"
+     ("<|START_THINKING|>I'm\nthinking<|END_THINKING|><|START_ACTION|>[\n"
      '    {"tool_call_id": "0", "tool_name": "special_function", "parameters": {"arg1": 1}}\n'
-     "]<|END_ACTION|>", "", THINKING, CALL, {}),
+     "]<|END_ACTION|>"), "", THINKING, CALL, {}),
     # DeepSeek R1 distills (thinking forced open by the prompt)
     ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", "deepseek-r1",
      "I'm\nthinking</think>Hello, world!\nWhat's up?", HELLO, THINKING, (), {}),
     ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "deepseek-r1",
      "I'm\nthinking</think>Hello, world!\nWhat's up?", HELLO, THINKING, (), {}),
     ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "deepseek-r1",
-     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>special_function\n"
-     "```json\n{\"arg1\": 1}```<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "", "", CALL,
+     ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>special_function\n"
+     "```json\n{\"arg1\": 1}```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"), "", "", CALL,
      {"enable_thinking": False}),
     # DeepSeek V3.1
     ("deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-v3.1",
-     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"city\": "
-     "\"XYZCITY\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "", "",
+     ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"city\": "
+     "\"XYZCITY\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"), "", "",
      [("get_time", {"city": "XYZCITY"})], {"enable_thinking": False, "tools": [GET_TIME]}),
     ("deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-v3.1",
-     "REASONING</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>"
-     "{\"city\": \"Tokyo\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "", "REASONING",
+     ("REASONING</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>"
+     "{\"city\": \"Tokyo\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"), "", "REASONING",
      [("get_time", {"city": "Tokyo"})], {"tools": [GET_TIME]}),
     ("deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-v3.1",
-     "REASONING</think>CONTENT<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>"
+     ("REASONING</think>CONTENT<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>"
      "{\"city\": \"Paris\"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
-     "{\"city\": \"Paris\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "CONTENT", "REASONING",
+     "{\"city\": \"Paris\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"), "CONTENT", "REASONING",
      [("get_time", {"city": "Paris"}), ("get_weather", {"city": "Paris"})],
      {"tools": [GET_TIME, GET_WEATHER]}),
     ("deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-v3.1", "REASONING</think>\nCONTENT",
@@ -208,8 +208,8 @@ CASES = [
     ("openai-gpt-oss-120b.jinja", "gpt-oss", "<|channel|>final<|message|>" + HELLO, HELLO, "",
      (), {}),
     ("openai-gpt-oss-120b.jinja", "gpt-oss",
-     "<|channel|>analysis<|message|>I'm\nthinking<|end|><|start|>assistant<|channel|>final"
-     "<|message|>Hello, world!\nWhat's up?", HELLO, THINKING, (), {}),
+     ("<|channel|>analysis<|message|>I'm\nthinking<|end|><|start|>assistant<|channel|>final"
+     "<|message|>Hello, world!\nWhat's up?"), HELLO, THINKING, (), {}),
     ("openai-gpt-oss-120b.jinja", "gpt-oss",
      ' to=functions.special_function<|channel|>analysis<|message|>{"arg1": 1}', "", "", CALL,
      {}),
@@ -217,14 +217,14 @@ CASES = [
      '<|channel|>commentary to=functions.special_function<|message|>{"arg1": 1}', "", "",
      CALL, {}),
     ("openai-gpt-oss-120b.jinja", "gpt-oss",
-     "<|channel|>analysis<|message|>I'm\nthinking<|end|><|start|>assistant to=functions."
-     'special_function<|channel|>analysis<|message|>{"arg1": 1}', "", THINKING, CALL, {}),
+     ("<|channel|>analysis<|message|>I'm\nthinking<|end|><|start|>assistant to=functions."
+     'special_function<|channel|>analysis<|message|>{"arg1": 1}'), "", THINKING, CALL, {}),
     ("openai-gpt-oss-120b.jinja", "gpt-oss",
-     " to=functions.special_function<|channel|>analysis <|constrain|>json<|message|>"
-     '{"arg1": 1}', "", "", CALL, {}),
+     (" to=functions.special_function<|channel|>analysis <|constrain|>json<|message|>"
+     '{"arg1": 1}'), "", "", CALL, {}),
     ("openai-gpt-oss-120b.jinja", "gpt-oss",
-     "<|channel|>analysis<|message|>I will execute python to say hello<|end|><|start|>"
-     "assistant to=container.exec<|channel|>commentary<|message|>python3 -c 'print(\"hello\")'",
+     ("<|channel|>analysis<|message|>I will execute python to say hello<|end|><|start|>"
+     "assistant to=container.exec<|channel|>commentary<|message|>python3 -c 'print(\"hello\")'"),
      "", "I will execute python to say hello", (), {}),
     # Granite 3.3
     ("ibm-granite-granite-3.3-2B-Instruct.jinja", "granite", HELLO, HELLO, "", (), {}),
@@ -313,9 +313,9 @@ GRAMMAR_CASES = [
     ("Qwen-Qwen2.5-7B-Instruct.jinja",
      '<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1}}\n</tool_call>', {}),
     ("Qwen-Qwen2.5-7B-Instruct.jinja",
-     '<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1}}\n</tool_call>\n'
+     ('<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1}}\n</tool_call>\n'
      '<tool_call>\n{"name": "special_function_with_opt", "arguments": {"arg1": 1, "arg2": 2}}'
-     '\n</tool_call>', {"tools": [SPECIAL, WITH_OPT]}),
+     '\n</tool_call>'), {"tools": [SPECIAL, WITH_OPT]}),
     ("meta-llama-Llama-3.1-8B-Instruct.jinja",
      '{"name": "special_function", "parameters": {"arg1": 1}}', {}),
     ("meta-llama-Llama-3.1-8B-Instruct.jinja", "<|python_tag|>python.call(code=\"print('hey')\")",
@@ -324,24 +324,24 @@ GRAMMAR_CASES = [
      '[TOOL_CALLS][{"name": "special_function", "arguments": {"arg1": 1}, "id": "123456789"}]',
      {}),
     ("Mistral-Small-3.2-24B-Instruct-2506.jinja",
-     '[TOOL_CALLS]special_function[CALL_ID]000000001[ARGS]{"arg1": 1}[TOOL_CALLS]'
-     'special_function_with_opt[CALL_ID]000000002[ARGS]{"arg1": 1, "arg2": 2}',
+     ('[TOOL_CALLS]special_function[CALL_ID]000000001[ARGS]{"arg1": 1}[TOOL_CALLS]'
+     'special_function_with_opt[CALL_ID]000000002[ARGS]{"arg1": 1, "arg2": 2}'),
      {"tools": [SPECIAL, WITH_OPT]}),
     ("meetkai-functionary-medium-v3.2.jinja", 'special_function\n{"arg1": 1}', {}),
     ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
-     '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "special_function", "parameters": '
-     '{"arg1": 1}}]<|END_ACTION|>', {}),
+     ('<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "special_function", "parameters": '
+     '{"arg1": 1}}]<|END_ACTION|>'), {}),
     ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
-     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>special_function\n"
-     "```json\n{\"arg1\": 1}```<｜tool▁call▁end｜><｜tool▁calls▁end｜>", {}),
+     ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>special_function\n"
+     "```json\n{\"arg1\": 1}```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"), {}),
     ("deepseek-ai-DeepSeek-V3.1.jinja",
-     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>special_function<｜tool▁sep｜>{\"arg1\": 1}"
-     "<｜tool▁call▁end｜><｜tool▁calls▁end｜>", {}),
+     ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>special_function<｜tool▁sep｜>{\"arg1\": 1}"
+     "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"), {}),
     ("openai-gpt-oss-120b.jinja",
-     '<|channel|>commentary to=functions.special_function <|constrain|>json<|message|>'
-     '{"arg1": 1}', {}),
-    ("openai-gpt-oss-120b.jinja", ' to=functions.special_function<|channel|>analysis'
-                                  '<|message|>{"arg1": 1}', {}),
+     ('<|channel|>commentary to=functions.special_function <|constrain|>json<|message|>'
+     '{"arg1": 1}'), {}),
+    ("openai-gpt-oss-120b.jinja", (' to=functions.special_function<|channel|>analysis'
+                                  '<|message|>{"arg1": 1}'), {}),
     ("ibm-granite-granite-3.3-2B-Instruct.jinja",
      '<|tool_call|>[{"name": "special_function", "arguments": {"arg1": 1}}]', {}),
 ]
@@ -392,7 +392,7 @@ def test_lazy_grammars_wait_for_their_trigger_in_llama_cpp(probe):
         ("openai-gpt-oss-120b.jinja", "<|channel|>analysis<|message|>Hmm.<|end|><|start|>assistant",
          ' to=functions.special_function<|channel|>commentary<|message|>{"arg1": 1}'),
     ]:
-        tmpl, fmt, plan = plan_for(name)
+        tmpl, _fmt, plan = plan_for(name)
         ct = ChatTemplate.__new__(ChatTemplate)
         ct.bos, ct.jinja = "", tmpl
         ct._tokenize = lambda raw, add, special: probe.tokens(raw.decode())
