@@ -22,6 +22,7 @@ from .engine import Embedding, Engine, Generation, InvalidRequest
 from .messages import chat_messages as jinja_messages
 from .messages import refuse_media
 from .model import EngineConfig
+from .reasoning import REASONING_FORMATS
 from .sampling import Sampling
 from .structured import (
     forced_tool,
@@ -83,6 +84,7 @@ _LLAMA_OPTIONS = {
     "--flash-attn": ("flash_attn", lambda v: _on_off_auto(v)),
     "-fa": ("flash_attn", lambda v: _on_off_auto(v)),
     "--chat-template": ("chat_format", str),
+    "--reasoning-format": ("reasoning_format", str),
     "--parallel": ("parallel", int), "-np": ("parallel", int),
 }
 _LLAMA_FLAGS = {"--no-mmap": ("use_mmap", False), "--mmap": ("use_mmap", True),
@@ -150,12 +152,18 @@ class LlamaBackend(Backend):
         self.limits = request_limits_from_args(args)
         self.engine = None
         self.template = None
-        self.reasoning_format = getattr(args, "reasoning_format", None) or "deepseek"
         self.slots = self._config().parallel
 
     def _config(self):
         kw = llama_kwargs(getattr(self.args, "llama_args", []) or [])
         self.chat_format = kw.pop("chat_format", None)
+        # a preset's reasoning-format (llama-server's option) over ggmux serve's
+        rf = kw.pop("reasoning_format", None) or getattr(self.args, "reasoning_format", None)
+        if rf not in REASONING_FORMATS:
+            log.warning("ignoring --reasoning-format %s: not one of %s", rf,
+                        ", ".join(REASONING_FORMATS))
+            rf = "deepseek"
+        self.reasoning_format = rf
         cfg = EngineConfig(self.path, ctx_size=self.args.ctx_size,
                            n_gpu_layers=self.args.n_gpu_layers,
                            kv_size=getattr(self.args, "kv_size", 0) or 0)
@@ -427,6 +435,23 @@ class LlamaBackend(Backend):
                 piece = list(raw)  # llama.cpp: the bytes of a partial character
             out.append({"id": t, "piece": piece})
         return {"tokens": out}
+
+    def apply_template(self, body: dict) -> dict:
+        """The prompt text a chat body renders to (llama-server's
+        ``/apply-template``: the template with the tools and the format's
+        system message, ``add_generation_prompt`` true unless given), for
+        counting a request's tokens. A model without a Jinja template
+        answers with the text its chat handler would tokenize."""
+        if self.template.jinja is None:
+            messages = chat_messages(body.get("messages"))
+            tokens, _ = self.template.prompt(messages, None)
+            return {"prompt": self.engine.detokenize(tokens, special=True)}
+        messages = jinja_messages(body.get("messages"), self._model(body))
+        gbnf = structured_output(body, self.limits)
+        req = tool_request(body, self.limits, self.reasoning_format,
+                           response_schema(body) if gbnf is not None else None)
+        _, plan = self.template.render(messages, req)
+        return {"prompt": plan.prompt}
 
     def detokenize(self, body: dict) -> dict:
         tokens = token_ids(body.get("tokens"), self.engine.n_vocab, "tokens")

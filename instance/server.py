@@ -57,6 +57,7 @@ from ..proxy.limits import (
 )
 from . import protocol
 from .backend import Backend, ReplicaFault
+from .reasoning import add_reasoning_option
 from .validate import BadRequest, RequestLimits, add_request_limit_options
 
 log = logging.getLogger("ggmux.instance")
@@ -80,12 +81,13 @@ ROUTES = {
     b"/completion": "native",  # llama.cpp's own completion format
     b"/tokenize": "tokenize",
     b"/detokenize": "detokenize",
+    b"/apply-template": "apply_template",
 }
 # llama-server routes this backend has no implementation for (a `cmd`
 # instance running llama-server serves them)
 UNSUPPORTED = frozenset(
     (b"/infill", b"/rerank", b"/v1/rerank", b"/reranking", b"/v1/responses", b"/v1/messages",
-     b"/v1/messages/count_tokens", b"/apply-template")
+     b"/v1/messages/count_tokens")
 )
 
 
@@ -243,7 +245,7 @@ class InstanceApp:
             conn.send_error(req, 503, "model is asleep", headers=REFUSED)
             return
         self.requests += 1
-        if kind in ("tokenize", "detokenize"):
+        if kind in ("tokenize", "detokenize", "apply_template"):
             try:
                 out = getattr(self.backend, kind)(body)
             except ValueError as e:
@@ -400,6 +402,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          '\'["--batch-size", "256", "--flash-attn", "on"]\'')
     ap.add_argument("--measure", action="store_true", help="report memory needs and exit")
     add_request_limit_options(ap)
+    add_reasoning_option(ap)
     ap.add_argument("--slot", type=int, default=None,
                     help="the supervisor's replica slot, for the process title")
     # the supervisor passes the header and body limits that fit its proxies'
@@ -498,7 +501,8 @@ def main(argv: list[str] | None = None) -> int:
         args.llama_args = la.get("llama_args") or []
         # the request and HTTP limits of `ggmux serve` (ModelEntry.instance_args)
         given = parse_args(la.get("instance_args") or [])
-        for name in (*(f.name for f in fields(RequestLimits)), *INSTANCE_LIMIT_NAMES):
+        for name in (*(f.name for f in fields(RequestLimits)), *INSTANCE_LIMIT_NAMES,
+                     "reasoning_format"):
             setattr(args, name, getattr(given, name))
         args.slot = la.get("slot")
         setproctitle(process_title(args))

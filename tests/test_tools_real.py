@@ -161,3 +161,18 @@ def test_bad_tool_requests_and_images_are_400s_naming_the_field(smol):
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})
     assert SMOL in e["message"] and "projector" in e["message"], e
     assert e["param"] == "messages[0].content[1]"
+
+
+def test_apply_template_renders_the_tools_as_the_answer_will_see_them(smol):
+    # what the adapters count an Anthropic request's tokens with (llama-server's route)
+    status, doc = smol.json("POST", "/apply-template", {"model": SMOL, "messages": ASK,
+                                                         "tools": TOOLS})
+    assert status == 200, doc
+    prompt = doc["prompt"]
+    assert "get_weather" in prompt and "Respond in JSON format" in prompt
+    assert prompt.endswith("<|im_start|>assistant\n") and ASK[0]["content"] in prompt
+    status, plain = smol.json("POST", "/apply-template", {"model": SMOL, "messages": ASK})
+    assert status == 200 and "get_weather" not in plain["prompt"]
+    assert len(plain["prompt"]) < len(prompt)
+    status, doc = smol.json("POST", "/apply-template", {"model": SMOL, "messages": []})
+    assert status == 400 and doc["error"]["param"] == "messages"

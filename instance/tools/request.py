@@ -17,19 +17,29 @@ Every tool's ``parameters`` schema is checked against the request limits
 
 from __future__ import annotations
 
+import re
+
+from ..reasoning import REASONING_FORMATS
 from ..structured import schema_grammar
 from ..validate import BadRequest, RequestLimits, shown
 from .base import ToolRequest
 
-REASONING_FORMATS = ("none", "deepseek", "auto", "deepseek-legacy")
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 _CHOICE_FORMS = ('"none", "auto", "required" or '
                  '{"type": "function", "function": {"name": ...}}')
 
 
+_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
 def _function(f, field: str) -> dict:
     if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
         raise BadRequest(f"{field} must be an object with a non-empty string 'name'", field)
+    if not _NAME.fullmatch(f["name"]):
+        # OpenAI's rule (letters, digits, _ and -, at most 64) with room for MCP's dots and
+        # colons: a name is written into grammars and parsed back out of the answer
+        raise BadRequest(f"{field}.name {shown(f['name'])} must be 1 to 128 letters, digits, "
+                         "'_', '-', '.' or ':'", f"{field}.name")
     if f.get("parameters") is not None and not isinstance(f["parameters"], dict):
         raise BadRequest(f"{field}.parameters must be a JSON schema object", f"{field}.parameters")
     if f.get("description") is not None and not isinstance(f["description"], str):
