@@ -124,11 +124,12 @@ def test_malformed_fields_are_400_naming_the_field_never_500(smol):
         ("/v1/chat/completions", chat(functions=[5], function_call={"name": "f"}),
          "functions[0]"),
         ("/v1/chat/completions", chat(tools=[{"type": "function"}]), "tools[0].function"),
-        # fields the instance cannot honour: refused, not ignored
-        ("/v1/chat/completions", chat(tools=[tool]), "tools"),
-        ("/v1/chat/completions", chat(tools=[tool], tool_choice="auto"), "tools"),
         ("/v1/chat/completions", chat(tools=[tool], tool_choice={"type": "function"}),
          "tool_choice"),
+        ("/v1/chat/completions", chat(tool_choice="required"), "tool_choice"),
+        ("/v1/chat/completions", chat(tools=[tool], parallel_tool_calls=1),
+         "parallel_tool_calls"),
+        ("/v1/chat/completions", chat(tools=[tool], grammar='root ::= "a"'), "grammar"),
         ("/v1/chat/completions", chat(response_format={"type": "xml"}), "response_format.type"),
         ("/v1/chat/completions", chat(stream="yes"), "stream"),
         ("/v1/completions", {"prompt": "Hi", "stream": 1}, "stream"),
@@ -151,7 +152,7 @@ def test_malformed_fields_are_400_naming_the_field_never_500(smol):
     assert isinstance(json.loads(doc["choices"][0]["message"]["content"])["ok"], bool), doc
     forced = {"type": "function", "function": {"name": "f", "parameters": schema}}
     status, doc = smol.json("POST", "/v1/chat/completions", {"model": SMOL, **chat(
-        max_tokens=16, temperature=0, tools=[forced], tool_choice={
+        max_tokens=48, temperature=0, tools=[forced], tool_choice={
             "type": "function", "function": {"name": "f"}})})
     assert status == 200, doc
     call = doc["choices"][0]["message"]["tool_calls"][0]["function"]
