@@ -149,9 +149,10 @@ class JinjaTemplate:
         and llama.cpp's workarounds, in their order)."""
         caps = self.caps
         msgs = [dict(m) for m in messages]
-        for m in msgs:
-            if m.get("role") == "developer":
-                m["role"] = "system"
+        if "<|channel|>" not in self.source:  # harmony (GPT-OSS) has a developer role
+            for m in msgs:
+                if m.get("role") == "developer":
+                    m["role"] = "system"
         if tools and not caps.tools:
             msgs = add_system(msgs, "You can call any of the following tools to satisfy the "
                                     "user's requests: " + json.dumps(tools, indent=2))

@@ -402,3 +402,18 @@ def test_lazy_grammars_wait_for_their_trigger_in_llama_cpp(probe):
         bad = call.replace('{"arg1": 1}', '{"arg1": "x"}')
         assert not probe.accepts(plan.grammar, lead + bad, patterns=pats), name
         assert probe.accepts(plan.grammar, lead + "no call at all", patterns=pats), name
+
+
+def test_partial_json_is_read_up_to_where_the_text_ends():
+    from ggmux.instance.tools.jsonscan import Incomplete, partial_string, value_end
+
+    assert partial_string('"a\\ud83d\\ude00b\\n"', 0) == ("a\U0001f600b\n", 18)
+    assert partial_string('"ab\\u00', 0) == ("ab", None)  # a partial escape waits
+    for text in ('{"a": [1, 2', '{"a": tr', '{"a": "x', '[1, {"b": 2}', '{"a": 12'):
+        with pytest.raises(Incomplete):
+            value_end(text, 0)
+    text = '{"a": [1, {"b": null}], "c": "}"} tail'
+    assert value_end(text, 0) == text.index(" tail")
+    for bad in ('{"a" 1}', '[1 2]', '{"a": nul!}'):
+        with pytest.raises(ValueError):
+            value_end(bad, 0)

@@ -14,6 +14,7 @@ import json
 import re
 
 _WS = re.compile(r"[ \t\n\r]*")
+_PLAIN = re.compile(r'[^"\\]*')  # a run of string characters with no quote or escape
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
 _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r",
             "t": "\t"}
@@ -38,9 +39,7 @@ def partial_string(text: str, i: int) -> tuple[str, int | None]:
     out: list[str] = []
     j, n = i + 1, len(text)
     while j < n:
-        k = j
-        while k < n and text[k] not in '"\\':
-            k += 1
+        k = _PLAIN.match(text, j).end()
         out.append(text[j:k])
         if k >= n:
             return "".join(out), None
