@@ -99,12 +99,17 @@ class ChatTemplate:
         self.template = metadata.get("tokenizer.chat_template", "")
         self.bos = bos
         self.jinja: JinjaTemplate | None = None
+        self.jinja_tools: JinjaTemplate | None = None  # tokenizer.chat_template.tool_use
         if chat_format is None and self.template:
             try:
                 self.jinja = JinjaTemplate(self.template, bos, eos)
                 self.name = "jinja"
+                tool_use = metadata.get("tokenizer.chat_template.tool_use")
+                if tool_use:
+                    self.jinja_tools = JinjaTemplate(tool_use, bos, eos)
             except TemplateRefused as e:
                 log.warning("the GGUF's chat template does not compile (%s): using %s", e, name)
+                self.jinja = self.jinja_tools = None
         try:
             self._handler = handlers.get(name) or cf.get_chat_completion_handler(name)
         except Exception as e:  # noqa: BLE001 - llama-cpp-python raises its own exception type
@@ -134,12 +139,15 @@ class ChatTemplate:
     def render(self, messages: list[dict], req: ToolRequest) -> tuple[ToolFormat, ChatPlan]:
         """The format and plan (its rendered prompt text) for checked
         ``messages`` (:func:`~ggmux.instance.messages.chat_messages`) and
-        ``req``; needs :attr:`jinja`. Raises BadRequest when the template
+        ``req``, through the GGUF's ``tool_use`` template when it has one and
+        the request gives tools; needs :attr:`jinja`. Raises BadRequest when the template
         refuses the messages."""
         assert self.jinja is not None
-        fmt = format_for(self.jinja.source, req.calls_tools, req.json_schema is not None)
+        # a GGUF's tool_use template serves requests with tools (llama.cpp)
+        tmpl = self.jinja_tools if req.tools and self.jinja_tools else self.jinja
+        fmt = format_for(tmpl.source, req.calls_tools, req.json_schema is not None)
         try:
-            plan = fmt.plan(self.jinja, messages, req)
+            plan = fmt.plan(tmpl, messages, req)
         except TemplateRefused as e:
             raise BadRequest(f"messages: the model's chat template refused them: {e}",
                              "messages") from None

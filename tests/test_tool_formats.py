@@ -394,7 +394,7 @@ def test_lazy_grammars_wait_for_their_trigger_in_llama_cpp(probe):
     ]:
         tmpl, _fmt, plan = plan_for(name)
         ct = ChatTemplate.__new__(ChatTemplate)
-        ct.bos, ct.jinja = "", tmpl
+        ct.bos, ct.jinja, ct.jinja_tools = "", tmpl, None
         ct._tokenize = lambda raw, add, special: probe.tokens(raw.decode())
         pats = ct.chat([{"role": "user", "content": "Hey"}], ToolRequest(tools=[SPECIAL])
                        ).trigger_patterns
