@@ -31,9 +31,12 @@ Both raise :class:`SchemaError` for schemas llama.cpp refuses.
 
 from __future__ import annotations
 
-import json
 import logging
+import math
 import re
+
+from .gbnf_rules import RangeError, format_literal, int_range, json_text, repetition
+from .pattern_grammar import PatternError, UnsupportedPattern, pattern_rule
 
 log = logging.getLogger(__name__)
 
@@ -72,176 +75,11 @@ STRING_FORMAT_RULES: dict[str, tuple[str, tuple[str, ...]]] = {
 
 RESERVED_NAMES = frozenset({"root", *PRIMITIVE_RULES, *STRING_FORMAT_RULES})
 _INVALID_RULE_CHARS = re.compile(r"[^a-zA-Z0-9-]+")
-_LITERAL_ESCAPES = {"\r": "\\r", "\n": "\\n", '"': '\\"', "\\": "\\\\"}
-_LITERAL_ESCAPE_RE = re.compile(r'[\r\n"\\]')
-_NON_LITERAL = frozenset("|.()[]{}*+?^$")
-_ESCAPED_IN_REGEX_ONLY = frozenset("^$.[]()|{}*+?")
-_MAX_PATTERN_DEPTH = 100
-_HEX = frozenset("0123456789abcdefABCDEF")
 
 
 class SchemaError(ValueError):
     """A schema llama.cpp's converter refuses (an unknown type, a ``$ref``
     outside the document, a bad count); ``str()`` says where."""
-
-
-class _UnsupportedPattern(Exception):
-    pass
-
-
-def format_literal(text: str) -> str:
-    """``text`` as a GBNF literal (``"..."``, with ``\\r \\n " \\\\`` escaped)."""
-    return '"' + _LITERAL_ESCAPE_RE.sub(lambda m: _LITERAL_ESCAPES[m.group()], text) + '"'
-
-
-def json_text(value) -> str:
-    """``value`` as nlohmann's ``dump()`` writes it: compact, non-ASCII kept."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def repetition(item: str, lo: int, hi: int | None, sep: str = "") -> str:
-    """GBNF for ``lo`` to ``hi`` (None: unbounded) ``item``\\ s separated by
-    ``sep`` (llama.cpp ``build_repetition``)."""
-    if hi == 0:
-        return ""
-    if lo == 0 and hi == 1:
-        return item + "?"
-    if not sep:
-        if lo == 1 and hi is None:
-            return item + "+"
-        if lo == 0 and hi is None:
-            return item + "*"
-        return f"{item}{{{lo},{'' if hi is None else hi}}}"
-    rest = repetition(f"({sep} {item})", max(0, lo - 1), None if hi is None else hi - 1)
-    out = f"{item} {rest}"
-    return f"({out})?" if lo == 0 else out
-
-
-def _digits(lo: int, hi: int | None) -> str:
-    """``[0-9]`` repeated lo..hi times (llama.cpp ``more_digits``)."""
-    if lo == hi == 1:
-        return "[0-9]"
-    if lo == hi:
-        return f"[0-9]{{{lo}}}"
-    return f"[0-9]{{{lo},{'' if hi is None else hi}}}"
-
-
-def _digit_range(a: str, b: str) -> str:
-    return f"[{a}]" if a == b else f"[{a}-{b}]"
-
-
-def _uniform_range(frm: str, to: str, out: list[str]) -> None:
-    i = 0
-    while i < len(frm) and i < len(to) and frm[i] == to[i]:
-        i += 1
-    if i > 0:
-        out.append(f'"{frm[:i]}"')
-    if i < len(frm) and i < len(to):
-        if i > 0:
-            out.append(" ")
-        sub_len = len(frm) - i - 1
-        if sub_len > 0:
-            frm_sub, to_sub = frm[i + 1:], to[i + 1:]
-            zeros, nines = "0" * sub_len, "9" * sub_len
-            to_reached = False
-            out.append("(")
-            if frm_sub == zeros:
-                out.append(_digit_range(frm[i], chr(ord(to[i]) - 1)) + " " +
-                           _digits(sub_len, sub_len))
-            else:
-                out.append(f"[{frm[i]}] (")
-                _uniform_range(frm_sub, nines, out)
-                out.append(")")
-                if ord(frm[i]) < ord(to[i]) - 1:
-                    out.append(" | ")
-                    if to_sub == nines:
-                        out.append(_digit_range(chr(ord(frm[i]) + 1), to[i]))
-                        to_reached = True
-                    else:
-                        out.append(_digit_range(chr(ord(frm[i]) + 1), chr(ord(to[i]) - 1)))
-                    out.append(" " + _digits(sub_len, sub_len))
-            if not to_reached:
-                out.append(" | " + _digit_range(to[i], to[i]) + " ")
-                _uniform_range(zeros, to_sub, out)
-            out.append(")")
-        else:
-            out.append(f"[{frm[i]}-{to[i]}]")
-
-
-def int_range(lo: int | None, hi: int | None, out: list[str], decimals: int = 16,
-              top: bool = True) -> None:
-    """Append GBNF for the integers from ``lo`` to ``hi`` (None: unbounded)
-    to ``out`` (llama.cpp ``build_min_max_int``)."""
-    if lo is not None and hi is not None:
-        if lo < 0 and hi < 0:
-            out.append('"-" (')
-            int_range(-hi, -lo, out, decimals, True)
-            out.append(")")
-            return
-        if lo < 0:
-            out.append('"-" (')
-            int_range(0, -lo, out, decimals, True)
-            out.append(") | ")
-            lo = 0
-        lo_s, hi_s = str(lo), str(hi)
-        for digits in range(len(lo_s), len(hi_s)):
-            _uniform_range(lo_s, "9" * digits, out)
-            lo_s = "1" + "0" * digits
-            out.append(" | ")
-        _uniform_range(lo_s, hi_s, out)
-        return
-    less = max(decimals - 1, 1)
-    if lo is not None:
-        if lo < 0:
-            out.append('"-" (')
-            int_range(None, -lo, out, decimals, False)
-            out.append(") | [0] | [1-9] " + _digits(0, decimals - 1))
-        elif lo == 0:
-            out.append("[0] | [1-9] " + _digits(0, less) if top else _digits(1, decimals))
-        elif lo <= 9:
-            c = str(lo)
-            start = "1" if top else "0"
-            if c > start:
-                out.append(_digit_range(start, chr(ord(c) - 1)) + " " + _digits(1, less) + " | ")
-            out.append(_digit_range(c, "9") + " " + _digits(0, less))
-        else:
-            s = str(lo)
-            c = s[0]
-            if c > "1":
-                out.append(_digit_range("1" if top else "0", chr(ord(c) - 1)) + " " +
-                           _digits(len(s), less) + " | ")
-            out.append(_digit_range(c, c) + " (")
-            int_range(int(s[1:]), None, out, less, False)
-            out.append(")")
-            if c < "9":
-                out.append(" | " + _digit_range(chr(ord(c) + 1), "9") + " " +
-                           _digits(len(s) - 1, less))
-        return
-    if hi is not None:
-        if hi >= 0:
-            if top:
-                out.append('"-" [1-9] ' + _digits(0, less) + " | ")
-            int_range(0, hi, out, decimals, True)
-        else:
-            out.append('"-" (')
-            int_range(-hi, None, out, decimals, False)
-            out.append(")")
-        return
-    raise SchemaError("an integer range needs a minimum or a maximum")
-
-
-def _escape_length(p: str, i: int) -> int:
-    """Length of the GBNF escape at ``p[i]`` (0: none llama.cpp reads).
-    ``\\-`` is left out: older llama.cpp builds do not read it."""
-    if i + 1 >= len(p) or p[i] != "\\":
-        return 0
-    e = p[i + 1]
-    if e in 'trn\\"[]':
-        return 2
-    n = {"x": 2, "u": 4, "U": 8}.get(e)
-    if n is None or i + 2 + n > len(p) or not all(h in _HEX for h in p[i + 2:i + 2 + n]):
-        return 0
-    return 2 + n
 
 
 class GrammarBuilder:
@@ -442,8 +280,6 @@ class GrammarBuilder:
                 raise SchemaError(f"JSON schema error at {path}: {key} must be a number")
             if isinstance(v, int):
                 return v
-            import math
-
             return math.ceil(v) if up else math.floor(v)
 
         lo = hi = None
@@ -460,7 +296,10 @@ class GrammarBuilder:
         if lo is not None and hi is not None and lo > hi:
             raise SchemaError(f"JSON schema error at {path}: minimum is above maximum")
         out = ["("]
-        int_range(lo, hi, out)
+        try:
+            int_range(lo, hi, out)
+        except RangeError as e:
+            raise SchemaError(str(e)) from None
         out.append(")")
         return self.add_rule(rule_name, "".join(out))
 
@@ -622,162 +461,14 @@ class GrammarBuilder:
     def _pattern(self, pattern: str, name: str) -> str:
         saved = dict(self.rules)
         try:
-            return self._pattern_rule(pattern, name)
-        except _UnsupportedPattern as e:
+            return pattern_rule(self.add_rule, pattern, name, self.dotall)
+        except UnsupportedPattern as e:
             self.rules = saved
             self.warnings.append(f"pattern {pattern} is not supported ({e}), accepting any string")
             log.info("JSON schema: %s", self.warnings[-1])
             return self.add_rule(name, self.add_primitive("string", PRIMITIVE_RULES["string"]))
-
-    def _pattern_rule(self, pattern: str, name: str) -> str:
-        if len(pattern) < 2 or pattern[0] != "^" or pattern[-1] != "$":
-            raise _UnsupportedPattern("not anchored with '^' and '$'")
-        p = pattern[1:-1]
-        n = len(p)
-        sub_ids: dict[str, str] = {}
-        pos = 0
-        depth = 0
-
-        def to_rule(item: tuple[str, bool]) -> str:
-            return f'"{item[0]}"' if item[1] else item[0]
-
-        def transform() -> tuple[str, bool]:
-            nonlocal pos, depth
-            seq: list[list] = []  # [text, is_literal]
-
-            def join() -> tuple[str, bool]:
-                out: list[tuple[str, bool]] = []
-                lit = ""
-                for text, is_lit in seq:
-                    if is_lit:
-                        lit += text
-                    else:
-                        if lit:
-                            out.append((lit, True))
-                            lit = ""
-                        out.append((text, False))
-                if lit:
-                    out.append((lit, True))
-                return " ".join(to_rule(x) for x in out), False
-
-            while pos < n:
-                c = p[pos]
-                if c == ".":
-                    dot = "[\\U00000000-\\U0010FFFF]" if self.dotall else "[^\\x0A\\x0D]"
-                    seq.append([self.add_rule("dot", dot), False])
-                    pos += 1
-                elif c == "(":
-                    pos += 1
-                    if pos < n and p[pos] == "?":
-                        if pos + 1 < n and p[pos + 1] == ":":
-                            pos += 2
-                        else:
-                            raise _UnsupportedPattern("unsupported group syntax")
-                    depth += 1
-                    if depth > _MAX_PATTERN_DEPTH:
-                        raise _UnsupportedPattern("pattern nesting too deep")
-                    seq.append(["(" + to_rule(transform()) + ")", False])
-                elif c == ")":
-                    pos += 1
-                    if depth == 0:
-                        raise SchemaError(f"Invalid pattern {pattern}: unbalanced parentheses")
-                    depth -= 1
-                    return join()
-                elif c in "^$":
-                    raise _UnsupportedPattern("anchor inside the pattern")
-                elif c == "[":
-                    cls = "["
-                    pos += 1
-                    while pos < n and p[pos] != "]":
-                        if p[pos] == "\\":
-                            if pos + 1 < n and p[pos + 1] == "-":
-                                cls += "\\x2D"
-                                pos += 2
-                                continue
-                            k = _escape_length(p, pos)
-                            if k == 0:
-                                raise _UnsupportedPattern("unsupported escape in character "
-                                                          "class: " + p[pos:pos + 2])
-                            cls += p[pos:pos + k]
-                            pos += k
-                        else:
-                            cls += p[pos]
-                            pos += 1
-                    if pos >= n:
-                        raise SchemaError(f"Invalid pattern {pattern}: unterminated character "
-                                          "class")
-                    seq.append([cls + "]", False])
-                    pos += 1
-                elif c == "|":
-                    seq.append(["|", False])
-                    pos += 1
-                elif c in "*+?":
-                    if not seq:
-                        raise SchemaError(f"Invalid pattern {pattern}: nothing to repeat")
-                    seq[-1] = [to_rule(tuple(seq[-1])) + c, False]
-                    pos += 1
-                elif c == "{":
-                    j = p.find("}", pos)
-                    if j < 0:
-                        raise _UnsupportedPattern("unterminated curly brackets")
-                    nums = p[pos + 1:j].split(",")
-                    pos = j + 1
-                    try:
-                        if len(nums) == 1:
-                            lo = hi = int(nums[0])
-                        elif len(nums) == 2:
-                            lo = int(nums[0]) if nums[0] else 0
-                            hi = int(nums[1]) if nums[1] else None
-                        else:
-                            raise _UnsupportedPattern("wrong number of values in curly "
-                                                      "brackets")
-                    except ValueError:
-                        raise _UnsupportedPattern("invalid number in curly brackets") from None
-                    if not seq:
-                        raise SchemaError(f"Invalid pattern {pattern}: nothing to repeat")
-                    text, is_lit = seq[-1]
-                    if not is_lit:
-                        if text not in sub_ids:
-                            sub_ids[text] = self.add_rule(f"{name}-{len(sub_ids) + 1}", text)
-                        text = sub_ids[text]
-                    seq[-1] = [repetition(f'"{text}"' if is_lit else text, lo, hi), False]
-                else:
-                    lit = ""
-                    while pos < n:
-                        ch = p[pos]
-                        if ch == "\\":
-                            if pos == n - 1:
-                                raise SchemaError(f"Invalid pattern {pattern}: trailing backslash")
-                            nxt = p[pos + 1]
-                            if nxt in _ESCAPED_IN_REGEX_ONLY or nxt == "-":
-                                lit += nxt
-                                pos += 2
-                            else:
-                                k = _escape_length(p, pos)
-                                if k == 0:
-                                    raise _UnsupportedPattern("unsupported escape: " +
-                                                              p[pos:pos + 2])
-                                lit += p[pos:pos + k]
-                                pos += k
-                        elif ch == '"':
-                            lit += '\\"'
-                            pos += 1
-                        elif ch not in _NON_LITERAL and (
-                                pos == n - 1 or not lit or p[pos + 1] == "." or
-                                p[pos + 1] not in _NON_LITERAL):
-                            lit += ch
-                            pos += 1
-                        else:
-                            break
-                    if not lit:
-                        raise _UnsupportedPattern(f"unsupported character: {c}")
-                    seq.append([lit, True])
-            return join()
-
-        rule = to_rule(transform())
-        if depth != 0:
-            raise SchemaError(f"Invalid pattern {pattern}: unbalanced parentheses")
-        return self.add_rule(name, f'"\\"" ({rule}) "\\""')
+        except PatternError as e:
+            raise SchemaError(str(e)) from None
 
 
 def schema_to_gbnf(schema) -> str:
