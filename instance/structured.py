@@ -240,7 +240,10 @@ def _function(f, field: str) -> dict:
 
 
 def forced_tool(body: dict, limits: RequestLimits) -> dict | None:
-    """The tool a chat request forces, as ``{"name", "parameters"}``, or None.
+    """The tool a chat request forces, as ``{"name", "parameters"}``, or None:
+    the rule for a model whose GGUF has no Jinja chat template (llama-cpp-python's
+    chat handlers; a model with one calls tools through
+    :mod:`ggmux.instance.tools`).
 
     ``tools`` (and the older ``functions``) are checked for shape. The
     instance can honour ``tool_choice: "none"`` (the tools are not
