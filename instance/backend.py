@@ -66,6 +66,11 @@ class Backend:
         """llama.cpp ``/detokenize``: ``{"tokens"}`` -> ``{"content"}``."""
         raise BadRequest("detokenize is not supported by this backend")
 
+    def apply_template(self, body: dict) -> dict:
+        """llama-server's ``/apply-template``: a chat-completions body
+        (``messages``, ``tools``, ...) -> ``{"prompt": rendered text}``."""
+        raise BadRequest("apply-template is not supported by this backend")
+
     def props(self) -> dict:
         """llama.cpp ``/props``-like facts about the loaded model."""
         return {"model_alias": self.name, "total_slots": self.slots}

@@ -47,6 +47,7 @@ and which process served it.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -375,6 +376,26 @@ class FakeBackend(Backend):
     def detokenize(self, body: dict) -> dict:
         self._check(body)
         return {"content": " ".join("x" * int(t) for t in body.get("tokens", []))}
+
+    def apply_template(self, body: dict) -> dict:
+        """A stand-in chat template: ``<|role|>content`` per message, then the
+        tools as JSON, then ``<|assistant|>`` (so a count of the prompt
+        grows with the messages and the tools, as a real template's)."""
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("'messages' must be a non-empty list", "messages")
+        parts = []
+        for m in messages:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, list):
+                content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+            calls = json.dumps(m.get("tool_calls")) if isinstance(m, dict) and m.get(
+                "tool_calls") else ""
+            role = m.get("role") if isinstance(m, dict) else "?"
+            parts.append(f"<|{role}|>{content or ''}{calls}")
+        if body.get("tools"):
+            parts.append("<|tools|>" + json.dumps(body["tools"]))
+        return {"prompt": "".join(parts) + "<|assistant|>"}
 
     def props(self) -> dict:
         return {"model_alias": self.name, "model_path": self.path, "n_ctx": self.n_ctx,

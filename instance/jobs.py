@@ -57,7 +57,11 @@ class Generation:
     best. ``cache_prompt`` False evaluates the whole prompt again.
     ``tenant``: who asked (the proxy's ``x-ggmux-tenant``, ``""`` for
     none): slots are shared round robin by tenant, and the engine's
-    ``cache_scope`` may keep a tenant's prompt cache its own."""
+    ``cache_scope`` may keep a tenant's prompt cache its own.
+
+    ``preserved``: special tokens whose text the answer shows (a tool-call
+    format's markers, llama-server's ``preserved_tokens``); other control
+    tokens show as nothing."""
 
     prompt: list[int]
     sampling: Sampling = field(default_factory=Sampling)
@@ -69,6 +73,7 @@ class Generation:
     logprobs: int | None = None
     request_id: str = ""
     tenant: str = ""
+    preserved: frozenset[int] = frozenset()
 
 
 @dataclass(slots=True)

@@ -20,9 +20,20 @@ from .answers import Answer, embedding_answer
 from .backend import Backend, Sink
 from .chat import ChatTemplate
 from .engine import Embedding, Engine, Generation, InvalidRequest
+from .messages import chat_messages as jinja_messages
+from .messages import refuse_media
 from .model import EngineConfig
+from .reasoning import REASONING_FORMATS
 from .sampling import Sampling
-from .structured import forced_tool, schema_grammar, structured_output
+from .structured import (
+    forced_tool,
+    grammar_text,
+    response_schema,
+    schema_grammar,
+    structured_output,
+)
+from .tools.request import tool_request
+from .tools.stream import ChatStream
 from .validate import (
     BadRequest,
     chat_messages,
@@ -77,6 +88,7 @@ _LLAMA_OPTIONS = {
     "-fa": ("flash_attn", lambda v: _on_off_auto(v)),
     "--chat-template": ("chat_format", str),
     "--n-predict": ("n_predict", int), "--predict": ("n_predict", int), "-n": ("n_predict", int),
+    "--reasoning-format": ("reasoning_format", str),
     "--parallel": ("parallel", int), "-np": ("parallel", int),
 }
 _LLAMA_FLAGS = {"--no-mmap": ("use_mmap", False), "--mmap": ("use_mmap", True),
@@ -151,6 +163,13 @@ class LlamaBackend(Backend):
         self.chat_format = kw.pop("chat_format", None)
         # llama-server's -n: the tokens a request that gives no limit generates
         self.n_predict = kw.pop("n_predict", -1)
+        # a preset's reasoning-format (llama-server's option) over ggmux serve's
+        rf = kw.pop("reasoning_format", None) or getattr(self.args, "reasoning_format", None)
+        if rf not in REASONING_FORMATS:
+            log.warning("ignoring --reasoning-format %s: not one of %s", rf,
+                        ", ".join(REASONING_FORMATS))
+            rf = "deepseek"
+        self.reasoning_format = rf
         cfg = EngineConfig(self.path, ctx_size=self.args.ctx_size,
                            n_gpu_layers=self.args.n_gpu_layers,
                            kv_size=getattr(self.args, "kv_size", 0) or 0,
@@ -296,7 +315,30 @@ class LlamaBackend(Backend):
         n_vocab = self.engine.n_vocab
         tool = None
         echo = None
-        if kind == "chat":
+        parser = None
+        preserved: frozenset[int] = frozenset()
+        triggers: tuple[list[str], list[int]] = ([], [])
+        lazy = False
+        if kind == "chat" and self.template.jinja is not None:
+            messages = jinja_messages(body.get("messages"), self._model(body))
+            gbnf = structured_output(body, self.limits)
+            req = tool_request(body, self.limits, self.reasoning_format,
+                               response_schema(body) if gbnf is not None else None)
+            if req.calls_tools and body.get("grammar") is not None:
+                raise BadRequest("'grammar' cannot be combined with tools (give tool_choice "
+                                 "\"none\" or no grammar)", "grammar")
+            cp = self.template.chat(messages, req)
+            plan = cp.plan
+            if plan.grammar is not None:
+                gbnf = grammar_text(plan.grammar, self.limits, "tools")
+                lazy = plan.lazy
+                triggers = (cp.trigger_patterns, cp.trigger_tokens)
+            prompt, stops = cp.tokens, list(plan.stops)
+            preserved = cp.preserved
+            fmt = cp.fmt
+            parser = lambda: ChatStream(fmt, plan)
+        elif kind == "chat":
+            refuse_media(body.get("messages"), self._model(body))
             messages = chat_messages(body.get("messages"))
             tool = forced_tool(body, self.limits)
             gbnf = structured_output(body, self.limits)
@@ -324,6 +366,9 @@ class LlamaBackend(Backend):
             top = None if lp is None or lp is False else (0 if lp is True else int(lp))
         max_tokens = generation_limit(body, self.limits, self.n_predict)
         sampling = self._sampling(body, gbnf, n_vocab)
+        if lazy:
+            sampling.grammar_lazy = True
+            sampling.grammar_patterns, sampling.grammar_tokens = triggers
         # a seeded draw repeats only if the logits do to the last digit: reusing a
         # cached prefix evaluates the prompt's end in another batch shape, which
         # changes them slightly, and a draw over the whole vocabulary feels it
@@ -332,12 +377,13 @@ class LlamaBackend(Backend):
                          stop=stops, n=body.get("n") or 1,
                          ignore_eos=body.get("ignore_eos") is True,
                          cache_prompt=body.get("cache_prompt") is not False and not seeded,
-                         logprobs=top, request_id=request_id, tenant=tenant)
+                         logprobs=top, request_id=request_id, tenant=tenant,
+                         preserved=preserved)
         opts = body.get("stream_options") or {}
         answer = Answer(sink, kind, self._model(body), gen.n, stream=body.get("stream") is True,
                         include_usage=opts.get("include_usage") is True,
                         logprobs=None if top is None else kind,
-                        tool=tool["name"] if tool else None, echo=echo)
+                        tool=tool["name"] if tool else None, echo=echo, parser=parser)
         return self.engine.submit(gen, answer.on_event)
 
     def _sampling(self, body: dict, gbnf: str | None, n_vocab: int):
@@ -401,6 +447,23 @@ class LlamaBackend(Backend):
                 piece = list(raw)  # llama.cpp: the bytes of a partial character
             out.append({"id": t, "piece": piece})
         return {"tokens": out}
+
+    def apply_template(self, body: dict) -> dict:
+        """The prompt text a chat body renders to (llama-server's
+        ``/apply-template``: the template with the tools and the format's
+        system message, ``add_generation_prompt`` true unless given), for
+        counting a request's tokens. A model without a Jinja template
+        answers with the text its chat handler would tokenize."""
+        if self.template.jinja is None:
+            messages = chat_messages(body.get("messages"))
+            tokens, _ = self.template.prompt(messages, None)
+            return {"prompt": self.engine.detokenize(tokens, special=True)}
+        messages = jinja_messages(body.get("messages"), self._model(body))
+        gbnf = structured_output(body, self.limits)
+        req = tool_request(body, self.limits, self.reasoning_format,
+                           response_schema(body) if gbnf is not None else None)
+        _, plan = self.template.render(messages, req)
+        return {"prompt": plan.prompt}
 
     def detokenize(self, body: dict) -> dict:
         tokens = token_ids(body.get("tokens"), self.engine.n_vocab, "tokens")

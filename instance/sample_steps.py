@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .sampling import logits_row, logprob_entry, sample_logits, token_logprobs
+from .sampling import logits_row, logprob_entry, token_logprobs
 from .slots import GENERATE, SAMPLE, Slot
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class SampleSteps:
         if job.request.sampling.grammar:
             self._sample_later(s)
             return
-        tok = self.L.llama_sampler_sample(s.sampler, self.m.ctx, s.i_batch)
+        tok = s.sampler.sample(self.m.ctx, s.i_batch)
         row = (logits_row(self.L, self.m.ctx, s.i_batch, self.m.n_vocab)
                if job.request.logprobs is not None else None)
         self._took(s, tok, row)
@@ -80,7 +80,7 @@ class SampleSteps:
     def _sample_off(self, s: Slot, job, sampler, row: np.ndarray) -> None:
         """A worker thread's draw; its result goes to the decode thread."""
         try:
-            tok: int | BaseException = sample_logits(self.L, sampler, row)
+            tok: int | BaseException = sampler.sample_row(row)
         except BaseException as e:  # noqa: BLE001 - handed to the decode thread
             tok = e
         with self._cond:
@@ -143,7 +143,7 @@ class SampleSteps:
                 job.emit(("text", s.choice, "", lp))
             self._end_choice(s, "stop")
             return
-        text = s.decoder.decode(self.m.piece(tok))
+        text = s.decoder.decode(self.m.piece(tok, tok in r.preserved))
         out, matched = s.stop.feed(text)
         if out or lp:
             job.emit(("text", s.choice, out, lp))
@@ -172,7 +172,7 @@ class SampleSteps:
         if job.sampling:
             return
         for smpl in job.samplers:
-            self.L.llama_sampler_free(smpl)
+            smpl.free()
         job.samplers = []
 
 

@@ -59,6 +59,7 @@ from ..proxy.http.usage import USAGE_HEADER, usage_line, usage_trailer
 from ..proxy.http.verdict import REPLICA_HEADER
 from . import protocol
 from .backend import Backend, ReplicaFault
+from .reasoning import add_reasoning_option
 from .validate import CACHE_SCOPES, BadRequest, RequestLimits, add_request_limit_options
 
 log = logging.getLogger("ggmux.instance")
@@ -82,12 +83,13 @@ ROUTES = {
     b"/completion": "native",  # llama.cpp's own completion format
     b"/tokenize": "tokenize",
     b"/detokenize": "detokenize",
+    b"/apply-template": "apply_template",
 }
 # llama-server routes this backend has no implementation for (a `cmd`
 # instance running llama-server serves them)
 UNSUPPORTED = frozenset(
     (b"/infill", b"/rerank", b"/v1/rerank", b"/reranking", b"/v1/responses", b"/v1/messages",
-     b"/v1/messages/count_tokens", b"/apply-template")
+     b"/v1/messages/count_tokens")
 )
 
 
@@ -247,7 +249,7 @@ class InstanceApp:
             conn.send_error(req, 503, "model is asleep", headers=REFUSED)
             return
         self.requests += 1
-        if kind in ("tokenize", "detokenize"):
+        if kind in ("tokenize", "detokenize", "apply_template"):
             try:
                 out = getattr(self.backend, kind)(body)
             except ValueError as e:
@@ -408,6 +410,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          '\'["--batch-size", "256", "--flash-attn", "on"]\'')
     ap.add_argument("--measure", action="store_true", help="report memory needs and exit")
     add_request_limit_options(ap)
+    add_reasoning_option(ap)
     ap.add_argument("--cache-scope", choices=CACHE_SCOPES, default="global",
                     help="whose prompt cache a request may reuse: key (its own tenant's, "
                          "from the proxy's x-ggmux-tenant), global (any), none")
@@ -510,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         # the request and HTTP limits of `ggmux serve` (ModelEntry.instance_args)
         given = parse_args(la.get("instance_args") or [])
         for name in (*(f.name for f in fields(RequestLimits)), *INSTANCE_LIMIT_NAMES,
-                     "cache_scope"):
+                     "cache_scope", "reasoning_format"):
             setattr(args, name, getattr(given, name))
         args.slot = la.get("slot")
         setproctitle(process_title(args))

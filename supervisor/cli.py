@@ -27,6 +27,7 @@ import orjson
 from setproctitle import setproctitle
 
 from .. import __version__
+from ..instance.reasoning import add_reasoning_option, reasoning_argv
 from ..instance.validate import (
     CACHE_SCOPES,
     add_request_limit_options,
@@ -271,6 +272,7 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                         "file or a models dir")
     add_http_limit_options(s)
     add_request_limit_options(s)
+    add_reasoning_option(s)
     add_cluster_options(s)
     s.add_argument("--node-drain-timeout", type=float, default=120.0,
                    help="cluster mode: a drain (SIGTERM, POST /cluster/drain) waits at most "
@@ -333,6 +335,7 @@ def build_registry(args: argparse.Namespace) -> Registry:
         n for n in INSTANCE_LIMIT_NAMES if getattr(http, n) != getattr(default, n)))
     instance_args += request_limit_argv(request_limits_from_args(args))
     scope = getattr(args, "cache_scope", None) or default_cache_scope(args)
+    instance_args += reasoning_argv(getattr(args, "reasoning_format", "deepseek"))
     for e in registry.entries:
         if e.kind in ("llama", "fake"):
             # a preset's own limit and scope come after: the last one counts

@@ -267,12 +267,12 @@ def test_stop_strings_end_a_choice_and_are_not_sent(engine):
 
 
 def test_a_json_schema_grammar_constrains_the_answer(engine):
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    from ggmux.instance.json_grammar import schema_to_gbnf
 
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
                                                "age": {"type": "integer"}},
               "required": ["name", "age"]}
-    grammar = json_schema_to_gbnf(json.dumps(schema))
+    grammar = schema_to_gbnf(schema)
     r = engine.submit(Generation(engine.tokenize(chat("Describe a person as JSON.")),
                                  Sampling(temperature=0, grammar=grammar), max_tokens=80)).result(120)
     doc = json.loads(r["choices"][0]["text"])

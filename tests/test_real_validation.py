@@ -130,11 +130,12 @@ def test_malformed_fields_are_400_naming_the_field_never_500(smol):
         ("/v1/chat/completions", chat(functions=[5], function_call={"name": "f"}),
          "functions[0]"),
         ("/v1/chat/completions", chat(tools=[{"type": "function"}]), "tools[0].function"),
-        # fields the instance cannot honour: refused, not ignored
-        ("/v1/chat/completions", chat(tools=[tool]), "tools"),
-        ("/v1/chat/completions", chat(tools=[tool], tool_choice="auto"), "tools"),
         ("/v1/chat/completions", chat(tools=[tool], tool_choice={"type": "function"}),
          "tool_choice"),
+        ("/v1/chat/completions", chat(tool_choice="required"), "tool_choice"),
+        ("/v1/chat/completions", chat(tools=[tool], parallel_tool_calls=1),
+         "parallel_tool_calls"),
+        ("/v1/chat/completions", chat(tools=[tool], grammar='root ::= "a"'), "grammar"),
         ("/v1/chat/completions", chat(response_format={"type": "xml"}), "response_format.type"),
         ("/v1/chat/completions", chat(stream="yes"), "stream"),
         ("/v1/completions", {"prompt": "Hi", "stream": 1}, "stream"),
@@ -150,18 +151,14 @@ def test_malformed_fields_are_400_naming_the_field_never_500(smol):
         max_tokens=4, temperature=0, grammar='root ::= "yes" | "no"')})
     assert status == 200 and doc["choices"][0]["message"]["content"] in ("yes", "no"), doc
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    # (room for llama.cpp's whitespace rule: up to two newlines and 20 blanks between tokens)
     status, doc = smol.json("POST", "/v1/chat/completions", {"model": SMOL, **chat(
-        max_tokens=16, temperature=0, response_format={
+        max_tokens=48, temperature=0, response_format={
             "type": "json_schema", "json_schema": {"name": "ok", "schema": schema}})})
     assert status == 200, doc
     assert isinstance(json.loads(doc["choices"][0]["message"]["content"])["ok"], bool), doc
-    forced = {"type": "function", "function": {"name": "f", "parameters": schema}}
-    status, doc = smol.json("POST", "/v1/chat/completions", {"model": SMOL, **chat(
-        max_tokens=16, temperature=0, tools=[forced], tool_choice={
-            "type": "function", "function": {"name": "f"}})})
-    assert status == 200, doc
-    call = doc["choices"][0]["message"]["tool_calls"][0]["function"]
-    assert call["name"] == "f" and isinstance(json.loads(call["arguments"])["ok"], bool), doc
+    # a forced tool call (its prompt lists the tool: longer than this server's ctx-size)
+    # is tested in test_tools_real.py
     served_once(smol)
 
 
