@@ -9,14 +9,18 @@ stop). The mapping (:func:`plan`):
 * router options become ``ggmux serve`` options of the same meaning:
   ``--host``, ``--port``, ``--models-dir``, ``--models-preset`` (the file
   itself, so the tests' edits and reloads reach ggmux), ``--models-max``,
-  ``--[no-]models-autoload``, ``--api-key``, ``--cors-origins``,
+  ``--[no-]models-autoload``, ``--metrics`` (``--no-metrics`` without it:
+  llama-server's ``/metrics`` is off by default, ggmux's on),
+  ``--api-key``, ``--cors-origins``,
   ``--sleep-idle-seconds``, and ``--ctx-size``, ``--parallel``,
   ``--threads``, ``--n-gpu-layers`` (over every model, as llama-server's
   router overlays its own command line on every preset);
 * a model on the command line (``--hf-repo`` [``--hf-file``], ``--model``)
   makes llama-server serve that one model, loaded at start: a generated
   preset with one section (named after the first ``--alias``, else the repo
-  or the file), ``load-on-startup``, and ``--no-hf-cache``;
+  or the file), ``load-on-startup``, ``--no-hf-cache``, and
+  ``--model-fallback`` naming it (a llama-server of one model serves any
+  ``model`` a request names: ``gpt-3.5-turbo``, ``test``);
 * every other option llama-server knows goes, as given, after ``--`` to
   ``ggmux serve``, which applies it to every model (and refuses what it
   cannot parse); options ggmux has no key for, and those that download
@@ -46,7 +50,8 @@ SERVE_OPTIONS = {
     "ctx-size": "--ctx-size", "parallel": "--parallel", "threads": "--threads",
     "n-gpu-layers": "--n-gpu-layers",
 }
-SERVE_BOOLS = {"models-autoload": ("--models-autoload", "--no-models-autoload")}
+SERVE_BOOLS = {"models-autoload": ("--models-autoload", "--no-models-autoload"),
+               "metrics": ("--metrics", "--no-metrics")}
 MODEL_KEYS = ("hf-repo", "hf-file", "model", "alias", "tags")  # the one model of a single-model server
 DOWNLOADS = ("model-url", "mmproj-url", "docker-repo")  # ggmux never downloads
 ALWAYS = ("offline",)  # what ggmux always does: nothing to pass
@@ -133,7 +138,11 @@ def plan(argv: list[str]) -> ShimPlan:
             models[key] = str(value)
         else:
             p.llama += [typed] if value is None else [typed, value]
+    if not any(k == "metrics" for k, *_ in _options(argv)):
+        p.serve.append("--no-metrics")  # llama-server's /metrics is off without --metrics
     if "hf-repo" in models or "model" in models:
+        # one model: llama-server serves every request with it, whatever it names
+        p.serve += ["--model-fallback", model_name(models)]
         lines = [f"[{model_name(models)}]"]
         lines += [f"{k} = {v}" for k, v in models.items() if k != "alias"]
         extra = [a.strip() for a in models.get("alias", "").split(",")[1:] if a.strip()]

@@ -76,7 +76,7 @@ ROUTES = {
     b"/v1/chat/completions": "chat",
     b"/chat/completions": "chat",
     b"/v1/completions": "completion",
-    b"/completions": "completion",
+    b"/completions": "native",  # llama-server's /completions is its /completion
     b"/v1/embeddings": "embedding",
     b"/embeddings": "embedding",
     b"/embedding": "embedding",

@@ -322,6 +322,8 @@ class Forwarding:
                                         "its health check", code="upstream_unavailable",
                                         headers=[(b"retry-after", b"5")])
                         return None
+                    if not waited and self.refuses_unloaded(conn, req, m):
+                        return None  # --no-models-autoload (.router_mode)
                     if not waited:
                         self.waiters.join(m)
                         waited = True

@@ -35,7 +35,8 @@ class Route:
     (empty: any; the handler judges); another method gets 405 ``<path>
     needs <first method>`` with ``refuse``, else 404. ``admin``: the admin
     key is needed when one is set, always, or (``admin_query``) when the
-    query holds that text (``?reload=1``). ``public``: no key, and answered
+    query holds that text (``?reload=1``), or (``admin_methods``) for those
+methods (``DELETE /models``). ``public``: no key, and answered
     while the server stops. ``preflight``: ``OPTIONS`` gets the CORS answer
     instead (False: the handler answers every method). ``foreign``: a
     client API of :mod:`ggmux.proxy.apis`, whose errors before the handler
@@ -49,15 +50,17 @@ class Route:
     refuse: bool = False
     admin: bool = False
     admin_query: bytes = b""
+    admin_methods: tuple[bytes, ...] = ()
     public: bool = False
     preflight: bool = True
     foreign: bool = False
     guard: str = ""
     prefix: bool = False
 
-    def needs_admin(self, query: bytes) -> bool:
-        """Whether a request with ``query`` needs the admin key here."""
-        return self.admin or (bool(self.admin_query) and self.admin_query in query)
+    def needs_admin(self, query: bytes, method: bytes = b"GET") -> bool:
+        """Whether a request with ``query`` and ``method`` needs the admin key here."""
+        return (self.admin or (bool(self.admin_query) and self.admin_query in query)
+                or method in self.admin_methods)
 
 
 # the foreign APIs' paths: apis.handles() answers exactly these
@@ -72,7 +75,8 @@ ROUTES: tuple[Route, ...] = (
     *(Route(p, "_client_api", foreign=True, prefix=True) for p in _API_PREFIXES),
     *(Route(p, "_inference", POST, refuse=True) for p in sorted(INFERENCE)),
     Route(b"/v1/models", "_models", admin_query=b"reload"),
-    Route(b"/models", "_models", admin_query=b"reload"),
+    # GET the list, DELETE ?model= and POST as llama-server's router (.router_mode)
+    Route(b"/models", "_models", admin_query=b"reload", admin_methods=(b"DELETE", b"POST")),
     # routed by ?model=; they do not load the model nor refresh its last use
     *(Route(p, "_by_query", GET) for p in (b"/props", b"/metrics", b"/slots")),
     Route(b"/models/load", "_load_or_unload", POST, refuse=True, admin=True),

@@ -58,10 +58,8 @@ from .balancer import (
 from .cluster import (
     HOP,
     HOP_TRUSTED,
-    annotate_models,
     cluster_view,
     drain_route,
-    metrics_lines,
     take_hop,
 )
 from .cors import Cors
@@ -72,12 +70,12 @@ from .http import (
     json_object,
 )
 from .http.pool import UpstreamPool
-from .listing import ModelEvents, models_list
-from .metrics import metrics_text, scrape_replicas
+from .listing import ModelEvents
 from .operator.logs import LogTail
 from .operator.overview import overview
 from .operator.page import Page
 from .operator.requests import RequestLog
+from .router_mode import RouterMode
 from .waiting import ModelWaiters
 
 log = logging.getLogger("ggmux.proxy")
@@ -89,7 +87,7 @@ RELOAD_WAIT_S = 30.0  # ?reload=1 waits this long for the rescan (a cache of man
 STOPPING = "the server is stopping"
 
 
-class Proxy(Forwarding):
+class Proxy(Forwarding, RouterMode):
     """State of one worker; ``handle`` is the HTTP handler, :class:`~.forward.Forwarding`
     the forwarding (the fast path, waiting, balancing, retries, accounting)."""
 
@@ -154,6 +152,7 @@ class Proxy(Forwarding):
         self.errors: dict[str, str] = {}
         self.remotes: dict[int, dict] = {}  # slot -> upstream replica address
         self.cluster: dict | None = None  # cluster mode: the registry blob's "cluster"
+        self.router: dict = {}  # the registry blob's "router" (.router_mode)
         self.hop_slots: frozenset[int] = frozenset()  # remotes that are other nodes
         self.ready_local: set[int] = set()  # models with a ready replica on this node
         self.held_local: set[int] = set()  # cluster mode: ... loading, ready or asleep here
@@ -202,6 +201,7 @@ class Proxy(Forwarding):
             self.reload_ids = doc.get("reload_ids", ())
             self.reload_errors = doc.get("reload_errors", {})
             self.cluster = doc.get("cluster")
+            self.router = doc.get("router") or {}  # the router's settings (.router_mode)
             self.hop_slots = frozenset(k for k, v in self.remotes.items() if v.get("hop"))
             self.model_first_byte_ns = [
                 int(t * NS) if isinstance(t := e.get("first_byte_timeout"), (int, float)) and t > 0
@@ -334,7 +334,7 @@ class Proxy(Forwarding):
         if self.stopping:
             answers.stopping(conn, req)
             return
-        admin = route is not None and route.needs_admin(req.query)
+        admin = route is not None and route.needs_admin(req.query, req.method)
         if self.cluster is None and req.header(HOP) is not None:
             self.refresh()  # a hop header: is this node (already) in a cluster?
         req.hop = take_hop(req, self.cluster)
@@ -371,38 +371,6 @@ class Proxy(Forwarding):
 
     async def _client_api(self, conn: HttpConnection, req: Request) -> None:
         await self.apis.handle(conn, req)
-
-    async def _models(self, conn: HttpConnection, req: Request) -> None:
-        reload = b"reload=1" in req.query or b"reload=true" in req.query
-        if reload and not await self._reload(conn, req):
-            return
-        self.refresh()
-        conn.send_json(req, 200, annotate_models(
-            models_list(self.reg_models, self.model_rows, self.errors), self.cluster))
-
-    async def _by_query(self, conn: HttpConnection, req: Request) -> None:
-        """``GET /props|/metrics|/slots?model=``: routed by the query (they
-        neither load the model nor refresh its last use); ``/metrics``
-        without one is the whole server's."""
-        path = req.path
-        name = self._query_model(req)
-        if name is None and path == b"/metrics":
-            self.refresh()
-            replicas = await scrape_replicas(self.replica_rows)
-            text = metrics_text(self.seg, self.reg_models, self.model_rows,
-                                self.replica_rows, replicas)
-            text += "".join(metrics_lines(self.cluster)).encode()
-            conn.send_response(req, 200, text, b"text/plain; version=0.0.4")
-        elif name is None:
-            conn.send_error(req, 400, f"{path.decode()} needs ?model=<name>")
-        else:
-            m = self.names.get(name)
-            if m is None:
-                conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
-            elif self._redacts(req, path):
-                await self._redacted(conn, req, m, name, touch=False)
-            else:
-                await self._forward(conn, req, m, name, None, touch=False)
 
     async def _load_or_unload(self, conn: HttpConnection, req: Request) -> None:
         self._load_unload(conn, req, req.path.rsplit(b"/", 1)[1].decode())
@@ -504,8 +472,12 @@ class Proxy(Forwarding):
             return
         name = body.get("model")
         if name is None:
-            conn.send_error(req, 400, "missing 'model' in the request body")
-            return
+            self.refresh()
+            name = self.name_for_unnamed()  # the only model (llama-server of one model)
+            if name is None:
+                conn.send_error(req, 400, "missing 'model' in the request body (this server "
+                                "serves several models: GET /v1/models lists them)")
+                return
         if apis.wants_usage(body) and req.path in (b"/v1/chat/completions",
                                                    b"/chat/completions"):
             await self.apis.translated(conn, req, apis.CHAT_WITH_USAGE, body=body)
@@ -575,7 +547,7 @@ class Proxy(Forwarding):
             conn.send_error(req, 400, "'model' must be a string")
             return None
         self.refresh()
-        m = apis.resolve(self.names, name)
+        m = self.pick_model(name)  # the name, an alias, else --model-fallback's
         if m is None:
             conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
         return m

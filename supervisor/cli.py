@@ -181,7 +181,18 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     s.add_argument("--models-autoload", action=argparse.BooleanOptionalAction, default=True,
                    help="load a model when a request names it (llama.cpp --[no-]models-autoload); "
                         "--no-models-autoload: only POST /models/load and load-on-startup load "
-                        "one, and requests for other models wait")
+                        "one, and a request for a model that is not running gets 400 (as "
+                        "llama-server; ?autoload=1 on the request loads it anyway)")
+    s.add_argument("--model-fallback", default=None, metavar="NAME",
+                   help="serve a request that names no model ggmux knows with model NAME (a "
+                        "name or alias), for clients that hard-code a name such as "
+                        "gpt-3.5-turbo; default: such a request gets 404. A request with no "
+                        "model at all goes to the only model when there is one, without this")
+    s.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=True,
+                   help="GET /metrics (Prometheus text of the whole server, and of the only "
+                        "model's replica when there is one); --no-metrics answers 501 there "
+                        "as llama-server does without --metrics (on by default: the router's "
+                        "own figures, no request contents)")
     # Model options: None when not given, so build_registry can tell a default
     # (under every source) from an explicit value (over every source, as
     # llama.cpp's router overlays its own command line on every preset).
@@ -544,7 +555,8 @@ def serve(args: argparse.Namespace) -> int:
                     "authenticated (the hop header is trusted from anyone, never as an API key)")
     cfg = Config(
         host=args.host, port=args.port, proxies=args.proxies, models_max=args.models_max,
-        models_autoload=args.models_autoload,
+        models_autoload=args.models_autoload, model_fallback=args.model_fallback or None,
+        metrics=args.metrics,
         stop_timeout=args.stop_timeout, load_timeout=args.load_timeout,
         load_wait=args.load_wait, shm_name=segment_name(args.port),
         mq_name=queue_name(args.port),

@@ -16,6 +16,8 @@ class Config:
     proxies: int = 1
     models_max: int = 4
     models_autoload: bool = True  # False: only explicit loads start a model (llama.cpp)
+    model_fallback: str | None = None  # the model of requests naming an unknown one
+    metrics: bool = True  # GET /metrics answered (False: 501, llama-server without --metrics)
     stop_timeout: float = 10.0
     term_timeout: float = 5.0  # SIGTERM -> SIGKILL
     load_timeout: float | None = None  # None: 5 min + 20 s per GiB, capped at 6 h

@@ -51,7 +51,8 @@ class Publisher:
         doc["reload_errors"] = dict(st.reload_errors)  # and why, for those that failed
         # the router's own settings, for GET /props without a model (llama.cpp router)
         doc["router"] = {"models_max": st.cfg.models_max,
-                         "models_autoload": st.cfg.models_autoload}
+                         "models_autoload": st.cfg.models_autoload,
+                         "model_fallback": st.cfg.model_fallback, "metrics": st.cfg.metrics}
         if st.cluster_doc is not None:
             doc["cluster"] = st.cluster_doc
         st.seg.write_registry(doc)

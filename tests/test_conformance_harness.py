@@ -38,7 +38,8 @@ def test_a_single_model_command_line_becomes_a_one_section_preset_loaded_at_star
                         "load-on-startup = true\n")
     assert p.argv("/x.ini") == [
         "serve", "--port", "8123", "--host", "127.0.0.1", "--ctx-size", "512",
-        "--parallel", "2", "--models-preset", "/x.ini", "--no-hf-cache", "--",
+        "--parallel", "2", "--no-metrics", "--model-fallback", "tinyllama-2",
+        "--models-preset", "/x.ini", "--no-hf-cache", "--",
         "--temp", "0.8", "--seed", "42", "--batch-size", "32", "--no-slots",
         "--n-predict", "64", "--no-jinja"]
     assert p.dropped == []
@@ -48,8 +49,11 @@ def test_a_router_command_line_keeps_the_cache_and_maps_router_options():
     p = plan(ROUTER)
     assert p.preset is None
     assert p.serve == ["--port", "8123", "--host", "127.0.0.1", "--models-max", "2",
-                       "--ctx-size", "1024", "--parallel", "1", "--no-models-autoload"]
+                       "--ctx-size", "1024", "--parallel", "1", "--no-models-autoload",
+                       "--no-metrics"]  # a router: no fallback
     assert "--no-hf-cache" not in p.argv() and p.argv()[-1] == "--no-jinja"
+    assert "--no-metrics" not in plan([*ROUTER, "--metrics"]).serve
+    assert "--metrics" in plan([*ROUTER, "--metrics"]).serve
 
 
 def test_downloads_and_unknown_options_are_dropped_and_said():

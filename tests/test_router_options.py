@@ -15,9 +15,10 @@ def test_no_models_autoload_loads_only_on_an_explicit_load(serve, fakes):
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--no-models-autoload",
               "--load-wait", "1")
     _, doc = s.seg.read_registry()
-    assert doc["router"] == {"models_max": 4, "models_autoload": False}  # for GET /props
+    assert doc["router"] == {"models_max": 4, "models_autoload": False, "model_fallback": None,
+                             "metrics": True}  # for GET /props
     st, _, body = s.request("POST", CHAT, chat_body("a"))
-    assert st == 503, body  # waited for a load that autoload off never starts
+    assert st == 400 and b"model is not loaded" in body, body  # llama-server's answer
     assert s.models()["a"]["status"]["value"] == "unloaded"
     assert "load of a" not in s.logs() and "loading a" not in s.logs()
     st, _, _ = s.request("POST", "/models/load", {"model": "a"})

@@ -68,6 +68,10 @@ class Proxy(Protocol):
 
     def refresh(self) -> None: ...
 
+    def pick_model(self, name: str) -> int | None: ...
+
+    def name_for_unnamed(self) -> str | None: ...
+
     def command(self, cmd: dict) -> bool: ...
 
     async def _forward(
@@ -80,11 +84,16 @@ ROUTES: dict[bytes, tuple[Adapter, bool]] = {
     b"/v1/messages": (anthropic.Messages(), True),
     b"/v1/messages/count_tokens": (anthropic.CountTokens(), True),
     b"/v1/responses": (responses.Responses(), True),
+    b"/responses": (responses.Responses(), True),  # llama-server's, without /v1
+    b"/v1/chat/completions/input_tokens": (openai.ChatInputTokens(), True),
+    b"/chat/completions/input_tokens": (openai.ChatInputTokens(), True),
     b"/api/chat": (ollama.Chat(), False),
     b"/api/generate": (ollama.Generate(), False),
     b"/api/embed": (ollama.Embed(), False),
     b"/api/embeddings": (ollama.Embeddings(), False),
 }
+# the adapters that count a prompt's tokens (ClientApis._count_request)
+COUNTING = (anthropic.CountTokens, openai.ChatInputTokens)
 NATIVE_KINDS = frozenset(("cmd", "upstream"))  # replica kinds that speak those APIs themselves
 CHAT_WITH_USAGE = openai.ChatWithUsage()
 _OLLAMA = ollama.Chat()  # for Ollama's error envelope
@@ -195,12 +204,16 @@ class ClientApis:
                 wrap.send_error(req, 400, "request body must be a JSON object")
                 return
         name = body.get("model")
+        p.refresh()
+        if name is None:  # the only model, as a llama-server of one model serves it
+            name = p.name_for_unnamed()
+            if name is not None:
+                body = {**body, "model": name}
         if not isinstance(name, str):
             wrap.send_error(req, 400, "'model' must be a string naming a model"
                             if name is not None else "missing 'model' in the request body")
             return
-        p.refresh()
-        m = resolve(p.names, name)
+        m = p.pick_model(name)  # the name, an alias, else --model-fallback's
         if m is None:
             wrap.send_error(req, 404, f"model '{name}' not found")
             return
@@ -220,7 +233,7 @@ class ClientApis:
                         and not body.get("system") and await self._without_template(m)):
                     # Ollama's template of a model without one is the prompt alone
                     body = {**body, "raw": True}
-            if isinstance(adapter, anthropic.CountTokens):
+            if isinstance(adapter, COUNTING):
                 t = await self._count_request(wrap, req, adapter, m, name, body)
                 if t is None:
                     return
@@ -246,7 +259,8 @@ class ClientApis:
                 self._keep_alive(m, name, keep)
 
     async def _count_request(self, wrap: TranslatedConnection, req: Request,
-                             adapter: anthropic.CountTokens, m: int, name: str,
+                             adapter: anthropic.CountTokens | openai.ChatInputTokens,
+                             m: int, name: str,
                              body: dict) -> Translated | None:
         """The ``/tokenize`` request that counts a ``count_tokens`` body:
         of the prompt the replica's chat template renders (its

@@ -61,7 +61,7 @@ ERROR_TYPES = {
     429: "rate_limit_error",
     431: "invalid_request_error",
     500: "server_error",
-    501: "server_error",
+    501: "not_supported_error",  # llama.cpp's ERROR_TYPE_NOT_SUPPORTED
     502: "server_error",
     503: "unavailable_error",
     504: "timeout_error",

@@ -1,0 +1,124 @@
+"""llama-server's router-mode answers on fake instances (issue 23; what
+llama.cpp's tools/server/tests/unit/test_router.py and the single-model
+files found): GET /props without a model, --no-models-autoload's 400, the
+/models methods, a request without a model or with an unknown one,
+/slots and /metrics without ?model= on a one-model server, --no-metrics,
+and llama-server's route names without /v1."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import chat_body, served_by, wait_for
+
+CHAT = "/v1/chat/completions"
+
+
+def _error(body: bytes) -> dict:
+    return json.loads(body)["error"]
+
+
+def test_props_without_a_model_are_the_routers_and_autoload_off_refuses_with_400(serve, fakes):
+    fakes.add("a")
+    fakes.add("b")
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--models-max", "3",
+              "--no-models-autoload")
+    st, doc = s.json("GET", "/props")
+    assert st == 200, doc
+    assert doc["role"] == "router" and doc["max_instances"] == 3
+    assert doc["models_autoload"] is False and doc["build_info"].startswith("b")
+    st, _, body = s.request("POST", CHAT, chat_body("a"))
+    assert st == 400 and _error(body)["message"] == "model is not loaded", body
+    assert s.models()["a"]["status"]["value"] == "unloaded"
+    st, _, body = s.request("POST", CHAT + "?autoload=1", chat_body("b"))  # llama.cpp's override
+    assert st == 200 and served_by(body)[0] == "b", body
+    st, _, _ = s.request("POST", "/models/load", {"model": "a"})
+    assert st == 200
+    wait_for(lambda: s.models()["a"]["status"]["value"] == "loaded", 20, what="explicit load")
+    st, _, body = s.request("POST", CHAT, chat_body("a"))
+    assert st == 200 and served_by(body)[0] == "a"
+    st, _, body = s.request("GET", "/slots")  # several models: which one?
+    assert st == 400 and b"?model=" in body
+
+
+def test_models_methods_answer_as_llama_servers_router(serve, fakes):
+    fakes.add("a")
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--admin-key", "adm")
+    admin = {"Authorization": "Bearer adm"}
+    st, _, body = s.request("DELETE", "/models?model=a")  # state-changing: the admin key
+    assert st == 401, body
+    st, _, body = s.request("DELETE", "/models", headers=admin)
+    assert st == 400 and "non-empty" in _error(body)["message"]
+    st, _, body = s.request("DELETE", "/models?model=nope", headers=admin)
+    assert st == 500 and _error(body)["message"] == "model name=nope is not found"
+    st, _, body = s.request("DELETE", "/models?model=a", headers=admin)
+    assert st == 500 and "not removable (not from cache)" in _error(body)["message"]
+    assert "a" in s.models()  # and still listed
+    st, _, body = s.request("POST", "/models", {"model": "org/repo"}, headers=admin)
+    assert st == 501 and _error(body)["type"] == "not_supported_error", body
+    st, hs, body = s.request("PUT", "/models", b"{}", headers=admin)
+    assert st == 405 and "DELETE" in hs["allow"], body
+    st, _, body = s.request("GET", "/models")  # the list, as before
+    assert st == 200 and json.loads(body)["data"][0]["id"] == "a"
+
+
+def test_one_model_takes_requests_without_model_and_answers_props_slots_metrics(serve, fakes):
+    fakes.add("only")
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1")
+    body = chat_body("x")
+    del body["model"]
+    st, _, out = s.request("POST", CHAT, body)
+    assert st == 200 and served_by(out)[0] == "only", out  # as a llama-server of one model
+    st, _, out = s.request("POST", "/v1/messages", {"max_tokens": 8, "messages": [
+        {"role": "user", "content": "hi"}]})
+    assert st == 200 and served_by(out)[0] == "only", out
+    st, doc = s.json("GET", "/props")
+    assert st == 200 and doc.get("role") != "router" and doc["model_alias"] == "only", doc
+    st, doc = s.json("GET", "/slots")
+    assert st == 200 and isinstance(doc, list), doc
+    st, hs, text = s.request("GET", "/metrics")
+    assert st == 200 and b"ggmux_requests_total" in text  # the server's figures ...
+    assert b"\nllamacpp:slots 1\n" in text  # ... and the replica's own (llama-server's)
+    st, _, out = s.request("POST", CHAT, chat_body("gpt-3.5-turbo"))
+    assert st == 404, out  # an unknown name without --model-fallback
+
+
+def test_model_fallback_serves_unknown_names_and_no_metrics_is_501(serve, fakes):
+    fakes.add("a")
+    fakes.add("b")
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--model-fallback", "b",
+              "--no-metrics")
+    for path, body in ((CHAT, chat_body("gpt-3.5-turbo")),
+                       ("/v1/messages", {"model": "test", "max_tokens": 8,
+                                         "messages": [{"role": "user", "content": "hi"}]}),
+                       ("/responses", {"model": "gpt-4.1", "input": "hi"})):
+        st, _, out = s.request("POST", path, body)
+        assert st == 200 and served_by(out)[0] == "b", (path, out)
+    st, _, out = s.request("POST", CHAT, chat_body("a"))
+    assert st == 200 and served_by(out)[0] == "a"  # a known name is still its own
+    nameless = chat_body("x")
+    del nameless["model"]
+    st, _, out = s.request("POST", CHAT, nameless)  # two models: the fallback's too
+    assert st == 200 and served_by(out)[0] == "b", out
+    st, _, out = s.request("GET", "/metrics")
+    assert st == 501 and _error(out)["type"] == "not_supported_error", out
+
+
+def test_llama_servers_routes_without_v1_and_the_input_token_count(serve, fakes):
+    fakes.add("a")
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1")
+    chat = {"model": "a", "messages": [{"role": "system", "content": "Book"},
+                                       {"role": "user", "content": "What is the best book"}]}
+    st, doc = s.json("POST", "/apply-template", chat)  # what the count is of: the template's
+    assert st == 200, doc
+    st, toks = s.json("POST", "/tokenize", {"model": "a", "content": doc["prompt"],
+                                            "add_special": False, "parse_special": True})
+    assert st == 200 and toks["tokens"], toks
+    for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"):
+        st, doc = s.json("POST", path, chat)
+        assert st == 200 and doc == {"input_tokens": len(toks["tokens"])}, (path, doc)
+    st, _, out = s.request("POST", "/completions", {"model": "a", "prompt": "hi",
+                                                    "n_predict": 4})
+    assert st == 200 and "content" in json.loads(out), out  # llama-server's native /completion
+    st, doc = s.json("POST", "/responses", {"model": "a", "input": "hi"})
+    assert st == 200 and doc["object"] == "response", doc
