@@ -8,8 +8,10 @@ and llama-server's route names without /v1."""
 from __future__ import annotations
 
 import json
+import time
 
 from conftest import chat_body, served_by, wait_for
+from ggmux.shm import layout as L
 
 CHAT = "/v1/chat/completions"
 
@@ -76,7 +78,7 @@ def test_one_model_takes_requests_without_model_and_answers_props_slots_metrics(
     assert st == 200 and doc.get("role") != "router" and doc["model_alias"] == "only", doc
     st, doc = s.json("GET", "/slots")
     assert st == 200 and isinstance(doc, list), doc
-    st, hs, text = s.request("GET", "/metrics")
+    st, _hs, text = s.request("GET", "/metrics")
     assert st == 200 and b"ggmux_requests_total" in text  # the server's figures ...
     assert b"\nllamacpp:slots 1\n" in text  # ... and the replica's own (llama-server's)
     st, _, out = s.request("POST", CHAT, chat_body("gpt-3.5-turbo"))
@@ -122,3 +124,34 @@ def test_llama_servers_routes_without_v1_and_the_input_token_count(serve, fakes)
     assert st == 200 and "content" in json.loads(out), out  # llama-server's native /completion
     st, doc = s.json("POST", "/responses", {"model": "a", "input": "hi"})
     assert st == 200 and doc["object"] == "response", doc
+
+
+def test_a_client_that_leaves_the_queue_costs_the_busy_model_nothing(serve, fakes):
+    """llama.cpp's test_router_queue_client_disconnect_keeps_model, with a
+    model that is really busy (llama-server's test makes it so with
+    LLAMA_SERVER_DEBUG_FAKE_TIMING): B's only client leaves while B waits
+    for A's slot, so once A is idle nothing evicts it for B."""
+    import threading
+
+    fakes.add("a", ttft_s=3.0)
+    fakes.add("b")
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--models-max", "1")
+    assert s.request("POST", "/models/load", {"model": "a"})[0] == 200
+    wait_for(lambda: s.models()["a"]["status"]["value"] == "loaded", 20, what="a loaded")
+    busy: list = []
+    t = threading.Thread(target=lambda: busy.append(s.request("POST", CHAT, chat_body("a"))))
+    t.start()
+    wait_for(lambda: s.seg.counters[:, :, L.C_IN_FLIGHT].sum() > 0 or busy, 10, what="a busy")
+    try:
+        s.request("POST", CHAT, chat_body("b"), timeout=1.0)
+        raise AssertionError("b was served while a was busy")
+    except TimeoutError:
+        pass  # the client left while queued
+    t.join(30)
+    assert busy and busy[0][0] == 200, busy
+    # nobody waits for b any more: a keeps its slot (watched for 2 s)
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        ms = s.models()
+        assert ms["a"]["status"]["value"] == "loaded" and ms["b"]["status"]["value"] == "unloaded"
+        time.sleep(0.1)
