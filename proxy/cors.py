@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .http import HttpConnection, Request
 
-ALLOW_METHODS = b"GET, POST, HEAD, OPTIONS"
+ALLOW_METHODS = b"GET, POST, HEAD, DELETE, OPTIONS"  # DELETE: /models?model= (llama-server's)
 # the headers browsers' API clients send (OpenAI's, Anthropic's and Ollama's SDKs)
 ALLOW_HEADERS = (b"authorization, content-type, x-api-key, anthropic-version, "
                  b"anthropic-beta, x-session-id, session_id, x-request-id, openai-organization, "
@@ -26,34 +26,61 @@ EXPOSE_HEADERS = b"x-request-id, retry-after"
 MAX_AGE_S = 86400  # how long a browser may cache a preflight answer
 
 
+LOCAL_HOSTS = (b"localhost", b"127.0.0.1", b"[::1]")
+
+
+def is_localhost(origin: bytes) -> bool:
+    """Whether ``origin`` is a page of this machine: ``http(s)://`` and
+    ``localhost``, ``127.0.0.1`` or ``[::1]``, any port (llama-server's
+    ``origin_is_localhost``, for ``--cors-origins localhost``)."""
+    scheme, sep, rest = origin.lower().partition(b"://")
+    if not sep or scheme not in (b"http", b"https"):
+        return False
+    host, colon, port = rest.rpartition(b":") if not rest.endswith(b"]") else (rest, b"", b"")
+    if not colon:
+        host = rest
+    elif not port.isdigit():
+        return False
+    return host in LOCAL_HOSTS
+
+
 class Cors:
     """The CORS policy of one server: ``origins`` is ``--cors-origins``
     (``"*"``, or a comma-separated list of origins, ``*`` among them
-    allowed); an empty string turns CORS off."""
+    allowed, and ``localhost``: every page of this machine,
+    :func:`is_localhost`, as llama-server's keyword); an empty string
+    turns CORS off."""
 
-    __slots__ = ("_star", "any", "listed")
+    __slots__ = ("_star", "any", "listed", "localhost")
 
     def __init__(self, origins: str = "*") -> None:
         names = [o.strip() for o in origins.split(",") if o.strip()]
         self.any = "*" in names
-        self.listed = frozenset(o.rstrip("/").encode() for o in names if o != "*")
+        self.localhost = "localhost" in names
+        self.listed = frozenset(o.rstrip("/").encode() for o in names
+                                if o not in ("*", "localhost"))
+
+    def named(self, origin: bytes) -> bool:
+        """Whether ``--cors-origins`` names ``origin`` (listed, or a page of
+        this machine with ``localhost``)."""
+        return origin in self.listed or (self.localhost and is_localhost(origin))
         self._star = (b"access-control-allow-origin: *\r\naccess-control-expose-headers: "
                       + EXPOSE_HEADERS + b"\r\n")
 
     def headers(self, origin: bytes) -> bytes:
         """The header lines for an answer to a request from ``origin``
         (``b""`` when it is not allowed)."""
-        if origin in self.listed:
+        if self.named(origin):
             return (b"access-control-allow-origin: " + origin
                     + b"\r\naccess-control-allow-credentials: true\r\nvary: origin\r\n"
                     b"access-control-expose-headers: " + EXPOSE_HEADERS + b"\r\n")
         if self.any:
             return self._star
-        return b"vary: origin\r\n" if self.listed else b""
+        return b"vary: origin\r\n" if self.listed or self.localhost else b""
 
     def allows(self, origin: bytes) -> bool:
         """Whether a browser page from ``origin`` may read the answers."""
-        return self.any or origin in self.listed
+        return self.any or self.named(origin)
 
     def options(self, conn: HttpConnection, req: Request) -> None:
         """Answer ``OPTIONS``: a preflight with the allowed methods and

@@ -266,7 +266,8 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     s.add_argument("--cors-origins", default="*",
                    help="origins browsers may call from: '*' (any, without credentials; "
                         "llama-server's default), or a comma-separated list, which also get "
-                        "credentials; '' turns CORS off")
+                        "credentials ('localhost': every page of this machine, as "
+                        "llama-server's); '' turns CORS off")
     s.add_argument("--first-byte-timeout", type=float, default=600.0, metavar="S",
                    help="a replica that sends no byte of its answer within this many seconds "
                         "hangs: the request gets 504, the replica a fault (a preset's "
