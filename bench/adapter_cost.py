@@ -9,7 +9,7 @@ machine lands on both. Per request: TTFT (request written -> first text
 chunk read) and the time per chunk after it ((last text chunk - first) /
 (chunks - 1)). Reported: p50 and p90 of each, per API, and the difference
 (messages - chat). A second, in-process figure: the CPU time of the
-translation alone (:class:`~ggmux.proxy.adapters.anthropic.MessagesStream`
+translation alone (:class:`~ggmux.proxy.apis.adapters.anthropic.MessagesStream`
 and the SSE parser over a recorded chat stream), microseconds per chunk.
 
 Usage, from the repository root::
@@ -76,8 +76,8 @@ class Client:
 
 def translation_cpu_us(tokens: int, rounds: int = 2000) -> float:
     """CPU microseconds per chunk of the Anthropic translation alone."""
-    from ggmux.proxy.adapters.anthropic import MessagesStream
-    from ggmux.proxy.adapters.common import SseEvents
+    from ggmux.proxy.apis.adapters.anthropic import MessagesStream
+    from ggmux.proxy.apis.adapters.common import SseEvents
 
     chunks = []
     for i in range(tokens):

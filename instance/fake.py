@@ -11,7 +11,8 @@ with ``crash_code`` (3) this long after ready; ``ttft_s`` (0.002) delay before
 the first token; ``token_s`` (0.002) delay between tokens; ``tokens`` (8)
 tokens per answer unless the request's ``max_tokens`` is smaller;
 ``mem_bytes`` (0) effective host memory reported when ready; ``min_bytes``
-/ ``max_bytes`` memory reported by ``--measure``, after ``measure_s`` (0); ``fail_requests`` (bool)
+/ ``max_bytes`` memory reported by ``--measure``, after ``measure_s`` (0), with
+``chat_template`` (true): whether the model has a chat template; ``fail_requests`` (bool)
 answer requests with the replica's own fault, a 500 marked ``fault`` (so does
 the existence of a file ``BEHAVIOUR.json.fail-<pid>``, which lets a test break
 and mend one replica); ``bad_request_marker`` (str) a request whose JSON body
@@ -19,9 +20,26 @@ contains it fails with a plain 500, an error the request caused (llama.cpp
 answers some bad grammars so); ``crash_marker`` (str) a request whose JSON
 body contains it makes the process exit with ``crash_code`` at once, as
 llama.cpp aborts on an out-of-vocabulary token id;
-``parallel`` (1) slots: requests served at once, the rest queued in arrival
-order, as the built-in instance's engine does (reported in the ``ready``
-line, so the balancer counts in-flight relative to it).
+``parallel`` (1) slots: requests served at once, the rest queued round robin
+by tenant (:mod:`ggmux.instance.fairness`), as the built-in instance's
+engine does (reported in the ``ready`` line, so the balancer counts
+in-flight relative to it). The request limits ``--max-tokens-limit`` and
+``--n-predict`` (in ``--llama-args``) apply as in the built-in instance.
+
+Tool calls and reasoning (issue 19), in OpenAI's chat-completion shapes as
+llama-server's Jinja mode answers: a chat request with ``tools`` whose
+``tool_choice`` is not ``"none"`` and whose last message is not a tool
+result is answered with tool calls (``finish_reason: "tool_calls"``;
+streamed as ``delta.tool_calls``: index, id and name first, then the
+arguments in pieces): to the tool ``tool_choice`` names, else the first
+tool named in ``tool`` (a name or a list) that the request offers, else the
+first; the
+arguments hold each required property of the tool's schema with a value
+built from the schema alone (:func:`example_value`), or are
+``tool_arguments[name]`` (an object) when given; ``tool_calls`` (1) calls
+are made at once (the next tools in order) unless ``parallel_tool_calls``
+is false. ``reasoning`` (str) is sent as ``reasoning_content`` before the
+content or the calls (streamed word by word).
 
 Every answer's text starts ``[<name>:<pid>]`` so a test can tell which model
 and which process served it.
@@ -29,17 +47,54 @@ and which process served it.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
-from collections import deque
+from collections import Counter
 from dataclasses import dataclass, field
 
 import orjson
 
 from . import protocol
 from .backend import Backend, ReplicaFault
-from .validate import BadRequest
+from .fairness import FairQueue
+from .validate import BadRequest, generation_limit, request_limits_from_args
+
+
+def example_value(schema, name: str = "value"):
+    """A deterministic value that ``schema`` (a JSON schema) accepts, from
+    the schema alone: its ``const``, first ``enum`` value or ``default``;
+    an object of its required properties; ``minItems`` copies of an item;
+    the property's name for a string (``minLength`` padded); ``minimum``
+    (else 1) for a number; true for a boolean; the first branch of
+    ``anyOf``/``oneOf``/``allOf``."""
+    if not isinstance(schema, dict):
+        return name
+    for key in ("const", "default"):
+        if key in schema:
+            return schema[key]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf", "allOf"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            return example_value(schema[key][0], name)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object" or (kind is None and "properties" in schema):
+        props = schema.get("properties") or {}
+        return {k: example_value(props.get(k), k) for k in schema.get("required") or ()}
+    if kind == "array":
+        return [example_value(schema.get("items"), name)] * int(schema.get("minItems", 0))
+    if kind in ("integer", "number"):
+        v = schema.get("minimum", 1)
+        return int(v) if kind == "integer" else float(v)
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    return name.ljust(int(schema.get("minLength", 0)), "x")
 
 
 @dataclass(slots=True, eq=False)
@@ -48,7 +103,10 @@ class _FakeJob:
     body: dict
     sink: object
     request_id: str
+    tenant: str = ""
+    limit: int | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
+    calls: list = field(default_factory=list)  # the tool calls it is answered with
 
 
 class FakeBackend(Backend):
@@ -62,17 +120,23 @@ class FakeBackend(Backend):
         except (OSError, orjson.JSONDecodeError):
             self.cfg = {}
         self.slots = max(1, int(self.cfg.get("parallel", 1)))
+        self.limits = request_limits_from_args(args)
+        la = list(getattr(args, "llama_args", None) or [])
+        self.n_predict = int(la[la.index("--n-predict") + 1]) if "--n-predict" in la else -1
         self._lock = threading.Condition()
-        self._queue: deque[_FakeJob] = deque()
+        self._queue: FairQueue[_FakeJob] = FairQueue(lambda j: j.tenant)
         self._busy: list[_FakeJob | None] = [None] * self.slots
         self._closing: str | None = None
+        self._calls = 0  # tool calls made, for their ids
         for i in range(self.slots):
             threading.Thread(target=self._worker, args=(i,), name=f"slot{i}", daemon=True).start()
 
     def measure(self) -> dict:
         c = self.cfg
         time.sleep(float(c.get("measure_s", 0)))
-        return {"min": {"host": int(c.get("min_bytes", 0))}, "max": {"host": int(c.get("max_bytes", 0))}}
+        return {"min": {"host": int(c.get("min_bytes", 0))},
+                "max": {"host": int(c.get("max_bytes", 0))},
+                "chat_template": bool(c.get("chat_template", True))}
 
     def load(self) -> dict:
         c = self.cfg
@@ -83,7 +147,9 @@ class FakeBackend(Backend):
         if c.get("crash_load") is not None:
             time.sleep(load_s / 2)
             os._exit(int(c["crash_load"]))
-        steps = 4
+        # progress as the built-in instance reports llama.cpp's: a line per
+        # LOAD_PROGRESS_S (at least four), the last at 1.0
+        steps = max(4, int(load_s / protocol.LOAD_PROGRESS_S))
         for i in range(steps):
             time.sleep(load_s / steps)
             protocol.emit("loading", progress=round((i + 1) / steps, 3))
@@ -105,13 +171,48 @@ class FakeBackend(Backend):
                 "slots": self.slots}
 
     # ---- generation ---------------------------------------------------------
-    def _tokens(self, body: dict) -> list[str]:
+    def _tokens(self, job: _FakeJob) -> list[str]:
         n = int(self.cfg.get("tokens", 8))
-        mt = body.get("max_tokens") or body.get("max_completion_tokens")
-        if isinstance(mt, int) and mt > 0:
-            n = min(n, mt)
+        if job.limit is not None:
+            n = min(n, job.limit)
         first = f"[{self.name}:{os.getpid()}]"
         return [first] + [" tok"] * max(0, n - 1)
+
+    def _tool_calls(self, body: dict) -> list[dict]:
+        """The calls this request is answered with (module docstring); []
+        for a text answer. Raises BadRequest for a named tool the request
+        does not offer."""
+        tools = [t.get("function") for t in body.get("tools") or ()
+                 if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+        choice = body.get("tool_choice")
+        msgs = body.get("messages") or [{}]
+        if not tools or choice == "none" or (msgs[-1] or {}).get("role") == "tool":
+            return []
+        names = [t.get("name") for t in tools]
+        if isinstance(choice, dict):
+            name = (choice.get("function") or {}).get("name")
+            if name not in names:
+                raise BadRequest(f"tool_choice names {name!r}, which is not among the tools",
+                                 "tool_choice")
+            first = names.index(name)
+        else:
+            wanted = self.cfg.get("tool") or []
+            wanted = [wanted] if isinstance(wanted, str) else wanted
+            first = next((names.index(w) for w in wanted if w in names), 0)
+        n = 1 if body.get("parallel_tool_calls") is False or isinstance(choice, dict) else max(
+            1, int(self.cfg.get("tool_calls", 1)))
+        given = self.cfg.get("tool_arguments") or {}
+        calls = []
+        for k in range(n):
+            fn = tools[(first + k) % len(tools)]
+            args = given.get(fn.get("name"))
+            if args is None:
+                args = example_value(fn.get("parameters") or {"type": "object"}, fn.get("name"))
+            self._calls += 1
+            calls.append({"id": f"call_{os.getpid()}_{self._calls}", "type": "function",
+                          "function": {"name": fn.get("name"),
+                                       "arguments": orjson.dumps(args).decode()}})
+        return calls
 
     def _check(self, body: dict) -> None:
         """The request-triggered behaviours: ``crash_marker``, ``bad_request_marker``."""
@@ -128,16 +229,21 @@ class FakeBackend(Backend):
                     os._exit(int(c.get("crash_code", 3)))
                 raise RuntimeError(f"request failed on {marker!r}")
 
-    def start(self, kind: str, body: dict, sink, request_id: str = ""):
-        """Queue one request for the next free slot (FIFO, ``parallel``
-        slots); raises at once for the markers, ``fail_requests``
-        (:class:`ReplicaFault`) and bad chat bodies."""
+    def start(self, kind: str, body: dict, sink, request_id: str = "", tenant: str = ""):
+        """Queue one request for the next free slot (``parallel`` slots,
+        round robin by tenant); raises at once for the markers,
+        ``fail_requests`` (:class:`ReplicaFault`), bad chat bodies and a
+        limit over ``--max-tokens-limit``."""
         self._check(body)
         if self.cfg.get("fail_requests") or os.path.exists(self.path + f".fail-{os.getpid()}"):
             raise ReplicaFault("fake failure")
         if kind == "chat" and not isinstance(body.get("messages"), list):
             raise BadRequest("'messages' must be a list", "messages")
-        job = _FakeJob(kind, body, sink, request_id)
+        job = _FakeJob(kind, body, sink, request_id, tenant)
+        if kind != "embedding":
+            job.limit = generation_limit(body, self.limits, self.n_predict)
+        if kind == "chat":
+            job.calls = self._tool_calls(body)
         with self._lock:
             if self._closing is not None:
                 raise RuntimeError(self._closing)
@@ -150,7 +256,9 @@ class FakeBackend(Backend):
             with self._lock:
                 while not self._queue:
                     self._lock.wait()
-                job = self._queue.popleft()
+                held = Counter(j.tenant for j in self._busy if j is not None)
+                job = self._queue.next(held)
+                self._queue.take(job)
                 if job.cancel.is_set():
                     continue
                 self._busy[slot] = job
@@ -162,24 +270,52 @@ class FakeBackend(Backend):
                 with self._lock:
                     self._busy[slot] = None
 
+    def _deltas(self, job: _FakeJob, toks: list[str]) -> list[dict]:
+        """A chat answer as its stream's deltas: reasoning words, then the
+        tool calls (id and name, then the arguments in up to ``tokens``
+        pieces each) or the text tokens."""
+        words = str(self.cfg.get("reasoning") or "").split(" ")
+        out = [{"reasoning_content": w if i == 0 else " " + w}
+               for i, w in enumerate(words) if w]
+        for k, call in enumerate(job.calls):
+            fn = call["function"]
+            out.append({"tool_calls": [{"index": k, "id": call["id"], "type": "function",
+                                        "function": {"name": fn["name"], "arguments": ""}}]})
+            args = fn["arguments"]
+            step = max(1, -(-len(args) // max(1, len(toks))))
+            out += [{"tool_calls": [{"index": k, "function": {"arguments": args[i:i + step]}}]}
+                    for i in range(0, len(args), step)]
+        if not job.calls:
+            out += [{"content": t} for t in toks]
+        out[0] = {"role": "assistant", **out[0]}
+        return out
+
     def _serve(self, job: _FakeJob) -> None:
         body, chat, sink = job.body, job.kind == "chat", job.sink
         if job.kind == "embedding":
             sink("result", self._embedding(body))
             return
-        toks = self._tokens(body)
+        toks = self._tokens(job)
+        pieces = self._deltas(job, toks) if chat else [{"text": t} for t in toks]
+        finish = "tool_calls" if job.calls else "stop"
         ttft, tok_s = float(self.cfg.get("ttft_s", 0.002)), float(self.cfg.get("token_s", 0.002))
         created, rid = int(time.time()), f"fake-{os.getpid()}-{time.monotonic_ns()}"
         model = body.get("model") or self.name
-        usage = {"prompt_tokens": 1, "completion_tokens": len(toks), "total_tokens": len(toks) + 1}
+        n = len(pieces)
+        usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
         if not body.get("stream"):
-            if job.cancel.wait(ttft + tok_s * (len(toks) - 1)):
+            if job.cancel.wait(ttft + tok_s * (n - 1)):
                 sink("error", self._closing or "cancelled")
                 return
             text = "".join(toks)
             if chat:
-                choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                          "finish_reason": "stop"}
+                msg: dict = {"role": "assistant", "content": None if job.calls else text}
+                reasoning = "".join(p.get("reasoning_content", "") for p in pieces)
+                if reasoning:
+                    msg["reasoning_content"] = reasoning
+                if job.calls:
+                    msg["tool_calls"] = job.calls
+                choice = {"index": 0, "message": msg, "finish_reason": finish}
                 sink("result", {"id": rid, "object": "chat.completion", "created": created,
                                 "model": model, "choices": [choice], "usage": usage})
             else:
@@ -188,28 +324,26 @@ class FakeBackend(Backend):
                                 "model": model, "choices": [choice], "usage": usage})
             return
         obj = "chat.completion.chunk" if chat else "text_completion"
-        for i, t in enumerate(toks):
+        for i, piece in enumerate(pieces):
             if job.cancel.wait(ttft if i == 0 else tok_s):
                 sink("error", self._closing or "cancelled")
                 return
-            last = i == len(toks) - 1
+            last = finish if i == n - 1 else None
             if chat:
-                delta = {"content": t} if i else {"role": "assistant", "content": t}
-                ch = {"index": 0, "delta": delta, "finish_reason": "stop" if last else None}
+                ch = {"index": 0, "delta": piece, "finish_reason": last}
             else:
-                ch = {"index": 0, "text": t, "finish_reason": "stop" if last else None,
-                      "logprobs": None}
+                ch = {"index": 0, "text": piece["text"], "finish_reason": last, "logprobs": None}
             sink("chunk", {"id": rid, "object": obj, "created": created, "model": model,
                            "choices": [ch]})
         if (body.get("stream_options") or {}).get("include_usage"):
             sink("chunk", {"id": rid, "object": obj, "created": created, "model": model,
                            "choices": [], "usage": usage})
-        sink("end", None)
+        sink("end", usage)
 
     def close(self, reason: str) -> None:
         with self._lock:
             self._closing = reason
-            queued, self._queue = list(self._queue), deque()
+            queued, self._queue = list(self._queue), FairQueue(lambda j: j.tenant)
             running = [j for j in self._busy if j is not None]
         for j in queued:
             j.sink("error", reason)
@@ -218,14 +352,15 @@ class FakeBackend(Backend):
 
     def refuse_queued(self, reason: str) -> None:
         with self._lock:
-            queued, self._queue = list(self._queue), deque()
+            queued, self._queue = list(self._queue), FairQueue(lambda j: j.tenant)
         for j in queued:
             j.sink("error", reason)
 
     def slot_info(self) -> list[dict]:
         with self._lock:
             return [{"id": i, "is_processing": j is not None, "state": "generating" if j else "idle",
-                     "request_id": j.request_id if j else ""} for i, j in enumerate(self._busy)]
+                     "request_id": j.request_id if j else "", "tenant": j.tenant if j else ""}
+                    for i, j in enumerate(self._busy)]
 
     def metrics(self) -> dict:
         with self._lock:
@@ -241,6 +376,26 @@ class FakeBackend(Backend):
     def detokenize(self, body: dict) -> dict:
         self._check(body)
         return {"content": " ".join("x" * int(t) for t in body.get("tokens", []))}
+
+    def apply_template(self, body: dict) -> dict:
+        """A stand-in chat template: ``<|role|>content`` per message, then the
+        tools as JSON, then ``<|assistant|>`` (so a count of the prompt
+        grows with the messages and the tools, as a real template's)."""
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("'messages' must be a non-empty list", "messages")
+        parts = []
+        for m in messages:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, list):
+                content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+            calls = json.dumps(m.get("tool_calls")) if isinstance(m, dict) and m.get(
+                "tool_calls") else ""
+            role = m.get("role") if isinstance(m, dict) else "?"
+            parts.append(f"<|{role}|>{content or ''}{calls}")
+        if body.get("tools"):
+            parts.append("<|tools|>" + json.dumps(body["tools"]))
+        return {"prompt": "".join(parts) + "<|assistant|>"}
 
     def props(self) -> dict:
         return {"model_alias": self.name, "model_path": self.path, "n_ctx": self.n_ctx,

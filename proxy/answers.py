@@ -16,7 +16,7 @@ import orjson
 
 from ..shm import layout as L
 from .http import HttpConnection, Request
-from .upstream import UpstreamError
+from .http.upstream import UpstreamError
 
 log = logging.getLogger(__name__)
 

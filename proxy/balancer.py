@@ -52,6 +52,7 @@ from hashlib import blake2b
 import numpy as np
 
 from ..shm import layout as L
+from .http.verdict import GATEWAY_FAULTS, REPLICA_HEADER, replica_fault  # noqa: F401 (moved there)
 
 log = logging.getLogger("ggmux.proxy.balancer")
 
@@ -63,36 +64,6 @@ NS = 1_000_000_000
 
 SESSION_HEADERS = (b"x-session-id", b"session_id")
 """Request headers that carry a session key, in order of precedence."""
-
-REPLICA_HEADER = b"x-ggmux-replica"
-"""Response header in which a replica judges its own error answer (issue 11):
-``fault`` (the replica failed: it counts against its circuit), ``refused``
-(it did not act on the request because it is stopping or asleep: the proxy
-may send the request elsewhere, and no verdict), ``request`` (the request
-caused it: no fault). The built-in instance sets it; the proxy reads it and
-does not relay it."""
-
-GATEWAY_FAULTS = frozenset((502, 503, 504))
-"""Statuses that count as the replica's fault when it does not say
-otherwise: Envoy's gateway errors (``consecutive_gateway_failure``), what a
-server or the gateway in front of it answers when it cannot serve at all."""
-
-
-def replica_fault(status: int, mark: bytes | None) -> bool:
-    """Whether a response with ``status`` counts against the replica's
-    circuit (issue 11, finding 2: client mistakes must not open circuits).
-
-    ``mark``: the replica's :data:`REPLICA_HEADER`, lower-case, or None.
-    Below 500: never. Marked: only ``fault``. Unmarked: only
-    :data:`GATEWAY_FAULTS`; a plain 500 (llama-server answers bad grammars
-    and other request errors so), 501 (a route it lacks) or any other 5xx
-    is the request's. Connect errors, a replica that dies with the request
-    and timeouts count too; the proxy records those itself."""
-    if status < 500:
-        return False
-    if mark is not None:
-        return mark == b"fault"
-    return status in GATEWAY_FAULTS
 
 
 @dataclass(slots=True, frozen=True)
@@ -234,7 +205,7 @@ class CircuitBreaker:
     def record(self, ok: bool, now_ns: int) -> None:
         """The verdict of one forwarded request: false on a replica fault
         (a connect error, a replica that died with the request or went
-        silent, a 5xx that :func:`replica_fault` counts), else ``ok``.
+        silent, a 5xx that :func:`~.http.verdict.replica_fault` counts), else ``ok``.
         Client-side outcomes (4xx, 501, a 500 the request caused, the
         client leaving) are a success or :meth:`release`, never a failure."""
         row = self.row

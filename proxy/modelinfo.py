@@ -104,8 +104,23 @@ def facts(meta: dict) -> dict:
     return {"family": arch, "parameter_size": size,
             "quantization_level": FILE_TYPES.get(ftype, "") if isinstance(ftype, int) else "",
             "template": template, "context_length": meta.get(f"{arch}.context_length"),
-            "capabilities": ["completion"],
+            "capabilities": capabilities(template),
             "model_info": info}
+
+
+def capabilities(template: str) -> list[str]:
+    """Ollama's ``capabilities`` of a model with this chat template:
+    ``completion``; ``tools`` when it has a template (a template that knows
+    no tools gets llama.cpp's generic tool format, issue 19); ``thinking``
+    when the template speaks of reasoning (``<think>``, ``enable_thinking``,
+    ``reasoning_content``). Clients such as Open WebUI offer tools and
+    thinking only to models that list them."""
+    caps = ["completion"]
+    if template:
+        caps.append("tools")
+        if any(w in template for w in ("<think>", "enable_thinking", "reasoning_content")):
+            caps.append("thinking")
+    return caps
 
 
 class ModelFacts:

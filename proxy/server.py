@@ -4,7 +4,7 @@ N identical workers bind the public address with ``SO_REUSEPORT``; the
 kernel spreads connections over them. A worker resolves the request's model
 through the registry blob, picks a replica from the shared-memory tables
 (:mod:`ggmux.proxy.balancer`) and forwards bytes
-(:mod:`ggmux.proxy.upstream`). It never decides to load or evict: for a
+(:mod:`ggmux.proxy.http.upstream`). It never decides to load or evict: for a
 model with no ready replica it registers a waiter in its waiters row and
 asks the supervisor through the command queue, then waits to be woken (the
 supervisor writes a byte on the worker's stdin after every generation bump;
@@ -21,9 +21,11 @@ the body's ``model``; ``GET /props|/metrics|/slots?model=`` routed by the
 query (they neither load a model nor refresh its last use); ``/v1/models``,
 ``/models`` (``?reload=1`` rescans the sources); ``POST /models/load``,
 ``/models/unload``; ``GET /models/sse``; ``GET /health``; ``GET /metrics``
-(Prometheus, whole server); ``/upstream/<model>/<path>`` pass-through; the
+(Prometheus, whole server); ``GET /requests`` and ``/requests/stream`` (the
+request ring); ``/upstream/<model>/<path>`` pass-through; the
 other client APIs (Anthropic, Responses, Ollama, ``GET /v1/models/{id}``)
 in :mod:`ggmux.proxy.apis`; CORS (:mod:`ggmux.proxy.cors`) on every answer.
+The routes are one table, :data:`ggmux.proxy.routes.ROUTES`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import asyncio
 import logging
 import os
 import random
+import secrets
 import time
 from urllib.parse import parse_qs
 
@@ -41,8 +44,10 @@ import posix_ipc
 
 from ..shm import layout as L
 from ..shm.logring import log_ring_name
+from ..shm.requestring import request_ring_name
 from ..shm.segment import Segment
-from . import answers, apis, passthrough
+from . import answers, apis, passthrough, routes
+from .activity import Activity
 from .apis import ClientApis
 from .auth import authorized, secret_header
 from .balancer import (
@@ -60,23 +65,24 @@ from .cluster import (
     take_hop,
 )
 from .cors import Cors
-from .forward import INFERENCE, NS, Forwarding
+from .forward import NS, Forwarding
 from .http import (
     HttpConnection,
     Request,
     json_object,
 )
+from .http.pool import UpstreamPool
 from .listing import ModelEvents, models_list
-from .logs import LogTail
 from .metrics import metrics_text, scrape_replicas
-from .overview import overview
-from .page import Page
-from .pool import UpstreamPool
+from .operator.logs import LogTail
+from .operator.overview import overview
+from .operator.page import Page
+from .operator.requests import RequestLog
 from .waiting import ModelWaiters
 
 log = logging.getLogger("ggmux.proxy")
 
-# routed by ?model=; they do not load the model nor refresh its last use
+# routed by ?model=; the admin key may read them too (their answers show more to it)
 QUERY_ROUTED = frozenset((b"/props", b"/metrics", b"/slots"))
 
 RELOAD_WAIT_S = 30.0  # ?reload=1 waits this long for the rescan (a cache of many models is slow)
@@ -102,6 +108,7 @@ class Proxy(Forwarding):
         first_byte_timeout: float = 600.0,
         stream_idle_timeout: float = 300.0,
         cors_origins: str = "*",
+        tenant_secret: str | None = None,
     ) -> None:
         self.index = index
         self.cors = Cors(cors_origins) if cors_origins else None
@@ -125,8 +132,13 @@ class Proxy(Forwarding):
         self.load_wait = load_wait
         self.queue_timeout = queue_timeout
         self.max_queue = max_queue
-        self.api_key = api_key.encode() if api_key else None
+        # llama-server's form: several keys separated by commas, each its own
+        # tenant (auth.tenant); the first is what this node sends other nodes
+        self.api_keys = tuple(k.strip().encode() for k in (api_key or "").split(",") if k.strip())
+        self.api_key = self.api_keys[0] if self.api_keys else None
         self.admin_key = admin_key.encode() if admin_key else None
+        # keys the tenant hashes (auth.tenant); one per server, from the supervisor
+        self.tenant_secret = tenant_secret.encode() if tenant_secret else secrets.token_bytes(16)
         self.loop = asyncio.get_event_loop()
         self.pool = UpstreamPool(self.loop, stream_idle_s=stream_idle_timeout)
         self.pool.start_sweeping()
@@ -155,12 +167,15 @@ class Proxy(Forwarding):
         self.queued: dict[int, int] = {}  # model -> requests queued for a free replica
         self.local_asked: dict[int, int] = {}  # model -> when a local replica was last asked
         self.events = ModelEvents(self.loop, lambda: (self.reg_models, self.model_rows,
-                                                      self.errors))
+                                                      self.errors, self.cluster))
         self.reload_seq = 0  # this proxy's reload requests
         self.reload_ids: list[str] = []  # the reloads the supervisor finished, newest last
         self.reload_errors: dict[str, str] = {}  # id -> why, of those that failed
         self.page = Page()
         self.logtail = LogTail(self.loop, log_ring_name(shm))
+        self.activity = Activity(request_ring_name(shm), index)
+        self.pool.keep_bodies = self.activity.excerpt > 0  # --log-requests-bodies
+        self.requests = RequestLog(self.loop, self.activity.ring)
         self.refresh()
 
     # ---- shared-memory snapshot ------------------------------------------
@@ -286,100 +301,121 @@ class Proxy(Forwarding):
     # ---- HTTP ------------------------------------------------------------------------
     def _authorized(self, req: Request, admin: bool = False) -> bool:
         """``Authorization: Bearer KEY`` or ``x-api-key: KEY``, compared in
-        constant time; admin routes need the admin key when one is set."""
-        return authorized(req, self.admin_key if admin and self.admin_key else self.api_key)
+        constant time (with every API key); admin routes need the admin key
+        when one is set."""
+        if admin and self.admin_key:
+            return authorized(req, self.admin_key)
+        if self.api_key is None:
+            return True
+        ok = False
+        for key in self.api_keys:
+            ok |= authorized(req, key)
+        return ok
 
     def _is_admin(self, req: Request) -> bool:
         """Whether the request presents the admin key (one must be set)."""
         return self.admin_key is not None and authorized(req, self.admin_key)
 
     async def handle(self, conn: HttpConnection, req: Request) -> None:
+        """Answer one request through the route table (:mod:`.routes`, whose
+        docstring gives the order of the checks)."""
         path = req.path
-        if path == b"/health":
-            conn.send_response(req, 200, b'{"status":"ok"}')
-            return
-        if req.method == b"OPTIONS":  # before the key check: preflights carry no key
+        route = routes.match(path)
+        if req.method == b"OPTIONS" and (route is None or route.preflight):
+            # before the key check: preflights carry no key
             if self.cors is not None:
                 self.cors.options(conn, req)
             else:
                 conn.send_response(req, 204, b"", headers=[(b"allow", b"GET, POST, HEAD, OPTIONS")])
             return
-        if Page.wants(path):  # the page holds no secret: it asks for the key
-            self.page.serve(conn, req)
+        if route is not None and route.public:  # /health; the page holds no secret: it asks for the key
+            await getattr(self, route.handler)(conn, req)
             return
         if self.stopping:
             answers.stopping(conn, req)
             return
-        admin = path in (b"/models/load", b"/models/unload", b"/logs", b"/logs/stream",
-                     b"/cluster/drain") or (
-            path in (b"/models", b"/v1/models") and b"reload" in req.query)
+        admin = route is not None and route.needs_admin(req.query)
         if self.cluster is None and req.header(HOP) is not None:
             self.refresh()  # a hop header: is this node (already) in a cluster?
         req.hop = take_hop(req, self.cluster)
-        if not (req.hop == HOP_TRUSTED and not admin) and not self._authorized(req, admin):
+        # the admin key also reads what a model's slots, props and metrics say
+        # (issue 18: /slots shows request ids to it alone)
+        if (not (req.hop == HOP_TRUSTED and not admin) and not self._authorized(req, admin)
+                and not (path in QUERY_ROUTED and self._is_admin(req))):
             why = ("this route needs the admin key (--admin-key)"
                    if admin and self.admin_key else "invalid or missing API key")
-            if apis.handles(path):
+            if route is not None and route.foreign:
                 apis.send_error(conn, req, 401, why, headers=[(b"www-authenticate", b"Bearer")])
                 return
             conn.send_error(req, 401, why, code="invalid_api_key",
                             headers=[(b"www-authenticate", b"Bearer")])
             return
-        if apis.handles(path):
-            await self.apis.handle(conn, req)
-        elif path in INFERENCE:
-            if req.method != b"POST":
-                conn.send_error(req, 405, f"{path.decode()} needs POST")
-                return
-            await self._inference(conn, req)
-        elif path in (b"/v1/models", b"/models"):
-            reload = b"reload=1" in req.query or b"reload=true" in req.query
-            if reload and not await self._reload(conn, req):
-                return
-            self.refresh()
-            conn.send_json(req, 200, annotate_models(
-                models_list(self.reg_models, self.model_rows, self.errors), self.cluster))
-        elif path in QUERY_ROUTED and req.method in (b"GET", b"HEAD"):
-            name = self._query_model(req)
-            if name is None and path == b"/metrics":
-                self.refresh()
-                replicas = await scrape_replicas(self.replica_rows)
-                text = metrics_text(self.seg, self.reg_models, self.model_rows,
-                                    self.replica_rows, replicas)
-                text += "".join(metrics_lines(self.cluster)).encode()
-                conn.send_response(req, 200, text, b"text/plain; version=0.0.4")
-            elif name is None:
-                conn.send_error(req, 400, f"{path.decode()} needs ?model=<name>")
-            else:
-                m = self.names.get(name)
-                if m is None:
-                    conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
-                elif self._redacts(req, path):
-                    await self._redacted(conn, req, m, name, touch=False)
-                else:
-                    await self._forward(conn, req, m, name, None, touch=False)
-        elif path in (b"/models/load", b"/models/unload"):
-            if req.method != b"POST":
-                conn.send_error(req, 405, f"{path.decode()} needs POST")
-                return
-            self._load_unload(conn, req, path.rsplit(b"/", 1)[1].decode())
-        elif path == b"/models/sse" and req.method == b"GET":
-            self.refresh()
-            await self.events.subscribe(conn, req)
-        elif path.startswith(b"/upstream/"):
-            await self._passthrough(conn, req)
-        elif (path in (b"/ps", b"/logs") and req.method in (b"GET", b"HEAD")
-              or path == b"/logs/stream" and req.method == b"GET"):
-            await self._operator(conn, req)
-        elif path in (b"/cluster", b"/cluster/drain") and self._in_cluster():
-            if path == b"/cluster/drain":
-                drain_route(conn, req, self._command)
-            elif req.method in (b"GET", b"HEAD"):
-                conn.send_json(req, 200, cluster_view(self.cluster))
-            else:
-                conn.send_error(req, 405, "/cluster needs GET")
-        else:
+        if route is None or (route.guard and not getattr(self, route.guard)()):
             conn.send_error(req, 404, f"no route for {req.method.decode()} {path.decode('latin-1')}")
+            return
+        if route.methods and req.method not in route.methods:
+            if route.refuse:
+                conn.send_error(req, 405, f"{path.decode()} needs {route.methods[0].decode()}")
+            else:
+                conn.send_error(req, 404,
+                                f"no route for {req.method.decode()} {path.decode('latin-1')}")
+            return
+        await getattr(self, route.handler)(conn, req)
+
+    # ---- the routes' handlers (:data:`.routes.ROUTES` names them) ------------------
+    async def _health(self, conn: HttpConnection, req: Request) -> None:
+        conn.send_response(req, 200, b'{"status":"ok"}')
+
+    async def _page(self, conn: HttpConnection, req: Request) -> None:
+        self.page.serve(conn, req)
+
+    async def _client_api(self, conn: HttpConnection, req: Request) -> None:
+        await self.apis.handle(conn, req)
+
+    async def _models(self, conn: HttpConnection, req: Request) -> None:
+        reload = b"reload=1" in req.query or b"reload=true" in req.query
+        if reload and not await self._reload(conn, req):
+            return
+        self.refresh()
+        conn.send_json(req, 200, annotate_models(
+            models_list(self.reg_models, self.model_rows, self.errors), self.cluster))
+
+    async def _by_query(self, conn: HttpConnection, req: Request) -> None:
+        """``GET /props|/metrics|/slots?model=``: routed by the query (they
+        neither load the model nor refresh its last use); ``/metrics``
+        without one is the whole server's."""
+        path = req.path
+        name = self._query_model(req)
+        if name is None and path == b"/metrics":
+            self.refresh()
+            replicas = await scrape_replicas(self.replica_rows)
+            text = metrics_text(self.seg, self.reg_models, self.model_rows,
+                                self.replica_rows, replicas)
+            text += "".join(metrics_lines(self.cluster)).encode()
+            conn.send_response(req, 200, text, b"text/plain; version=0.0.4")
+        elif name is None:
+            conn.send_error(req, 400, f"{path.decode()} needs ?model=<name>")
+        else:
+            m = self.names.get(name)
+            if m is None:
+                conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
+            elif self._redacts(req, path):
+                await self._redacted(conn, req, m, name, touch=False)
+            else:
+                await self._forward(conn, req, m, name, None, touch=False)
+
+    async def _load_or_unload(self, conn: HttpConnection, req: Request) -> None:
+        self._load_unload(conn, req, req.path.rsplit(b"/", 1)[1].decode())
+
+    async def _models_sse(self, conn: HttpConnection, req: Request) -> None:
+        self.refresh()
+        await self.events.subscribe(conn, req)
+
+    async def _cluster(self, conn: HttpConnection, req: Request) -> None:
+        conn.send_json(req, 200, cluster_view(self.cluster))
+
+    async def _cluster_drain(self, conn: HttpConnection, req: Request) -> None:
+        drain_route(conn, req, self._command)
 
     async def _reload(self, conn: HttpConnection, req: Request) -> bool:
         """Ask the supervisor to rescan every source and wait until the
@@ -409,12 +445,13 @@ class Proxy(Forwarding):
         return True
 
     async def _operator(self, conn: HttpConnection, req: Request) -> None:
-        """``GET /ps`` (:mod:`.overview`), ``GET /logs`` and
-        ``/logs/stream`` (:mod:`.logs`; ``?model=`` a name or alias)."""
+        """``GET /ps`` (:mod:`.operator.overview`), ``GET /logs`` and
+        ``/logs/stream`` (:mod:`.operator.logs`; ``?model=`` a name or alias)."""
         self.refresh()
         if req.path == b"/ps":
             conn.send_json(req, 200, overview(self.seg, self.reg_models, self.model_rows,
-                                              self.replica_rows, self.remotes, self.errors))
+                                              self.replica_rows, self.remotes, self.errors,
+                                              cluster=self.cluster))
             return
         name = self._query_model(req)
         if name is not None:
@@ -427,6 +464,27 @@ class Proxy(Forwarding):
             self.logtail.text(conn, req, name)
         else:
             await self.logtail.stream(conn, req, name)
+
+    async def _requests(self, conn: HttpConnection, req: Request) -> None:
+        """``GET /requests`` and ``/requests/stream`` (:mod:`.operator.requests`;
+        ``?model=`` a name or alias)."""
+        self.refresh()
+        m = None
+        name = self._query_model(req)
+        if name is not None:
+            m = apis.resolve(self.names, name)
+            if m is None:
+                conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
+                return
+        view = self._request_view
+        if req.path == b"/requests":
+            self.requests.list(conn, req, view, m)
+        else:
+            await self.requests.stream(conn, req, view, m)
+
+    def _request_view(self) -> tuple[list[dict], dict[int, dict]]:
+        self.refresh()
+        return self.reg_models, self.remotes
 
     def _in_cluster(self) -> bool:
         self.refresh()
@@ -481,8 +539,9 @@ class Proxy(Forwarding):
 
     def _redacts(self, req: Request, target: bytes) -> bool:
         """Whether the replica's answer to ``target`` must lose its model
-        file paths: a GET of :data:`~ggmux.proxy.passthrough.REDACTED_PATHS`
-        by a caller without the admin key (issue 11)."""
+        file paths (and, for ``/slots``, other clients' request ids): a GET
+        of :data:`~ggmux.proxy.passthrough.REDACTED_PATHS` by a caller
+        without the admin key (issue 11; issue 18, finding 6)."""
         if req.method not in (b"GET", b"HEAD"):
             return False
         return target.split(b"?", 1)[0] in passthrough.REDACTED_PATHS and not self._is_admin(req)
@@ -503,7 +562,10 @@ class Proxy(Forwarding):
                 ctype = v
             else:
                 headers.append((k, v))
-        conn.send_response(req, ex.status, passthrough.redact_paths(ex.body), ctype, headers)
+        body = passthrough.redact_paths(ex.body)
+        if req.url.split(b"?", 1)[0] == b"/slots":
+            body = passthrough.redact_slots(body)
+        conn.send_response(req, ex.status, body, ctype, headers)
 
     def _model(self, conn: HttpConnection, req: Request, name) -> int | None:
         """Index of the model a request names, or None after answering

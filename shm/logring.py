@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import mmap
 import struct
+import time
 
 import posix_ipc
 
@@ -189,3 +190,10 @@ class LogRing:
             out.append(data[off + _LEN.size : off + _LEN.size + n])
             pos += _LEN.size + n
         return out, end, lost
+
+
+def format_line(rec: dict) -> str:
+    """One record as a text line: ``2024-12-01 08:10:00.123 INFO [src] msg``."""
+    ts = rec.get("ts") or 0.0
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) + f".{int(ts * 1000) % 1000:03d}"
+    return f"{stamp} {rec.get('level', 'INFO')} [{rec.get('src', '?')}] {rec.get('msg', '')}"

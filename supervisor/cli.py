@@ -5,6 +5,9 @@
 Every ``serve`` option can be given as ``GGMUX_<OPTION>`` in the environment
 (``--models-max`` as ``GGMUX_MODELS_MAX``; containers), the command line
 winning: :func:`apply_env_defaults`.
+
+No secret stays in the supervisor's own command line or environment block
+(``ps``, ``/proc/PID/cmdline``, ``/proc/PID/environ``): :func:`hide_secrets`.
 """
 
 from __future__ import annotations
@@ -14,18 +17,25 @@ import copy
 import importlib.util
 import logging
 import os
+import secrets
 import sys
+from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import urlsplit
 
+import orjson
 from setproctitle import setproctitle
 
 from .. import __version__
+from ..instance.reasoning import add_reasoning_option, reasoning_argv
 from ..instance.validate import (
+    CACHE_SCOPES,
     add_request_limit_options,
     request_limit_argv,
     request_limits_from_args,
 )
-from ..proxy.auth import scrub_env
-from ..proxy.limits import (
+from ..proxy.auth import keys_pipe, read_keys, scrub_env
+from ..proxy.http.limits import (
     INSTANCE_LIMIT_NAMES,
     add_http_limit_options,
     http_limit_argv,
@@ -34,8 +44,9 @@ from ..proxy.limits import (
     proxy_share,
 )
 from ..shm.logring import MAX_RECORD
+from ..shm.requestring import REQUEST_EXCERPT_BYTES
 from ..shm.segment import queue_name, segment_name
-from .client import add_client_commands, run_client
+from .client import add_client_commands, add_client_options, run_client
 from .cluster.options import add_cluster_options
 from .cluster.options import from_args as cluster_options
 from .logs import install as install_ring_handler
@@ -61,6 +72,11 @@ _DEFAULTS = ModelEntry(name="", path="")  # ggmux's per-model defaults
 SECRET_OPTIONS = frozenset(("api_key", "admin_key", "cluster_token", "nats_password",
                             "nats_token"))
 """Options whose value is never printed (``--help`` names their variable)."""
+
+ARGV_FD = "--argv-fd"
+"""First argument of a supervisor that :func:`hide_secrets` started again:
+its real arguments and secret variables come through this inherited
+descriptor (internal, never typed)."""
 
 _TRUE = frozenset(("1", "true", "yes", "on"))
 _FALSE = frozenset(("0", "false", "no", "off", ""))
@@ -129,6 +145,8 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     ap = argparse.ArgumentParser(prog="ggmux", description="Many local GGUF models behind one "
                                  "OpenAI-compatible port.")
     ap.add_argument("--version", action="version", version=f"ggmux {__version__}")
+    add_client_options(ap.add_argument_group("client commands (before or after the command)"),
+                       top=True)
     sub = ap.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the server", formatter_class=HelpFormatter,
                        usage="ggmux serve [options] [-- LLAMA-SERVER-OPTIONS]",
@@ -177,6 +195,10 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                    help="KV cache tokens of each built-in instance for all its slots, 0 = "
                         "ctx-size x parallel; not given: 0 under every preset, given: over "
                         "every preset")
+    s.add_argument("--n-predict", "-n", type=int, default=None, metavar="N",
+                   help="tokens a request that gives no limit generates (llama-server's -n; "
+                        "-1: up to the context or --max-tokens-limit); not given: -1 under "
+                        "every preset, given: over every preset")
     s.add_argument("--threads", "-t", type=int, default=None,
                    help="generation threads per instance; not given: the backend's default "
                         "under every preset, given: over every preset")
@@ -208,11 +230,19 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                         "a cold load costs only the model's own load time")
     s.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on every route "
-                        "but /health and the web page (default: $GGMUX_API_KEY; none: open). On "
-                        "a command line any local user can read it (ps): prefer $GGMUX_API_KEY")
+                        "but /health and the web page; several keys separated by commas, as "
+                        "llama-server takes them, each its own tenant (--cache-scope, slot "
+                        "fairness) (default: $GGMUX_API_KEY; none: open). On "
+                        "a command line any local user can read it (ps) until the server has "
+                        "started, and the shell's history keeps it: prefer $GGMUX_API_KEY")
     s.add_argument("--admin-key", default=None,
                    help="key for /models/load, /models/unload, reloads, /logs and the model "
                         "file paths in /props (default: $GGMUX_ADMIN_KEY; none: the API key)")
+    s.add_argument("--cache-scope", choices=CACHE_SCOPES, default=None,
+                   help="whose prompt cache a request may reuse in a built-in instance: key "
+                        "(only one made with the same API key), global (anyone's, as "
+                        "llama-server), none; default: key when --api-key or --admin-key is "
+                        "set, else global (a preset's cache-scope wins)")
     s.add_argument("--queue-timeout", type=float, default=30.0,
                    help="seconds a request waits for a replica below its max-concurrency "
                         "before a 429")
@@ -237,11 +267,20 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     s.add_argument("--log-ring-bytes", type=int, default=1 << 20, metavar="N",
                    help="bytes of recent log lines (the supervisor's and every child's) kept "
                         "for GET /logs and ggmux logs")
+    s.add_argument("--requests-kept", type=int, default=1000, metavar="N",
+                   help="requests each proxy keeps in the request ring (time, model, replica, "
+                        "API, status, tokens, TTFT, duration) for GET /requests, the page's "
+                        "requests table and ggmux logs --requests")
+    s.add_argument("--log-requests-bodies", action="store_true",
+                   help="keep, with each request of the request ring, the first "
+                        f"{REQUEST_EXCERPT_BYTES} bytes of its prompt's last message and of "
+                        "its answer's text (off: no prompt or answer text is kept)")
     s.add_argument("--watch-config", action="store_true",
                    help="reload, as SIGHUP does, within a second of a change to the preset "
                         "file or a models dir")
     add_http_limit_options(s)
     add_request_limit_options(s)
+    add_reasoning_option(s)
     add_cluster_options(s)
     s.add_argument("--node-drain-timeout", type=float, default=120.0,
                    help="cluster mode: a drain (SIGTERM, POST /cluster/drain) waits at most "
@@ -261,7 +300,7 @@ def build_registry(args: argparse.Namespace) -> Registry:
     ``--ttl`` given is a default under every source too (a preset's ``ttl``
     wins). The request limits (``--max-embedding-inputs`` ...) and the
     header and body limits that fit the proxies' (``--max-header-bytes``
-    plus :data:`~ggmux.proxy.limits.FORWARD_HEADROOM`, ``--max-body-bytes``)
+    plus :data:`~ggmux.proxy.http.limits.FORWARD_HEADROOM`, ``--max-body-bytes``)
     go to every built-in instance (``ModelEntry.instance_args``).
 
     With none of ``--models-dir``, ``--fake-models-dir``, ``--models-preset``:
@@ -292,7 +331,8 @@ def build_registry(args: argparse.Namespace) -> Registry:
     preset = load_preset(args.models_preset) if args.models_preset else None
     given = {"ctx-size": args.ctx_size, "threads": args.threads,
              "n-gpu-layers": args.n_gpu_layers, "stop-timeout": args.stop_timeout,
-             "parallel": args.parallel, "kv-size": args.kv_size}
+             "parallel": args.parallel, "kv-size": args.kv_size,
+             "n-predict": getattr(args, "n_predict", None)}
     cli = llama_args_layer(getattr(args, "llama_args", None) or [])
     cli.update(command_line_layer({k: v for k, v in given.items() if v is not None}))
     ttl = getattr(args, "ttl", None)
@@ -303,12 +343,28 @@ def build_registry(args: argparse.Namespace) -> Registry:
     instance_args = http_limit_argv(http, tuple(
         n for n in INSTANCE_LIMIT_NAMES if getattr(http, n) != getattr(default, n)))
     instance_args += request_limit_argv(request_limits_from_args(args))
+    scope = getattr(args, "cache_scope", None) or default_cache_scope(args)
+    instance_args += reasoning_argv(getattr(args, "reasoning_format", "deepseek"))
     for e in registry.entries:
         if e.kind in ("llama", "fake"):
-            e.instance_args = list(instance_args)
+            # a preset's own limit and scope come after: the last one counts
+            own = [] if (e.cache_scope or scope) == "global" else [
+                "--cache-scope", e.cache_scope or scope]
+            if e.max_tokens_limit is not None:
+                own += ["--max-tokens-limit", str(e.max_tokens_limit)]
+            e.instance_args = [*instance_args, *own]
     if args.stop_timeout is None:
         args.stop_timeout = _DEFAULTS.stop_timeout
     return registry
+
+
+def default_cache_scope(args: argparse.Namespace) -> str:
+    """``--cache-scope`` when not given: ``key`` when a key is set (by option
+    or ``$GGMUX_API_KEY`` / ``$GGMUX_ADMIN_KEY``: callers are told apart),
+    else ``global`` (every caller is one client; issue 18, finding 6)."""
+    keyed = (getattr(args, "api_key", None) or getattr(args, "admin_key", None)
+             or os.environ.get("GGMUX_API_KEY") or os.environ.get("GGMUX_ADMIN_KEY"))
+    return "key" if keyed else "global"
 
 
 def no_models_message(args: argparse.Namespace) -> str:
@@ -342,12 +398,117 @@ def keys_from(args: argparse.Namespace) -> dict[str, str]:
     return {k: v for k, v in keys.items() if v}
 
 
+def secret_values(args: argparse.Namespace) -> list[str]:
+    """The secrets ``serve`` was given, however given (``--opt VALUE``,
+    ``--opt=VALUE``, ``$GGMUX_OPT``: the parser reads the variables): the
+    values of :data:`SECRET_OPTIONS` and the password of a ``--cluster``
+    URL (its user name when it has no password: ``nats://TOKEN@HOST``)."""
+    out = [v for dest in sorted(SECRET_OPTIONS) if (v := getattr(args, dest, None))]
+    url = getattr(args, "cluster", None)
+    if url:
+        u = urlsplit(url)
+        credential = u.password if u.password is not None else u.username
+        if credential:
+            out.append(credential)
+    return out
+
+
+def hide_secrets(args: argparse.Namespace, argv: list[str], environ: Mapping[str, str],
+                 resumed: bool = False) -> None:
+    """Leave no secret in this process's command line nor environment block
+    (issue 18, finding 7): both stay readable through ``ps`` and
+    ``/proc/PID/cmdline`` (anyone), ``/proc/PID/environ`` (the same user)
+    for the whole run, and deleting a variable from ``os.environ`` erases
+    nothing there.
+
+    Called before anything changes the environment: setproctitle's title
+    takes over the memory of the original arguments and environment and
+    zeroes the rest of it (a variable deleted first made it silently do
+    nothing). Where that leaves a secret showing (``$SPT_NOENV``, an
+    environment not where setproctitle expects it), the process starts
+    itself again with :func:`os.execve` (the same pid, so a parent's
+    bookkeeping and ``kill`` keep working): no secret variable in its
+    environment, its arguments read from an inherited descriptor
+    (``--argv-fd``, :data:`ARGV_FD`; ``resumed`` is then True and nothing
+    is started again). No-op without secrets, and where ``/proc`` is
+    missing (the title is still set)."""
+    env_secrets = {k: v for k, v in environ.items() if k not in scrub_env(dict(environ))}
+    values = secret_values(args)
+    if not values and not env_secrets:
+        return
+    title = f"ggmux: supervisor {args.host}:{args.port}"
+    setproctitle(title)
+    on_argv = any(v in a for a in argv for v in values)
+    if resumed or not _shown(title, on_argv):
+        return
+    fd = _argv_fd({"argv": argv, "env": env_secrets})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execve(sys.executable, [sys.executable, "-m", "ggmux.supervisor", ARGV_FD, str(fd)],
+                  scrub_env(dict(os.environ)))
+    except OSError as e:  # no interpreter to start (an embedded Python): go on as we are
+        os.close(fd)
+        print(f"ggmux: warning: a secret shows in /proc/{os.getpid()} and ggmux could not "
+              f"start itself again without it ({e})", file=sys.stderr)
+
+
+def _shown(title: str, on_argv: bool) -> bool:
+    """Whether ``/proc/self`` still shows a secret: the original arguments
+    (``on_argv``: they held one) or a secret variable."""
+    try:
+        cmdline = Path("/proc/self/cmdline").read_bytes()
+        block = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        return False  # no /proc: nothing shows it there
+    if on_argv and cmdline.rstrip(b"\0") != title.encode():
+        return True
+    env = dict(e.partition("=")[::2] for e in block.decode("utf-8", "replace").split("\0") if e)
+    return env != scrub_env(env)
+
+
+def _argv_fd(doc: dict) -> int:
+    """An inheritable descriptor to read ``doc`` from (:func:`read_keys`):
+    a memory file where Linux has one (no size limit), else a pipe."""
+    if not hasattr(os, "memfd_create"):
+        fd = keys_pipe(doc)
+    else:
+        fd = os.memfd_create("ggmux-argv", 0)
+        data = orjson.dumps(doc)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    os.set_inheritable(fd, True)
+    return fd
+
+
+def resumed_argv(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """What :func:`hide_secrets` handed a supervisor started again
+    (``argv`` is ``[ARGV_FD, FD]``): its arguments, and the environment to
+    read the ``GGMUX_*`` defaults from (this one plus the secret variables,
+    which stay out of ``os.environ``). Raises ``ValueError`` for anything
+    else."""
+    try:
+        doc = read_keys(int(argv[1]))
+        args = [str(a) for a in doc["argv"]]
+        env = {str(k): str(v) for k, v in doc["env"].items()}
+    except (AttributeError, IndexError, KeyError, OSError, TypeError, ValueError) as e:
+        raise ValueError(f"{ARGV_FD} is internal to ggmux ({e})") from None
+    return args, {**os.environ, **env}
+
+
 def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     install_ring_handler()  # start-up lines too reach GET /logs
+    if getattr(args, "resumed", False):
+        log.info("started again without its secrets in its command line or environment "
+                 "(setproctitle could not overwrite them): ps and /proc show none")
+    if args.cache_scope is None:  # before keys_from() clears the key variables
+        args.cache_scope = default_cache_scope(args)
     pristine = copy.copy(args)  # build_registry fills defaults into what it is given
     try:
         registry = build_registry(args)
@@ -362,6 +523,9 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     if args.log_ring_bytes < 4 * MAX_RECORD:
         print(f"ggmux: --log-ring-bytes must be at least {4 * MAX_RECORD}", file=sys.stderr)
+        return 2
+    if args.requests_kept < 1:
+        print("ggmux: --requests-kept must be at least 1", file=sys.stderr)
         return 2
     if args.proxies < 1 or args.models_max < 1:
         print("ggmux: --proxies and --models-max must be at least 1", file=sys.stderr)
@@ -391,11 +555,13 @@ def serve(args: argparse.Namespace) -> int:
                     "--first-byte-timeout", str(args.first_byte_timeout),
                     "--stream-idle-timeout", str(args.stream_idle_timeout),
                     *http_limit_argv(proxy_share(limits_from_args(args), args.proxies))],
-        proxy_keys=keys_from(args),
+        # the tenant's hash key (proxy.auth.tenant): the same for every proxy
+        proxy_keys={**keys_from(args), "tenant_secret": secrets.token_hex(16)},
         memory_margin=int(args.models_memory_margin * MiB),
         host_memory=int(args.host_memory * MiB) if args.host_memory else None,
         ttl=args.ttl, sleep_idle=args.sleep_idle_seconds, spares=max(0, args.spares),
-        log_ring_bytes=args.log_ring_bytes,
+        log_ring_bytes=args.log_ring_bytes, requests_kept=args.requests_kept,
+        request_excerpt=REQUEST_EXCERPT_BYTES if args.log_requests_bodies else 0,
         watch_paths=[*pristine.models_dir, *filter(None, (pristine.fake_models_dir,
                                                           pristine.models_preset))]
         if args.watch_config else [],
@@ -425,8 +591,18 @@ def split_llama_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    argv, llama_args = split_llama_args(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    environ: Mapping[str, str] = os.environ
+    resumed = argv[:1] == [ARGV_FD]
+    if resumed:  # started again by hide_secrets
+        try:
+            argv, environ = resumed_argv(argv)
+        except ValueError as e:
+            print(f"ggmux: {e}", file=sys.stderr)
+            return 2
+    full_argv = argv
+    argv, llama_args = split_llama_args(argv)
+    parser = build_parser(dict(environ))
     args, extra = parser.parse_known_args(argv)
     args.llama_args = llama_args
     if extra and args.command == "run" and not any(a.startswith("-") for a in extra):
@@ -436,6 +612,13 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "serve":
+        given = [o for o in ("url", "timeout", "max_answer_bytes")
+                 if getattr(args, o, None) is not None]
+        if given:
+            parser.error(f"--{given[0].replace('_', '-')} is an option of the client commands "
+                         "(ps, load, unload, logs, run), not of serve")
+        hide_secrets(args, full_argv, environ, resumed)
+        args.resumed = resumed
         return serve(args)
     return run_client(args)
 

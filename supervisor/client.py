@@ -7,164 +7,93 @@ else ``http://127.0.0.1:8080``. The key comes from ``$GGMUX_API_KEY``;
 (the server's admin routes), else the API key. Shaped after Ollama's CLI
 (``ollama ps``, ``ollama run``): plain columns, streamed answers.
 
+Every request has a deadline (``--timeout``) and every non-streamed
+answer a size cap (``--max-answer-bytes``): :mod:`.http_client`.
+
 Each ``cmd_*`` returns the process exit code: 0 done, 1 the server said no
-(its message printed), 2 usage, 3 no server answered.
+(its message printed), 2 usage, 3 no usable answer (:class:`NoAnswer`:
+nothing answered, nothing in time, not JSON, not the shape ggmux sends,
+over the cap), always as one line, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import sys
 import time
-from collections.abc import Iterator
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
-DEFAULT_URL = "http://127.0.0.1:8080"
-CONNECT_TIMEOUT_S = 5.0
-NO_SERVER = 3
+from .http_client import (
+    DEFAULT_TIMEOUT_S,
+    DEFAULT_URL,
+    MAX_ANSWER_BYTES,
+    Client,
+    NoAnswer,
+    NoServer,
+    ServerError,
+    TimedOut,
+    error_message,
+    items,
+    json_kind,
+    number,
+    parse_json,
+)
+
+NO_ANSWER = NO_SERVER = 3
 # `ggmux run --completion` without --max-tokens: a base model (no end of
 # turn) would run until the context is full
 COMPLETION_MAX_TOKENS = 128
-
-
-class ServerError(Exception):
-    """The server answered with an error status: ``status`` and its message."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class NoServer(Exception):
-    """Nothing answered at the URL (refused, unreachable, timed out)."""
-
-
-class Client:
-    """A small HTTP client of one ggmux server at ``url`` (``http://`` or
-    ``https://``, an optional path prefix), sending ``key`` as a Bearer token
-    (``admin_key`` on admin routes when given)."""
-
-    def __init__(self, url: str, key: str | None = None, admin_key: str | None = None,
-                 timeout: float = CONNECT_TIMEOUT_S) -> None:
-        u = urlsplit(url if "://" in url else "http://" + url)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise ValueError(f"not an http:// URL: {url!r}")
-        self.url = url
-        self.scheme = u.scheme
-        self.host = u.hostname
-        self.port = u.port or (443 if u.scheme == "https" else 80)
-        self.prefix = u.path.rstrip("/")
-        self.key = key
-        self.admin_key = admin_key
-        self.timeout = timeout
-
-    def _open(self, method: str, path: str, body=None, admin: bool = False,
-              timeout: float | None = None) -> http.client.HTTPResponse:
-        cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
-        conn = cls(self.host, self.port, timeout=self.timeout)
-        headers = {"accept": "*/*"}
-        key = (self.admin_key if admin and self.admin_key else None) or self.key
-        if key:
-            headers["authorization"] = "Bearer " + key
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["content-type"] = "application/json"
-        try:
-            conn.connect()
-        except OSError as e:
-            conn.close()
-            raise NoServer(f"no server answers at {self.url} ({e.strerror or e})") from None
-        conn.sock.settimeout(timeout)  # None: wait as long as a stream lasts
-        try:
-            conn.request(method, self.prefix + path, body=data, headers=headers)
-            resp = conn.getresponse()
-        except (ConnectionError, http.client.HTTPException) as e:
-            conn.close()
-            raise NoServer(f"the server at {self.url} closed the connection ({e})") from None
-        if resp.status >= 400:
-            text = resp.read()
-            conn.close()
-            raise ServerError(resp.status, _message(text) or f"HTTP {resp.status}")
-        return resp
-
-    def json(self, method: str, path: str, body=None, admin: bool = False,
-             timeout: float | None = 60.0):
-        """The decoded JSON answer; raises :class:`ServerError`, :class:`NoServer`."""
-        resp = self._open(method, path, body, admin, timeout)
-        try:
-            return json.loads(resp.read() or b"null")
-        finally:
-            resp.close()
-
-    def text(self, path: str, admin: bool = False) -> str:
-        resp = self._open("GET", path, admin=admin, timeout=60.0)
-        try:
-            return resp.read().decode("utf-8", "replace")
-        finally:
-            resp.close()
-
-    def events(self, method: str, path: str, body=None,
-               admin: bool = False) -> Iterator[tuple[str, str]]:
-        """Server-sent events as ``(event, data)``; a comment comes as
-        ``("comment", text)`` (ggmux's "waiting for the model" lines)."""
-        resp = self._open(method, path, body, admin, None)
-        try:
-            event, data = "message", []
-            while True:
-                raw = resp.readline()
-                if not raw:
-                    return
-                line = raw.decode("utf-8", "replace").rstrip("\r\n")
-                if not line:
-                    if data:
-                        yield event, "\n".join(data)
-                    event, data = "message", []
-                elif line.startswith(":"):
-                    yield "comment", line[1:].strip()
-                else:
-                    field, _, value = line.partition(":")
-                    value = value.removeprefix(" ")
-                    if field == "event":
-                        event = value
-                    elif field == "data":
-                        data.append(value)
-        finally:
-            resp.close()
-
-
-def _message(body: bytes) -> str:
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return body.decode("utf-8", "replace").strip()[:500]
-    if isinstance(doc, dict):
-        err = doc.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-        if isinstance(err, str):
-            return err
-    return str(doc)[:500]
+# `ggmux run` without --timeout: its answer's head comes with the first
+# token (after the prompt is read and a slot is free), which may take long
+# on a CPU; the server's own --first-byte-timeout (600 s) answers 504 by then
+RUN_TIMEOUT_S = 600.0
 
 
 def client_from_args(args: argparse.Namespace) -> Client:
-    """The :class:`Client` that ``--url`` / ``$GGMUX_URL`` and the key
+    """The :class:`Client` that ``--url`` / ``$GGMUX_URL``, ``--timeout``
+    (not given: the command's default, :data:`DEFAULT_TIMEOUT_S` or for
+    ``run`` :data:`RUN_TIMEOUT_S`), ``--max-answer-bytes`` and the key
     variables name."""
-    url = args.url or os.environ.get("GGMUX_URL") or DEFAULT_URL
-    return Client(url, os.environ.get("GGMUX_API_KEY") or None,
-                  os.environ.get("GGMUX_ADMIN_KEY") or None)
+    url = getattr(args, "url", None) or os.environ.get("GGMUX_URL") or DEFAULT_URL
+    timeout = getattr(args, "timeout", None)
+    if timeout is None:
+        timeout = getattr(args, "default_timeout", DEFAULT_TIMEOUT_S)
+    max_bytes = getattr(args, "max_answer_bytes", None)
+    # the server's $GGMUX_API_KEY may list several keys: the first one serves
+    return Client(url, (os.environ.get("GGMUX_API_KEY") or "").split(",")[0].strip() or None,
+                  os.environ.get("GGMUX_ADMIN_KEY") or None,
+                  timeout,
+                  MAX_ANSWER_BYTES if max_bytes is None else max_bytes)
+
+
+def add_client_options(parser: argparse.ArgumentParser, top: bool) -> None:
+    """``--url``, ``--timeout``, ``--max-answer-bytes`` on ``parser``: the
+    top-level one (``top``: default None, "not given") and each client
+    command's (no default, so a value given before the command stays
+    unless given again after it: ``ggmux --url X ps`` and ``ggmux ps --url
+    X`` alike)."""
+    kw = {} if top else {"default": argparse.SUPPRESS}
+    parser.add_argument("--url", **kw,
+                        help=f"the server (default: $GGMUX_URL, else {DEFAULT_URL}); the key "
+                             "comes from $GGMUX_API_KEY (load, unload and logs: "
+                             "$GGMUX_ADMIN_KEY when set)")
+    parser.add_argument("--timeout", type=float, metavar="S", **kw,
+                        help=f"seconds the server has to connect, to answer and to send a "
+                             f"whole non-streamed answer (default: {DEFAULT_TIMEOUT_S:g}; run: "
+                             f"{RUN_TIMEOUT_S:g} for its answer to begin); a stream (run, "
+                             "logs -f, the wait of load and unload) lasts as long as it does "
+                             "once it began")
+    parser.add_argument("--max-answer-bytes", type=int, metavar="N", **kw,
+                        help="largest non-streamed answer (and event of a stream) taken, "
+                             f"bytes (default: {MAX_ANSWER_BYTES}, 16 MiB)")
 
 
 def add_client_commands(sub: argparse._SubParsersAction) -> None:
     """Add ``ps``, ``load``, ``unload``, ``logs`` and ``run`` to ``sub``."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=None,
-                        help=f"the server (default: $GGMUX_URL, else {DEFAULT_URL}); the key "
-                             "comes from $GGMUX_API_KEY (load, unload and logs: "
-                             "$GGMUX_ADMIN_KEY when set)")
+    add_client_options(common, top=False)
     p = sub.add_parser("ps", parents=[common], help="models that run now (like ollama ps)")
     p.add_argument("--all", "-a", action="store_true", help="every model, unloaded ones too")
     p.add_argument("--json", action="store_true", help="the server's /ps document as JSON")
@@ -172,22 +101,27 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("load", parents=[common], help="load a model and wait until it serves")
     p.add_argument("name")
     p.add_argument("--no-wait", action="store_true", help="return once the server took it")
-    p.add_argument("--timeout", type=float, default=900.0,
+    p.add_argument("--wait", type=float, default=900.0, metavar="S",
                    help="seconds to wait for the load (default: 900)")
     p.set_defaults(func=cmd_load)
     p = sub.add_parser("unload", parents=[common], help="unload a model, or every idle one")
     p.add_argument("name", nargs="?")
     p.add_argument("--all", action="store_true", help="every idle model")
     p.add_argument("--no-wait", action="store_true", help="return once the server took it")
-    p.add_argument("--timeout", type=float, default=120.0,
+    p.add_argument("--wait", type=float, default=120.0, metavar="S",
                    help="seconds to wait for the unload (default: 120)")
     p.set_defaults(func=cmd_unload)
     p = sub.add_parser("logs", parents=[common],
-                       help="recent log lines of the server and its models")
-    p.add_argument("name", nargs="?", help="only this model's lines")
+                       help="recent log lines of the server and its models (--requests: "
+                            "its requests)")
+    p.add_argument("name", nargs="?", help="only this model's lines (or requests)")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines")
     p.add_argument("--lines", "-n", type=int, default=None,
-                   help="only the last N lines (default: all the server keeps; with -f, 100)")
+                   help="only the last N lines (default: all the server keeps; with -f, 100; "
+                        "--requests -f: 50)")
+    p.add_argument("--requests", "-r", action="store_true",
+                   help="the requests the server served (GET /requests): time, model, "
+                        "replica, API, status, tokens, TTFT, tokens/s, duration; newest last")
     p.set_defaults(func=cmd_logs)
     p = sub.add_parser("run", parents=[common],
                        help="chat with a model: one answer for PROMPT, else a conversation "
@@ -202,7 +136,7 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--completion", action="store_true",
                    help="plain text completion (/v1/completions): for base models without "
                         "a chat template")
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=cmd_run, default_timeout=RUN_TIMEOUT_S)
 
 
 def run_client(args: argparse.Namespace) -> int:
@@ -218,6 +152,9 @@ def run_client(args: argparse.Namespace) -> int:
         print(f"ggmux: {e}; start one with 'ggmux serve', or point --url or $GGMUX_URL "
               "at it", file=sys.stderr)
         return NO_SERVER
+    except NoAnswer as e:
+        print(f"ggmux: {e}", file=sys.stderr)
+        return NO_ANSWER
     except ServerError as e:
         hint = ""
         if e.status == 401:
@@ -252,38 +189,70 @@ def _seconds(s: float | None) -> str:
     return f"{s // 3600:.0f} h {s % 3600 // 60:.0f} min"
 
 
+def _node_cell(m: dict) -> str:
+    """The NODE cell of a model: the node that serves it, then (in
+    parentheses) the other nodes holding or loading it; ``-`` for none."""
+    node = m.get("node") if isinstance(m.get("node"), str) else None
+    nodes = m.get("nodes") if isinstance(m.get("nodes"), list) else []
+    others = [n["node"] for n in nodes if isinstance(n, dict) and isinstance(n.get("node"), str)
+              and n["node"] != node]
+    if node is None:
+        return ", ".join(others) or "-"
+    return node + (f" (+{', '.join(others)})" if others else "")
+
+
 def ps_table(doc: dict, every: bool = False) -> str:
     """The text of ``ggmux ps`` from a ``/ps`` document: NAME, STATE,
+    (in cluster mode, when the document names this ``node``) NODE,
     REPLICAS, MEMORY, IN FLIGHT, WAITING, IDLE FOR, UNTIL UNLOAD; unloaded
-    models only with ``every``."""
-    rows = [("NAME", "STATE", "REPLICAS", "MEMORY", "IN FLIGHT", "WAITING", "IDLE FOR",
-             "UNTIL UNLOAD")]
-    for m in doc.get("models", []):
-        state = m["state"] + (" (failed)" if m.get("failed") else "")
-        if not every and m["state"] == "unloaded" and not m.get("failed"):
+    models only with ``every``. NODE is the node that serves the model (as
+    ``ollama ps``'s PROCESSOR says where it runs), other nodes holding it
+    after it. Each model has a string ``id`` and ``state`` (:func:`items`);
+    another field of an unexpected type shows as ``-``. With no row to
+    show, one line that says so (and that ``--all`` lists every model)."""
+    cluster = isinstance(doc.get("node"), str)
+    rows = [("NAME", "STATE", *(("NODE",) if cluster else ()), "REPLICAS", "MEMORY",
+             "IN FLIGHT", "WAITING", "IDLE FOR", "UNTIL UNLOAD")]
+    models = doc.get("models") or []
+    for m in models:
+        failed = bool(m.get("failed"))
+        if not every and m["state"] == "unloaded" and not failed:
             continue
-        if m["state"] == "loading" and "progress" in m:
-            state += f" {m['progress']:.0%}"
-        reps = m.get("replicas") or []
-        ready = sum(1 for r in reps if r["state"] == "ready")
-        mem = m.get("memory") or {}
-        until = m.get("unload_in_s")
+        state = m["state"] + (" (failed)" if failed else "")
+        progress = number(m.get("progress"))
+        if m["state"] == "loading" and progress is not None:
+            state += f" {progress:.0%}"
+        reps = m.get("replicas")
+        reps = [r for r in reps if isinstance(r, dict)] if isinstance(reps, list) else []
+        ready = sum(1 for r in reps if r.get("state") == "ready")
+        mem = m.get("memory") if isinstance(m.get("memory"), dict) else {}
+        idle, until = number(m.get("idle_s")), number(m.get("unload_in_s"))
         rows.append((
-            m["id"], state, f"{ready}/{len(reps)}" if reps else "-",
-            _bytes(mem.get("effective") or mem.get("min") or 0), str(m.get("in_flight", 0)),
-            str(m.get("waiting", 0)), _seconds(m.get("idle_s")),
-            _seconds(until) if until is not None else ("never" if m.get("idle_s") is not None
-                                                       else "-"),
+            m["id"], state, *((_node_cell(m),) if cluster else ()),
+            f"{ready}/{len(reps)}" if reps else "-",
+            _bytes(number(mem.get("effective")) or number(mem.get("min")) or 0),
+            str(m.get("in_flight", 0)), str(m.get("waiting", 0)), _seconds(idle),
+            _seconds(until) if until is not None else ("never" if idle is not None else "-"),
         ))
+    if len(rows) == 1:
+        if every:
+            return "the server has no models\n"
+        return (f"no model is running ({len(models)} known; ggmux ps --all lists every "
+                "model)\n")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
                      for r in rows) + "\n"
 
 
 def cmd_ps(client: Client, args: argparse.Namespace) -> int:
-    doc = client.json("GET", "/ps")
+    doc = client.object("GET", "/ps")
+    items(client, "GET", "/ps", doc, "models", ("id", "state"))
     if args.json:
-        print(json.dumps(doc, indent=2))
+        try:
+            text = json.dumps(doc, indent=2)
+        except RecursionError:
+            raise client.shape("GET", "/ps", "JSON nested too deep") from None
+        print(text)
     else:
         sys.stdout.write(ps_table(doc, every=args.all))
     return 0
@@ -291,37 +260,46 @@ def cmd_ps(client: Client, args: argparse.Namespace) -> int:
 
 # ---- load / unload ---------------------------------------------------------------
 def _state(client: Client, name: str) -> dict:
-    doc = client.json("GET", "/v1/models")
-    for m in doc.get("data", []):
-        if m["id"] == name or name in (m.get("aliases") or []):
+    doc = client.object("GET", "/v1/models")
+    for m in items(client, "GET", "/v1/models", doc, "data", ("id",)):
+        aliases = m.get("aliases")
+        if m["id"] == name or (isinstance(aliases, list) and name in aliases):
             return m
     raise ServerError(404, f"model '{name}' not found")
 
 
-def _wait_state(client: Client, name: str, want: tuple[str, ...], timeout: float,
+def _wait_state(client: Client, name: str, want: tuple[str, ...], wait: float,
                 progress: bool) -> dict:
     """Follow ``/models/sse`` until ``name`` reaches one of ``want`` (or a
-    failed unloaded state); the last status object."""
-    deadline = time.monotonic() + timeout
+    failed unloaded state), at most ``wait`` seconds (then a 504
+    :class:`ServerError`); the last status object."""
+    deadline = time.monotonic() + wait
     canonical = _state(client, name)["id"]
     status: dict = {}
-    for event, data in client.events("GET", "/models/sse"):
-        if event == "model":
-            doc = json.loads(data)
-            if doc.get("id") != canonical:
+    try:
+        for event, data in client.events("GET", "/models/sse", deadline=deadline):
+            if event != "model":
                 continue
-            status = doc.get("status") or {}
-            value = status.get("value")
-            if progress and value == "loading" and "progress" in status:
-                print(f"\rloading {canonical}: {status['progress']:.0%}", end="",
-                      file=sys.stderr, flush=True)
+            try:
+                doc = parse_json(data)
+            except ValueError:
+                raise client.shape("GET", "/models/sse",
+                                   f"an event that is not JSON ({data[:60]!r})") from None
+            if not isinstance(doc, dict) or doc.get("id") != canonical:
+                continue
+            status = doc.get("status") if isinstance(doc.get("status"), dict) else {}
+            value, share = status.get("value"), number(status.get("progress"))
+            if progress and value == "loading" and share is not None:
+                print(f"\rloading {canonical}: {share:.0%}", end="", file=sys.stderr,
+                      flush=True)
             if value in want or (value == "unloaded" and status.get("failed")):
                 break
-        if time.monotonic() > deadline:
-            raise ServerError(504, f"'{canonical}' is still {status.get('value', '?')} after "
-                                   f"{timeout:g} s (--timeout)")
-    if progress:
-        print("\r\033[K", end="", file=sys.stderr, flush=True)
+    except TimedOut:
+        raise ServerError(504, f"'{canonical}' is still {status.get('value', '?')} after "
+                               f"{wait:g} s (--wait)") from None
+    finally:
+        if progress:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
     return status
 
 
@@ -331,7 +309,7 @@ def cmd_load(client: Client, args: argparse.Namespace) -> int:
     if args.no_wait:
         print(f"loading {args.name}")
         return 0
-    status = _wait_state(client, args.name, ("loaded",), args.timeout, sys.stderr.isatty())
+    status = _wait_state(client, args.name, ("loaded",), args.wait, sys.stderr.isatty())
     if status.get("value") != "loaded":
         print(f"ggmux: {args.name} failed to load: {status.get('error', 'see ggmux logs')}",
               file=sys.stderr)
@@ -352,14 +330,89 @@ def cmd_unload(client: Client, args: argparse.Namespace) -> int:
     if args.no_wait:
         print(f"unloading {args.name}")
         return 0
-    _wait_state(client, args.name, ("unloaded",), args.timeout, False)
+    _wait_state(client, args.name, ("unloaded",), args.wait, False)
     print(f"unloaded {args.name}")
     return 0
 
 
 # ---- logs ---------------------------------------------------------------------
+REQUEST_COLUMNS = (("TIME", 12), ("MODEL", 24), ("REPLICA", 9), ("API", 37), ("STATUS", 6),
+                   ("PROMPT", 6), ("CACHED", 6), ("GEN", 6), ("TTFT", 9), ("TOK/S", 7),
+                   ("DURATION", 9))
+"""``ggmux logs --requests``: its columns and their widths (a followed table
+cannot measure its rows first)."""
+
+
+def _ms_cell(v) -> str:
+    v = number(v)
+    if v is None:
+        return "-"
+    return f"{v:.0f} ms" if v < 10_000 else f"{v / 1000:.1f} s"
+
+
+def request_line(rec: dict) -> str:
+    """One record of ``GET /requests`` as a line of :data:`REQUEST_COLUMNS`
+    (a field of an unexpected type shows as ``-``)."""
+    def count(key: str) -> str:
+        v = rec.get(key)
+        return str(v) if type(v) is int else "-"
+
+    ts = number(rec.get("time")) or 0.0
+    stamp = time.strftime("%H:%M:%S", time.localtime(ts)) + f".{int(ts * 1000) % 1000:03d}"
+    where = rec.get("where") if isinstance(rec.get("where"), str) else None
+    replica = rec.get("replica")
+    rep = "-" if type(replica) is not int else (f"#{replica}" if where in (None, "local")
+                                                 else f"#{replica}@{where}")
+    api = f"{rec.get('api', '?')} {rec.get('path', '')}".strip()
+    if rec.get("stream") is True:
+        api += " (stream)"
+    rate = number(rec.get("tokens_per_s"))
+    cells = (stamp, str(rec.get("model") or "-"), rep, api, count("status"),
+             count("prompt_tokens"), count("cached_tokens"),
+             count("generated_tokens") + ("~" if rec.get("tokens_from") == "proxy" else ""),
+             _ms_cell(rec.get("ttft_ms")), "-" if rate is None else f"{rate:.1f}",
+             _ms_cell(rec.get("duration_ms")))
+    return "  ".join(c.ljust(w) for c, (_, w) in zip(cells, REQUEST_COLUMNS)).rstrip()
+
+
+def _request_header() -> str:
+    return "  ".join(h.ljust(w) for h, w in REQUEST_COLUMNS).rstrip()
+
+
+def cmd_requests(client: Client, args: argparse.Namespace) -> int:
+    """``ggmux logs --requests [-f] [NAME]``: the request ring as a table,
+    oldest first (``-n``: the last N), then, with ``-f``, each new request
+    as it ends. A count the server does not know shows ``-``; generated
+    tokens counted by the proxy (from a stream's events) end with ``~``."""
+    query = []
+    if args.name:
+        query.append("model=" + quote(args.name, safe=""))
+    if args.lines is not None:
+        query.append(f"limit={args.lines}")
+    qs = ("?" + "&".join(query)) if query else ""
+    print(_request_header(), flush=True)
+    if not args.follow:
+        doc = client.object("GET", "/requests" + qs, admin=True)
+        for rec in reversed(items(client, "GET", "/requests", doc, "data", ())):
+            print(request_line(rec))
+        return 0
+    for event, data in client.events("GET", "/requests/stream" + qs, admin=True):
+        if event == "comment":
+            continue
+        try:
+            rec = parse_json(data)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            print(request_line(rec), flush=True)
+    return 0
+
+
 def cmd_logs(client: Client, args: argparse.Namespace) -> int:
-    from ..proxy.logs import format_line
+    from ..shm.logring import format_line
+
+    if args.requests:
+        return cmd_requests(client, args)
 
     query = []
     if args.name:
@@ -374,10 +427,11 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
         if event == "comment":
             continue
         try:
-            rec = json.loads(data)
+            rec = parse_json(data)
         except ValueError:
             continue
-        print(format_line(rec), flush=True)
+        if isinstance(rec, dict):  # a time that is not a number shows as the epoch
+            print(format_line({**rec, "ts": number(rec.get("ts")) or 0.0}), flush=True)
     return 0
 
 
@@ -396,15 +450,10 @@ def _answer(client: Client, args: argparse.Namespace, body: dict, out=None) -> s
             continue
         if data.strip() == "[DONE]":
             break
-        chunk = json.loads(data)
-        if chunk.get("error"):
-            raise ServerError(502, _message(data.encode()))
-        if waiting_shown:
-            print("\r\033[K", end="", file=sys.stderr, flush=True)
-            waiting_shown = False
-        for choice in chunk.get("choices") or []:
-            piece = (choice.get("delta") or {}).get("content") if "delta" in choice \
-                else choice.get("text")
+        for piece in _pieces(client, path, data):
+            if waiting_shown:
+                print("\r\033[K", end="", file=sys.stderr, flush=True)
+                waiting_shown = False
             if piece:
                 text.append(piece)
                 out.write(piece)
@@ -412,6 +461,30 @@ def _answer(client: Client, args: argparse.Namespace, body: dict, out=None) -> s
     out.write("\n")
     out.flush()
     return "".join(text)
+
+
+def _pieces(client: Client, path: str, data: str) -> list[str]:
+    """The text of one streamed chunk (chat ``delta.content`` or completion
+    ``text``, one per choice); an error event is a :class:`ServerError`,
+    a chunk of another shape :class:`NoAnswer`."""
+    try:
+        chunk = parse_json(data)
+    except ValueError:
+        raise client.shape("POST", path, f"an event that is not JSON ({data[:60]!r})") from None
+    if not isinstance(chunk, dict):
+        raise client.shape("POST", path, f"an event that is a JSON {json_kind(chunk)}")
+    if chunk.get("error"):
+        raise ServerError(502, error_message(data.encode()))
+    choices = chunk.get("choices") or []
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise client.shape("POST", path, "an event whose 'choices' are not objects")
+    out = []
+    for choice in choices:
+        delta = choice.get("delta")
+        piece = (delta.get("content") if isinstance(delta, dict) else None) \
+            if "delta" in choice else choice.get("text")
+        out.append(piece if isinstance(piece, str) else "")
+    return out or [""]
 
 
 def cmd_run(client: Client, args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from ggmux.proxy.adapters.common import SseEvents, StreamState
+from ggmux.proxy.apis.adapters.common import SseEvents, StreamState
 
 
 def chat_sse(texts: list[str], finish: str = "stop", usage: dict | None = None,
@@ -51,4 +51,40 @@ def events(raw: bytes) -> list[tuple[str | None, dict]]:
             elif line.startswith("data: "):
                 data.append(line[6:])
         out.append((name, json.loads("\n".join(data))))
+    return out
+
+
+def delta_sse(deltas: list[dict], finish: str = "stop", usage: dict | None = None,
+              model: str = "m") -> bytes:
+    """A chat-completion stream of the given ``delta`` objects (tool-call
+    and reasoning deltas as llama-server writes them), ``finish`` on the
+    last one."""
+    out = []
+    for i, d in enumerate(deltas):
+        out.append({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": model,
+                    "choices": [{"index": 0, "delta": d,
+                                 "finish_reason": finish if i == len(deltas) - 1 else None}]})
+    if usage is not None:
+        out.append({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": model,
+                    "choices": [], "usage": usage})
+    return b"".join(b"data: " + json.dumps(o).encode() + b"\n\n" for o in out) + b"data: [DONE]\n\n"
+
+
+def tool_deltas(reasoning: str = "", text: str = "",
+                calls: tuple[tuple[str, str, str], ...] = ()) -> list[dict]:
+    """Deltas of an answer: ``reasoning`` and ``text`` word by word (each
+    word after the first with its space), then
+    each ``(id, name, arguments)`` call: id and name first, then the
+    arguments in pieces of 5 characters."""
+    def words(s: str) -> list[str]:
+        return [w if i == 0 else " " + w for i, w in enumerate(s.split(" ")) if s]
+
+    out: list[dict] = [{"reasoning_content": w} for w in words(reasoning)]
+    out += [{"content": w} for w in words(text)]
+    for k, (cid, name, args) in enumerate(calls):
+        out.append({"tool_calls": [{"index": k, "id": cid, "type": "function",
+                                    "function": {"name": name, "arguments": ""}}]})
+        out += [{"tool_calls": [{"index": k, "function": {"arguments": args[i:i + 5]}}]}
+                for i in range(0, len(args), 5)]
+    out[0] = {"role": "assistant", **out[0]}
     return out

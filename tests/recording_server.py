@@ -6,7 +6,12 @@ is appended to FILE as one JSON line ``{"method", "path", "headers",
 "body"}`` (the body parsed as JSON when it is JSON); ``GET /health`` is
 200; ``POST /v1/messages``, ``/v1/responses`` and ``/v1/chat/completions``
 answer a fixed text ``native:<path>`` in that API's own shape (streamed as
-SSE when the body says ``stream``). Standard library only.
+SSE when the body says ``stream``), or, when the body has ``tools`` and its
+last message is not a tool result, a call of the first tool with ``{}``
+(whole answers only); ``/v1/messages/count_tokens`` answers 42 tokens;
+``/apply-template`` renders ``<tpl>`` + the body's messages and tools as
+JSON (llama-server's route), ``/tokenize`` gives one token per
+whitespace-separated word. Standard library only.
 """
 
 from __future__ import annotations
@@ -19,8 +24,41 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 LOCK = threading.Lock()
 
 
+def _tool(body: dict) -> str | None:
+    """The first tool's name when the request is to be answered with a call."""
+    tools = body.get("tools") or []
+    msgs = body.get("messages") or [{}]
+    last = msgs[-1] if isinstance(msgs[-1], dict) else {}
+    if not tools or last.get("role") == "tool" or (
+            isinstance(last.get("content"), list)
+            and any(b.get("type") == "tool_result" for b in last["content"])):
+        return None
+    t = tools[0]
+    return t.get("name") or (t.get("function") or {}).get("name")
+
+
 def answer(path: str, body: dict) -> dict:
     text = f"native:{path}"
+    tool = _tool(body)
+    if path == "/v1/messages/count_tokens":
+        return {"input_tokens": 42}
+    if path == "/apply-template":
+        return {"prompt": "<tpl>" + json.dumps([body.get("messages"), body.get("tools")])}
+    if path == "/tokenize":
+        return {"tokens": list(range(len(str(body.get("content", "")).split())))}
+    if path == "/v1/messages" and tool:
+        return {"id": "msg_native", "type": "message", "role": "assistant",
+                "model": body.get("model"), "stop_reason": "tool_use", "stop_sequence": None,
+                "content": [{"type": "tool_use", "id": "toolu_native", "name": tool,
+                             "input": {}}],
+                "usage": {"input_tokens": 1, "output_tokens": 1}}
+    if path == "/v1/chat/completions" and tool:
+        return {"id": "c", "object": "chat.completion", "created": 1, "model": body.get("model"),
+                "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                    "role": "assistant", "content": None, "tool_calls": [
+                        {"id": "call_native", "type": "function",
+                         "function": {"name": tool, "arguments": "{}"}}]}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
     if path == "/v1/messages":
         return {"id": "msg_native", "type": "message", "role": "assistant",
                 "model": body.get("model"), "content": [{"type": "text", "text": text}],
@@ -73,8 +111,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         n = int(self.headers.get("content-length") or 0)
         body = self._record(self.rfile.read(n)) or {}
-        path = self.path
-        if path not in ("/v1/messages", "/v1/responses", "/v1/chat/completions"):
+        path = self.path.split("?", 1)[0]
+        if path not in ("/v1/messages", "/v1/responses", "/v1/chat/completions",
+                        "/v1/messages/count_tokens", "/apply-template", "/tokenize"):
             self._send(404, b'{"error":{"message":"not found","type":"not_found_error"}}')
             return
         obj = answer(path, body)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 from adapter_streams import chat_sse, events, run_stream
-from ggmux.proxy.adapters import anthropic as A
-from ggmux.proxy.adapters.common import BadRequest
+from ggmux.proxy.apis.adapters import anthropic as A
+from ggmux.proxy.apis.adapters.common import BadRequest
 
 
 def req(**kw):

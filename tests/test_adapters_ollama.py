@@ -7,9 +7,9 @@ import math
 
 import pytest
 from adapter_streams import chat_sse, run_stream
-from ggmux.proxy.adapters import ollama as O
-from ggmux.proxy.adapters.common import BadRequest
-from ggmux.proxy.adapters.openai import UsageStream
+from ggmux.proxy.apis.adapters import ollama as O
+from ggmux.proxy.apis.adapters.common import BadRequest
+from ggmux.proxy.apis.adapters.openai import UsageStream
 
 
 def test_chat_streams_by_default_and_maps_option_names():

@@ -6,8 +6,8 @@ import json
 
 import pytest
 from adapter_streams import chat_sse, events, run_stream
-from ggmux.proxy.adapters import responses as R
-from ggmux.proxy.adapters.common import BadRequest
+from ggmux.proxy.apis.adapters import responses as R
+from ggmux.proxy.apis.adapters.common import BadRequest
 
 
 def test_string_input_and_instructions_become_chat_messages():
@@ -34,7 +34,9 @@ def test_message_items_with_parts_and_developer_role():
     ({"background": True}, "stores no responses"),
     ({"conversation": "c1"}, "stores no responses"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "stores no responses"),
-    ({"input": [{"type": "function_call_output", "output": "x"}]}, "not supported"),
+    ({"input": [{"type": "function_call_output", "output": "x"}]}, "call_id"),
+    ({"input": [{"type": "computer_call", "id": "x"}]}, "not supported"),
+    ({"tools": [{"type": "web_search"}]}, "built-in tools"),
     ({"input": 3}, "input"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"tools": [{"type": "function"}]}, "tools"),

@@ -6,6 +6,7 @@ that never shows a key and says each default once."""
 from __future__ import annotations
 
 import http.server
+import io
 import json
 import os
 import re
@@ -18,7 +19,7 @@ import pytest
 from conftest import chat_body, free_port, served_by, wait_for
 from ggmux import __version__
 from ggmux.shm import layout as L
-from ggmux.supervisor.cli import build_parser
+from ggmux.supervisor.cli import build_parser, main
 from ggmux.supervisor.client import ps_table
 
 
@@ -56,17 +57,20 @@ def test_ps_load_unload_and_run_against_a_server(serve, fakes):
     fakes.add("alpha", tokens=4)
     fakes.add("beta", tokens=4)
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0")
-    r = ggmux("ps", url=s.base)
-    assert r.returncode == 0 and r.stdout.split() [:8] == [
-        "NAME", "STATE", "REPLICAS", "MEMORY", "IN", "FLIGHT", "WAITING", "IDLE"]
-    assert "alpha" not in r.stdout  # like ollama ps: what runs
+    r = ggmux("ps", url=s.base)  # like ollama ps: what runs; nothing does, and it says so
+    assert r.returncode == 0
+    assert r.stdout == "no model is running (2 known; ggmux ps --all lists every model)\n"
     assert "alpha" in ggmux("ps", "--all", url=s.base).stdout
 
     r = ggmux("load", "alpha", url=s.base)
     assert r.returncode == 0 and r.stdout.startswith("loaded alpha in "), r
     assert s.models()["alpha"]["status"]["value"] == "loaded"  # it waited for the load
-    line = next(x for x in ggmux("ps", url=s.base).stdout.splitlines() if x.startswith("alpha"))
+    r = ggmux("ps", url=s.base)
+    assert r.stdout.split()[:8] == [
+        "NAME", "STATE", "REPLICAS", "MEMORY", "IN", "FLIGHT", "WAITING", "IDLE"]
+    line = next(x for x in r.stdout.splitlines() if x.startswith("alpha"))
     assert line.split()[1:3] == ["loaded", "1/1"]
+    assert "beta" not in r.stdout
 
     r = ggmux("run", "alpha", "say", "hi", url=s.base)
     assert r.returncode == 0 and served_by(r.stdout.encode())[0] == "alpha"
@@ -187,10 +191,11 @@ def test_every_serve_option_reads_its_environment_variable_and_the_command_line_
     serve_parser = build_parser({})._subparsers._group_actions[0].choices["serve"]
     for action in serve_parser._actions:  # every option: its variable is read
         if action.option_strings and action.dest != "help":
-            probe = {"GGMUX_" + action.dest.upper(): "1"}
+            value = str(next(iter(action.choices))) if action.choices else "1"
+            probe = {"GGMUX_" + action.dest.upper(): value}
             got = getattr(build_parser(probe).parse_args(["serve"]), action.dest)
             assert got not in (None, []) and got == getattr(
-                build_parser({}).parse_args(["serve", action.option_strings[0], "1"]
+                build_parser({}).parse_args(["serve", action.option_strings[0], value]
                                             if action.nargs != 0 else
                                             ["serve", action.option_strings[0]]),
                 action.dest), action.dest
@@ -250,6 +255,41 @@ def test_serve_help_says_each_default_once():
         assert text.count("default") <= 1, (opt, text)
         assert "(default: None)" not in text and "(default: [])" not in text, (opt, text)
     assert "(default: 4)" in helps["--models-max"]
+
+
+def test_client_options_go_before_or_after_the_command(serve, fakes, capsys, monkeypatch):
+    """``--url``, ``--timeout`` and ``--max-answer-bytes`` are options of
+    ``ggmux`` and of each client command alike; after the command wins."""
+    fakes.add("alpha", tokens=2)
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0")
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    r = ggmux("--url", s.base, "ps", "--all", url=nowhere)
+    assert r.returncode == 0 and "alpha" in r.stdout, r
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    for args, rc, out in (
+            (("ps", "--all", "--url", s.base), 0, "alpha"),
+            (("--url", nowhere, "--timeout", "5", "ps", "--url", s.base, "--all"), 0, "alpha"),
+            (("--timeout=5", "--max-answer-bytes", "100000", "run", "alpha", "hi", "--url",
+              s.base), 0, "[alpha:"),
+            (("--url", s.base, "--max-answer-bytes", "10", "ps"), 3,
+             "over the 10 bytes cap (--max-answer-bytes)"),
+            (("--timeout", "0", "ps", "--url", s.base), 2, "must be above 0")):
+        capsys.readouterr()
+        assert main(list(args)) == rc, args
+        assert out in "".join(capsys.readouterr()), args
+    with pytest.raises(SystemExit) as e:
+        main(["--url", s.base, "serve"])
+    assert e.value.code == 2 and "--url is an option of the client commands" in \
+        capsys.readouterr().err
+
+
+def test_ps_table_says_when_nothing_runs_and_shows_odd_fields_as_dashes():
+    assert ps_table({"models": []}, every=True) == "the server has no models\n"
+    assert "ggmux ps --all" in ps_table({"models": [{"id": "a", "state": "unloaded"}]})
+    doc = {"models": [{"id": "a", "state": "loading", "progress": "half", "replicas": "two",
+                       "memory": [], "idle_s": "long", "unload_in_s": {}}]}
+    assert ps_table(doc).splitlines()[1].split() == ["a", "loading", "-", "-", "0", "0", "-",
+                                                     "-"]
 
 
 def test_ps_table_shows_idle_time_and_time_until_unload():

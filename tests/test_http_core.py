@@ -1,4 +1,4 @@
-"""The HTTP/1.1 core (proxy/http.py) and forwarding (proxy/upstream.py),
+"""The HTTP/1.1 core (proxy/http/) and forwarding (proxy/http/upstream.py),
 served by real uvloop servers in a background thread and driven by plain
 blocking sockets (issue 5: the complete HTTP surface, hardened).
 
@@ -33,8 +33,8 @@ from ggmux.proxy.http import (
     http_limit_argv,
     limits_from_args,
 )
-from ggmux.proxy.pool import UpstreamPool
-from ggmux.proxy.upstream import Exchange, UpstreamError, request_head
+from ggmux.proxy.http.pool import UpstreamPool
+from ggmux.proxy.http.upstream import Exchange, UpstreamError, request_head
 
 # ---------------------------------------------------------------------------
 # harness: an event loop thread, servers in it, a strict blocking client

@@ -16,9 +16,9 @@ import socket
 
 import pytest
 from conftest import chat_body, wait_for
-from ggmux.proxy.connections import ConnectionRegistry
 from ggmux.proxy.http import HttpConnection, HttpLimits
-from ggmux.proxy.limits import proxy_share
+from ggmux.proxy.http.connections import ConnectionRegistry
+from ggmux.proxy.http.limits import proxy_share
 from test_http_core import App, Client, LoopThread, expect_error, get, http_server
 
 CHAT = "/v1/chat/completions"

@@ -15,7 +15,7 @@ import sys
 import posix_ipc
 import pytest
 from conftest import chat_body, wait_for
-from ggmux.proxy.logs import model_filter
+from ggmux.proxy.operator.logs import model_filter
 from ggmux.shm.logring import LogRing
 from ggmux.supervisor.logs import RingHandler, child_level, tag_fields
 

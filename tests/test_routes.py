@@ -2,18 +2,81 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import re
 import signal
 import socket
 import time
+from pathlib import Path
 
 import pytest
 from conftest import chat_body, open_stream, served_by, wait_for
+from ggmux.proxy import apis, routes
+from ggmux.proxy.server import Proxy
 from ggmux.shm import layout as L
 
 openai = pytest.importorskip("openai")
 CHAT = "/v1/chat/completions"
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _readme_routes() -> list[tuple[str, list[tuple[str, str]]]]:
+    """README's "HTTP surface" table: per row, its text and the ``(method,
+    path)`` pairs of its first column (a method carries on to the paths
+    after it; placeholders such as ``{id}``, ``<model>`` and ``...``
+    become a sample segment, a query is dropped)."""
+    text = README.read_text().split("## HTTP surface", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in text.splitlines():
+        if not line.startswith("| `"):
+            continue
+        first = line.split(" | ", 1)[0]
+        pairs, method = [], "ANY"
+        for item in re.findall(r"`([^`]+)`", first):
+            m = re.fullmatch(r"(?:([A-Z]+) )?(/\S*)", item)
+            if m is None:
+                continue
+            method = m.group(1) or method
+            path = re.sub(r"\{[^}]+\}|<[^>]+>|\.\.\.", "x", m.group(2).split("?", 1)[0])
+            pairs.append((method, path))
+        rows.append((line, pairs))
+    return rows
+
+
+def test_readme_route_table_and_the_proxys_route_table_agree():
+    rows = _readme_routes()
+    listed = [pair for _, pairs in rows for pair in pairs]
+    assert len(listed) > 30  # the table was read
+    for method, path in listed:  # every route README names is served, by that method
+        route = routes.match(path.encode())
+        assert route is not None, path
+        assert method == "ANY" or not route.methods or method.encode() in route.methods, (
+            method, path)
+    mentioned = {p for line, _ in rows for p in re.findall(r"`(?:[A-Z]+ )?(/[^`?\s]*)", line)}
+    for route in routes.ROUTES:  # and README names every route of the table
+        path = route.path.decode()
+        assert (any(p.startswith(path) for p in mentioned) if route.prefix
+                else path in mentioned), path
+
+
+def test_route_table_names_real_handlers_and_never_depends_on_its_order():
+    prefixes = [r.path for r in routes.ROUTES if r.prefix]
+    for route in routes.ROUTES:
+        assert inspect.iscoroutinefunction(getattr(Proxy, route.handler)), route.handler
+        assert not route.guard or callable(getattr(Proxy, route.guard))
+        assert route.prefix or not route.path.startswith(tuple(prefixes)), route.path
+        assert route.foreign == apis.handles(route.path), route.path  # the apis' envelope
+    exact = [r.path for r in routes.ROUTES if not r.prefix]
+    assert len(exact) == len(set(exact))
+    assert routes.match(b"/v1/models/org/m").handler == "_client_api"
+    assert routes.match(b"/upstream/a/health").handler == "_passthrough"
+    assert routes.match(b"/nope") is None
+    assert [r.path for r in routes.ROUTES if r.needs_admin(b"")] == [
+        b"/models/load", b"/models/unload", b"/logs", b"/logs/stream", b"/requests",
+        b"/requests/stream", b"/cluster/drain"]
+    assert routes.match(b"/models").needs_admin(b"reload=1")
 
 
 

@@ -1,4 +1,4 @@
-"""The relay of translated answers (proxy/translate.py) on bytes: what the
+"""The relay of translated answers (proxy/apis/translate.py) on bytes: what the
 forwarding code writes goes in, what the client would get comes out; no
 process, no socket."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 from adapter_streams import chat_sse, events
-from ggmux.proxy.adapters import anthropic, ollama
+from ggmux.proxy.apis.adapters import anthropic, ollama
+from ggmux.proxy.apis.translate import TranslatedConnection
 from ggmux.proxy.http import Request
-from ggmux.proxy.translate import TranslatedConnection
 
 HI = [{"role": "user", "content": "hi"}]
 

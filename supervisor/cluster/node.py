@@ -89,6 +89,8 @@ class ClusterNode:
         self.allowed: set[int] = set()  # models placed here: the reconciler may load them
         self.holding: dict[str, float] = {}  # model -> progress last sent with hold
         self.told_wait: set[str] = set()  # models whose "no room anywhere" was logged
+        self.told_alias: set[str] = set()  # names held back as a removed model's alias
+        self.registry_tried: tuple = ()  # (wanted, had) of the last refused registry change
         self.ref = 0
         self.draining = False
         self.drain_since_ns = 0
@@ -258,13 +260,12 @@ class ClusterNode:
 
     def _on_order(self, id: int, op: str, model: str = "", **kw) -> None:
         sender = kw.get("from", "?")
-        st = self.state
         if op == "drain":
             self.drain(f"asked by node {sender}")
             self._send("ack", id=id, ok=True)
             return
-        i = st.registry.resolve(model) if model else None
-        if i is None or i in st.removed or st.registry.entries[i].kind not in LOCAL_KINDS:
+        i = self._row(model, LOCAL_KINDS)
+        if i is None:
             self._send("ack", id=id, ok=False, error=f"node {self.o.node} has no model {model!r}")
             return
         if op == "load":
@@ -280,9 +281,11 @@ class ClusterNode:
             self._send("ack", id=id, ok=False, error=f"unknown command {op!r}")
 
     def _accept_load(self, model: str, why: str) -> None:
-        """This node loads ``model`` for the cluster: hold its key, queue it."""
-        i = self.state.registry.resolve(model)
+        """This node loads ``model`` for the cluster: hold its key, queue it
+        (a model this node no longer has: free the key instead)."""
+        i = self._row(model, LOCAL_KINDS)
         if i is None:
+            self._send("release", model=model)
             return
         self.allowed.add(i)
         self.holding[model] = 0.0
@@ -300,13 +303,23 @@ class ClusterNode:
         now = time.monotonic_ns()
         self.refused[(model, node)] = now + int(max(self.o.node_stale, retry_in_s) * NS)
         self._send("release", model=model)
-        i = self.state.registry.resolve(model)
+        i = self._row(model)
         if retry_in_s > 0 and i is not None:
             m = self.state.models[i]
             m.failed = True
             m.error = f"failed to load on node {node}: {error}"
             m.retry_at_ns = now + int(retry_in_s * NS)
             self.state.errors_dirty = True
+
+    def _row(self, name: str, kinds: tuple[str, ...] = ()) -> int | None:
+        """The registry row that ``name`` (a name or alias) stands for now:
+        ``None`` for a removed row (rows are kept, and still resolve) or,
+        with ``kinds``, for an entry of another kind."""
+        st = self.state
+        i = st.registry.resolve(name) if name else None
+        if i is None or i in st.removed or kinds and st.registry.entries[i].kind not in kinds:
+            return None
+        return i
 
     # ---- decisions ----------------------------------------------------------------
     def allows(self, model: int) -> bool:
@@ -362,24 +375,33 @@ class ClusterNode:
         return {n: rec for n, (rec, _) in self.nodes.items()}
 
     def _sync_remotes(self) -> None:
+        """One remote replica per (node, model) of :func:`remote_wanted`, at
+        the address that node advertises now: a node that came back on
+        another address (a restart while this node's view was frozen, or
+        faster than ``--node-stale``) gets a new replica there, never keeps
+        the dead address's."""
         st = self.state
-        want = remote_wanted(st, self._others())
-        have = {(rm.node, rm.model): slot for slot, rm in st.remotes.items() if rm.node}
+        want = {key: _address(url) for key, url in remote_wanted(st, self._others()).items()}
+        have = {}
         changed = False
-        for key, slot in have.items():
-            if key not in want:
+        for slot, rm in list(st.remotes.items()):
+            if not rm.node:
+                continue
+            key = (rm.node, rm.model)
+            if want.get(key) == (rm.host, rm.port) and key not in have:
+                have[key] = slot
+            else:
                 del st.remotes[slot]
                 changed = True
-        for (node, i), url in want.items():
+        for (node, i), (host, port) in want.items():
             if (node, i) in have:
                 continue
             slot = st.free_slot()
             if slot is None:
                 log.warning("cluster: no replica slot for %s on node %s", st.name(i), node)
                 continue
-            u = urlsplit(url)
-            st.remotes[slot] = Remote(slot, i, u.hostname or "127.0.0.1", u.port or 80,
-                                      "/health", st.next_incarnation(), node=node)
+            st.remotes[slot] = Remote(slot, i, host, port, "/health", st.next_incarnation(),
+                                      node=node)
             changed = True
             m = st.models[i]
             if m.failed and m.error.startswith("failed to load on node"):
@@ -389,6 +411,11 @@ class ClusterNode:
             st.errors_dirty = True  # the remotes' addresses live in the registry blob
 
     def _sync_registry(self) -> None:
+        """Make the ``cluster`` entries exactly the models other live nodes
+        have that no live local entry names (by name or alias). A removed
+        row (its node went, its source dropped it) names nothing: it stays
+        in the registry (rows are kept), and a name that still resolved to
+        it would never come back when its node does (issue 18, finding 4)."""
         if not self.connected:
             return  # a frozen view adds nothing and removes nothing
         st = self.state
@@ -396,15 +423,35 @@ class ClusterNode:
         for node, rec in sorted(self._others().items()):
             for name in [*(rec.get("has") or {}), *(rec.get("models") or {})]:
                 names.setdefault(str(name), node)
-        local = {e.name for i, e in enumerate(st.registry.entries)
-                 if e.kind != "cluster" and i not in st.removed}
-        wanted = {n: node for n, node in names.items()
-                  if n not in local and st.registry.resolve(n) in (None, *self._cluster_rows())}
-        have = {st.registry.entries[i].name for i in self._cluster_rows()}
-        if set(wanted) != have:
-            self.apply_entries([ModelEntry(name=n, path="", kind="cluster",
-                                           source=f"cluster:{node}")
-                                for n, node in sorted(wanted.items())], "cluster")
+        reg = st.registry
+        local = {n for n, i in reg.names.items()
+                 if i not in st.removed and reg.entries[i].kind != "cluster"}
+        # a removed row keeps its aliases in the reload bookkeeping, which
+        # refuses a model of the same name: such a name waits for a restart
+        kept = {n: reg.entries[i].name for n, i in reg.names.items()
+                if i in st.removed and n != reg.entries[i].name}
+        wanted = {}
+        for n, node in names.items():
+            if n in local:
+                continue
+            if n in kept:
+                if n not in self.told_alias:
+                    self.told_alias.add(n)
+                    log.warning("cluster: %s (on node %s) stays unserved here: it is an alias "
+                                "of the removed model %s until this node restarts", n, node,
+                                kept[n])
+                continue
+            wanted[n] = node
+        have = self._cluster_names()
+        attempt = (frozenset(wanted), frozenset(have))
+        if set(wanted) == have or attempt == self.registry_tried:
+            return  # in line, or asked already and refused (logged): not every turn
+        self.apply_entries([ModelEntry(name=n, path="", kind="cluster", source=f"cluster:{node}")
+                            for n, node in sorted(wanted.items())], "cluster")
+        self.registry_tried = () if self._cluster_names() == set(wanted) else attempt
+
+    def _cluster_names(self) -> set[str]:
+        return {self.state.registry.entries[i].name for i in self._cluster_rows()}
 
     def _cluster_rows(self) -> list[int]:
         st = self.state
@@ -416,10 +463,11 @@ class ClusterNode:
         the model is ready or its load failed."""
         st = self.state
         for model in list(self.holding):
-            i = st.registry.resolve(model)
+            i = self._row(model)
             d = record["models"].get(model)
-            if i is None:
+            if i is None:  # removed from its sources meanwhile
                 self.holding.pop(model)
+                self._send("release", model=model)
                 continue
             loading = [r for r in st.replicas.values()
                        if r.model == i and r.status == L.ReplicaStatus.LOADING]
@@ -508,6 +556,12 @@ class ClusterNode:
                 self.close()
         elif self.child is None or now - self.left_ns > 2 * NS:
             st.stopping_all = True
+
+
+def _address(url: str) -> tuple[str, int]:
+    """``(host, port)`` of a node's advertised ``http://`` URL (port 80 if none)."""
+    u = urlsplit(url)
+    return u.hostname or "127.0.0.1", u.port or 80
 
 
 def _redact(url: str) -> str:

@@ -1,0 +1,419 @@
+"""The client APIs beside OpenAI's chat completions, on the proxy's port
+(DESIGN.md "Client APIs"; issue 14).
+
+* Translated routes (:data:`ROUTES`): the request goes through its
+  adapter (:mod:`ggmux.proxy.apis.adapters`) to a chat-completion request (or
+  ``/tokenize``, ``/v1/embeddings``), is forwarded by the proxy's own
+  forwarding (waiting for loads, balancing, retries), and its answer is
+  rewritten by :class:`~ggmux.proxy.apis.translate.TranslatedConnection`. For a
+  model whose replicas speak Anthropic's and the Responses API themselves
+  (kind ``cmd``, a llama-server, or ``upstream``) those two pass through
+  unchanged unless its preset says ``translate = true``; Ollama's API is
+  always translated (llama-server does not speak it).
+* Router-level answers: Ollama's ``/api/tags``, ``/api/ps``, ``/api/show``,
+  ``/api/version``; OpenAI's ``GET /v1/models/{id}``.
+* Ollama's ``keep_alive``: ``0`` unloads the model once the request is
+  answered (the supervisor's ``unload``); any other value replaces the
+  model's ttl until it unloads (the supervisor's ``keep_alive`` command;
+  negative: never unload for idleness). An empty ``prompt`` /
+  ``messages`` loads the model (``done_reason: "load"``) or, with
+  ``keep_alive: 0``, unloads it (``"unload"``), as Ollama does.
+* Names: ``NAME:latest`` resolves to ``NAME`` when no model is called that
+  (Ollama's default tag).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Protocol
+from urllib.parse import unquote
+
+import orjson
+
+from ...shm import layout as L
+from ..http import HttpConnection, Request
+from ..listing import model_object
+from ..modelinfo import ModelFacts
+from .adapters import anthropic, ollama, openai, responses, tools
+from .adapters.common import Adapter, BadRequest, Translated
+from .translate import ApiErrors, TranslatedConnection
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ...shm.segment import Segment
+    from ..http.upstream import Exchange
+    from ..waiting import ModelWaiters
+
+log = logging.getLogger(__name__)
+
+
+class Proxy(Protocol):
+    """What the client APIs need of their proxy worker
+    (:class:`~ggmux.proxy.server.Proxy`): its view of the registry and the
+    tables (``refresh`` brings it up to date), its waiters, the
+    supervisor's queue (``command``: False when full) and its forwarding
+    (:meth:`~ggmux.proxy.forward.Forwarding._forward`)."""
+
+    names: dict[str, int]
+    reg_models: list[dict]
+    errors: dict[str, str]
+    model_rows: np.ndarray
+    replica_rows: np.ndarray
+    ready: set[int]
+    seg: Segment
+    waiters: ModelWaiters
+
+    def refresh(self) -> None: ...
+
+    def command(self, cmd: dict) -> bool: ...
+
+    async def _forward(
+        self, conn: HttpConnection, req: Request, m: int, name: str, body: dict | None,
+        touch: bool = True, stream: bool = False, capture: bool = False,
+    ) -> Exchange | None: ...
+
+# path -> (adapter, passed through to replicas that speak it natively)
+ROUTES: dict[bytes, tuple[Adapter, bool]] = {
+    b"/v1/messages": (anthropic.Messages(), True),
+    b"/v1/messages/count_tokens": (anthropic.CountTokens(), True),
+    b"/v1/responses": (responses.Responses(), True),
+    b"/api/chat": (ollama.Chat(), False),
+    b"/api/generate": (ollama.Generate(), False),
+    b"/api/embed": (ollama.Embed(), False),
+    b"/api/embeddings": (ollama.Embeddings(), False),
+}
+NATIVE_KINDS = frozenset(("cmd", "upstream"))  # replica kinds that speak those APIs themselves
+CHAT_WITH_USAGE = openai.ChatWithUsage()
+_OLLAMA = ollama.Chat()  # for Ollama's error envelope
+_OPENAI = CHAT_WITH_USAGE  # for OpenAI's
+
+
+def resolve(names: dict[str, int], name: str) -> int | None:
+    """The model index ``name`` names: the name or alias itself, else
+    ``NAME`` for ``NAME:latest`` (Ollama's default tag)."""
+    m = names.get(name)
+    if m is None and name.endswith(":latest"):
+        m = names.get(name[:-7])
+    return m
+
+
+def wants_usage(body: dict) -> bool:
+    """A streamed chat completion that asks for the usage chunk
+    (``stream_options.include_usage``)."""
+    so = body.get("stream_options")
+    return body.get("stream") is True and isinstance(so, dict) and so.get("include_usage") is True
+
+
+def handles(path: bytes) -> bool:
+    """Whether :meth:`ClientApis.handle` answers ``path``."""
+    return (path in ROUTES or path[:5] == b"/api/" or path[:11] == b"/v1/models/"
+            or path[:14] == b"/v1/responses/")
+
+
+def adapter_for(path: bytes) -> Adapter:
+    """The adapter whose error envelope a request to ``path`` gets."""
+    route = ROUTES.get(path)
+    if route is not None:
+        return route[0]
+    return _OLLAMA if path[:5] == b"/api/" else _OPENAI
+
+
+def send_error(conn: HttpConnection, req: Request, status: int, message: str,
+               headers=()) -> None:
+    """An error in the envelope of the API that ``req``'s path belongs to."""
+    ctype, body = adapter_for(req.path).error(status, message)
+    conn.send_response(req, status, body, ctype, headers)
+
+
+def _model_path(mdl: dict) -> str | None:
+    """The GGUF file of a registry model, from its arguments."""
+    args = mdl.get("args") or []
+    for flag in ("--model", "-m"):
+        if flag in args:
+            i = args.index(flag)
+            if i + 1 < len(args):
+                return args[i + 1]
+    return None
+
+
+class ClientApis:
+    """The routes of the module docstring for one proxy worker."""
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+        self.facts = ModelFacts()
+
+    async def handle(self, conn: HttpConnection, req: Request) -> None:
+        """Answer a request whose path :func:`handles`."""
+        path, method = req.path, req.method
+        route = ROUTES.get(path)
+        if route is not None:
+            if method != b"POST":
+                send_error(conn, req, 405, f"{path.decode()} needs POST")
+                return
+            await self.translated(conn, req, route[0], route[1])
+            return
+        get = method in (b"GET", b"HEAD")
+        p = self.proxy
+        if path == b"/api/version" and get:
+            conn.send_json(req, 200, {"version": ollama.VERSION})
+        elif path == b"/api/tags" and get:
+            p.refresh()
+            models = [(mdl, await self._facts(mdl)) for mdl in p.reg_models
+                      if not mdl.get("removed")]
+            conn.send_json(req, 200, ollama.tags(models))
+        elif path == b"/api/ps" and get:
+            await self._ps(conn, req)
+        elif path == b"/api/show" and method == b"POST":
+            await self._show(conn, req)
+        elif path[:11] == b"/v1/models/" and get:
+            self._model_object(conn, req)
+        elif path[:14] == b"/v1/responses/":
+            send_error(conn, req, 400, responses.NOT_STORED.format(
+                what=f"{method.decode()} {path.decode('latin-1')}"))
+        else:
+            send_error(conn, req, 404 if path[:5] == b"/api/" else 405,
+                       f"no route for {method.decode()} {path.decode('latin-1')}")
+
+    # ---- translated requests ------------------------------------------------------
+    async def translated(self, conn: HttpConnection, req: Request, adapter: Adapter,
+                         native: bool = False, body: dict | None = None) -> None:
+        """Forward ``req`` through ``adapter`` (module docstring); ``body`` is
+        the request's JSON when the caller parsed it already."""
+        p = self.proxy
+        wrap = TranslatedConnection(conn, req, adapter)
+        if body is None:
+            try:
+                body = orjson.loads(req.body)
+            except orjson.JSONDecodeError as e:
+                wrap.send_error(req, 400, f"request body is not valid JSON: {e}")
+                return
+            if not isinstance(body, dict):
+                wrap.send_error(req, 400, "request body must be a JSON object")
+                return
+        name = body.get("model")
+        if not isinstance(name, str):
+            wrap.send_error(req, 400, "'model' must be a string naming a model"
+                            if name is not None else "missing 'model' in the request body")
+            return
+        p.refresh()
+        m = resolve(p.names, name)
+        if m is None:
+            wrap.send_error(req, 404, f"model '{name}' not found")
+            return
+        if native and p.reg_models[m].get("kind") in NATIVE_KINDS and not p.reg_models[m].get(
+                "translate"):
+            await p._forward(ApiErrors(conn, adapter), req, m, name, body,
+                             stream=body.get("stream") is True)
+            return
+        keep = None
+        try:
+            if adapter.name == "ollama":
+                keep = ollama.keep_alive_seconds(body.get("keep_alive"))
+                if isinstance(adapter, ollama.Chat) and _empty(body, adapter.generate):
+                    await self._load_or_unload(wrap, req, m, name, keep, adapter.generate)
+                    return
+                if (isinstance(adapter, ollama.Chat) and adapter.generate and not body.get("raw")
+                        and not body.get("system") and await self._without_template(m)):
+                    # Ollama's template of a model without one is the prompt alone
+                    body = {**body, "raw": True}
+            if isinstance(adapter, anthropic.CountTokens):
+                t = await self._count_request(wrap, req, adapter, m, name, body)
+                if t is None:
+                    return
+            else:
+                t = adapter.request(body)
+        except BadRequest as e:
+            wrap.send_error(req, e.status, str(e))
+            return
+        if t.images and not has_projector(p.reg_models[m]):
+            wrap.send_error(req, 400, tools.no_projector(name))
+            return
+        if name not in p.names:  # NAME:latest: the replica gets the registered name
+            t.body["model"] = p.reg_models[m]["name"]
+        wrap.t = t
+        req.body = orjson.dumps(t.body)
+        req.url = t.target
+        req.method = t.method
+        session = {"prompt_cache_key": t.session} if t.session else {}
+        try:
+            await p._forward(wrap, req, m, name, session, stream=t.stream)
+        finally:
+            if keep is not None:
+                self._keep_alive(m, name, keep)
+
+    async def _count_request(self, wrap: TranslatedConnection, req: Request,
+                             adapter: anthropic.CountTokens, m: int, name: str,
+                             body: dict) -> Translated | None:
+        """The ``/tokenize`` request that counts a ``count_tokens`` body:
+        of the prompt the replica's chat template renders (its
+        ``/apply-template``, forwarded as any request), or, when the replica
+        has no such route or cannot render, of the text alone
+        (:class:`~.adapters.anthropic.CountTokens`). None after answering
+        (the model failed to load, the client left, images for a model
+        without a projector)."""
+        p = self.proxy
+        t = adapter.template_request(body)
+        if t.images and not has_projector(p.reg_models[m]):
+            wrap.send_error(req, 400, tools.no_projector(name))
+            return None
+        t.body["model"] = p.reg_models[m]["name"]
+        req.body, req.url = orjson.dumps(t.body), t.target
+        ex = await p._forward(wrap, req, m, name, None, capture=True)
+        if ex is None:
+            return None
+        if ex.status == 499:
+            wrap.conn.finish(req)
+            return None
+        prompt = None
+        if ex.status == 200:
+            try:
+                prompt = orjson.loads(ex.body).get("prompt")
+            except (orjson.JSONDecodeError, AttributeError):
+                prompt = None
+        if isinstance(prompt, str):
+            return adapter.tokenize_request(body, prompt)
+        log.debug("%s: /apply-template answered %d: counting the text alone", name, ex.status)
+        return adapter.request(body)
+
+    def _keep_alive(self, m: int, name: str, seconds: float) -> None:
+        """Ollama's ``keep_alive`` after a request: 0 unloads the model, any
+        other value becomes its idle timer until it unloads (the
+        supervisor's ``keep_alive`` command; negative: never)."""
+        if seconds == 0:
+            log.info("%s: keep_alive 0: unloading after the request", name)
+            self.proxy.command({"op": "unload", "model": m})
+        else:
+            self.proxy.command({"op": "keep_alive", "model": m,
+                                "seconds": -1 if seconds == float("inf") else seconds})
+
+    async def _load_or_unload(self, wrap: TranslatedConnection, req: Request, m: int, name: str,
+                              keep: float | None, generate: bool) -> None:
+        """Ollama's empty request: load the model (answered once it is
+        ready), or with ``keep_alive: 0`` unload it."""
+        p = self.proxy
+        if keep == 0:
+            p.command({"op": "unload", "model": m})
+            reason = "unload"
+        else:
+            if m not in p.ready:
+                p.waiters.join(m)
+                try:
+                    outcome = await p.waiters.wait(m, req)
+                finally:
+                    p.waiters.leave(m)
+                if outcome == "gone":
+                    wrap.conn.finish(req)
+                    return
+                if outcome != "ready":
+                    wrap.send_error(req, 503, f"model '{name}' did not load ({outcome})",
+                                    headers=[(b"retry-after", b"5")])
+                    return
+            reason = "load"
+            if keep is not None:
+                self._keep_alive(m, name, keep)
+        out: dict = {"model": name, "created_at": ollama.created_at()}
+        if generate:
+            out["response"] = ""
+        else:
+            out["message"] = {"role": "assistant", "content": ""}
+        out.update(done=True, done_reason=reason)
+        wrap.conn.send_json(req, 200, out)
+
+    async def _without_template(self, m: int) -> bool:
+        """Whether model ``m`` is a GGUF file whose metadata has no chat
+        template (a base model); False when that cannot be read."""
+        f = await self._facts(self.proxy.reg_models[m])
+        return bool(f) and not f.get("template")
+
+    # ---- router-level answers ------------------------------------------------------
+    async def _facts(self, mdl: dict) -> dict:
+        path = _model_path(mdl)
+        if not path:
+            return {}
+        return await asyncio.get_running_loop().run_in_executor(None, self.facts.get, path)
+
+    async def _ps(self, conn: HttpConnection, req: Request) -> None:
+        p = self.proxy
+        p.refresh()
+        loaded = []
+        now_ns, wall = time.monotonic_ns(), time.time()
+        for i, mdl in enumerate(p.reg_models):
+            row = p.model_rows[i]
+            if mdl.get("removed") or int(row[L.M_STATUS]) not in (L.ModelStatus.LOADED,
+                                                                  L.ModelStatus.SLEEPING):
+                continue
+            facts = await self._facts(mdl)
+            ttl = mdl.get("ttl")
+            expires = None
+            if ttl:
+                reps = p.replica_rows
+                slots = [int(s) for s in (reps[:, L.R_MODEL] == i).nonzero()[0]]
+                used = max([int(p.seg.counters[:, s, L.C_LAST_USED_NS].max()) for s in slots]
+                           + [int(row[L.M_LAST_READY_NS])])
+                expires = wall + ttl - (now_ns - used) / 1e9
+            loaded.append((mdl, facts, int(row[L.M_MEM_EFFECTIVE]) or mdl.get("size_bytes", 0),
+                           # a request's context (ctx-size), as Ollama's num_ctx;
+                           # 0: the model's trained one
+                           expires, mdl.get("ctx_size") or facts.get("context_length") or 0))
+        conn.send_json(req, 200, ollama.ps(loaded))
+
+    async def _show(self, conn: HttpConnection, req: Request) -> None:
+        p = self.proxy
+        try:
+            body = orjson.loads(req.body)
+        except orjson.JSONDecodeError:
+            body = None
+        name = body.get("model", body.get("name")) if isinstance(body, dict) else None
+        if not isinstance(name, str):
+            send_error(conn, req, 400, "body must be {\"model\": \"<name>\"}")
+            return
+        p.refresh()
+        m = resolve(p.names, name)
+        if m is None:
+            send_error(conn, req, 404, f"model '{name}' not found")
+            return
+        mdl = p.reg_models[m]
+        facts = await self._facts(mdl)
+        doc = ollama.show(mdl, facts)
+        # whether chat requests have a template (measured, else the file's
+        # metadata): without one a client should use /api/generate raw
+        has = mdl.get("chat_template")
+        if isinstance(has, bool) or facts:
+            doc["has_chat_template"] = has if isinstance(has, bool) else bool(facts.get("template"))
+        conn.send_json(req, 200, doc)
+
+    def _model_object(self, conn: HttpConnection, req: Request) -> None:
+        """``GET /v1/models/{id}`` (ids may contain ``/``; URL-decoded)."""
+        p = self.proxy
+        p.refresh()
+        name = unquote(req.path[11:].decode("latin-1"))
+        m = resolve(p.names, name)
+        if m is None or p.reg_models[m].get("removed"):
+            conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
+            return
+        conn.send_json(req, 200, model_object(m, p.reg_models[m], p.model_rows[m], p.errors))
+
+
+# llama.cpp options that give a model its multimodal projector
+_PROJECTOR_FLAGS = frozenset(("--mmproj", "-mm", "--mmproj-url", "-mmu"))
+
+
+def has_projector(mdl: dict) -> bool:
+    """Whether a registry model can be sent images: its arguments name a
+    multimodal projector (llama.cpp's ``--mmproj``, the preset's
+    ``mmproj``), or it is a remote ``upstream``/``cluster`` model, whose
+    server judges for itself."""
+    if mdl.get("kind") in ("upstream", "cluster"):
+        return True
+    return any(a.split("=", 1)[0] in _PROJECTOR_FLAGS for a in mdl.get("args") or ())
+
+
+def _empty(body: dict, generate: bool) -> bool:
+    """Ollama's load/unload request: no prompt (generate) or no messages (chat)."""
+    if generate:
+        return not body.get("prompt") and not body.get("images")
+    return body.get("messages") in (None, [])

@@ -1,0 +1,253 @@
+"""The relay mode of a translated request: a replica's chat-completion
+answer, rewritten into the client's API as it streams.
+
+:class:`TranslatedConnection` stands in for the client's
+:class:`~ggmux.proxy.http.HttpConnection` wherever the forwarding code
+writes a response (the proxy's ``_forward`` and the
+:class:`~ggmux.proxy.http.upstream.Upstream` relay), so that code has no branch
+for any API: it writes OpenAI's answer (a head, SSE or JSON body, an error
+envelope, a keep-alive comment while the model loads) and this object
+writes the adapter's translation to the real connection instead:
+
+* a 200 SSE answer to a streaming request: the client's stream head goes
+  out at once (``Cache-Control: no-cache``, ``X-Accel-Buffering: no``), each
+  replica event is parsed (:class:`~.adapters.common.SseEvents`) and fed to
+  the adapter's :class:`~.adapters.common.StreamState`, ``[DONE]`` or the end
+  of the body closes it; an error event, from the replica or the proxy,
+  becomes the API's error event and the connection is closed (never a
+  clean end);
+* any other answer is buffered whole (LLM answers without streaming are
+  small) and translated at its end: a 200 JSON answer by the adapter (or,
+  to a streaming request, played through the stream state), an error
+  answer into the API's envelope with the replica's status; a replica that
+  dies before the end gets a 502 in the API's envelope, since nothing went
+  out yet;
+* backpressure is the real connection's: ``write_paused`` and
+  ``write_paused_cb`` are its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import orjson
+
+from ..http import Header, HttpConnection, Request
+from .adapters.common import Adapter, BadReply, SseEvents, StreamState, Translated
+
+log = logging.getLogger(__name__)
+
+class ApiErrors:
+    """The client connection unchanged, but for the proxy's own errors
+    (unknown model, a load that failed, every replica busy), which take the
+    API's envelope: how an API passed through to a replica that speaks it
+    answers when the proxy, not the replica, refuses."""
+
+    __slots__ = ("adapter", "conn")
+
+    def __init__(self, conn: HttpConnection, adapter: Adapter) -> None:
+        self.conn = conn
+        self.adapter = adapter
+
+    def __getattr__(self, name: str):
+        return getattr(self.conn, name)
+
+    @property
+    def write_paused_cb(self):
+        return self.conn.write_paused_cb
+
+    @write_paused_cb.setter
+    def write_paused_cb(self, cb) -> None:
+        self.conn.write_paused_cb = cb
+
+    def send_error(self, req: Request, status: int, message: str, code=None,
+                   headers: Iterable[Header] = (), **_extra) -> None:
+        ctype, body = self.adapter.error(status, message)
+        self.conn.send_response(req, status, body, ctype, headers)
+
+
+def _as_chunk(obj: dict) -> dict:
+    """A whole chat completion as one chunk (a replica that ignored ``stream``)."""
+    choices = []
+    for ch in obj.get("choices") or []:
+        if isinstance(ch, dict):
+            delta = ch.get("message") if isinstance(ch.get("message"), dict) else {}
+            choices.append({"index": ch.get("index", 0), "delta": delta, "text": ch.get("text"),
+                            "finish_reason": ch.get("finish_reason")})
+    out = {"choices": choices}
+    if "usage" in obj:
+        out["usage"] = obj["usage"]
+    return out
+
+
+class TranslatedConnection:
+    """The client connection as a translated request's forwarding sees it
+    (module docstring). One per request; ``t`` is set once the request was
+    translated (errors before that use only ``adapter.error``)."""
+
+    __slots__ = ("adapter", "buf", "conn", "ended", "req", "sse", "state", "status", "t")
+
+    def __init__(self, conn: HttpConnection, req: Request, adapter: Adapter,
+                 t: Translated | None = None):
+        self.conn = conn
+        self.req = req
+        self.adapter = adapter
+        self.t = t
+        self.state: StreamState | None = None  # set once our stream head went out
+        self.sse: SseEvents | None = None
+        self.buf: bytearray | None = None  # a whole answer being collected
+        self.status = 0
+        self.ended = False  # the stream's closing bytes went out
+
+    # ---- the connection interface the relay uses --------------------------------
+    @property
+    def write_paused(self) -> bool:
+        return self.conn.write_paused
+
+    @property
+    def write_paused_cb(self):
+        return self.conn.write_paused_cb
+
+    @write_paused_cb.setter
+    def write_paused_cb(self, cb) -> None:
+        self.conn.write_paused_cb = cb
+
+    def cork(self) -> None:
+        self.conn.cork()
+
+    def uncork(self) -> None:
+        self.conn.uncork()
+
+    def head(self, req: Request, status: int, headers: Iterable[Header], framing: bytes) -> bytes:
+        """Record the replica's answer head; nothing is written yet (the
+        translated head goes out from here for a stream, else at the end)."""
+        self.status = status
+        sse = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
+        if status == 200 and sse and self.t is not None and self.t.stream:
+            self.start_stream(req)
+        else:
+            self.buf = bytearray()
+        return b""
+
+    def write(self, data: bytes) -> None:
+        if data:  # only the (empty) head from :meth:`head` comes this way
+            self.conn.write(data)
+
+    def start_stream(self, req: Request, *_args, **_kw) -> None:
+        """Send the API's stream head (also while the model loads: the
+        proxy's keep-alives go into the same stream)."""
+        if self.state is not None:
+            return
+        self.state = self.adapter.stream(self.t)
+        self.sse = SseEvents()
+        self.conn.start_stream(req, content_type=self.state.content_type)
+
+    def send_chunk(self, data: bytes) -> None:
+        """Body bytes of the replica's answer (or the proxy's SSE comment
+        and error events on a stream it opened)."""
+        if self.buf is not None:
+            self.buf += data
+            return
+        state = self.state
+        if state is None or self.ended or state.failed:
+            return
+        for ev in self.sse.feed(data):
+            if ev == b"[DONE]":
+                self._close_stream()
+                return
+            if ev[:1] == b":":  # a keep-alive comment (the proxy's while the model loads)
+                if state.content_type == b"text/event-stream":
+                    self.conn.send_chunk(ev + b"\n\n")
+                continue
+            out = state.event(ev)
+            if out:
+                self.conn.send_chunk(out)
+            if state.failed:
+                return
+
+    def _close_stream(self) -> None:
+        if not self.ended:
+            self.ended = True
+            self.conn.send_chunk(self.state.end())
+
+    def end_stream(self, req: Request) -> None:
+        """The replica's answer ended cleanly: close the stream, or
+        translate the whole answer."""
+        if self.buf is not None:
+            self._whole(req)
+            return
+        state = self.state
+        if state is None:
+            self.conn.end_stream(req)
+            return
+        if state.failed:
+            self.conn.close()
+            self.conn.finish(req)
+            return
+        self._close_stream()
+        self.conn.end_stream(req)
+
+    def finish(self, req: Request) -> None:
+        self.conn.finish(req)
+
+    def close(self) -> None:
+        """The relay gives up mid-answer (the replica died, or sent an
+        error into a stream the proxy had opened)."""
+        if self.buf is not None:
+            # nothing went out yet: a proper error answer instead of a cut
+            self.buf = None
+            self.send_error(self.req, 502, "the replica failed before its answer was complete")
+            return
+        self.conn.close()
+
+    # ---- what the proxy uses -------------------------------------------------------
+    def send_error(self, req: Request, status: int, message: str, code=None,
+                   headers: Iterable[Header] = (), **_extra) -> None:
+        """The proxy's error, in the API's envelope (an error event when the
+        stream already began)."""
+        if self.state is not None:
+            if not self.ended:
+                self.conn.send_chunk(self.state.error(status, message))
+            self.conn.close()
+            self.conn.finish(req)
+            return
+        ctype, body = self.adapter.error(status, message)
+        self.conn.send_response(req, status, body, ctype, headers)
+
+    def send_response(self, req: Request, status: int, body: bytes,
+                      content_type: bytes = b"application/json",
+                      headers: Iterable[Header] = ()) -> None:
+        self.conn.send_response(req, status, body, content_type, headers)
+
+    # ---- whole answers ---------------------------------------------------------------
+    def _whole(self, req: Request) -> None:
+        data, status = bytes(self.buf), self.status
+        self.buf = None
+        adapter, t = self.adapter, self.t
+        if status >= 400:
+            ctype, body = adapter.replica_error(status, data)
+            self.conn.send_response(req, status, body, ctype)
+            return
+        if status != 200:
+            self.conn.send_response(req, status, data)
+            return
+        try:
+            obj = orjson.loads(data)
+            if not isinstance(obj, dict):
+                raise BadReply("the replica's answer is not a JSON object")
+            if t.stream:  # the replica answered whole: play it through the stream
+                self.start_stream(req)
+                state = self.state
+                out = state.chunk(_as_chunk(obj)) + state.end()
+                self.ended = True
+                self.conn.send_chunk(out)
+                self.conn.end_stream(req)
+                return
+            out = adapter.response(obj, t)
+        except (orjson.JSONDecodeError, BadReply) as e:
+            log.warning("untranslatable answer from the replica for %s: %s", req.path, e)
+            ctype, body = adapter.error(502, f"the replica's answer could not be translated: {e}")
+            self.conn.send_response(req, 502, body, ctype)
+            return
+        self.conn.send_response(req, 200, orjson.dumps(out))

@@ -1,0 +1,108 @@
+"""The open connections of one HTTP server: their count, their count per
+client address, and which of them may be closed under pressure.
+
+Idle connections must not lock clients out (issue 11, finding 10: 8,800
+connections that sent nothing filled both proxies' 4,096 slots, and a
+normal client got 503 on 123 of 136 requests for 75 s). So a connection is
+*sheddable* while closing it loses nothing: it is idle between keep-alive
+requests, it has not sent a whole request head yet (a new connection
+included), or it lingers after an error answer. Above
+``HttpLimits.shed_idle_at`` x ``max_connections`` open connections, each
+new one closes one sheddable connection, lingering ones first, then the
+one idle longest (nginx's ``reusable connections`` drained when
+``worker_connections`` run short, here before they do). A connection that
+is receiving a body or being answered is never shed.
+
+Every operation is O(1) (amortized for shedding): the sheddable set is an
+``OrderedDict`` in the order connections became sheddable, which
+:class:`~.connection.HttpConnection` updates itself: a connection whose head is
+complete only clears its ``sheddable`` flag (one store per request; it is
+dropped from the set when shedding meets it), and one whose response
+finished moves to the end (one ``move_to_end``). Proxies are separate
+processes: each one's registry holds its own connections.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+ADMITTED = 0
+""":meth:`ConnectionRegistry.admit`'s answer for a connection that may be served."""
+
+
+class Sheddable(Protocol):
+    """What the registry needs of a connection: ``sheddable`` says closing
+    it loses nothing now (an entry whose flag is clear is stale)."""
+
+    sheddable: bool
+
+    def shed(self) -> None:
+        """Close now, the registry having forgotten it already."""
+
+
+class ConnectionRegistry:
+    """Counts of one server's open connections and its sheddable ones.
+
+    ``count``: connections counted (admitted or being refused, until they
+    close or are shed); ``per_ip``: the same per client address, for the
+    connections that carry one; ``sheddable``: connection -> None, oldest
+    first (see the module docstring); ``shed``: connections closed under
+    pressure so far. An entry of ``sheddable`` whose connection's flag is
+    clear is stale (it became busy) and is dropped when met."""
+
+    __slots__ = ("count", "per_ip", "shed", "sheddable")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.per_ip: dict[str, int] = {}
+        self.sheddable: OrderedDict[Sheddable, None] = OrderedDict()
+        self.shed = 0
+
+    def admit(self, ip: str | None, max_connections: int, per_ip: int,
+              shed_above: float) -> int:
+        """Count a new connection from client address ``ip`` (None: no
+        address, not capped). Returns :data:`ADMITTED`, or the status to
+        refuse it with: 429 when ``ip`` has more than ``per_ip`` connections
+        (0: no cap), 503 when more than ``max_connections`` are open and
+        none was sheddable. Above ``shed_above`` open connections, one
+        sheddable connection is closed first. A refused connection stays
+        counted until it closes (its descriptor is still open)."""
+        self.count += 1
+        if ip is not None and per_ip:
+            n = self.per_ip.get(ip, 0) + 1
+            self.per_ip[ip] = n
+            if n > per_ip:
+                return 429
+        if self.count > shed_above or self.count > max_connections:
+            self.shed_one()
+        if self.count > max_connections:
+            return 503
+        return ADMITTED
+
+    def leave(self, conn: Sheddable, ip: str | None) -> None:
+        """Forget ``conn`` (from ``ip``, as given to :meth:`admit`)."""
+        self.count -= 1
+        self.sheddable.pop(conn, None)
+        if ip is not None:
+            n = self.per_ip.get(ip, 0) - 1
+            if n > 0:
+                self.per_ip[ip] = n
+            else:
+                self.per_ip.pop(ip, None)
+
+    def shed_one(self) -> bool:
+        """Close the first sheddable connection; False when there is none.
+        Stale entries met on the way are dropped (each once per busy
+        period: amortized O(1))."""
+        pop = self.sheddable.popitem
+        while self.sheddable:
+            conn, _ = pop(last=False)
+            if conn.sheddable:
+                self.shed += 1
+                conn.shed()
+                return True
+        return False

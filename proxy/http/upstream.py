@@ -1,0 +1,788 @@
+"""Forwarding one request to a replica and streaming its answer back.
+
+An :class:`Upstream` is a keep-alive connection to one replica, kept in a
+:class:`~ggmux.proxy.http.pool.UpstreamPool` between requests. Its httptools response-parser
+callbacks write straight to the client's connection (no queue, no task per
+chunk):
+
+* the response head is rewritten: hop-by-hop headers dropped (RFC 9110
+  7.6.1: the fixed list and whatever ``Connection`` names, in both
+  directions), exactly one framing header (the replica's
+  ``content-length``, else chunked, which the client core turns into a
+  close-delimited body for HTTP/1.0), the client's ``x-request-id``
+  forwarded to the replica and echoed back;
+* backpressure both ways: a client whose transport pauses writing pauses
+  reading from the replica until it resumes, so a slow reader holds at most
+  the transport's high-water mark plus one read;
+* a client that disconnects closes the replica connection, which ends the
+  generation in the instance;
+* a replica that dies mid-body ends the client's response with an SSE
+  error event and an unterminated chunked body (never a clean end); before
+  the head it is an :class:`UpstreamError` (a 502 for the caller), which
+  says whether the replica may have received the request (``delivered``:
+  then it is never sent again, issue 11: a request that crashes its
+  replica must not crash the replacement too). The kernel tells: a
+  connection that ends with no answer was delivered when it ended with a
+  clean close (FIN) after the replica's TCP acknowledged every byte we
+  wrote (``TCP_INFO``'s ``bytes_acked``). A replica already dead or
+  closing acknowledges nothing and answers a write with a reset; one that
+  dies before reading what its TCP acknowledged resets the connection
+  (Linux closes a socket with unread data so): neither got the request.
+  A server that shuts its socket down with the request unread sends a FIN
+  and then the reset (cpp-httplib does so after every streamed answer of
+  llama-server: ``shutdown``, then ``close``), so a close with no answer
+  is judged :data:`EOF_SETTLE_S` later, by whether a reset followed. A
+  server that reads and drops it before closing (cpp-httplib drains the
+  socket after every streamed answer of llama-server) cannot be told from
+  one that died with it: a replica seen closing an idle connection just
+  after a chunked answer (within :data:`CLOSES_AFTER_STREAM_S`) is
+  remembered (``UpstreamPool.closes_after_chunked``), and its connections
+  are closed after a chunked answer instead of being pooled;
+* :meth:`~ggmux.proxy.http.pool.UpstreamPool.forward` retries once, on a fresh connection, when a
+  pooled connection turns out to have been closed by the replica before it
+  got the request (the keep-alive race every pooling proxy has, or a
+  replica that died while idle);
+* timeouts (issue 11, a hung replica): no response byte within the
+  model's first-byte timeout, or nothing for ``stream_idle_ns`` once it
+  answered, ends the exchange (504, or an SSE error event mid-stream); one
+  sweep a quarter second checks the exchanges in flight, so a request
+  costs no timer;
+* the replica's verdict on itself: :data:`~ggmux.proxy.http.verdict.REPLICA_HEADER`
+  (``fault``: its own failure; ``refused``: it is stopping or asleep and did
+  not act on the request, which may go elsewhere), read from the head and
+  not relayed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import httptools
+
+from .connection import (
+    CHUNKED,
+    ERROR_CODES,
+    Header,
+    HttpConnection,
+    Request,
+    error_body,
+    status_line,
+)
+from .request import HOP, TENANT, TOKEN
+from .usage import USAGE_HEADER
+from .verdict import REPLICA_HEADER, replica_fault
+
+log = logging.getLogger(__name__)
+
+
+class Pool(Protocol):
+    """What an :class:`Upstream` needs of the pool that holds it
+    (:class:`~ggmux.proxy.http.pool.UpstreamPool`): the connections with an
+    exchange in flight (``active``), the replicas seen closing after a
+    chunked answer, the stream-idle limit (ns; 0: none), why a cut stream
+    ends while the proxy stops (``closing``; empty: it does not), whether
+    each answer's first :data:`KEEP_BYTES` are kept (``keep_bodies``), and
+    taking a connection back (``release``) or dropping it (``forget``)."""
+
+    active: set[Upstream]
+    closes_after_chunked: set[int | tuple[str, int]]
+    stream_idle_ns: int
+    closing: str
+    keep_bodies: bool
+
+    def release(self, up: Upstream) -> None: ...
+
+    def forget(self, up: Upstream) -> None: ...
+
+# RFC 9110 7.6.1 connection-specific headers
+HOP_BY_HOP = frozenset(
+    (
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    )
+)
+_TCPI_BYTES_ACKED = 120  # offset of tcpi_bytes_acked in Linux's struct tcp_info (u64)
+_TCP_CLOSE = 7  # tcpi_state (the struct's first byte) once a reset came
+EOF_SETTLE_S = 0.01  # after a close with no answer, how long a reset may take to follow
+CLOSES_AFTER_STREAM_S = 0.1  # an idle close this soon after a chunked answer: the server's habit
+KEEP_BYTES = 64 << 10  # of an answer's body kept for the request ring's excerpt (when kept)
+
+
+def _reset(transport: asyncio.BaseTransport | None) -> bool:
+    """Whether the peer reset the connection (``tcpi_state`` is CLOSE);
+    False when the kernel does not say."""
+    try:
+        sock = transport.get_extra_info("socket")
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == _TCP_CLOSE
+    except (AttributeError, OSError, IndexError, ValueError):
+        return False
+
+
+def _bytes_acked(transport: asyncio.BaseTransport | None) -> int:
+    """Bytes of ours the peer's TCP acknowledged, counting the SYN as one;
+    -1 when the kernel does not say (not Linux, socket gone)."""
+    try:
+        sock = transport.get_extra_info("socket")
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCPI_BYTES_ACKED + 8)
+        return struct.unpack_from("Q", info, _TCPI_BYTES_ACKED)[0]
+    except (AttributeError, OSError, struct.error, ValueError):
+        return -1
+
+
+# never copied to the replica: framing, Host and request id are our own,
+# the core already answered any Expect, and the client's credentials are
+# for ggmux alone (issue 11: a local replica gets only its secret, an
+# upstream only its own api-key), and so are the cluster's hop header and
+# token (a forward to another node adds its own: proxy.cluster.hop_headers)
+_REQUEST_DROP = HOP_BY_HOP | {b"content-length", b"host", b"expect", b"x-request-id",
+                              b"authorization", b"x-api-key", HOP, TOKEN, TENANT}
+# never copied to the client: the client core sets framing and the id; the
+# replica's verdict on itself is for the proxy
+_RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"x-request-id", REPLICA_HEADER, USAGE_HEADER}
+# an SSE answer carries these whatever the replica sent, so a buffering
+# reverse proxy in front does not hold the stream back (issue 14)
+_SSE_HEADERS = ((b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"))
+
+
+class UpstreamError(Exception):
+    """The replica could not be reached or failed before answering.
+
+    ``stale``: the failure was a pooled keep-alive connection that the
+    replica had closed before it answered anything (the keep-alive race:
+    worth one retry on a fresh connection, and no verdict on the replica).
+    ``delivered``: the replica may have received the request before it
+    failed (closed the connection, sent garbage, timed out): the request is
+    not sent again anywhere. ``timeout``: no response within the first-byte
+    timeout (a 504). ``refused``: the replica answered that it did not act
+    on the request (stopping or asleep): it may go to another replica, and
+    says nothing about this one's health. ``habit``: delivered, but on a
+    pooled connection the replica closed just after a chunked answer, as a
+    server that closes after every streamed answer does (cpp-httplib); if
+    the replica process lives on, it dropped the request unread. With none
+    set, nothing reached the replica (connect error)."""
+
+    def __init__(self, message: str, stale: bool = False, delivered: bool = False,
+                 timeout: bool = False, refused: bool = False, habit: bool = False) -> None:
+        super().__init__(message)
+        self.stale = stale
+        self.delivered = delivered
+        self.timeout = timeout
+        self.refused = refused
+        self.habit = habit
+
+
+@dataclass(slots=True)
+class Exchange:
+    """The outcome of one forwarded request.
+
+    ``status``: the replica's status (499 when the client left first, 502
+    when the replica died mid-body); ``sent_ns`` / ``first_byte_ns``:
+    ``time.monotonic_ns()`` when the request was written and when the first
+    body byte came back (0: none); ``bytes_out``: body bytes relayed;
+    ``retried``: a stale pooled connection was replaced; ``fault``: the
+    outcome is the replica's fault (:func:`~ggmux.proxy.http.verdict.replica_fault`
+    of the head, or it died or went silent mid-body); ``timed_out``: the
+    stream-idle timeout ended it; ``headers`` / ``body``: the response,
+    when it was captured rather than relayed.
+
+    What the request ring records of the answer without reading it
+    (:mod:`.usage`): ``usage``, the replica's :data:`~.usage.USAGE_HEADER`
+    value (head or trailer), None without one; ``sse``: it was an event
+    stream, ``events`` its ``data:`` events; ``tail``: its last body read;
+    ``kept``: its body's first :data:`KEEP_BYTES`, only when the pool
+    keeps bodies (``--log-requests-bodies``), else None."""
+
+    status: int = 0
+    sent_ns: int = 0
+    first_byte_ns: int = 0
+    bytes_out: int = 0
+    retried: bool = False
+    fault: bool = False
+    timed_out: bool = False
+    headers: list | None = None
+    body: bytes = b""
+    usage: bytes | None = None
+    sse: bool = False
+    events: int = 0
+    tail: bytes = b""
+    kept: bytearray | None = None
+
+
+class Upstream(asyncio.Protocol):
+    """One keep-alive connection to a replica (see module docstring)."""
+
+    __slots__ = (
+        "_on_gone",
+        "_on_paused",
+        "_resp_chunked",
+        "_resp_keepalive",
+        "_settle",
+        "acked",
+        "capture",
+        "client",
+        "closed",
+        "conn_tokens",
+        "deadline_ns",
+        "err_body",
+        "ex",
+        "finished",
+        "got_bytes",
+        "head_sent",
+        "headers",
+        "idle_ns",
+        "junk",
+        "key",
+        "mark",
+        "on_done",
+        "on_head",
+        "parser",
+        "paused",
+        "pool",
+        "req",
+        "reused",
+        "sent_total",
+        "sse",
+        "status",
+        "transport",
+        "until_close",
+    )
+
+    def __init__(self, pool: Pool, key: int | tuple[str, int]) -> None:
+        self.pool = pool
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.parser: httptools.HttpResponseParser | None = None
+        self.client: HttpConnection | None = None  # set while an exchange runs
+        self.req: Request | None = None
+        self.on_done: Callable[[Exchange | UpstreamError], None] | None = None
+        self.on_head: Callable[[Exchange], None] | None = None
+        self.ex = Exchange()
+        self.closed = False
+        self.reused = False  # taken from the pool (may be stale)
+        self.got_bytes = False  # the replica answered something to this request
+        self.head_sent = False
+        self.capture = False  # collect the response into the Exchange, relay nothing
+        self.sse = False
+        self.status = 0
+        self.headers: list[Header] = []
+        self.conn_tokens: tuple[bytes, ...] = ()
+        self.mark: bytes | None = None  # the replica's REPLICA_HEADER
+        self.until_close = False  # body ends when the replica closes
+        self.paused = False
+        self._resp_keepalive = True
+        self._resp_chunked = False  # the last answer came chunked
+        self.idle_ns = 0  # when it last went back to the pool
+        self.err_body: bytearray | None = None
+        self.finished = False  # the response is whole (completed at the end of the read)
+        self.junk = False  # the replica sent more than the response: not reused
+        self.deadline_ns = 0  # the exchange times out after this (0: never)
+        self.sent_total = 1  # bytes written on this connection, the SYN counted as TCP does
+        self.acked = -1  # bytes_acked when the replica closed (-1: unknown)
+        self._settle: asyncio.TimerHandle | None = None  # judging a close with no answer
+        self._on_paused = self._client_paused  # bound once, not per request
+        self._on_gone = self._client_gone
+
+    @property
+    def first_byte_ns(self) -> int:
+        """First body byte of the current (or last) exchange, 0 if none."""
+        return self.ex.first_byte_ns
+
+    # ---- asyncio.Protocol ----------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def eof_received(self) -> bool:
+        # the socket is still open here: what did the replica acknowledge?
+        if self.client is not None and not self.got_bytes:
+            self.acked = _bytes_acked(self.transport)
+            # a reset may follow the FIN (the request was unread): keep the
+            # socket a moment to see it (see the module docstring)
+            self._settle = asyncio.get_running_loop().call_later(EOF_SETTLE_S, self._eof_settled)
+            return True
+        return False
+
+    def _closes_after_stream(self) -> bool:
+        """Whether the replica closed this connection within
+        :data:`CLOSES_AFTER_STREAM_S` of the chunked answer before (its
+        habit); the pool then remembers the replica so."""
+        if not (self._resp_chunked and self.idle_ns
+                and time.monotonic_ns() - self.idle_ns < CLOSES_AFTER_STREAM_S * 1e9):
+            return False
+        if self.key not in self.pool.closes_after_chunked:
+            log.info("replica %s closes its connection after a chunked answer: "
+                     "not pooled after one from now on", self.key)
+            self.pool.closes_after_chunked.add(self.key)
+        return True
+
+    def _eof_settled(self) -> None:
+        """:data:`EOF_SETTLE_S` after a close with no answer: a reset means
+        the replica never read the request."""
+        self._settle = None
+        if self.closed:
+            return
+        reset = _reset(self.transport)
+        self.closed = True
+        self.pool.forget(self)
+        self._fail("replica closed the connection" + (" (reset: request unread)" if reset else ""),
+                   delivered=False if reset else None)
+        self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._settle is not None:
+            self._settle.cancel()
+            self._settle = None
+        self.closed = True
+        self.pool.forget(self)
+        if self.client is None:
+            self._closes_after_stream()
+            return
+        if self.until_close and self.head_sent and exc is None:
+            self._complete()  # a close-delimited body ends here
+        elif exc is None:
+            if self.acked < 0 and not self.got_bytes:
+                self.acked = _bytes_acked(self.transport)
+            self._fail("replica closed the connection")
+        else:
+            # a reset: the replica's socket was gone, or closed with our
+            # request unread (a clean close after reading it is a FIN)
+            self._fail(f"replica connection lost: {exc}",
+                       delivered=False if isinstance(exc, ConnectionResetError) else None)
+
+    def data_received(self, data: bytes) -> None:
+        client = self.client
+        if client is None:
+            # bytes on an idle connection: the replica is confused, drop it
+            self.closed = True
+            self.transport.close()
+            return
+        self.got_bytes = True
+        idle = self.pool.stream_idle_ns
+        if idle:
+            self.deadline_ns = time.monotonic_ns() + idle
+        client.cork()  # what this read produces leaves in one write
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            self.closed = True
+            self.transport.close()
+            if not self.finished:
+                self._fail(f"bad response from replica: {e}")
+            # else: bytes after a whole response; it stands, the connection goes
+        finally:
+            if self.finished and self.client is client:
+                # completed only now that the parser is done with this read: the
+                # connection may go straight to the next (pipelined) request,
+                # which must not see the rest of this read
+                self._complete()
+            else:
+                client.uncork()
+
+    # ---- one exchange ------------------------------------------------------------
+    def send(
+        self,
+        client: HttpConnection,
+        req: Request,
+        data: bytes,
+        on_done: Callable[[Exchange | UpstreamError], None],
+        first_byte_ns: int = 0,
+        on_head: Callable[[Exchange], None] | None = None,
+        capture: bool = False,
+    ) -> None:
+        """Write a whole request and relay the response to ``client``.
+
+        ``on_done`` is called exactly once, possibly before this returns:
+        with the :class:`Exchange` when the response was relayed (status
+        499: the client left first; 502: the replica died mid-body; 504: it
+        went silent mid-body), or with an :class:`UpstreamError` when
+        nothing reached the client. ``first_byte_ns``: no response byte
+        within this many nanoseconds ends it (0: no limit). ``on_head`` is
+        called with the Exchange (``status``, ``fault`` set) when the head
+        arrives. ``capture``: nothing is relayed; the Exchange comes back
+        with ``headers`` (as relayed) and ``body``, for the caller to
+        answer (a failure is then always an UpstreamError)."""
+        self.client = client
+        self.req = req
+        if self.parser is None:  # kept across keep-alive exchanges
+            self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers = []
+        self.conn_tokens = ()
+        self.mark = None
+        self.head_sent = False
+        self.got_bytes = False
+        self.sse = False
+        self.until_close = False
+        self.err_body = None
+        self.finished = False
+        self.capture = capture
+        self.on_head = on_head
+        now = time.monotonic_ns()
+        self.ex = Exchange(sent_ns=now)
+        if self.pool.keep_bodies:
+            self.ex.kept = bytearray()
+        self.deadline_ns = now + first_byte_ns if first_byte_ns else 0
+        self.sent_total += len(data)
+        self.on_done = on_done
+        self.pool.active.add(self)
+        client.write_paused_cb = self._on_paused
+        req.on_disconnect = self._on_gone
+        try:
+            self.transport.write(data)
+        except RuntimeError as e:  # closed under us since acquire(): nothing went out
+            self.closed = True
+            self._fail(f"replica connection closed: {e}", delivered=False)
+            return
+        if client.write_paused:
+            self._client_paused(True)
+
+    def _client_paused(self, paused: bool) -> None:
+        if self.closed or paused == self.paused:
+            return
+        self.paused = paused
+        if paused:
+            self.transport.pause_reading()
+        else:
+            self.transport.resume_reading()
+
+    def _client_gone(self) -> None:
+        # closing the replica connection is how the instance learns the
+        # client left: it stops generating instead of finishing for nobody
+        _, _, done = self._detach()
+        self.closed = True
+        self.transport.close()
+        if done is not None:
+            self.ex.status = 499
+            done(self.ex)
+
+    def _detach(self) -> tuple[HttpConnection, Request, Callable | None]:
+        client, req, done = self.client, self.req, self.on_done
+        self.client = self.req = self.on_done = self.on_head = None
+        self.pool.active.discard(self)
+        if client is not None:
+            client.write_paused_cb = None
+            req.on_disconnect = None
+        return client, req, done
+
+    # ---- parser callbacks --------------------------------------------------------
+    # Once the response is whole (``finished``), anything more the replica
+    # sends in the same read is junk: ignored, and the connection is not
+    # reused (an answer nobody asked for must not become the next request's).
+    def on_message_begin(self) -> None:
+        if self.finished:
+            self.junk = True
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.finished:
+            return
+        if self.head_sent:  # a trailer: only the usage line is read, nothing relayed
+            if name.lower() == USAGE_HEADER:
+                self.ex.usage = value
+            return
+        name = name.lower()
+        if name == b"connection":
+            v = value.lower()
+            if v != b"keep-alive" and v != b"close":  # those name no header to drop
+                self.conn_tokens += tuple([t.strip() for t in v.split(b",")])
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        if self.finished:
+            return
+        p = self.parser
+        status = p.get_status_code()
+        if status < 200:  # interim (100 Continue ...): not forwarded
+            self.headers = []
+            self.conn_tokens = ()
+            return
+        self.status = status
+        self._resp_keepalive = p.should_keep_alive()
+        self._resp_chunked = False
+        client, req = self.client, self.req
+        framing = CHUNKED
+        upstream_chunked = False
+        tokens = self.conn_tokens
+        out = []
+        for k, v in self.headers:
+            if k in _RESPONSE_DROP:
+                if k == b"content-length":
+                    framing = b"content-length: %s\r\n" % v
+                elif k == b"transfer-encoding":
+                    upstream_chunked = True
+                    self._resp_chunked = True
+                elif k == REPLICA_HEADER:
+                    self.mark = v.strip().lower()
+                elif k == USAGE_HEADER:
+                    self.ex.usage = v
+                continue
+            if tokens and k in tokens:
+                continue
+            if k == b"content-type" and v.startswith(b"text/event-stream"):
+                self.sse = True
+            out.append((k, v))
+        if self.sse:
+            self.ex.sse = True
+            names = {k for k, _ in out}
+            out += [h for h in _SSE_HEADERS if h[0] not in names]
+        if status >= 500:
+            if self.mark == b"refused":
+                # it did not act on the request (stopping, asleep): the
+                # caller may send it elsewhere; this response is not relayed
+                self.finished = True  # the rest of this read is ignored
+                self.closed = True
+                self.transport.close()
+                _, _, done = self._detach()
+                if done is not None:
+                    done(UpstreamError(f"the replica did not take the request ({status})",
+                                       refused=True))
+                return
+            self.ex.fault = replica_fault(status, self.mark)
+        self.until_close = (
+            framing is CHUNKED
+            and not upstream_chunked
+            and status != 204
+            and status != 304
+            and not req.head_only
+        )
+        if self.on_head is not None:
+            self.ex.status = status
+            self.on_head(self.ex)
+        if self.capture:
+            self.head_sent = True  # (to the caller, not the client)
+            self.ex.headers = out
+            self.err_body = bytearray()
+            if req.head_only:
+                self.parser = None
+                self.finished = True
+            return
+        if req.preheaded:
+            # the proxy already sent a 200 SSE head (keep-alives while the
+            # model loaded): relay the body into it; an error answer becomes
+            # an SSE error event
+            self.head_sent = True
+            self.sse = True
+            if status >= 400:
+                self.err_body = bytearray()
+            return
+        client.write(client.head(req, status, out, framing))
+        self.head_sent = True
+        if req.head_only:
+            # the parser cannot be told the request was HEAD and would wait
+            # for the body the headers announce; the next send gets a new one
+            self.parser = None
+            self.finished = True
+
+    def on_body(self, body: bytes) -> None:
+        if self.finished:  # a body after HEAD's head, or after the response
+            self.junk = True
+            return
+        client = self.client
+        if self.err_body is not None:
+            self.err_body += body
+            return
+        ex = self.ex
+        if not ex.first_byte_ns:
+            ex.first_byte_ns = time.monotonic_ns()
+        client.send_chunk(body)
+        ex.bytes_out += len(body)
+        ex.tail = body  # the usage, when the replica sends no usage line
+        if self.sse:
+            ex.events += body.count(b"data: ")
+        kept = ex.kept
+        if kept is not None and len(kept) < KEEP_BYTES:
+            kept += body
+        if client.write_paused and not self.paused and not self.closed:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def on_message_complete(self) -> None:
+        if self.status == 0 or self.finished:  # interim response, or junk
+            return
+        self.finished = True  # data_received completes the exchange
+
+    def _complete(self) -> None:
+        client, req, done = self._detach()
+        # this exchange's outcome, taken before the connection can be reused:
+        # ending the response may start the client's next pipelined request,
+        # which may take this very connection (and a new Exchange) at once
+        ex = self.ex
+        ex.status = self.status
+        err = self.err_body
+        self.err_body = None
+        if self.paused and not self.closed:
+            self.paused = False
+            self.transport.resume_reading()
+        if (self._resp_keepalive and not self.closed and not self.until_close and not self.junk
+                and not (self._resp_chunked and self.key in self.pool.closes_after_chunked)):
+            self.pool.release(self)
+        elif not self.closed:
+            self.closed = True
+            self.transport.close()
+        if self.capture:
+            ex.body = bytes(err) if err is not None else b""
+        elif err is not None:
+            client.send_chunk(b"data: " + (bytes(err) or b'{"error":{}}') + b"\n\n")
+            client.close()  # an error: no clean end
+            client.finish(req)
+        else:
+            client.cork()  # (a close-delimited body ends outside data_received)
+            client.end_stream(req)
+        # the bookkeeping (the in-flight count) before the end leaves: a
+        # client that saw its response end must never find it still in flight
+        # (issue 22: GET /ps right after a stream showed it, on a busy host)
+        if done is not None:
+            done(ex)
+        client.uncork()
+
+    # ---- failure ---------------------------------------------------------------------
+    def _fail(self, why: str, delivered: bool | None = None) -> None:
+        """Nothing more will come for the exchange. ``delivered``: whether
+        the replica got the request; None: decide (see the module
+        docstring); False: certainly not (a write that failed, a reset)."""
+        client, req, done = self._detach()
+        if client is None or done is None:
+            return
+        habit = False
+        if not self.head_sent or self.capture:
+            if self.got_bytes:
+                delivered = True  # it answered something: it had the request
+            elif delivered is None:
+                # no answer at all, then a clean close: delivered if the
+                # replica's TCP took every byte (it read the request, then
+                # died or hung up); unknown, a pooled connection counts as
+                # the keep-alive race and a fresh one as delivered
+                acked = self.acked
+                delivered = acked >= self.sent_total if acked >= 0 else not self.reused
+                # most likely the server's habit, not a crash
+                habit = delivered and self.reused and self._closes_after_stream()
+            stale = self.reused and not self.got_bytes and not delivered
+            done(UpstreamError(why, stale=stale, delivered=delivered, habit=habit))
+            return
+        if self.pool.closing:  # the replica went with the server
+            self._cut(client, req, done, self.pool.closing, 503, "unavailable_error", False)
+            return
+        # the code a 502 before the head gets too (proxy.answers.replica_failed)
+        self._cut(client, req, done, why, 502, "server_error", code="replica_died")
+
+    def _cut(self, client: HttpConnection, req: Request, done: Callable, why: str,
+             status: int, type_: str, fault: bool = True, code: str | None = None) -> None:
+        """End a relayed body short: an SSE client is told why in an error
+        event (``code``: the status's own unless given), then the body is
+        cut (no terminating chunk) so no client can mistake it for a clean
+        end (an HTTP/1.0 client, whose body ends at the close, has only the
+        event to go by)."""
+        if self.sse:
+            code = code or ERROR_CODES.get(status, status)
+            client.send_chunk(b"data: " + error_body(why, type_, code) + b"\n\n")
+        ex = self.ex
+        ex.status = status
+        ex.fault = fault
+        client.close()
+        client.finish(req)
+        done(ex)
+
+    def time_out(self) -> None:
+        """The exchange's deadline passed (see :class:`~ggmux.proxy.http.pool.UpstreamPool`):
+        before the response head, an :class:`UpstreamError` with
+        ``timeout`` (the caller answers 504); mid-body, the body is cut with
+        an SSE error event and the Exchange has status 504 and
+        ``timed_out``. Either way the connection is closed, which ends the
+        generation in an instance that is merely slow."""
+        client, req, done = self._detach()
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+        if client is None or done is None:
+            return
+        pool = self.pool
+        if not self.got_bytes or not self.head_sent or self.capture:
+            limit = (f"{pool.stream_idle_ns / 1e9:g} s (--stream-idle-timeout)" if self.got_bytes
+                     else "the first-byte timeout (--first-byte-timeout)")
+            done(UpstreamError(f"no response from the replica within {limit}",
+                               delivered=True, timeout=True))
+            return
+        self.ex.timed_out = True
+        self._cut(client, req, done, "the replica sent nothing for "
+                  f"{pool.stream_idle_ns / 1e9:g} s (--stream-idle-timeout)", 504, "timeout_error")
+
+    def abort(self, why: str) -> None:
+        """End the exchange now because the proxy stops (issue 11: nothing
+        accepted is dropped without an answer): before the head the client
+        gets a 503 ``shutting_down``, mid-body an SSE error event and a cut
+        body. The Exchange (status 503, no fault) goes to ``on_done``."""
+        client, req, done = self._detach()
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+        if client is None or done is None:
+            return
+        if self.head_sent and not self.capture:
+            self._cut(client, req, done, why, 503, "unavailable_error", fault=False)
+            return
+        self.ex.status = 503
+        if req.preheaded:
+            client.send_chunk(b"data: " + error_body(why, "unavailable_error", "shutting_down")
+                              + b"\n\n")
+            client.close()
+            client.finish(req)
+        else:
+            client.send_error(req, 503, why, code="shutting_down",
+                              headers=[(b"retry-after", b"5")])
+        done(self.ex)
+
+
+def request_head(
+    req: Request,
+    port: int,
+    body_len: int,
+    extra: Iterable[Header] = (),
+    host: bytes = b"127.0.0.1",
+    target: bytes | None = None,
+    auth: bytes = b"",
+    tenant: bytes = b"",
+) -> bytes:
+    """The request head sent to a replica: same method and target (or
+    ``target``), our own Host, Content-Length and ``x-request-id`` (the
+    client's id), hop-by-hop headers and the client's credentials
+    (``authorization``, ``x-api-key``) removed (the fixed list and those
+    the client's ``Connection`` header names), ``extra`` headers appended,
+    then ``auth``: whole header lines (``b"authorization: ...\\r\\n"``,
+    the replica's own credential) or nothing, and ``tenant`` as
+    ``x-ggmux-tenant`` when given (a client's own never passes)."""
+    url = req.url if target is None else target
+    parts = [b"%s %s HTTP/1.1\r\nhost: %s:%d\r\n" % (req.method, url, host, port)]
+    tokens = req.conn_tokens
+    for k, v in req.headers:
+        if k in _REQUEST_DROP or (tokens and k in tokens):
+            continue
+        parts.append(b"%s: %s\r\n" % (k, v))
+    for k, v in extra:
+        parts.append(b"%s: %s\r\n" % (k, v))
+    if tenant:
+        parts.append(b"%s: %s\r\n" % (TENANT, tenant))
+    parts.append(b"%sx-request-id: %s\r\ncontent-length: %d\r\n\r\n"
+                 % (auth, req.request_id, body_len))
+    return b"".join(parts)
+
+
+__all__ = [
+    "HOP_BY_HOP",
+    "Exchange",
+    "Upstream",
+    "UpstreamError",
+    "request_head",
+    "status_line",
+]

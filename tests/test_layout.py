@@ -1,0 +1,135 @@
+"""The package's layering (DESIGN.md "Processes"; issue 21), read from the
+source with ``ast``: no import circle anywhere in supervisor/, proxy/,
+instance/ and shm/, ``proxy/http/`` imports nothing else of proxy/, and
+instance/ and supervisor/ use only proxy's HTTP core (and its key helpers).
+
+Every ``import`` statement counts, those under ``if TYPE_CHECKING:`` and
+inside functions too: a circle that only type checkers or a lazy import see
+is still a circle between the modules.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PARTS = ("supervisor", "proxy", "instance", "shm")
+# what instance/ and supervisor/ may import of proxy/
+PROXY_FOR_OTHERS = ("ggmux.proxy.http", "ggmux.proxy.auth")
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted name -> file, for every module of :data:`PARTS` (a package as
+    its ``__init__``) and the root package."""
+    mods = {"ggmux": ROOT / "__init__.py", "ggmux.__main__": ROOT / "__main__.py"}
+    for part in PARTS:
+        for path in sorted((ROOT / part).rglob("*.py")):
+            rel = path.relative_to(ROOT).with_suffix("")
+            names = list(rel.parts)
+            if names[-1] == "__init__":
+                names.pop()
+            mods[".".join(["ggmux", *names])] = path
+    return mods
+
+
+def _imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
+    """The modules of ``mods`` that ``name``'s source imports explicitly
+    (``from pkg import x``: ``pkg.x`` when that is a module, else ``pkg``)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in mods else mod
+                       for a in node.names]
+        else:
+            continue
+        for t in targets:
+            # `import ggmux.proxy.http.limits` names the module itself
+            while t and t not in mods and "." in t:
+                t = t.rpartition(".")[0]
+            if t in mods and t != name:
+                out.add(t)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {name: _imports(name, path, mods) for name, path in mods.items()}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each strongly connected component of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_reader_sees_the_edges_it_must():
+    """The graph is not empty by mistake: known edges are in it."""
+    g = _graph()
+    assert "ggmux.proxy.http.connection" in g["ggmux.proxy.http"]
+    assert "ggmux.shm.layout" in g["ggmux.proxy.balancer"]
+    assert "ggmux.proxy.http" in g["ggmux.instance.server"]
+
+
+def test_circle_finder_finds_a_circle():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_circle_anywhere():
+    assert _circles(_graph()) == []
+
+
+def test_http_core_imports_nothing_else_of_proxy():
+    bad = {(m, t) for m, targets in _graph().items()
+           if m == "ggmux.proxy.http" or m.startswith("ggmux.proxy.http.")
+           for t in targets
+           if t.startswith("ggmux.proxy") and not (t == "ggmux.proxy.http"
+                                                   or t.startswith("ggmux.proxy.http."))}
+    assert bad == set()
+
+
+def test_instance_and_supervisor_use_only_the_http_core_of_proxy():
+    bad = {(m, t) for m, targets in _graph().items()
+           if m.startswith(("ggmux.instance", "ggmux.supervisor"))
+           for t in targets
+           if t.startswith("ggmux.proxy")
+           and not any(t == ok or t.startswith(ok + ".") for ok in PROXY_FOR_OTHERS)}
+    assert bad == set()
