@@ -36,6 +36,22 @@ class InvalidRequest(ValueError):
     the client's fault, answered with 400."""
 
 
+class ContextExceeded(InvalidRequest):
+    """The prompt does not fit the context: llama-server's
+    ``exceed_context_size_error`` (400 with ``n_prompt_tokens`` and
+    ``n_ctx``, ``tools/server/server-common.cpp``)."""
+
+    def __init__(self, message: str, n_prompt_tokens: int, n_ctx: int) -> None:
+        super().__init__(message)
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
+
+    def error_fields(self) -> dict:
+        """The error envelope's fields beside ``message``."""
+        return {"type": "exceed_context_size_error", "code": 400,
+                "n_prompt_tokens": self.n_prompt_tokens, "n_ctx": self.n_ctx}
+
+
 class EngineError(RuntimeError):
     """A request failed inside the engine (``result()`` raises it)."""
 

@@ -16,15 +16,16 @@ import re
 from collections.abc import Callable
 
 from . import protocol
-from .answers import Answer, embedding_answer
+from .answers import Answer, Extras, embedding_answer
 from .backend import Backend, Sink
 from .chat import ChatTemplate
 from .engine import Embedding, Engine, Generation, InvalidRequest
+from .llama_args import llama_kwargs
 from .messages import chat_messages as jinja_messages
 from .messages import refuse_media
 from .model import EngineConfig
 from .reasoning import REASONING_FORMATS
-from .sampling import Sampling
+from .settings import default_sampling, generation_settings
 from .structured import (
     forced_tool,
     grammar_text,
@@ -66,71 +67,6 @@ def model_parts(path: str) -> list[str]:
     return [p for p in parts if os.path.exists(p)]
 
 
-def _on_off_auto(v) -> bool | None:
-    """llama.cpp's ``on``/``off``/``auto`` (None: llama.cpp decides)."""
-    t = str(v).lower()
-    return None if t == "auto" else t in ("on", "1", "true", "enabled")
-
-
-# llama.cpp option -> (EngineConfig field, or chat_format, converter); preset
-# keys arrive as llama-server options ("--batch-size 256", "--no-mmap", ...)
-_LLAMA_OPTIONS = {
-    "--batch-size": ("n_batch", int), "-b": ("n_batch", int),
-    "--ubatch-size": ("n_ubatch", int), "-ub": ("n_ubatch", int),
-    "--threads-batch": ("n_threads_batch", int), "-tb": ("n_threads_batch", int),
-    "--seed": ("seed", int), "-s": ("seed", int),
-    "--rope-freq-base": ("rope_freq_base", float),
-    "--rope-freq-scale": ("rope_freq_scale", float),
-    "--main-gpu": ("main_gpu", int), "-mg": ("main_gpu", int),
-    "--cache-type-k": ("type_k", str), "-ctk": ("type_k", str),
-    "--cache-type-v": ("type_v", str), "-ctv": ("type_v", str),
-    "--flash-attn": ("flash_attn", lambda v: _on_off_auto(v)),
-    "-fa": ("flash_attn", lambda v: _on_off_auto(v)),
-    "--chat-template": ("chat_format", str),
-    "--n-predict": ("n_predict", int), "--predict": ("n_predict", int), "-n": ("n_predict", int),
-    "--reasoning-format": ("reasoning_format", str),
-    "--parallel": ("parallel", int), "-np": ("parallel", int),
-}
-_LLAMA_FLAGS = {"--no-mmap": ("use_mmap", False), "--mmap": ("use_mmap", True),
-                "--kv-unified": ("kv_unified", True), "-kvu": ("kv_unified", True),
-                "--no-kv-unified": ("kv_unified", False),
-                "--mlock": ("use_mlock", True), "--no-mlock": ("use_mlock", False),
-                "--embedding": ("embedding", True), "--embeddings": ("embedding", True)}
-_GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
-               "bf16": 30}
-
-
-def llama_kwargs(argv: list[str]) -> dict:
-    """Engine settings (:class:`~ggmux.instance.model.EngineConfig` fields,
-    ``chat_format`` and ``n_predict``) for llama-server options a preset gave
-    (``extra_args``); options the engine has no equivalent for are logged
-    and ignored, as llama.cpp ignores unknown environment."""
-    kw: dict = {}
-    i = 0
-    while i < len(argv):
-        opt = argv[i]
-        if opt in _LLAMA_FLAGS:
-            k, v = _LLAMA_FLAGS[opt]
-            kw[k] = v
-            i += 1
-            continue
-        has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
-        if opt in _LLAMA_OPTIONS and has_value:
-            k, conv = _LLAMA_OPTIONS[opt]
-            val = conv(argv[i + 1])
-            if k in ("type_k", "type_v"):
-                val = _GGML_TYPES.get(str(val).lower())
-                if val is None:
-                    log.warning("ignoring %s %s: unknown cache type", opt, argv[i + 1])
-                    i += 2
-                    continue
-            kw[k] = val
-        else:
-            log.warning("ignoring llama.cpp option %s: llama-cpp-python has no equivalent", opt)
-        i += 2 if has_value else 1
-    return kw
-
-
 def _gpu_count() -> int:
     try:
         import pynvml
@@ -147,7 +83,11 @@ class LlamaBackend(Backend):
     (:class:`~ggmux.instance.engine.Engine`) on ``--parallel`` slots.
 
     ``start`` checks a request and submits it; its answer is built on the
-    engine's decode thread and handed to the server's sink."""
+    engine's decode thread and handed to the server's sink. ``native``
+    requests (llama.cpp's ``/completion``) are answered in llama.cpp's own
+    shape (:class:`~ggmux.instance.answers.Extras`)."""
+
+    native_answers = True
 
     def __init__(self, args) -> None:
         self.args = args
@@ -161,6 +101,12 @@ class LlamaBackend(Backend):
     def _config(self):
         kw = llama_kwargs(getattr(self.args, "llama_args", []) or [])
         self.chat_format = kw.pop("chat_format", None)
+        self.chat_template_file = kw.pop("chat_template_file", None)
+        self.jinja = kw.pop("jinja", True)
+        # llama-server's --verbose: every answer carries __verbose
+        self.verbose = kw.pop("verbose", False)
+        self.pooling = kw.pop("pooling", None)
+        self.sampling_defaults = kw.pop("sampling", {})
         # llama-server's -n: the tokens a request that gives no limit generates
         self.n_predict = kw.pop("n_predict", -1)
         # a preset's reasoning-format (llama-server's option) over ggmux serve's
@@ -301,16 +247,20 @@ class LlamaBackend(Backend):
         try:
             if kind == "embedding":
                 job = self._embedding(body, sink, request_id, tenant)
+            elif kind == "native":
+                job = self._generation("completion", body, sink, request_id, tenant, True)
             else:
                 job = self._generation(kind, body, sink, request_id, tenant)
         except InvalidRequest as e:
-            raise BadRequest(str(e)) from None
+            fields = e.error_fields() if hasattr(e, "error_fields") else None
+            raise BadRequest(str(e), fields=fields) from None
         return job.cancel
 
     def _model(self, body: dict) -> str:
         return body["model"] if isinstance(body.get("model"), str) else self.name
 
-    def _generation(self, kind: str, body: dict, sink: Sink, request_id: str, tenant: str = ""):
+    def _generation(self, kind: str, body: dict, sink: Sink, request_id: str, tenant: str = "",
+                    native: bool = False):
         check_sampling(body, max_n=self.slots)
         n_vocab = self.engine.n_vocab
         tool = None
@@ -362,6 +312,9 @@ class LlamaBackend(Backend):
                 raise BadRequest("'logprobs' of a chat request must be true or false (the "
                                  "number of alternatives is 'top_logprobs')", "logprobs")
             top = (body.get("top_logprobs") or 0) if lp else None
+        elif native:  # llama.cpp's n_probs: that many alternatives of each token
+            n_probs = body.get("n_probs")
+            top = int(n_probs) if is_int(n_probs) and n_probs > 0 else None
         else:
             top = None if lp is None or lp is False else (0 if lp is True else int(lp))
         max_tokens = generation_limit(body, self.limits, self.n_predict)
@@ -380,14 +333,29 @@ class LlamaBackend(Backend):
                          logprobs=top, request_id=request_id, tenant=tenant,
                          preserved=preserved)
         opts = body.get("stream_options") or {}
-        answer = Answer(sink, kind, self._model(body), gen.n, stream=body.get("stream") is True,
+        stream = body.get("stream") is True
+        settings = generation_settings(
+            sampling, max_tokens or -1, self.engine.cfg.seed if sampling.seed is None
+            else sampling.seed, stream=stream, n_probs=top or 0, ignore_eos=gen.ignore_eos,
+            timings_per_token=body.get("timings_per_token") is True,
+            reasoning_format=self.reasoning_format)
+        extras = Extras(native=native, verbose=self.verbose if body.get("verbose") is None
+                        else body.get("verbose") is True,
+                        timings_per_token=body.get("timings_per_token") is True,
+                        settings=settings,
+                        prompt=lambda: self.engine.detokenize(prompt, special=True))
+        answer = Answer(sink, kind, self._model(body), gen.n, stream=stream,
                         include_usage=opts.get("include_usage") is True,
-                        logprobs=None if top is None else kind,
-                        tool=tool["name"] if tool else None, echo=echo, parser=parser)
-        return self.engine.submit(gen, answer.on_event)
+                        logprobs=None if top is None else "native" if native else kind,
+                        tool=tool["name"] if tool else None, echo=echo, parser=parser,
+                        extras=extras)
+        job = self.engine.submit(gen, answer.on_event)
+        answer.job = job
+        return job
 
     def _sampling(self, body: dict, gbnf: str | None, n_vocab: int):
-        s = Sampling(grammar=gbnf, logit_bias=logit_bias(body, n_vocab) or {})
+        s = default_sampling(self.sampling_defaults)  # --temp, --top-k, ...
+        s.grammar, s.logit_bias = gbnf, logit_bias(body, n_vocab) or {}
         for k in ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty",
                   "presence_penalty", "frequency_penalty", "mirostat_tau", "mirostat_eta"):
             if body.get(k) is not None:

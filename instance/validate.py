@@ -37,11 +37,20 @@ class BadRequest(ValueError):
     """The request is invalid for this model (answered with 400).
 
     ``param``: the field it is about, as a path (``"messages[2].content"``),
-    or None."""
+    or None; ``fields``: more of the error envelope (llama-server's
+    ``exceed_context_size_error`` type with ``n_prompt_tokens`` and
+    ``n_ctx``)."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None,
+                 fields: dict | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.fields = fields or {}
+
+    def error_fields(self) -> dict:
+        """The error envelope's fields beside ``message`` (``param``, and a
+        ``type`` of llama-server's where it has one of its own)."""
+        return {"param": self.param, **self.fields}
 
 
 @dataclass(slots=True, frozen=True)
