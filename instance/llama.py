@@ -18,12 +18,14 @@ from collections.abc import Callable
 from . import protocol
 from .answers import Answer, Extras, embedding_answer
 from .backend import Backend, Sink
+from .builtin_templates import render_builtin
 from .chat import ChatTemplate
 from .engine import Embedding, Engine, Generation, InvalidRequest
 from .llama_args import llama_kwargs
 from .messages import chat_messages as jinja_messages
 from .messages import refuse_media
 from .model import EngineConfig
+from .prefill import continuation
 from .reasoning import REASONING_FORMATS
 from .settings import default_sampling, generation_settings
 from .structured import (
@@ -216,9 +218,13 @@ class LlamaBackend(Backend):
         info = self.engine.load()
         e = self.engine
         special = e.special_tokens()
+        source = None
+        if self.chat_template_file:  # llama-server reads it at start; a bad path ends the load
+            with open(self.chat_template_file, encoding="utf-8") as f:
+                source = f.read()
         self.template = ChatTemplate(e.metadata, e.token_text(special["bos"]),
                                      e.token_text(special["eos"]), special["eos"],
-                                     self.chat_format, self._raw_tokenize)
+                                     self.chat_format, self._raw_tokenize, source, self.jinja)
         return {"n_ctx": info["n_ctx"], "slots": info["slots"], "kv_size": info["kv_size"]}
 
     def _raw_tokenize(self, raw: bytes, add_special: bool, parse_special: bool) -> list[int]:
@@ -271,13 +277,14 @@ class LlamaBackend(Backend):
         lazy = False
         if kind == "chat" and self.template.jinja is not None:
             messages = jinja_messages(body.get("messages"), self._model(body))
+            messages, prefill = continuation(body, messages)
             gbnf = structured_output(body, self.limits)
             req = tool_request(body, self.limits, self.reasoning_format,
                                response_schema(body) if gbnf is not None else None)
             if req.calls_tools and body.get("grammar") is not None:
                 raise BadRequest("'grammar' cannot be combined with tools (give tool_choice "
                                  "\"none\" or no grammar)", "grammar")
-            cp = self.template.chat(messages, req)
+            cp = self.template.chat(messages, req, prefill)
             plan = cp.plan
             if plan.grammar is not None:
                 gbnf = grammar_text(plan.grammar, self.limits, "tools")
@@ -290,6 +297,9 @@ class LlamaBackend(Backend):
         elif kind == "chat":
             refuse_media(body.get("messages"), self._model(body))
             messages = chat_messages(body.get("messages"))
+            rest, prefill = continuation(body, messages)
+            if self.template.builtin is not None:  # llama.cpp's: the prefill as llama-server's
+                messages = rest
             tool = forced_tool(body, self.limits)
             gbnf = structured_output(body, self.limits)
             if tool is not None:
@@ -297,7 +307,7 @@ class LlamaBackend(Backend):
                     raise BadRequest("a forced tool call cannot be combined with a grammar or "
                                      "JSON schema", "tool_choice")
                 gbnf = schema_grammar(tool["parameters"], self.limits, "tool_choice")
-            prompt, stops = self.template.prompt(messages, tool)
+            prompt, stops = self.template.prompt(messages, tool, prefill)
         else:
             gbnf = structured_output(body, self.limits)
             p = completion_prompt(body, n_vocab)
@@ -424,13 +434,17 @@ class LlamaBackend(Backend):
         answers with the text its chat handler would tokenize."""
         if self.template.jinja is None:
             messages = chat_messages(body.get("messages"))
+            rest, prefill = continuation(body, messages)
+            if self.template.builtin is not None:
+                return {"prompt": render_builtin(self.template.builtin, rest) + (prefill or "")}
             tokens, _ = self.template.prompt(messages, None)
             return {"prompt": self.engine.detokenize(tokens, special=True)}
         messages = jinja_messages(body.get("messages"), self._model(body))
+        messages, prefill = continuation(body, messages)
         gbnf = structured_output(body, self.limits)
         req = tool_request(body, self.limits, self.reasoning_format,
                            response_schema(body) if gbnf is not None else None)
-        _, plan = self.template.render(messages, req)
+        _, plan = self.template.render(messages, req, prefill)
         return {"prompt": plan.prompt}
 
     def detokenize(self, body: dict) -> dict:
