@@ -26,6 +26,7 @@ from .messages import chat_messages as jinja_messages
 from .messages import refuse_media
 from .model import EngineConfig
 from .prefill import continuation
+from .prompts import Batch, embedding_forms, native_prompts
 from .reasoning import REASONING_FORMATS
 from .settings import default_sampling, generation_settings
 from .structured import (
@@ -57,6 +58,9 @@ __all__ = ["BadRequest", "LlamaBackend", "chat_messages", "check_sampling", "lla
            "model_parts"]
 
 log = logging.getLogger(__name__)
+
+POOLING_TYPES = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
+"""llama-server's ``--pooling`` names -> llama.cpp's ``LLAMA_POOLING_TYPE_*``."""
 
 
 def model_parts(path: str) -> list[str]:
@@ -107,7 +111,14 @@ class LlamaBackend(Backend):
         self.jinja = kw.pop("jinja", True)
         # llama-server's --verbose: every answer carries __verbose
         self.verbose = kw.pop("verbose", False)
+        # llama-server's --pooling: the context's pooling; "none" (a vector per
+        # token) has no OpenAI answer: embeddings requests get a 400
         self.pooling = kw.pop("pooling", None)
+        if self.pooling in POOLING_TYPES:
+            kw["pooling"] = POOLING_TYPES[self.pooling]
+        elif self.pooling is not None:
+            log.warning("ignoring --pooling %s: not one of %s", self.pooling,
+                        ", ".join(POOLING_TYPES))
         self.sampling_defaults = kw.pop("sampling", {})
         # llama-server's -n: the tokens a request that gives no limit generates
         self.n_predict = kw.pop("n_predict", -1)
@@ -254,7 +265,7 @@ class LlamaBackend(Backend):
             if kind == "embedding":
                 job = self._embedding(body, sink, request_id, tenant)
             elif kind == "native":
-                job = self._generation("completion", body, sink, request_id, tenant, True)
+                job = self._native(body, sink, request_id, tenant)
             else:
                 job = self._generation(kind, body, sink, request_id, tenant)
         except InvalidRequest as e:
@@ -265,8 +276,24 @@ class LlamaBackend(Backend):
     def _model(self, body: dict) -> str:
         return body["model"] if isinstance(body.get("model"), str) else self.name
 
+    def _native(self, body: dict, sink: Sink, request_id: str, tenant: str):
+        """llama.cpp's ``/completion``: each of its prompts (:mod:`.prompts`)
+        a generation of its own; several are answered as a list."""
+        prompts = native_prompts(body.get("prompt", body.get("content")),
+                                 lambda t, special: self.engine.tokenize(t, special, True),
+                                 self.engine.n_vocab)
+        if len(prompts) == 1:
+            return self._generation("completion", body, sink, request_id, tenant, prompts[0])
+        if body.get("stream") is True:
+            raise BadRequest("several prompts in one streamed /completion are not supported "
+                             "(send them as requests of their own)", "prompt")
+        return Batch(prompts, sink, lambda p, one: self._generation(
+            "completion", body, one, request_id, tenant, p))
+
     def _generation(self, kind: str, body: dict, sink: Sink, request_id: str, tenant: str = "",
-                    native: bool = False):
+                    native: list[int] | None = None):
+        """Check and submit one chat or completion; ``native``: the prompt of
+        a llama.cpp ``/completion``, answered in llama.cpp's shape."""
         check_sampling(body, max_n=self.slots)
         n_vocab = self.engine.n_vocab
         tool = None
@@ -308,6 +335,9 @@ class LlamaBackend(Backend):
                                      "JSON schema", "tool_choice")
                 gbnf = schema_grammar(tool["parameters"], self.limits, "tool_choice")
             prompt, stops = self.template.prompt(messages, tool, prefill)
+        elif native is not None:
+            gbnf = structured_output(body, self.limits)
+            prompt, stops = native, []
         else:
             gbnf = structured_output(body, self.limits)
             p = completion_prompt(body, n_vocab)
@@ -322,7 +352,7 @@ class LlamaBackend(Backend):
                 raise BadRequest("'logprobs' of a chat request must be true or false (the "
                                  "number of alternatives is 'top_logprobs')", "logprobs")
             top = (body.get("top_logprobs") or 0) if lp else None
-        elif native:  # llama.cpp's n_probs: that many alternatives of each token
+        elif native is not None:  # llama.cpp's n_probs: that many alternatives of each token
             n_probs = body.get("n_probs")
             top = int(n_probs) if is_int(n_probs) and n_probs > 0 else None
         else:
@@ -349,14 +379,15 @@ class LlamaBackend(Backend):
             else sampling.seed, stream=stream, n_probs=top or 0, ignore_eos=gen.ignore_eos,
             timings_per_token=body.get("timings_per_token") is True,
             reasoning_format=self.reasoning_format)
-        extras = Extras(native=native, verbose=self.verbose if body.get("verbose") is None
+        extras = Extras(native=native is not None, verbose=self.verbose if body.get("verbose") is None
                         else body.get("verbose") is True,
                         timings_per_token=body.get("timings_per_token") is True,
                         settings=settings,
                         prompt=lambda: self.engine.detokenize(prompt, special=True))
         answer = Answer(sink, kind, self._model(body), gen.n, stream=stream,
                         include_usage=opts.get("include_usage") is True,
-                        logprobs=None if top is None else "native" if native else kind,
+                        logprobs=None if top is None else "native" if native is not None
+                        else kind,
                         tool=tool["name"] if tool else None, echo=echo, parser=parser,
                         extras=extras)
         job = self.engine.submit(gen, answer.on_event)
@@ -365,7 +396,10 @@ class LlamaBackend(Backend):
 
     def _sampling(self, body: dict, gbnf: str | None, n_vocab: int):
         s = default_sampling(self.sampling_defaults)  # --temp, --top-k, ...
-        s.grammar, s.logit_bias = gbnf, logit_bias(body, n_vocab) or {}
+        s.grammar = gbnf
+        # a text key is biased token by token, as llama-server tokenizes it
+        s.logit_bias = logit_bias(body, n_vocab, lambda t: self.engine.tokenize(t, False, False))
+        s.logit_bias = s.logit_bias or {}
         for k in ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty",
                   "presence_penalty", "frequency_penalty", "mirostat_tau", "mirostat_eta"):
             if body.get(k) is not None:
@@ -387,6 +421,13 @@ class LlamaBackend(Backend):
 
     def _embedding(self, body: dict, sink: Sink, request_id: str, tenant: str = ""):
         e = self.engine
+        if self.pooling == "none":
+            raise BadRequest("Pooling type 'none' is not OAI compatible. Please use a different "
+                             "pooling type (this server runs with --pooling none: no pooled "
+                             "vector per input)", "input")
+        body = {**body, "input": embedding_forms(body.get("input"),
+                                                 lambda t, special: e.tokenize(t, special, True),
+                                                 e.n_vocab)}
         inputs = embedding_inputs(body, e.n_vocab, self.limits)
         truncate = bool(body.get("truncate"))
         n_max = min(e.n_ctx, e.m.n_batch) if e.m.pooled else e.n_ctx
