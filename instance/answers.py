@@ -164,6 +164,9 @@ class Answer:
                 return
             self._ends(usage, timings)
             self.sink("end", usage)  # (the server's usage trailer)
+        elif kind == "progress":
+            if self.stream:
+                self._progress(ev[1])
         elif kind == "error":
             self.sink("error", ev[1])
 
@@ -203,6 +206,22 @@ class Answer:
             choice = {"index": i, "delta": {"role": "assistant", "content": None},
                       "logprobs": None, "finish_reason": None}
             self.sink("chunk", self._head(choices=[choice]))
+
+    def _progress(self, progress: dict) -> None:
+        """llama-server's ``prompt_progress`` chunk (``return_progress``): a
+        chat's carries the role delta, as its first chunk would."""
+        if self.x.native:
+            self.sink("chunk", {"index": 0, "content": "", "tokens": [], "stop": False,
+                                "id_slot": -1, "model": self.model,
+                                "prompt_progress": progress})
+            return
+        if self.kind == "chat":
+            self.started[0] = True
+            choice = {"index": 0, "delta": {"role": "assistant", "content": None},
+                      "logprobs": None, "finish_reason": None}
+        else:
+            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": None}
+        self.sink("chunk", {**self._head(choices=[choice]), "prompt_progress": progress})
 
     def _ends(self, usage: dict, timings: dict) -> None:
         """The stream's end: each choice's finish chunk, the usage chunk,

@@ -509,6 +509,7 @@ class Engine(EmbeddingSteps, SampleSteps):
                 s.state, s.n_cached = WAIT, keep
         first.children = chosen[1:]
         first.state = PROMPT
+        job.progress(keep)
 
     # -- generation
     def _plan(self, prompt_budget: int) -> list[tuple[Slot, int]]:
@@ -575,6 +576,7 @@ class Engine(EmbeddingSteps, SampleSteps):
             else:
                 start = len(s.tokens)
                 s.tokens.extend(s.job.request.prompt[start:start + k])
+                s.job.progress(len(s.tokens))
                 if s.i_batch >= 0:
                     ready.append(s)
         for s in ready:

@@ -358,6 +358,7 @@ class LlamaBackend(Backend):
         else:
             top = None if lp is None or lp is False else (0 if lp is True else int(lp))
         max_tokens = generation_limit(body, self.limits, self.n_predict)
+        stream = body.get("stream") is True
         sampling = self._sampling(body, gbnf, n_vocab)
         if lazy:
             sampling.grammar_lazy = True
@@ -371,9 +372,9 @@ class LlamaBackend(Backend):
                          ignore_eos=body.get("ignore_eos") is True,
                          cache_prompt=body.get("cache_prompt") is not False and not seeded,
                          logprobs=top, request_id=request_id, tenant=tenant,
-                         preserved=preserved)
+                         preserved=preserved,
+                         return_progress=body.get("return_progress") is True and stream)
         opts = body.get("stream_options") or {}
-        stream = body.get("stream") is True
         settings = generation_settings(
             sampling, max_tokens or -1, self.engine.cfg.seed if sampling.seed is None
             else sampling.seed, stream=stream, n_probs=top or 0, ignore_eos=gen.ignore_eos,
