@@ -84,6 +84,8 @@ ROUTES = {
     b"/tokenize": "tokenize",
     b"/detokenize": "detokenize",
     b"/apply-template": "apply_template",
+    b"/v1/chat/completions/input_tokens": "input_tokens",
+    b"/chat/completions/input_tokens": "input_tokens",
 }
 # llama-server routes this backend has no implementation for (a `cmd`
 # instance running llama-server serves them)
@@ -266,7 +268,7 @@ class InstanceApp:
             conn.send_error(req, 503, "model is asleep", headers=REFUSED)
             return
         self.requests += 1
-        if kind in ("tokenize", "detokenize", "apply_template"):
+        if kind in ("tokenize", "detokenize", "apply_template", "input_tokens"):
             try:
                 out = getattr(self.backend, kind)(body)
             except ValueError as e:
