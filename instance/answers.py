@@ -18,13 +18,69 @@ import base64
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import __version__
 from .tools.base import ChatMsg
 from .tools.stream import ChatStream
 
 Sink = Callable[[str, object], None]
+
+
+def _fingerprint() -> str:
+    try:
+        from importlib.metadata import version
+
+        llama = version("llama_cpp_python")
+    except Exception:  # noqa: BLE001 - no distribution metadata
+        llama = "0"
+    return f"b{llama}-ggmux{__version__}"
+
+
+FINGERPRINT = _fingerprint()
+"""``system_fingerprint`` of every answer: llama-server's is its build
+(``b11434-abc1234``, always starting with ``b``); ours names the
+llama-cpp-python and ggmux versions."""
+
+STOP_TYPES = {"stop": "eos", "length": "limit", "tool_calls": "eos"}
+"""finish_reason -> llama.cpp's ``stop_type`` (a stop string: ``word``)."""
+
+
+def llama_timings(t: dict) -> dict:
+    """The engine's timings (:meth:`~ggmux.instance.jobs.Job.timings`,
+    milliseconds) as llama-server's ``timings`` (``server_slot_stats``:
+    ``cache_n``, ``prompt_n``/``_ms``/``_per_token_ms``/``_per_second``, the
+    same for ``predicted``)."""
+    out = dict(t)
+    for k in ("prompt", "predicted"):
+        n, ms = int(t.get(f"{k}_n", 0) or 0), float(t.get(f"{k}_ms", 0.0) or 0.0)
+        out[f"{k}_n"], out[f"{k}_ms"] = n, ms
+        out[f"{k}_per_token_ms"] = ms / n if n else 0.0
+        out[f"{k}_per_second"] = 1e3 * n / ms if ms > 0 else 0.0
+    out.setdefault("cache_n", 0)
+    return out
+
+
+@dataclass(slots=True)
+class Extras:
+    """llama-server's fields of an answer: ``native``: llama.cpp's own
+    ``/completion`` shape (``content``, ``stop``, ``timings``,
+    ``generation_settings``, ``completion_probabilities``); ``verbose``: the
+    request's ``verbose`` (or ``--verbose``): ``__verbose`` holds that
+    native object; ``timings_per_token``: ``timings`` on every chunk;
+    ``settings``: ``generation_settings``; ``prompt``: gives the prompt's
+    text (detokenized with special tokens, as llama-server's ``prompt``)."""
+
+    native: bool = False
+    verbose: bool = False
+    timings_per_token: bool = False
+    settings: dict = field(default_factory=dict)
+    prompt: Callable[[], str] | None = None
+
+    def prompt_text(self) -> str:
+        return self.prompt() if self.prompt is not None else ""
 
 
 def request_id(prefix: str) -> str:
@@ -44,12 +100,20 @@ class Answer:
     ``echo``: prompt text that a completion's text starts with;
     ``parser``: makes one choice's :class:`~ggmux.instance.tools.stream.ChatStream`
     (a chat whose text is parsed into content, ``reasoning_content`` and
-    ``tool_calls``; ``finish_reason`` ``tool_calls`` when it called one)."""
+    ``tool_calls``; ``finish_reason`` ``tool_calls`` when it called one);
+    ``extras``: llama-server's own fields (:class:`Extras`).
+
+    As llama-server's (``tools/server/server-task.cpp``): every answer has
+    ``system_fingerprint`` and ``timings``; a streamed chat starts with a
+    chunk of its own holding ``role`` and ``content: null`` and ends each
+    choice with an empty ``delta`` and its ``finish_reason`` (sent when the
+    request is done, the last chunk carrying ``timings``)."""
 
     def __init__(self, sink: Sink, kind: str, model: str, n: int = 1, stream: bool = False,
                  include_usage: bool = False, logprobs: str | None = None,
                  tool: str | None = None, echo: str | None = None,
-                 parser: Callable[[], ChatStream] | None = None) -> None:
+                 parser: Callable[[], ChatStream] | None = None,
+                 extras: Extras | None = None) -> None:
         self.sink = sink
         self.kind = kind
         self.model = model
@@ -68,6 +132,8 @@ class Answer:
         self.call_ids = [f"call_{os.urandom(8).hex()}" for _ in range(n)] if tool else []
         self.parsers = [parser() for _ in range(n)] if parser is not None else None
         self.messages: list[ChatMsg | None] = [None] * n
+        self.x = extras or Extras()
+        self.job = None  # the engine's job (its live timings), set after submit
 
     # ---- events (decode thread) ---------------------------------------------
     def on_event(self, ev: tuple) -> None:
@@ -90,16 +156,17 @@ class Answer:
             if self.parsers is not None:
                 reason = self._finish(i, reason)
             self.reasons[i] = reason
-            if self.stream:
-                self._chunk(i, None, None, reason)
         elif kind == "done":
-            usage = ev[1]
+            usage, timings = ev[1], llama_timings(ev[2] if len(ev) > 2 else {})
             if not self.stream:
-                self.sink("result", self._whole(usage))
+                self.sink("result", self._native(0, usage, timings, True) if self.x.native
+                          else self._whole(usage, timings))
                 return
-            if self.include_usage:
-                self.sink("chunk", self._head(choices=[], usage=usage))
+            self._ends(usage, timings)
             self.sink("end", usage)  # (the server's usage trailer)
+        elif kind == "progress":
+            if self.stream:
+                self._progress(ev[1])
         elif kind == "error":
             self.sink("error", ev[1])
 
@@ -127,19 +194,71 @@ class Answer:
 
     def _delta(self, i: int, delta: dict, lp: list[dict] | None,
                reason: str | None = None) -> None:
-        if not self.started[i]:
-            self.started[i] = True
-            delta = {"role": "assistant", "content": None if "tool_calls" in delta else "",
-                     **delta}
+        self._role(i)
         choice = {"index": i, "delta": delta, "logprobs": self._lp(lp) if lp else None,
                   "finish_reason": reason}
-        self.sink("chunk", self._head(choices=[choice]))
+        self.sink("chunk", self._timed(self._head(choices=[choice])))
+
+    def _role(self, i: int) -> None:
+        """llama-server's first chunk of a chat choice: the role alone."""
+        if not self.started[i]:
+            self.started[i] = True
+            choice = {"index": i, "delta": {"role": "assistant", "content": None},
+                      "logprobs": None, "finish_reason": None}
+            self.sink("chunk", self._head(choices=[choice]))
+
+    def _progress(self, progress: dict) -> None:
+        """llama-server's ``prompt_progress`` chunk (``return_progress``): a
+        chat's carries the role delta, as its first chunk would."""
+        if self.x.native:
+            self.sink("chunk", {"index": 0, "content": "", "tokens": [], "stop": False,
+                                "id_slot": -1, "model": self.model,
+                                "prompt_progress": progress})
+            return
+        if self.kind == "chat":
+            self.started[0] = True
+            choice = {"index": 0, "delta": {"role": "assistant", "content": None},
+                      "logprobs": None, "finish_reason": None}
+        else:
+            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": None}
+        self.sink("chunk", {**self._head(choices=[choice]), "prompt_progress": progress})
+
+    def _ends(self, usage: dict, timings: dict) -> None:
+        """The stream's end: each choice's finish chunk, the usage chunk,
+        ``timings`` on the last of them."""
+        out = []
+        for i in range(self.n):
+            if self.x.native:
+                out.append(self._native(i, usage, timings, False))
+                continue
+            if self.kind == "chat":
+                self._role(i)
+                choice = {"index": i, "delta": {}, "logprobs": None,
+                          "finish_reason": self.reasons[i]}
+            else:
+                choice = {"index": i, "text": "", "logprobs": None,
+                          "finish_reason": self.reasons[i]}
+            out.append(self._head(choices=[choice]))
+        if self.include_usage and not self.x.native:
+            out.append(self._head(choices=[], usage=usage))
+        if out and not self.x.native:
+            out[-1]["timings"] = timings
+            if self.x.verbose:
+                out[0]["__verbose"] = self._native(0, usage, timings, False)
+        for c in out:
+            self.sink("chunk", c)
+
+    def _timed(self, chunk: dict) -> dict:
+        """``timings`` so far on a chunk (the request's ``timings_per_token``)."""
+        if self.x.timings_per_token and self.job is not None:
+            chunk["timings"] = llama_timings(self.job.timings(time.monotonic()))
+        return chunk
 
     # ---- streamed chunks ---------------------------------------------------
     def _head(self, **rest) -> dict:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                **rest}
+                "system_fingerprint": FINGERPRINT, **rest}
 
     def _chunk(self, i: int, text: str | None, lp: list[dict] | None,
                reason: str | None = None) -> None:
@@ -148,34 +267,40 @@ class Answer:
                 self.started[i] = True
                 if self.echo:
                     text = self.echo + (text or "")
+            if self.x.native:
+                out = {"index": i, "content": text or "", "tokens": [], "stop": False,
+                       "id_slot": -1, "model": self.model,
+                       "tokens_predicted": self.job.n_decoded if self.job is not None else 0}
+                if lp:
+                    out["completion_probabilities"] = lp
+                self.sink("chunk", self._timed(out))
+                return
             choice = {"index": i, "text": text or "", "logprobs": self._lp(lp) if lp else None,
                       "finish_reason": reason}
-            self.sink("chunk", self._head(choices=[choice]))
+            self.sink("chunk", self._timed(self._head(choices=[choice])))
             return
         if self.parsers is not None:
             self._delta(i, {}, lp, reason)
             return
         delta: dict = {}
         if not self.started[i]:
-            self.started[i] = True
-            delta["role"] = "assistant"
+            self._role(i)
             if self.tool:
-                delta["content"] = None
                 delta["tool_calls"] = [{"index": 0, "id": self.call_ids[i], "type": "function",
                                         "function": {"name": self.tool, "arguments": ""}}]
-            else:
-                delta["content"] = ""
         if text:
             if self.tool:
                 delta["tool_calls"] = [{"index": 0, "function": {"arguments": text}}]
             else:
                 delta["content"] = text
+        if not delta and not lp and reason is None:
+            return
         choice = {"index": i, "delta": delta, "logprobs": self._lp(lp) if lp else None,
                   "finish_reason": reason}
-        self.sink("chunk", self._head(choices=[choice]))
+        self.sink("chunk", self._timed(self._head(choices=[choice])))
 
     # ---- whole answers -----------------------------------------------------
-    def _whole(self, usage: dict) -> dict:
+    def _whole(self, usage: dict, timings: dict) -> dict:
         choices = []
         for i in range(self.n):
             text = "".join(self.texts[i])
@@ -195,8 +320,30 @@ class Answer:
             choices.append({"index": i, "message": msg, "logprobs": lp,
                             "finish_reason": self.reasons[i]})
         obj = "chat.completion" if self.kind == "chat" else "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "choices": choices, "usage": usage}
+        out = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+               "system_fingerprint": FINGERPRINT, "choices": choices, "usage": usage,
+               "timings": timings}
+        if self.x.verbose:
+            out["__verbose"] = self._native(0, usage, timings, True)
+        return out
+
+    def _native(self, i: int, usage: dict, timings: dict, whole: bool) -> dict:
+        """llama.cpp's own final answer of choice ``i`` (``/completion``,
+        and ``__verbose``: ``server_task_result_cmpl_final::to_json_non_oaicompat``)."""
+        done = self.parsers[i].text if self.parsers is not None else "".join(self.texts[i])
+        text = (self.echo or "") + done if whole else ""
+        reason = self.reasons[i]
+        out = {"index": i, "content": text, "tokens": [], "id_slot": -1, "stop": True,
+               "model": self.model, "tokens_predicted": usage.get("completion_tokens", 0),
+               "tokens_evaluated": usage.get("prompt_tokens", 0),
+               "generation_settings": self.x.settings, "prompt": self.x.prompt_text(),
+               "has_new_line": "\n" in text, "truncated": False,
+               "stop_type": STOP_TYPES.get(reason or "", "none"), "stopping_word": "",
+               "tokens_cached": usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0),
+               "timings": timings}
+        if whole and self.records[i]:
+            out["completion_probabilities"] = self.records[i]
+        return out
 
     @staticmethod
     def _message(m: ChatMsg | None) -> dict:

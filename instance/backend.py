@@ -71,6 +71,15 @@ class Backend:
         (``messages``, ``tools``, ...) -> ``{"prompt": rendered text}``."""
         raise BadRequest("apply-template is not supported by this backend")
 
+    def input_tokens(self, body: dict) -> dict:
+        """llama-server's ``/chat/completions/input_tokens``: a
+        chat-completions body -> ``{"input_tokens": n}``, the tokens of its
+        rendered prompt (:meth:`apply_template`, then :meth:`tokenize` with
+        special tokens, as ``handle_count_tokens`` counts them)."""
+        prompt = self.apply_template(body)["prompt"]
+        return {"input_tokens": len(self.tokenize({"content": prompt,
+                                                   "add_special": True})["tokens"])}
+
     def props(self) -> dict:
         """llama.cpp ``/props``-like facts about the loaded model."""
         return {"model_alias": self.name, "total_slots": self.slots}

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .builtin_templates import builtin_names, render_builtin
 from .template import JinjaTemplate, TemplateRefused
 from .tools import ChatPlan, ToolFormat, ToolRequest, format_for
 from .tools.base import regex_escape
@@ -69,20 +70,56 @@ class ChatPrompt:
     trigger_patterns: list[str] = field(default_factory=list)
 
 
+def _handler_exists(cf, name: str) -> bool:
+    """Whether llama-cpp-python has a chat format called ``name``."""
+    try:
+        cf.get_chat_completion_handler(name)
+        return True
+    except Exception:  # noqa: BLE001 - llama-cpp-python raises its own exception type
+        return False
+
+
 class ChatTemplate:
     """The chat format of one model (see the module docstring).
 
     ``metadata``: GGUF key -> value; ``bos``/``eos``: those tokens' texts,
     ``eos_id`` its id (-1: none); ``chat_format``: a llama-cpp-python format
-    name or None; ``tokenize(raw, add_bos, special)``: the engine's.
-    Raises ValueError for an unknown ``chat_format``."""
+    name, one of llama.cpp's built-in names (:mod:`.builtin_templates`) or
+    a Jinja template's text (llama-server's ``--chat-template``), or None;
+    ``tokenize(raw, add_bos, special)``: the engine's; ``source``: a Jinja
+    template over the GGUF's (``--chat-template-file``); ``jinja`` False
+    (``--no-jinja``): the GGUF's template as llama.cpp's built-in one it
+    resembles, as llama-server renders it then. Raises ValueError for an
+    unknown ``chat_format``."""
 
     def __init__(self, metadata: dict[str, str], bos: str, eos: str, eos_id: int,
                  chat_format: str | None,
-                 tokenize: Callable[[bytes, bool, bool], list[int]]) -> None:
+                 tokenize: Callable[[bytes, bool, bool], list[int]],
+                 source: str | None = None, jinja: bool = True) -> None:
         from llama_cpp import llama_chat_format as cf
 
         self._tokenize = tokenize
+        # llama-server's --chat-template: a built-in name of llama.cpp's, else
+        # a template's text (as --chat-template-file's, ``source``)
+        self.builtin: str | None = None
+        if source is None and chat_format is not None:
+            if chat_format in builtin_names():
+                self.builtin, chat_format = chat_format, None
+            elif not _handler_exists(cf, chat_format):
+                source, chat_format = chat_format, None
+        if source is not None:
+            metadata = {k: v for k, v in metadata.items()
+                        if not k.startswith("tokenizer.chat_template")}
+            metadata["tokenizer.chat_template"] = source
+        if not jinja and self.builtin is None and chat_format is None:
+            # --no-jinja: llama.cpp recognises the template among its own
+            src = metadata.get("tokenizer.chat_template", "")
+            try:
+                render_builtin(src, [{"role": "user", "content": "test"}])
+                self.builtin = src
+            except ValueError:
+                log.warning("--no-jinja: llama.cpp has no built-in template like this one; "
+                            "rendering it with Jinja")
         own = {name[len("tokenizer."):]: t for name, t in metadata.items()
                if name.startswith("tokenizer.chat_template.")}
         if "tokenizer.chat_template" in metadata:
@@ -92,7 +129,9 @@ class ChatTemplate:
                                                  ).to_chat_handler()
                     for name, t in own.items()}
         name = chat_format
-        if name is None and "chat_template.default" in own:
+        if self.builtin is not None:
+            name = "builtin"
+        elif name is None and "chat_template.default" in own:
             name = cf.guess_chat_format_from_gguf_metadata(metadata) or "chat_template.default"
         name = name or "llama-2"
         self.name = name
@@ -100,7 +139,7 @@ class ChatTemplate:
         self.bos = bos
         self.jinja: JinjaTemplate | None = None
         self.jinja_tools: JinjaTemplate | None = None  # tokenizer.chat_template.tool_use
-        if chat_format is None and self.template:
+        if chat_format is None and self.template and self.builtin is None:
             try:
                 self.jinja = JinjaTemplate(self.template, bos, eos)
                 self.name = "jinja"
@@ -110,19 +149,29 @@ class ChatTemplate:
             except TemplateRefused as e:
                 log.warning("the GGUF's chat template does not compile (%s): using %s", e, name)
                 self.jinja = self.jinja_tools = None
-        try:
-            self._handler = handlers.get(name) or cf.get_chat_completion_handler(name)
-        except Exception as e:  # noqa: BLE001 - llama-cpp-python raises its own exception type
-            raise ValueError(f"unknown chat template {name!r}: {e}") from None
-        log.info("chat format: %s", self.name)
+        self._handler = None
+        if self.builtin is None:
+            try:
+                self._handler = handlers.get(name) or cf.get_chat_completion_handler(name)
+            except Exception as e:  # noqa: BLE001 - llama-cpp-python raises its own type
+                raise ValueError(f"unknown chat template {name!r}: {e}") from None
+        log.info("chat format: %s", self.name if self.builtin is None
+                 else f"llama.cpp's built-in {self.builtin[:40]!r}")
 
-    def prompt(self, messages: list[dict], tool: dict | None = None) -> tuple[list[int], list[str]]:
+    def prompt(self, messages: list[dict], tool: dict | None = None,
+               prefill: str | None = None) -> tuple[list[int], list[str]]:
         """``(prompt tokens, stop strings)`` for checked ``messages``
         (:func:`~ggmux.instance.validate.chat_messages`); ``tool``
         (``{"name", "parameters"}``) is offered to the template as the one
-        forced tool. Raises BadRequest when the template refuses the
-        messages (a Jinja ``raise_exception``, a role it does not know)."""
+        forced tool; ``prefill``: text after the generation prompt (a
+        built-in template's; :mod:`.prefill`). Raises BadRequest when the
+        template refuses the messages (a Jinja ``raise_exception``, a role
+        it does not know)."""
         from jinja2 import TemplateError
+
+        if self.builtin is not None:
+            text = render_builtin(self.builtin, messages) + (prefill or "")
+            return self._tokenize(text.encode("utf-8"), True, True), []
 
         cap = _Capture(self._tokenize)
         kw = {}
@@ -136,7 +185,8 @@ class ChatTemplate:
         return cap.prompt, cap.stop
 
     # ---- the Jinja path -----------------------------------------------------
-    def render(self, messages: list[dict], req: ToolRequest) -> tuple[ToolFormat, ChatPlan]:
+    def render(self, messages: list[dict], req: ToolRequest,
+               prefill: str | None = None) -> tuple[ToolFormat, ChatPlan]:
         """The format and plan (its rendered prompt text) for checked
         ``messages`` (:func:`~ggmux.instance.messages.chat_messages`) and
         ``req``, through the GGUF's ``tool_use`` template when it has one and
@@ -146,19 +196,24 @@ class ChatTemplate:
         # a GGUF's tool_use template serves requests with tools (llama.cpp)
         tmpl = self.jinja_tools if req.tools and self.jinja_tools else self.jinja
         fmt = format_for(tmpl.source, req.calls_tools, req.json_schema is not None)
+        if prefill is not None:  # the messages before it, then the assistant's turn
+            req.add_generation_prompt = True
         try:
             plan = fmt.plan(tmpl, messages, req)
         except TemplateRefused as e:
             raise BadRequest(f"messages: the model's chat template refused them: {e}",
                              "messages") from None
+        if prefill is not None:
+            plan.prompt += prefill
         return fmt, plan
 
-    def chat(self, messages: list[dict], req: ToolRequest) -> ChatPrompt:
+    def chat(self, messages: list[dict], req: ToolRequest,
+             prefill: str | None = None) -> ChatPrompt:
         """:meth:`render`, tokenized: the prompt (no second BOS when the
         template wrote one), preserved tokens and lazy-grammar triggers
         (a trigger word that is one token is a trigger token, as
         llama-server does)."""
-        fmt, plan = self.render(messages, req)
+        fmt, plan = self.render(messages, req, prefill)
         text = plan.prompt
         add_bos = not (self.bos and text.startswith(self.bos))
         tokens = self._tokenize(text.encode("utf-8"), add_bos, True)

@@ -54,6 +54,7 @@ from .batch import Batch
 from .embedding import EmbeddingSteps
 from .fairness import FairQueue
 from .jobs import (
+    ContextExceeded,
     Embedding,
     EngineAsleep,
     EngineError,
@@ -271,8 +272,10 @@ class Engine(EmbeddingSteps, SampleSteps):
             raise InvalidRequest(f"'n' must be from 1 to {len(self.slots)} (the slot count)")
         room = self.n_ctx - len(r.prompt)
         if room < 1:
-            raise InvalidRequest(f"the prompt has {len(r.prompt)} tokens; this model's context "
-                                 f"(ctx-size) is {self.n_ctx} tokens per request")
+            raise ContextExceeded(f"the request exceeds the available context size: the prompt "
+                                  f"has {len(r.prompt)} tokens; this model's context (ctx-size) "
+                                  f"is {self.n_ctx} tokens per request", len(r.prompt),
+                                  self.n_ctx)
         self.m.check_tokens(list(r.sampling.logit_bias), "logit_bias")
         job.max_gen = room if r.max_tokens is None or r.max_tokens <= 0 else min(r.max_tokens, room)
         job.footprint = len(r.prompt) + job.max_gen
@@ -506,6 +509,7 @@ class Engine(EmbeddingSteps, SampleSteps):
                 s.state, s.n_cached = WAIT, keep
         first.children = chosen[1:]
         first.state = PROMPT
+        job.progress(keep)
 
     # -- generation
     def _plan(self, prompt_budget: int) -> list[tuple[Slot, int]]:
@@ -572,6 +576,7 @@ class Engine(EmbeddingSteps, SampleSteps):
             else:
                 start = len(s.tokens)
                 s.tokens.extend(s.job.request.prompt[start:start + k])
+                s.job.progress(len(s.tokens))
                 if s.i_batch >= 0:
                     ready.append(s)
         for s in ready:

@@ -12,6 +12,8 @@ Events, tuples whose first item names them:
   a list of per-token dicts when asked for, else None);
 * ``("end", choice, finish_reason)``: the choice ended (``stop``, ``length``);
 * ``("embedding", index, vector)``: one input's embedding (list of floats);
+* ``("progress", dict)``: prompt evaluation so far, when the request
+  asked for it (:meth:`Job.progress`);
 * ``("done", usage, timings)``: the request ended (also after a cancel);
 * ``("error", message)``: the request failed (the engine is stopping, or a
   decode failed); nothing follows.
@@ -34,6 +36,22 @@ class InvalidRequest(ValueError):
     """The request cannot be served as given (a prompt longer than the
     context, a bad token id, ``n`` above the slot count, a bad grammar):
     the client's fault, answered with 400."""
+
+
+class ContextExceeded(InvalidRequest):
+    """The prompt does not fit the context: llama-server's
+    ``exceed_context_size_error`` (400 with ``n_prompt_tokens`` and
+    ``n_ctx``, ``tools/server/server-common.cpp``)."""
+
+    def __init__(self, message: str, n_prompt_tokens: int, n_ctx: int) -> None:
+        super().__init__(message)
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
+
+    def error_fields(self) -> dict:
+        """The error envelope's fields beside ``message``."""
+        return {"type": "exceed_context_size_error", "code": 400,
+                "n_prompt_tokens": self.n_prompt_tokens, "n_ctx": self.n_ctx}
 
 
 class EngineError(RuntimeError):
@@ -74,6 +92,7 @@ class Generation:
     request_id: str = ""
     tenant: str = ""
     preserved: frozenset[int] = frozenset()
+    return_progress: bool = False  # ("progress", dict) events while the prompt is evaluated
 
 
 @dataclass(slots=True)
@@ -122,6 +141,16 @@ class Job:
             self._on_event(event)
         except Exception:
             log.exception("event callback of job %d failed", self.id)
+
+    def progress(self, processed: int) -> None:
+        """A ``("progress", {"total", "cache", "processed", "time_ms"})``
+        event when the request asked for it: prompt tokens in the slot so
+        far (llama-server's ``return_progress``, ``result_prompt_progress``)."""
+        r = self.request
+        if getattr(r, "return_progress", False):
+            self.emit(("progress", {"total": len(r.prompt), "cache": self.n_cached,
+                                    "processed": processed,
+                                    "time_ms": int((time.monotonic() - self.t_start) * 1000)}))
 
     def cancel(self) -> None:
         """End the request at the next step; its slots are freed."""

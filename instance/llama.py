@@ -16,15 +16,19 @@ import re
 from collections.abc import Callable
 
 from . import protocol
-from .answers import Answer, embedding_answer
+from .answers import Answer, Extras, embedding_answer
 from .backend import Backend, Sink
+from .builtin_templates import render_builtin
 from .chat import ChatTemplate
 from .engine import Embedding, Engine, Generation, InvalidRequest
+from .llama_args import llama_kwargs
 from .messages import chat_messages as jinja_messages
 from .messages import refuse_media
 from .model import EngineConfig
+from .prefill import continuation
+from .prompts import Batch, embedding_forms, native_prompts
 from .reasoning import REASONING_FORMATS
-from .sampling import Sampling
+from .settings import default_sampling, generation_settings
 from .structured import (
     forced_tool,
     grammar_text,
@@ -55,6 +59,9 @@ __all__ = ["BadRequest", "LlamaBackend", "chat_messages", "check_sampling", "lla
 
 log = logging.getLogger(__name__)
 
+POOLING_TYPES = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
+"""llama-server's ``--pooling`` names -> llama.cpp's ``LLAMA_POOLING_TYPE_*``."""
+
 
 def model_parts(path: str) -> list[str]:
     """All files of a split GGUF (``name-00001-of-00003.gguf``), else [path]."""
@@ -64,71 +71,6 @@ def model_parts(path: str) -> list[str]:
     n = int(m.group(3))
     parts = [f"{m.group(1)}-{i:05d}-of-{n:05d}.gguf" for i in range(1, n + 1)]
     return [p for p in parts if os.path.exists(p)]
-
-
-def _on_off_auto(v) -> bool | None:
-    """llama.cpp's ``on``/``off``/``auto`` (None: llama.cpp decides)."""
-    t = str(v).lower()
-    return None if t == "auto" else t in ("on", "1", "true", "enabled")
-
-
-# llama.cpp option -> (EngineConfig field, or chat_format, converter); preset
-# keys arrive as llama-server options ("--batch-size 256", "--no-mmap", ...)
-_LLAMA_OPTIONS = {
-    "--batch-size": ("n_batch", int), "-b": ("n_batch", int),
-    "--ubatch-size": ("n_ubatch", int), "-ub": ("n_ubatch", int),
-    "--threads-batch": ("n_threads_batch", int), "-tb": ("n_threads_batch", int),
-    "--seed": ("seed", int), "-s": ("seed", int),
-    "--rope-freq-base": ("rope_freq_base", float),
-    "--rope-freq-scale": ("rope_freq_scale", float),
-    "--main-gpu": ("main_gpu", int), "-mg": ("main_gpu", int),
-    "--cache-type-k": ("type_k", str), "-ctk": ("type_k", str),
-    "--cache-type-v": ("type_v", str), "-ctv": ("type_v", str),
-    "--flash-attn": ("flash_attn", lambda v: _on_off_auto(v)),
-    "-fa": ("flash_attn", lambda v: _on_off_auto(v)),
-    "--chat-template": ("chat_format", str),
-    "--n-predict": ("n_predict", int), "--predict": ("n_predict", int), "-n": ("n_predict", int),
-    "--reasoning-format": ("reasoning_format", str),
-    "--parallel": ("parallel", int), "-np": ("parallel", int),
-}
-_LLAMA_FLAGS = {"--no-mmap": ("use_mmap", False), "--mmap": ("use_mmap", True),
-                "--kv-unified": ("kv_unified", True), "-kvu": ("kv_unified", True),
-                "--no-kv-unified": ("kv_unified", False),
-                "--mlock": ("use_mlock", True), "--no-mlock": ("use_mlock", False),
-                "--embedding": ("embedding", True), "--embeddings": ("embedding", True)}
-_GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
-               "bf16": 30}
-
-
-def llama_kwargs(argv: list[str]) -> dict:
-    """Engine settings (:class:`~ggmux.instance.model.EngineConfig` fields,
-    ``chat_format`` and ``n_predict``) for llama-server options a preset gave
-    (``extra_args``); options the engine has no equivalent for are logged
-    and ignored, as llama.cpp ignores unknown environment."""
-    kw: dict = {}
-    i = 0
-    while i < len(argv):
-        opt = argv[i]
-        if opt in _LLAMA_FLAGS:
-            k, v = _LLAMA_FLAGS[opt]
-            kw[k] = v
-            i += 1
-            continue
-        has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
-        if opt in _LLAMA_OPTIONS and has_value:
-            k, conv = _LLAMA_OPTIONS[opt]
-            val = conv(argv[i + 1])
-            if k in ("type_k", "type_v"):
-                val = _GGML_TYPES.get(str(val).lower())
-                if val is None:
-                    log.warning("ignoring %s %s: unknown cache type", opt, argv[i + 1])
-                    i += 2
-                    continue
-            kw[k] = val
-        else:
-            log.warning("ignoring llama.cpp option %s: llama-cpp-python has no equivalent", opt)
-        i += 2 if has_value else 1
-    return kw
 
 
 def _gpu_count() -> int:
@@ -147,7 +89,11 @@ class LlamaBackend(Backend):
     (:class:`~ggmux.instance.engine.Engine`) on ``--parallel`` slots.
 
     ``start`` checks a request and submits it; its answer is built on the
-    engine's decode thread and handed to the server's sink."""
+    engine's decode thread and handed to the server's sink. ``native``
+    requests (llama.cpp's ``/completion``) are answered in llama.cpp's own
+    shape (:class:`~ggmux.instance.answers.Extras`)."""
+
+    native_answers = True
 
     def __init__(self, args) -> None:
         self.args = args
@@ -161,6 +107,19 @@ class LlamaBackend(Backend):
     def _config(self):
         kw = llama_kwargs(getattr(self.args, "llama_args", []) or [])
         self.chat_format = kw.pop("chat_format", None)
+        self.chat_template_file = kw.pop("chat_template_file", None)
+        self.jinja = kw.pop("jinja", True)
+        # llama-server's --verbose: every answer carries __verbose
+        self.verbose = kw.pop("verbose", False)
+        # llama-server's --pooling: the context's pooling; "none" (a vector per
+        # token) has no OpenAI answer: embeddings requests get a 400
+        self.pooling = kw.pop("pooling", None)
+        if self.pooling in POOLING_TYPES:
+            kw["pooling"] = POOLING_TYPES[self.pooling]
+        elif self.pooling is not None:
+            log.warning("ignoring --pooling %s: not one of %s", self.pooling,
+                        ", ".join(POOLING_TYPES))
+        self.sampling_defaults = kw.pop("sampling", {})
         # llama-server's -n: the tokens a request that gives no limit generates
         self.n_predict = kw.pop("n_predict", -1)
         # a preset's reasoning-format (llama-server's option) over ggmux serve's
@@ -270,9 +229,13 @@ class LlamaBackend(Backend):
         info = self.engine.load()
         e = self.engine
         special = e.special_tokens()
+        source = None
+        if self.chat_template_file:  # llama-server reads it at start; a bad path ends the load
+            with open(self.chat_template_file, encoding="utf-8") as f:
+                source = f.read()
         self.template = ChatTemplate(e.metadata, e.token_text(special["bos"]),
                                      e.token_text(special["eos"]), special["eos"],
-                                     self.chat_format, self._raw_tokenize)
+                                     self.chat_format, self._raw_tokenize, source, self.jinja)
         return {"n_ctx": info["n_ctx"], "slots": info["slots"], "kv_size": info["kv_size"]}
 
     def _raw_tokenize(self, raw: bytes, add_special: bool, parse_special: bool) -> list[int]:
@@ -301,16 +264,36 @@ class LlamaBackend(Backend):
         try:
             if kind == "embedding":
                 job = self._embedding(body, sink, request_id, tenant)
+            elif kind == "native":
+                job = self._native(body, sink, request_id, tenant)
             else:
                 job = self._generation(kind, body, sink, request_id, tenant)
         except InvalidRequest as e:
-            raise BadRequest(str(e)) from None
+            fields = e.error_fields() if hasattr(e, "error_fields") else None
+            raise BadRequest(str(e), fields=fields) from None
         return job.cancel
 
     def _model(self, body: dict) -> str:
         return body["model"] if isinstance(body.get("model"), str) else self.name
 
-    def _generation(self, kind: str, body: dict, sink: Sink, request_id: str, tenant: str = ""):
+    def _native(self, body: dict, sink: Sink, request_id: str, tenant: str):
+        """llama.cpp's ``/completion``: each of its prompts (:mod:`.prompts`)
+        a generation of its own; several are answered as a list."""
+        prompts = native_prompts(body.get("prompt", body.get("content")),
+                                 lambda t, special: self.engine.tokenize(t, special, True),
+                                 self.engine.n_vocab)
+        if len(prompts) == 1:
+            return self._generation("completion", body, sink, request_id, tenant, prompts[0])
+        if body.get("stream") is True:
+            raise BadRequest("several prompts in one streamed /completion are not supported "
+                             "(send them as requests of their own)", "prompt")
+        return Batch(prompts, sink, lambda p, one: self._generation(
+            "completion", body, one, request_id, tenant, p))
+
+    def _generation(self, kind: str, body: dict, sink: Sink, request_id: str, tenant: str = "",
+                    native: list[int] | None = None):
+        """Check and submit one chat or completion; ``native``: the prompt of
+        a llama.cpp ``/completion``, answered in llama.cpp's shape."""
         check_sampling(body, max_n=self.slots)
         n_vocab = self.engine.n_vocab
         tool = None
@@ -321,13 +304,14 @@ class LlamaBackend(Backend):
         lazy = False
         if kind == "chat" and self.template.jinja is not None:
             messages = jinja_messages(body.get("messages"), self._model(body))
+            messages, prefill = continuation(body, messages)
             gbnf = structured_output(body, self.limits)
             req = tool_request(body, self.limits, self.reasoning_format,
                                response_schema(body) if gbnf is not None else None)
             if req.calls_tools and body.get("grammar") is not None:
                 raise BadRequest("'grammar' cannot be combined with tools (give tool_choice "
                                  "\"none\" or no grammar)", "grammar")
-            cp = self.template.chat(messages, req)
+            cp = self.template.chat(messages, req, prefill)
             plan = cp.plan
             if plan.grammar is not None:
                 gbnf = grammar_text(plan.grammar, self.limits, "tools")
@@ -340,6 +324,9 @@ class LlamaBackend(Backend):
         elif kind == "chat":
             refuse_media(body.get("messages"), self._model(body))
             messages = chat_messages(body.get("messages"))
+            rest, prefill = continuation(body, messages)
+            if self.template.builtin is not None:  # llama.cpp's: the prefill as llama-server's
+                messages = rest
             tool = forced_tool(body, self.limits)
             gbnf = structured_output(body, self.limits)
             if tool is not None:
@@ -347,7 +334,10 @@ class LlamaBackend(Backend):
                     raise BadRequest("a forced tool call cannot be combined with a grammar or "
                                      "JSON schema", "tool_choice")
                 gbnf = schema_grammar(tool["parameters"], self.limits, "tool_choice")
-            prompt, stops = self.template.prompt(messages, tool)
+            prompt, stops = self.template.prompt(messages, tool, prefill)
+        elif native is not None:
+            gbnf = structured_output(body, self.limits)
+            prompt, stops = native, []
         else:
             gbnf = structured_output(body, self.limits)
             p = completion_prompt(body, n_vocab)
@@ -362,9 +352,13 @@ class LlamaBackend(Backend):
                 raise BadRequest("'logprobs' of a chat request must be true or false (the "
                                  "number of alternatives is 'top_logprobs')", "logprobs")
             top = (body.get("top_logprobs") or 0) if lp else None
+        elif native is not None:  # llama.cpp's n_probs: that many alternatives of each token
+            n_probs = body.get("n_probs")
+            top = int(n_probs) if is_int(n_probs) and n_probs > 0 else None
         else:
             top = None if lp is None or lp is False else (0 if lp is True else int(lp))
         max_tokens = generation_limit(body, self.limits, self.n_predict)
+        stream = body.get("stream") is True
         sampling = self._sampling(body, gbnf, n_vocab)
         if lazy:
             sampling.grammar_lazy = True
@@ -378,16 +372,35 @@ class LlamaBackend(Backend):
                          ignore_eos=body.get("ignore_eos") is True,
                          cache_prompt=body.get("cache_prompt") is not False and not seeded,
                          logprobs=top, request_id=request_id, tenant=tenant,
-                         preserved=preserved)
+                         preserved=preserved,
+                         return_progress=body.get("return_progress") is True and stream)
         opts = body.get("stream_options") or {}
-        answer = Answer(sink, kind, self._model(body), gen.n, stream=body.get("stream") is True,
+        settings = generation_settings(
+            sampling, max_tokens or -1, self.engine.cfg.seed if sampling.seed is None
+            else sampling.seed, stream=stream, n_probs=top or 0, ignore_eos=gen.ignore_eos,
+            timings_per_token=body.get("timings_per_token") is True,
+            reasoning_format=self.reasoning_format)
+        extras = Extras(native=native is not None, verbose=self.verbose if body.get("verbose") is None
+                        else body.get("verbose") is True,
+                        timings_per_token=body.get("timings_per_token") is True,
+                        settings=settings,
+                        prompt=lambda: self.engine.detokenize(prompt, special=True))
+        answer = Answer(sink, kind, self._model(body), gen.n, stream=stream,
                         include_usage=opts.get("include_usage") is True,
-                        logprobs=None if top is None else kind,
-                        tool=tool["name"] if tool else None, echo=echo, parser=parser)
-        return self.engine.submit(gen, answer.on_event)
+                        logprobs=None if top is None else "native" if native is not None
+                        else kind,
+                        tool=tool["name"] if tool else None, echo=echo, parser=parser,
+                        extras=extras)
+        job = self.engine.submit(gen, answer.on_event)
+        answer.job = job
+        return job
 
     def _sampling(self, body: dict, gbnf: str | None, n_vocab: int):
-        s = Sampling(grammar=gbnf, logit_bias=logit_bias(body, n_vocab) or {})
+        s = default_sampling(self.sampling_defaults)  # --temp, --top-k, ...
+        s.grammar = gbnf
+        # a text key is biased token by token, as llama-server tokenizes it
+        s.logit_bias = logit_bias(body, n_vocab, lambda t: self.engine.tokenize(t, False, False))
+        s.logit_bias = s.logit_bias or {}
         for k in ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty",
                   "presence_penalty", "frequency_penalty", "mirostat_tau", "mirostat_eta"):
             if body.get(k) is not None:
@@ -409,6 +422,13 @@ class LlamaBackend(Backend):
 
     def _embedding(self, body: dict, sink: Sink, request_id: str, tenant: str = ""):
         e = self.engine
+        if self.pooling == "none":
+            raise BadRequest("Pooling type 'none' is not OAI compatible. Please use a different "
+                             "pooling type (this server runs with --pooling none: no pooled "
+                             "vector per input)", "input")
+        body = {**body, "input": embedding_forms(body.get("input"),
+                                                 lambda t, special: e.tokenize(t, special, True),
+                                                 e.n_vocab)}
         inputs = embedding_inputs(body, e.n_vocab, self.limits)
         truncate = bool(body.get("truncate"))
         n_max = min(e.n_ctx, e.m.n_batch) if e.m.pooled else e.n_ctx
@@ -456,13 +476,17 @@ class LlamaBackend(Backend):
         answers with the text its chat handler would tokenize."""
         if self.template.jinja is None:
             messages = chat_messages(body.get("messages"))
+            rest, prefill = continuation(body, messages)
+            if self.template.builtin is not None:
+                return {"prompt": render_builtin(self.template.builtin, rest) + (prefill or "")}
             tokens, _ = self.template.prompt(messages, None)
             return {"prompt": self.engine.detokenize(tokens, special=True)}
         messages = jinja_messages(body.get("messages"), self._model(body))
+        messages, prefill = continuation(body, messages)
         gbnf = structured_output(body, self.limits)
         req = tool_request(body, self.limits, self.reasoning_format,
                            response_schema(body) if gbnf is not None else None)
-        _, plan = self.template.render(messages, req)
+        _, plan = self.template.render(messages, req, prefill)
         return {"prompt": plan.prompt}
 
     def detokenize(self, body: dict) -> dict:

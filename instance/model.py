@@ -70,6 +70,7 @@ class EngineConfig:
     rope_freq_base: float = 0.0
     rope_freq_scale: float = 0.0
     embedding: bool = False
+    pooling: int | None = None  # llama.cpp's LLAMA_POOLING_TYPE_* (--pooling); None: the model's
     seed: int = DEFAULT_SEED
     slot_prompt_similarity: float = 0.1
     kv_unified: bool | None = None
@@ -156,6 +157,8 @@ class ModelContext:
         cp.rope_freq_base = cfg.rope_freq_base
         cp.rope_freq_scale = cfg.rope_freq_scale
         cp.embeddings = cfg.embedding
+        if cfg.pooling is not None:
+            cp.pooling_type = cfg.pooling
         cp.no_perf = True
         ctx = L.llama_init_from_model(model, cp)
         if not ctx:

@@ -84,6 +84,8 @@ ROUTES = {
     b"/tokenize": "tokenize",
     b"/detokenize": "detokenize",
     b"/apply-template": "apply_template",
+    b"/v1/chat/completions/input_tokens": "input_tokens",
+    b"/chat/completions/input_tokens": "input_tokens",
 }
 # llama-server routes this backend has no implementation for (a `cmd`
 # instance running llama-server serves them)
@@ -122,6 +124,23 @@ def native_chunk(chunk: dict, final: bool) -> dict:
     if choice.get("finish_reason"):
         out["stop_type"] = "limit" if choice["finish_reason"] == "length" else "eos"
     return out
+
+
+def error_fields(e: Exception) -> dict:
+    """A request error's envelope fields beside ``message`` (``param``,
+    llama-server's own ``type`` where it has one)."""
+    if hasattr(e, "error_fields"):
+        return e.error_fields()
+    return {"param": getattr(e, "param", None)}
+
+
+def answer_usage(answer: dict) -> dict | None:
+    """OpenAI's ``usage`` of a whole answer (a llama.cpp ``/completion``
+    answer has its counts as ``tokens_evaluated``/``tokens_predicted``)."""
+    if "usage" in answer or "tokens_evaluated" not in answer:
+        return answer.get("usage")
+    p, c = answer.get("tokens_evaluated") or 0, answer.get("tokens_predicted") or 0
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
 class InstanceApp:
@@ -249,11 +268,11 @@ class InstanceApp:
             conn.send_error(req, 503, "model is asleep", headers=REFUSED)
             return
         self.requests += 1
-        if kind in ("tokenize", "detokenize", "apply_template"):
+        if kind in ("tokenize", "detokenize", "apply_template", "input_tokens"):
             try:
                 out = getattr(self.backend, kind)(body)
             except ValueError as e:
-                conn.send_error(req, 400, str(e), param=getattr(e, "param", None))
+                conn.send_error(req, 400, str(e), **error_fields(e))
                 return
             conn.send_json(req, 200, out)
             return
@@ -307,8 +326,12 @@ class InstanceApp:
     async def _generate(self, conn: HttpConnection, req: Request, kind: str, body: dict) -> None:
         loop = self.loop
         native = kind == "native"
-        if native:
-            kind, body = "completion", native_request(body)
+        if native:  # a backend with native_answers builds llama.cpp's own shape
+            body = native_request(body)
+            if getattr(self.backend, "native_answers", False):
+                native = False
+            else:
+                kind = "completion"
         events: asyncio.Queue = asyncio.Queue()
 
         def sink(what: str, payload) -> None:  # any thread
@@ -320,7 +343,7 @@ class InstanceApp:
             cancel = await loop.run_in_executor(self.executor, self.backend.start, kind, body,
                                                 sink, rid, tenant)
         except ValueError as e:  # BadRequest
-            conn.send_error(req, 400, str(e), param=getattr(e, "param", None))
+            conn.send_error(req, 400, str(e), **error_fields(e))
             return
         except Exception as e:
             log.exception("generation failed")
@@ -343,7 +366,7 @@ class InstanceApp:
                 return
             if what == "result":
                 # the usage line: the proxy's request ring reads it, not the body
-                line = usage_line(payload.get("usage")) if isinstance(payload, dict) else b""
+                line = usage_line(answer_usage(payload)) if isinstance(payload, dict) else b""
                 conn.send_json(req, 200, native_chunk(payload, True) if native else payload,
                                headers=[(USAGE_HEADER, line)] if line else ())
                 return
@@ -357,7 +380,7 @@ class InstanceApp:
             elif what == "end":
                 if not started:
                     conn.start_stream(req)
-                if not native:  # llama.cpp's /completion has no [DONE]
+                if kind != "native" and not native:  # llama.cpp's /completion has no [DONE]
                     conn.send_chunk(b"data: [DONE]\n\n")
                 conn.end_stream(req, usage_trailer(payload))  # the usage line, as a trailer
                 return

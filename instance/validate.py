@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import orjson
@@ -37,11 +38,20 @@ class BadRequest(ValueError):
     """The request is invalid for this model (answered with 400).
 
     ``param``: the field it is about, as a path (``"messages[2].content"``),
-    or None."""
+    or None; ``fields``: more of the error envelope (llama-server's
+    ``exceed_context_size_error`` type with ``n_prompt_tokens`` and
+    ``n_ctx``)."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None,
+                 fields: dict | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.fields = fields or {}
+
+    def error_fields(self) -> dict:
+        """The error envelope's fields beside ``message`` (``param``, and a
+        ``type`` of llama-server's where it has one of its own)."""
+        return {"param": self.param, **self.fields}
 
 
 @dataclass(slots=True, frozen=True)
@@ -332,10 +342,15 @@ def completion_prompt(body: dict, n_vocab: int) -> str | list[int]:
                      f"request), not {shown(p)}", field)
 
 
-def logit_bias(body: dict, n_vocab: int) -> dict[int, float] | None:
+def logit_bias(body: dict, n_vocab: int,
+               tokenize: Callable[[str], list[int]] | None = None) -> dict[int, float] | None:
     """``logit_bias`` as ``{token id: bias}``: OpenAI's object of token ids
     (as strings) to numbers from -100 to 100, or llama.cpp's list of
-    ``[id, bias]`` pairs. None when not given. Raises :class:`BadRequest`."""
+    ``[id, bias]`` pairs; a bias of ``false`` bans the token (-inf). As
+    llama-server (``tools/server/server-schema.cpp``), a key or first item
+    that is a text, not a token id, biases every token of that text
+    (``tokenize(text)``: without special tokens; refused when None). None
+    when not given. Raises :class:`BadRequest`."""
     lb = body.get("logit_bias")
     if lb is None:
         return None
@@ -350,15 +365,22 @@ def logit_bias(body: dict, n_vocab: int) -> dict[int, float] | None:
     for k, v in pairs:
         key = k if is_int(k) else int(k) if isinstance(k, str) and re.fullmatch(
             r"-?[0-9]{1,12}", k) else None
-        if key is None:
+        if key is None and isinstance(k, str) and k and tokenize is not None:
+            keys = tokenize(k)
+        elif key is None:
             raise BadRequest(f"logit_bias: {shown(k)} is not a token id", "logit_bias")
-        if not 0 <= key < n_vocab:
+        elif not 0 <= key < n_vocab:
             raise BadRequest(f"logit_bias: {key} is not a token id of this model (vocabulary "
                              f"size {n_vocab})", f"logit_bias[{key}]")
-        if not _is_number(v) or not -100 <= v <= 100:
-            raise BadRequest(f"logit_bias[{key}] must be a number from -100 to 100, not "
-                             f"{shown(v)}", f"logit_bias[{key}]")
-        out[key] = float(v)
+        else:
+            keys = [key]
+        if v is False:
+            v = float("-inf")
+        elif not _is_number(v) or not -100 <= v <= 100:
+            raise BadRequest(f"logit_bias[{shown(k)}] must be a number from -100 to 100 or "
+                             f"false, not {shown(v)}", f"logit_bias[{k}]")
+        for t in keys:
+            out[t] = float(v)
     return out
 
 

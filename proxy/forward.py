@@ -72,6 +72,8 @@ INFERENCE = frozenset(
         b"/v1/rerank",
         b"/reranking",
         b"/apply-template",
+        b"/v1/chat/completions/input_tokens",  # llama-server's prompt token count
+        b"/chat/completions/input_tokens",
     )
 )  # /v1/messages, /v1/responses, /api/*: apis.ROUTES
 

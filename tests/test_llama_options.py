@@ -14,7 +14,19 @@ def test_known_llama_cpp_options_map_to_llama_keywords():
 
 
 def test_unknown_options_and_bad_cache_types_are_ignored():
-    assert llama_kwargs(["--spec-replace", "a", "b", "--cache-type-k", "q9_9", "--jinja"]) == {}
+    assert llama_kwargs(["--spec-replace", "a", "b", "--cache-type-k", "q9_9",
+                         "--temp", "hot"]) == {}
+
+
+def test_server_options_of_llama_server_reach_the_backend():
+    # issue 23: llama-server's sampling defaults, template options, --verbose
+    # and --pooling were dropped with a warning
+    kw = llama_kwargs(["--temp", "0", "--top-k", "5", "--jinja", "--chat-template", "llama3",
+                       "--chat-template-file", "/t.jinja", "--verbose", "--pooling", "none"])
+    assert kw == {"sampling": {"temperature": 0.0, "top_k": 5}, "jinja": True,
+                  "chat_format": "llama3", "chat_template_file": "/t.jinja", "verbose": True,
+                  "pooling": "none"}
+    assert llama_kwargs(["--no-jinja"]) == {"jinja": False}
 
 
 def test_split_model_lists_its_existing_parts(tmp_path):

@@ -114,7 +114,7 @@ def test_llama_servers_routes_without_v1_and_the_input_token_count(serve, fakes)
     st, doc = s.json("POST", "/apply-template", chat)  # what the count is of: the template's
     assert st == 200, doc
     st, toks = s.json("POST", "/tokenize", {"model": "a", "content": doc["prompt"],
-                                            "add_special": False, "parse_special": True})
+                                            "add_special": True})
     assert st == 200 and toks["tokens"], toks
     for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"):
         st, doc = s.json("POST", path, chat)

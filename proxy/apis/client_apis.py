@@ -85,15 +85,11 @@ ROUTES: dict[bytes, tuple[Adapter, bool]] = {
     b"/v1/messages/count_tokens": (anthropic.CountTokens(), True),
     b"/v1/responses": (responses.Responses(), True),
     b"/responses": (responses.Responses(), True),  # llama-server's, without /v1
-    b"/v1/chat/completions/input_tokens": (openai.ChatInputTokens(), True),
-    b"/chat/completions/input_tokens": (openai.ChatInputTokens(), True),
     b"/api/chat": (ollama.Chat(), False),
     b"/api/generate": (ollama.Generate(), False),
     b"/api/embed": (ollama.Embed(), False),
     b"/api/embeddings": (ollama.Embeddings(), False),
 }
-# the adapters that count a prompt's tokens (ClientApis._count_request)
-COUNTING = (anthropic.CountTokens, openai.ChatInputTokens)
 NATIVE_KINDS = frozenset(("cmd", "upstream"))  # replica kinds that speak those APIs themselves
 CHAT_WITH_USAGE = openai.ChatWithUsage()
 _OLLAMA = ollama.Chat()  # for Ollama's error envelope
@@ -233,7 +229,7 @@ class ClientApis:
                         and not body.get("system") and await self._without_template(m)):
                     # Ollama's template of a model without one is the prompt alone
                     body = {**body, "raw": True}
-            if isinstance(adapter, COUNTING):
+            if isinstance(adapter, anthropic.CountTokens):
                 t = await self._count_request(wrap, req, adapter, m, name, body)
                 if t is None:
                     return
@@ -259,8 +255,7 @@ class ClientApis:
                 self._keep_alive(m, name, keep)
 
     async def _count_request(self, wrap: TranslatedConnection, req: Request,
-                             adapter: anthropic.CountTokens | openai.ChatInputTokens,
-                             m: int, name: str,
+                             adapter: anthropic.CountTokens, m: int, name: str,
                              body: dict) -> Translated | None:
         """The ``/tokenize`` request that counts a ``count_tokens`` body:
         of the prompt the replica's chat template renders (its

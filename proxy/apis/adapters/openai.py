@@ -12,7 +12,7 @@ from __future__ import annotations
 import orjson
 
 from ...http import ERROR_TYPES, error_code
-from .common import Adapter, BadReply, StreamState, Translated, Usage, sse
+from .common import Adapter, StreamState, Translated, Usage, sse
 from .tools import delta
 
 
@@ -91,50 +91,3 @@ class ChatWithUsage(Adapter):
     def replica_error(self, status: int, body: bytes) -> tuple[bytes, bytes]:
         return b"application/json", body  # already OpenAI's envelope: relayed as it is
 
-
-def _text_of(body: dict) -> str:
-    """Every message's text, one per line (tool calls as JSON): what
-    :class:`ChatInputTokens` counts when the replica cannot render its
-    chat template."""
-    lines = []
-    for m in body.get("messages") or ():
-        if not isinstance(m, dict):
-            continue
-        c = m.get("content")
-        if isinstance(c, list):
-            c = "".join(p.get("text", "") for p in c if isinstance(p, dict))
-        if isinstance(c, str):
-            lines.append(c)
-        for call in m.get("tool_calls") or ():
-            if isinstance(call, dict):
-                lines.append(orjson.dumps(call.get("function")).decode())
-    return "\n".join(lines)
-
-
-class ChatInputTokens(ChatWithUsage):
-    """``POST /chat/completions/input_tokens`` (and under ``/v1``):
-    llama-server's count of a chat request's prompt, ``{"input_tokens":
-    N}`` (``handle_count_tokens``). As
-    :class:`~.anthropic.CountTokens`: the replica renders the request with
-    its chat template (``/apply-template``), then ``/tokenize`` counts that
-    prompt; a replica without the route gets the tokens of the messages'
-    text alone (:meth:`request`)."""
-
-    def template_request(self, body: dict) -> Translated:
-        chat = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-        return Translated(b"/apply-template", chat)
-
-    def tokenize_request(self, body: dict, prompt: str) -> Translated:
-        # the rendered prompt holds the template's special tokens (BOS too)
-        return Translated(b"/tokenize", {"model": body.get("model"), "content": prompt,
-                                         "add_special": False, "parse_special": True})
-
-    def request(self, body: dict) -> Translated:
-        return Translated(b"/tokenize", {"model": body.get("model"), "content": _text_of(body),
-                                         "add_special": True})
-
-    def response(self, obj: dict, req: Translated) -> dict:
-        tokens = obj.get("tokens")
-        if not isinstance(tokens, list):
-            raise BadReply("the replica's /tokenize answer has no 'tokens' list")
-        return {"input_tokens": len(tokens)}

@@ -1,0 +1,67 @@
+"""llama-server's ``generation_settings`` of one request, and the server's
+sampling defaults (``--temp``, ``--top-k``, ... on the command line).
+
+The shape is ``task_params::to_json`` of llama.cpp's
+``tools/server/server-task.cpp``: the settings a request was served with,
+in ``/completion`` answers, ``__verbose`` and ``/props``' default ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from .sampling import Sampling
+
+SAMPLING_OPTIONS = {
+    "--temp": "temperature", "--temperature": "temperature",
+    "--top-k": "top_k", "--top-p": "top_p", "--min-p": "min_p", "--typical": "typical_p",
+    "--repeat-penalty": "repeat_penalty", "--repeat-last-n": "repeat_last_n",
+    "--presence-penalty": "presence_penalty", "--frequency-penalty": "frequency_penalty",
+    "--mirostat": "mirostat", "--mirostat-lr": "mirostat_eta", "--mirostat-ent": "mirostat_tau",
+}
+"""llama-server sampling option -> :class:`~ggmux.instance.sampling.Sampling`
+field: the default of every request that does not give its own."""
+
+_INTS = {"top_k", "repeat_last_n", "mirostat"}
+
+
+def sampling_default(option: str, value: str) -> tuple[str, float | int]:
+    """``(Sampling field, value)`` of one of :data:`SAMPLING_OPTIONS`.
+    Raises ValueError for a value that is not a number."""
+    name = SAMPLING_OPTIONS[option]
+    return name, int(value) if name in _INTS else float(value)
+
+
+def default_sampling(defaults: dict) -> Sampling:
+    """A :class:`Sampling` with the server's defaults (field -> value)."""
+    s = Sampling()
+    names = {f.name for f in fields(Sampling)}
+    for k, v in defaults.items():
+        if k in names:
+            setattr(s, k, v)
+    return s
+
+
+def generation_settings(s: Sampling, n_predict: int, seed: int, *, stream: bool,
+                        n_probs: int, ignore_eos: bool, timings_per_token: bool,
+                        reasoning_format: str) -> dict:
+    """llama-server's ``generation_settings`` (``task_params::to_json``):
+    ``n_predict``/``max_tokens`` the request's limit (-1: none), ``seed``
+    the seed it drew with (the server's when it gave none); the samplers
+    ggmux does not have are llama.cpp's neutral values."""
+    return {
+        "seed": seed, "temperature": s.temperature, "dynatemp_range": 0.0,
+        "dynatemp_exponent": 1.0, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
+        "top_n_sigma": -1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1,
+        "typical_p": s.typical_p, "repeat_last_n": s.repeat_last_n,
+        "repeat_penalty": s.repeat_penalty, "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty, "dry_multiplier": 0.0, "dry_base": 1.75,
+        "dry_allowed_length": 2, "dry_penalty_last_n": -1, "mirostat": s.mirostat,
+        "mirostat_tau": s.mirostat_tau, "mirostat_eta": s.mirostat_eta,
+        "adaptive_target": -1.0, "adaptive_decay": 0.9,
+        "max_tokens": n_predict, "n_predict": n_predict, "n_keep": 0, "n_discard": 0,
+        "ignore_eos": ignore_eos, "stream": stream, "n_probs": n_probs, "min_keep": 0,
+        "grammar": s.grammar or "", "grammar_lazy": s.grammar_lazy,
+        "reasoning_format": reasoning_format, "timings_per_token": timings_per_token,
+        "post_sampling_probs": False, "lora": [],
+    }
