@@ -25,7 +25,7 @@ from every result there, so files can be run one at a time
 
 Usage (from the repository root)::
 
-    python -m bench.conformance --quick                # router, chat, anthropic
+    python -m bench.conformance --quick                # router, chat, anthropic: a few tests
     python -m bench.conformance --files test_tokenize --only ggmux
     python -m bench.conformance --report               # the table of what ran
 """
@@ -65,7 +65,19 @@ SIDES = ("llama-server", "ggmux")
 FILES = ("test_router", "test_chat_completion", "test_completion", "test_compat_anthropic",
          "test_compat_oai_responses", "test_tokenize", "test_embedding", "test_security",
          "test_metrics")
-QUICK = ("test_router", "test_chat_completion", "test_compat_anthropic")
+# --quick: these files, each limited to the tests that cover what issue 23
+# fixed (a pytest -k expression), so that both sides run in under 10 minutes
+QUICK = {
+    "test_router": "test_router_props or test_router_chat_completion_stream or "
+                   "test_router_no_models_autoload or test_router_dedup_cache_models or "
+                   "test_router_reload_models or test_router_delete_model",
+    "test_chat_completion": "test_chat_completion_with_openai_library or "
+                            "test_chat_completions_token_count or test_logprobs or "
+                            "test_context_size_exceeded or test_verbose_debug",
+    "test_compat_anthropic": "test_anthropic_messages_basic or "
+                             "test_anthropic_messages_streaming or "
+                             "test_anthropic_count_tokens or test_anthropic_tool_use_basic",
+}
 FILE_TIMEOUT_S = 4 * 3600  # one file of the suite on one side
 TEST_TIMEOUT_S = 600  # one test (pytest-timeout): a hung test fails, the file goes on
 RUNNER_PACKAGES = ("pytest-timeout",)  # what the runner adds to the suite's requirements
@@ -168,15 +180,20 @@ def side_env(side: str, binary: Path, cache: Path, work: Path) -> dict[str, str]
 
 
 def run_file(python: Path, tests: Path, name: str, side: str, env: dict[str, str],
-             work: Path, timeout: float, test_timeout: float = TEST_TIMEOUT_S) -> Path:
-    """Run ``unit/NAME.py`` (not the slow tests) on one side, each test at
-    most ``test_timeout`` seconds; the JUnit XML path (its log beside it)."""
-    results = work / "results" / side
+             work: Path, timeout: float, test_timeout: float = TEST_TIMEOUT_S,
+             select: str | None = None, folder: str = "results") -> Path:
+    """Run ``unit/NAME.py`` (not the slow tests; with ``select``, only those
+    its ``-k`` expression names) on one side, each test at most
+    ``test_timeout`` seconds; the JUnit XML path (its log beside it, both in
+    ``work/folder/side``)."""
+    results = work / folder / side
     results.mkdir(parents=True, exist_ok=True)
     xml, logfile = results / f"{name}.xml", results / f"{name}.log"
     cmd = [str(python), "-m", "pytest", f"unit/{name}.py", "-m", "not slow", "-q", "-rN",
            "-p", "ggmux_conformance", "-p", "no:cacheprovider", f"--junitxml={xml}",
            f"--timeout={test_timeout:g}"]
+    if select:
+        cmd += ["-k", select]
     log.info("%s %s: %s", side, name, " ".join(cmd))
     with open(logfile, "w") as out:
         # a session of its own: a stopped run takes the servers it started along
@@ -218,11 +235,11 @@ def read_junit(xml: Path) -> dict[str, Outcome]:
     return out
 
 
-def collect(work: Path) -> dict[str, dict[str, dict[str, Outcome]]]:
-    """Every stored result: ``{file: {side: {test: Outcome}}}``."""
+def collect(work: Path, folder: str = "results") -> dict[str, dict[str, dict[str, Outcome]]]:
+    """Every stored result (of ``work/folder``): ``{file: {side: {test: Outcome}}}``."""
     out: dict[str, dict[str, dict[str, Outcome]]] = {}
     for side in SIDES:
-        for xml in sorted((work / "results" / side).glob("*.xml")):
+        for xml in sorted((work / folder / side).glob("*.xml")):
             out.setdefault(xml.stem, {})[side] = read_junit(xml)
     return out
 
@@ -298,7 +315,9 @@ def clean_ipc(port: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.conformance",
                                  description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="only " + ", ".join(QUICK))
+    ap.add_argument("--quick", action="store_true", help="only " + ", ".join(QUICK)
+                    + ", a few tests of each (under 10 minutes; results and report apart: "
+                    "results-quick/, conformance-quick.json)")
     ap.add_argument("--files", help="comma-separated test files (default: " + ", ".join(FILES)
                     + ")")
     ap.add_argument("--only", choices=SIDES, help="run one side")
@@ -315,8 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     work = args.work.resolve()
+    folder, suffix = ("results-quick", "-quick") if args.quick else ("results", "")
     if not args.report:
-        files = QUICK if args.quick else tuple(
+        files = tuple(QUICK) if args.quick else tuple(
             f.strip().removesuffix(".py") for f in args.files.split(",")) if args.files else FILES
         sides = (args.only,) if args.only else SIDES
         binaries = {"ggmux": None, "llama-server": None}
@@ -335,10 +355,11 @@ def main(argv: list[str] | None = None) -> int:
         for name in files:  # both sides of a file, then the next: pairs come one by one
             for side in sides:
                 env = side_env(side, binaries[side], cache, work)
-                run_file(python, tests, name, side, env, work, args.timeout, args.test_timeout)
+                run_file(python, tests, name, side, env, work, args.timeout, args.test_timeout,
+                         select=QUICK[name] if args.quick else None, folder=folder)
                 clean_ipc(int(env["PORT"]))
         shutil.rmtree(work / "presets", ignore_errors=True)
-    print(report(collect(work), work.parent / "conformance.json"))
+    print(report(collect(work, folder), work.parent / f"conformance{suffix}.json"))
     return 0
 
 

@@ -55,9 +55,12 @@ def model_object(i: int, mdl: dict, row: np.ndarray, errors: dict[str, str]) -> 
 
 def models_list(reg_models: list[dict], model_rows: np.ndarray, errors: dict[str, str]) -> dict:
     """OpenAI model list (``{"object": "list", "data": [...]}``) of
-    :func:`model_object`; models a reload removed are left out."""
+    :func:`model_object`; models a reload removed are left out, and so are
+    cache entries a preset's ``dedup-cache-models`` hides (still served by
+    name, as llama-server's router skips ``meta.hidden`` in its list)."""
     data = [model_object(i, mdl, model_rows[i], errors)
-            for i, mdl in enumerate(reg_models) if not mdl.get("removed")]
+            for i, mdl in enumerate(reg_models)
+            if not mdl.get("removed") and not mdl.get("hidden")]
     return {"object": "list", "data": data}
 
 

@@ -55,8 +55,9 @@ class RouterMode:
     # ---- which model -------------------------------------------------------------
     def only_model(self) -> int | None:
         """The index of the one model this server lists, when it lists
-        exactly one (a removed model is unnamed, so it does not count)."""
-        ms = set(self.names.values())
+        exactly one (a removed model is unnamed, and a cache entry that
+        ``dedup-cache-models`` hides is not listed: neither counts)."""
+        ms = {m for m in self.names.values() if not self.reg_models[m].get("hidden")}
         return next(iter(ms)) if len(ms) == 1 else None
 
     def pick_model(self, name: str) -> int | None:

@@ -173,3 +173,27 @@ def test_cors_origins_localhost_reflects_pages_of_this_machine_only():
     assert both.allows(b"http://a.example") and both.allows(b"http://127.0.0.1:1")
     assert not both.allows(b"http://b.example")
     assert b"DELETE" in ALLOW_METHODS  # DELETE /models, as llama-server's preflight allows
+
+
+def test_dedup_hidden_cache_entries_leave_the_list_and_do_not_count_as_models():
+    """llama.cpp's test_router_dedup_cache_models: the registry marked the
+    entries (tests/test_registry.py), the list left them in."""
+    import numpy as np
+    from ggmux.proxy.listing import models_list
+    from ggmux.proxy.router_mode import RouterMode
+
+    reg = [{"name": "model-dedup"}, {"name": "org/repo:F32", "hidden": True},
+           {"name": "org/gone", "removed": True}]
+    rows = np.zeros((3, L.M_WORDS), dtype=np.int64)
+    assert [m["id"] for m in models_list(reg, rows, {})["data"]] == ["model-dedup"]
+
+    class One(RouterMode):
+        def __init__(self, router: dict) -> None:
+            self.names = {"model-dedup": 0, "org/repo:F32": 1}  # hidden: served by name
+            self.reg_models = reg
+            self.router = router
+
+    one = One({})
+    assert one.only_model() == 0 and one.name_for_unnamed() == "model-dedup"
+    assert one.pick_model("org/repo:F32") == 1 and one.pick_model("gpt-4") is None
+    assert One({"model_fallback": "model-dedup"}).pick_model("gpt-4") == 0

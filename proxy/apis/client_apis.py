@@ -168,7 +168,7 @@ class ClientApis:
         elif path == b"/api/tags" and get:
             p.refresh()
             models = [(mdl, await self._facts(mdl)) for mdl in p.reg_models
-                      if not mdl.get("removed")]
+                      if not mdl.get("removed") and not mdl.get("hidden")]  # as /v1/models
             conn.send_json(req, 200, ollama.tags(models))
         elif path == b"/api/ps" and get:
             await self._ps(conn, req)
