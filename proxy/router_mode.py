@@ -116,7 +116,7 @@ class RouterMode:
             conn.send_error(req, 501, "ggmux does not download models (llama-server's POST "
                             "/models): download with `huggingface-cli download ORG/REPO FILE` "
                             "or `llama-server -hf ORG/REPO` into the Hugging Face cache, then "
-                            "GET /models?reload=1")
+                            "GET /models?reload=1", code=501)
         else:
             allow = MODELS_METHODS if req.path == b"/models" else b"GET, HEAD"
             conn.send_error(req, 405, f"{req.path.decode()} takes {allow.decode()}",
@@ -124,25 +124,26 @@ class RouterMode:
 
     def _delete_model(self, conn: HttpConnection, req: Request) -> None:
         """``DELETE /models?model=NAME``, answered as llama-server's router
-        answers it (``del_router_models``, ``server_models::remove``): 400
+        answers it (``del_router_models``, ``server_models::remove``; llama.cpp's envelope, its numeric ``code``): 400
         without a name, 500 ``model name=NAME is not found`` for one it does
         not list, 500 ``... is not removable (not from cache)`` for a model
         of a preset or a folder; a model of the Hugging Face cache gets 501:
         ggmux never deletes files (README "Differences from llama-server")."""
         name = query_value(req, "model")
         if not name:
-            conn.send_error(req, 400, "model must be a non-empty string")
+            conn.send_error(req, 400, "model must be a non-empty string", code=400)
             return
         self.refresh()
         m = resolve(self.names, name)
         if m is None:
-            conn.send_error(req, 500, f"model name={name} is not found")
+            conn.send_error(req, 500, f"model name={name} is not found", code=500)
         elif self.reg_models[m].get("source") != "hf-cache":
-            conn.send_error(req, 500, f"model name={name} is not removable (not from cache)")
+            conn.send_error(req, 500, f"model name={name} is not removable (not from cache)",
+                            code=500)
         else:
             conn.send_error(req, 501, f"model name={name}: ggmux does not delete files of the "
                             "Hugging Face cache; `huggingface-cli delete-cache` does, then GET "
-                            "/models?reload=1")
+                            "/models?reload=1", code=501)
 
     # ---- GET /props, /slots, /metrics --------------------------------------------
     async def _by_query(self, conn: HttpConnection, req: Request) -> None:
@@ -156,7 +157,7 @@ class RouterMode:
         self.refresh()
         if path == b"/metrics" and not self.router.get("metrics", True):
             conn.send_error(req, 501, "This server does not support metrics endpoint. Start "
-                            "it with `--metrics`")
+                            "it with `--metrics`", code=501)
             return
         name = self._query_model(req)
         if name is None:
