@@ -336,8 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work.resolve()
     folder, suffix = ("results-quick", "-quick") if args.quick else ("results", "")
     if not args.report:
-        files = tuple(QUICK) if args.quick else tuple(
-            f.strip().removesuffix(".py") for f in args.files.split(",")) if args.files else FILES
+        files = tuple(f.strip().removesuffix(".py") for f in args.files.split(",")) \
+            if args.files else tuple(QUICK) if args.quick else FILES
         sides = (args.only,) if args.only else SIDES
         binaries = {"ggmux": None, "llama-server": None}
         if "llama-server" in sides:
@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             for side in sides:
                 env = side_env(side, binaries[side], cache, work)
                 run_file(python, tests, name, side, env, work, args.timeout, args.test_timeout,
-                         select=QUICK[name] if args.quick else None, folder=folder)
+                         select=QUICK.get(name) if args.quick else None, folder=folder)
                 clean_ipc(int(env["PORT"]))
         shutil.rmtree(work / "presets", ignore_errors=True)
     print(report(collect(work, folder), work.parent / f"conformance{suffix}.json"))

@@ -14,7 +14,9 @@ stop). The mapping (:func:`plan`):
   ``--api-key``, ``--cors-origins``,
   ``--sleep-idle-seconds``, and ``--ctx-size``, ``--parallel``,
   ``--threads``, ``--n-gpu-layers`` (over every model, as llama-server's
-  router overlays its own command line on every preset);
+  router overlays its own command line on every preset; ``--ctx-size C
+  --parallel P`` becomes ``--ctx-size C/P --kv-size C``: llama-server's
+  slots share C);
 * a model on the command line (``--hf-repo`` [``--hf-file``], ``--model``)
   makes llama-server serve that one model, loaded at start: a generated
   preset with one section (named after the first ``--alias``, else the repo
@@ -114,6 +116,23 @@ def model_name(models: dict[str, str]) -> str:
     return Path(models.get("model", "model")).name.removesuffix(".gguf")
 
 
+def _per_slot_context(serve: list[str]) -> None:
+    """llama-server's ``--ctx-size C --parallel P`` is one KV cache of C
+    tokens split into P slots of C/P; ggmux's ``--ctx-size`` is what one
+    request may use and ``--kv-size`` the cache of all slots: ``--ctx-size
+    C/P --kv-size C`` (in place; only when both are given and C is not 0)."""
+    if "--ctx-size" not in serve or "--parallel" not in serve:
+        return
+    i, j = serve.index("--ctx-size") + 1, serve.index("--parallel") + 1
+    try:
+        c, n = int(serve[i]), int(serve[j])
+    except ValueError:
+        return
+    if c > 0 and n > 1:
+        serve[i] = str(c // n)
+        serve += ["--kv-size", str(c)]
+
+
 def plan(argv: list[str]) -> ShimPlan:
     """Map llama-server's ``argv`` (without the program) to ``ggmux serve``
     (see the module docstring). Raises ``ValueError`` for an option that
@@ -138,6 +157,7 @@ def plan(argv: list[str]) -> ShimPlan:
             models[key] = str(value)
         else:
             p.llama += [typed] if value is None else [typed, value]
+    _per_slot_context(p.serve)
     if not any(k == "metrics" for k, *_ in _options(argv)):
         p.serve.append("--no-metrics")  # llama-server's /metrics is off without --metrics
     if "hf-repo" in models or "model" in models:

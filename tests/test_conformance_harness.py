@@ -37,8 +37,8 @@ def test_a_single_model_command_line_becomes_a_one_section_preset_loaded_at_star
     assert p.preset == ("[tinyllama-2]\nhf-repo = ggml-org/test-model-stories260K\n"
                         "load-on-startup = true\n")
     assert p.argv("/x.ini") == [
-        "serve", "--port", "8123", "--host", "127.0.0.1", "--ctx-size", "512",
-        "--parallel", "2", "--no-metrics", "--model-fallback", "tinyllama-2",
+        "serve", "--port", "8123", "--host", "127.0.0.1", "--ctx-size", "256",
+        "--parallel", "2", "--kv-size", "512", "--no-metrics", "--model-fallback", "tinyllama-2",
         "--models-preset", "/x.ini", "--no-hf-cache", "--",
         "--temp", "0.8", "--seed", "42", "--batch-size", "32", "--no-slots",
         "--n-predict", "64", "--no-jinja"]
@@ -50,7 +50,7 @@ def test_a_router_command_line_keeps_the_cache_and_maps_router_options():
     assert p.preset is None
     assert p.serve == ["--port", "8123", "--host", "127.0.0.1", "--models-max", "2",
                        "--ctx-size", "1024", "--parallel", "1", "--no-models-autoload",
-                       "--no-metrics"]  # a router: no fallback
+                       "--no-metrics"]  # a router: no fallback; one slot has all the context
     assert "--no-hf-cache" not in p.argv() and p.argv()[-1] == "--no-jinja"
     assert "--no-metrics" not in plan([*ROUTER, "--metrics"]).serve
     assert "--metrics" in plan([*ROUTER, "--metrics"]).serve
