@@ -59,13 +59,13 @@ class Cors:
         self.localhost = "localhost" in names
         self.listed = frozenset(o.rstrip("/").encode() for o in names
                                 if o not in ("*", "localhost"))
+        self._star = (b"access-control-allow-origin: *\r\naccess-control-expose-headers: "
+                      + EXPOSE_HEADERS + b"\r\n")
 
     def named(self, origin: bytes) -> bool:
         """Whether ``--cors-origins`` names ``origin`` (listed, or a page of
         this machine with ``localhost``)."""
         return origin in self.listed or (self.localhost and is_localhost(origin))
-        self._star = (b"access-control-allow-origin: *\r\naccess-control-expose-headers: "
-                      + EXPOSE_HEADERS + b"\r\n")
 
     def headers(self, origin: bytes) -> bytes:
         """The header lines for an answer to a request from ``origin``

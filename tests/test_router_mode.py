@@ -173,6 +173,8 @@ def test_cors_origins_localhost_reflects_pages_of_this_machine_only():
     both = Cors("localhost, http://a.example")
     assert both.allows(b"http://a.example") and both.allows(b"http://127.0.0.1:1")
     assert not both.allows(b"http://b.example")
+    assert Cors("*").headers(b"http://localhost:3000").startswith(
+        b"access-control-allow-origin: *\r\n")  # the default, unchanged
     assert b"DELETE" in ALLOW_METHODS  # DELETE /models, as llama-server's preflight allows
 
 
