@@ -57,8 +57,8 @@ def test_whole_answer_is_a_message_with_stop_reason_and_usage():
     msg = A.from_chat(obj, "smol")
     assert msg["type"] == "message" and msg["role"] == "assistant" and msg["model"] == "smol"
     assert msg["content"] == [{"type": "text", "text": "Hello"}]
-    assert msg["stop_reason"] == "max_tokens" and msg["usage"] == {"input_tokens": 5,
-                                                                   "output_tokens": 2}
+    assert msg["stop_reason"] == "max_tokens" and msg["usage"] == {
+        "cache_read_input_tokens": 0, "input_tokens": 5, "output_tokens": 2}
 
 
 def test_stream_is_anthropics_event_sequence_whatever_the_read_boundaries():
@@ -76,7 +76,22 @@ def test_stream_is_anthropics_event_sequence_whatever_the_read_boundaries():
             "Hello!"
         delta = evs[-2][1]
         assert delta["delta"]["stop_reason"] == "end_turn"
-        assert delta["usage"] == {"input_tokens": 9, "output_tokens": 3}
+        assert delta["usage"] == {"cache_read_input_tokens": 0, "input_tokens": 9,
+                                  "output_tokens": 3}
+
+
+def test_usage_is_llama_servers_cache_reads_apart_and_the_prompt_size_starts_the_stream():
+    progress = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}],
+                "prompt_progress": {"total": 11, "cache": 4, "processed": 11, "time_ms": 1}}
+    body = (b"data: " + json.dumps(progress).encode() + b"\n\n"
+            + chat_sse(["Hi"], usage={"prompt_tokens": 11, "completion_tokens": 1,
+                                      "total_tokens": 12,
+                                      "prompt_tokens_details": {"cached_tokens": 4}}))
+    evs = events(run_stream(A.MessagesStream("m"), body, 1))
+    assert evs[0][1]["message"]["usage"] == {"cache_read_input_tokens": 4, "input_tokens": 7,
+                                             "output_tokens": 0}
+    assert evs[-2][1]["usage"] == {"cache_read_input_tokens": 4, "input_tokens": 7,
+                                   "output_tokens": 1}
 
 
 def test_stream_without_replica_usage_counts_text_chunks():

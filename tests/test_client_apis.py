@@ -79,8 +79,14 @@ def test_anthropic_sdk_create_stream_count_tokens_and_not_found(real):
     assert msg.content[0].text.strip() and msg.usage.output_tokens > 0
     assert msg.stop_reason in ("end_turn", "max_tokens")
     with c.messages.stream(model=SMOL, max_tokens=16, messages=HI) as stream:
-        pieces = list(stream.text_stream)
+        starts = []
+        for ev in stream:
+            if ev.type == "message_start":  # the prompt's size, known before the answer
+                starts.append(ev.message.usage)
+        pieces = [b.text for b in stream.get_final_message().content if b.type == "text"]
         final = stream.get_final_message()
+    assert starts and starts[0].input_tokens > 0, starts  # as llama-server's (issue 23)
+    assert starts[0].cache_read_input_tokens is not None and msg.usage.cache_read_input_tokens == 0
     assert "".join(pieces).strip() and final.content[0].text == "".join(pieces)
     assert final.stop_reason in ("end_turn", "max_tokens") and final.usage.output_tokens > 0
     n = c.messages.count_tokens(model=SMOL, messages=HI, system="You are brief.")

@@ -235,6 +235,11 @@ class ClientApis:
                     return
             else:
                 t = adapter.request(body)
+                if (t.stream and isinstance(adapter, anthropic.Messages)
+                        and p.reg_models[m].get("kind") == "llama"):
+                    # the built-in instance's prompt_progress chunk comes first: its
+                    # size goes into message_start, as llama-server's does
+                    t.body["return_progress"] = True
         except BadRequest as e:
             wrap.send_error(req, e.status, str(e))
             return

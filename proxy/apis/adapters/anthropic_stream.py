@@ -49,19 +49,22 @@ def error_body(status: int, message: str) -> bytes:
     return orjson.dumps({"type": "error", "error": {"type": etype, "message": message}})
 
 
-def usage_object(u: Usage) -> dict:
-    """Anthropic's ``usage`` of these counts."""
-    out = {"input_tokens": u.prompt, "output_tokens": u.completion}
-    if u.cached:
-        out["cache_read_input_tokens"] = u.cached
-    return out
+def usage_object(u: Usage, output: int | None = None) -> dict:
+    """Anthropic's ``usage`` of these counts, as llama-server's
+    (``server-task.cpp``) and Anthropic's: ``input_tokens`` the prompt's
+    tokens not read from the cache, ``cache_read_input_tokens`` those that
+    were, ``output_tokens`` (``output``: instead of the completion's)."""
+    return {"cache_read_input_tokens": u.cached, "input_tokens": max(u.prompt - u.cached, 0),
+            "output_tokens": u.completion if output is None else output}
 
 
 class MessagesStream(StreamState):
     """Chat-completion chunks -> Anthropic's stream events (module docstring).
 
     ``message_start`` goes out with the first chunk, so a replica that fails
-    before answering leaves room for a plain HTTP error; a stream with no
+    before answering leaves room for a plain HTTP error, and carries the
+    prompt's token count when that chunk is llama-server's
+    ``prompt_progress`` (the built-in instance's ``return_progress``); a stream with no
     content at all still gets one empty text block. ``block`` is the kind
     of the open block (``"thinking"``, ``"text"``, ``"tool_use"`` or None),
     ``index`` its index; ``tools`` maps a tool call's OpenAI index to its
@@ -82,7 +85,7 @@ class MessagesStream(StreamState):
         self.started = True
         msg = {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
                "content": [], "stop_reason": None, "stop_sequence": None,
-               "usage": {"input_tokens": self.usage.prompt, "output_tokens": 0}}
+               "usage": usage_object(self.usage, 0)}
         return sse("message_start", {"type": "message_start", "message": msg})
 
     def _close(self) -> bytes:
@@ -113,6 +116,11 @@ class MessagesStream(StreamState):
     def chunk(self, chunk: dict) -> bytes:
         if "usage" in chunk:
             self.usage.take(chunk["usage"])
+        progress = chunk.get("prompt_progress")  # asked for: the prompt's size, first
+        if isinstance(progress, dict) and not self.usage.reported:
+            total, cache = progress.get("total"), progress.get("cache")
+            if isinstance(total, int) and isinstance(cache, int):
+                self.usage.prompt, self.usage.cached = total, cache
         d = delta(chunk)
         if d.finish:
             self.finish = d.finish
