@@ -40,6 +40,7 @@ from ..shm import layout as L
 from . import answers, passthrough
 from .balancer import CLOSED, candidates_from_shm, choose, open_until, session_key
 from .cluster import HOP_TRUSTED, hop_headers, judge_hop, loading_info
+from .cors import json_type, simple_type
 from .http import HttpConnection, Request
 from .http.upstream import Exchange, UpstreamError, request_head
 
@@ -100,8 +101,8 @@ class Forwarding:
             req.extra_head = self.cors.headers(req.origin)
         path = req.path
         if path in INFERENCE:
-            if req.method != b"POST":
-                return False
+            if req.method != b"POST" or not json_type(req.content_type):
+                return False  # handle answers (415 for a body that is not JSON: .cors)
             try:
                 body = orjson.loads(req.body)
             except orjson.JSONDecodeError:
@@ -114,6 +115,8 @@ class Forwarding:
                 return False
             target = req.url
         elif path[:10] == b"/upstream/":
+            if req.body and req.method == b"POST" and simple_type(req.content_type):
+                return False
             try:
                 route = passthrough.quick_route(path, req.query, self._slashed)
             except passthrough.BadPath:
