@@ -57,6 +57,21 @@ from .backend import Backend, ReplicaFault
 from .validate import BadRequest
 
 
+def _check_tools(body: dict) -> None:
+    """Raise :class:`BadRequest` for ``tools`` or ``tool_choice`` of the
+    wrong shape, as the built-in instance does: a client's mistake, never a
+    replica fault (tests/test_api_fuzz.py sends such bodies)."""
+    tools = body.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(
+            isinstance(t, dict) and isinstance(t.get("function"), dict)
+            and isinstance(t["function"].get("name"), str) for t in tools)):
+        raise BadRequest("'tools' must be a list of {\"type\": \"function\", \"function\": "
+                         "{\"name\": ...}}", "tools")
+    choice = body.get("tool_choice")
+    if choice is not None and not isinstance(choice, (str, dict)):
+        raise BadRequest("'tool_choice' must be a string or an object", "tool_choice")
+
+
 def example_value(schema, name: str = "value"):
     """A deterministic value that ``schema`` (a JSON schema) accepts, from
     the schema alone: its ``const``, first ``enum`` value or ``default``;
@@ -169,15 +184,17 @@ class FakeBackend(Backend):
         """The calls this request is answered with (module docstring); []
         for a text answer. Raises BadRequest for a named tool the request
         does not offer."""
-        tools = [t.get("function") for t in body.get("tools") or ()
-                 if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+        tools = body.get("tools")
+        tools = [t.get("function") for t in tools if isinstance(t, dict) and isinstance(
+            t.get("function"), dict)] if isinstance(tools, list) else []
         choice = body.get("tool_choice")
         msgs = body.get("messages") or [{}]
-        if not tools or choice == "none" or (msgs[-1] or {}).get("role") == "tool":
+        if not tools or choice == "none" or msgs[-1].get("role") == "tool":
             return []
         names = [t.get("name") for t in tools]
         if isinstance(choice, dict):
-            name = (choice.get("function") or {}).get("name")
+            fn = choice.get("function")
+            name = fn.get("name") if isinstance(fn, dict) else None
             if name not in names:
                 raise BadRequest(f"tool_choice names {name!r}, which is not among the tools",
                                  "tool_choice")
@@ -194,7 +211,11 @@ class FakeBackend(Backend):
             fn = tools[(first + k) % len(tools)]
             args = given.get(fn.get("name"))
             if args is None:
-                args = example_value(fn.get("parameters") or {"type": "object"}, fn.get("name"))
+                try:
+                    args = example_value(fn.get("parameters") or {"type": "object"},
+                                         fn.get("name"))
+                except (TypeError, ValueError, AttributeError, KeyError, RecursionError):
+                    args = {}  # a schema the fake cannot read (a fuzzed one): no arguments
             self._calls += 1
             calls.append({"id": f"call_{os.getpid()}_{self._calls}", "type": "function",
                           "function": {"name": fn.get("name"),
@@ -223,10 +244,14 @@ class FakeBackend(Backend):
         self._check(body)
         if self.cfg.get("fail_requests") or os.path.exists(self.path + f".fail-{os.getpid()}"):
             raise ReplicaFault("fake failure")
-        if kind == "chat" and not isinstance(body.get("messages"), list):
-            raise BadRequest("'messages' must be a list", "messages")
+        if kind == "chat" and not (isinstance(body.get("messages"), list) and all(
+                isinstance(m, dict) for m in body["messages"])):
+            # the built-in instance's validation refuses these too: a client's
+            # mistake, never a replica fault (tests/test_api_fuzz.py sends them)
+            raise BadRequest("'messages' must be a list of objects", "messages")
         job = _FakeJob(kind, body, sink, request_id)
         if kind == "chat":
+            _check_tools(body)
             job.calls = self._tool_calls(body)
         with self._lock:
             if self._closing is not None:

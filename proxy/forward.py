@@ -463,7 +463,8 @@ class Forwarding:
             return
         self.local_asked[m] = now
         try:
-            self.mq.send(b'{"op":"load","model":%d}' % m, timeout=0)
+            self.mq.send(b'{"op":"load","model":%d,"route":"a request that a remote replica '
+                         b'served"}' % m, timeout=0)
         except posix_ipc.BusyError:
             pass
 

@@ -442,7 +442,8 @@ class Proxy(Forwarding):
         came within :data:`RELOAD_WAIT_S`."""
         self.reload_seq += 1
         rid = f"{os.getpid()}-{self.reload_seq}"
-        if not self._command(conn, req, {"op": "reload", "id": rid}):
+        if not self._command(conn, req, {"op": "reload", "id": rid,
+                                         "route": f"GET {req.path.decode()}?reload=1"}):
             return False
         deadline = self.loop.time() + RELOAD_WAIT_S
         while rid not in self.reload_ids:
