@@ -57,10 +57,14 @@ from .backend import Backend, ReplicaFault
 from .validate import BadRequest
 
 
-def _check_tools(body: dict) -> None:
-    """Raise :class:`BadRequest` for ``tools`` or ``tool_choice`` of the
-    wrong shape, as the built-in instance does: a client's mistake, never a
-    replica fault (tests/test_api_fuzz.py sends such bodies)."""
+def _check_shapes(body: dict) -> None:
+    """Raise :class:`BadRequest` for ``tools``, ``tool_choice`` or
+    ``stream_options`` of the wrong shape, as the built-in instance does: a
+    client's mistake, never a replica fault nor an error mid-stream
+    (tests/test_api_fuzz.py sends such bodies)."""
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise BadRequest("'stream_options' must be an object", "stream_options")
     tools = body.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(
             isinstance(t, dict) and isinstance(t.get("function"), dict)
@@ -250,8 +254,8 @@ class FakeBackend(Backend):
             # mistake, never a replica fault (tests/test_api_fuzz.py sends them)
             raise BadRequest("'messages' must be a list of objects", "messages")
         job = _FakeJob(kind, body, sink, request_id)
+        _check_shapes(body)
         if kind == "chat":
-            _check_tools(body)
             job.calls = self._tool_calls(body)
         with self._lock:
             if self._closing is not None:

@@ -24,6 +24,7 @@ import http.client
 import json
 import math
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -308,6 +309,59 @@ class Conn:
     def finish(self, req) -> None:
         pass
 
+    # a streamed answer: its head, its bytes, and how it ended
+    def start_stream(self, req, content_type=b"text/event-stream", headers=()) -> None:
+        self.streamed = bytearray()
+
+    def send_chunk(self, data: bytes) -> None:
+        self.streamed += data
+
+    def end_stream(self, req) -> None:
+        self.answers.append(Answered(200, bytes(self.streamed)))
+
+    def close(self) -> None:
+        self.answers.append(Answered(200, bytes(self.streamed) + b"<cut>"))
+
+
+def replica_answer(target: bytes, body: dict) -> tuple[bytes, bytes]:
+    """``(content type, body)`` a replica would answer ``body`` sent to
+    ``target`` with: a chat completion (a tool call when ``tools`` came, a
+    stream when asked), a text completion, embeddings."""
+    if target == b"/tokenize":  # Anthropic's count_tokens
+        return b"application/json", orjson.dumps({"tokens": [1, 2, 3]})
+    if target == b"/v1/embeddings":
+        n = len(body["input"]) if isinstance(body.get("input"), list) else 1
+        return b"application/json", orjson.dumps({"data": [
+            {"index": i, "embedding": [0.5, -0.5]} for i in range(n)],
+            "usage": {"prompt_tokens": n}})
+    usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    if target == b"/v1/completions":
+        choice = {"index": 0, "text": "hi", "finish_reason": "stop"}
+        msg = delta = {"text": "hi"}
+    else:
+        tools = body.get("tools")
+        fn = tools[0].get("function") if isinstance(tools, list) and tools and isinstance(
+            tools[0], dict) else None
+        if isinstance(fn, dict) and body.get("tool_choice") != "none":
+            call = {"index": 0, "id": "call_1", "type": "function", "function": {
+                "name": str(fn.get("name")), "arguments": '{"x": "1"}'}}
+            msg = delta = {"role": "assistant", "content": None, "tool_calls": [call]}
+            finish = "tool_calls"
+        else:
+            msg = delta = {"role": "assistant", "content": "hi", "reasoning_content": "so"}
+            finish = "stop"
+        choice = {"index": 0, "message": msg, "finish_reason": finish}
+    if body.get("stream") is not True:  # as the replica reads it: a true, nothing else
+        return b"application/json", orjson.dumps({"id": "x", "object": "chat.completion",
+                                                   "created": 1, "model": body.get("model"),
+                                                   "choices": [choice], "usage": usage})
+    chunk = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": 0, "delta": delta, "text": delta.get("text"),
+                          "finish_reason": choice["finish_reason"]}]}
+    events = [chunk, {"id": "x", "choices": [], "usage": usage}]
+    return b"text/event-stream", b"".join(b"data: " + orjson.dumps(e) + b"\n\n"
+                                          for e in events) + b"data: [DONE]\n\n"
+
 
 @dataclass
 class Capture:
@@ -339,8 +393,17 @@ class StubProxy:
         return None  # the admin: keep_alive 0 unloads (the orders are checked below)
 
     async def _forward(self, conn, req, m, name, body, touch=True, stream=False, capture=False):
+        """Record what reaches the replica and play the replica's answer
+        into ``conn`` as the relay does (the answer's translation runs)."""
         self.forwarded.append((req.url, bytes(req.body)))
-        return Capture() if capture else None
+        if capture:
+            return Capture()
+        ctype, answer = replica_answer(req.url, orjson.loads(req.body))
+        conn.write(conn.head(req, 200, [(b"content-type", ctype)], b""))
+        for i in range(0, len(answer), 50):  # in pieces, as a replica's reads come
+            conn.send_chunk(answer[i:i + 50])
+        conn.end_stream(req)
+        return None
 
 
 def run_bytes(loop, path: str, raw: bytes) -> tuple[StubProxy, Conn]:
@@ -367,19 +430,22 @@ def outcome(api: str, what: str) -> None:
 def check_bytes(loop, api: str, raw: bytes) -> None:
     path, _, kind = APIS[api]
     p, conn = run_bytes(loop, path, raw)  # an exception here would be the HTTP core's 500
-    if conn.answers:
-        a = conn.answers[-1]
+    assert conn.answers, "no answer"
+    a = conn.answers[-1]
+    if not p.forwarded:
         if a.status == 200:  # Ollama's load idiom: answered by the router
             outcome(api, f"200 {json.loads(a.body).get('done_reason')}")
             return
         assert_envelope(kind, a.status, a.body)
         outcome(api, str(a.status))
         return
-    assert p.forwarded, "neither answered nor forwarded"
     for target, body in p.forwarded:
         doc = orjson.loads(body)
         assert isinstance(doc, dict) and doc.get("model") == "m", doc
         assert target.startswith(b"/"), target
+    # the replica's good answer comes back whole, in the API's shape, never cut
+    assert a.status == 200 and not a.body.endswith(b"<cut>"), a
+    assert not ERROR_IN_ANSWER.search(a.body), a.body[-400:]
     outcome(api, "forwarded")
 
 
@@ -458,6 +524,9 @@ def fake_server(tmp_path_factory):
         s.stop()
 
 
+ERROR_IN_ANSWER = re.compile(rb'"error":\s*[{"]')  # an error object or Ollama's error line
+
+
 def run_served(s, api: str, examples: int) -> None:
     """``examples`` requests to ``api``'s route of ``s``, each on a fresh
     connection, so that every one gets its own whole answer (a connection
@@ -476,6 +545,9 @@ def run_served(s, api: str, examples: int) -> None:
         finally:
             conn.close()
         if r.status == 200:
+            # a replica that failed mid-answer over a client's input would count
+            # a fault for everyone's requests (its circuit opens): none may
+            assert not ERROR_IN_ANSWER.search(body), body[-400:]
             outcome(f"served {api}", "200")
             return
         assert_envelope(kind, r.status, body)
