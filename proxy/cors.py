@@ -13,7 +13,7 @@ get 204 with the allowed methods and, of the headers asked for, those
 ggmux reads (:data:`ACCEPTED_HEADERS`); any other ``OPTIONS`` gets 204
 with ``Allow``.
 
-Admin routes (load, unload, reload, logs, drain: what the admin key
+Admin routes (load, unload, reload, logs, the request ring, drain: what the admin key
 guards) never answer ``*``: only an origin ``--cors-origins`` names gets
 an allow header there, and a request from a page of any other origin
 (:func:`from_other_site`) is refused (403) before it does anything, key or

@@ -1,6 +1,7 @@
 """Measuring models: a ``measure`` child per model reports the memory a
-load needs (``state:{"state": "measured", "min": {...}, "max": {...}}``,
-bytes per device) before the model is first loaded.
+load needs (``state:{"state": "measured", "min": {...}, "max": {...},
+"chat_template": bool}``, bytes per device; whether the model has a chat
+template) before the model is first loaded.
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ class Measurer:
             rt = self.state.models[m]
             rt.mem_min = {k: int(v) for k, v in (msg.get("min") or {}).items()}
             rt.mem_max = {k: int(v) for k, v in (msg.get("max") or {}).items()}
+            if isinstance(msg.get("chat_template"), bool):
+                rt.chat_template = msg["chat_template"]
+                self.state.errors_dirty = True  # the registry blob says it (/v1/models)
             rt.measure = "done"
             log.info("measured %s: min %s, max %s", self.state.name(m), fmt(rt.mem_min),
                      fmt(rt.mem_max))

@@ -112,8 +112,8 @@ def test_admin_routes_still_refuse_the_api_key(keyed):
     for path in ("/models/load", "/models/unload"):
         status, doc = s.json("POST", path, {"model": "t"}, headers=K)
         assert status == 401 and "admin key" in doc["error"]["message"], doc
-    assert s.request("GET", "/logs", headers=K)[0] == 401
-    assert s.request("GET", "/v1/models?reload=1", headers=K)[0] == 401
+    for path in ("/logs", "/requests", "/v1/models?reload=1"):
+        assert s.request("GET", path, headers=K)[0] == 401, path
     assert s.request("GET", "/logs", headers=A)[0] == 200
 
 
