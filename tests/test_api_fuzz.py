@@ -496,6 +496,27 @@ def test_the_findings_ollama_inputs_get_400_in_ollamas_envelope(loop, raw):
     assert conn.answers[-1].status == 400
 
 
+@pytest.mark.parametrize("api,body", [
+    ("responses", {"model": "m", "input": "x",
+                   "text": {"format": {"type": "text", "x": nested(252, 0)}}}),
+    ("responses", {"model": "m", "input": "x", "metadata": {"k": nested(300, 1)}}),
+    ("anthropic", {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}],
+                   "metadata": {"user_id": "u", "x": nested(252, 1)}}),
+    ("openai-usage", {"model": "m", "messages": [{"role": "user", "content": "x"}],
+                      "stream": True, "stream_options": {"include_usage": True},
+                      "metadata": nested(252, 0)}),
+])
+def test_a_body_nested_deeper_than_the_limit_gets_400_before_it_is_sent(loop, api, body):
+    # orjson reads such a body but cannot write it (254 levels): the Responses
+    # API echoed text.format into its answer, whose encoding then failed in the
+    # relay and the client waited for nothing
+    path, _, kind = APIS[api]
+    p, conn = run_bytes(loop, path, to_bytes(body))
+    assert conn.answers and not p.forwarded, p.forwarded
+    assert_envelope(kind, conn.answers[-1].status, conn.answers[-1].body)
+    assert conn.answers[-1].status == 400 and b"nests deeper" in conn.answers[-1].body
+
+
 def test_keep_alive_durations_read_as_go_reads_them():
     from ggmux.proxy.apis.adapters.ollama import keep_alive_seconds
 
