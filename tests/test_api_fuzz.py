@@ -292,7 +292,10 @@ class Conn:
     """The client connection as the handler sees it: records its answer."""
 
     def __init__(self) -> None:
+        from ggmux.proxy.http import HttpLimits
+
         self.answers: list[Answered] = []
+        self.limits = HttpLimits()
         self.write_paused = False
         self.write_paused_cb = None
 
@@ -406,8 +409,13 @@ class StubProxy:
         return None
 
 
-def run_bytes(loop, path: str, raw: bytes) -> tuple[StubProxy, Conn]:
+def run_bytes(loop, path: str, raw: bytes, depth: int | None = None
+              ) -> tuple[StubProxy, Conn]:
+    """``raw`` to ``path`` through the client APIs' handler; ``depth``: the
+    server's ``--max-json-depth`` (default: the option's default)."""
     p, conn = StubProxy(), Conn()
+    if depth is not None:
+        conn.limits.max_json_depth = depth
     req = Request()
     req.method, req.url, req.path, req.body = b"POST", path.encode(), path.encode(), raw
     req.headers = [(b"content-type", b"application/json")]
@@ -515,6 +523,17 @@ def test_a_body_nested_deeper_than_the_limit_gets_400_before_it_is_sent(loop, ap
     assert conn.answers and not p.forwarded, p.forwarded
     assert_envelope(kind, conn.answers[-1].status, conn.answers[-1].body)
     assert conn.answers[-1].status == 400 and b"nests deeper" in conn.answers[-1].body
+
+
+def test_the_depth_limit_is_the_servers_option(loop):
+    path = APIS["openai-usage"][0]
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True,
+            "stream_options": {"include_usage": True}, "metadata": nested(10, 0)}
+    p, conn = run_bytes(loop, path, to_bytes(body))  # 128 by default: sent on
+    assert p.forwarded
+    p, conn = run_bytes(loop, path, to_bytes(body), depth=8)  # --max-json-depth 8
+    assert not p.forwarded and conn.answers[-1].status == 400
+    assert b"nests deeper than 8 levels" in conn.answers[-1].body
 
 
 def test_keep_alive_durations_read_as_go_reads_them():

@@ -45,7 +45,7 @@ from ..http import HttpConnection, Request
 from ..listing import model_object
 from ..modelinfo import ModelFacts
 from .adapters import anthropic, ollama, openai, responses, tools
-from .adapters.common import Adapter, BadRequest, Translated, check_depth, encode_body
+from .adapters.common import MAX_DEPTH, Adapter, BadRequest, Translated, check_depth, encode_body
 from .translate import ApiErrors, TranslatedConnection
 
 if TYPE_CHECKING:
@@ -233,7 +233,7 @@ class ClientApis:
         keep = None
         order = Order(f"{req.method.decode()} {req.path.decode('latin-1')}")
         try:
-            check_depth(body)
+            check_depth(body, min(conn.limits.max_json_depth, MAX_DEPTH))
             if adapter.name == "ollama":
                 keep = ollama.keep_alive_seconds(body.get("keep_alive"))
                 if keep is not None:

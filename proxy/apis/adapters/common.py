@@ -148,8 +148,9 @@ def integer(body: dict, key: str, lo: int = 0) -> int | None:
     return v
 
 
-MAX_DEPTH = 128
-"""Deepest nesting of a translated request's body, levels (JSON schemas,
+MAX_DEPTH = 250
+"""Deepest nesting of a translated request's body, levels, that may be
+allowed (``--max-json-depth``, default 128: JSON schemas,
 tool arguments, ``metadata``: a few tens in practice). orjson reads 1024
 levels but writes only 254, and a body goes on to the replica and parts
 of it back into the answer (the Responses API echoes ``metadata``, ``text``
