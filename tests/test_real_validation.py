@@ -1,8 +1,10 @@
 """Bad and heavy requests against a real llama-cpp-python instance (issue 11,
 findings 1, 3, 4 and 5, the instance's part; issue 18, findings 2 and 10:
-the limits of stop strings and of generation): one ``ggmux serve`` with
-smollm2 serves every check; each test ends by checking that the replica
-that served it is the one loaded at the start (no crash, no reload)."""
+the limits of stop strings and of generation; issue 23: llama-server's
+answer fields and input forms, as its own test suite asserts them): one
+``ggmux serve`` with smollm2 serves every check; each test ends by checking
+that the replica that served it is the one loaded at the start (no crash,
+no reload)."""
 
 from __future__ import annotations
 
@@ -119,7 +121,8 @@ def test_malformed_fields_are_400_naming_the_field_never_500(smol):
         ("/v1/chat/completions", chat(response_format={"type": "json_schema", "json_schema": {
             "name": "x", "schema": {"type": "string", "minLength": 10**6}}}),
          "response_format.json_schema.schema.minLength"),
-        ("/v1/embeddings", {"input": [1, "a"]}, "input[0]"),
+        # ([1, "a"] is one input of llama-server's mixed form: token ids and text)
+        ("/v1/embeddings", {"input": [1.5, "a"]}, "input[0]"),
         ("/v1/embeddings", {"input": [None]}, "input[0]"),
         ("/v1/embeddings", {"input": [[1, 999999999]]}, "input[0][1]"),
         ("/v1/embeddings", {"input": [""]}, "input[0]"),
@@ -375,4 +378,164 @@ def test_the_worst_stop_request_the_limits_allow_beside_a_normal_stream(smol):
     status, doc = smol.json("POST", "/v1/completions", {**plain, "stop": [*stops[:-1], cut]})
     assert status == 200 and doc["choices"][0]["finish_reason"] == "stop", doc
     assert doc["choices"][0]["text"] == alone["normal"][:alone["normal"].index(cut)]
+    served_once(smol)
+
+
+# ---- llama-server's answers and inputs (issue 23) --------------------------
+
+def events(s: Server, path: str, body: dict) -> list[dict]:
+    """The JSON events of a streamed answer (``data: [DONE]`` left out)."""
+    status, _, data = s.request("POST", path, {"model": SMOL, "stream": True, **body})
+    assert status == 200, data[:500]
+    return [json.loads(line[6:]) for line in data.decode().split("\n")
+            if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def test_answers_carry_timings_fingerprint_and_llama_servers_first_and_last_chunks(smol):
+    # test_chat_completion.py's checks: system_fingerprint "b...", timings on a
+    # whole answer; a stream's first chunk is the role alone (content null),
+    # no later chunk names the role, the finish reason comes in an empty
+    # delta, and timings_per_token/include_usage put timings where it does
+    status, doc = smol.json("POST", "/v1/chat/completions", {"model": SMOL, **chat()})
+    assert status == 200 and doc["system_fingerprint"].startswith("b"), doc
+    t = doc["timings"]
+    assert t["predicted_n"] == doc["usage"]["completion_tokens"] and t["prompt_n"] > 0, t
+    assert {"prompt_per_second", "predicted_per_second", "cache_n"} <= set(t), t
+    evs = events(smol, "/v1/chat/completions", chat(
+        timings_per_token=True, stream_options={"include_usage": True}))
+    assert evs[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}, evs[0]
+    assert "timings" not in evs[0]
+    body = [e for e in evs[1:] if e["choices"]]
+    assert all("role" not in e["choices"][0]["delta"] for e in body), evs
+    assert body[-1]["choices"][0] == {"index": 0, "delta": {}, "logprobs": None,
+                                      "finish_reason": "length"}, body[-1]
+    assert all("timings" in e for e in body[:-1]), body  # per token
+    last = evs[-1]
+    assert last["choices"] == [] and last["timings"]["predicted_n"] <= 4, last
+    served_once(smol)
+
+
+def test_verbose_answers_hold_llama_cpps_own_answer_with_the_prompt(smol):
+    # test_verbose_debug: "__verbose" only when asked, its prompt the template's text
+    msgs = [{"role": "system", "content": "Book"}, {"role": "user", "content": "Best book?"}]
+    for verbose in (True, False):
+        status, doc = smol.json("POST", "/v1/chat/completions", {
+            "model": SMOL, "messages": msgs, "max_tokens": 2, "verbose": verbose})
+        assert status == 200, doc
+        assert ("__verbose" in doc) is verbose, doc
+    v = smol.json("POST", "/v1/chat/completions", {"model": SMOL, "messages": msgs,
+                                                    "max_tokens": 2, "verbose": True})[1]
+    assert "Book" in v["__verbose"]["prompt"] and v["__verbose"]["stop"] is True, v
+    assert v["__verbose"]["generation_settings"]["n_predict"] == 2, v
+    served_once(smol)
+
+
+def test_a_prompt_over_the_context_is_exceed_context_size_error(smol):
+    # test_context_size_exceeded(_stream): llama-server's own error type, with the counts
+    msgs = [{"role": "user", "content": "What is the best book " * 40}]
+    for stream in (False, True):
+        status, doc = smol.json("POST", "/v1/chat/completions", {
+            "model": SMOL, "messages": msgs, "stream": stream})
+        assert status == 400, doc
+        err = doc["error"]
+        assert err["type"] == "exceed_context_size_error" and err["n_ctx"] == smol.n_ctx, err
+        assert err["n_prompt_tokens"] > smol.n_ctx, err
+    served_once(smol)
+
+
+def test_an_assistant_message_at_the_end_is_continued_as_llama_server_does(smol):
+    # test_chat_template_assistant_prefill, ..._continue_final_message_*,
+    # test_invalid_chat_completion_req[messages7]
+    user = {"role": "user", "content": "What is the best book"}
+    for prefill, shown_ in (("Whill", "Whill"),
+                            ([{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}],
+                             "Wh\n\nill")):
+        status, doc = smol.json("POST", "/v1/chat/completions", {
+            "model": SMOL, "max_tokens": 2, "verbose": True,
+            "messages": [user, {"role": "assistant", "content": prefill}]})
+        assert status == 200, doc
+        prompt = doc["__verbose"]["prompt"]
+        assert prompt.endswith("What is the best book<|im_end|>\n<|im_start|>assistant\n"
+                               + shown_), prompt[-200:]
+    ok = smol.json("POST", "/v1/chat/completions", {
+        "model": SMOL, "max_tokens": 2, "verbose": True, "add_generation_prompt": False,
+        "continue_final_message": True, "messages": [user, {"role": "assistant",
+                                                            "content": "Whill"}]})[1]
+    assert ok["__verbose"]["prompt"].endswith("assistant\nWhill"), ok
+    for body in ({"add_generation_prompt": True, "continue_final_message": True,
+                  "messages": [user, {"role": "assistant", "content": "Hi"}]},
+                 {"messages": [user, {"role": "assistant", "content": "a"},
+                               {"role": "assistant", "content": "b"}]}):
+        rejected(smol, "/v1/chat/completions", body)
+    served_once(smol)
+
+
+def test_native_completion_answers_and_prompt_forms(smol):
+    # test_completion.py: generation_settings, timings, n_probs'
+    # completion_probabilities, object prompts, token ids mixed with text,
+    # several prompts answered as a list
+    base = {"model": SMOL, "n_predict": 2, "temperature": 0}
+    status, doc = smol.json("POST", "/completion", {**base, "prompt": "Hi", "n_probs": 3})
+    assert status == 200 and doc["stop"] is True and doc["stop_type"] == "limit", doc
+    assert doc["generation_settings"]["n_predict"] == 2 and doc["timings"]["predicted_n"] == 2
+    probs = doc["completion_probabilities"]
+    assert len(probs) == 2 and all(len(p["top_logprobs"]) == 3 for p in probs), probs
+    hi = smol.json("POST", "/tokenize", {"model": SMOL, "content": "Hi"})[1]["tokens"]
+    same = [smol.json("POST", "/completion", {**base, "prompt": p})[1]["content"]
+            for p in ("Hi", {"prompt_string": "Hi"}, hi)]
+    assert same[0] == same[1] == same[2], same
+    status, many = smol.json("POST", "/completion", {**base, "prompt": [hi, "Hi",
+                                                                        {"prompt_string": "Hi"}]})
+    assert status == 200 and [d["content"] for d in many] == same and [
+        d["index"] for d in many] == [0, 1, 2], many
+    status, doc = smol.json("POST", "/completion", {**base, "prompt": [*hi, " there", *hi]})
+    assert status == 200 and doc["tokens_evaluated"] > 2 * len(hi), doc
+    rejected(smol, "/completion", {"prompt": {"prompt_string": "Hi", "multimodal_data": ["x"]}})
+    evs = events(smol, "/completion", {**base, "prompt": "Hi", "n_probs": 2})
+    assert [e["stop"] for e in evs] == [False, False, True], evs
+    assert all(len(e["completion_probabilities"]) == 1 for e in evs[:-1]), evs
+    assert evs[-1]["timings"]["predicted_n"] == 2 and "generation_settings" in evs[-1]
+    served_once(smol)
+
+
+def test_a_logit_bias_key_that_is_text_biases_its_tokens(smol):
+    # llama-server tokenizes a key that is no token id (test_logit_bias of
+    # test_completion.py); ggmux answered 400
+    first = greedy_first(smol)
+    assert greedy_first(smol, logit_bias={first: -100}) != first
+    assert greedy_first(smol, logit_bias=[[first, False]]) != first
+    assert greedy_first(smol, logit_bias={" London": 100}) == " London"
+    served_once(smol)
+
+
+def test_embedding_inputs_take_llama_servers_forms(smol):
+    # test_embedding_content_text_same_as_string, test_embedding_mixed_input,
+    # test_embedding_invalid_input
+    status, doc = smol.json("POST", "/v1/embeddings", {"model": SMOL, "input": [
+        "hello world", {"content": [{"type": "text", "text": "hello "},
+                                    {"type": "text", "text": "world"}]},
+        {"prompt_string": "hello world"}]})
+    assert status == 200, doc
+    vecs = [d["embedding"] for d in doc["data"]]
+    assert vecs[0] == vecs[1] == vecs[2]
+    status, doc = smol.json("POST", "/v1/embeddings", {"model": SMOL,
+                                                       "input": [12, 34, "string", 56]})
+    assert status == 200 and len(doc["data"]) == 1, doc
+    for bad in ({"content": "string"}, {"content": [{"type": "unknown"}]},
+                {"content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}):
+        rejected(smol, "/v1/embeddings", {"input": bad})
+    served_once(smol)
+
+
+def test_return_progress_streams_the_prompts_evaluation(smol):
+    # test_return_progress: prompt_progress chunks, the first with cache ==
+    # processed, the last with every prompt token processed
+    body = chat(max_tokens=2, return_progress=True,
+                messages=[{"role": "user", "content": "This is a test " * 8}])
+    for _ in range(2):  # the second reuses the first's cache
+        prog = [e["prompt_progress"] for e in events(smol, "/v1/chat/completions", body)
+                if "prompt_progress" in e]
+        assert prog and prog[0]["cache"] == prog[0]["processed"], prog
+        assert prog[-1]["processed"] == prog[-1]["total"] > 0, prog
+    assert prog[0]["cache"] > 0, prog
     served_once(smol)
