@@ -191,6 +191,27 @@ def test_ollama_empty_generate_loads_and_with_keep_alive_zero_unloads(fake):
     wait_for(lambda: status() == "unloaded", 20, what="ld unloaded")
 
 
+def test_ollama_pull_and_the_other_model_management_say_ggmux_does_not_download(fake):
+    """Open WebUI and the ollama client call /api/pull: a model ggmux serves
+    is "success" (nothing to download), any other, and push, create, copy,
+    delete, a clear 501 in Ollama's envelope instead of a 404 "no route"."""
+    c = ollama.Client(host=fake.base)
+    assert c.pull("a").status == "success"
+    assert [p.status for p in c.pull("a:latest", stream=True)] == ["success"]
+    calls = [lambda: c.pull("llama3.2"), lambda: list(c.pull("llama3.2", stream=True)),
+             lambda: c.push("a"), lambda: c.create("b", from_="a"), lambda: c.copy("a", "b"),
+             lambda: c.delete("a")]
+    for call in calls:
+        with pytest.raises(ollama.ResponseError) as e:
+            call()
+        assert e.value.status_code == 501, e.value
+        assert e.value.error.startswith("ggmux does not ") and "--models-dir" in e.value.error
+    with pytest.raises(ollama.ResponseError, match="'llama3.2' is not here"):
+        c.pull("llama3.2")
+    assert fake.request("HEAD", "/api/blobs/sha256:00")[0] == 501  # create's first step
+    assert "a" in fake.models()  # nothing deleted
+
+
 # ---- 4. CORS -------------------------------------------------------------------------
 def test_cors_preflight_and_actual_request_with_the_default_origins(real):
     origin = {"Origin": "http://localhost:3000"}
