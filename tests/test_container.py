@@ -1,8 +1,11 @@
-"""The container (issue 15): the Dockerfile and compose file say what the
-issue asks (checked on the files), and, where an image builder and the base
-image are at hand and ``GGMUX_TEST_CONTAINER=1`` asks for it, the image is
-built and run: it serves as a non-root user, answers /health, reads its
-options from ``GGMUX_*`` and stops on SIGTERM.
+"""The container: the Dockerfile and compose file say what they must
+(checked on the files: stages, a non-root user, the models volume, the
+certificates of a TLS-intercepting proxy before the first pip, pip's cache
+mount, the CUDA variant's build arguments, the cluster profile's token),
+and, where an image builder and the base image are at hand and
+``GGMUX_TEST_CONTAINER=1`` asks for it, the image is built and run: it
+serves as a non-root user, answers /health, passes its own HEALTHCHECK,
+reads its options from ``GGMUX_*`` and stops on SIGTERM.
 
 The build is opt-in because it takes a minute with llama-cpp-python's wheel
 in pip's cache and a quarter of an hour without; on a 2-core machine shared
@@ -43,6 +46,83 @@ def test_the_dockerfile_builds_in_stages_and_runs_non_root_with_a_models_volume(
     assert ".venv" in ignored and ".git" in ignored
 
 
+def instructions(text: str) -> list[tuple[str, str]]:
+    """The Dockerfile's instructions as ``(KEYWORD, arguments)``, comments
+    dropped and continuation lines joined."""
+    out, cur = [], ""
+    for line in text.splitlines():
+        if not cur and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.rstrip().endswith("\\"):
+            cur += line.rstrip()[:-1] + " "
+            continue
+        cur += line
+        kw, _, rest = cur.strip().partition(" ")
+        out.append((kw.upper(), " ".join(rest.split())))
+        cur = ""
+    return out
+
+
+def stages(text: str) -> list[list[tuple[str, str]]]:
+    """The instructions of each ``FROM`` stage, its ``FROM`` first."""
+    out: list[list[tuple[str, str]]] = []
+    for ins in instructions(text):
+        if ins[0] == "FROM":
+            out.append([])
+        if out:
+            out[-1].append(ins)
+    return out
+
+
+def test_the_build_trusts_certs_before_the_first_pip_and_caches_pip():
+    """A TLS-intercepting proxy's CA (certs/*.crt) is trusted before any pip
+    runs (a build argument naming a file cannot be: nothing is copied in
+    yet), and every pip of the build stage keeps pip's cache in a cache
+    mount, so a rebuild does not compile llama-cpp-python again."""
+    build, runtime = stages((ROOT / "Dockerfile").read_text())
+    pips = [i for i, (kw, a) in enumerate(build) if kw == "RUN" and "pip " in a]
+    certs = [i for i, (kw, a) in enumerate(build) if kw == "COPY" and a.startswith("certs/ ")]
+    trust = [i for i, (kw, a) in enumerate(build)
+             if kw == "RUN" and "update-ca-certificates" in a]
+    assert pips and certs and trust and certs[0] < trust[0] < pips[0], build
+    assert ("ENV", "PIP_CERT=/etc/ssl/certs/ca-certificates.crt") in build[:pips[0]]
+    assert not any(kw == "ARG" and a.startswith("PIP_CERT") for kw, a in build)
+    for i in pips:
+        assert build[i][1].startswith("--mount=type=cache,target=/root/.cache/pip "), build[i]
+    assert (ROOT / "certs").is_dir()  # COPY certs/ needs it, empty or not
+    assert "certs" not in (ROOT / ".dockerignore").read_text().split()
+    # the runtime stage installs only the wheels: no network, no certificates
+    assert any("--no-index" in a for kw, a in runtime if kw == "RUN")
+
+
+def test_the_cuda_variant_is_build_arguments_on_an_nvidia_cuda_base():
+    """BASE and RUNTIME_BASE choose both stages' images and CMAKE_ARGS
+    llama.cpp's backend; the recipe in the Dockerfile and README builds
+    with GGML_CUDA on nvidia/cuda's devel and runtime images."""
+    text = (ROOT / "Dockerfile").read_text()
+    top = [ins for ins in instructions(text)[:3] if ins[0] == "ARG"]
+    assert ("ARG", "BASE=debian:bookworm-slim") in top
+    assert ("ARG", "RUNTIME_BASE=debian:bookworm-slim") in top
+    build, runtime = stages(text)
+    assert build[0] == ("FROM", "${BASE} AS build") and runtime[0] == ("FROM", "${RUNTIME_BASE}")
+    assert any(kw == "ARG" and a.startswith("CMAKE_ARGS=") for kw, a in build)
+    for doc in (text, (ROOT / "README.md").read_text()):
+        recipe = re.search(r"build --build-arg BASE=nvidia/cuda:(\S+)-devel-(\S+) .*?"
+                           r"RUNTIME_BASE=nvidia/cuda:(\S+)-runtime-(\S+) .*?"
+                           r'CMAKE_ARGS="([^"]+)"', doc, re.DOTALL)
+        assert recipe, "no CUDA recipe"
+        cuda, distro, cuda_rt, distro_rt, cmake = recipe.groups()
+        assert (cuda, distro) == (cuda_rt, distro_rt)  # one Python in both stages
+        assert "-DGGML_CUDA=on" in cmake and "-DGGML_NATIVE=OFF" in cmake
+
+
+def test_podman_builds_keep_the_healthcheck_with_the_docker_format():
+    """OCI images have no HEALTHCHECK (podman drops it with a warning):
+    README and the Dockerfile say to build with --format docker."""
+    for doc in ((ROOT / "Dockerfile").read_text(), (ROOT / "README.md").read_text()):
+        assert "podman build --format docker" in doc
+
+
 def test_the_compose_file_runs_one_node_and_a_nats_cluster_profile():
     doc = yaml.safe_load((ROOT / "compose.yaml").read_text())
     svc = doc["services"]
@@ -56,6 +136,10 @@ def test_the_compose_file_runs_one_node_and_a_nats_cluster_profile():
         env = svc[node]["environment"]
         assert svc[node]["profiles"] == ["cluster"]
         assert env["GGMUX_CLUSTER"] == "nats://nats:4222" and env["GGMUX_NODE_NAME"] == node
+        # the nodes' shared secret, from .env; "" (unset) is no token, never a
+        # required ":?" that would stop the one-node profile's `up` as well
+        assert env["GGMUX_CLUSTER_TOKEN"] == "${GGMUX_CLUSTER_TOKEN:-}"
+    assert "GGMUX_CLUSTER_TOKEN" not in one["environment"]
 
 
 # ---- build and run --------------------------------------------------------------------------
