@@ -72,6 +72,7 @@ def recorded(server, name: str) -> list[dict]:
 
 
 # ---- 1. the anthropic SDK ------------------------------------------------------------
+@pytest.mark.slow
 def test_anthropic_sdk_create_stream_count_tokens_and_not_found(real):
     c = anthropic.Anthropic(base_url=real.base, api_key="unused", max_retries=0)
     msg = c.messages.create(model=SMOL, max_tokens=16, messages=HI, system="You are brief.")
@@ -91,6 +92,7 @@ def test_anthropic_sdk_create_stream_count_tokens_and_not_found(real):
 
 
 # ---- 2. the openai SDK ---------------------------------------------------------------
+@pytest.mark.slow
 def test_openai_sdk_responses_models_retrieve_and_stream_usage(real):
     c = openai.OpenAI(base_url=real.base + "/v1", api_key="unused", max_retries=0)
     r = c.responses.create(model=SMOL, input="Say hi", instructions="Be brief.",
@@ -122,6 +124,7 @@ def test_openai_sdk_responses_models_retrieve_and_stream_usage(real):
 
 
 # ---- 3. the ollama client ------------------------------------------------------------
+@pytest.mark.slow
 def test_ollama_client_list_ps_show_chat_generate_embed(real):
     c = ollama.Client(host=real.base)
     names = {m.model for m in c.list().models}
@@ -145,6 +148,7 @@ def test_ollama_client_list_ps_show_chat_generate_embed(real):
     assert running.context_length == 512  # the server's --ctx-size, not the trained 8192
 
 
+@pytest.mark.slow
 def test_ollama_generate_on_a_base_model_sends_the_prompt_alone(real):
     # gemma3-270m's GGUF has no chat template: Ollama's template is then the
     # prompt itself, so no chat format may wrap it (/api/show says "")
@@ -158,6 +162,7 @@ def test_ollama_generate_on_a_base_model_sends_the_prompt_alone(real):
     assert g.done and g.prompt_eval_count == doc["usage"]["prompt_tokens"]
 
 
+@pytest.mark.slow
 def test_ollama_keep_alive_zero_unloads_after_the_request(real):
     c = ollama.Client(host=real.base)
     r = c.chat(model=SMOL, messages=HI, options={"num_predict": 4}, keep_alive=0)
@@ -167,6 +172,7 @@ def test_ollama_keep_alive_zero_unloads_after_the_request(real):
     assert f"{SMOL}:latest" not in {m.model for m in c.ps().models}
 
 
+@pytest.mark.slow
 def test_ollama_keep_alive_is_the_idle_timer_until_the_model_unloads(fake):
     c = ollama.Client(host=fake.base)
     status = lambda name: fake.models()[name]["status"]["value"]
@@ -213,6 +219,7 @@ def test_ollama_pull_and_the_other_model_management_say_ggmux_does_not_download(
 
 
 # ---- 4. CORS -------------------------------------------------------------------------
+@pytest.mark.slow
 def test_cors_preflight_and_actual_request_with_the_default_origins(real):
     origin = {"Origin": "http://localhost:3000"}
     st, h, _ = real.request("OPTIONS", "/v1/chat/completions", headers={

@@ -8,6 +8,8 @@ import pytest
 from conftest import children_of, open_stream, wait_for
 from ggmux.shm import layout as L
 
+pytestmark = pytest.mark.slow  # the demo models end to end
+
 openai = pytest.importorskip("openai")
 
 SMOL, GEMMA = "smollm2-135m", "gemma3-270m"

@@ -12,6 +12,8 @@ import socket
 import pytest
 from conftest import Server, children_of, free_port, wait_for
 
+pytestmark = pytest.mark.slow  # the demo models end to end
+
 SMOL = "smollm2-135m"
 MAX_INPUTS = 2000  # not the default, so the test sees it reach the instance
 CTX = 128  # ctx-size of the server (llama.cpp may round it up): long inputs stay cheap

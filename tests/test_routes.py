@@ -210,6 +210,7 @@ def _raw_stream(port: int, model: str) -> bytes:
     return buf
 
 
+@pytest.mark.slow
 def test_streaming_client_gets_keepalives_while_its_model_loads(serve, fakes):
     fakes.add("slow", load_s=1.5)
     fakes.add("broken", load_s=1.0, fail_load="bad tensor")

@@ -51,6 +51,7 @@ def read_until(sock, marker: bytes, got: bytes = b"", timeout: float = 60.0) -> 
     return got
 
 
+@pytest.mark.slow
 def test_long_stream_is_not_cut_when_another_model_is_requested(serve, fakes):
     fakes.add("a", token_s=0.05, tokens=40)  # a 2 s stream
     fakes.add("b")
@@ -85,6 +86,7 @@ def test_two_models_requested_at_once_with_one_slot_are_both_served(serve, fakes
     assert [served_by(r[2])[0] for r in rs] == ["b", "c"]
 
 
+@pytest.mark.slow
 def test_three_cold_models_with_one_slot_are_served_in_turn(serve, fakes):
     for n in "abc":
         fakes.add(n, load_s=0.2)
@@ -117,6 +119,7 @@ def test_cold_model_serves_its_request_before_a_later_model_evicts_it(serve, fak
     assert log.index("model a ready") < log.index("stopping a")
 
 
+@pytest.mark.slow
 def test_unloading_a_model_that_is_still_loading_is_quick(serve, fakes):
     fakes.add("hang", hang_load=True)
     s = serve("--fake-models-dir", str(fakes), "--stop-timeout", "30", "--proxies", "1")
@@ -152,6 +155,7 @@ def test_crash_while_loading_answers_waiters_503_with_cause_and_backs_off(serve,
     assert s.logs().count("loading bad in slot") == 2
 
 
+@pytest.mark.slow
 def test_hammering_a_model_that_cannot_load_spawns_little_and_others_keep_serving(serve, fakes):
     fakes.add("bad", load_s=0.05, fail_load="no such tensor")
     fakes.add("good")
@@ -179,6 +183,7 @@ def test_hammering_a_model_that_cannot_load_spawns_little_and_others_keep_servin
     assert all(g[0] == 200 and served_by(g[2])[0] == "good" for g in good)
 
 
+@pytest.mark.slow
 def test_stopped_replica_is_killed_on_unload_and_its_memory_released(serve, fakes):
     fakes.add("a", mem_bytes=300 * MiB, min_bytes=300 * MiB)
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--host-memory", "1024",
@@ -197,6 +202,7 @@ def test_stopped_replica_is_killed_on_unload_and_its_memory_released(serve, fake
     wait_for(lambda: read_table(s.seg.devices)[0, L.D_HELD] == 0, 5, what="memory released")
 
 
+@pytest.mark.slow
 def test_failed_shows_only_after_a_crash_not_after_a_deliberate_unload(serve, fakes):
     fakes.add("a")
     fakes.add("crashy", crash_after_s=0.5, crash_code=9)
@@ -211,6 +217,7 @@ def test_failed_shows_only_after_a_crash_not_after_a_deliberate_unload(serve, fa
     assert st["value"] == "unloaded" and st["exit_code"] == 9
 
 
+@pytest.mark.slow
 def test_ttl_counts_from_the_end_of_the_last_request(serve, fakes):
     fakes.add("a", ttft_s=0.01, token_s=0.1, tokens=41)  # a 4 s generation
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--ttl", "2")
@@ -240,6 +247,7 @@ def test_memory_margin_keeps_two_of_three_400_mib_models_on_a_1_gib_host(serve, 
     assert "for memory" in s.logs()
 
 
+@pytest.mark.slow
 def test_invariants_hold_under_random_concurrent_demand(serve, fakes):
     names = [f"m{i}" for i in range(5)]
     for n in names:
@@ -280,6 +288,7 @@ def test_invariants_hold_under_random_concurrent_demand(serve, fakes):
     assert ok[0] > 30
 
 
+@pytest.mark.slow
 def test_sleeping_model_wakes_on_the_next_request(serve, fakes):
     fakes.add("a", wake_s=0.1)
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--sleep-idle-seconds", "0.5")
@@ -290,6 +299,7 @@ def test_sleeping_model_wakes_on_the_next_request(serve, fakes):
     assert st == 200 and re.search(rb":(\d+)\]", body2).group(1) == str(pid).encode()
 
 
+@pytest.mark.slow
 def test_real_models_alternate_when_memory_fits_only_one(serve):
     """Real demo models; smollm2 needs ~185 MiB and gemma ~306 MiB (measured
     min), so a 500 MiB host with a 100 MiB margin holds one at a time."""

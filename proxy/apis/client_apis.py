@@ -1,5 +1,5 @@
 """The client APIs beside OpenAI's chat completions, on the proxy's port
-(DESIGN.md "Client APIs"; issue 14).
+(DESIGN.md "Client APIs").
 
 * Translated routes (:data:`ROUTES`): the request goes through its
   adapter (:mod:`ggmux.proxy.apis.adapters`) to a chat-completion request (or
