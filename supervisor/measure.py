@@ -1,6 +1,7 @@
 """Measuring models: a ``measure`` child per model reports the memory a
-load needs (``state:{"state": "measured", "min": {...}, "max": {...}}``,
-bytes per device) before the model is first loaded.
+load needs (``state:{"state": "measured", "min": {...}, "max": {...},
+"chat_template": bool}``, bytes per device; whether the model has a chat
+template) before the model is first loaded.
 
 Each GGUF is measured once: reports are cached by :func:`measure_key` (the
 files' path, size and mtime, and the options that change what a load
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from .children import Child, ChildSet, state_line
 from .memory import Amounts, fmt
 from .registry import ModelEntry, env_for_instance, gguf_parts, instance_argv
-from .state import State
+from .state import ModelRuntime, State
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +50,14 @@ def measure_key(entry: ModelEntry) -> MeasureKey:
 
 @dataclass(slots=True)
 class Measured:
-    """One cached report: bytes per device, or ``failed`` (the measure
-    child exited without one) with both amounts ``None``."""
+    """One cached report: bytes per device and whether the GGUF has a chat
+    template (``None``: not reported), or ``failed`` (the measure child
+    exited without one) with both amounts ``None``."""
 
     min: Amounts | None
     max: Amounts | None
     source: str  # the model whose measure child reported it
+    chat_template: bool | None = None
 
     @property
     def failed(self) -> bool:
@@ -137,10 +140,17 @@ class Measurer:
                         "measure failed): its loads skip the memory check", st.name(model),
                         got.source)
             return
-        rt.mem_min, rt.mem_max = dict(got.min), dict(got.max or {})
-        rt.measure = "done"
+        self._record(rt, got)
         log.info("measured %s: min %s, max %s (the same files and options as %s)",
                  st.name(model), fmt(rt.mem_min), fmt(rt.mem_max), got.source)
+
+    def _record(self, rt: ModelRuntime, got: Measured) -> None:
+        """``got``'s figures into model runtime ``rt``: measured."""
+        rt.mem_min, rt.mem_max = dict(got.min), dict(got.max or {})
+        if got.chat_template is not None:
+            rt.chat_template = got.chat_template
+            self.state.errors_dirty = True  # the registry blob says it (/v1/models)
+        rt.measure = "done"
 
     def _spawn(self, model: int, key: MeasureKey) -> None:
         """Start a ``measure`` child: it reports the model's min/max memory."""
@@ -163,15 +173,15 @@ class Measurer:
         m = next((i for i, c in self.measuring.items() if c is child), None)
         if m is None or msg.get("state") != "measured":
             return
+        tmpl = msg.get("chat_template")
         got = Measured({k: int(v) for k, v in (msg.get("min") or {}).items()},
                        {k: int(v) for k, v in (msg.get("max") or {}).items()},
-                       self.state.name(m))
+                       self.state.name(m), tmpl if isinstance(tmpl, bool) else None)
         self.cache[self.key_of[m]] = got
         rt = self.state.models[m]
         if rt.measure != "running":
             return  # a reload reset the model meanwhile: step() looks at its key again
-        rt.mem_min, rt.mem_max = dict(got.min), dict(got.max)
-        rt.measure = "done"
+        self._record(rt, got)
         log.info("measured %s: min %s, max %s", self.state.name(m), fmt(rt.mem_min),
                  fmt(rt.mem_max))
         self.state.dirty = True
