@@ -12,13 +12,18 @@ import asyncio
 import os
 import random
 import socket
+import time
 
 import numpy as np
 import orjson
 import pytest
+from ggmux.proxy.activity import Activity
 from ggmux.proxy.balancer import candidates_from_shm, choose
-from ggmux.proxy.http import HttpConnection, HttpLimits
+from ggmux.proxy.forward import Forwarding
+from ggmux.proxy.http import HttpConnection, HttpLimits, Request
+from ggmux.proxy.http.upstream import Exchange
 from ggmux.shm import layout as L
+from ggmux.shm.requestring import RequestRing, RingShape
 from ggmux.shm.segment import Segment
 from ggmux.shm.seqlock import read_row, read_table, write_fields, write_row
 from ggmux.supervisor.registry import ModelEntry, Registry
@@ -124,3 +129,61 @@ def test_request_parse_and_body_model(benchmark):
     a.close()
     b.close()
     loop.close()
+
+
+# ---- the end of a forwarded request: its counters and its record (issue 22) ----
+class _Accounting(Forwarding):
+    """Just what ``Forwarding._account`` reads: this proxy's model rows."""
+
+    def __init__(self, seg: Segment) -> None:
+        self.mcw = [memoryview(row) for row in seg.mcounters[0]]
+
+
+def _exchange() -> Exchange:
+    t = time.monotonic_ns()
+    return Exchange(status=200, sent_ns=t - 900_000, first_byte_ns=t - 800_000,
+                    bytes_out=1135, usage=b"12 0 8", sse=True, events=9,
+                    tail=b'data: {"choices":[]}\n\ndata: [DONE]\n\n')
+
+
+def test_request_counters(benchmark, seg):
+    """``_account`` of one answered request: requests, TTFT EWMA, the
+    histogram and the recent-samples ring (what /ps's p50 reads)."""
+    acc, cw, ex = _Accounting(seg), memoryview(seg.counters[0][0]), _exchange()
+    benchmark(acc._account, cw, 1, ex)
+
+
+@pytest.fixture
+def ring_activity(seg):
+    name = seg.name + "-req"
+    ring = RequestRing.create(name, RingShape(proxies=4, rows=1000))
+    act = Activity(name, 0)
+    yield act
+    act.ring.close()
+    ring.unlink()
+    ring.close()
+
+
+def _request() -> Request:
+    req = Request()
+    req.path = b"/v1/chat/completions"
+    req.started_ns = time.monotonic_ns() - 1_000_000
+    req.request_id = b"0123456789abcdef"
+    return req
+
+
+def test_request_record_with_the_replicas_usage_line(benchmark, ring_activity):
+    """``Activity.record`` of one request the built-in instance answered
+    (its usage line read from the trailer): the request ring's cost."""
+    benchmark(ring_activity.record, _request(), 1, 0, _exchange(), 0)
+
+
+def test_request_record_from_the_answers_tail(benchmark, ring_activity):
+    """The same for a replica without the usage line (llama-server): its
+    ``timings`` read from the last body read."""
+    ex = _exchange()
+    ex.usage = None
+    ex.tail = (b'data: {"choices":[{"finish_reason":"stop","delta":{}}],"timings":'
+               b'{"cache_n":0,"prompt_n":12,"predicted_n":8,"predicted_ms":80.1}}\n\n'
+               b"data: [DONE]\n\n")
+    benchmark(ring_activity.record, _request(), 1, 0, ex, 0)

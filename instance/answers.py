@@ -1,12 +1,15 @@
 """Engine events to OpenAI answers: ``chat.completion`` and its chunks,
-``text_completion`` (streamed or whole), a forced tool call, log
-probabilities, and the ``stream_options.include_usage`` usage chunk.
+``text_completion`` (streamed or whole), tool calls and reasoning parsed
+by a template family's format (:mod:`ggmux.instance.tools.stream`), a
+forced tool call of a model without a Jinja template, log probabilities,
+and the ``stream_options.include_usage`` usage chunk.
 
 :class:`Answer` is the one object that holds a request's streaming state
 (the shape of LiteLLM's streaming iterators); it runs on the engine's
 decode thread and hands finished objects to a ``sink(kind, payload)``:
 ``("chunk", dict)`` for each streamed chunk, ``("result", dict)`` for a
-whole answer, ``("end", None)`` after the last chunk, ``("error", str)``.
+whole answer, ``("end", usage)`` after the last chunk (its usage object),
+``("error", str)``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+
+from .tools.base import ChatMsg
+from .tools.stream import ChatStream
 
 Sink = Callable[[str, object], None]
 
@@ -35,11 +41,15 @@ class Answer:
     are written (``"chat"``: ``{"content": [...]}``, ``"completion"``:
     OpenAI's legacy ``tokens``/``token_logprobs``/``top_logprobs``);
     ``tool``: the forced tool's name (the text is its arguments);
-    ``echo``: prompt text that a completion's text starts with."""
+    ``echo``: prompt text that a completion's text starts with;
+    ``parser``: makes one choice's :class:`~ggmux.instance.tools.stream.ChatStream`
+    (a chat whose text is parsed into content, ``reasoning_content`` and
+    ``tool_calls``; ``finish_reason`` ``tool_calls`` when it called one)."""
 
     def __init__(self, sink: Sink, kind: str, model: str, n: int = 1, stream: bool = False,
                  include_usage: bool = False, logprobs: str | None = None,
-                 tool: str | None = None, echo: str | None = None) -> None:
+                 tool: str | None = None, echo: str | None = None,
+                 parser: Callable[[], ChatStream] | None = None) -> None:
         self.sink = sink
         self.kind = kind
         self.model = model
@@ -56,13 +66,17 @@ class Answer:
         self.reasons: list[str | None] = [None] * n
         self.started = [False] * n
         self.call_ids = [f"call_{os.urandom(8).hex()}" for _ in range(n)] if tool else []
+        self.parsers = [parser() for _ in range(n)] if parser is not None else None
+        self.messages: list[ChatMsg | None] = [None] * n
 
     # ---- events (decode thread) ---------------------------------------------
     def on_event(self, ev: tuple) -> None:
         kind = ev[0]
         if kind == "text":
             _, i, text, lp = ev
-            if self.stream:
+            if self.parsers is not None:
+                self._parsed(i, text, lp)
+            elif self.stream:
                 if text or lp:
                     self._chunk(i, text, lp)
             else:
@@ -73,6 +87,8 @@ class Answer:
             i, reason = ev[1], ev[2]
             if self.tool and reason == "stop":
                 reason = "tool_calls"
+            if self.parsers is not None:
+                reason = self._finish(i, reason)
             self.reasons[i] = reason
             if self.stream:
                 self._chunk(i, None, None, reason)
@@ -83,9 +99,41 @@ class Answer:
                 return
             if self.include_usage:
                 self.sink("chunk", self._head(choices=[], usage=usage))
-            self.sink("end", None)
+            self.sink("end", usage)  # (the server's usage trailer)
         elif kind == "error":
             self.sink("error", ev[1])
+
+    # ---- parsed chat choices ----------------------------------------------
+    def _parsed(self, i: int, text: str, lp: list[dict] | None) -> None:
+        if not self.stream:
+            self.parsers[i].text += text
+            if lp:
+                self.records[i].extend(lp)
+            return
+        deltas = self.parsers[i].feed(text)
+        if not deltas and lp:
+            deltas = [{}]
+        for k, d in enumerate(deltas):
+            self._delta(i, d, lp if k == 0 else None)
+
+    def _finish(self, i: int, reason: str) -> str:
+        """The choice ended: parse it as final; stream what is left."""
+        msg, deltas = self.parsers[i].finish()
+        self.messages[i] = msg
+        if self.stream:
+            for d in deltas:
+                self._delta(i, d, None)
+        return "tool_calls" if msg.tool_calls and reason == "stop" else reason
+
+    def _delta(self, i: int, delta: dict, lp: list[dict] | None,
+               reason: str | None = None) -> None:
+        if not self.started[i]:
+            self.started[i] = True
+            delta = {"role": "assistant", "content": None if "tool_calls" in delta else "",
+                     **delta}
+        choice = {"index": i, "delta": delta, "logprobs": self._lp(lp) if lp else None,
+                  "finish_reason": reason}
+        self.sink("chunk", self._head(choices=[choice]))
 
     # ---- streamed chunks ---------------------------------------------------
     def _head(self, **rest) -> dict:
@@ -103,6 +151,9 @@ class Answer:
             choice = {"index": i, "text": text or "", "logprobs": self._lp(lp) if lp else None,
                       "finish_reason": reason}
             self.sink("chunk", self._head(choices=[choice]))
+            return
+        if self.parsers is not None:
+            self._delta(i, {}, lp, reason)
             return
         delta: dict = {}
         if not self.started[i]:
@@ -133,7 +184,9 @@ class Answer:
                 choices.append({"index": i, "text": (self.echo or "") + text, "logprobs": lp,
                                 "finish_reason": self.reasons[i]})
                 continue
-            if self.tool:
+            if self.parsers is not None:
+                msg = self._message(self.messages[i])
+            elif self.tool:
                 msg = {"role": "assistant", "content": None, "tool_calls": [
                     {"id": self.call_ids[i], "type": "function",
                      "function": {"name": self.tool, "arguments": text}}]}
@@ -144,6 +197,21 @@ class Answer:
         obj = "chat.completion" if self.kind == "chat" else "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "choices": choices, "usage": usage}
+
+    @staticmethod
+    def _message(m: ChatMsg | None) -> dict:
+        """OpenAI's assistant ``message`` for a parsed choice."""
+        if m is None:
+            return {"role": "assistant", "content": ""}
+        out: dict = {"role": "assistant",
+                     "content": m.content if m.content or not m.tool_calls else None}
+        if m.reasoning_content:
+            out["reasoning_content"] = m.reasoning_content
+        if m.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.name, "arguments": c.arguments}}
+                                 for c in m.tool_calls]
+        return out
 
     def _lp(self, records: list[dict]) -> dict:
         """Per-token records (engine: ``id``, ``token``, ``bytes``,

@@ -14,7 +14,8 @@ from .validate import BadRequest
 Sink = Callable[[str, object], None]
 """``sink(kind, payload)`` of one request, callable from any thread:
 ``("chunk", dict)`` a streamed OpenAI chunk, ``("result", dict)`` a whole
-answer, ``("end", None)`` the stream ended cleanly, ``("error", str)`` it
+answer, ``("end", usage)`` the stream ended cleanly (its OpenAI ``usage``
+object, or None), ``("error", str)`` it
 failed (a stop; a :class:`ReplicaFault`, a str too, for a decode error);
 nothing follows ``result``, ``end`` or
 ``error``."""
@@ -46,10 +47,12 @@ class Backend:
         "max": {...}}``."""
         return {"min": {}, "max": {}}
 
-    def start(self, kind: str, body: dict, sink: Sink, request_id: str = "") -> Callable[[], None]:
+    def start(self, kind: str, body: dict, sink: Sink, request_id: str = "",
+              tenant: str = "") -> Callable[[], None]:
         """Begin one ``kind`` request (``chat``, ``completion``,
         ``embedding``) with a JSON ``body`` (``request_id`` is shown in
-        ``/slots``): checks it (raises
+        ``/slots``; ``tenant``, the proxy's ``x-ggmux-tenant``, decides its
+        turn for a slot and whose prompt cache it may reuse): checks it (raises
         :class:`~ggmux.instance.validate.BadRequest` at once), queues it, and
         returns ``cancel()`` (any thread), which ends it at the next step
         (the client left). Its answer goes to ``sink``."""
@@ -62,6 +65,11 @@ class Backend:
     def detokenize(self, body: dict) -> dict:
         """llama.cpp ``/detokenize``: ``{"tokens"}`` -> ``{"content"}``."""
         raise BadRequest("detokenize is not supported by this backend")
+
+    def apply_template(self, body: dict) -> dict:
+        """llama-server's ``/apply-template``: a chat-completions body
+        (``messages``, ``tools``, ...) -> ``{"prompt": rendered text}``."""
+        raise BadRequest("apply-template is not supported by this backend")
 
     def props(self) -> dict:
         """llama.cpp ``/props``-like facts about the loaded model."""

@@ -1,11 +1,13 @@
-"""Chat turns to a prompt, as today's llama-cpp-python instance formats them.
+"""Chat turns to a prompt.
 
-The engine takes tokens; this module turns OpenAI chat messages into them
-with llama-cpp-python's own chat handlers, chosen as ``llama_cpp.Llama``
-chooses them: the format named by ``--chat-template`` (``chatml``,
-``llama-2``, ...), else the one llama-cpp-python recognises in the GGUF's
-``tokenizer.chat_template``, else that Jinja template itself
-(``Jinja2ChatFormatter``), else ``llama-2``.
+The engine takes tokens; this module turns OpenAI chat messages into them.
+A GGUF with a Jinja ``tokenizer.chat_template`` (and no ``--chat-template``
+naming another format) is rendered as llama-server renders it
+(:mod:`ggmux.instance.template`), with the request's tools through the
+template family's format (:mod:`ggmux.instance.tools`): :meth:`ChatTemplate.chat`.
+Otherwise llama-cpp-python's own chat handlers do it, chosen as
+``llama_cpp.Llama`` chooses them: the format named by ``--chat-template``
+(``chatml``, ``llama-2``, ...), else ``llama-2`` (:meth:`ChatTemplate.prompt`).
 
 A handler renders the prompt and then calls ``llama.create_completion``; it
 is handed a stand-in (:class:`_Capture`) that tokenizes with the engine and
@@ -17,7 +19,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
+from .template import JinjaTemplate, TemplateRefused
+from .tools import ChatPlan, ToolFormat, ToolRequest, format_for
+from .tools.base import regex_escape
 from .validate import BadRequest
 
 log = logging.getLogger(__name__)
@@ -44,6 +50,23 @@ class _Capture:
         return {"id": "capture", "object": "text_completion", "created": 0, "model": "",
                 "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+
+
+@dataclass(slots=True)
+class ChatPrompt:
+    """A chat request ready for the engine: ``tokens``; ``fmt`` and
+    ``plan`` (the format's prompt, grammar and parser settings);
+    ``preserved`` token ids shown as text; the lazy grammar's
+    ``trigger_tokens`` and ``trigger_patterns`` (full-match regexes whose
+    first group is where the grammar starts, as llama.cpp's samplers take
+    them)."""
+
+    tokens: list[int]
+    fmt: ToolFormat
+    plan: ChatPlan
+    preserved: frozenset[int] = frozenset()
+    trigger_tokens: list[int] = field(default_factory=list)
+    trigger_patterns: list[str] = field(default_factory=list)
 
 
 class ChatTemplate:
@@ -74,11 +97,24 @@ class ChatTemplate:
         name = name or "llama-2"
         self.name = name
         self.template = metadata.get("tokenizer.chat_template", "")
+        self.bos = bos
+        self.jinja: JinjaTemplate | None = None
+        self.jinja_tools: JinjaTemplate | None = None  # tokenizer.chat_template.tool_use
+        if chat_format is None and self.template:
+            try:
+                self.jinja = JinjaTemplate(self.template, bos, eos)
+                self.name = "jinja"
+                tool_use = metadata.get("tokenizer.chat_template.tool_use")
+                if tool_use:
+                    self.jinja_tools = JinjaTemplate(tool_use, bos, eos)
+            except TemplateRefused as e:
+                log.warning("the GGUF's chat template does not compile (%s): using %s", e, name)
+                self.jinja = self.jinja_tools = None
         try:
             self._handler = handlers.get(name) or cf.get_chat_completion_handler(name)
         except Exception as e:  # noqa: BLE001 - llama-cpp-python raises its own exception type
             raise ValueError(f"unknown chat template {name!r}: {e}") from None
-        log.info("chat format: %s", name)
+        log.info("chat format: %s", self.name)
 
     def prompt(self, messages: list[dict], tool: dict | None = None) -> tuple[list[int], list[str]]:
         """``(prompt tokens, stop strings)`` for checked ``messages``
@@ -98,3 +134,47 @@ class ChatTemplate:
             raise BadRequest(f"messages: the model's chat template refused them: {e}",
                              "messages") from None
         return cap.prompt, cap.stop
+
+    # ---- the Jinja path -----------------------------------------------------
+    def render(self, messages: list[dict], req: ToolRequest) -> tuple[ToolFormat, ChatPlan]:
+        """The format and plan (its rendered prompt text) for checked
+        ``messages`` (:func:`~ggmux.instance.messages.chat_messages`) and
+        ``req``, through the GGUF's ``tool_use`` template when it has one and
+        the request gives tools; needs :attr:`jinja`. Raises BadRequest when the template
+        refuses the messages."""
+        assert self.jinja is not None
+        # a GGUF's tool_use template serves requests with tools (llama.cpp)
+        tmpl = self.jinja_tools if req.tools and self.jinja_tools else self.jinja
+        fmt = format_for(tmpl.source, req.calls_tools, req.json_schema is not None)
+        try:
+            plan = fmt.plan(tmpl, messages, req)
+        except TemplateRefused as e:
+            raise BadRequest(f"messages: the model's chat template refused them: {e}",
+                             "messages") from None
+        return fmt, plan
+
+    def chat(self, messages: list[dict], req: ToolRequest) -> ChatPrompt:
+        """:meth:`render`, tokenized: the prompt (no second BOS when the
+        template wrote one), preserved tokens and lazy-grammar triggers
+        (a trigger word that is one token is a trigger token, as
+        llama-server does)."""
+        fmt, plan = self.render(messages, req)
+        text = plan.prompt
+        add_bos = not (self.bos and text.startswith(self.bos))
+        tokens = self._tokenize(text.encode("utf-8"), add_bos, True)
+        preserved = set()
+        for t in plan.preserved:
+            ids = self._tokenize(t.encode("utf-8"), False, True)
+            if len(ids) == 1:
+                preserved.add(ids[0])
+        cp = ChatPrompt(tokens, fmt, plan, frozenset(preserved))
+        for word in plan.trigger_words:
+            ids = self._tokenize(word.encode("utf-8"), False, True)
+            if len(ids) == 1 and ids[0] in preserved:
+                cp.trigger_tokens.append(ids[0])
+            else:
+                cp.trigger_patterns.append(f"^[\\s\\S]*?({regex_escape(word)})[\\s\\S]*$")
+        for p in plan.trigger_patterns:
+            cp.trigger_patterns.append(p if p.startswith("^") and p.endswith("$") else
+                                       f"^[\\s\\S]*?({p})[\\s\\S]*$")
+        return cp

@@ -7,11 +7,16 @@ x parallel``) shared by ``parallel`` slots; slot ``i`` is llama sequence
 
 1. ``_reap``: cancelled requests leave their slots (a client that left
    frees its slot at the next step);
-2. ``_admit``: queued requests take free slots in arrival order. A request
-   goes to the free slot whose cached tokens share the longest prefix with
-   its prompt (llama-server's ``cache_prompt``; below
-   ``slot_prompt_similarity`` of the prompt, the least recently used slot)
-   and only the rest is evaluated. It starts only when every running slot's
+2. ``_admit``: queued requests take free slots, round robin by tenant
+   (:mod:`ggmux.instance.fairness`: the oldest request of the tenant
+   holding the fewest slots goes first). A request goes to the free slot
+   whose cached tokens share the longest prefix with its prompt
+   (llama-server's ``cache_prompt``; below ``slot_prompt_similarity`` of
+   the prompt, the least recently used slot) and only the rest is
+   evaluated; with ``cache_scope`` ``key`` only a slot whose cache its own
+   tenant made counts, with ``none`` no cache is reused (issue 18, finding
+   6: ``cached_tokens`` told one client another's prompt). It starts only
+   when every running slot's
    *reservation* (prompt + the most tokens it may generate) and its own fit
    in the KV cache, evicting idle slots' caches first: a full cache makes
    new requests wait and never aborts a running one (llama.cpp #23652);
@@ -19,7 +24,9 @@ x parallel``) shared by ``parallel`` slots; slot ``i`` is llama sequence
    and then chunks of prompts still being read, up to ``n_batch`` tokens, so
    a long prompt never stops the others' tokens (chunked prefill); one
    ``llama_decode``; then every slot whose logits came out samples with its
-   own ``llama_sampler`` chain and hands its text on;
+   own ``llama_sampler`` chain and hands its text on
+   (:mod:`ggmux.instance.sample_steps`: a grammar's draw, whose cost grows
+   with the grammar, runs on a worker thread while the others go on);
 4. ``_embed``: one batch of embedding chunks, decoded with embeddings on.
 
 ``n > 1`` evaluates the prompt once and copies its KV to the other choices'
@@ -37,7 +44,7 @@ import codecs
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -45,6 +52,7 @@ import numpy as np
 from .backend import ReplicaFault
 from .batch import Batch
 from .embedding import EmbeddingSteps
+from .fairness import FairQueue
 from .jobs import (
     Embedding,
     EngineAsleep,
@@ -55,16 +63,10 @@ from .jobs import (
     Job,
 )
 from .model import EngineConfig, ModelContext
-from .sampling import (
-    SamplerError,
-    Sampling,
-    StopText,
-    logits_row,
-    logprob_entry,
-    sampler_chain,
-    token_logprobs,
-)
-from .slots import EMBED, GENERATE, IDLE, PROMPT, STATE_NAMES, WAIT, Slot, common_prefix
+from .sample_steps import SampleSteps
+from .sampling import SamplerError, Sampling, sampler_chain
+from .slots import EMBED, GENERATE, IDLE, PROMPT, SAMPLE, STATE_NAMES, WAIT, Slot, common_prefix
+from .stops import StopStrings, StopText
 
 log = logging.getLogger(__name__)
 
@@ -72,25 +74,29 @@ __all__ = ["Embedding", "Engine", "EngineAsleep", "EngineConfig", "EngineError",
            "EngineStopped", "Generation", "InvalidRequest", "Job", "Sampling"]
 
 
-class Engine(EmbeddingSteps):
+class Engine(EmbeddingSteps, SampleSteps):
     """Continuous batching over ``parallel`` slots of one llama context; see
     the module docstring. Life cycle: ``load()``, then ``submit`` from any
     thread, ``sleep()``/``wake()`` to free and restore the weights,
     ``close()`` to end (queued and running requests get an ``error``)."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig,
+                 on_progress: Callable[[float], None] | None = None) -> None:
+        """``on_progress``: called with the weights' load progress (0.0 ..
+        1.0) while :meth:`load` or :meth:`wake` reads them."""
         import llama_cpp
 
         logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # llama.cpp's chatter
         self.L = llama_cpp
         self.cfg = config
         self.slots = [Slot(i) for i in range(max(1, config.parallel))]
-        self.m = ModelContext(llama_cpp, config, len(self.slots))
+        self.m = ModelContext(llama_cpp, config, len(self.slots), on_progress)
         self._cond = threading.Condition()
         self._model_lock = threading.Lock()
         self._inbox: list[Job] = []
-        self._waiting: deque[Job] = deque()
+        self._waiting: FairQueue[Job] = FairQueue(_tenant)
         self._kicked = False
+        self._results: list = []  # tokens drawn on worker threads (sample_steps)
         self._close_reason: str | None = None
         self._refuse: str | None = None
         self._sleep_done: threading.Event | None = None
@@ -239,9 +245,12 @@ class Engine(EmbeddingSteps):
         """Queue a request (any thread); returns its :class:`Job` at once.
         Raises InvalidRequest for a request this model cannot serve as
         given, EngineAsleep / EngineStopped when nothing is served."""
+        # the stop strings' automaton: on the caller's thread, before the lock
+        stops = StopStrings(request.stop) if isinstance(request, Generation) else None
         with self._model_lock:
             self._check_loaded()
             job = Job(request, on_event, self._next_id, self._kick)
+            job.stops = stops
             self._next_id += 1
             if isinstance(request, Generation):
                 self._prepare_generation(job, request)
@@ -288,7 +297,7 @@ class Engine(EmbeddingSteps):
     # ---- observation --------------------------------------------------------
     def slot_info(self) -> list[dict]:
         """One dict per slot (llama-server's ``/slots`` fields plus ours):
-        ``id``, ``id_task``, ``request_id``, ``state``, ``is_processing``,
+        ``id``, ``id_task``, ``request_id``, ``tenant``, ``state``, ``is_processing``,
         ``n_ctx``, ``n_past`` (tokens in its KV), ``n_cached`` (prompt tokens
         its current or last request reused), ``n_decoded``. A snapshot read
         without locking, exact between steps."""
@@ -297,6 +306,7 @@ class Engine(EmbeddingSteps):
             job = s.job
             out.append({"id": s.id, "id_task": job.id if job else -1,
                         "request_id": job.request.request_id if job else "",
+                        "tenant": job.request.tenant if job else "",
                         "state": STATE_NAMES[s.state], "is_processing": s.state != IDLE,
                         "n_ctx": self.n_ctx, "n_past": len(s.tokens), "n_cached": s.n_cached,
                         "n_decoded": s.n_decoded})
@@ -315,7 +325,20 @@ class Engine(EmbeddingSteps):
 
     # ---- the decode thread --------------------------------------------------
     def _busy(self) -> bool:
+        """Whether any request is queued or running."""
         return bool(self._waiting) or any(s.state != IDLE for s in self.slots)
+
+    def _runnable(self) -> bool:
+        """Whether a step has work: a slot reading, generating or embedding
+        (not only waiting for a worker's token), or a request queued while a
+        slot is free."""
+        free = False
+        for s in self.slots:
+            if s.state == IDLE:
+                free = True
+            elif s.state != SAMPLE:
+                return True
+        return free and bool(self._waiting)
 
     def _run(self) -> None:
         try:
@@ -323,11 +346,11 @@ class Engine(EmbeddingSteps):
                 with self._cond:
                     while not (self._inbox or self._kicked or self._close_reason is not None
                                or self._sleep_done is not None or self._refuse is not None
-                               or self._busy()):
+                               or self._results or self._runnable()):
                         self._cond.wait()
                     self._waiting.extend(self._inbox)
                     self._inbox = []
-                    self._kicked = False
+                    kicked, self._kicked = self._kicked, False
                     reason = self._close_reason
                     refuse, self._refuse = self._refuse, None
                 if reason is not None:
@@ -340,7 +363,7 @@ class Engine(EmbeddingSteps):
                     continue
                 if self._asleep:
                     continue
-                self._step()
+                self._step(kicked)
         except BaseException as e:  # a bug: fail every request rather than hang them
             log.exception("engine loop failed")
             self._shutdown(f"engine failure: {type(e).__name__}: {e}")
@@ -352,6 +375,7 @@ class Engine(EmbeddingSteps):
                     return
                 done, self._sleep_done = self._sleep_done, None
                 self._asleep = True
+            self._drain_samples()
             self._free()
         log.info("asleep: weights and KV cache freed")
         done.set()
@@ -367,21 +391,24 @@ class Engine(EmbeddingSteps):
                     self._fail(s.job, reason)
             while self._waiting:
                 self._fail(self._waiting.popleft(), reason)
+            self._drain_samples()
             self._free()
             if self._sleep_done is not None:
                 self._sleep_done.set()
 
-    def _step(self) -> None:
-        self._reap()
+    def _step(self, kicked: bool = True) -> None:
+        self._collect()
+        self._reap(kicked)
         self._admit()
         self._generate()
         self._embed()
 
-    def _reap(self) -> None:
+    def _reap(self, kicked: bool) -> None:
         for s in self.slots:
             if s.job is not None and s.job.cancelled and not s.job.ended:
                 self._end_job(s.job, cancelled=True)
-        if any(j.cancelled for j in self._waiting):
+        # only a cancel kicks: the queue is looked through only after one
+        if kicked and any(j.cancelled for j in self._waiting):
             for j in [j for j in self._waiting if j.cancelled]:
                 self._waiting.remove(j)
                 self._end_job(j, cancelled=True)
@@ -389,10 +416,14 @@ class Engine(EmbeddingSteps):
     # -- admission
     def _admit(self) -> None:
         while self._waiting:
-            job = self._waiting[0]
+            idle = [s for s in self.slots if s.state == IDLE]
+            if not idle:
+                return
+            held = Counter(_tenant(s.job) for s in self.slots
+                           if s.state != IDLE and s.job is not None)
+            job = self._waiting.next(held)
             r = job.request
             k = r.n if isinstance(r, Generation) else 1
-            idle = [s for s in self.slots if s.state == IDLE]
             if len(idle) < k:
                 return
             chosen = self._choose(job, idle, k)
@@ -407,7 +438,7 @@ class Engine(EmbeddingSteps):
                     break
                 cached -= len(s.tokens)
                 self._clear(s)
-            self._waiting.popleft()
+            self._waiting.take(job)
             self._start(job, chosen)
 
     def _choose(self, job: Job, idle: list[Slot], k: int) -> list[Slot]:
@@ -417,13 +448,20 @@ class Engine(EmbeddingSteps):
             return lru[:k]
         best, best_n = None, 0
         for s in idle:
-            if s.tokens:
+            if s.tokens and self._may_reuse(s, r):
                 n = common_prefix(r.prompt, np.asarray(s.tokens, np.int32))
                 if n > best_n:
                     best, best_n = s, n
         if best is None or best_n < self.cfg.slot_prompt_similarity * len(r.prompt):
             return lru[:k]
         return [best] + [s for s in lru if s is not best][: k - 1]
+
+    def _may_reuse(self, s: Slot, r: Generation) -> bool:
+        """Whether ``r`` may reuse the prompt cache of slot ``s``
+        (``cache_scope``: ``global`` any, ``key`` one its own tenant made,
+        ``none`` never)."""
+        scope = self.cfg.cache_scope
+        return scope == "global" or scope == "key" and s.owner == r.tenant
 
     def _clear(self, s: Slot) -> None:
         self.L.llama_memory_seq_rm(self.m.mem, s.id, -1, -1)
@@ -445,7 +483,7 @@ class Engine(EmbeddingSteps):
             return
         prompt = job.request.prompt
         keep = 0
-        if job.request.cache_prompt and first.tokens:
+        if job.request.cache_prompt and first.tokens and self._may_reuse(first, job.request):
             keep = min(common_prefix(prompt, np.asarray(first.tokens, np.int32)), len(prompt) - 1)
             if keep > 0 and self.m.n_swa > 0:
                 # the sliding-window cache forgets old positions; without them
@@ -459,9 +497,10 @@ class Engine(EmbeddingSteps):
         del first.tokens[keep:]
         job.n_cached = first.n_cached = keep
         for i, s in enumerate(chosen):
+            s.owner = job.request.tenant  # the KV it holds from now on is this tenant's
             s.sampler = job.samplers[i]
             s.decoder = codecs.getincrementaldecoder("utf-8")("replace")
-            s.stop = StopText(job.request.stop)
+            s.stop = StopText(job.stops)
             if s is not first:
                 self._clear(s)
                 s.state, s.n_cached = WAIT, keep
@@ -497,6 +536,7 @@ class Engine(EmbeddingSteps):
         t0 = time.perf_counter()
         ret = self.L.llama_decode(self.m.ctx, self._batch.ready())
         dt = time.perf_counter() - t0
+        self._timed(dt)
         st = self.stats
         st["decode_calls_total"] += 1
         st["decode_seconds_total"] += dt
@@ -549,51 +589,7 @@ class Engine(EmbeddingSteps):
             else:
                 self._sample(s)
 
-    def _sample(self, s: Slot) -> None:
-        L, job = self.L, s.job
-        r = job.request
-        tok = L.llama_sampler_sample(s.sampler, self.m.ctx, s.i_batch)
-        s.n_decoded += 1
-        job.n_decoded += 1
-        lp = None
-        if r.logprobs is not None:
-            row = logits_row(L, self.m.ctx, s.i_batch, self.m.n_vocab)
-            own, top = token_logprobs(row, tok, r.logprobs)
-            lp = [logprob_entry(self.m.piece, tok, own, top)]
-        if not r.ignore_eos and self.m.is_eog(tok):
-            if lp:
-                job.emit(("text", s.choice, "", lp))
-            self._end_choice(s, "stop")
-            return
-        text = s.decoder.decode(self.m.piece(tok))
-        out, matched = s.stop.feed(text)
-        if out or lp:
-            job.emit(("text", s.choice, out, lp))
-        if matched:
-            self._end_choice(s, "stop", flush=False)
-        elif s.n_decoded >= job.max_gen:
-            self._end_choice(s, "length")
-        else:
-            s.pending = tok
-
-    def _end_choice(self, s: Slot, reason: str, flush: bool = True) -> None:
-        job = s.job
-        if flush:
-            tail = s.stop.flush() + s.decoder.decode(b"", True)
-            if tail:
-                job.emit(("text", s.choice, tail, None))
-        job.emit(("end", s.choice, reason))
-        s.release()
-        job.left -= 1
-        if job.left == 0:
-            self._end_job(job)
-
     # -- ends
-    def _free_samplers(self, job: Job) -> None:
-        for smpl in job.samplers:
-            self.L.llama_sampler_free(smpl)
-        job.samplers = []
-
     def _end_job(self, job: Job, cancelled: bool = False) -> None:
         """The request is over (all choices ended, or cancelled): free its
         slots and samplers, count it, send ``done``."""
@@ -625,3 +621,6 @@ class Engine(EmbeddingSteps):
         self._free_samplers(job)
         job.emit(("error", message))
 
+
+def _tenant(job: Job) -> str:
+    return job.request.tenant

@@ -11,9 +11,10 @@ with ``crash_code`` (3) this long after ready; ``ttft_s`` (0.002) delay before
 the first token; ``token_s`` (0.002) delay between tokens; ``tokens`` (8)
 tokens per answer unless the request's ``max_tokens`` is smaller;
 ``mem_bytes`` (0) effective host memory reported when ready; ``min_bytes``
-/ ``max_bytes`` memory reported by ``--measure``, after ``measure_s`` (0);
-``measure_log`` (str) a file each ``--measure`` appends a line to (its
-pid and ``--ctx-size``: a test counts the measures); ``fail_requests`` (bool)
+/ ``max_bytes`` memory reported by ``--measure``, after ``measure_s`` (0), with
+``chat_template`` (true): whether the model has a chat template; ``measure_log``
+(str) a file each ``--measure`` appends a line to (its pid and ``--ctx-size``:
+a test counts the measures); ``fail_requests`` (bool)
 answer requests with the replica's own fault, a 500 marked ``fault`` (so does
 the existence of a file ``BEHAVIOUR.json.fail-<pid>``, which lets a test break
 and mend one replica); ``bad_request_marker`` (str) a request whose JSON body
@@ -21,9 +22,11 @@ contains it fails with a plain 500, an error the request caused (llama.cpp
 answers some bad grammars so); ``crash_marker`` (str) a request whose JSON
 body contains it makes the process exit with ``crash_code`` at once, as
 llama.cpp aborts on an out-of-vocabulary token id;
-``parallel`` (1) slots: requests served at once, the rest queued in arrival
-order, as the built-in instance's engine does (reported in the ``ready``
-line, so the balancer counts in-flight relative to it).
+``parallel`` (1) slots: requests served at once, the rest queued round robin
+by tenant (:mod:`ggmux.instance.fairness`), as the built-in instance's
+engine does (reported in the ``ready`` line, so the balancer counts
+in-flight relative to it). The request limits ``--max-tokens-limit`` and
+``--n-predict`` (in ``--llama-args``) apply as in the built-in instance.
 
 Tool calls and reasoning (issue 19), in OpenAI's chat-completion shapes as
 llama-server's Jinja mode answers: a chat request with ``tools`` whose
@@ -46,17 +49,19 @@ and which process served it.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
-from collections import deque
+from collections import Counter
 from dataclasses import dataclass, field
 
 import orjson
 
 from . import protocol
 from .backend import Backend, ReplicaFault
-from .validate import BadRequest
+from .fairness import FairQueue
+from .validate import BadRequest, generation_limit, request_limits_from_args
 
 
 def example_value(schema, name: str = "value"):
@@ -100,6 +105,8 @@ class _FakeJob:
     body: dict
     sink: object
     request_id: str
+    tenant: str = ""
+    limit: int | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     calls: list = field(default_factory=list)  # the tool calls it is answered with
 
@@ -115,8 +122,11 @@ class FakeBackend(Backend):
         except (OSError, orjson.JSONDecodeError):
             self.cfg = {}
         self.slots = max(1, int(self.cfg.get("parallel", 1)))
+        self.limits = request_limits_from_args(args)
+        la = list(getattr(args, "llama_args", None) or [])
+        self.n_predict = int(la[la.index("--n-predict") + 1]) if "--n-predict" in la else -1
         self._lock = threading.Condition()
-        self._queue: deque[_FakeJob] = deque()
+        self._queue: FairQueue[_FakeJob] = FairQueue(lambda j: j.tenant)
         self._busy: list[_FakeJob | None] = [None] * self.slots
         self._closing: str | None = None
         self._calls = 0  # tool calls made, for their ids
@@ -129,7 +139,9 @@ class FakeBackend(Backend):
         if c.get("measure_log"):
             with open(c["measure_log"], "a") as f:
                 f.write(f"{os.getpid()} {self.n_ctx}\n")
-        return {"min": {"host": int(c.get("min_bytes", 0))}, "max": {"host": int(c.get("max_bytes", 0))}}
+        return {"min": {"host": int(c.get("min_bytes", 0))},
+                "max": {"host": int(c.get("max_bytes", 0))},
+                "chat_template": bool(c.get("chat_template", True))}
 
     def load(self) -> dict:
         c = self.cfg
@@ -140,7 +152,9 @@ class FakeBackend(Backend):
         if c.get("crash_load") is not None:
             time.sleep(load_s / 2)
             os._exit(int(c["crash_load"]))
-        steps = 4
+        # progress as the built-in instance reports llama.cpp's: a line per
+        # LOAD_PROGRESS_S (at least four), the last at 1.0
+        steps = max(4, int(load_s / protocol.LOAD_PROGRESS_S))
         for i in range(steps):
             time.sleep(load_s / steps)
             protocol.emit("loading", progress=round((i + 1) / steps, 3))
@@ -162,11 +176,10 @@ class FakeBackend(Backend):
                 "slots": self.slots}
 
     # ---- generation ---------------------------------------------------------
-    def _tokens(self, body: dict) -> list[str]:
+    def _tokens(self, job: _FakeJob) -> list[str]:
         n = int(self.cfg.get("tokens", 8))
-        mt = body.get("max_tokens") or body.get("max_completion_tokens")
-        if isinstance(mt, int) and mt > 0:
-            n = min(n, mt)
+        if job.limit is not None:
+            n = min(n, job.limit)
         first = f"[{self.name}:{os.getpid()}]"
         return [first] + [" tok"] * max(0, n - 1)
 
@@ -221,16 +234,19 @@ class FakeBackend(Backend):
                     os._exit(int(c.get("crash_code", 3)))
                 raise RuntimeError(f"request failed on {marker!r}")
 
-    def start(self, kind: str, body: dict, sink, request_id: str = ""):
-        """Queue one request for the next free slot (FIFO, ``parallel``
-        slots); raises at once for the markers, ``fail_requests``
-        (:class:`ReplicaFault`) and bad chat bodies."""
+    def start(self, kind: str, body: dict, sink, request_id: str = "", tenant: str = ""):
+        """Queue one request for the next free slot (``parallel`` slots,
+        round robin by tenant); raises at once for the markers,
+        ``fail_requests`` (:class:`ReplicaFault`), bad chat bodies and a
+        limit over ``--max-tokens-limit``."""
         self._check(body)
         if self.cfg.get("fail_requests") or os.path.exists(self.path + f".fail-{os.getpid()}"):
             raise ReplicaFault("fake failure")
         if kind == "chat" and not isinstance(body.get("messages"), list):
             raise BadRequest("'messages' must be a list", "messages")
-        job = _FakeJob(kind, body, sink, request_id)
+        job = _FakeJob(kind, body, sink, request_id, tenant)
+        if kind != "embedding":
+            job.limit = generation_limit(body, self.limits, self.n_predict)
         if kind == "chat":
             job.calls = self._tool_calls(body)
         with self._lock:
@@ -245,7 +261,9 @@ class FakeBackend(Backend):
             with self._lock:
                 while not self._queue:
                     self._lock.wait()
-                job = self._queue.popleft()
+                held = Counter(j.tenant for j in self._busy if j is not None)
+                job = self._queue.next(held)
+                self._queue.take(job)
                 if job.cancel.is_set():
                     continue
                 self._busy[slot] = job
@@ -282,7 +300,7 @@ class FakeBackend(Backend):
         if job.kind == "embedding":
             sink("result", self._embedding(body))
             return
-        toks = self._tokens(body)
+        toks = self._tokens(job)
         pieces = self._deltas(job, toks) if chat else [{"text": t} for t in toks]
         finish = "tool_calls" if job.calls else "stop"
         ttft, tok_s = float(self.cfg.get("ttft_s", 0.002)), float(self.cfg.get("token_s", 0.002))
@@ -325,12 +343,12 @@ class FakeBackend(Backend):
         if (body.get("stream_options") or {}).get("include_usage"):
             sink("chunk", {"id": rid, "object": obj, "created": created, "model": model,
                            "choices": [], "usage": usage})
-        sink("end", None)
+        sink("end", usage)
 
     def close(self, reason: str) -> None:
         with self._lock:
             self._closing = reason
-            queued, self._queue = list(self._queue), deque()
+            queued, self._queue = list(self._queue), FairQueue(lambda j: j.tenant)
             running = [j for j in self._busy if j is not None]
         for j in queued:
             j.sink("error", reason)
@@ -339,14 +357,15 @@ class FakeBackend(Backend):
 
     def refuse_queued(self, reason: str) -> None:
         with self._lock:
-            queued, self._queue = list(self._queue), deque()
+            queued, self._queue = list(self._queue), FairQueue(lambda j: j.tenant)
         for j in queued:
             j.sink("error", reason)
 
     def slot_info(self) -> list[dict]:
         with self._lock:
             return [{"id": i, "is_processing": j is not None, "state": "generating" if j else "idle",
-                     "request_id": j.request_id if j else ""} for i, j in enumerate(self._busy)]
+                     "request_id": j.request_id if j else "", "tenant": j.tenant if j else ""}
+                    for i, j in enumerate(self._busy)]
 
     def metrics(self) -> dict:
         with self._lock:
@@ -362,6 +381,26 @@ class FakeBackend(Backend):
     def detokenize(self, body: dict) -> dict:
         self._check(body)
         return {"content": " ".join("x" * int(t) for t in body.get("tokens", []))}
+
+    def apply_template(self, body: dict) -> dict:
+        """A stand-in chat template: ``<|role|>content`` per message, then the
+        tools as JSON, then ``<|assistant|>`` (so a count of the prompt
+        grows with the messages and the tools, as a real template's)."""
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("'messages' must be a non-empty list", "messages")
+        parts = []
+        for m in messages:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, list):
+                content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+            calls = json.dumps(m.get("tool_calls")) if isinstance(m, dict) and m.get(
+                "tool_calls") else ""
+            role = m.get("role") if isinstance(m, dict) else "?"
+            parts.append(f"<|{role}|>{content or ''}{calls}")
+        if body.get("tools"):
+            parts.append("<|tools|>" + json.dumps(body["tools"]))
+        return {"prompt": "".join(parts) + "<|assistant|>"}
 
     def props(self) -> dict:
         return {"model_alias": self.name, "model_path": self.path, "n_ctx": self.n_ctx,

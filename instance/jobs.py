@@ -54,7 +54,14 @@ class Generation:
     up to the context (llama-cpp-python's rule); more than the context
     allows is cut to it. ``stop`` strings end a choice and are not part of
     its text. ``logprobs`` None: none; k >= 0: the chosen token's and the k
-    best. ``cache_prompt`` False evaluates the whole prompt again."""
+    best. ``cache_prompt`` False evaluates the whole prompt again.
+    ``tenant``: who asked (the proxy's ``x-ggmux-tenant``, ``""`` for
+    none): slots are shared round robin by tenant, and the engine's
+    ``cache_scope`` may keep a tenant's prompt cache its own.
+
+    ``preserved``: special tokens whose text the answer shows (a tool-call
+    format's markers, llama-server's ``preserved_tokens``); other control
+    tokens show as nothing."""
 
     prompt: list[int]
     sampling: Sampling = field(default_factory=Sampling)
@@ -65,6 +72,8 @@ class Generation:
     cache_prompt: bool = True
     logprobs: int | None = None
     request_id: str = ""
+    tenant: str = ""
+    preserved: frozenset[int] = frozenset()
 
 
 @dataclass(slots=True)
@@ -73,6 +82,7 @@ class Embedding:
 
     inputs: list[list[int]]
     request_id: str = ""
+    tenant: str = ""
 
 
 class Job:
@@ -93,6 +103,8 @@ class Job:
             on_event = self.queue.put
         self._on_event = on_event
         self.samplers: list = []
+        self.stops = None  # the request's StopStrings automaton (a Generation)
+        self.sampling = 0  # tokens being drawn on worker threads (its samplers are in use)
         self.slots: list = []  # the engine's slots serving it
         self.left = 0
         self.footprint = 0

@@ -15,13 +15,25 @@ import os
 import re
 from collections.abc import Callable
 
+from . import protocol
 from .answers import Answer, embedding_answer
 from .backend import Backend, Sink
 from .chat import ChatTemplate
 from .engine import Embedding, Engine, Generation, InvalidRequest
+from .messages import chat_messages as jinja_messages
+from .messages import refuse_media
 from .model import EngineConfig
+from .reasoning import REASONING_FORMATS
 from .sampling import Sampling
-from .structured import forced_tool, schema_grammar, structured_output
+from .structured import (
+    forced_tool,
+    grammar_text,
+    response_schema,
+    schema_grammar,
+    structured_output,
+)
+from .tools.request import tool_request
+from .tools.stream import ChatStream
 from .validate import (
     BadRequest,
     chat_messages,
@@ -29,9 +41,11 @@ from .validate import (
     completion_prompt,
     embedding_inputs,
     fit_embedding_input,
+    generation_limit,
     is_int,
     logit_bias,
     request_limits_from_args,
+    stop_strings,
     token_ids,
     tokenize_request,
 )
@@ -73,6 +87,8 @@ _LLAMA_OPTIONS = {
     "--flash-attn": ("flash_attn", lambda v: _on_off_auto(v)),
     "-fa": ("flash_attn", lambda v: _on_off_auto(v)),
     "--chat-template": ("chat_format", str),
+    "--n-predict": ("n_predict", int), "--predict": ("n_predict", int), "-n": ("n_predict", int),
+    "--reasoning-format": ("reasoning_format", str),
     "--parallel": ("parallel", int), "-np": ("parallel", int),
 }
 _LLAMA_FLAGS = {"--no-mmap": ("use_mmap", False), "--mmap": ("use_mmap", True),
@@ -86,7 +102,7 @@ _GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "
 
 def llama_kwargs(argv: list[str]) -> dict:
     """Engine settings (:class:`~ggmux.instance.model.EngineConfig` fields,
-    and ``chat_format``) for llama-server options a preset gave
+    ``chat_format`` and ``n_predict``) for llama-server options a preset gave
     (``extra_args``); options the engine has no equivalent for are logged
     and ignored, as llama.cpp ignores unknown environment."""
     kw: dict = {}
@@ -145,9 +161,19 @@ class LlamaBackend(Backend):
     def _config(self):
         kw = llama_kwargs(getattr(self.args, "llama_args", []) or [])
         self.chat_format = kw.pop("chat_format", None)
+        # llama-server's -n: the tokens a request that gives no limit generates
+        self.n_predict = kw.pop("n_predict", -1)
+        # a preset's reasoning-format (llama-server's option) over ggmux serve's
+        rf = kw.pop("reasoning_format", None) or getattr(self.args, "reasoning_format", None)
+        if rf not in REASONING_FORMATS:
+            log.warning("ignoring --reasoning-format %s: not one of %s", rf,
+                        ", ".join(REASONING_FORMATS))
+            rf = "deepseek"
+        self.reasoning_format = rf
         cfg = EngineConfig(self.path, ctx_size=self.args.ctx_size,
                            n_gpu_layers=self.args.n_gpu_layers,
-                           kv_size=getattr(self.args, "kv_size", 0) or 0)
+                           kv_size=getattr(self.args, "kv_size", 0) or 0,
+                           cache_scope=getattr(self.args, "cache_scope", "global"))
         if self.args.threads:
             cfg.n_threads = self.args.threads
         for k, v in kw.items():
@@ -177,7 +203,8 @@ class LlamaBackend(Backend):
         MiB shared); the ``effective`` figure a ready instance reports
         calibrates it.
         With ``--n-gpu-layers`` and a GPU, the offloaded share of weights and
-        KV is put on ``gpu0``. Bytes per device key.
+        KV is put on ``gpu0``. Bytes per device key. ``chat_template``:
+        whether the GGUF metadata has ``tokenizer.chat_template``.
         """
         import llama_cpp
         from llama_cpp._internals import LlamaModel
@@ -224,17 +251,22 @@ class LlamaBackend(Backend):
         lo = need(kv, ctx)
         hi = need(max(kv, n_ctx_train * parallel), max(ctx, n_ctx_train))
         ngl = self.args.n_gpu_layers
+        # whether the GGUF has a chat template (a base model has none: the
+        # page and clients then use completions, issue 22)
+        has_template = bool(md.get("tokenizer.chat_template"))
         if ngl and _gpu_count() > 0:
             frac = 1.0 if ngl < 0 else min(1.0, ngl / max(1, n_layer))
             return {
                 "min": {"host": int(lo * (1 - frac)) + 64 << 20, "gpu0": int(lo * frac)},
                 "max": {"host": int(hi * (1 - frac)) + 64 << 20, "gpu0": int(hi * frac)},
-                "n_ctx_train": n_ctx_train,
+                "n_ctx_train": n_ctx_train, "chat_template": has_template,
             }
-        return {"min": {"host": lo}, "max": {"host": hi}, "n_ctx_train": n_ctx_train}
+        return {"min": {"host": lo}, "max": {"host": hi}, "n_ctx_train": n_ctx_train,
+                "chat_template": has_template}
 
     def load(self) -> dict:
-        self.engine = Engine(self._config())
+        # the weights' progress as llama-server reports it to its router
+        self.engine = Engine(self._config(), on_progress=protocol.LoadProgress())
         info = self.engine.load()
         e = self.engine
         special = e.special_tokens()
@@ -264,12 +296,13 @@ class LlamaBackend(Backend):
             self.engine.refuse_waiting(reason)
 
     # ---- requests -----------------------------------------------------------
-    def start(self, kind: str, body: dict, sink: Sink, request_id: str = "") -> Callable[[], None]:
+    def start(self, kind: str, body: dict, sink: Sink, request_id: str = "",
+              tenant: str = "") -> Callable[[], None]:
         try:
             if kind == "embedding":
-                job = self._embedding(body, sink, request_id)
+                job = self._embedding(body, sink, request_id, tenant)
             else:
-                job = self._generation(kind, body, sink, request_id)
+                job = self._generation(kind, body, sink, request_id, tenant)
         except InvalidRequest as e:
             raise BadRequest(str(e)) from None
         return job.cancel
@@ -277,12 +310,35 @@ class LlamaBackend(Backend):
     def _model(self, body: dict) -> str:
         return body["model"] if isinstance(body.get("model"), str) else self.name
 
-    def _generation(self, kind: str, body: dict, sink: Sink, request_id: str):
+    def _generation(self, kind: str, body: dict, sink: Sink, request_id: str, tenant: str = ""):
         check_sampling(body, max_n=self.slots)
         n_vocab = self.engine.n_vocab
         tool = None
         echo = None
-        if kind == "chat":
+        parser = None
+        preserved: frozenset[int] = frozenset()
+        triggers: tuple[list[str], list[int]] = ([], [])
+        lazy = False
+        if kind == "chat" and self.template.jinja is not None:
+            messages = jinja_messages(body.get("messages"), self._model(body))
+            gbnf = structured_output(body, self.limits)
+            req = tool_request(body, self.limits, self.reasoning_format,
+                               response_schema(body) if gbnf is not None else None)
+            if req.calls_tools and body.get("grammar") is not None:
+                raise BadRequest("'grammar' cannot be combined with tools (give tool_choice "
+                                 "\"none\" or no grammar)", "grammar")
+            cp = self.template.chat(messages, req)
+            plan = cp.plan
+            if plan.grammar is not None:
+                gbnf = grammar_text(plan.grammar, self.limits, "tools")
+                lazy = plan.lazy
+                triggers = (cp.trigger_patterns, cp.trigger_tokens)
+            prompt, stops = cp.tokens, list(plan.stops)
+            preserved = cp.preserved
+            fmt = cp.fmt
+            parser = lambda: ChatStream(fmt, plan)
+        elif kind == "chat":
+            refuse_media(body.get("messages"), self._model(body))
             messages = chat_messages(body.get("messages"))
             tool = forced_tool(body, self.limits)
             gbnf = structured_output(body, self.limits)
@@ -299,8 +355,7 @@ class LlamaBackend(Backend):
             stops = []
             if body.get("echo"):
                 echo = p if isinstance(p, str) else self.engine.detokenize(p, special=False)
-        stop = body.get("stop")
-        stops = ([stop] if isinstance(stop, str) else list(stop or [])) + stops
+        stops = stop_strings(body, self.limits) + stops
         lp = body.get("logprobs")
         if kind == "chat":
             if lp is not None and not isinstance(lp, bool):
@@ -309,12 +364,11 @@ class LlamaBackend(Backend):
             top = (body.get("top_logprobs") or 0) if lp else None
         else:
             top = None if lp is None or lp is False else (0 if lp is True else int(lp))
-        max_tokens = body.get("max_tokens")
-        if max_tokens is None:
-            max_tokens = body.get("max_completion_tokens")
-        if max_tokens is None and is_int(body.get("n_predict")):
-            max_tokens = body["n_predict"]
+        max_tokens = generation_limit(body, self.limits, self.n_predict)
         sampling = self._sampling(body, gbnf, n_vocab)
+        if lazy:
+            sampling.grammar_lazy = True
+            sampling.grammar_patterns, sampling.grammar_tokens = triggers
         # a seeded draw repeats only if the logits do to the last digit: reusing a
         # cached prefix evaluates the prompt's end in another batch shape, which
         # changes them slightly, and a draw over the whole vocabulary feels it
@@ -323,12 +377,13 @@ class LlamaBackend(Backend):
                          stop=stops, n=body.get("n") or 1,
                          ignore_eos=body.get("ignore_eos") is True,
                          cache_prompt=body.get("cache_prompt") is not False and not seeded,
-                         logprobs=top, request_id=request_id)
+                         logprobs=top, request_id=request_id, tenant=tenant,
+                         preserved=preserved)
         opts = body.get("stream_options") or {}
         answer = Answer(sink, kind, self._model(body), gen.n, stream=body.get("stream") is True,
                         include_usage=opts.get("include_usage") is True,
                         logprobs=None if top is None else kind,
-                        tool=tool["name"] if tool else None, echo=echo)
+                        tool=tool["name"] if tool else None, echo=echo, parser=parser)
         return self.engine.submit(gen, answer.on_event)
 
     def _sampling(self, body: dict, gbnf: str | None, n_vocab: int):
@@ -344,13 +399,15 @@ class LlamaBackend(Backend):
             s.mirostat = mode
         last_n = body.get("repeat_last_n")
         if is_int(last_n) and last_n >= -1:
-            s.repeat_last_n = self.engine.n_ctx if last_n == -1 else last_n
+            # no request holds more than n_ctx tokens: a longer window is the
+            # same window, and llama.cpp allocates it whole (2**31 aborted)
+            s.repeat_last_n = self.engine.n_ctx if last_n == -1 else min(last_n, self.engine.n_ctx)
         seed = body.get("seed")
         if seed is not None and seed >= 0:
             s.seed = seed
         return s
 
-    def _embedding(self, body: dict, sink: Sink, request_id: str):
+    def _embedding(self, body: dict, sink: Sink, request_id: str, tenant: str = ""):
         e = self.engine
         inputs = embedding_inputs(body, e.n_vocab, self.limits)
         truncate = bool(body.get("truncate"))
@@ -374,7 +431,7 @@ class LlamaBackend(Backend):
                 sink("error", ev[1])
 
         vectors: list[list[float]] = []
-        return e.submit(Embedding(batch, request_id), on_event)
+        return e.submit(Embedding(batch, request_id, tenant), on_event)
 
     def tokenize(self, body: dict) -> dict:
         content, add_special, with_pieces = tokenize_request(body)
@@ -390,6 +447,23 @@ class LlamaBackend(Backend):
                 piece = list(raw)  # llama.cpp: the bytes of a partial character
             out.append({"id": t, "piece": piece})
         return {"tokens": out}
+
+    def apply_template(self, body: dict) -> dict:
+        """The prompt text a chat body renders to (llama-server's
+        ``/apply-template``: the template with the tools and the format's
+        system message, ``add_generation_prompt`` true unless given), for
+        counting a request's tokens. A model without a Jinja template
+        answers with the text its chat handler would tokenize."""
+        if self.template.jinja is None:
+            messages = chat_messages(body.get("messages"))
+            tokens, _ = self.template.prompt(messages, None)
+            return {"prompt": self.engine.detokenize(tokens, special=True)}
+        messages = jinja_messages(body.get("messages"), self._model(body))
+        gbnf = structured_output(body, self.limits)
+        req = tool_request(body, self.limits, self.reasoning_format,
+                           response_schema(body) if gbnf is not None else None)
+        _, plan = self.template.render(messages, req)
+        return {"prompt": plan.prompt}
 
     def detokenize(self, body: dict) -> dict:
         tokens = token_ids(body.get("tokens"), self.engine.n_vocab, "tokens")

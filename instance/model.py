@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,7 +47,10 @@ class EngineConfig:
     the same prompt's alone; measured on this CPU, where a shared cache
     parted them after 8 to 48 tokens) and cheaper (each token attends over
     its own cells only); a shared cache lets a smaller ``kv_size`` serve
-    long requests, the rest waiting for room."""
+    long requests, the rest waiting for room. ``cache_scope``
+    (``--cache-scope``, issue 18 finding 6): whose prompt cache a request
+    may reuse: ``global`` any slot's (llama-server), ``key`` only one made
+    by a request of its own tenant, ``none`` nobody's."""
 
     model_path: str
     ctx_size: int = 2048
@@ -69,6 +73,7 @@ class EngineConfig:
     seed: int = DEFAULT_SEED
     slot_prompt_similarity: float = 0.1
     kv_unified: bool | None = None
+    cache_scope: str = "global"
 
 
 class ModelContext:
@@ -79,10 +84,12 @@ class ModelContext:
     none), ``pooled`` (an embedding model's pooling is on), ``metadata``
     (GGUF key -> string)."""
 
-    def __init__(self, llama_cpp, config: EngineConfig, n_seq: int) -> None:
+    def __init__(self, llama_cpp, config: EngineConfig, n_seq: int,
+                 on_progress: Callable[[float], None] | None = None) -> None:
         self.L = llama_cpp
         self.cfg = config
         self.n_seq = n_seq
+        self.on_progress = on_progress  # the weights' load, 0.0 .. 1.0 (llama.cpp's callback)
         self.model = self.ctx = self.vocab = self.mem = None
         self.n_vocab = self.n_embd = self.n_ctx = self.kv_size = self.n_batch = self.n_swa = 0
         self.pooled = False
@@ -110,7 +117,20 @@ class ModelContext:
             mp.load_mode = L.LLAMA_LOAD_MODE_MMAP if cfg.use_mmap else L.LLAMA_LOAD_MODE_NONE
         if not os.path.exists(cfg.model_path):
             raise RuntimeError(f"model file not found: {cfg.model_path}")
+        report = self.on_progress
+        if report is not None:
+            def progress(value: float, _data) -> bool:
+                try:
+                    report(float(value))
+                except Exception:  # a report never stops the load
+                    log.exception("load progress report failed")
+                return True
+
+            # kept referenced until the load returns (llama.cpp calls it meanwhile)
+            mp.progress_callback = callback = L.llama_progress_callback(progress)
         model = L.llama_model_load_from_file(cfg.model_path.encode(), mp)
+        if report is not None:
+            del callback
         if not model:
             raise RuntimeError(f"llama.cpp could not load {cfg.model_path}")
         n_ctx = cfg.ctx_size or L.llama_model_n_ctx_train(model)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 import orjson
@@ -41,6 +42,32 @@ def emit(state: str, **payload) -> None:
     fd = _state_fd if _state_fd is not None else 1
     with _lock:
         os.write(fd, line)
+
+
+LOAD_PROGRESS_S = 0.2
+"""Least time between two ``loading`` lines of a load's progress (the first
+and the last always go): llama-server's router throttles its own so."""
+
+
+class LoadProgress:
+    """A load-progress callback (``0.0`` .. ``1.0``) that emits
+    ``state:{"state": "loading", "progress": p}`` lines, at most one per
+    :data:`LOAD_PROGRESS_S` but for the first and the last, as llama-server
+    reports a model load to its router (``load_progress_callback`` in
+    ``tools/server/server-context.cpp``). The supervisor publishes it as the
+    model's ``status.progress`` (issue 22: it showed 0% until ready)."""
+
+    def __init__(self, emit_line: Callable[..., None] | None = None) -> None:
+        self.emit = emit_line or emit
+        self.last = 0.0
+
+    def __call__(self, progress: float) -> None:
+        now = time.monotonic()
+        done = progress >= 1.0
+        if self.last and not done and now - self.last < LOAD_PROGRESS_S:
+            return
+        self.last = now
+        self.emit("loading", progress=round(min(1.0, max(0.0, progress)), 3))
 
 
 def watch_stdin(on_command: Callable[[str], None]) -> threading.Thread:

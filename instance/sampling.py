@@ -1,5 +1,5 @@
-"""Per-request sampling for the engine: llama.cpp sampler chains, stop
-strings and log-probabilities.
+"""Per-request sampling for the engine: llama.cpp sampler chains and
+log-probabilities (stop strings: :mod:`ggmux.instance.stops`).
 
 Pure helpers around llama-cpp-python's low-level API; the engine
 (:mod:`ggmux.instance.engine`) owns when they run. Defaults are
@@ -7,7 +7,8 @@ llama-server's (``common/common.h``: temperature 0.8, top_k 40, top_p 0.95,
 min_p 0.05, repeat penalty 1.0 over the last 64 tokens), and the chain's
 order is llama-server's default sampler sequence (penalties, top_k,
 typical_p, top_p, min_p, temperature, then a seeded draw), after the
-logit bias and the grammar.
+logit bias; the grammar is checked apart from the chain, as llama.cpp's
+common sampler does (:class:`SlotSampler`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ class Sampling:
     random seed; choice ``i`` of an ``n > 1`` request uses ``seed + i`` so
     that its choices differ yet repeat. ``logit_bias`` maps token id to an
     additive bias (OpenAI: -100 bans, +100 forces). ``grammar`` is GBNF text
-    (llama.cpp's ``grammars/README.md``) whose start rule is ``grammar_root``.
+    (llama.cpp's ``grammars/README.md``) whose start rule is ``grammar_root``;
+    ``grammar_lazy`` holds it back until the text generated so far matches
+    one of ``grammar_patterns`` (regexes; the grammar starts at the first
+    capture group) or one of ``grammar_tokens`` is drawn (llama.cpp's lazy
+    grammars, armed at a tool call's trigger).
     ``mirostat`` 1 or 2 replaces top-k/p and the draw by Mirostat (v1, v2)
     with target ``mirostat_tau`` and rate ``mirostat_eta``, as llama-server.
     """
@@ -48,6 +53,9 @@ class Sampling:
     logit_bias: dict[int, float] = field(default_factory=dict)
     grammar: str | None = None
     grammar_root: str = "root"
+    grammar_lazy: bool = False
+    grammar_patterns: list[str] = field(default_factory=list)
+    grammar_tokens: list[int] = field(default_factory=list)
     mirostat: int = 0
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
@@ -58,14 +66,110 @@ class SamplerError(ValueError):
     request is at fault (answered with 400)."""
 
 
-def sampler_chain(llama_cpp, vocab, n_vocab: int, s: Sampling, seed: int) -> int:
-    """A new ``llama_sampler`` chain for ``s`` (a pointer the caller frees
-    with ``llama_sampler_free``). ``seed`` is the seed of the final draw.
+class SlotSampler:
+    """The samplers of one choice: a ``llama_sampler`` chain and, kept apart
+    from it, the grammar, sampled as llama.cpp's ``common_sampler_sample``
+    does: the chain draws from all the logits; only when the grammar refuses
+    that token is the draw redone with the grammar applied first. A grammar
+    applied to the whole vocabulary costs tens to hundreds of ms per token
+    (measured on smollm2's 49k tokens inside a JSON string); checking one
+    token costs microseconds, and a constrained model mostly draws allowed
+    tokens. :meth:`free` releases both."""
+
+    __slots__ = ("L", "_buf", "_ids", "_one", "_ptr", "chain", "grammar", "n_vocab")
+
+    def __init__(self, llama_cpp, chain, grammar, n_vocab: int) -> None:
+        self.L = llama_cpp
+        self.chain = chain
+        self.grammar = grammar
+        self.n_vocab = n_vocab
+        if grammar is not None:
+            self._buf = np.zeros(n_vocab, dtype=[("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+            self._ids = np.arange(n_vocab, dtype=np.int32)
+            self._ptr = self._buf.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
+            self._one = (llama_cpp.llama_token_data * 1)()
+
+    def sample(self, ctx, idx: int) -> int:
+        """Draw the next token from batch output ``idx`` and accept it."""
+        if self.grammar is None:
+            return self.L.llama_sampler_sample(self.chain, ctx, idx)
+        return self.sample_row(logits_row(self.L, ctx, idx, self.n_vocab))
+
+    def sample_row(self, logits: np.ndarray) -> int:
+        """Draw the next token from ``logits`` (shape ``[n_vocab]``; a copy
+        the caller owns, so that this may run on a worker thread while the
+        context decodes: :mod:`ggmux.instance.sample_steps`) and accept it.
+        Raises :class:`SamplerError` when the chain selected none."""
+        L = self.L
+        if self.grammar is None:
+            return sample_logits(L, self.chain, logits)
+        arr = self._candidates(logits)
+        L.llama_sampler_apply(self.chain, ctypes.byref(arr))
+        if not 0 <= arr.selected < arr.size:
+            raise SamplerError("the sampler chain selected no token")
+        tok = arr.data[arr.selected].id
+        one = self._one
+        one[0].id, one[0].logit, one[0].p = tok, 1.0, 0.0
+        single = L.llama_token_data_array(data=one, size=1, selected=-1, sorted=False)
+        L.llama_sampler_apply(self.grammar, ctypes.byref(single))
+        if one[0].logit == float("-inf"):  # refused: draw again under the grammar
+            arr = self._candidates(logits)
+            L.llama_sampler_apply(self.grammar, ctypes.byref(arr))
+            L.llama_sampler_apply(self.chain, ctypes.byref(arr))
+            if not 0 <= arr.selected < arr.size:
+                raise SamplerError("the grammar allows no token here")
+            tok = arr.data[arr.selected].id
+        L.llama_sampler_accept(self.grammar, tok)
+        L.llama_sampler_accept(self.chain, tok)
+        return int(tok)
+
+    def _candidates(self, logits: np.ndarray):
+        buf = self._buf
+        buf["id"] = self._ids
+        buf["logit"] = logits
+        buf["p"] = 0.0
+        return self.L.llama_token_data_array(data=self._ptr, size=self.n_vocab, selected=-1,
+                                             sorted=False)
+
+    def free(self) -> None:
+        if self.chain is not None:
+            self.L.llama_sampler_free(self.chain)
+            self.chain = None
+        if self.grammar is not None:
+            self.L.llama_sampler_free(self.grammar)
+            self.grammar = None
+
+
+def sampler_chain(llama_cpp, vocab, n_vocab: int, s: Sampling, seed: int) -> SlotSampler:
+    """The samplers for ``s`` (:class:`SlotSampler`; the caller frees them
+    with ``free()``). ``seed`` is the seed of the final draw.
 
     Raises :class:`SamplerError` when the grammar does not parse (llama.cpp
     logs the parser's reason)."""
     L = llama_cpp
+    grammar = None
+    if s.grammar:
+        grammar = _grammar(L, vocab, s)
+        if not grammar:
+            raise SamplerError("'grammar' could not be parsed as GBNF")
     chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+    _fill_chain(L, chain, n_vocab, s, seed)
+    return SlotSampler(L, chain, grammar, n_vocab)
+
+
+def _grammar(L, vocab, s: Sampling):
+    """The grammar sampler of ``s`` (lazy when asked), or NULL."""
+    if not s.grammar_lazy:
+        return L.llama_sampler_init_grammar(vocab, s.grammar.encode(), s.grammar_root.encode())
+    pats = (ctypes.c_char_p * max(1, len(s.grammar_patterns)))(
+        *[p.encode() for p in s.grammar_patterns])
+    toks = (L.llama_token * max(1, len(s.grammar_tokens)))(*s.grammar_tokens)
+    return L.llama_sampler_init_grammar_lazy_patterns(
+        vocab, s.grammar.encode(), s.grammar_root.encode(), pats, len(s.grammar_patterns),
+        toks, len(s.grammar_tokens))
+
+
+def _fill_chain(L, chain, n_vocab: int, s: Sampling, seed: int) -> None:
 
     def add(smpl) -> None:
         L.llama_sampler_chain_add(chain, smpl)
@@ -76,18 +180,12 @@ def sampler_chain(llama_cpp, vocab, n_vocab: int, s: Sampling, seed: int) -> int
             arr[i].token = int(tok)
             arr[i].bias = float(bias)
         add(L.llama_sampler_init_logit_bias(n_vocab, len(s.logit_bias), arr))
-    if s.grammar:
-        g = L.llama_sampler_init_grammar(vocab, s.grammar.encode(), s.grammar_root.encode())
-        if not g:
-            L.llama_sampler_free(chain)
-            raise SamplerError("'grammar' could not be parsed as GBNF")
-        add(g)
     if s.repeat_penalty != 1.0 or s.presence_penalty or s.frequency_penalty:
         add(L.llama_sampler_init_penalties(s.repeat_last_n, s.repeat_penalty,
                                            s.frequency_penalty, s.presence_penalty))
     if s.temperature <= 0:
         add(L.llama_sampler_init_greedy())
-        return chain
+        return
     if s.mirostat in (1, 2):
         add(L.llama_sampler_init_temp(s.temperature))
         if s.mirostat == 1:
@@ -96,7 +194,7 @@ def sampler_chain(llama_cpp, vocab, n_vocab: int, s: Sampling, seed: int) -> int
         else:
             add(L.llama_sampler_init_mirostat_v2(seed & 0xFFFFFFFF, s.mirostat_tau,
                                                  s.mirostat_eta))
-        return chain
+        return
     if s.top_k > 0:
         add(L.llama_sampler_init_top_k(s.top_k))
     if s.typical_p < 1.0:
@@ -107,49 +205,6 @@ def sampler_chain(llama_cpp, vocab, n_vocab: int, s: Sampling, seed: int) -> int
         add(L.llama_sampler_init_min_p(s.min_p, 1))
     add(L.llama_sampler_init_temp(s.temperature))
     add(L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-    return chain
-
-
-class StopText:
-    """Text of one choice as it is generated, held back where it could be
-    the start of a stop string (llama-server's partial-stop rule), so a
-    client never sees the beginning of a stop string that then matches.
-
-    ``feed(text)`` -> ``(text to send now, matched)``; after a match the
-    text up to the stop string has been returned and the rest is dropped.
-    ``flush()`` returns what was held back (the choice ended otherwise).
-    """
-
-    __slots__ = ("held", "stops")
-
-    def __init__(self, stops: list[str] | tuple[str, ...]) -> None:
-        self.stops = [s for s in stops if s]
-        self.held = ""
-
-    def feed(self, text: str) -> tuple[str, bool]:
-        if not self.stops:
-            return text, False
-        buf = self.held + text
-        first = -1
-        for s in self.stops:
-            i = buf.find(s)
-            if i >= 0 and (first < 0 or i < first):
-                first = i
-        if first >= 0:
-            self.held = ""
-            return buf[:first], True
-        hold = 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(buf)), hold, -1):
-                if buf.endswith(s[:k]):
-                    hold = k
-                    break
-        self.held = buf[len(buf) - hold:] if hold else ""
-        return buf[: len(buf) - hold], False
-
-    def flush(self) -> str:
-        out, self.held = self.held, ""
-        return out
 
 
 def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
@@ -175,6 +230,33 @@ def logprob_entry(piece, tok: int, own: float, top: list[tuple[int, float]]) -> 
         return {"id": t, "token": b.decode("utf-8", "replace"), "bytes": list(b), "logprob": v}
 
     return {**one(tok, own), "top_logprobs": [one(t, v) for t, v in top]}
+
+
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+"""llama.cpp's ``llama_token_data`` as a numpy record."""
+
+
+def sample_logits(llama_cpp, chain, logits: np.ndarray) -> int:
+    """What ``llama_sampler_sample`` does (llama.cpp ``src/llama-sampler.cpp``),
+    on ``logits`` (shape ``[n_vocab]``, a copy the caller owns) instead of the
+    context's: every token a candidate, the chain applied, the selected one
+    accepted. Needs no context, so it may run on any thread while the
+    context decodes (one thread per chain at a time). Returns the token;
+    raises :class:`SamplerError` when the chain selected none."""
+    L = llama_cpp
+    n = int(logits.size)
+    cur = np.empty(n, TOKEN_DATA)
+    cur["id"] = np.arange(n, dtype=np.int32)
+    cur["logit"] = logits
+    cur["p"] = 0.0
+    arr = L.llama_token_data_array(cur.ctypes.data_as(ctypes.POINTER(L.llama_token_data)), n,
+                                   -1, False)
+    L.llama_sampler_apply(chain, ctypes.byref(arr))
+    if not 0 <= arr.selected < arr.size:
+        raise SamplerError("the sampler chain selected no token")
+    tok = int(arr.data[arr.selected].id)
+    L.llama_sampler_accept(chain, tok)
+    return tok
 
 
 def logits_row(llama_cpp, ctx, i: int, n_vocab: int) -> np.ndarray:

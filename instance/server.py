@@ -54,10 +54,13 @@ from ..proxy.http.limits import (
     instance_limits,
     limits_from_args,
 )
+from ..proxy.http.request import TENANT
+from ..proxy.http.usage import USAGE_HEADER, usage_line, usage_trailer
 from ..proxy.http.verdict import REPLICA_HEADER
 from . import protocol
 from .backend import Backend, ReplicaFault
-from .validate import BadRequest, RequestLimits, add_request_limit_options
+from .reasoning import add_reasoning_option
+from .validate import CACHE_SCOPES, BadRequest, RequestLimits, add_request_limit_options
 
 log = logging.getLogger("ggmux.instance")
 
@@ -80,23 +83,26 @@ ROUTES = {
     b"/completion": "native",  # llama.cpp's own completion format
     b"/tokenize": "tokenize",
     b"/detokenize": "detokenize",
+    b"/apply-template": "apply_template",
 }
 # llama-server routes this backend has no implementation for (a `cmd`
 # instance running llama-server serves them)
 UNSUPPORTED = frozenset(
     (b"/infill", b"/rerank", b"/v1/rerank", b"/reranking", b"/v1/responses", b"/v1/messages",
-     b"/v1/messages/count_tokens", b"/apply-template")
+     b"/v1/messages/count_tokens")
 )
 
 
 def native_request(body: dict) -> dict:
     """llama.cpp ``/completion`` body -> OpenAI completion body."""
-    out = {k: v for k, v in body.items() if k not in ("n_predict", "content")}
+    out = {k: v for k, v in body.items() if k != "content"}
     n = body.get("n_predict")
     if isinstance(n, int) and not isinstance(n, bool) and n >= -1:
-        out["max_tokens"] = max(n, 0)  # -1: until the context is full, as 0 is here
-    elif n is not None:
-        out["n_predict"] = n  # for the checks to name it
+        # n_predict wins over max_tokens (llama-server); -1 and 0: the server's
+        # --n-predict, else up to the context. Kept under its own name, which
+        # the checks name (and a limit's 400)
+        out.pop("max_tokens", None)
+        out["n_predict"] = max(n, 0)
     if "mirostat" in body:
         out["mirostat_mode"] = body["mirostat"]
     if "prompt" not in out and "content" in body:
@@ -243,7 +249,7 @@ class InstanceApp:
             conn.send_error(req, 503, "model is asleep", headers=REFUSED)
             return
         self.requests += 1
-        if kind in ("tokenize", "detokenize"):
+        if kind in ("tokenize", "detokenize", "apply_template"):
             try:
                 out = getattr(self.backend, kind)(body)
             except ValueError as e:
@@ -309,9 +315,10 @@ class InstanceApp:
             loop.call_soon_threadsafe(events.put_nowait, (what, payload))
 
         rid = (req.header(b"x-request-id") or b"").decode("latin-1")[:64]
+        tenant = (req.header(TENANT) or b"").decode("latin-1")[:64]
         try:
             cancel = await loop.run_in_executor(self.executor, self.backend.start, kind, body,
-                                                sink, rid)
+                                                sink, rid, tenant)
         except ValueError as e:  # BadRequest
             conn.send_error(req, 400, str(e), param=getattr(e, "param", None))
             return
@@ -335,7 +342,10 @@ class InstanceApp:
                 conn.finish(req)
                 return
             if what == "result":
-                conn.send_json(req, 200, native_chunk(payload, True) if native else payload)
+                # the usage line: the proxy's request ring reads it, not the body
+                line = usage_line(payload.get("usage")) if isinstance(payload, dict) else b""
+                conn.send_json(req, 200, native_chunk(payload, True) if native else payload,
+                               headers=[(USAGE_HEADER, line)] if line else ())
                 return
             if what == "chunk":
                 if not started:
@@ -349,7 +359,7 @@ class InstanceApp:
                     conn.start_stream(req)
                 if not native:  # llama.cpp's /completion has no [DONE]
                     conn.send_chunk(b"data: [DONE]\n\n")
-                conn.end_stream(req)
+                conn.end_stream(req, usage_trailer(payload))  # the usage line, as a trailer
                 return
             elif what == "error":
                 message = str(payload)
@@ -400,6 +410,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          '\'["--batch-size", "256", "--flash-attn", "on"]\'')
     ap.add_argument("--measure", action="store_true", help="report memory needs and exit")
     add_request_limit_options(ap)
+    add_reasoning_option(ap)
+    ap.add_argument("--cache-scope", choices=CACHE_SCOPES, default="global",
+                    help="whose prompt cache a request may reuse: key (its own tenant's, "
+                         "from the proxy's x-ggmux-tenant), global (any), none")
     ap.add_argument("--slot", type=int, default=None,
                     help="the supervisor's replica slot, for the process title")
     # the supervisor passes the header and body limits that fit its proxies'
@@ -498,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
         args.llama_args = la.get("llama_args") or []
         # the request and HTTP limits of `ggmux serve` (ModelEntry.instance_args)
         given = parse_args(la.get("instance_args") or [])
-        for name in (*(f.name for f in fields(RequestLimits)), *INSTANCE_LIMIT_NAMES):
+        for name in (*(f.name for f in fields(RequestLimits)), *INSTANCE_LIMIT_NAMES,
+                     "cache_scope", "reasoning_format"):
             setattr(args, name, getattr(given, name))
         args.slot = la.get("slot")
         setproctitle(process_title(args))

@@ -8,11 +8,12 @@ import time
 import numpy as np
 
 from .jobs import Job
-from .sampling import StopText
+from .stops import StopText
 
 # slot states
-IDLE, PROMPT, WAIT, GENERATE, EMBED = range(5)
-STATE_NAMES = ("idle", "prompt", "waiting for prompt", "generating", "embedding")
+IDLE, PROMPT, WAIT, GENERATE, EMBED, SAMPLE = range(6)
+# SAMPLE: generating, its next token drawn on a worker thread (a grammar's)
+STATE_NAMES = ("idle", "prompt", "waiting for prompt", "generating", "embedding", "sampling")
 
 
 class Slot:
@@ -32,6 +33,7 @@ class Slot:
         "job",
         "n_cached",
         "n_decoded",
+        "owner",
         "pending",
         "reserved",
         "sampler",
@@ -60,6 +62,7 @@ class Slot:
         self.embed_pos = 0
         self.embed_sum = None
         self.n_cached = 0
+        self.owner = ""  # the tenant whose request made the cached tokens
 
     def release(self) -> None:
         """Back to idle; the KV (``tokens``) stays as a prompt cache."""

@@ -6,7 +6,7 @@ rules, in a module of its own for size).
 A grammar is checked by :func:`ggmux.instance.gbnf.check_gbnf` (llama.cpp's
 syntax, nesting and repetition bounds); a JSON schema is walked without
 recursion for its depth, repetition counts, ``pattern`` sizes and ``$ref``
-targets before llama-cpp-python's converter turns it into a grammar (a
+targets before :mod:`ggmux.instance.json_grammar` turns it into a grammar (a
 ``minLength`` of 10**8 took 3.2 GB and 13 s to convert and parse), and the
 grammar it gives is checked again. Every failure is a
 :class:`~ggmux.instance.validate.BadRequest` naming the field.
@@ -19,6 +19,7 @@ import re
 import orjson
 
 from .gbnf import GrammarError, check_gbnf
+from .json_grammar import SchemaError, schema_to_gbnf
 from .validate import BadRequest, RequestLimits, is_int, shown
 
 # ---- grammars and JSON schemas ---------------------------------------------
@@ -147,8 +148,8 @@ def _check_schema(schema, limits: RequestLimits, field: str) -> None:
 
 
 def schema_grammar(schema, limits: RequestLimits, field: str) -> str:
-    """The GBNF grammar for JSON ``schema`` (llama-cpp-python's converter,
-    the one its chat handler uses), after checking the schema's size,
+    """The GBNF grammar for JSON ``schema`` (:mod:`ggmux.instance.json_grammar`,
+    llama.cpp's current converter rules), after checking the schema's size,
     depth and repetition counts against ``limits`` (a ``minLength`` of
     10**8 took 3.2 GB and 13 s to convert and parse), and the grammar it
     gives against the grammar limits. Raises :class:`BadRequest`."""
@@ -160,13 +161,11 @@ def schema_grammar(schema, limits: RequestLimits, field: str) -> str:
         raise BadRequest(f"'{field}' is {len(raw)} bytes as JSON, over the limit of "
                          f"{limits.max_grammar_bytes} (--max-grammar-bytes)", field)
     _check_schema(schema, limits, field)
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
     try:
-        gbnf = json_schema_to_gbnf(raw.decode())
+        gbnf = schema_to_gbnf(schema)
     except RecursionError:
         raise BadRequest(f"'{field}' is nested too deeply to convert", field) from None
-    except Exception as e:  # noqa: BLE001 - the converter raises bare asserts and KeyErrors
+    except (SchemaError, TypeError, ValueError) as e:
         reason = str(e) or type(e).__name__
         raise BadRequest(f"'{field}' cannot be turned into a grammar: {reason[:200]}",
                          field) from None
@@ -184,10 +183,8 @@ def schema_grammar(schema, limits: RequestLimits, field: str) -> str:
 
 def json_grammar() -> str:
     """GBNF for any JSON object (``response_format: {"type": "json_object"}``
-    without a schema; llama.cpp's ``grammars/json.gbnf``)."""
-    from llama_cpp.llama_grammar import JSON_GBNF
-
-    return JSON_GBNF
+    without a schema: the converter's ``{"type": "object"}``)."""
+    return schema_to_gbnf({"type": "object"})
 
 
 def structured_output(body: dict, limits: RequestLimits) -> str | None:
@@ -243,7 +240,10 @@ def _function(f, field: str) -> dict:
 
 
 def forced_tool(body: dict, limits: RequestLimits) -> dict | None:
-    """The tool a chat request forces, as ``{"name", "parameters"}``, or None.
+    """The tool a chat request forces, as ``{"name", "parameters"}``, or None:
+    the rule for a model whose GGUF has no Jinja chat template (llama-cpp-python's
+    chat handlers; a model with one calls tools through
+    :mod:`ggmux.instance.tools`).
 
     ``tools`` (and the older ``functions``) are checked for shape. The
     instance can honour ``tool_choice: "none"`` (the tools are not
@@ -298,4 +298,22 @@ def forced_tool(body: dict, limits: RequestLimits) -> dict | None:
                          "tool-call parser for the chat template): give 'tool_choice' "
                          '{"type": "function", "function": {"name": ...}} to force one, or '
                          '"none"', "tools" if tools is not None else "functions")
+    return None
+
+
+def response_schema(body: dict) -> dict | None:
+    """The JSON schema of a request's structured output (``json_schema``,
+    ``response_format``'s ``schema`` or ``json_schema.schema``; ``{"type":
+    "object"}`` for a bare ``json_object``), or None (a GBNF ``grammar``,
+    plain text). For a body :func:`structured_output` accepted."""
+    if isinstance(body.get("json_schema"), dict):
+        return body["json_schema"]
+    rf = body.get("response_format")
+    if not isinstance(rf, dict):
+        return None
+    if rf.get("type") == "json_object":
+        return rf.get("schema") if isinstance(rf.get("schema"), dict) else {"type": "object"}
+    if rf.get("type") == "json_schema":
+        js = rf.get("json_schema") or {}
+        return js.get("schema") if isinstance(js.get("schema"), dict) else {"type": "object"}
     return None

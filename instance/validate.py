@@ -57,7 +57,18 @@ class RequestLimits:
     grammar (``{m,n}``) or a schema (``minLength``, ``maxItems``, ...; counts
     nested in a ``pattern`` multiply) may ask for, since each one is written
     out in full (llama.cpp itself refuses ``{m,n}`` over 2000);
-    ``max_schema_depth``: nesting of subschemas in a JSON schema.
+    ``max_schema_depth``: nesting of subschemas in a JSON schema;
+    ``max_stops``: stop strings a request may give (OpenAI allows 4,
+    llama-server any number; 64 lets SillyTavern-style group chats name
+    every speaker, and matching costs the same whatever the count:
+    :mod:`ggmux.instance.stops`), ``max_stop_bytes``: UTF-8 bytes of one
+    stop string (text that may become one is held back from the stream,
+    so this bounds that lag too); ``max_tokens_limit``: tokens one request
+    may generate, ``max_tokens`` above it refused (0: up to the context;
+    llama-server has no limit, issue 18 finding 10: four requests without
+    one held every slot of a model for six minutes; 32768 passes the
+    largest limits common clients send, Claude Code's 32000 and Qwen3's
+    recommended 32768 for reasoning).
     """
 
     max_embedding_inputs: int = 2048
@@ -65,6 +76,9 @@ class RequestLimits:
     max_grammar_depth: int = 2048
     max_grammar_repetitions: int = 2000
     max_schema_depth: int = 64
+    max_stops: int = 64
+    max_stop_bytes: int = 256
+    max_tokens_limit: int = 32768
 
 
 _LIMIT_HELP = {
@@ -76,7 +90,19 @@ _LIMIT_HELP = {
     "max_grammar_repetitions": "largest repetition a request's grammar ({m,n}) or JSON schema "
                                "(minLength, maxItems, pattern counts) may ask for; more get 400",
     "max_schema_depth": "most nested subschemas in a request's JSON schema; deeper get 400",
+    "max_stops": "stop strings of one request (stop, Anthropic stop_sequences, Ollama "
+                 "options.stop); more get 400",
+    "max_stop_bytes": "longest stop string, UTF-8 bytes; longer get 400",
+    "max_tokens_limit": "most tokens one request may generate (0: up to the context); a "
+                        "request asking for more (max_tokens, n_predict, num_predict) gets 400, "
+                        "one asking for none stops there (a preset's max-tokens-limit wins)",
 }
+CACHE_SCOPES = ("key", "global", "none")
+"""``--cache-scope`` values: whose prompt cache a request may reuse (its own
+tenant's, anyone's, nobody's; issue 18, finding 6)."""
+
+# limits where 0 means "none" (the others must be at least 1)
+_ZERO_IS_NONE = frozenset(("max_tokens_limit",))
 
 
 def add_request_limit_options(
@@ -88,7 +114,8 @@ def add_request_limit_options(
     d = defaults if defaults is not None else RequestLimits()
     group = parser.add_argument_group("request limits (built-in instance)")
     for name, help_ in _LIMIT_HELP.items():
-        group.add_argument("--" + name.replace("_", "-"), dest=name, type=_positive_int,
+        group.add_argument("--" + name.replace("_", "-"), dest=name,
+                           type=_count if name in _ZERO_IS_NONE else _positive_int,
                            default=getattr(d, name), metavar="N",
                            help=help_ + " (default: %(default)s)")
 
@@ -114,6 +141,13 @@ def _positive_int(text: str) -> int:
     v = int(text)
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {v}")
+    return v
+
+
+def _count(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, not {v}")
     return v
 
 
@@ -147,7 +181,8 @@ _NUMBERS = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
 # field -> (low, high or None)
 _INTEGERS = {"max_tokens": (0, None), "max_completion_tokens": (0, None), "top_k": (0, 2**31 - 1),
              "seed": (-(2**63), 2**64 - 1), "top_logprobs": (0, 20), "n": (1, None),
-             "mirostat": (0, 2), "mirostat_mode": (0, 2), "n_predict": (-1, None)}
+             "mirostat": (0, 2), "mirostat_mode": (0, 2), "n_predict": (-1, None),
+             "repeat_last_n": (-1, None)}
 _BOOLEANS = ("stream", "echo")
 _STRINGS = ("suffix", "user")
 
@@ -198,6 +233,65 @@ def check_sampling(body: dict, max_n: int = 1) -> None:
     if lp is not None and not isinstance(lp, bool) and not (is_int(lp) and 0 <= lp <= 5):
         raise BadRequest("'logprobs' must be true or false (chat) or an integer from 0 to 5 "
                          "(completions)", "logprobs")
+
+
+# ---- request limits of the decode thread -----------------------------------
+
+STOP_FIELDS = "'stop' (Anthropic's stop_sequences, Ollama's options.stop)"
+
+
+def stop_strings(body: dict, limits: RequestLimits) -> list[str]:
+    """The request's ``stop`` as a list (a string is one), checked against
+    ``limits.max_stops`` and ``limits.max_stop_bytes`` (issue 18, finding
+    2: a request with 100,000 stop strings slowed every other client's
+    stream fivefold). The Anthropic and Ollama adapters hand theirs on as
+    ``stop``, so the message names all three. Raises :class:`BadRequest`."""
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    if not all(isinstance(x, str) for x in stops):
+        raise BadRequest("'stop' must be a string or a list of strings", "stop")
+    if len(stops) > limits.max_stops:
+        raise BadRequest(f"{STOP_FIELDS} has {len(stops)} strings, over the limit of "
+                         f"{limits.max_stops} per request (--max-stops)", "stop")
+    for i, x in enumerate(stops):
+        n = len(x.encode("utf-8", "surrogatepass"))
+        if n > limits.max_stop_bytes:
+            raise BadRequest(f"{STOP_FIELDS}[{i}] is {n} bytes, over the limit of "
+                             f"{limits.max_stop_bytes} bytes per stop string "
+                             "(--max-stop-bytes)", f"stop[{i}]")
+    return stops
+
+
+LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict")
+
+
+def generation_limit(body: dict, limits: RequestLimits, default: int = -1) -> int | None:
+    """Tokens the request may generate: its ``max_tokens`` (else
+    ``max_completion_tokens``, else llama.cpp's ``n_predict``; a value of 0
+    or -1 asks for no limit), else ``default`` (llama-server's
+    ``--n-predict``; -1: none), and never more than
+    ``limits.max_tokens_limit`` (0: no limit). None: up to the context.
+    A request asking for more than the limit is refused, so that no client
+    can hold a slot for longer than the operator allows (issue 18, finding
+    10). Raises :class:`BadRequest` naming the field and the option."""
+    cap = limits.max_tokens_limit
+    for k in LIMIT_FIELDS:
+        v = body.get(k)
+        if not is_int(v):
+            continue
+        if v > 0:
+            if cap and v > cap:
+                raise BadRequest(
+                    f"'{k}' is {v}, over this server's limit of {cap} generated tokens per "
+                    "request (--max-tokens-limit; the same for Anthropic's max_tokens and "
+                    "Ollama's options.num_predict)", k)
+            return v
+        break
+    if default > 0:
+        return min(default, cap) if cap else default
+    return cap or None
 
 
 # ---- token ids ------------------------------------------------------------

@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         api_key=keys.get("api_key") or None, admin_key=keys.get("admin_key") or None,
         stream_keepalive=args.stream_keepalive, first_byte_timeout=args.first_byte_timeout,
         stream_idle_timeout=args.stream_idle_timeout, cors_origins=args.cors_origins,
+        tenant_secret=keys.get("tenant_secret") or None,
     )
     del keys
     limits: HttpLimits = fit_fd_limit(limits_from_args(args))

@@ -11,6 +11,9 @@ Rules (issue 11, findings 6 and 7):
   or on its stdin command pipe (the cluster agent: its first line), and
   removes every secret variable (``GGMUX_*_KEY``, the cluster token, NATS
   passwords and tokens) from every child's environment (:func:`scrub_env`).
+* A built-in instance learns who asked only as a tenant (:func:`tenant`):
+  a keyed hash of the caller's key, never the key (issue 18, findings 6
+  and 10: prompt-cache scope and slot fairness).
 * Every local instance requires a secret of its own, 128 random bits the
   supervisor makes per spawn (:func:`new_secret`), so that no local user can
   go around ``--api-key`` by talking to an instance port directly. The
@@ -21,6 +24,7 @@ Rules (issue 11, findings 6 and 7):
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import os
@@ -30,6 +34,7 @@ import secrets
 import orjson
 
 from .http import Request
+from .http.request import TENANT
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +63,23 @@ def authorized(req: Request, key: bytes | None) -> bool:
         return True
     given = given_key(req)
     return given is not None and hmac.compare_digest(given, key)
+
+
+def tenant(req: Request, secret: bytes, trusted_hop: bool = False) -> bytes:
+    """The ``x-ggmux-tenant`` value of ``req`` (16 lower-case hex digits):
+    HMAC-SHA256 of the key it presents, keyed by ``secret`` (one per server,
+    shared by its proxies: the same key is the same tenant through any of
+    them, and no replica can tell the key from it), truncated to 64 bits;
+    ``b""`` for a request presenting no key. A request forwarded by another
+    node with the cluster token (``trusted_hop``) keeps the tenant that node
+    gave it; a client's own header is never believed."""
+    if trusted_hop:
+        v = req.header(TENANT) or b""
+        return v if len(v) == 16 and all(c in b"0123456789abcdef" for c in v) else b""
+    key = given_key(req)
+    if not key:
+        return b""
+    return hmac.new(secret, key, hashlib.sha256).hexdigest()[:16].encode()
 
 
 def new_secret() -> tuple[str, int, int]:
@@ -133,4 +155,4 @@ def scrub_env(env: dict[str, str]) -> dict[str, str]:
 
 
 __all__ = ["authorized", "given_key", "keys_pipe", "new_secret", "read_keys", "scrub_env",
-           "secret_header", "secret_text"]
+           "secret_header", "secret_text", "tenant"]

@@ -103,31 +103,38 @@ def cluster_view(cluster: dict, now_ns: int | None = None) -> dict:
             "loads": cluster.get("loads") or {}}
 
 
-def annotate_models(listing: dict, cluster: dict | None) -> dict:
-    """Add to each model of a ``/v1/models`` list ``status.node`` (the node
-    that serves it: this one if it holds it, else the first that does, else
-    the one loading it; absent when none) and ``nodes`` (every node holding
-    or loading it, with its state). A model this node has not loaded but
-    another node has shows ``status.value`` ``loaded``: a request is served
-    at once."""
+def annotate_model(obj: dict, cluster: dict | None) -> dict:
+    """Add to one model object of ``/v1/models`` (or a ``/models/sse``
+    event: ``id`` and ``status``) ``status.node`` (the node that serves it:
+    this one if it holds it, else the first that does, else the one
+    loading it; absent when none) and ``nodes`` (every node holding or
+    loading it, with its state: ``[{"node", "state"}]``). A model this
+    node has not loaded but another node has shows ``status.value``
+    ``loaded``: a request is served at once. Unchanged outside cluster
+    mode."""
     if cluster is None:
-        return listing
+        return obj
     me = cluster.get("node")
-    where = cluster.get("models") or {}
-    loads = cluster.get("loads") or {}
-    for m in listing.get("data", []):
-        held = list(where.get(m["id"], []))
-        m["nodes"] = held
-        loaded = [h["node"] for h in held if h.get("state") == "loaded"]
-        node = (me if me in loaded else loaded[0] if loaded else
-                (loads.get(m["id"]) or {}).get("node") or
-                next((h["node"] for h in held), None))
-        if node is not None:
-            m["status"]["node"] = node
-        if loaded and m["status"].get("value") == "unloaded":
-            # served at once through a node that holds it; the models
-            # table's remote replica row may lag the cluster view a publish
-            m["status"]["value"] = "loaded"
+    held = list((cluster.get("models") or {}).get(obj["id"], []))
+    obj["nodes"] = held
+    loaded = [h["node"] for h in held if h.get("state") == "loaded"]
+    node = (me if me in loaded else loaded[0] if loaded else
+            ((cluster.get("loads") or {}).get(obj["id"]) or {}).get("node") or
+            next((h["node"] for h in held), None))
+    if node is not None:
+        obj["status"]["node"] = node
+    if loaded and obj["status"].get("value") == "unloaded":
+        # served at once through a node that holds it; the models
+        # table's remote replica row may lag the cluster view a publish
+        obj["status"]["value"] = "loaded"
+    return obj
+
+
+def annotate_models(listing: dict, cluster: dict | None) -> dict:
+    """:func:`annotate_model` for each model of a ``/v1/models`` list."""
+    if cluster is not None:
+        for m in listing.get("data", []):
+            annotate_model(m, cluster)
     return listing
 
 

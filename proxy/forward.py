@@ -23,7 +23,9 @@ The state it reads is the proxy's (:meth:`~ggmux.proxy.server.Proxy.refresh`
 keeps it): ``names``, ``reg_models``, ``single``, ``ready``, ``ready_local``,
 ``held_local``, ``remotes``, ``hop_slots``, ``secrets``, ``cluster``,
 ``replica_rows``, ``model_rows``, ``cw``/``mcw`` (this proxy's counter rows),
-``breakers``, ``pool``, ``waiters`` and the options.
+``breakers``, ``pool``, ``waiters``, ``activity`` (its region of the
+request ring: every request that named a model is recorded as it ends) and
+the options.
 """
 
 from __future__ import annotations
@@ -32,12 +34,14 @@ import asyncio
 import logging
 import time
 from bisect import bisect_left
+from collections.abc import Callable
 
 import orjson
 import posix_ipc
 
 from ..shm import layout as L
 from . import answers, passthrough
+from .auth import tenant
 from .balancer import CLOSED, candidates_from_shm, choose, open_until, session_key
 from .cluster import HOP_TRUSTED, hop_headers, judge_hop, loading_info
 from .http import HttpConnection, Request
@@ -149,7 +153,7 @@ class Forwarding:
             return False
         body = req.body
         data = request_head(req, c.port, len(body), target=target,
-                            auth=self.secrets.get(slot, b"")) + body
+                            auth=self.secrets.get(slot, b""), tenant=self._tenant(req, m)) + body
         cw[L.C_IN_FLIGHT] += 1
         cw[L.C_LAST_USED_NS] = time.monotonic_ns()
         up.send(conn, req, data, lambda r: self._fast_done(conn, req, m, slot, inc, r),
@@ -174,6 +178,7 @@ class Forwarding:
             if r.delivered:  # never sent again (issue 11)
                 self._forward_failed(slot, m, r, 1)
                 answers.replica_failed(conn, req, self.reg_models[m]["name"], r)
+                self.activity.record(req, m, slot, None, req.status)
                 return
             # the slow path retries (a stale pooled connection is no verdict
             # on the replica)
@@ -181,6 +186,7 @@ class Forwarding:
             return
         self._verdict(slot, r, now)
         self._account(cw, m, r)
+        self.activity.record(req, m, slot, r, 0)
 
     def _fast_habit(self, conn: HttpConnection, req: Request, m: int, slot: int,
                     r: UpstreamError) -> None:
@@ -196,6 +202,7 @@ class Forwarding:
         else:
             self._forward_failed(slot, m, r, 1)
             answers.replica_failed(conn, req, self.reg_models[m]["name"], r)
+            self.activity.record(req, m, slot, None, req.status)
 
     async def _lived_on(self, slot: int) -> bool:
         """:meth:`_alive` :data:`HABIT_CHECK_S` from now (a replica that died
@@ -281,6 +288,8 @@ class Forwarding:
         its probe out, queues until ``--queue-timeout`` (then 429), and the
         first request that finds the probe slot free is the next probe."""
         tried: set[int] = set()
+        recorded = not touch or capture  # (not a request of the model's, for the ring)
+        last_slot = -1
         waited = False  # a waiter registered by us is still counted
         queued_since = 0
         attempt = 0  # forwards that failed before the request reached a replica
@@ -376,6 +385,7 @@ class Forwarding:
                 if c.slot in self.remotes and touch and c.slot not in self.hop_slots:
                     self._want_local(m, cands)
                 slot, inc = c.slot, c.incarnation
+                last_slot = slot
                 cnt = self.cw[slot]
                 if cnt[L.C_INCARNATION] != inc:  # first: the reset clears the breaker too
                     self.cnt[slot] = 0
@@ -392,8 +402,19 @@ class Forwarding:
                 if waited:
                     self.waiters.leave(m)  # only now: the request already counts as in flight
                     waited = False
+                held = [True]  # it counts as in flight; ended() takes it out, once
+
+                def ended(_ex: Exchange | None, cnt=cnt, inc=inc, held=held) -> None:
+                    if held[0]:
+                        held[0] = False
+                        if cnt[L.C_INCARNATION] == inc:
+                            cnt[L.C_IN_FLIGHT] -= 1
+                            if touch:
+                                cnt[L.C_LAST_USED_NS] = time.monotonic_ns()
+
                 try:
-                    ex = await self._send(conn, req, slot, c.port, m, judged, capture)
+                    # ended() runs as the response ends, before its end leaves
+                    ex = await self._send(conn, req, slot, c.port, m, judged, capture, ended)
                 except UpstreamError as e:
                     attempt += 1
                     if self.stopping:
@@ -431,13 +452,13 @@ class Forwarding:
                     answers.unreachable(conn, req, name, e)
                     return None
                 finally:
-                    if cnt[L.C_INCARNATION] == inc:
-                        cnt[L.C_IN_FLIGHT] -= 1
-                        if touch:
-                            cnt[L.C_LAST_USED_NS] = time.monotonic_ns()
+                    ended(None)
                 self._verdict(slot, ex, time.monotonic_ns(), judged)
                 if touch:  # ?model= calls are neither use nor traffic for the metrics
                     self._account(cnt, m, ex)
+                if not recorded:
+                    recorded = True
+                    self.activity.record(req, m, slot, ex, 0)
                 return ex
             conn.send_error(req, 503, f"no replica of '{name}' stayed available")
             return None
@@ -446,6 +467,8 @@ class Forwarding:
                 self.waiters.leave(m)
             if queued_since:
                 self.queued[m] -= 1
+            if not recorded:  # answered here (or the client left): recorded too
+                self.activity.record(req, m, last_slot, None, req.status or 499)
 
     def _want_local(self, m: int, cands) -> None:
         """A model served by a remote upstream that also has a local
@@ -465,11 +488,13 @@ class Forwarding:
             pass
 
     async def _send(self, conn: HttpConnection, req: Request, slot: int, port: int, m: int,
-                    judged: list | None = None, capture: bool = False) -> Exchange:
+                    judged: list | None = None, capture: bool = False,
+                    on_end: Callable[[Exchange], None] | None = None) -> Exchange:
         """One forward to the replica in ``slot``: a local instance gets its
         secret as the bearer token, a remote upstream its own ``api-key``
         (and its path prefix); neither ever gets the client's credentials.
-        ``judged``: this is a half-open circuit's probe, judged at its head."""
+        ``judged``: this is a half-open circuit's probe, judged at its head.
+        ``on_end``: see :meth:`~ggmux.proxy.http.pool.UpstreamPool.forward`."""
         on_head = None
         if judged is not None:
             br = self.breakers[slot]
@@ -482,26 +507,38 @@ class Forwarding:
         remote = self.remotes.get(slot)
         body = bytes(req.body)
         if remote is None:
-            data = request_head(req, port, len(body), auth=self.secrets.get(slot, b"")) + body
+            data = request_head(req, port, len(body), auth=self.secrets.get(slot, b""),
+                                tenant=self._tenant(req, m)) + body
             return await self.pool.forward(port, conn, req, data, first_byte_ns=fb,
-                                           on_head=on_head, capture=capture)
+                                           on_head=on_head, capture=capture, on_end=on_end)
         host = remote["host"]
         if remote.get("hop") and self.cluster is not None:
             # another node of the cluster: the hop header and the cluster's token
             extra, auth = hop_headers(self.cluster, self.api_key), b""
+            who = tenant(req, self.tenant_secret, req.hop == HOP_TRUSTED)
         else:
             key = remote.get("api_key")
             extra, auth = (), b"authorization: Bearer %s\r\n" % key.encode() if key else b""
+            who = b""
         prefix = remote.get("prefix", "").encode()
         head = request_head(req, port, len(body), extra, host.encode(), auth=auth,
-                            target=prefix + req.url if prefix else None)
+                            target=prefix + req.url if prefix else None, tenant=who)
         return await self.pool.forward(port, conn, req, head + body, host, first_byte_ns=fb,
-                                       on_head=on_head, capture=capture)
+                                       on_head=on_head, capture=capture, on_end=on_end)
+
+    def _tenant(self, req: Request, m: int) -> bytes:
+        """``x-ggmux-tenant`` for a local replica of model ``m``: only a
+        built-in instance gets one (a ``cmd`` replica is someone else's
+        server)."""
+        if self.reg_models[m].get("kind") not in ("llama", "fake"):
+            return b""
+        return tenant(req, self.tenant_secret, req.hop == HOP_TRUSTED)
 
     def _account(self, cnt: memoryview, m: int, ex: Exchange) -> None:
         """Count one forwarded request: requests, errors, TTFT (EWMA, last,
         sum, count; microseconds) per replica, and per model the TTFT
-        histogram in :data:`~ggmux.shm.layout.TTFT_BUCKETS_MS`."""
+        histogram in :data:`~ggmux.shm.layout.TTFT_BUCKETS_MS` and the ring
+        of its :data:`~ggmux.shm.layout.TTFT_RECENT` last samples."""
         cnt[L.C_REQUESTS] += 1
         mc = self.mcw[m]
         mc[L.MC_REQUESTS] += 1
@@ -520,3 +557,6 @@ class Forwarding:
                 mc[L.MC_TTFT_SUM_US] += us
                 # bucket i counts TTFT <= TTFT_BUCKETS_MS[i] ms (and above the one before)
                 mc[L.MC_BUCKET0 + bisect_left(_TTFT_BUCKETS_US, us)] += 1
+                k = mc[L.MC_RECENT_N]  # the recent samples' ring (/ps's p50)
+                mc[L.MC_RECENT0 + k % L.TTFT_RECENT] = us
+                mc[L.MC_RECENT_N] = k + 1

@@ -10,6 +10,7 @@ import numpy as np
 import orjson
 
 from ..shm import layout as L
+from .cluster import annotate_model
 from .http import HttpConnection, Request
 
 SSE_KEEPALIVE_S = 15.0
@@ -35,8 +36,11 @@ def model_status(i: int, row: np.ndarray, mdl: dict, errors: dict[str, str]) -> 
 def model_object(i: int, mdl: dict, row: np.ndarray, errors: dict[str, str]) -> dict:
     """OpenAI's model object for model ``i`` (``created``: its file's
     modification time) with llama.cpp router's ``status`` and ggmux's
-    ``aliases``."""
-    return {
+    ``aliases`` and, once the model is measured, ``has_chat_template``
+    (whether its GGUF has ``tokenizer.chat_template``: without one, chat
+    requests have no template to use, and a client should use
+    ``/v1/completions``)."""
+    out = {
         "id": mdl["name"],
         "object": "model",
         "created": mdl.get("created", 0),
@@ -44,6 +48,9 @@ def model_object(i: int, mdl: dict, row: np.ndarray, errors: dict[str, str]) -> 
         "aliases": mdl.get("aliases", []),
         "status": model_status(i, row, mdl, errors),
     }
+    if isinstance(mdl.get("chat_template"), bool):
+        out["has_chat_template"] = mdl["chat_template"]
+    return out
 
 
 def models_list(reg_models: list[dict], model_rows: np.ndarray, errors: dict[str, str]) -> dict:
@@ -58,9 +65,15 @@ class ModelEvents:
     """The ``GET /models/sse`` subscribers of one proxy.
 
     :meth:`publish` runs after every table refresh and sends one
-    ``event: model`` per model whose status changed since the last event;
-    a comment every :data:`SSE_KEEPALIVE_S` seconds keeps idle streams open.
-    ``state()`` returns ``(reg_models, model_rows, errors)`` as of now."""
+    ``event: model`` per model whose status changed since the last event:
+    ``{"id", "status"}``, ``has_chat_template`` once the model is measured
+    (:func:`model_object`), and in cluster mode ``status.node`` and
+    ``nodes`` as ``/v1/models`` has them (:func:`~.cluster.annotate_model`),
+    so an event never takes back what the list said; a comment every
+    :data:`SSE_KEEPALIVE_S` seconds keeps idle streams open. ``state()``
+    returns ``(reg_models, model_rows, errors, cluster)`` as of now
+    (``cluster``: the registry blob's cluster object, None outside
+    cluster mode)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, state) -> None:
         self.loop = loop
@@ -73,9 +86,12 @@ class ModelEvents:
         return bool(self.subs)
 
     def _event(self, i: int) -> bytes:
-        reg_models, rows, errors = self.state()
+        reg_models, rows, errors, cluster = self.state()
         mdl = reg_models[i]
-        data = orjson.dumps({"id": mdl["name"], "status": model_status(i, rows[i], mdl, errors)})
+        ev = {"id": mdl["name"], "status": model_status(i, rows[i], mdl, errors)}
+        if isinstance(mdl.get("chat_template"), bool):  # known once measured: an event then
+            ev["has_chat_template"] = mdl["chat_template"]
+        data = orjson.dumps(annotate_model(ev, cluster))
         return b"event: model\ndata: " + data + b"\n\n"
 
     async def subscribe(self, conn: HttpConnection, req: Request) -> None:

@@ -13,7 +13,10 @@ Pure functions, no I/O (the proxy forwards). Two rules from issue 11:
 * **Model file paths** are not shown to callers without the admin key:
   :func:`redact_paths` turns every absolute path in a JSON answer of
   :data:`REDACTED_PATHS` (llama-server's ``/props`` has ``model_path``; its
-  ``/v1/models`` ids may be paths) into its base name.
+  ``/v1/models`` ids may be paths) into its base name, and
+  :func:`redact_slots` drops what a ``/slots`` answer says about other
+  clients' requests (issue 18, finding 6: any key holder read every
+  client's ``x-request-id`` there).
 """
 
 from __future__ import annotations
@@ -122,6 +125,25 @@ def _redact(v):
     return v
 
 
+# what a /slots entry tells about the request in it: ggmux's request id and
+# tenant, llama-server's prompt and generated text (with --slots-debug)
+SLOT_PRIVATE = ("request_id", "tenant", "prompt", "generated")
+
+
+def redact_slots(body: bytes) -> bytes:
+    """A ``/slots`` answer (a JSON list of slots, or llama-server's error
+    object) without :data:`SLOT_PRIVATE` in any slot; a body that is not
+    JSON comes back unchanged."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    if not isinstance(doc, list):
+        return body
+    return orjson.dumps([{k: v for k, v in s.items() if k not in SLOT_PRIVATE}
+                         if isinstance(s, dict) else s for s in doc])
+
+
 def redact_paths(body: bytes) -> bytes:
     """``body`` (a JSON answer) with every string that is an absolute path
     (starts with ``/``, no whitespace) replaced by its base name; a body
@@ -133,5 +155,5 @@ def redact_paths(body: bytes) -> bytes:
     return orjson.dumps(_redact(doc))
 
 
-__all__ = ["REDACTED_PATHS", "BadPath", "normalize", "quick_route", "redact_paths", "route",
-           "target"]
+__all__ = ["REDACTED_PATHS", "BadPath", "normalize", "quick_route", "redact_paths",
+           "redact_slots", "route", "target"]

@@ -82,6 +82,8 @@ ROUTES: tuple[Route, ...] = (
     Route(b"/ps", "_operator", GET),
     Route(b"/logs", "_operator", GET, admin=True),
     Route(b"/logs/stream", "_operator", (b"GET",), admin=True),
+    Route(b"/requests", "_requests", GET, admin=True),
+    Route(b"/requests/stream", "_requests", (b"GET",), admin=True),
     Route(b"/cluster", "_cluster", GET, refuse=True, guard="_in_cluster"),
     Route(b"/cluster/drain", "_cluster_drain", POST, refuse=True, admin=True,
           guard="_in_cluster"),

@@ -21,7 +21,8 @@ the body's ``model``; ``GET /props|/metrics|/slots?model=`` routed by the
 query (they neither load a model nor refresh its last use); ``/v1/models``,
 ``/models`` (``?reload=1`` rescans the sources); ``POST /models/load``,
 ``/models/unload``; ``GET /models/sse``; ``GET /health``; ``GET /metrics``
-(Prometheus, whole server); ``/upstream/<model>/<path>`` pass-through; the
+(Prometheus, whole server); ``GET /requests`` and ``/requests/stream`` (the
+request ring); ``/upstream/<model>/<path>`` pass-through; the
 other client APIs (Anthropic, Responses, Ollama, ``GET /v1/models/{id}``)
 in :mod:`ggmux.proxy.apis`; CORS (:mod:`ggmux.proxy.cors`) on every answer.
 The routes are one table, :data:`ggmux.proxy.routes.ROUTES`.
@@ -33,6 +34,7 @@ import asyncio
 import logging
 import os
 import random
+import secrets
 import time
 from urllib.parse import parse_qs
 
@@ -42,8 +44,10 @@ import posix_ipc
 
 from ..shm import layout as L
 from ..shm.logring import log_ring_name
+from ..shm.requestring import request_ring_name
 from ..shm.segment import Segment
 from . import answers, apis, passthrough, routes
+from .activity import Activity
 from .apis import ClientApis
 from .auth import authorized, secret_header
 from .balancer import (
@@ -73,9 +77,13 @@ from .metrics import metrics_text, scrape_replicas
 from .operator.logs import LogTail
 from .operator.overview import overview
 from .operator.page import Page
+from .operator.requests import RequestLog
 from .waiting import ModelWaiters
 
 log = logging.getLogger("ggmux.proxy")
+
+# routed by ?model=; the admin key may read them too (their answers show more to it)
+QUERY_ROUTED = frozenset((b"/props", b"/metrics", b"/slots"))
 
 RELOAD_WAIT_S = 30.0  # ?reload=1 waits this long for the rescan (a cache of many models is slow)
 STOPPING = "the server is stopping"
@@ -100,6 +108,7 @@ class Proxy(Forwarding):
         first_byte_timeout: float = 600.0,
         stream_idle_timeout: float = 300.0,
         cors_origins: str = "*",
+        tenant_secret: str | None = None,
     ) -> None:
         self.index = index
         self.cors = Cors(cors_origins) if cors_origins else None
@@ -123,8 +132,13 @@ class Proxy(Forwarding):
         self.load_wait = load_wait
         self.queue_timeout = queue_timeout
         self.max_queue = max_queue
-        self.api_key = api_key.encode() if api_key else None
+        # llama-server's form: several keys separated by commas, each its own
+        # tenant (auth.tenant); the first is what this node sends other nodes
+        self.api_keys = tuple(k.strip().encode() for k in (api_key or "").split(",") if k.strip())
+        self.api_key = self.api_keys[0] if self.api_keys else None
         self.admin_key = admin_key.encode() if admin_key else None
+        # keys the tenant hashes (auth.tenant); one per server, from the supervisor
+        self.tenant_secret = tenant_secret.encode() if tenant_secret else secrets.token_bytes(16)
         self.loop = asyncio.get_event_loop()
         self.pool = UpstreamPool(self.loop, stream_idle_s=stream_idle_timeout)
         self.pool.start_sweeping()
@@ -153,11 +167,14 @@ class Proxy(Forwarding):
         self.queued: dict[int, int] = {}  # model -> requests queued for a free replica
         self.local_asked: dict[int, int] = {}  # model -> when a local replica was last asked
         self.events = ModelEvents(self.loop, lambda: (self.reg_models, self.model_rows,
-                                                      self.errors))
+                                                      self.errors, self.cluster))
         self.reload_seq = 0  # this proxy's reload requests
         self.reload_ids: list[str] = []  # the reloads the supervisor finished, newest last
         self.page = Page()
         self.logtail = LogTail(self.loop, log_ring_name(shm))
+        self.activity = Activity(request_ring_name(shm), index)
+        self.pool.keep_bodies = self.activity.excerpt > 0  # --log-requests-bodies
+        self.requests = RequestLog(self.loop, self.activity.ring)
         self.refresh()
 
     # ---- shared-memory snapshot ------------------------------------------
@@ -282,8 +299,16 @@ class Proxy(Forwarding):
     # ---- HTTP ------------------------------------------------------------------------
     def _authorized(self, req: Request, admin: bool = False) -> bool:
         """``Authorization: Bearer KEY`` or ``x-api-key: KEY``, compared in
-        constant time; admin routes need the admin key when one is set."""
-        return authorized(req, self.admin_key if admin and self.admin_key else self.api_key)
+        constant time (with every API key); admin routes need the admin key
+        when one is set."""
+        if admin and self.admin_key:
+            return authorized(req, self.admin_key)
+        if self.api_key is None:
+            return True
+        ok = False
+        for key in self.api_keys:
+            ok |= authorized(req, key)
+        return ok
 
     def _is_admin(self, req: Request) -> bool:
         """Whether the request presents the admin key (one must be set)."""
@@ -311,7 +336,10 @@ class Proxy(Forwarding):
         if self.cluster is None and req.header(HOP) is not None:
             self.refresh()  # a hop header: is this node (already) in a cluster?
         req.hop = take_hop(req, self.cluster)
-        if not (req.hop == HOP_TRUSTED and not admin) and not self._authorized(req, admin):
+        # the admin key also reads what a model's slots, props and metrics say
+        # (issue 18: /slots shows request ids to it alone)
+        if (not (req.hop == HOP_TRUSTED and not admin) and not self._authorized(req, admin)
+                and not (path in QUERY_ROUTED and self._is_admin(req))):
             why = ("this route needs the admin key (--admin-key)"
                    if admin and self.admin_key else "invalid or missing API key")
             if route is not None and route.foreign:
@@ -413,7 +441,8 @@ class Proxy(Forwarding):
         self.refresh()
         if req.path == b"/ps":
             conn.send_json(req, 200, overview(self.seg, self.reg_models, self.model_rows,
-                                              self.replica_rows, self.remotes, self.errors))
+                                              self.replica_rows, self.remotes, self.errors,
+                                              cluster=self.cluster))
             return
         name = self._query_model(req)
         if name is not None:
@@ -426,6 +455,27 @@ class Proxy(Forwarding):
             self.logtail.text(conn, req, name)
         else:
             await self.logtail.stream(conn, req, name)
+
+    async def _requests(self, conn: HttpConnection, req: Request) -> None:
+        """``GET /requests`` and ``/requests/stream`` (:mod:`.operator.requests`;
+        ``?model=`` a name or alias)."""
+        self.refresh()
+        m = None
+        name = self._query_model(req)
+        if name is not None:
+            m = apis.resolve(self.names, name)
+            if m is None:
+                conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
+                return
+        view = self._request_view
+        if req.path == b"/requests":
+            self.requests.list(conn, req, view, m)
+        else:
+            await self.requests.stream(conn, req, view, m)
+
+    def _request_view(self) -> tuple[list[dict], dict[int, dict]]:
+        self.refresh()
+        return self.reg_models, self.remotes
 
     def _in_cluster(self) -> bool:
         self.refresh()
@@ -480,8 +530,9 @@ class Proxy(Forwarding):
 
     def _redacts(self, req: Request, target: bytes) -> bool:
         """Whether the replica's answer to ``target`` must lose its model
-        file paths: a GET of :data:`~ggmux.proxy.passthrough.REDACTED_PATHS`
-        by a caller without the admin key (issue 11)."""
+        file paths (and, for ``/slots``, other clients' request ids): a GET
+        of :data:`~ggmux.proxy.passthrough.REDACTED_PATHS` by a caller
+        without the admin key (issue 11; issue 18, finding 6)."""
         if req.method not in (b"GET", b"HEAD"):
             return False
         return target.split(b"?", 1)[0] in passthrough.REDACTED_PATHS and not self._is_admin(req)
@@ -502,7 +553,10 @@ class Proxy(Forwarding):
                 ctype = v
             else:
                 headers.append((k, v))
-        conn.send_response(req, ex.status, passthrough.redact_paths(ex.body), ctype, headers)
+        body = passthrough.redact_paths(ex.body)
+        if req.url.split(b"?", 1)[0] == b"/slots":
+            body = passthrough.redact_slots(body)
+        conn.send_response(req, ex.status, body, ctype, headers)
 
     def _model(self, conn: HttpConnection, req: Request, name) -> int | None:
         """Index of the model a request names, or None after answering

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAGIC = 0x47474D5558534D31  # "GGMUXSM1"
-VERSION = 4
+VERSION = 5
 
 # ---- header: int64 words -------------------------------------------------
 H_MAGIC = 0
@@ -107,7 +107,14 @@ MC_TTFT_SUM_US = 3
 MC_BUCKET0 = 4  # MC_BUCKET0 + i counts samples <= TTFT_BUCKETS_MS[i] (and > the previous)
 TTFT_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
 MC_BUCKET_INF = MC_BUCKET0 + len(TTFT_BUCKETS_MS)
-MC_WORDS = 24
+# the model's last TTFT_RECENT TTFT samples through this proxy (microseconds),
+# a ring: sample k (k = 0, 1, ...) at MC_RECENT0 + k % TTFT_RECENT, and
+# MC_RECENT_N the samples ever written. What ``/ps``'s TTFT p50 is taken
+# from (issue 22: the histogram's interpolation gave bucket-edge figures)
+MC_RECENT_N = 17
+MC_RECENT0 = 18
+TTFT_RECENT = 32
+MC_WORDS = MC_RECENT0 + TTFT_RECENT  # 50
 
 # ---- waiters: [proxy, model, word], each [proxy] row written by that proxy --
 W_COUNT = 0  # requests waiting for the model in this proxy

@@ -29,7 +29,8 @@ import platform
 
 import numpy as np
 
-_NEEDS_FENCE = platform.machine().lower() in ("aarch64", "arm64")
+NEEDS_FENCE = platform.machine().lower() in ("aarch64", "arm64")
+"""Whether :func:`fence` does anything here (hot paths test it before calling)."""
 
 DEFAULT_RETRIES = 10_000
 SPIN_BEFORE_YIELD = 64
@@ -41,7 +42,7 @@ class SeqlockBusy(RuntimeError):
 
 def fence() -> None:
     """Full memory barrier where plain numpy stores may be reordered."""
-    if _NEEDS_FENCE:
+    if NEEDS_FENCE:
         os.sched_yield()
 
 

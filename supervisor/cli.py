@@ -17,6 +17,7 @@ import copy
 import importlib.util
 import logging
 import os
+import secrets
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,7 +27,9 @@ import orjson
 from setproctitle import setproctitle
 
 from .. import __version__
+from ..instance.reasoning import add_reasoning_option, reasoning_argv
 from ..instance.validate import (
+    CACHE_SCOPES,
     add_request_limit_options,
     request_limit_argv,
     request_limits_from_args,
@@ -41,6 +44,7 @@ from ..proxy.http.limits import (
     proxy_share,
 )
 from ..shm.logring import MAX_RECORD
+from ..shm.requestring import REQUEST_EXCERPT_BYTES
 from ..shm.segment import queue_name, segment_name
 from .client import add_client_commands, add_client_options, run_client
 from .cluster.options import add_cluster_options
@@ -183,6 +187,10 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                    help="KV cache tokens of each built-in instance for all its slots, 0 = "
                         "ctx-size x parallel; not given: 0 under every preset, given: over "
                         "every preset")
+    s.add_argument("--n-predict", "-n", type=int, default=None, metavar="N",
+                   help="tokens a request that gives no limit generates (llama-server's -n; "
+                        "-1: up to the context or --max-tokens-limit); not given: -1 under "
+                        "every preset, given: over every preset")
     s.add_argument("--threads", "-t", type=int, default=None,
                    help="generation threads per instance; not given: the backend's default "
                         "under every preset, given: over every preset")
@@ -214,12 +222,19 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                         "a cold load costs only the model's own load time")
     s.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on every route "
-                        "but /health and the web page (default: $GGMUX_API_KEY; none: open). On "
+                        "but /health and the web page; several keys separated by commas, as "
+                        "llama-server takes them, each its own tenant (--cache-scope, slot "
+                        "fairness) (default: $GGMUX_API_KEY; none: open). On "
                         "a command line any local user can read it (ps) until the server has "
                         "started, and the shell's history keeps it: prefer $GGMUX_API_KEY")
     s.add_argument("--admin-key", default=None,
                    help="key for /models/load, /models/unload, reloads, /logs and the model "
                         "file paths in /props (default: $GGMUX_ADMIN_KEY; none: the API key)")
+    s.add_argument("--cache-scope", choices=CACHE_SCOPES, default=None,
+                   help="whose prompt cache a request may reuse in a built-in instance: key "
+                        "(only one made with the same API key), global (anyone's, as "
+                        "llama-server), none; default: key when --api-key or --admin-key is "
+                        "set, else global (a preset's cache-scope wins)")
     s.add_argument("--queue-timeout", type=float, default=30.0,
                    help="seconds a request waits for a replica below its max-concurrency "
                         "before a 429")
@@ -244,11 +259,20 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     s.add_argument("--log-ring-bytes", type=int, default=1 << 20, metavar="N",
                    help="bytes of recent log lines (the supervisor's and every child's) kept "
                         "for GET /logs and ggmux logs")
+    s.add_argument("--requests-kept", type=int, default=1000, metavar="N",
+                   help="requests each proxy keeps in the request ring (time, model, replica, "
+                        "API, status, tokens, TTFT, duration) for GET /requests, the page's "
+                        "requests table and ggmux logs --requests")
+    s.add_argument("--log-requests-bodies", action="store_true",
+                   help="keep, with each request of the request ring, the first "
+                        f"{REQUEST_EXCERPT_BYTES} bytes of its prompt's last message and of "
+                        "its answer's text (off: no prompt or answer text is kept)")
     s.add_argument("--watch-config", action="store_true",
                    help="reload, as SIGHUP does, within a second of a change to the preset "
                         "file or a models dir")
     add_http_limit_options(s)
     add_request_limit_options(s)
+    add_reasoning_option(s)
     add_cluster_options(s)
     s.add_argument("--node-drain-timeout", type=float, default=120.0,
                    help="cluster mode: a drain (SIGTERM, POST /cluster/drain) waits at most "
@@ -299,7 +323,8 @@ def build_registry(args: argparse.Namespace) -> Registry:
     preset = load_preset(args.models_preset) if args.models_preset else None
     given = {"ctx-size": args.ctx_size, "threads": args.threads,
              "n-gpu-layers": args.n_gpu_layers, "stop-timeout": args.stop_timeout,
-             "parallel": args.parallel, "kv-size": args.kv_size}
+             "parallel": args.parallel, "kv-size": args.kv_size,
+             "n-predict": getattr(args, "n_predict", None)}
     cli = command_line_layer({k: v for k, v in given.items() if v is not None})
     ttl = getattr(args, "ttl", None)
     defaults = command_line_layer({"ttl": ttl} if ttl is not None else {})
@@ -309,12 +334,28 @@ def build_registry(args: argparse.Namespace) -> Registry:
     instance_args = http_limit_argv(http, tuple(
         n for n in INSTANCE_LIMIT_NAMES if getattr(http, n) != getattr(default, n)))
     instance_args += request_limit_argv(request_limits_from_args(args))
+    scope = getattr(args, "cache_scope", None) or default_cache_scope(args)
+    instance_args += reasoning_argv(getattr(args, "reasoning_format", "deepseek"))
     for e in registry.entries:
         if e.kind in ("llama", "fake"):
-            e.instance_args = list(instance_args)
+            # a preset's own limit and scope come after: the last one counts
+            own = [] if (e.cache_scope or scope) == "global" else [
+                "--cache-scope", e.cache_scope or scope]
+            if e.max_tokens_limit is not None:
+                own += ["--max-tokens-limit", str(e.max_tokens_limit)]
+            e.instance_args = [*instance_args, *own]
     if args.stop_timeout is None:
         args.stop_timeout = _DEFAULTS.stop_timeout
     return registry
+
+
+def default_cache_scope(args: argparse.Namespace) -> str:
+    """``--cache-scope`` when not given: ``key`` when a key is set (by option
+    or ``$GGMUX_API_KEY`` / ``$GGMUX_ADMIN_KEY``: callers are told apart),
+    else ``global`` (every caller is one client; issue 18, finding 6)."""
+    keyed = (getattr(args, "api_key", None) or getattr(args, "admin_key", None)
+             or os.environ.get("GGMUX_API_KEY") or os.environ.get("GGMUX_ADMIN_KEY"))
+    return "key" if keyed else "global"
 
 
 def no_models_message(args: argparse.Namespace) -> str:
@@ -457,6 +498,8 @@ def serve(args: argparse.Namespace) -> int:
     if getattr(args, "resumed", False):
         log.info("started again without its secrets in its command line or environment "
                  "(setproctitle could not overwrite them): ps and /proc show none")
+    if args.cache_scope is None:  # before keys_from() clears the key variables
+        args.cache_scope = default_cache_scope(args)
     pristine = copy.copy(args)  # build_registry fills defaults into what it is given
     try:
         registry = build_registry(args)
@@ -471,6 +514,9 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     if args.log_ring_bytes < 4 * MAX_RECORD:
         print(f"ggmux: --log-ring-bytes must be at least {4 * MAX_RECORD}", file=sys.stderr)
+        return 2
+    if args.requests_kept < 1:
+        print("ggmux: --requests-kept must be at least 1", file=sys.stderr)
         return 2
     if args.proxies < 1 or args.models_max < 1:
         print("ggmux: --proxies and --models-max must be at least 1", file=sys.stderr)
@@ -500,11 +546,13 @@ def serve(args: argparse.Namespace) -> int:
                     "--first-byte-timeout", str(args.first_byte_timeout),
                     "--stream-idle-timeout", str(args.stream_idle_timeout),
                     *http_limit_argv(proxy_share(limits_from_args(args), args.proxies))],
-        proxy_keys=keys_from(args),
+        # the tenant's hash key (proxy.auth.tenant): the same for every proxy
+        proxy_keys={**keys_from(args), "tenant_secret": secrets.token_hex(16)},
         memory_margin=int(args.models_memory_margin * MiB),
         host_memory=int(args.host_memory * MiB) if args.host_memory else None,
         ttl=args.ttl, sleep_idle=args.sleep_idle_seconds, spares=max(0, args.spares),
-        log_ring_bytes=args.log_ring_bytes,
+        log_ring_bytes=args.log_ring_bytes, requests_kept=args.requests_kept,
+        request_excerpt=REQUEST_EXCERPT_BYTES if args.log_requests_bodies else 0,
         watch_paths=[*pristine.models_dir, *filter(None, (pristine.fake_models_dir,
                                                           pristine.models_preset))]
         if args.watch_config else [],

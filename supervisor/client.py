@@ -61,7 +61,8 @@ def client_from_args(args: argparse.Namespace) -> Client:
     if timeout is None:
         timeout = getattr(args, "default_timeout", DEFAULT_TIMEOUT_S)
     max_bytes = getattr(args, "max_answer_bytes", None)
-    return Client(url, os.environ.get("GGMUX_API_KEY") or None,
+    # the server's $GGMUX_API_KEY may list several keys: the first one serves
+    return Client(url, (os.environ.get("GGMUX_API_KEY") or "").split(",")[0].strip() or None,
                   os.environ.get("GGMUX_ADMIN_KEY") or None,
                   timeout,
                   MAX_ANSWER_BYTES if max_bytes is None else max_bytes)
@@ -111,11 +112,16 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:
                    help="seconds to wait for the unload (default: 120)")
     p.set_defaults(func=cmd_unload)
     p = sub.add_parser("logs", parents=[common],
-                       help="recent log lines of the server and its models")
-    p.add_argument("name", nargs="?", help="only this model's lines")
+                       help="recent log lines of the server and its models (--requests: "
+                            "its requests)")
+    p.add_argument("name", nargs="?", help="only this model's lines (or requests)")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines")
     p.add_argument("--lines", "-n", type=int, default=None,
-                   help="only the last N lines (default: all the server keeps; with -f, 100)")
+                   help="only the last N lines (default: all the server keeps; with -f, 100; "
+                        "--requests -f: 50)")
+    p.add_argument("--requests", "-r", action="store_true",
+                   help="the requests the server served (GET /requests): time, model, "
+                        "replica, API, status, tokens, TTFT, tokens/s, duration; newest last")
     p.set_defaults(func=cmd_logs)
     p = sub.add_parser("run", parents=[common],
                        help="chat with a model: one answer for PROMPT, else a conversation "
@@ -183,15 +189,30 @@ def _seconds(s: float | None) -> str:
     return f"{s // 3600:.0f} h {s % 3600 // 60:.0f} min"
 
 
+def _node_cell(m: dict) -> str:
+    """The NODE cell of a model: the node that serves it, then (in
+    parentheses) the other nodes holding or loading it; ``-`` for none."""
+    node = m.get("node") if isinstance(m.get("node"), str) else None
+    nodes = m.get("nodes") if isinstance(m.get("nodes"), list) else []
+    others = [n["node"] for n in nodes if isinstance(n, dict) and isinstance(n.get("node"), str)
+              and n["node"] != node]
+    if node is None:
+        return ", ".join(others) or "-"
+    return node + (f" (+{', '.join(others)})" if others else "")
+
+
 def ps_table(doc: dict, every: bool = False) -> str:
     """The text of ``ggmux ps`` from a ``/ps`` document: NAME, STATE,
+    (in cluster mode, when the document names this ``node``) NODE,
     REPLICAS, MEMORY, IN FLIGHT, WAITING, IDLE FOR, UNTIL UNLOAD; unloaded
-    models only with ``every``. Each model has a string ``id`` and
-    ``state`` (:func:`items`); another field of an unexpected type shows
-    as ``-``. With no row to show, one line that says so (and that ``--all``
-    lists every model)."""
-    rows = [("NAME", "STATE", "REPLICAS", "MEMORY", "IN FLIGHT", "WAITING", "IDLE FOR",
-             "UNTIL UNLOAD")]
+    models only with ``every``. NODE is the node that serves the model (as
+    ``ollama ps``'s PROCESSOR says where it runs), other nodes holding it
+    after it. Each model has a string ``id`` and ``state`` (:func:`items`);
+    another field of an unexpected type shows as ``-``. With no row to
+    show, one line that says so (and that ``--all`` lists every model)."""
+    cluster = isinstance(doc.get("node"), str)
+    rows = [("NAME", "STATE", *(("NODE",) if cluster else ()), "REPLICAS", "MEMORY",
+             "IN FLIGHT", "WAITING", "IDLE FOR", "UNTIL UNLOAD")]
     models = doc.get("models") or []
     for m in models:
         failed = bool(m.get("failed"))
@@ -207,7 +228,8 @@ def ps_table(doc: dict, every: bool = False) -> str:
         mem = m.get("memory") if isinstance(m.get("memory"), dict) else {}
         idle, until = number(m.get("idle_s")), number(m.get("unload_in_s"))
         rows.append((
-            m["id"], state, f"{ready}/{len(reps)}" if reps else "-",
+            m["id"], state, *((_node_cell(m),) if cluster else ()),
+            f"{ready}/{len(reps)}" if reps else "-",
             _bytes(number(mem.get("effective")) or number(mem.get("min")) or 0),
             str(m.get("in_flight", 0)), str(m.get("waiting", 0)), _seconds(idle),
             _seconds(until) if until is not None else ("never" if idle is not None else "-"),
@@ -314,8 +336,83 @@ def cmd_unload(client: Client, args: argparse.Namespace) -> int:
 
 
 # ---- logs ---------------------------------------------------------------------
+REQUEST_COLUMNS = (("TIME", 12), ("MODEL", 24), ("REPLICA", 9), ("API", 37), ("STATUS", 6),
+                   ("PROMPT", 6), ("CACHED", 6), ("GEN", 6), ("TTFT", 9), ("TOK/S", 7),
+                   ("DURATION", 9))
+"""``ggmux logs --requests``: its columns and their widths (a followed table
+cannot measure its rows first)."""
+
+
+def _ms_cell(v) -> str:
+    v = number(v)
+    if v is None:
+        return "-"
+    return f"{v:.0f} ms" if v < 10_000 else f"{v / 1000:.1f} s"
+
+
+def request_line(rec: dict) -> str:
+    """One record of ``GET /requests`` as a line of :data:`REQUEST_COLUMNS`
+    (a field of an unexpected type shows as ``-``)."""
+    def count(key: str) -> str:
+        v = rec.get(key)
+        return str(v) if type(v) is int else "-"
+
+    ts = number(rec.get("time")) or 0.0
+    stamp = time.strftime("%H:%M:%S", time.localtime(ts)) + f".{int(ts * 1000) % 1000:03d}"
+    where = rec.get("where") if isinstance(rec.get("where"), str) else None
+    replica = rec.get("replica")
+    rep = "-" if type(replica) is not int else (f"#{replica}" if where in (None, "local")
+                                                 else f"#{replica}@{where}")
+    api = f"{rec.get('api', '?')} {rec.get('path', '')}".strip()
+    if rec.get("stream") is True:
+        api += " (stream)"
+    rate = number(rec.get("tokens_per_s"))
+    cells = (stamp, str(rec.get("model") or "-"), rep, api, count("status"),
+             count("prompt_tokens"), count("cached_tokens"),
+             count("generated_tokens") + ("~" if rec.get("tokens_from") == "proxy" else ""),
+             _ms_cell(rec.get("ttft_ms")), "-" if rate is None else f"{rate:.1f}",
+             _ms_cell(rec.get("duration_ms")))
+    return "  ".join(c.ljust(w) for c, (_, w) in zip(cells, REQUEST_COLUMNS)).rstrip()
+
+
+def _request_header() -> str:
+    return "  ".join(h.ljust(w) for h, w in REQUEST_COLUMNS).rstrip()
+
+
+def cmd_requests(client: Client, args: argparse.Namespace) -> int:
+    """``ggmux logs --requests [-f] [NAME]``: the request ring as a table,
+    oldest first (``-n``: the last N), then, with ``-f``, each new request
+    as it ends. A count the server does not know shows ``-``; generated
+    tokens counted by the proxy (from a stream's events) end with ``~``."""
+    query = []
+    if args.name:
+        query.append("model=" + quote(args.name, safe=""))
+    if args.lines is not None:
+        query.append(f"limit={args.lines}")
+    qs = ("?" + "&".join(query)) if query else ""
+    print(_request_header(), flush=True)
+    if not args.follow:
+        doc = client.object("GET", "/requests" + qs, admin=True)
+        for rec in reversed(items(client, "GET", "/requests", doc, "data", ())):
+            print(request_line(rec))
+        return 0
+    for event, data in client.events("GET", "/requests/stream" + qs, admin=True):
+        if event == "comment":
+            continue
+        try:
+            rec = parse_json(data)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            print(request_line(rec), flush=True)
+    return 0
+
+
 def cmd_logs(client: Client, args: argparse.Namespace) -> int:
     from ..shm.logring import format_line
+
+    if args.requests:
+        return cmd_requests(client, args)
 
     query = []
     if args.name:

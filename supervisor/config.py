@@ -35,6 +35,8 @@ class Config:
     models_headroom: int = 64  # model rows kept free for models a reload adds
     unload_grace: float = 0.5  # a loading replica being unloaded: exit, then SIGKILL after this
     log_ring_bytes: int = 1 << 20  # recent log lines kept for GET /logs (the log ring)
+    requests_kept: int = 1000  # requests each proxy keeps in the request ring (GET /requests)
+    request_excerpt: int = 0  # bytes of prompt and of answer kept per request, 0: none
     watch_paths: list[str] = field(default_factory=list)  # --watch-config: preset file, dirs
     watch_interval: float = 0.5  # seconds between two looks at watch_paths
     cluster: ClusterOptions | None = None  # --cluster: join a cluster (supervisor/cluster/)

@@ -32,6 +32,7 @@ import posix_ipc
 from ..proxy.auth import keys_pipe
 from ..shm import layout as L
 from ..shm.logring import log_ring_name
+from ..shm.requestring import RequestRing, RingShape, request_ring_name
 from ..shm.segment import Segment
 from .children import Child, ChildSet
 from .cluster.node import ClusterNode
@@ -120,6 +121,7 @@ class Supervisor:
         self._serving = False  # every proxy listened once
         self.startup_failed = False
         self.mq: posix_ipc.MessageQueue | None = None
+        self.request_ring: RequestRing | None = None
         self._sig_r = self._sig_w = -1
 
     # ---- setup / teardown ------------------------------------------------
@@ -135,6 +137,10 @@ class Supervisor:
         _check_no_live_owner(cfg.shm_name)
         st.seg = Segment.create(cfg.shm_name, st.sizes)
         install_ring_handler().open(log_ring_name(cfg.shm_name), cfg.log_ring_bytes)
+        # the proxies' record of their requests: they write it, we only make and remove it
+        self.request_ring = RequestRing.create(
+            request_ring_name(cfg.shm_name),
+            RingShape(cfg.proxies, max(1, cfg.requests_kept), cfg.request_excerpt))
         st.seg.header[L.H_SUPERVISOR_PID] = os.getpid()
         st.seg.header[L.H_MODELS_MAX] = cfg.models_max
         self.publisher.registry()
@@ -202,6 +208,10 @@ class Supervisor:
         if st.seg is not None:
             st.seg.unlink()
             st.seg = None
+        if self.request_ring is not None:
+            self.request_ring.unlink()
+            self.request_ring.close()
+            self.request_ring = None
         if self.mq is not None:
             try:
                 self.mq.close()

@@ -165,6 +165,14 @@ def _upstreams(v: str) -> list[str]:
     return out
 
 
+def _cache_scope(v: str) -> str:
+    """``key``, ``global`` or ``none`` (``--cache-scope``)."""
+    s = v.strip().lower()
+    if s not in ("key", "global", "none"):
+        raise _Bad(f"bad cache-scope {v!r} (expected key, global or none)")
+    return s
+
+
 def _repo(v: str) -> str:
     repo = v.partition(":")[0]
     if repo.count("/") != 1 or not all(repo.split("/")):
@@ -205,6 +213,9 @@ FIELDS: dict[str, Callable[[str], object]] = {
     "check-endpoint": _endpoint,
     "upstream": _upstreams,
     "translate": parse_bool,
+    # ggmux's limits and scopes of a built-in instance (issue 18)
+    "max-tokens-limit": _int(0),
+    "cache-scope": _cache_scope,
 }
 
 # llama.cpp options the router itself controls: dropped with a warning

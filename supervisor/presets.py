@@ -544,6 +544,10 @@ def _apply_field(e: ModelEntry, key: str, v: object) -> None:
         e.upstream = list(v)
     elif key == "translate":
         e.translate = bool(v)
+    elif key == "max-tokens-limit":
+        e.max_tokens_limit = int(v)
+    elif key == "cache-scope":
+        e.cache_scope = str(v)
     else:  # pragma: no cover - FIELDS and this switch are kept in step
         raise AssertionError(key)
 

@@ -22,8 +22,9 @@ class Publisher:
 
     def registry(self) -> None:
         """Write the registry blob: removed models unnamed and marked, the
-        models' errors, the remotes' addresses and keys (proxies only: the
-        segment is mode 0600)."""
+        models' errors and (once measured) whether each has a chat template,
+        the remotes' addresses and keys (proxies only: the segment is mode
+        0600)."""
         st = self.state
         doc = st.registry.doc()
         if st.removed:
@@ -31,6 +32,9 @@ class Publisher:
             for i in st.removed:
                 doc["models"][i]["removed"] = True
         doc["errors"] = {str(i): m.error for i, m in enumerate(st.models) if m.error}
+        for i, m in enumerate(st.models):  # measured: whether it has a chat template
+            if m.chat_template is not None and i < len(doc["models"]):
+                doc["models"][i]["chat_template"] = m.chat_template
         remotes = {}
         for slot, rm in st.remotes.items():
             if rm.node:  # another cluster node: its own public port, hop header added

@@ -77,6 +77,10 @@ class ModelEntry:
     serve`` (its request limits, ``--max-embedding-inputs N`` ...);
     ``translate`` translate the Anthropic and Responses APIs for a ``cmd`` or
     ``upstream`` model instead of passing them through (issue 14);
+    ``max_tokens_limit`` tokens one request may generate on a built-in
+    instance (None: ``--max-tokens-limit``; 0: up to the context);
+    ``cache_scope`` whose prompt cache a request may reuse there (``key``,
+    ``global``, ``none``; None: ``--cache-scope``) (issue 18);
     ``source`` where the entry came from: ``"hf-cache"``, ``"dir:PATH"``,
     ``"preset:FILE:LINE"``, ``"demo"``.
     """
@@ -108,6 +112,8 @@ class ModelEntry:
     extra_args: list[str] = field(default_factory=list)
     instance_args: list[str] = field(default_factory=list)
     translate: bool = False
+    max_tokens_limit: int | None = None
+    cache_scope: str | None = None
     source: str = ""
 
     def public(self) -> dict:

@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -194,6 +195,7 @@ class Server:
             wait_for(lambda p=pid: not alive(p), 10, 0.02, f"child {pid} to exit")
         assert not segment_exists(self.port), "shared-memory segment left behind"
         assert not segment_exists(self.port, "-log"), "log ring left behind"
+        assert not segment_exists(self.port, "-req"), "request ring left behind"
         try:
             posix_ipc.MessageQueue(queue_name(self.port)).close()
             raise AssertionError("command queue left behind")
@@ -264,6 +266,32 @@ def open_stream(port: int, body: dict, timeout: float | None = None) -> socket.s
 def chat_body(model: str, stream: bool = False, **extra) -> dict:
     return {"model": model, "stream": stream,
             "messages": [{"role": "user", "content": "Say hi"}], **extra}
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture
+def browser_page(tmp_path):
+    """A fresh Chromium profile and page (Debian's ``chromium`` driven by
+    Playwright with that executable, never ``playwright install``); console
+    errors collected in ``page.errors``."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=CHROMIUM, args=CHROMIUM_ARGS,
+            headless=True, viewport={"width": 1280, "height": 900})
+        page = ctx.pages[0] if ctx.pages else ctx.new_page()
+        page.errors = []
+        page.on("pageerror", lambda e: page.errors.append(str(e)))
+        try:
+            yield page
+        finally:
+            ctx.close()
 
 
 @pytest.fixture

@@ -192,10 +192,11 @@ def test_every_serve_option_reads_its_environment_variable_and_the_command_line_
     serve_parser = build_parser({})._subparsers._group_actions[0].choices["serve"]
     for action in serve_parser._actions:  # every option: its variable is read
         if action.option_strings and action.dest != "help":
-            probe = {"GGMUX_" + action.dest.upper(): "1"}
+            value = str(next(iter(action.choices))) if action.choices else "1"
+            probe = {"GGMUX_" + action.dest.upper(): value}
             got = getattr(build_parser(probe).parse_args(["serve"]), action.dest)
             assert got not in (None, []) and got == getattr(
-                build_parser({}).parse_args(["serve", action.option_strings[0], "1"]
+                build_parser({}).parse_args(["serve", action.option_strings[0], value]
                                             if action.nargs != 0 else
                                             ["serve", action.option_strings[0]]),
                 action.dest), action.dest

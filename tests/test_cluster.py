@@ -27,6 +27,7 @@ from conftest import (
     write_fake,
 )
 from ggmux.shm.logring import log_ring_name
+from ggmux.shm.requestring import request_ring_name
 from ggmux.shm.segment import queue_name, segment_name
 
 HB, STALE = 0.5, 1.5  # --heartbeat, --node-stale
@@ -257,6 +258,8 @@ def test_a_killed_node_disappears_within_node_stale_and_its_model_loads_elsewher
     wait_for(lambda: not children_of(c.proc.pid), 10, 0.05, "c's children gone")
     for unlink, name in ((posix_ipc.unlink_shared_memory, segment_name(c.port)),
                          (posix_ipc.unlink_shared_memory, log_ring_name(segment_name(c.port))),
+                         (posix_ipc.unlink_shared_memory,
+                          request_ring_name(segment_name(c.port))),
                          (posix_ipc.unlink_message_queue, queue_name(c.port))):
         try:
             unlink(name)

@@ -15,6 +15,7 @@ import posix_ipc
 import pytest
 from conftest import Server, alive, descendants, free_port, wait_for, write_fake
 from ggmux.shm.logring import log_ring_name
+from ggmux.shm.requestring import request_ring_name
 from ggmux.shm.segment import queue_name, segment_name
 from test_cluster import ask, converge, sees, served_on, view
 
@@ -80,6 +81,8 @@ class Nodes:
             for unlink, name in ((posix_ipc.unlink_shared_memory, segment_name(port)),
                                  (posix_ipc.unlink_shared_memory,
                                   log_ring_name(segment_name(port))),
+                                 (posix_ipc.unlink_shared_memory,
+                                  request_ring_name(segment_name(port))),
                                  (posix_ipc.unlink_message_queue, queue_name(port))):
                 with contextlib.suppress(posix_ipc.ExistentialError):
                     unlink(name)

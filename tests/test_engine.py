@@ -277,12 +277,12 @@ def test_stop_strings_end_a_choice_and_are_not_sent(engine):
 
 @pytest.mark.slow
 def test_a_json_schema_grammar_constrains_the_answer(engine):
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    from ggmux.instance.json_grammar import schema_to_gbnf
 
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
                                                "age": {"type": "integer"}},
               "required": ["name", "age"]}
-    grammar = json_schema_to_gbnf(json.dumps(schema))
+    grammar = schema_to_gbnf(schema)
     r = engine.submit(Generation(engine.tokenize(chat("Describe a person as JSON.")),
                                  Sampling(temperature=0, grammar=grammar), max_tokens=80)).result(120)
     doc = json.loads(r["choices"][0]["text"])
@@ -360,3 +360,114 @@ def test_close_during_four_generations_gives_each_an_error():
         assert "done" not in rec.kinds(f"g{i}")
     with pytest.raises(EngineStopped):
         e.submit(Generation([1]))
+
+
+# ---- issue 18: tenants -------------------------------------------------------------------
+
+def test_a_tenant_holding_every_slot_waits_behind_one_holding_none(engine):
+    """Finding 10 (engine level): tenant a fills the four slots and queues a
+    fifth request, then tenant b queues one: b's starts first when a slot
+    frees, though it came last (arrival order started a's)."""
+    rec = Recorder()
+    jobs = [engine.submit(Generation(engine.tokenize(chat(q)), GREEDY, max_tokens=1000,
+                                     ignore_eos=True, tenant="a"), rec.sink(f"a{i}"))
+            for i, q in enumerate(QUESTIONS)]
+    wait_for(lambda: engine.metrics()["slots_busy"] == 4, 60, what="four busy slots")
+    engine.submit(Generation(engine.tokenize(chat("Say yes.")), GREEDY, max_tokens=2,
+                             tenant="a"), rec.sink("a-more"))
+    engine.submit(Generation(engine.tokenize(chat("Say no.")), GREEDY, max_tokens=2,
+                             tenant="b"), rec.sink("b"))
+    wait_for(lambda: engine.metrics()["queue_depth"] == 2, 10, what="two queued")
+    assert {s["tenant"] for s in engine.slot_info()} == {"a"}
+    jobs[0].cancel()  # one slot frees
+    rec.wait("a0", "b")
+    assert "text" not in rec.kinds("a-more")  # still waiting: a holds three slots, b none
+    jobs[1].cancel()
+    rec.wait("a1", "a-more")
+    assert rec.index("b", "text") < rec.index("a-more", "text")
+    for j in jobs:
+        j.cancel()
+    rec.wait("a2", "a3")
+    wait_for(lambda: engine.metrics()["slots_busy"] == 0, 30, what="idle slots")
+
+
+def test_with_cache_scope_key_a_prompt_cache_serves_only_its_own_tenant(engine):
+    """Finding 6 (engine level): a prompt one tenant ran is cached for it
+    alone under ``key`` (another's same prompt reuses nothing and its usage
+    says so), for everybody under ``global``, for nobody under ``none``."""
+    system = "You keep secrets. The password is tulip-4417-zebra. " + " ".join(
+        f"Rule {i}: never tell." for i in range(30))
+    prompt = engine.tokenize(chat("What is the password?", system))
+
+    def cached(tenant: str) -> int:
+        r = engine.submit(Generation(prompt, GREEDY, max_tokens=1, tenant=tenant)).result(120)
+        return r["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    try:  # tenants no other test used: none of them has a cache of its own yet
+        engine.cfg.cache_scope = "key"
+        cached("owner")
+        assert cached("other") == 0  # owner's cache is there, but not other's to use
+        assert cached("owner") > 100 and cached("other") > 100  # each its own now
+        engine.cfg.cache_scope = "none"
+        assert cached("owner") == 0
+        engine.cfg.cache_scope = "global"
+        cached("third")
+        assert cached("fourth") > 100  # llama-server's way: anyone's cache serves
+    finally:
+        engine.cfg.cache_scope = "global"
+
+
+def test_a_grammars_draw_runs_off_the_decode_thread_while_other_streams_go_on(engine,
+                                                                            monkeypatch):
+    """Finding 2, the grammar's share: llama.cpp checks every candidate
+    against every parse stack, so a big grammar's draw can take seconds.
+    Here every grammar draw is held until the test lets it go: a normal
+    request beside it runs to its end meanwhile (on the decode thread it
+    could not), then the grammar request completes, constrained."""
+    from ggmux.instance.sampling import SlotSampler
+
+    gate = threading.Event()
+    real = SlotSampler.sample_row
+
+    def held(sampler, logits):
+        assert threading.current_thread().name.startswith("sampler")
+        gate.wait(120)
+        return real(sampler, logits)
+
+    monkeypatch.setattr(SlotSampler, "sample_row", held)
+    rec = Recorder()
+    g = engine.submit(Generation(engine.tokenize(chat("Yes or no?")),
+                                 Sampling(temperature=0, grammar='root ::= "yes" | "no"'),
+                                 max_tokens=4), rec.sink("grammar"))
+    wait_for(lambda: any(s["state"] == "sampling" for s in engine.slot_info()), 60,
+             what="the grammar's first draw on a worker")
+    normal = engine.submit(Generation(engine.tokenize(chat("Name a colour.")), GREEDY,
+                                      max_tokens=6), rec.sink("normal")).id
+    rec.wait("normal")
+    assert normal and rec.final("normal")[0] == "done" and rec.text("normal")
+    assert "text" not in rec.kinds("grammar")  # still drawing its first token
+    gate.set()
+    rec.wait("grammar")
+    assert rec.final("grammar")[0] == "done" and rec.text("grammar") in ("yes", "no")
+    assert g.ended
+
+
+def test_a_request_cancelled_while_its_grammar_draws_frees_everything(engine, monkeypatch):
+    from ggmux.instance.sampling import SlotSampler
+
+    gate = threading.Event()
+    real = SlotSampler.sample_row
+    monkeypatch.setattr(SlotSampler, "sample_row", lambda *a: (gate.wait(120), real(*a))[1])
+    rec = Recorder()
+    job = engine.submit(Generation(engine.tokenize(chat("Yes or no?")),
+                                   Sampling(temperature=0, grammar='root ::= "yes" | "no"'),
+                                   max_tokens=4, n=2), rec.sink("g"))
+    wait_for(lambda: sum(s["state"] == "sampling" for s in engine.slot_info()) == 2, 60,
+             what="both choices drawing")
+    job.cancel()
+    rec.wait("g")
+    assert rec.final("g")[2].get("cancelled") is True
+    assert job.samplers and job.sampling == 2  # the workers still hold them
+    gate.set()
+    wait_for(lambda: job.sampling == 0 and not job.samplers, 30, what="samplers freed")
+    wait_for(lambda: engine.metrics()["slots_busy"] == 0, 30, what="idle slots")

@@ -12,33 +12,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import CHROMIUM
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason="Debian's chromium is not installed (.ci/run installs it)")
 pytestmark = [pytestmark, pytest.mark.slow]  # a browser
 ROOT = Path(__file__).resolve().parent.parent
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 LOAD_S = 90_000  # ms: a demo model's load on a busy 2-core machine
-
-
-@pytest.fixture
-def browser_page(tmp_path):
-    """A fresh Chromium profile and page; console errors collected in ``page.errors``."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=CHROMIUM, args=ARGS, headless=True,
-            viewport={"width": 1280, "height": 900})
-        page = ctx.pages[0] if ctx.pages else ctx.new_page()
-        page.errors = []
-        page.on("pageerror", lambda e: page.errors.append(str(e)))
-        try:
-            yield page
-        finally:
-            ctx.close()
 
 
 def row(page, model: str):
@@ -54,7 +34,7 @@ def test_the_page_shows_the_demo_models_loads_one_and_streams_a_chat(serve, brow
     page.goto(s.base + "/")
     expect(row(page, "smollm2-135m")).to_be_visible()
     expect(row(page, "gemma3-270m")).to_be_visible()
-    expect(page.locator("#model-count")).to_have_text("2 models")
+    expect(page.locator("#model-count")).to_have_text("0 loaded of 2")
     expect(row(page, "gemma3-270m").locator(".state")).to_have_text("unloaded")
     expect(page.locator("#live")).to_have_text("live")
 
@@ -95,7 +75,7 @@ def test_the_page_shows_the_demo_models_loads_one_and_streams_a_chat(serve, brow
     page.fill("#filter", "gemma")
     expect(row(page, "smollm2-135m")).to_be_hidden()
     expect(row(page, "gemma3-270m")).to_be_visible()
-    expect(page.locator("#model-count")).to_have_text("1 of 2 models")
+    expect(page.locator("#model-count")).to_have_text("1 shown · 2 loaded of 2")
     assert page.errors == []
 
 
@@ -132,15 +112,15 @@ def test_the_filter_keeps_the_page_usable_with_200_models(serve, fakes, browser_
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0")
     page = browser_page
     page.goto(s.base + "/")
-    expect(page.locator("#model-count")).to_have_text("200 models")
+    expect(page.locator("#model-count")).to_have_text("0 loaded of 200")
     page.fill("#filter", "m-123")
-    expect(page.locator("#model-count")).to_have_text("1 of 200 models")
+    expect(page.locator("#model-count")).to_have_text("1 shown · 0 loaded of 200")
     expect(row(page, "m-123")).to_be_visible()
     expect(row(page, "m-124")).to_be_hidden()
     row(page, "m-123").locator("button.load").click()
     expect(row(page, "m-123").locator(".state")).to_have_text("loaded", timeout=30_000)
     page.fill("#filter", "loaded")  # the state is searchable too
-    expect(page.locator("#model-count")).to_have_text("1 of 200 models")
+    expect(page.locator("#model-count")).to_have_text("1 shown · 1 loaded of 200")
     page.fill("#filter", "")
     expect(page.locator("#models tbody tr:visible")).to_have_count(200)
     assert page.errors == []

@@ -1,5 +1,6 @@
 """Bad and heavy requests against a real llama-cpp-python instance (issue 11,
-findings 1, 3, 4 and 5, the instance's part): one ``ggmux serve`` with
+findings 1, 3, 4 and 5, the instance's part; issue 18, findings 2 and 10:
+the limits of stop strings and of generation): one ``ggmux serve`` with
 smollm2 serves every check; each test ends by checking that the replica
 that served it is the one loaded at the start (no crash, no reload)."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import threading
 
 import pytest
 from conftest import Server, children_of, free_port, wait_for
@@ -17,6 +19,8 @@ pytestmark = pytest.mark.slow  # the demo models end to end
 SMOL = "smollm2-135m"
 MAX_INPUTS = 2000  # not the default, so the test sees it reach the instance
 CTX = 128  # ctx-size of the server (llama.cpp may round it up): long inputs stay cheap
+# not the defaults, so the tests see them reach the instance
+MAX_STOPS, MAX_STOP_BYTES, MAX_TOKENS, N_PREDICT = 8, 64, 48, 3
 INTERNALS = re.compile(r"object has no attribute|NoneType|Traceback|not subscriptable|"
                        r"can only concatenate|invalid literal|not callable|KeyError|TypeError")
 
@@ -25,7 +29,9 @@ INTERNALS = re.compile(r"object has no attribute|NoneType|Traceback|not subscrip
 def smol(tmp_path_factory):
     d = tmp_path_factory.mktemp("validation")
     s = Server(["--proxies", "1", "--threads", "2", "--ctx-size", str(CTX),
-                "--max-embedding-inputs", str(MAX_INPUTS)], free_port(), d / "server.log")
+                "--max-embedding-inputs", str(MAX_INPUTS), "--max-stops", str(MAX_STOPS),
+                "--max-stop-bytes", str(MAX_STOP_BYTES), "--max-tokens-limit", str(MAX_TOKENS),
+                "--n-predict", str(N_PREDICT)], free_port(), d / "server.log")
     try:
         s.wait_ready()
         # the model loads into the spare: its limits come with the load line
@@ -126,11 +132,12 @@ def test_malformed_fields_are_400_naming_the_field_never_500(smol):
         ("/v1/chat/completions", chat(functions=[5], function_call={"name": "f"}),
          "functions[0]"),
         ("/v1/chat/completions", chat(tools=[{"type": "function"}]), "tools[0].function"),
-        # fields the instance cannot honour: refused, not ignored
-        ("/v1/chat/completions", chat(tools=[tool]), "tools"),
-        ("/v1/chat/completions", chat(tools=[tool], tool_choice="auto"), "tools"),
         ("/v1/chat/completions", chat(tools=[tool], tool_choice={"type": "function"}),
          "tool_choice"),
+        ("/v1/chat/completions", chat(tool_choice="required"), "tool_choice"),
+        ("/v1/chat/completions", chat(tools=[tool], parallel_tool_calls=1),
+         "parallel_tool_calls"),
+        ("/v1/chat/completions", chat(tools=[tool], grammar='root ::= "a"'), "grammar"),
         ("/v1/chat/completions", chat(response_format={"type": "xml"}), "response_format.type"),
         ("/v1/chat/completions", chat(stream="yes"), "stream"),
         ("/v1/completions", {"prompt": "Hi", "stream": 1}, "stream"),
@@ -146,18 +153,14 @@ def test_malformed_fields_are_400_naming_the_field_never_500(smol):
         max_tokens=4, temperature=0, grammar='root ::= "yes" | "no"')})
     assert status == 200 and doc["choices"][0]["message"]["content"] in ("yes", "no"), doc
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    # (room for llama.cpp's whitespace rule: up to two newlines and 20 blanks between tokens)
     status, doc = smol.json("POST", "/v1/chat/completions", {"model": SMOL, **chat(
-        max_tokens=16, temperature=0, response_format={
+        max_tokens=48, temperature=0, response_format={
             "type": "json_schema", "json_schema": {"name": "ok", "schema": schema}})})
     assert status == 200, doc
     assert isinstance(json.loads(doc["choices"][0]["message"]["content"])["ok"], bool), doc
-    forced = {"type": "function", "function": {"name": "f", "parameters": schema}}
-    status, doc = smol.json("POST", "/v1/chat/completions", {"model": SMOL, **chat(
-        max_tokens=16, temperature=0, tools=[forced], tool_choice={
-            "type": "function", "function": {"name": "f"}})})
-    assert status == 200, doc
-    call = doc["choices"][0]["message"]["tool_calls"][0]["function"]
-    assert call["name"] == "f" and isinstance(json.loads(call["arguments"])["ok"], bool), doc
+    # a forced tool call (its prompt lists the tool: longer than this server's ctx-size)
+    # is tested in test_tools_real.py
     served_once(smol)
 
 
@@ -249,4 +252,129 @@ def test_a_client_leaving_a_grammar_constrained_generation_does_not_abort_the_re
     post_and_leave(smol, "/v1/completions", {"prompt": "Say a", "max_tokens": 30,
                                              "temperature": 0, "grammar": 'root ::= "a"{1000}'})
     wait_for(lambda: not busy(smol), 60, 0.1, "the instance to finish the abandoned request")
+    served_once(smol)
+
+
+# ---- issue 18: limits of the work one request asks of the decode thread -------------
+
+def api_error(s: Server, path: str, body: dict) -> tuple[int, str]:
+    """POST ``body`` for SMOL; ``(status, message)`` read from the API's
+    own envelope (OpenAI's, Anthropic's, Ollama's)."""
+    status, doc = s.json("POST", path, {"model": SMOL, **body}, timeout=60)
+    if path == "/v1/messages":
+        assert doc["type"] == "error" and doc["error"]["type"] == "invalid_request_error", doc
+        return status, doc["error"]["message"]
+    if path.startswith("/api/"):
+        assert isinstance(doc["error"], str), doc
+        return status, doc["error"]
+    assert doc["error"]["type"] == "invalid_request_error", doc
+    return status, doc["error"]["message"]
+
+
+MESSAGES = [{"role": "user", "content": "Hi"}]
+
+
+def test_stop_strings_over_the_limits_are_400_in_every_apis_envelope(smol):
+    many = [f"stop{i}" for i in range(MAX_STOPS + 1)]
+    long = ["x" * (MAX_STOP_BYTES - 1) + "é"]  # one character, two bytes, past the limit
+    for stops, why in ((many, f"over the limit of {MAX_STOPS} per request (--max-stops)"),
+                       (long, (f"is {MAX_STOP_BYTES + 1} bytes, over the limit of "
+                               f"{MAX_STOP_BYTES} bytes per stop string (--max-stop-bytes)"))):
+        for path, body in [
+            ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2, "stop": stops}),
+            ("/v1/completions", {"prompt": "Hi", "max_tokens": 2, "stop": stops}),
+            ("/completion", {"prompt": "Hi", "n_predict": 2, "stop": stops}),
+            ("/v1/messages", {"messages": MESSAGES, "max_tokens": 2, "stop_sequences": stops}),
+            ("/api/chat", {"messages": MESSAGES, "stream": False,
+                           "options": {"num_predict": 2, "stop": stops}}),
+        ]:
+            status, message = api_error(smol, path, body)
+            assert status == 400, (path, message)
+            assert why in message and "stop_sequences" in message and \
+                "options.stop" in message, (path, message)
+    # at the limits: served
+    at = [f"never{i}" for i in range(MAX_STOPS - 1)] + ["y" * MAX_STOP_BYTES]
+    status, doc = smol.json("POST", "/v1/completions", {"model": SMOL, "prompt": "Hi",
+                                                         "max_tokens": 2, "stop": at})
+    assert status == 200, doc
+    served_once(smol)
+
+
+def test_generation_limits_over_max_tokens_limit_are_400_in_every_apis_envelope(smol):
+    over = MAX_TOKENS + 1
+    for path, body, field in [
+        ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": over}, "max_tokens"),
+        ("/v1/chat/completions", {"messages": MESSAGES, "max_completion_tokens": over},
+         "max_completion_tokens"),
+        ("/v1/completions", {"prompt": "Hi", "max_tokens": over}, "max_tokens"),
+        ("/completion", {"prompt": "Hi", "n_predict": over, "max_tokens": 2}, "n_predict"),
+        ("/v1/messages", {"messages": MESSAGES, "max_tokens": over}, "max_tokens"),
+        ("/api/generate", {"prompt": "Hi", "stream": False, "options": {"num_predict": over}},
+         "max_tokens"),
+    ]:
+        status, message = api_error(smol, path, body)
+        assert status == 400, (path, message)
+        assert f"'{field}' is {over}, over this server's limit of {MAX_TOKENS} generated " \
+               "tokens per request (--max-tokens-limit" in message, (path, message)
+    # at the limit: served (a grammar of one token keeps it short)
+    status, doc = smol.json("POST", "/v1/completions", {
+        "model": SMOL, "prompt": "Hi", "max_tokens": MAX_TOKENS, "grammar": 'root ::= "a"'})
+    assert status == 200 and doc["choices"][0]["text"] == "a", doc
+    served_once(smol)
+
+
+def test_a_request_that_gives_no_limit_generates_n_predict_tokens(smol):
+    """llama-server's -n: a /completion without n_predict ran up to the
+    context (256 tokens where llama-server stopped at 64)."""
+    status, doc = smol.json("POST", "/completion", {"model": SMOL, "prompt": "Once upon a time",
+                                                     "ignore_eos": True})
+    assert status == 200 and doc["tokens_predicted"] == N_PREDICT, doc
+    for body in ({"n_predict": -1}, {"n_predict": 0}):  # llama-server: the server's default
+        status, doc = smol.json("POST", "/completion", {
+            "model": SMOL, "prompt": "Once upon a time", "ignore_eos": True, **body})
+        assert status == 200 and doc["tokens_predicted"] == N_PREDICT, (body, doc)
+    for path, body in [("/v1/chat/completions", {"messages": MESSAGES}),
+                       ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 0})]:
+        status, doc = smol.json("POST", path, {"model": SMOL, "ignore_eos": True, **body})
+        assert status == 200 and doc["usage"]["completion_tokens"] == N_PREDICT, (path, doc)
+    served_once(smol)
+
+
+def test_the_worst_stop_request_the_limits_allow_beside_a_normal_stream(smol):
+    """Issue 18, finding 2: the most and longest stop strings the limits
+    allow, none of which the text completes (all share the text's
+    beginnings, so the matcher walks into them at every token), beside an
+    ordinary greedy request: both answers are what each gives alone."""
+    prompt = "The capital of France is Paris. The capital of Italy is"
+    plain = {"model": SMOL, "prompt": prompt, "max_tokens": 12, "temperature": 0,
+             "ignore_eos": True}
+    words = ["The", " capital", " of", " France", " is", " Paris", ".", " Rome", " the"]
+    stops = [("".join(words[i:] + words[:i]) * 40)[:MAX_STOP_BYTES - 1] + "#"
+             for i in range(MAX_STOPS)]
+    assert all(len(x.encode()) == MAX_STOP_BYTES for x in stops)
+    alone = {}
+    for name, body in (("normal", plain), ("stops", {**plain, "stop": stops})):
+        status, doc = smol.json("POST", "/v1/completions", body)
+        assert status == 200, doc
+        alone[name] = doc["choices"][0]["text"]
+    assert alone["stops"] == alone["normal"]  # no stop string matched
+    together: dict[str, str] = {}
+
+    def ask(name: str, body: dict) -> None:
+        status, doc = smol.json("POST", "/v1/completions", body)
+        assert status == 200, doc
+        together[name] = doc["choices"][0]["text"]
+
+    threads = [threading.Thread(target=ask, args=("stops", {**plain, "stop": stops})),
+               threading.Thread(target=ask, args=("normal", plain))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert together == alone
+    # and a stop string that the text does complete ends it there, unsent
+    cut = alone["normal"][len(alone["normal"]) // 2:][:6]
+    status, doc = smol.json("POST", "/v1/completions", {**plain, "stop": [*stops[:-1], cut]})
+    assert status == 200 and doc["choices"][0]["finish_reason"] == "stop", doc
+    assert doc["choices"][0]["text"] == alone["normal"][:alone["normal"].index(cut)]
     served_once(smol)

@@ -688,6 +688,9 @@ def test_the_example_preset_loads(tmp_path, no_hub, monkeypatch):
     assert s.extra_args == ["--temperature", "0.7", "--jinja"]
     g = reg.get("gemma3-270m")
     assert (g.path, g.ctx_size, g.replicas, g.max_concurrency) == (gemma, 2048, 2, 4)
+    assert (g.max_tokens_limit, g.cache_scope) == (1024, "key")
+    assert g.extra_args == ["--n-predict", "256"]
+    assert g.instance_args[-4:] == ["--cache-scope", "key", "--max-tokens-limit", "1024"]
     c = reg.get("gemma3-270m-llama-server")
     assert c.kind == "cmd" and f"-m {gemma}" in c.cmd and "--port ${PORT}" in c.cmd
     assert c.env == {"LLAMA_ARG_THREADS": "2"} and c.stop_timeout == 5.0

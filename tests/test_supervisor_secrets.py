@@ -14,6 +14,7 @@ import posix_ipc
 import pytest
 from conftest import alive, chat_body, children_of, descendants, secrets_shown, wait_for
 from ggmux.shm.logring import log_ring_name
+from ggmux.shm.requestring import request_ring_name
 from ggmux.shm.segment import queue_name, segment_name
 from ggmux.supervisor.cli import build_parser
 
@@ -122,6 +123,7 @@ def test_where_the_title_cannot_hide_them_the_supervisor_starts_again_with_its_p
     name = segment_name(s.port)
     for unlink, what in ((posix_ipc.unlink_shared_memory, name),
                          (posix_ipc.unlink_shared_memory, log_ring_name(name)),
+                         (posix_ipc.unlink_shared_memory, request_ring_name(name)),
                          (posix_ipc.unlink_message_queue, queue_name(s.port))):
         unlink(what)
     s.log.close()

@@ -60,7 +60,8 @@ def test_sampling_fields_need_their_types_and_ranges():
     # llama.cpp's /completion names, as the instance maps them
     from ggmux.instance.server import native_request
 
-    assert native_request({"n_predict": -1, "mirostat": 2})["max_tokens"] == 0
+    out = native_request({"n_predict": -1, "max_tokens": 9, "mirostat": 2})
+    assert out["n_predict"] == 0 and "max_tokens" not in out  # n_predict wins, as in llama-server
     for body, param in [({"n_predict": "x"}, "n_predict"), ({"mirostat": 3}, "mirostat")]:
         assert param_of(V.check_sampling, native_request(body)) == param
 
@@ -184,3 +185,31 @@ def test_request_limits_reach_an_instance_through_ggmux_serve(tmp_path):
     args = build_parser().parse_args(["serve", "--fake-models-dir", str(tmp_path),
                                       "--no-hf-cache"])
     assert build_registry(args).entries[0].instance_args == []
+
+
+def test_generation_limits_default_to_n_predict_and_stop_at_max_tokens_limit():
+    """Issue 18, finding 10, and llama-server's -n (issue 23)."""
+    lim = V.RequestLimits(max_tokens_limit=100)
+    assert V.generation_limit({"max_tokens": 7}, lim) == 7
+    assert V.generation_limit({"max_completion_tokens": 100}, lim) == 100
+    assert V.generation_limit({}, lim) == 100  # no limit asked: the cap
+    assert V.generation_limit({"max_tokens": 0}, lim, default=64) == 64  # -n
+    assert V.generation_limit({"n_predict": -1}, lim, default=500) == 100
+    assert V.generation_limit({}, V.RequestLimits(max_tokens_limit=0)) is None  # the context
+    for body, field in [({"max_tokens": 101}, "max_tokens"), ({"n_predict": 10**9}, "n_predict"),
+                        ({"max_completion_tokens": 101}, "max_completion_tokens")]:
+        with pytest.raises(V.BadRequest, match=rf"'{field}' is \d+, over this server's limit "
+                                               r"of 100 generated tokens .*--max-tokens-limit"):
+            V.generation_limit(body, lim)
+        assert param_of(lambda b: V.generation_limit(b, lim), body) == field
+
+
+def test_stop_strings_are_bounded_in_number_and_bytes():
+    lim = V.RequestLimits(max_stops=2, max_stop_bytes=4)
+    assert V.stop_strings({"stop": "ab"}, lim) == ["ab"]
+    assert V.stop_strings({"stop": ["ab", "éé"]}, lim) == ["ab", "éé"]
+    assert V.stop_strings({}, lim) == []
+    assert param_of(lambda b: V.stop_strings(b, lim), {"stop": ["a", "b", "c"]}) == "stop"
+    assert param_of(lambda b: V.stop_strings(b, lim), {"stop": ["a", "ééé"]}) == "stop[1]"
+    assert param_of(lambda b: V.stop_strings(b, lim), {"stop": [1]}) == "stop"
+    assert V.RequestLimits().max_stops == 64 and V.RequestLimits().max_stop_bytes == 256

@@ -400,7 +400,14 @@ class ClientApis:
             send_error(conn, req, 404, f"model '{name}' not found")
             return
         mdl = p.reg_models[m]
-        conn.send_json(req, 200, ollama.show(mdl, await self._facts(mdl)))
+        facts = await self._facts(mdl)
+        doc = ollama.show(mdl, facts)
+        # whether chat requests have a template (measured, else the file's
+        # metadata): without one a client should use /api/generate raw
+        has = mdl.get("chat_template")
+        if isinstance(has, bool) or facts:
+            doc["has_chat_template"] = has if isinstance(has, bool) else bool(facts.get("template"))
+        conn.send_json(req, 200, doc)
 
     def _not_managed(self, conn: HttpConnection, req: Request) -> None:
         """Ollama's model management (module docstring): 501 ``{"error":

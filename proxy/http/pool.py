@@ -23,10 +23,15 @@ log = logging.getLogger(__name__)
 LOCAL_HOST = "127.0.0.1"
 
 
-def _settle(fut: asyncio.Future) -> Callable[[object], None]:
-    """An ``on_done`` that resolves ``fut`` (unless it was cancelled)."""
+def _settle(fut: asyncio.Future,
+            on_end: Callable[[Exchange], None] | None = None) -> Callable[[object], None]:
+    """An ``on_done`` that resolves ``fut`` (unless it was cancelled),
+    calling ``on_end`` first, at once, with an :class:`Exchange` (not an
+    :class:`UpstreamError`)."""
 
     def done(result: object) -> None:
+        if on_end is not None and type(result) is Exchange:
+            on_end(result)
         if not fut.done():
             fut.set_result(result)
 
@@ -45,13 +50,16 @@ class UpstreamPool:
     received for this long once the replica answered, 0: no limit; the
     first-byte limit comes per exchange) and :meth:`abort_all` ends them
     when the proxy stops; meanwhile ``closing`` says why (a replica that
-    stops with the server and cuts a stream is not a replica failure)."""
+    stops with the server and cuts a stream is not a replica failure).
+    ``keep_bodies``: each exchange keeps its answer's first bytes
+    (:data:`~.upstream.KEEP_BYTES`, for the request ring's excerpts)."""
 
     SWEEP_S = 0.25  # how often deadlines are checked: timeouts are that coarse
 
     def __init__(self, loop: asyncio.AbstractEventLoop, max_idle: int = 64,
-                 stream_idle_s: float = 0.0) -> None:
+                 stream_idle_s: float = 0.0, keep_bodies: bool = False) -> None:
         self.loop = loop
+        self.keep_bodies = keep_bodies
         self.idle: dict[int, deque[Upstream]] = {}
         self.idle_remote: dict[tuple[str, int], deque[Upstream]] = {}
         self.max_idle = max_idle
@@ -124,10 +132,15 @@ class UpstreamPool:
         self, port: int, client: HttpConnection, req: Request, data: bytes,
         host: str = LOCAL_HOST, *, first_byte_ns: int = 0,
         on_head: Callable[[Exchange], None] | None = None, capture: bool = False,
+        on_end: Callable[[Exchange], None] | None = None,
     ) -> Exchange:
         """Send ``data`` (a whole request: :func:`request_head` + body) to
         the replica at ``host:port`` and relay its response to ``client``
         (``first_byte_ns``, ``on_head``, ``capture``: see :meth:`Upstream.send`).
+        ``on_end`` is called with the Exchange as soon as it is over, before
+        the end of the response leaves for the client (and before this
+        coroutine resumes): bookkeeping that a client who saw the end must
+        find done, such as the in-flight count.
 
         A pooled connection the replica closed before it got the request is
         replaced by a fresh one once (nothing reached the client yet).
@@ -141,7 +154,7 @@ class UpstreamPool:
                 self.release(up)
                 return Exchange(status=499, retried=retried)
             fut = self.loop.create_future()
-            up.send(client, req, data, _settle(fut), first_byte_ns, on_head, capture)
+            up.send(client, req, data, _settle(fut, on_end), first_byte_ns, on_head, capture)
             ex = await fut
             if isinstance(ex, UpstreamError):
                 if ex.stale and not retried and not req.disconnected:

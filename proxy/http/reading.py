@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from random import getrandbits
+from time import monotonic_ns
 
 import httptools
 
@@ -202,6 +203,7 @@ class RequestReader:
 
     def on_headers_complete(self) -> None:
         req = self._cur
+        req.started_ns = monotonic_ns()
         p = self.parser
         version = p.get_http_version()
         if version not in _VERSIONS:  # llhttp also takes 0.9 and 2.0

@@ -19,6 +19,10 @@ Header = tuple[bytes, bytes]
 # either (``Request.hop_marked``); no replica ever gets them
 HOP = b"x-ggmux-hop"
 TOKEN = b"x-ggmux-cluster-token"
+# who asked, for a built-in instance's fairness and prompt-cache scope: a
+# keyed hash of the caller's API key (:func:`~.auth.tenant`); a client's own
+# is always dropped (issue 18, findings 6 and 10)
+TENANT = b"x-ggmux-tenant"
 
 
 def new_request_id() -> bytes:
@@ -37,6 +41,8 @@ class Request:
     small), ``request_id`` the id echoed as ``x-request-id``,
     ``content_length`` -1 when absent, ``conn_tokens`` the header names the
     client's ``Connection`` header lists (hop-by-hop, never forwarded).
+    ``started_ns``: ``time.monotonic_ns()`` when the head was whole;
+    ``status``: of the response sent to it, 0 before one.
     ``hop_marked``: the head carries :data:`HOP` or :data:`TOKEN` (then
     only the handler, which judges them, may forward it).
     ``on_disconnect`` is called once when the client goes away before the
@@ -71,6 +77,7 @@ class Request:
         "query",
         "request_id",
         "started_ns",
+        "status",
         "url",
     )
 
@@ -89,7 +96,8 @@ class Request:
         self.head_only = False
         self.expect_continue = False
         self.header_bytes = 0
-        self.started_ns = 0
+        self.started_ns = 0  # time.monotonic_ns() when its head was whole
+        self.status = 0  # of the response sent to it (0: none yet)
         self.request_id = b""
         self.preheaded = False  # a streaming head went out while the model loaded
         self.http10 = False

@@ -163,8 +163,9 @@ class ResponseWriter:
         ``connection`` or ``x-request-id`` (the core sets them). Afterwards
         :meth:`send_chunk` / :meth:`end_stream` frame the body to match: no
         body for HEAD, 204, 304 and 1xx; raw and close-delimited for an
-        HTTP/1.0 client of a chunked response."""
+        HTTP/1.0 client of a chunked response. Sets ``req.status``."""
         self._responding = True
+        req.status = status
         if status < 200 or status == 204 or status == 304:
             framing = b""
             self._chunked = False
@@ -195,11 +196,13 @@ class ResponseWriter:
         content_type: bytes = b"application/json",
         headers: Iterable[Header] = (),
     ) -> None:
-        """A complete response with ``content-length``; finishes ``req``."""
+        """A complete response with ``content-length``; finishes ``req``
+        (``req.status`` says what it was)."""
         if req.disconnected or self._closed:
             self.finish(req)
             return
         self._responding = True
+        req.status = status
         if status == 204 or status == 304:
             framing = b""
             body = b""
@@ -265,10 +268,11 @@ class ResponseWriter:
             else:
                 self._out(data)
 
-    def end_stream(self, req: Request) -> None:
-        """End the body of ``req`` (the last chunk when chunked); finish it."""
+    def end_stream(self, req: Request, trailer: bytes = b"") -> None:
+        """End the body of ``req`` (the last chunk when chunked, with
+        ``trailer``: whole header lines, ``b"name: value\r\n"`` ...); finish it."""
         if self._chunked and self._body_ok and self._active is req and not self._closed:
-            self._out(b"0\r\n\r\n")
+            self._out(b"0\r\n%s\r\n" % trailer if trailer else b"0\r\n\r\n")
         self.finish(req)
 
     def _write_error(

@@ -75,7 +75,8 @@ from .connection import (
     error_body,
     status_line,
 )
-from .request import HOP, TOKEN
+from .request import HOP, TENANT, TOKEN
+from .usage import USAGE_HEADER
 from .verdict import REPLICA_HEADER, replica_fault
 
 log = logging.getLogger(__name__)
@@ -86,13 +87,15 @@ class Pool(Protocol):
     (:class:`~ggmux.proxy.http.pool.UpstreamPool`): the connections with an
     exchange in flight (``active``), the replicas seen closing after a
     chunked answer, the stream-idle limit (ns; 0: none), why a cut stream
-    ends while the proxy stops (``closing``; empty: it does not), and
+    ends while the proxy stops (``closing``; empty: it does not), whether
+    each answer's first :data:`KEEP_BYTES` are kept (``keep_bodies``), and
     taking a connection back (``release``) or dropping it (``forget``)."""
 
     active: set[Upstream]
     closes_after_chunked: set[int | tuple[str, int]]
     stream_idle_ns: int
     closing: str
+    keep_bodies: bool
 
     def release(self, up: Upstream) -> None: ...
 
@@ -116,6 +119,7 @@ _TCPI_BYTES_ACKED = 120  # offset of tcpi_bytes_acked in Linux's struct tcp_info
 _TCP_CLOSE = 7  # tcpi_state (the struct's first byte) once a reset came
 EOF_SETTLE_S = 0.01  # after a close with no answer, how long a reset may take to follow
 CLOSES_AFTER_STREAM_S = 0.1  # an idle close this soon after a chunked answer: the server's habit
+KEEP_BYTES = 64 << 10  # of an answer's body kept for the request ring's excerpt (when kept)
 
 
 def _reset(transport: asyncio.BaseTransport | None) -> bool:
@@ -145,10 +149,10 @@ def _bytes_acked(transport: asyncio.BaseTransport | None) -> int:
 # upstream only its own api-key), and so are the cluster's hop header and
 # token (a forward to another node adds its own: proxy.cluster.hop_headers)
 _REQUEST_DROP = HOP_BY_HOP | {b"content-length", b"host", b"expect", b"x-request-id",
-                              b"authorization", b"x-api-key", HOP, TOKEN}
+                              b"authorization", b"x-api-key", HOP, TOKEN, TENANT}
 # never copied to the client: the client core sets framing and the id; the
 # replica's verdict on itself is for the proxy
-_RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"x-request-id", REPLICA_HEADER}
+_RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"x-request-id", REPLICA_HEADER, USAGE_HEADER}
 # an SSE answer carries these whatever the replica sent, so a buffering
 # reverse proxy in front does not hold the stream back (issue 14)
 _SSE_HEADERS = ((b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"))
@@ -193,7 +197,14 @@ class Exchange:
     outcome is the replica's fault (:func:`~ggmux.proxy.http.verdict.replica_fault`
     of the head, or it died or went silent mid-body); ``timed_out``: the
     stream-idle timeout ended it; ``headers`` / ``body``: the response,
-    when it was captured rather than relayed."""
+    when it was captured rather than relayed.
+
+    What the request ring records of the answer without reading it
+    (:mod:`.usage`): ``usage``, the replica's :data:`~.usage.USAGE_HEADER`
+    value (head or trailer), None without one; ``sse``: it was an event
+    stream, ``events`` its ``data:`` events; ``tail``: its last body read;
+    ``kept``: its body's first :data:`KEEP_BYTES`, only when the pool
+    keeps bodies (``--log-requests-bodies``), else None."""
 
     status: int = 0
     sent_ns: int = 0
@@ -204,6 +215,11 @@ class Exchange:
     timed_out: bool = False
     headers: list | None = None
     body: bytes = b""
+    usage: bytes | None = None
+    sse: bool = False
+    events: int = 0
+    tail: bytes = b""
+    kept: bytearray | None = None
 
 
 class Upstream(asyncio.Protocol):
@@ -416,6 +432,8 @@ class Upstream(asyncio.Protocol):
         self.on_head = on_head
         now = time.monotonic_ns()
         self.ex = Exchange(sent_ns=now)
+        if self.pool.keep_bodies:
+            self.ex.kept = bytearray()
         self.deadline_ns = now + first_byte_ns if first_byte_ns else 0
         self.sent_total += len(data)
         self.on_done = on_done
@@ -470,6 +488,10 @@ class Upstream(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.finished:
             return
+        if self.head_sent:  # a trailer: only the usage line is read, nothing relayed
+            if name.lower() == USAGE_HEADER:
+                self.ex.usage = value
+            return
         name = name.lower()
         if name == b"connection":
             v = value.lower()
@@ -503,6 +525,8 @@ class Upstream(asyncio.Protocol):
                     self._resp_chunked = True
                 elif k == REPLICA_HEADER:
                     self.mark = v.strip().lower()
+                elif k == USAGE_HEADER:
+                    self.ex.usage = v
                 continue
             if tokens and k in tokens:
                 continue
@@ -510,6 +534,7 @@ class Upstream(asyncio.Protocol):
                 self.sse = True
             out.append((k, v))
         if self.sse:
+            self.ex.sse = True
             names = {k for k, _ in out}
             out += [h for h in _SSE_HEADERS if h[0] not in names]
         if status >= 500:
@@ -573,6 +598,12 @@ class Upstream(asyncio.Protocol):
             ex.first_byte_ns = time.monotonic_ns()
         client.send_chunk(body)
         ex.bytes_out += len(body)
+        ex.tail = body  # the usage, when the replica sends no usage line
+        if self.sse:
+            ex.events += body.count(b"data: ")
+        kept = ex.kept
+        if kept is not None and len(kept) < KEEP_BYTES:
+            kept += body
         if client.write_paused and not self.paused and not self.closed:
             self.paused = True
             self.transport.pause_reading()
@@ -602,16 +633,19 @@ class Upstream(asyncio.Protocol):
             self.transport.close()
         if self.capture:
             ex.body = bytes(err) if err is not None else b""
-            client.uncork()
         elif err is not None:
             client.send_chunk(b"data: " + (bytes(err) or b'{"error":{}}') + b"\n\n")
             client.close()  # an error: no clean end
             client.finish(req)
         else:
+            client.cork()  # (a close-delimited body ends outside data_received)
             client.end_stream(req)
-            client.uncork()  # the response leaves now; the bookkeeping comes after
+        # the bookkeeping (the in-flight count) before the end leaves: a
+        # client that saw its response end must never find it still in flight
+        # (issue 22: GET /ps right after a stream showed it, on a busy host)
         if done is not None:
             done(ex)
+        client.uncork()
 
     # ---- failure ---------------------------------------------------------------------
     def _fail(self, why: str, delivered: bool | None = None) -> None:
@@ -718,6 +752,7 @@ def request_head(
     host: bytes = b"127.0.0.1",
     target: bytes | None = None,
     auth: bytes = b"",
+    tenant: bytes = b"",
 ) -> bytes:
     """The request head sent to a replica: same method and target (or
     ``target``), our own Host, Content-Length and ``x-request-id`` (the
@@ -725,7 +760,8 @@ def request_head(
     (``authorization``, ``x-api-key``) removed (the fixed list and those
     the client's ``Connection`` header names), ``extra`` headers appended,
     then ``auth``: whole header lines (``b"authorization: ...\\r\\n"``,
-    the replica's own credential) or nothing."""
+    the replica's own credential) or nothing, and ``tenant`` as
+    ``x-ggmux-tenant`` when given (a client's own never passes)."""
     url = req.url if target is None else target
     parts = [b"%s %s HTTP/1.1\r\nhost: %s:%d\r\n" % (req.method, url, host, port)]
     tokens = req.conn_tokens
@@ -735,6 +771,8 @@ def request_head(
         parts.append(b"%s: %s\r\n" % (k, v))
     for k, v in extra:
         parts.append(b"%s: %s\r\n" % (k, v))
+    if tenant:
+        parts.append(b"%s: %s\r\n" % (TENANT, tenant))
     parts.append(b"%sx-request-id: %s\r\ncontent-length: %d\r\n\r\n"
                  % (auth, req.request_id, body_len))
     return b"".join(parts)

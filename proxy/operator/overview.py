@@ -14,29 +14,32 @@ from ... import __version__
 from ...shm import layout as L
 from ...shm.segment import Segment
 from ...shm.seqlock import read_table
+from ..cluster import annotate_model
 
 NS = 1_000_000_000
 
 
-def ttft_quantile_ms(buckets: np.ndarray, q: float = 0.5) -> float | None:
-    """The ``q`` quantile (ms) of a TTFT histogram: ``buckets[i]`` counts
-    samples in ``(TTFT_BUCKETS_MS[i-1], TTFT_BUCKETS_MS[i]]``, the last one
-    those above every bound. Linear within a bucket, as Prometheus's
-    ``histogram_quantile``; past the last bound, the last bound. None
-    without samples."""
-    total = int(buckets.sum())
-    if total == 0:
-        return None
-    rank = q * total
-    acc = 0
-    lower = 0.0
-    for i, upper in enumerate(L.TTFT_BUCKETS_MS):
-        n = int(buckets[i])
-        if n and acc + n >= rank:
-            return lower + (upper - lower) * (rank - acc) / n
-        acc += n
-        lower = float(upper)
-    return float(L.TTFT_BUCKETS_MS[-1])
+def recent_ttft_us(mc: np.ndarray) -> np.ndarray:
+    """The recent TTFT samples (microseconds) of one model over every
+    proxy, from ``mc`` = ``mcounters[:, model]`` (proxies, MC_WORDS): each
+    proxy's last :data:`~ggmux.shm.layout.TTFT_RECENT` at most (fewer
+    when it served fewer)."""
+    out = []
+    for row in mc:
+        n = min(int(row[L.MC_RECENT_N]), L.TTFT_RECENT)
+        if n:
+            out.append(row[L.MC_RECENT0 : L.MC_RECENT0 + n])
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def ttft_p50_ms(mc: np.ndarray) -> float | None:
+    """The median (ms) of :func:`recent_ttft_us` (numpy's median: the
+    mean of the two middle samples for an even count); None without
+    samples. What the page and ``ggmux ps`` show: the recent samples
+    themselves, not a histogram's bucket edges (issue 22), so it follows a
+    model that got faster or slower."""
+    us = recent_ttft_us(mc)
+    return float(np.median(us)) / 1000 if len(us) else None
 
 
 def _device_name(row: np.ndarray) -> str:
@@ -45,18 +48,24 @@ def _device_name(row: np.ndarray) -> str:
 
 def overview(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
              replica_rows: np.ndarray, remotes: dict[int, dict], errors: dict[str, str],
-             now_ns: int | None = None) -> dict:
-    """``{"object": "ps", "version", "models": [...], "devices": [...], "models_max": N}``.
+             now_ns: int | None = None, cluster: dict | None = None) -> dict:
+    """``{"object": "ps", "version", "models": [...], "devices": [...], "models_max": N}``,
+    and in cluster mode ``node`` (this node's name).
 
     Per model (registry order, removed ones left out): ``id``, ``aliases``,
     ``kind``, ``state``, ``failed``/``error``, ``progress`` (0..1) while
     loading, ``replicas`` (a list: ``slot``, ``state``, ``pid``, ``where``
     ("local" or the upstream's ``host:port``), ``in_flight``, ``requests``,
     ``ttft_ms`` (EWMA)), ``in_flight``, ``waiting``, ``requests``,
-    ``errors``, ``ttft_p50_ms`` (since start, from the histogram),
+    ``errors``, ``ttft_p50_ms`` (the median of the recent samples:
+    :func:`ttft_p50_ms`),
     ``memory`` (bytes: ``min``, ``max``, ``effective``), ``ttl`` (s),
     ``idle_s`` (since the last request ended, while loaded and idle; else
     None) and ``unload_in_s`` (``ttl`` - ``idle_s`` when a ttl applies).
+    In cluster mode (``cluster``: the registry blob's cluster object) also
+    ``node`` (the node that serves it, as ``/v1/models``'s ``status.node``;
+    None when none holds it) and ``nodes`` (``[{"node", "state"}]``, every
+    node holding or loading it).
     Per device: ``name`` (host, gpuN) and ``total``, ``external``, ``held``,
     ``free`` bytes at the last calibration."""
     now = time.monotonic_ns() if now_ns is None else now_ns
@@ -98,7 +107,7 @@ def overview(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
         idle = None
         if ready_ns and not in_flight:
             idle = round(max(0, now - max(last_used, ready_ns)) / NS, 1)
-        p50 = ttft_quantile_ms(mc[i, L.MC_BUCKET0 : L.MC_BUCKET_INF + 1])
+        p50 = ttft_p50_ms(seg.mcounters[:, i])
         doc = {
             "id": mdl["name"],
             "aliases": mdl.get("aliases", []),
@@ -122,10 +131,19 @@ def overview(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
             doc["error"] = errors[str(i)]
         if st == L.ModelStatus.LOADING:
             doc["progress"] = int(row[L.M_PROGRESS]) / 1000
+        if cluster is not None:
+            where = annotate_model({"id": mdl["name"], "status": {"value": doc["state"]}},
+                                   cluster)
+            doc["state"] = where["status"]["value"]  # loaded elsewhere: served at once
+            doc["node"] = where["status"].get("node")
+            doc["nodes"] = where["nodes"]
         models_out.append(doc)
     devices = [{"name": _device_name(d), "total": int(d[L.D_TOTAL]),
                 "external": int(d[L.D_EXTERNAL]), "held": int(d[L.D_HELD]),
                 "free": int(d[L.D_FREE])}
                for d in read_table(seg.devices) if int(d[L.D_TOTAL]) > 0]
-    return {"object": "ps", "version": __version__, "models": models_out, "devices": devices,
-            "models_max": int(seg.header[L.H_MODELS_MAX])}
+    out = {"object": "ps", "version": __version__, "models": models_out, "devices": devices,
+           "models_max": int(seg.header[L.H_MODELS_MAX])}
+    if cluster is not None:
+        out["node"] = cluster.get("node")
+    return out

@@ -16,6 +16,8 @@ from ..http import HttpConnection, Request
 UI_FILES = {
     "index.html": b"text/html; charset=utf-8",
     "app.js": b"text/javascript; charset=utf-8",
+    "logs.js": b"text/javascript; charset=utf-8",
+    "requests.js": b"text/javascript; charset=utf-8",
     "style.css": b"text/css; charset=utf-8",
 }
 

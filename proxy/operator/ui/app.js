@@ -1,16 +1,21 @@
 // ggmux's operator page: models with live status, memory, load/unload, a
-// streaming playground and the log tail. Plain JavaScript, no dependencies.
+// streaming playground, the requests served and the log tail. Plain
+// JavaScript, no dependencies.
 //
 // Data: GET /v1/models once, then GET /models/sse for status changes as they
 // happen; GET /ps every PS_INTERVAL_MS for counters (replicas, in flight,
-// waiting, TTFT, memory, idle). Keys: when the server answers 401 the page
-// asks for the API key (or, for load, unload and logs, the admin key) and
-// keeps it in sessionStorage, for this tab only. Streams are read with
-// fetch() rather than EventSource, which cannot send an Authorization header.
+// waiting, TTFT, memory, idle), and at once when a playground answer starts
+// and ends (its in-flight count follows the stream, not the next tick);
+// GET /requests/stream for the requests table. Keys: when the server answers
+// 401 the page asks for the API key (or, for load, unload, logs and
+// requests, the admin key) and keeps it in sessionStorage, for this tab
+// only; a key the server refused is said so, and the panes that waited for
+// a key start by themselves once it is known. Streams are read with fetch()
+// rather than EventSource, which cannot send an Authorization header. The
+// log tail and the requests table are logs.js and requests.js, loaded first.
 "use strict";
 
 const PS_INTERVAL_MS = 1000;
-const LOG_LINES_KEPT = 1000;
 const RETRY_MS = 2000;
 
 const $ = (sel) => document.querySelector(sel);
@@ -27,6 +32,7 @@ const keys = {
   admin: sessionStorage.getItem("ggmux.adminKey") || "",
 };
 let keyPrompt = null; // one dialog at a time: later askers share its answer
+const keyWaiters = new Set(); // panes to start again once a key is entered
 
 function askKey(kind, message) {
   if (keyPrompt) return keyPrompt;
@@ -44,6 +50,7 @@ function askKey(kind, message) {
         sessionStorage.setItem(kind === "admin" ? "ggmux.adminKey" : "ggmux.apiKey", v);
       }
       resolve(ok);
+      if (ok) for (const again of [...keyWaiters]) again(); // (the log pane, the requests)
     };
     $("#key-form").onsubmit = (ev) => { ev.preventDefault(); done(true); };
     $("#key-cancel").onclick = () => done(false);
@@ -69,9 +76,10 @@ async function api(path, { method = "GET", body, admin = false, signal, ask = tr
     });
     if (resp.status !== 401 || !ask || tries > 2) return resp;
     const kind = admin ? "admin" : "api";
-    const msg = admin
+    let msg = admin
       ? "This needs the admin key (--admin-key), or the API key when no admin key is set."
       : "This server needs an API key (--api-key).";
+    if (keys[kind]) msg = "key refused: " + msg; // one was sent, and the server said no
     if (!(await askKey(kind, msg))) return resp;
   }
 }
@@ -142,6 +150,9 @@ function stateOf(m) {
   return st.value || (m.ps && m.ps.state) || "unloaded";
 }
 
+// loaded, loading and asleep models are pinned above the others
+const PINNED = new Set(["loaded", "loading", "sleeping"]);
+
 function makeRow(id) {
   const tr = el("tr");
   tr.dataset.model = id;
@@ -159,6 +170,10 @@ function makeRow(id) {
   cells.name.title = "use in the playground";
   cells.name.onclick = () => selectModel(id);
   cells.state.appendChild(el("span", "state"));
+  const bar = el("progress", "load-progress");
+  bar.max = 1;
+  bar.hidden = true;
+  cells.state.appendChild(bar);
   const load = el("button", "load", "load");
   load.type = "button";
   load.onclick = () => command("load", id, load);
@@ -186,9 +201,14 @@ function render(id) {
   setText(badge, label);
   badge.className = "state " + state;
   badge.title = st.error || ps.error || "";
+  const bar = c.state.lastChild;
+  bar.hidden = state !== "loading";
+  bar.value = st.progress || 0;
   setText(c.name.lastChild, (m.aliases || []).join(", "));
-  const nodes = st.nodes || (st.node ? [st.node] : []);
-  setText(c.node, nodes.map((n) => (typeof n === "string" ? n : n.name || "")).join(", "));
+  // cluster mode: the node that serves it, then the others that hold it
+  const others = (m.nodes || []).map((n) => n.node).filter((n) => n && n !== st.node);
+  setText(c.node, [st.node, ...others].filter(Boolean).join(", "));
+  c.node.title = (m.nodes || []).map((n) => n.node + ": " + n.state).join("\n");
   const reps = ps.replicas || [];
   setText(c.replicas, reps.length
     ? reps.map((r) => r.state + (r.where !== "local" ? " @" + r.where : "")).join(", ")
@@ -209,12 +229,40 @@ function render(id) {
   m.load.disabled = running || state === "stopping" || ps.kind === "upstream";
   m.unload.disabled = !running || ps.kind === "upstream";
   m.row.classList.toggle("selected", id === selected);
+  if (state !== m.shown) { // the count above changes, and maybe its place
+    m.shown = state;
+    m.pinned = PINNED.has(state);
+    m.row.classList.toggle("pinned", m.pinned);
+    placeRows();
+  }
+  if (id === selected) showTemplate();
+}
+
+// pinned models first, each group in the server's order (rows move only
+// when that order changed); the count above says how many run
+let placing = false;
+function placeRows() {
+  if (placing) return;
+  placing = true;
+  queueMicrotask(() => {
+    placing = false;
+    const tb = $("#models tbody");
+    const all = [...models.values()];
+    const pinned = all.filter((m) => m.pinned);
+    const order = [...pinned, ...all.filter((m) => !m.pinned)];
+    if (order.some((m, i) => tb.children[i] !== m.row)) {
+      for (const m of order) tb.appendChild(m.row);
+    }
+    for (const m of all) m.row.classList.toggle("pin-last", m === pinned[pinned.length - 1]);
+    applyFilter();
+  });
 }
 
 function ensureModel(id) {
   let m = models.get(id);
   if (!m) {
-    m = { id, status: null, ps: null, aliases: [], ...makeRow(id) };
+    m = { id, status: null, ps: null, aliases: [], nodes: null, pinned: false, shown: "",
+          template: undefined, ...makeRow(id) };
     models.set(id, m);
     $("#models tbody").appendChild(m.row);
     const opt = el("option", null, id);
@@ -253,8 +301,16 @@ function applyFilter() {
     m.row.hidden = !ok;
     if (ok) shown++;
   }
-  $("#model-count").textContent = words.length
-    ? shown + " of " + models.size + " models" : models.size + " models";
+  let loaded = 0;
+  let loading = 0;
+  for (const m of models.values()) {
+    const st = stateOf(m);
+    if (st === "loading") loading++;
+    else if (PINNED.has(st)) loaded++;
+  }
+  const count = loaded + " loaded" + (loading ? ", " + loading + " loading" : "")
+    + " of " + models.size;
+  $("#model-count").textContent = words.length ? shown + " shown · " + count : count;
   $("#models-empty").hidden = shown > 0 || models.size === 0;
 }
 
@@ -263,7 +319,28 @@ function selectModel(id) {
   sessionStorage.setItem("ggmux.model", id);
   $("#pg-model").value = id;
   for (const k of models.keys()) render(k);
+  showTemplate();
   if ($("#logs-model-only").checked) restartLogs();
+}
+
+// a model without a chat template (a base model) gets plain completions in
+// the playground: a chat would have no template to render it with
+let autoMode = false; // the mode is completion because of the model, not by choice
+function showTemplate() {
+  const m = models.get(selected);
+  const note = $("#pg-note");
+  if (m && m.template === false) {
+    if ($("#pg-mode").value !== "completion") {
+      $("#pg-mode").value = "completion";
+      autoMode = true;
+    }
+    setText(note, m.id + " has no chat template: the playground uses completion mode");
+    note.hidden = false;
+  } else {
+    if (autoMode) $("#pg-mode").value = "chat";
+    autoMode = false;
+    note.hidden = true;
+  }
 }
 
 async function command(op, id, button) {
@@ -289,11 +366,18 @@ function applyList(doc) {
     const m = ensureModel(d.id);
     m.status = d.status || m.status;
     m.aliases = d.aliases || [];
-    if (d.status && (d.status.node || d.status.nodes)) setNodes(true);
+    if (typeof d.has_chat_template === "boolean") m.template = d.has_chat_template;
+    if (d.nodes) { m.nodes = d.nodes; setNodes(true); } // cluster mode
     render(d.id);
   }
   for (const id of [...models.keys()]) if (!seen.has(id)) dropModel(id);
   applyFilter();
+  fillRequestModels();
+}
+
+let listTimer = null; // one list fetch for a burst of events
+function scheduleList() {
+  if (listTimer === null) listTimer = setTimeout(() => { listTimer = null; loadList(); }, 500);
 }
 
 async function loadList() {
@@ -319,10 +403,11 @@ async function followStatus() {
           const d = JSON.parse(ev.data);
           const known = models.has(d.id);
           const m = ensureModel(d.id);
-          m.status = d.status;
-          if (d.status && (d.status.node || d.status.nodes)) setNodes(true);
+          m.status = d.status; // with node and nodes in cluster mode, as the list has them
+          if (d.nodes) { m.nodes = d.nodes; setNodes(true); }
+          if (typeof d.has_chat_template === "boolean") m.template = d.has_chat_template;
           render(d.id);
-          if (!known) loadList(); // a reload added it: fetch its aliases too
+          if (!known) scheduleList(); // a reload added it: fetch its aliases too
         }
       }
     } catch { /* connection lost */ }
@@ -334,8 +419,9 @@ async function followStatus() {
 }
 
 let psBusy = false;
+let psAgain = false; // asked while busy: once more after
 async function refreshPs() {
-  if (psBusy) return;
+  if (psBusy) { psAgain = true; return; }
   psBusy = true;
   try {
     const resp = await api("/ps", { ask: false });
@@ -351,6 +437,7 @@ async function refreshPs() {
     renderDevices(doc.devices || []);
   } catch { /* next tick */ } finally {
     psBusy = false;
+    if (psAgain) { psAgain = false; refreshPs(); }
   }
 }
 
@@ -424,6 +511,7 @@ async function send(ev) {
   try {
     const resp = await api(mode === "chat" ? "/v1/chat/completions" : "/v1/completions",
       { method: "POST", body, signal: abort.signal });
+    refreshPs(); // it is in flight now
     if (!resp.ok) throw new Error(await errorText(resp));
     for await (const e of sseEvents(resp)) {
       if (e.data === "[DONE]") break;
@@ -465,6 +553,7 @@ async function send(ev) {
     abort = null;
     $("#pg-send").disabled = false;
     $("#pg-stop").disabled = true;
+    refreshPs(); // no longer in flight: shown as the stream ends, not at the next tick
   }
 }
 
@@ -473,56 +562,6 @@ function clearChat() {
   conversation = [];
   $("#pg-transcript").textContent = "";
   $("#pg-stats").textContent = "";
-}
-
-// ---- logs ---------------------------------------------------------------------
-let logAbort = null;
-
-function logLine(rec) {
-  const d = new Date((rec.ts || 0) * 1000);
-  const stamp = d.toTimeString().slice(0, 8) + "." + String(d.getMilliseconds()).padStart(3, "0");
-  const span = el("span", rec.level || "INFO",
-    stamp + " " + (rec.level || "") + " [" + (rec.src || "?") + "] " + (rec.msg || "") + "\n");
-  const pre = $("#log");
-  const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
-  pre.appendChild(span);
-  while (pre.childNodes.length > LOG_LINES_KEPT) pre.removeChild(pre.firstChild);
-  if (atEnd) pre.scrollTop = pre.scrollHeight;
-}
-
-function restartLogs() {
-  if (logAbort) logAbort.abort();
-  followLogs();
-}
-
-async function followLogs() {
-  const ctl = new AbortController();
-  logAbort = ctl;
-  const state = $("#logs-state");
-  const only = $("#logs-model-only").checked && selected;
-  const path = "/logs/stream?lines=200" + (only ? "&model=" + encodeURIComponent(selected) : "");
-  $("#log").textContent = "";
-  while (!ctl.signal.aborted) {
-    try {
-      const resp = await api(path, { admin: true, ask: false, signal: ctl.signal });
-      if (resp.status === 401) {
-        state.textContent = "the log tail needs the admin key";
-        $("#logs-admin").hidden = false;
-        return;
-      }
-      if (!resp.ok) throw new Error(await errorText(resp));
-      $("#logs-admin").hidden = true;
-      state.textContent = "live";
-      for await (const ev of sseEvents(resp)) {
-        if ($("#logs-pause").checked) continue;
-        logLine(JSON.parse(ev.data));
-      }
-    } catch (err) {
-      if (ctl.signal.aborted) return;
-      state.textContent = "reconnecting";
-    }
-    await new Promise((r) => setTimeout(r, RETRY_MS));
-  }
 }
 
 // ---- start ------------------------------------------------------------------
@@ -537,18 +576,20 @@ function start() {
   $("#pg-clear").onclick = clearChat;
   $("#pg-model").onchange = () => { clearChat(); selectModel($("#pg-model").value); };
   $("#logs-model-only").onchange = restartLogs;
-  $("#logs-admin").onclick = async () => {
-    if (await askKey("admin", "The log tail needs the admin key (--admin-key).")) restartLogs();
-  };
+  $("#logs-admin").onclick = () => askKey("admin", "The log tail needs the admin key (--admin-key).");
+  $("#req-admin").onclick = () => askKey("admin", "The requests need the admin key (--admin-key).");
+  $("#req-model").onchange = restartRequests;
   $("#key-button").onclick = async () => {
     if (await askKey("api", "API key (--api-key); empty for none.")) {
       loadList();
       restartLogs();
+      restartRequests();
     }
   };
   loadList().then(() => {
     followStatus();
     restartLogs();
+    restartRequests();
   });
   refreshPs();
   setInterval(refreshPs, PS_INTERVAL_MS);

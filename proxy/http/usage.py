@@ -1,0 +1,94 @@
+"""The token counts of an answer, as the proxy learns them without reading it.
+
+The built-in instance states each answer's usage in one line,
+:data:`USAGE_HEADER`: ``PROMPT CACHED GENERATED`` (decimal token counts), a
+response header on a whole (JSON) answer and a chunked trailer after the
+last chunk of a stream, where the counts are known only at the end. The
+proxy reads it from the replica's head or trailer (a comparison per header
+line) and never relays it; so the request ring (issue 22) has exact
+counts at no cost on the forwarding path, where parsing the body of every
+answer would cost a JSON decode per request and a scan per chunk.
+
+Replicas that send no such line (llama-server, remote upstreams) are read
+from the last piece of their body instead (:func:`usage_from_tail`): an
+OpenAI ``usage`` object, or llama-server's ``timings`` (``prompt_n``,
+``cache_n``, ``predicted_n``), which end its answers and streams.
+"""
+
+from __future__ import annotations
+
+import re
+
+USAGE_HEADER = b"x-ggmux-usage"
+
+
+def usage_counts(usage: object) -> tuple[int, int, int] | None:
+    """``(prompt, cached, generated)`` of an OpenAI ``usage`` object
+    (``prompt_tokens``, ``prompt_tokens_details.cached_tokens``,
+    ``completion_tokens``); None for anything else."""
+    if not isinstance(usage, dict):
+        return None
+    prompt, gen = usage.get("prompt_tokens"), usage.get("completion_tokens", 0)
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens", 0) if isinstance(details, dict) else 0
+    if not all(type(v) is int and v >= 0 for v in (prompt, gen, cached)):
+        return None
+    return prompt, cached, gen
+
+
+def usage_line(usage: object) -> bytes:
+    """The :data:`USAGE_HEADER` value of an OpenAI ``usage`` object
+    (``b"12 0 8"``), or ``b""`` when it is not one."""
+    counts = usage_counts(usage)
+    return b"" if counts is None else b"%d %d %d" % counts
+
+
+def usage_trailer(usage: object) -> bytes:
+    """The chunked trailer line (``b"x-ggmux-usage: 12 0 8\\r\\n"``) of a
+    stream whose usage is ``usage``; ``b""`` when it is not a usage object."""
+    line = usage_line(usage)
+    return USAGE_HEADER + b": " + line + b"\r\n" if line else b""
+
+
+def parse_usage(value: bytes | None) -> tuple[int, int, int] | None:
+    """``(prompt, cached, generated)`` of a :data:`USAGE_HEADER` value;
+    None for none or a malformed one."""
+    try:
+        prompt, cached, gen = value.split()
+        counts = int(prompt), int(cached), int(gen)
+    except (AttributeError, ValueError):  # none, not three fields, not numbers
+        return None
+    return counts if min(counts) >= 0 else None
+
+
+_USAGE = re.compile(rb'"usage"\s*:\s*\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}')
+_TIMINGS = re.compile(rb'"timings"\s*:\s*\{([^{}]*)\}')
+
+
+def _number(blob: bytes, key: bytes) -> int | None:
+    m = re.search(rb'"' + key + rb'"\s*:\s*(\d+)', blob)
+    return int(m.group(1)) if m else None
+
+
+def usage_from_tail(tail: bytes) -> tuple[int, int, int] | None:
+    """``(prompt, cached, generated)`` from the end of an answer's body
+    (its last read, or two): the last OpenAI ``usage`` object in it, else
+    llama-server's last ``timings``; None when neither is whole there."""
+    if b'"usage"' in tail:
+        found = _USAGE.findall(tail)
+        if found:
+            blob = found[-1]
+            prompt, gen = _number(blob, b"prompt_tokens"), _number(blob, b"completion_tokens")
+            if prompt is not None:
+                return prompt, _number(blob, b"cached_tokens") or 0, gen or 0
+    if b'"timings"' in tail:
+        found = _TIMINGS.findall(tail)
+        if found:
+            blob = found[-1]
+            prompt, gen = _number(blob, b"prompt_n"), _number(blob, b"predicted_n")
+            if prompt is not None:
+                cached = _number(blob, b"cache_n") or 0
+                # llama-server's prompt_n counts the tokens it evaluated,
+                # cache_n those it reused
+                return prompt + cached, cached, gen or 0
+    return None
