@@ -204,8 +204,11 @@ def demo(tmp_path_factory):
     if len(demo_models()) < 2:
         pytest.skip("the demo models are not installed")
     d = tmp_path_factory.mktemp("readme")
-    s = Server(["--proxies", "1", "--ctx-size", "512", "--spares", "0"], free_port(),
-               d / "server.log")
+    # --n-predict bounds the answers the blocks ask for without a limit (the
+    # haiku and the conversations of `ggmux run`): the lines run as written,
+    # and a 135M model's chatter until its end of turn proves nothing more
+    s = Server(["--proxies", "1", "--ctx-size", "512", "--spares", "0", "--n-predict", "24"],
+               free_port(), d / "server.log")
     s.dir = d
     try:
         s.wait_ready(60)
