@@ -93,12 +93,14 @@ def logical_lines(text: str) -> list[str]:
 def shell_env(tmp: Path, **extra: str) -> dict[str, str]:
     """The environment a reader's shell has after ``. .venv/bin/activate``:
     this interpreter's scripts (``ggmux``, ``nats-server``) first on PATH;
-    empty model caches, so ``ggmux serve`` serves the demo models."""
+    empty model caches, so ``ggmux serve`` serves the demo models; one
+    llama.cpp thread per instance (``GGMUX_THREADS``, as conftest's servers
+    have it: two spin against the rest of the test on two cores)."""
     empty = tmp / "empty-cache"
     empty.mkdir(exist_ok=True)
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     return {**os.environ, "PATH": path, "HF_HUB_CACHE": str(empty), "LLAMA_CACHE": str(empty),
-            "HF_HOME": str(empty), **extra}
+            "HF_HOME": str(empty), "GGMUX_THREADS": "1", **extra}
 
 
 def sh(line: str, env: dict, timeout: float = 120, typed: bytes = b"") -> tuple[int, str]:
