@@ -13,7 +13,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import alive, chat_body, open_stream, served_by, wait_for
+from conftest import (
+    Server,
+    alive,
+    chat_body,
+    free_port,
+    open_stream,
+    served_by,
+    wait_for,
+    write_fake,
+)
 from ggmux.shm import layout as L
 from ggmux.shm.seqlock import read_table
 
@@ -51,72 +60,87 @@ def read_until(sock, marker: bytes, got: bytes = b"", timeout: float = 60.0) -> 
     return got
 
 
+# The four tests of one model slot (--models-max 1) share a server: each has
+# its own models, so its first request evicts whatever the one before left
+# loaded, as any cold request on a full server does.
+ONE_SLOT = {"ls-a": {"token_s": 0.05, "tokens": 40}, "ls-b": {},  # a 2 s stream
+            **{f"two-{n}": {"load_s": 0.2} for n in "abc"},
+            **{f"three-{n}": {"load_s": 0.2} for n in "abc"},
+            "ev-a": {"load_s": 0.5}, "ev-b": {"load_s": 0.1}}
+
+
+@pytest.fixture(scope="module")
+def one_slot(tmp_path_factory):
+    d = tmp_path_factory.mktemp("one-slot")
+    for name, behaviour in ONE_SLOT.items():
+        write_fake(d / "fakes", name, **behaviour)
+    s = Server(["--fake-models-dir", str(d / "fakes"), "--models-max", "1", "--proxies", "2"],
+               free_port(), d / "server.log")
+    try:
+        yield s.wait_ready(60)
+    finally:
+        s.stop()
+
+
 @pytest.mark.slow
-def test_long_stream_is_not_cut_when_another_model_is_requested(serve, fakes):
-    fakes.add("a", token_s=0.05, tokens=40)  # a 2 s stream
-    fakes.add("b")
-    s = serve("--fake-models-dir", str(fakes), "--models-max", "1", "--proxies", "2")
-    assert s.request("POST", CHAT, chat_body("a", max_tokens=1))[0] == 200  # warm
-    sock = open_stream(s.port, chat_body("a", stream=True))
+def test_long_stream_is_not_cut_when_another_model_is_requested(one_slot):
+    s = one_slot
+    assert s.request("POST", CHAT, chat_body("ls-a", max_tokens=1))[0] == 200  # warm
+    sock = open_stream(s.port, chat_body("ls-a", stream=True))
     # b only once a's stream runs: its first token came, so a proxy counts it
     # in flight (a count seen before it could still be the warm request's,
     # which its proxy lowers only after the answer left, and b could then
     # reach the supervisor before the stream does)
     got = read_until(sock, b"data: ")
     with ThreadPoolExecutor(1) as ex:
-        fb = ex.submit(lambda: (*s.request("POST", CHAT, chat_body("b")), time.monotonic()))
+        fb = ex.submit(lambda: (*s.request("POST", CHAT, chat_body("ls-b")), time.monotonic()))
         body_a = read_until(sock, b"[DONE]", got)
         end_a = time.monotonic()
         st_b, _, body_b, end_b = fb.result()
     sock.close()
     assert body_a.startswith(b"HTTP/1.1 200 "), body_a[:200]
     assert body_a.count(b"data: ") == 41 and b"data: [DONE]" in body_a, body_a
-    assert st_b == 200 and served_by(body_b)[0] == "b"
+    assert st_b == 200 and served_by(body_b)[0] == "ls-b"
     assert end_b > end_a  # b waited for a's stream instead of cutting it
 
 
-def test_two_models_requested_at_once_with_one_slot_are_both_served(serve, fakes):
-    for n in "abc":
-        fakes.add(n, load_s=0.2)
-    s = serve("--fake-models-dir", str(fakes), "--models-max", "1", "--proxies", "2")
-    assert s.request("POST", CHAT, chat_body("a"))[0] == 200
+def test_two_models_requested_at_once_with_one_slot_are_both_served(one_slot):
+    s = one_slot
+    assert s.request("POST", CHAT, chat_body("two-a"))[0] == 200
     with ThreadPoolExecutor(2) as ex:
-        rs = list(ex.map(lambda n: s.request("POST", CHAT, chat_body(n)), "bc"))
+        rs = list(ex.map(lambda n: s.request("POST", CHAT, chat_body(n)), ["two-b", "two-c"]))
     assert [r[0] for r in rs] == [200, 200]
-    assert [served_by(r[2])[0] for r in rs] == ["b", "c"]
+    assert [served_by(r[2])[0] for r in rs] == ["two-b", "two-c"]
 
 
 @pytest.mark.slow
-def test_three_cold_models_with_one_slot_are_served_in_turn(serve, fakes):
-    for n in "abc":
-        fakes.add(n, load_s=0.2)
-    s = serve("--fake-models-dir", str(fakes), "--models-max", "1", "--proxies", "2")
+def test_three_cold_models_with_one_slot_are_served_in_turn(one_slot):
+    s = one_slot
+    names = ["three-a", "three-b", "three-c"]
     with ThreadPoolExecutor(3) as ex:
-        rs = list(ex.map(lambda n: s.request("POST", CHAT, chat_body(n)), "abc"))
+        rs = list(ex.map(lambda n: s.request("POST", CHAT, chat_body(n)), names))
     assert [r[0] for r in rs] == [200] * 3
-    assert sorted(served_by(r[2])[0] for r in rs) == ["a", "b", "c"]
-    assert s.logs().count("loading a in slot") == 1
+    assert sorted(served_by(r[2])[0] for r in rs) == names
+    assert s.logs().count("loading three-a in slot") == 1
 
 
-def test_cold_model_serves_its_request_before_a_later_model_evicts_it(serve, fakes):
-    fakes.add("a", load_s=0.5)
-    fakes.add("b", load_s=0.1)
-    s = serve("--fake-models-dir", str(fakes), "--models-max", "1", "--proxies", "2")
+def test_cold_model_serves_its_request_before_a_later_model_evicts_it(one_slot):
+    s = one_slot
     with ThreadPoolExecutor(2) as ex:
-        fa = ex.submit(s.request, "POST", CHAT, chat_body("a"))
+        fa = ex.submit(s.request, "POST", CHAT, chat_body("ev-a"))
         # the scenario itself: B arrives while A loads (after a fixed pause,
         # a loaded machine could deliver B first, and B would load first)
-        a = model_index(s, "a")
+        a = model_index(s, "ev-a")
         wait_for(lambda: s.seg.models[a, L.M_STATUS] in (L.ModelStatus.LOADING,
                                                           L.ModelStatus.LOADED), 10,
                  0.002, "a to start loading")
         assert s.seg.models[a, L.M_STATUS] == L.ModelStatus.LOADING
-        fb = ex.submit(s.request, "POST", CHAT, chat_body("b"))
+        fb = ex.submit(s.request, "POST", CHAT, chat_body("ev-b"))
         ra, rb = fa.result(), fb.result()
-    assert ra[0] == 200 and served_by(ra[2])[0] == "a"
-    assert rb[0] == 200 and served_by(rb[2])[0] == "b"
+    assert ra[0] == 200 and served_by(ra[2])[0] == "ev-a"
+    assert rb[0] == 200 and served_by(rb[2])[0] == "ev-b"
     log = s.logs()
-    assert log.index("model a ready") < log.index("stopping a")
+    assert log.index("model ev-a ready") < log.index("stopping ev-a")
 
 
 @pytest.mark.slow
