@@ -467,6 +467,7 @@ class Supervisor:
         outdated = plan.changed | plan.gone
         st.stale |= {r.slot for r in st.replicas.values() if r.model in outdated}
         st.registry, st.removed = plan.registry, plan.removed
+        self.measurer.recheck()  # a touched model file is measured again
         self.remotes.add()
         self.remotes.drop_removed()
         log.info("%s: reloaded models: %d added %s, %d changed %s, %d removed %s", why,
