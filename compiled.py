@@ -66,7 +66,7 @@ class HotFinder(importlib.abc.MetaPathFinder):
     file or the source as the module docstring says, and records why in
     :func:`status`. Any other module is left to the normal finders."""
 
-    def find_spec(self, fullname: str, path, target=None):  # noqa: ANN001 - finder API
+    def find_spec(self, fullname: str, path, target=None):
         if fullname not in HOT_MODULES or not path:
             return None
         base = fullname.rpartition(".")[2]

@@ -9,6 +9,7 @@ pure Python and says so in one line; ``GGMUX_PURE_PYTHON=1`` at build time
 skips compiling on purpose.
 """
 
+import ast
 import os
 import sys
 from pathlib import Path
@@ -25,11 +26,9 @@ def say(msg: str) -> None:
 
 def hot_modules() -> list[str]:
     """HOT_MODULES from compiled.py, read without importing the package."""
-    ns: dict = {}
     src = (ROOT / "compiled.py").read_text()
-    start = src.index("HOT_MODULES = (")
-    exec(src[start:src.index(")", start) + 1], ns)  # a tuple of strings, nothing else
-    return list(ns["HOT_MODULES"])
+    start = src.index("(", src.index("HOT_MODULES = ("))
+    return list(ast.literal_eval(src[start:src.index(")", start) + 1]))
 
 
 def source(name: str) -> str:
