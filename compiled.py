@@ -123,12 +123,14 @@ def status() -> dict[str, str]:
 
 def log_status(log: logging.Logger) -> None:
     """One line saying how the hot path runs: INFO when every hot module is
-    compiled, a WARNING naming the pure-Python ones and why otherwise."""
+    compiled, or naming the pure-Python ones and why (INFO; a WARNING when
+    a build is stale, which a rebuild mends)."""
     st = status()
     pure = {n: why for n, why in st.items() if why != COMPILED}
     if not pure:
         log.info("hot path compiled (Cython): %d modules", len(st))
         return
     whys = sorted(set(pure.values()))
-    log.warning("hot path runs pure Python for %d of %d modules (%s): %s", len(pure), len(st),
+    level = logging.WARNING if any("stale" in w for w in whys) else logging.INFO
+    log.log(level, "hot path runs pure Python for %d of %d modules (%s): %s", len(pure), len(st),
                 "; ".join(whys), ", ".join(n.removeprefix("ggmux.") for n in pure))
