@@ -152,8 +152,9 @@ def run_wrk(url: str, conns: int, duration: float, script: Path | None) -> dict:
     return {
         "requests": int(re.search(r"(\d+) requests in", out).group(1)),
         "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
-        "p50_ms": _ms(pct["50"]),
-        "p99_ms": _ms(pct["99"]),
+        # (wrk leaves out percentiles it has no samples for)
+        "p50_ms": _ms(pct["50"]) if "50" in pct else float("nan"),
+        "p99_ms": _ms(pct["99"]) if "99" in pct else float("nan"),
         "non2xx": int(errors.group(1)) if errors else 0,
         "socket_errors": sock.group(1) if sock else "",
     }
@@ -381,7 +382,7 @@ def report(results: dict, meta: dict) -> str:
     for key, per in results.items():
         rate_of = "events_per_s" if key.startswith("SSE") else "rps"
         d = per["direct"]
-        d_rate = max(w[rate_of] for w in d)
+        d_rate = max(max(w[rate_of] for w in d), 1e-9)
         d_p50 = min(w["p50_ms"] for w in d)
         for name, runs in per.items():
             rate = max(w[rate_of] for w in runs)
@@ -390,9 +391,11 @@ def report(results: dict, meta: dict) -> str:
             pc = statistics.median(w["proxy_cpu_us"] for w in runs)
             ic = statistics.median(w["instance_cpu_us"] for w in runs)
             bad = sum(w["non2xx"] for w in runs)
+            lat = ("- | -" if rate_of == "events_per_s"  # run_streams times no requests
+                   else f"{p50:.3f} ({p50 - d_p50:+.3f}) | {p99:.3f}")
             lines.append(
-                f"| {key} | {name} | {rate:.0f} ({rate / d_rate:.2f}x) | {p50:.3f} "
-                f"({p50 - d_p50:+.3f}) | {p99:.3f} | {pc:.1f} | {ic:.1f} |"
+                f"| {key} | {name} | {rate:.0f} ({rate / d_rate:.2f}x) | {lat} "
+                f"| {pc:.1f} | {ic:.1f} |"
                 + (f" {bad} non-2xx" if bad else ""))
     return "\n".join(lines)
 
