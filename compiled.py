@@ -53,7 +53,7 @@ PURE_ENV = "GGMUX_PURE_PYTHON"
 """Environment variable: ``1`` imports every hot module from its ``.py``."""
 
 COMPILED = "compiled"
-_status: dict[str, str] = {}
+_status: dict[str, str] = {}  # what this finder chose (also on each spec's loader_state)
 
 
 def pure_requested() -> bool:
@@ -91,17 +91,21 @@ class HotFinder(importlib.abc.MetaPathFinder):
         else:
             _status[fullname] = COMPILED
             loader = importlib.machinery.ExtensionFileLoader(fullname, ext)
-            return importlib.machinery.ModuleSpec(fullname, loader, origin=ext)
+            spec = importlib.machinery.ModuleSpec(fullname, loader, origin=ext)
+            spec.loader_state = COMPILED
+            return spec
         _status[fullname] = why
         loader = importlib.machinery.SourceFileLoader(fullname, src)
         spec = importlib.machinery.ModuleSpec(fullname, loader, origin=src)
         spec.has_location = True
+        spec.loader_state = why
         return spec
 
 
 def install() -> None:
-    """Put :class:`HotFinder` first on ``sys.meta_path`` (once)."""
-    if not any(isinstance(f, HotFinder) for f in sys.meta_path):
+    """Put :class:`HotFinder` first on ``sys.meta_path`` (once, even when
+    the package is imported under a second name, as pytest may)."""
+    if not any(type(f).__name__ == "HotFinder" for f in sys.meta_path):
         sys.meta_path.insert(0, HotFinder())
 
 
@@ -116,9 +120,12 @@ def status() -> dict[str, str]:
     Python. Imports every hot module first, so the answer is whole."""
     import importlib
 
+    out = {}
     for name in HOT_MODULES:
-        importlib.import_module(name)
-    return {name: _status.get(name, "imported before the finder") for name in HOT_MODULES}
+        spec = importlib.import_module(name).__spec__
+        state = getattr(spec, "loader_state", None)
+        out[name] = state if isinstance(state, str) else "imported before the finder"
+    return out
 
 
 def log_status(log: logging.Logger) -> None:
