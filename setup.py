@@ -52,6 +52,19 @@ class OptionalBuildExt(build_ext):
         except Exception as e:  # noqa: BLE001 - no compiler: pure Python
             say(f"compiling failed ({e}): the hot path runs pure Python")
 
+    def copy_extensions_to_source(self) -> None:
+        # (editable installs) only what did build: the rest stays pure Python
+        inplace, self.inplace = self.inplace, 0
+        try:
+            built = [e for e in self.extensions if os.path.exists(self.get_ext_fullpath(e.name))]
+        finally:
+            self.inplace = inplace
+        every, self.extensions = self.extensions, built
+        try:
+            super().copy_extensions_to_source()
+        finally:
+            self.extensions = every
+
     def build_extension(self, ext: Extension) -> None:
         try:
             super().build_extension(ext)
