@@ -14,9 +14,10 @@ hot module, which of the two files is imported:
 
 * the ``.py`` when ``GGMUX_PURE_PYTHON=1`` (the same checkout then runs
   pure Python, as the CI's second test run does);
-* the ``.py`` when the compiled file is older than its source (an edit or a
-  ``git`` checkout after the build: running the stale build would run code
-  that is no longer in the tree); rebuild with ``pip install -e .``;
+* the ``.py`` when the compiled file is older than its source by more than
+  :data:`STALE_AFTER_S` (an edit or a ``git`` checkout after the build:
+  running the stale build would run code that is no longer in the tree);
+  rebuild with ``pip install -e .``;
 * else the compiled file, when there is one.
 
 :func:`status` tells per module what was imported and why;
@@ -52,6 +53,10 @@ repository root: ``ggmux.proxy.forward`` is ``proxy/forward.py``)."""
 PURE_ENV = "GGMUX_PURE_PYTHON"
 """Environment variable: ``1`` imports every hot module from its ``.py``."""
 
+STALE_AFTER_S = 2.0
+"""A compiled file counts as stale when its source is this many seconds
+newer (a wheel install writes both within moments, in any order)."""
+
 COMPILED = "compiled"
 _status: dict[str, str] = {}  # what this finder chose (also on each spec's loader_state)
 
@@ -86,7 +91,7 @@ class HotFinder(importlib.abc.MetaPathFinder):
             why = "not compiled (no build with Cython and a C compiler)"
         elif pure_requested():
             why = f"{PURE_ENV}=1"
-        elif os.stat(ext).st_mtime < os.stat(src).st_mtime:
+        elif os.stat(src).st_mtime - os.stat(ext).st_mtime > STALE_AFTER_S:
             why = f"compiled file older than {base}.py (stale build: pip install -e .)"
         else:
             _status[fullname] = COMPILED
