@@ -82,7 +82,7 @@ def extensions() -> list[Extension]:
         say("Cython is not installed: the hot path runs pure Python")
         return []
     names = hot_modules()
-    # no debug info and -O2: a third of the compile time of Python's -g -O3,
+    # no debug info and -O2: less than half the CPU time of Python's -g -O3,
     # for code that spends its time in CPython's API calls anyway
     exts = [Extension(n, [source(n)], optional=True, extra_compile_args=["-g0", "-O2"])
             for n in names]
