@@ -8,8 +8,11 @@ loaded model replica) and ``shm`` (the shared-memory state plane).
 
 __version__ = "0.1.0"
 
-from . import compiled as _compiled
-
 # the hot-path modules load compiled when built, else (or with
-# GGMUX_PURE_PYTHON=1) from their .py files: see compiled.py
-_compiled.install()
+# GGMUX_PURE_PYTHON=1) from their .py files: see compiled.py. Only as the
+# package: pytest also imports this file as a plain module named __init__
+# (the checkout's folder, whatever its name, holds the tests' package).
+if __package__:
+    from . import compiled as _compiled
+
+    _compiled.install()
