@@ -138,6 +138,7 @@ class ModelEntry:
             "check_endpoint": self.check_endpoint,
             "upstream": [_without_userinfo(u) for u in self.upstream],
             "translate": self.translate,
+            "cache_scope": self.cache_scope,
             "created": self.created(),
         }
 

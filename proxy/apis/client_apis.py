@@ -236,6 +236,7 @@ class ClientApis:
             t.body["model"] = p.reg_models[m]["name"]
         wrap.t = t
         req.body = orjson.dumps(t.body)
+        req.body_json = t.body  # what the replica gets (the prefix index hashes it)
         req.url = t.target
         req.method = t.method
         session = {"prompt_cache_key": t.session} if t.session else {}
