@@ -42,8 +42,9 @@ A model may have several ready replicas. Per request the proxy builds one
    not hold, so the expected prefill saved is weighed against the queueing
    cost, as llm-d weighs its prefix scorer against its load scorer; and
    ``ttft`` above is the replica's prefill time per uncached prompt token
-   (``Candidate.prefill_ns``), not its TTFT, which in this mode mostly
-   tells which replica had the prompt cached (a replica that just read a
+   (``Candidate.prefill_ns``) once a replica of the tier has measured one
+   (it read at least ``MIN_PREFILL_TOKENS`` of a prompt), not its TTFT,
+   which in this mode mostly tells which replica had the prompt cached (a replica that just read a
    long prompt would look slow and every new prefix herd onto the other). A
    replica whose in-flight requests per slot reach
    :attr:`BalancerConfig.prefix_load_threshold` gets no cache bonus, so a
@@ -363,15 +364,16 @@ def choose(
         return tier[turn % n]
 
     # the latency measure: TTFT, or in mode prefix the prefill time per
-    # uncached token (TTFT there mostly says who had the prompt cached)
-    speed = config.mode == "prefix"
+    # uncached token once the tier has one (TTFT there mostly says who had
+    # the prompt cached); short prompts never measure it, and keep TTFT
+    speed = config.mode == "prefix" and any(c.prefill_ns > 0 for c in tier)
     base = 0.0
     for c in tier:
         t = c.prefill_ns if speed else c.ttft_ewma_us
         if t > 0 and (base == 0.0 or t < base):
             base = t
     a = config.ttft_share
-    w = config.prefix_weight if share else 0.0
+    w = config.prefix_weight if share and config.mode == "prefix" else 0.0
     hot = config.prefix_load_threshold
     scores = []
     for c in tier:

@@ -133,8 +133,8 @@ class ChainHasher:
         x = np.frombuffer(data, dtype=np.uint32, count=n * self.words).reshape(n, self.words)
         h = x.dot(self.mul)  # uint64, mod 2**64
         h *= self.pos[:n]
-        if seed:
-            h[0] += np.uint64(seed & 0xFFFFFFFFFFFFFFFF)
+        if seed:  # an array add: wraps mod 2**64 without a warning
+            h[:1] += np.uint64(seed & 0xFFFFFFFFFFFFFFFF)
         np.cumsum(h, out=h)
         h |= _ONE
         return h.view(np.int64)

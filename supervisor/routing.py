@@ -1,6 +1,6 @@
 """The serve options of routing between replicas (issue 20) and what they become.
 
-``--balance`` picks the balancer's mode (:data:`~ggmux.proxy.balancer.MODES`),
+``--balance`` picks the balancer's mode (:data:`MODES`),
 ``--prefix-weight`` and ``--prefix-load-threshold`` its prefix rule
 (:func:`~ggmux.proxy.balancer.choose`); the proxies get them on their
 command line (:func:`routing_argv`). ``--prefix-block-bytes`` and
@@ -14,8 +14,14 @@ from __future__ import annotations
 
 import argparse
 
-from ..proxy.balancer import DEFAULT_CONFIG, MODES
 from ..shm.prefixtable import WAYS
+
+# the proxy's BalancerConfig defaults (supervisor/ may use only proxy/http and
+# proxy/auth of proxy/: DESIGN.md "Processes"; a test keeps the two equal)
+MODES = ("prefix", "load", "round-robin")
+DEFAULT_MODE = "prefix"
+DEFAULT_PREFIX_WEIGHT = 0.9
+DEFAULT_LOAD_THRESHOLD = 1.0
 
 PREFIX_WAYS = 4
 """Ways of a bucket of the prefix index (entries one bucket keeps, LRU)."""
@@ -28,16 +34,16 @@ def add_routing_options(parser: argparse.ArgumentParser) -> None:
     """``--balance``, ``--prefix-weight``, ``--prefix-load-threshold``,
     ``--prefix-block-bytes``, ``--prefix-index-entries`` on ``parser``."""
     parser.add_argument(
-        "--balance", choices=MODES, default=DEFAULT_CONFIG.mode,
+        "--balance", choices=MODES, default=DEFAULT_MODE,
         help="how a request picks among a model's replicas: prefix (the one whose cache holds "
              "most of its prompt, weighed against load), load (in flight and TTFT only), "
              "round-robin; a session key sticks to one replica in every mode")
     parser.add_argument(
-        "--prefix-weight", type=float, default=DEFAULT_CONFIG.prefix_weight, metavar="W",
+        "--prefix-weight", type=float, default=DEFAULT_PREFIX_WEIGHT, metavar="W",
         help="share of a replica's TTFT that a cached prefix saves, 0 to below 1: a replica "
              "holding the fraction f of a prompt scores as if its queue were 1 - W x f as long")
     parser.add_argument(
-        "--prefix-load-threshold", type=float, default=DEFAULT_CONFIG.prefix_load_threshold,
+        "--prefix-load-threshold", type=float, default=DEFAULT_LOAD_THRESHOLD,
         metavar="X",
         help="a replica with this many requests in flight per slot loses its cache bonus, so "
              "new requests go to a less loaded one even for a prefix it holds")
