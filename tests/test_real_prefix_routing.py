@@ -14,8 +14,9 @@ import pytest
 from conftest import wait_for
 from ggmux.shm import layout as L
 
-WORDS = ("river stone cloud lamp garden window paper music bread silver forest "
-         "candle market ocean mirror ladder winter velvet engine orchard").split()
+WORDS = ["river", "stone", "cloud", "lamp", "garden", "window", "paper", "music", "bread",
+         "silver", "forest", "candle", "market", "ocean", "mirror", "ladder", "winter",
+         "velvet", "engine", "orchard"]
 
 
 def system_prompt(i: int) -> str:
