@@ -291,6 +291,9 @@ def test_a_wrong_prediction_is_corrected_by_the_replicas_cached_tokens(serve, fa
     assert served_by(b)[1] == warm and cached(b) > 100
     routed(s, base + 3)
     assert mc(s, L.MC_PREFIX_PREDICTED) == predicted + 1 and mc(s, L.MC_PREFIX_MISSED) == 1
+    text = s.request("GET", "/metrics")[2].decode()
+    assert 'ggmux_prefix_missed_total{model="m"} 1\n' in text
+    assert f'ggmux_prefix_predicted_total{{model="m"}} {predicted + 1}\n' in text
 
 
 def test_a_prefix_learned_for_one_key_never_steers_another_keys_request(serve, fakes, tmp_path):
