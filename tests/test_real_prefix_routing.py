@@ -40,10 +40,11 @@ def test_six_600_token_prefixes_sent_twice_through_two_proxies_hit_the_cache(ser
               "--models-max", "2", "--spares", "0")
 
     def ask(i: int, question: str, system: str | None = None) -> dict:
+        # a long timeout: a 600-token prefill on one thread of a shared machine
         st, doc = s.json("POST", "/v1/chat/completions", {
             "model": "smol", "max_tokens": 1, "temperature": 0,
             "messages": [{"role": "system", "content": system or system_prompt(i)},
-                         {"role": "user", "content": question}]})
+                         {"role": "user", "content": question}]}, timeout=300)
         assert st == 200, doc
         return doc["usage"]
 
