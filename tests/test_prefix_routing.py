@@ -254,7 +254,7 @@ def test_the_index_is_bounded_and_a_restarted_proxy_starts_with_its_part_zeroed(
     assert kept
     pids = proxy_pids(s)
     os.kill(pids[0], signal.SIGKILL)
-    wait_for(lambda: proxy_pids(s).get(0, pids[0]) != pids[0], 10, what="new proxy 0")
+    wait_for(lambda: proxy_pids(s).get(0, pids[0]) != pids[0], 60, what="new proxy 0")
     assert not s.seg.prefix[0].any()  # zeroed before the replacement started
     assert (s.seg.prefix[1] == part1).all()
     before = mc(s, L.MC_PREFIX_MISSED)
