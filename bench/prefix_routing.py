@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
               "machine": f"{platform.node()} {os.cpu_count()} cores, {platform.machine()}",
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
               "seconds": round(time.time() - started), "modes": {}}
-    print("| mode | turn-2 TTFT p50 | p90 | turn-1 TTFT p50 | turn 2s cached | "
+    print("| mode | turn-2 TTFT p50 | p90 | mean | turn-1 TTFT p50 | turn 2s cached | "
           "hit ratio (cached/prompt) | busiest replica's share of turn 2s |\n"
           "| --- | --- | --- | --- | --- | --- | --- |")
     for m in modes:
