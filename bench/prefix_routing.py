@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
               "seconds": round(time.time() - started), "modes": {}}
     print("| mode | turn-2 TTFT p50 | p90 | mean | turn-1 TTFT p50 | turn 2s cached | "
           "hit ratio (cached/prompt) | busiest replica's share of turn 2s |\n"
-          "| --- | --- | --- | --- | --- | --- | --- |")
+          "| --- | --- | --- | --- | --- | --- | --- | --- |")
     for m in modes:
         r = rows[m]
         t2, t1 = [x["ttft2"] for x in r], [x["ttft1"] for x in r]
