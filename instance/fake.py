@@ -12,7 +12,9 @@ the first token; ``token_s`` (0.002) delay between tokens; ``tokens`` (8)
 tokens per answer unless the request's ``max_tokens`` is smaller;
 ``mem_bytes`` (0) effective host memory reported when ready; ``min_bytes``
 / ``max_bytes`` memory reported by ``--measure``, after ``measure_s`` (0), with
-``chat_template`` (true): whether the model has a chat template; ``fail_requests`` (bool)
+``chat_template`` (true): whether the model has a chat template; ``measure_log``
+(str) a file each ``--measure`` appends a line to (its pid and ``--ctx-size``:
+a test counts the measures); ``fail_requests`` (bool)
 answer requests with the replica's own fault, a 500 marked ``fault`` (so does
 the existence of a file ``BEHAVIOUR.json.fail-<pid>``, which lets a test break
 and mend one replica); ``bad_request_marker`` (str) a request whose JSON body
@@ -75,6 +77,25 @@ from . import protocol
 from .backend import Backend, ReplicaFault
 from .fairness import FairQueue
 from .validate import BadRequest, generation_limit, request_limits_from_args
+
+
+def _check_shapes(body: dict) -> None:
+    """Raise :class:`BadRequest` for ``tools``, ``tool_choice`` or
+    ``stream_options`` of the wrong shape, as the built-in instance does: a
+    client's mistake, never a replica fault nor an error mid-stream
+    (tests/test_api_fuzz.py sends such bodies)."""
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise BadRequest("'stream_options' must be an object", "stream_options")
+    tools = body.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(
+            isinstance(t, dict) and isinstance(t.get("function"), dict)
+            and isinstance(t["function"].get("name"), str) for t in tools)):
+        raise BadRequest("'tools' must be a list of {\"type\": \"function\", \"function\": "
+                         "{\"name\": ...}}", "tools")
+    choice = body.get("tool_choice")
+    if choice is not None and not isinstance(choice, (str, dict)):
+        raise BadRequest("'tool_choice' must be a string or an object", "tool_choice")
 
 
 def example_value(schema, name: str = "value"):
@@ -182,6 +203,9 @@ class FakeBackend(Backend):
     def measure(self) -> dict:
         c = self.cfg
         time.sleep(float(c.get("measure_s", 0)))
+        if c.get("measure_log"):
+            with open(c["measure_log"], "a") as f:
+                f.write(f"{os.getpid()} {self.n_ctx}\n")
         return {"min": {"host": int(c.get("min_bytes", 0))},
                 "max": {"host": int(c.get("max_bytes", 0))},
                 "chat_template": bool(c.get("chat_template", True))}
@@ -230,15 +254,17 @@ class FakeBackend(Backend):
         """The calls this request is answered with (module docstring); []
         for a text answer. Raises BadRequest for a named tool the request
         does not offer."""
-        tools = [t.get("function") for t in body.get("tools") or ()
-                 if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+        tools = body.get("tools")
+        tools = [t.get("function") for t in tools if isinstance(t, dict) and isinstance(
+            t.get("function"), dict)] if isinstance(tools, list) else []
         choice = body.get("tool_choice")
         msgs = body.get("messages") or [{}]
-        if not tools or choice == "none" or (msgs[-1] or {}).get("role") == "tool":
+        if not tools or choice == "none" or msgs[-1].get("role") == "tool":
             return []
         names = [t.get("name") for t in tools]
         if isinstance(choice, dict):
-            name = (choice.get("function") or {}).get("name")
+            fn = choice.get("function")
+            name = fn.get("name") if isinstance(fn, dict) else None
             if name not in names:
                 raise BadRequest(f"tool_choice names {name!r}, which is not among the tools",
                                  "tool_choice")
@@ -255,7 +281,11 @@ class FakeBackend(Backend):
             fn = tools[(first + k) % len(tools)]
             args = given.get(fn.get("name"))
             if args is None:
-                args = example_value(fn.get("parameters") or {"type": "object"}, fn.get("name"))
+                try:
+                    args = example_value(fn.get("parameters") or {"type": "object"},
+                                         fn.get("name"))
+                except (TypeError, ValueError, AttributeError, KeyError, RecursionError):
+                    args = {}  # a schema the fake cannot read (a fuzzed one): no arguments
             self._calls += 1
             calls.append({"id": f"call_{os.getpid()}_{self._calls}", "type": "function",
                           "function": {"name": fn.get("name"),
@@ -285,8 +315,12 @@ class FakeBackend(Backend):
         self._check(body)
         if self.cfg.get("fail_requests") or os.path.exists(self.path + f".fail-{os.getpid()}"):
             raise ReplicaFault("fake failure")
-        if kind == "chat" and not isinstance(body.get("messages"), list):
-            raise BadRequest("'messages' must be a list", "messages")
+        if kind == "chat" and not (isinstance(body.get("messages"), list) and all(
+                isinstance(m, dict) for m in body["messages"])):
+            # the built-in instance's validation refuses these too: a client's
+            # mistake, never a replica fault (tests/test_api_fuzz.py sends them)
+            raise BadRequest("'messages' must be a list of objects", "messages")
+        _check_shapes(body)
         job = _FakeJob(kind, body, sink, request_id, tenant)
         if kind != "embedding":
             job.limit = generation_limit(body, self.limits, self.n_predict)
