@@ -28,6 +28,20 @@ engine does (reported in the ``ready`` line, so the balancer counts
 in-flight relative to it). The request limits ``--max-tokens-limit`` and
 ``--n-predict`` (in ``--llama-args``) apply as in the built-in instance.
 
+A prompt cache (issue 20), with ``prefix_cache`` (bool): each slot keeps
+the text of its last request (the prompt rendered as the tools, then
+``<|role|>content`` per message, then ``<|assistant|>``, then the answer:
+an appended turn extends it), and a request goes to the free slot whose
+text shares the longest prefix with its prompt (else, or when that is
+under a tenth of the prompt as llama-server's ``--slot-prompt-similarity``,
+the one used longest ago), within ``--cache-scope`` (``global`` any slot,
+``key`` only one its own tenant filled, ``none`` never), as the built-in
+engine does. A prompt
+is one token per 4 characters; the shared ones are ``cached_tokens``
+(``usage.prompt_tokens_details``, at most all but one), and each token not
+cached adds ``prefill_token_s`` (0.0002) to the TTFT. So a repeated prefix
+answers faster, per slot, with at most ``parallel`` prompts held.
+
 Tool calls and reasoning (issue 19), in OpenAI's chat-completion shapes as
 llama-server's Jinja mode answers: a chat request with ``tools`` whose
 ``tool_choice`` is not ``"none"`` and whose last message is not a tool
@@ -51,6 +65,7 @@ from __future__ import annotations
 
 import json
 import os
+import os.path
 import threading
 import time
 from collections import Counter
@@ -128,6 +143,32 @@ class _FakeJob:
     limit: int | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     calls: list = field(default_factory=list)  # the tool calls it is answered with
+    text: str = ""  # the prompt as the prompt cache sees it (prefix_cache)
+    cache: int = -1  # the cache slot it holds, -1: none
+    cached: int = 0  # prompt tokens it found there
+
+
+CHARS_PER_TOKEN = 4  # the prompt cache's tokens (prefix_cache)
+SIMILARITY = 0.1  # a slot sharing less of a prompt is not reused (llama-server's
+# --slot-prompt-similarity default; the built-in engine's slot_prompt_similarity)
+
+
+def cache_text(kind: str, body: dict) -> str:
+    """A request's prompt as the fake's prompt cache sees it: the tools (as
+    JSON), then ``<|role|>content`` per message, then ``<|assistant|>``
+    (chat); the ``prompt`` (completions)."""
+    if kind != "chat":
+        p = body.get("prompt")
+        return p if isinstance(p, str) else json.dumps(p)
+    parts = ["<|tools|>" + json.dumps(body["tools"])] if body.get("tools") else []
+    for m in body.get("messages") or ():
+        if not isinstance(m, dict):
+            continue
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+        parts.append(f"<|{m.get('role')}|>{content or ''}")
+    return "".join(parts) + "<|assistant|>"
 
 
 class FakeBackend(Backend):
@@ -149,6 +190,13 @@ class FakeBackend(Backend):
         self._busy: list[_FakeJob | None] = [None] * self.slots
         self._closing: str | None = None
         self._calls = 0  # tool calls made, for their ids
+        # the prompt cache (prefix_cache): per slot its text, owner, last use, holder
+        self.prefix_cache = bool(self.cfg.get("prefix_cache"))
+        self.scope = getattr(args, "cache_scope", "global") or "global"
+        self._texts = [""] * self.slots
+        self._owners = [""] * self.slots
+        self._used = [0.0] * self.slots
+        self._held = [False] * self.slots
         for i in range(self.slots):
             threading.Thread(target=self._worker, args=(i,), name=f"slot{i}", daemon=True).start()
 
@@ -278,6 +326,8 @@ class FakeBackend(Backend):
             job.limit = generation_limit(body, self.limits, self.n_predict)
         if kind == "chat":
             job.calls = self._tool_calls(body)
+        if self.prefix_cache and kind in ("chat", "completion"):
+            job.text = cache_text(kind, body)
         with self._lock:
             if self._closing is not None:
                 raise RuntimeError(self._closing)
@@ -296,6 +346,8 @@ class FakeBackend(Backend):
                 if job.cancel.is_set():
                     continue
                 self._busy[slot] = job
+                if job.text:
+                    self._take_cache(job)
             try:
                 self._serve(job)
             except Exception as e:  # noqa: BLE001 - a fake's failure is its answer
@@ -303,6 +355,31 @@ class FakeBackend(Backend):
             finally:
                 with self._lock:
                     self._busy[slot] = None
+                    if job.cache >= 0:
+                        self._held[job.cache] = False
+
+    def _take_cache(self, job: _FakeJob) -> None:
+        """Give ``job`` the free cache slot sharing the longest prefix with its
+        prompt (within the cache scope), else the one used longest ago; it
+        holds that slot's text from now on (lock held)."""
+        free = [k for k in range(self.slots) if not self._held[k]]
+        best, best_n = -1, 0
+        if self.scope != "none":
+            for k in free:
+                if self.scope == "key" and self._owners[k] != job.tenant:
+                    continue
+                n = len(os.path.commonprefix([self._texts[k], job.text]))
+                if n > best_n:
+                    best, best_n = k, n
+        if best < 0 or best_n < SIMILARITY * len(job.text):
+            best = min(free, key=lambda k: self._used[k])
+            best_n = 0
+        self._held[best] = True
+        self._owners[best] = job.tenant
+        self._used[best] = time.monotonic()
+        job.cache = best
+        total = -(-len(job.text) // CHARS_PER_TOKEN)
+        job.cached = min(best_n // CHARS_PER_TOKEN, total - 1)
 
     def _deltas(self, job: _FakeJob, toks: list[str]) -> list[dict]:
         """A chat answer as its stream's deltas: reasoning words, then the
@@ -337,6 +414,13 @@ class FakeBackend(Backend):
         model = body.get("model") or self.name
         n = len(pieces)
         usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
+        if job.cache >= 0:
+            prompt = -(-len(job.text) // CHARS_PER_TOKEN)
+            usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n,
+                     "prompt_tokens_details": {"cached_tokens": job.cached}}
+            ttft += float(self.cfg.get("prefill_token_s", 0.0002)) * (prompt - job.cached)
+            # the slot holds this prompt and its answer now
+            self._texts[job.cache] = job.text + "".join(toks)
         if not body.get("stream"):
             if job.cancel.wait(ttft + tok_s * (n - 1)):
                 sink("error", self._closing or "cancelled")

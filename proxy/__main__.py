@@ -18,6 +18,7 @@ from setproctitle import setproctitle
 
 from .. import compiled
 from .auth import read_keys
+from .balancer import DEFAULT_CONFIG, MODES, BalancerConfig
 from .http import HttpConnection, HttpLimits, add_http_limit_options, fit_fd_limit, limits_from_args
 from .server import Proxy
 
@@ -41,6 +42,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--keys-fd", type=int, default=None,
                     help="inherited pipe holding {\"api_key\", \"admin_key\"} as JSON")
     ap.add_argument("--cors-origins", default="*")
+    ap.add_argument("--balance", choices=MODES, default="prefix")
+    ap.add_argument("--prefix-weight", type=float, default=DEFAULT_CONFIG.prefix_weight)
+    ap.add_argument("--prefix-load-threshold", type=float,
+                    default=DEFAULT_CONFIG.prefix_load_threshold)
+    ap.add_argument("--cache-scope", choices=("key", "global", "none"), default="global")
     ap.add_argument("--log-level", default="INFO")
     add_http_limit_options(ap)
     return ap.parse_args(argv)
@@ -69,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         stream_keepalive=args.stream_keepalive, first_byte_timeout=args.first_byte_timeout,
         stream_idle_timeout=args.stream_idle_timeout, cors_origins=args.cors_origins,
         tenant_secret=keys.get("tenant_secret") or None,
+        balancer=BalancerConfig(mode=args.balance, prefix_weight=args.prefix_weight,
+                                prefix_load_threshold=args.prefix_load_threshold),
+        cache_scope=args.cache_scope,
     )
     del keys
     limits: HttpLimits = fit_fd_limit(limits_from_args(args))

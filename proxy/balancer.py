@@ -34,6 +34,24 @@ A model may have several ready replicas. Per request the proxy builds one
    random, and with more than :attr:`BalancerConfig.p2c_above` of them by
    the power of two choices, so proxies sharing one view do not herd onto
    the same replica.
+5. *Prefix* (issue 20, mode ``prefix``, the default): with ``share``, the
+   fraction ``f`` of the request's prompt each replica holds in its cache
+   (:mod:`ggmux.proxy.prefix`), the score is divided by ``1 - w * f``
+   (``w`` = :attr:`BalancerConfig.prefix_weight`): a new request's TTFT on
+   a replica is its queueing factor times the prefill of the part it does
+   not hold, so the expected prefill saved is weighed against the queueing
+   cost, as llm-d weighs its prefix scorer against its load scorer; and
+   ``ttft`` above is the replica's prefill time per uncached prompt token
+   (``Candidate.prefill_ns``) once a replica of the tier has measured one
+   (it read at least ``MIN_PREFILL_TOKENS`` of a prompt), not its TTFT,
+   which in this mode mostly tells which replica had the prompt cached (a replica that just read a
+   long prompt would look slow and every new prefix herd onto the other). A
+   replica whose in-flight requests per slot reach
+   :attr:`BalancerConfig.prefix_load_threshold` gets no cache bonus, so a
+   hot replica sheds even the prefixes it holds (SGLang's cache-aware
+   router's balance threshold). Mode ``load`` ignores prefixes (the rules
+   above), mode ``round-robin`` takes the tier's replicas in turn (a
+   baseline for benchmarks); session keys win in every mode.
 
 The proxy owns the I/O around it: reading the tables, ``allow`` before
 forwarding, ``record`` on the outcome, counting in-flight requests.
@@ -89,6 +107,12 @@ class BalancerConfig:
     random ones (power of two choices) instead of a uniform one.
     ``ttft_forget_s``: a replica unused this long has its TTFT estimate
     ignored (:func:`candidates_from_shm`), so it is tried again.
+    ``mode``: ``prefix`` (load, latency and the cached prefix), ``load``
+    (load and latency, no prefix index), ``round-robin`` (:data:`MODES`).
+    ``prefix_weight``: ``w`` of the prefix rule, the share of a replica's
+    TTFT taken to be prefill that a cached prefix saves (0: none; below 1).
+    ``prefix_load_threshold``: in-flight requests per slot at which a
+    replica's cache bonus is dropped.
     """
 
     failure_threshold: int = 3
@@ -100,7 +124,13 @@ class BalancerConfig:
     tie_tolerance: float = 0.01
     p2c_above: int = 2
     ttft_forget_s: float = 10.0
+    mode: str = "prefix"
+    prefix_weight: float = 0.9
+    prefix_load_threshold: float = 1.0
 
+
+MODES = ("prefix", "load", "round-robin")
+"""``--balance`` values (:attr:`BalancerConfig.mode`)."""
 
 DEFAULT_CONFIG = BalancerConfig()
 
@@ -118,7 +148,10 @@ class Candidate:
     flight it accepts, 0 = unlimited; ``slots``: requests it serves at once
     (``R_SLOTS``, at least 1); ``in_flight``: requests forwarded to it
     and not finished, summed over all proxies; ``ttft_ewma_us``: TTFT EWMA in
-    microseconds combined over proxies, 0 = unknown; ``circuit``:
+    microseconds combined over proxies, 0 = unknown; ``prefill_ns``: its
+    TTFT per prompt token it had to read (not cached), ns, combined alike
+    (``C_PREFILL_NS``, 0 = unknown), the latency that mode ``prefix`` weighs
+    instead, since a cache hit's TTFT says nothing of a replica's speed; ``circuit``:
     :class:`~ggmux.shm.layout.CircuitState` in this proxy's counters row;
     ``circuit_until_ns``: while not closed, no traffic before this
     ``time.monotonic_ns()`` (open: cool-down end; half-open: probe slot busy).
@@ -135,6 +168,7 @@ class Candidate:
     circuit: int = CLOSED
     circuit_until_ns: int = 0
     slots: int = 1
+    prefill_ns: float = 0.0
 
 
 # ---- circuit breaker ---------------------------------------------------------
@@ -274,6 +308,8 @@ def choose(
     *,
     now_ns: int | None = None,
     config: BalancerConfig = DEFAULT_CONFIG,
+    share: dict[int, float] | None = None,
+    turn: int = 0,
 ) -> Candidate | None:
     """The replica for one request, or None when no candidate is eligible.
 
@@ -281,7 +317,11 @@ def choose(
     ``exclude``: slots already tried for this request; ``session_key``: see
     :func:`session_key`; ``rng``: source of tie-breaking randomness (a
     per-process ``random.Random``); ``now_ns``: ``time.monotonic_ns()``
-    (read when None), against which circuit deadlines are compared.
+    (read when None), against which circuit deadlines are compared;
+    ``share``: slot -> fraction (0-1) of the request's prompt that replica
+    holds in its cache (:class:`~ggmux.proxy.prefix.Prediction`), used in
+    mode ``prefix``; ``turn``: this proxy's count of choices, which mode
+    ``round-robin`` takes modulo the tier.
 
     A candidate whose circuit is not closed is eligible only once its
     ``circuit_until_ns`` has passed, mirroring :meth:`CircuitBreaker.allow`,
@@ -320,19 +360,32 @@ def choose(
             if s > best_s:
                 best, best_s = c, s
         return best
+    if config.mode == "round-robin":
+        return tier[turn % n]
 
+    # the latency measure: TTFT, or in mode prefix the prefill time per
+    # uncached token once the tier has one (TTFT there mostly says who had
+    # the prompt cached); short prompts never measure it, and keep TTFT
+    speed = config.mode == "prefix" and any(c.prefill_ns > 0 for c in tier)
     base = 0.0
     for c in tier:
-        t = c.ttft_ewma_us
+        t = c.prefill_ns if speed else c.ttft_ewma_us
         if t > 0 and (base == 0.0 or t < base):
             base = t
     a = config.ttft_share
+    w = config.prefix_weight if share and config.mode == "prefix" else 0.0
+    hot = config.prefix_load_threshold
     scores = []
     for c in tier:
-        t = c.ttft_ewma_us
+        t = c.prefill_ns if speed else c.ttft_ewma_us
         lat = a * t / base + (1.0 - a) if t > 0 else 1.0
-        s = c.weight / ((c.in_flight / c.slots + 1) * lat)
-        scores.append(s)
+        load = c.in_flight / c.slots
+        cost = (load + 1) * lat
+        if w and load < hot:
+            f = share.get(c.slot)
+            if f:
+                cost *= 1.0 - w * f
+        scores.append(c.weight / cost)
     top = max(scores)
     cut = top * (1.0 - config.tie_tolerance)
     near = [i for i in range(n) if scores[i] >= cut]
@@ -434,9 +487,11 @@ def candidates_from_shm(
     each proxy keeps its own breaker. ``weight`` is ``R_WEIGHT / 1000``; a
     row with no weight set (``<= 0``) reads as 1.0.
 
-    A replica no proxy has used for :attr:`BalancerConfig.ttft_forget_s`
-    (``C_LAST_USED_NS`` against ``now_ns``, read when None) gets an unknown
-    TTFT: otherwise a replica that once answered slowly would never be
+    ``prefill_ns`` is combined from ``C_PREFILL_NS`` / ``C_PREFILL_COUNT``
+    the same way. A replica no proxy has used for
+    :attr:`BalancerConfig.ttft_forget_s` (``C_LAST_USED_NS`` against
+    ``now_ns``, read when None) gets an unknown TTFT (and prefill time):
+    otherwise a replica that once answered slowly would never be
     chosen again by sequential requests (the faster one always scores
     better) and its estimate would never be corrected; so the idle one is
     tried again, at most once per period, like a fresh replica.
@@ -461,6 +516,7 @@ def candidates_from_shm(
         inflight = 0
         n_sum = 0
         t_sum = 0
+        p_n = p_sum = 0
         used = 0
         for prow in cnt:
             c = prow[j]
@@ -473,9 +529,15 @@ def candidates_from_shm(
             if e > 0 and n > 0:
                 n_sum += n
                 t_sum += n * e  # Python ints: no overflow
+            e = c[L.C_PREFILL_NS]
+            n = c[L.C_PREFILL_COUNT]
+            if e > 0 and n > 0:
+                p_n += n
+                p_sum += n * e
         own = cnt[proxy_index][j]
         live = own[L.C_INCARNATION] == inc
         w = r[L.R_WEIGHT]
+        fresh = used >= forget_before
         out.append(
             Candidate(
                 slot_ids[j],
@@ -485,10 +547,11 @@ def candidates_from_shm(
                 r[L.R_PRIORITY],
                 r[L.R_MAX_CONCURRENCY],
                 max(inflight, 0),
-                t_sum / n_sum if n_sum and used >= forget_before else 0.0,
+                t_sum / n_sum if n_sum and fresh else 0.0,
                 own[L.C_CIRCUIT] if live else CLOSED,
                 own[L.C_CIRCUIT_UNTIL_NS] if live else 0,
                 max(1, r[L.R_SLOTS]),
+                p_sum / p_n if p_n and fresh else 0.0,
             )
         )
     return out

@@ -24,8 +24,16 @@ keeps it): ``names``, ``reg_models``, ``single``, ``ready``, ``ready_local``,
 ``held_local``, ``remotes``, ``hop_slots``, ``secrets``, ``cluster``,
 ``replica_rows``, ``model_rows``, ``cw``/``mcw`` (this proxy's counter rows),
 ``breakers``, ``pool``, ``waiters``, ``activity`` (its region of the
-request ring: every request that named a model is recorded as it ends) and
-the options.
+request ring: every request that named a model is recorded as it ends),
+``prefix`` (:class:`~ggmux.proxy.prefix.PrefixRouting`, None unless
+``--balance prefix``) and the options.
+
+Prefix-aware routing (issue 20) happens only where there is a choice: a
+request to a model with several ready replicas and no session key has its
+prompt's chain looked up in the prefix index before :func:`choose`, and
+recorded for the replica that answered it (with that replica's count of
+cached tokens as the judge of the prediction); the fast path and a model
+with one replica never hash anything.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ from .cluster import HOP_TRUSTED, hop_headers, judge_hop, loading_info
 from .cors import json_type, simple_type
 from .http import HttpConnection, Request
 from .http.upstream import Exchange, UpstreamError, request_head
+from .prefix import GENERATION_PATHS, Prediction
 
 log = logging.getLogger(__name__)
 # after a request lost on a connection its replica closes after chunked
@@ -299,6 +308,7 @@ class Forwarding:
         queued_since = 0
         attempt = 0  # forwards that failed before the request reached a replica
         skey: str | None | bool = False  # the session key, read only when there is a choice
+        pfx: Prediction | None | bool = False  # the prompt's prefix, looked up likewise
         try:
             while attempt < MAX_ATTEMPTS:
                 if self.stopping:
@@ -356,11 +366,16 @@ class Forwarding:
                         cands = [c for c in cands if c.slot not in self.hop_slots]
                     if skey is False:
                         skey = session_key(req.headers, body) if body is not None else None
-                    c = choose(cands, tried, skey, self.rng, now_ns=now, config=self.balancer)
+                    if pfx is False:
+                        pfx = self._predict(req, m, body, cands) if skey is None else None
+                    share = pfx.share if pfx is not None else None
+                    self.turns += 1
+                    c = choose(cands, tried, skey, self.rng, now_ns=now, config=self.balancer,
+                               share=share, turn=self.turns)
                     if c is None and tried and attempt < MAX_ATTEMPTS - 1:
                         tried.clear()  # one replica: retry the same (the breaker guards it)
                         c = choose(cands, tried, skey, self.rng, now_ns=now,
-                                   config=self.balancer)
+                                   config=self.balancer, share=share, turn=self.turns)
                 else:
                     cands = (c,)
                 if c is None:
@@ -463,6 +478,8 @@ class Forwarding:
                 self._verdict(slot, ex, time.monotonic_ns(), judged)
                 if touch:  # ?model= calls are neither use nor traffic for the metrics
                     self._account(cnt, m, ex)
+                if pfx and ex.status == 200 and not ex.fault:
+                    self.prefix.learn(pfx, slot, inc, ex, cnt, self.mcw[m])
                 if not recorded:
                     recorded = True
                     self.activity.record(req, m, slot, ex, 0)
@@ -476,6 +493,24 @@ class Forwarding:
                 self.queued[m] -= 1
             if not recorded:  # answered here (or the client left): recorded too
                 self.activity.record(req, m, last_slot, None, req.status or 499)
+
+    def _predict(self, req: Request, m: int, body: dict | None, cands) -> Prediction | None:
+        """The prefix index's view of ``req``'s prompt among ``cands``
+        (:meth:`~ggmux.proxy.prefix.PrefixRouting.predict`), or None: mode
+        not ``prefix``, one candidate, not a generation route, no JSON
+        body, or the model's cache scope ``none``. The body is the one the
+        replica gets (a translated request's chat completion). The scope is
+        the model's (preset ``cache-scope``) or ``--cache-scope``; under
+        ``key`` the caller's tenant seeds the chain, so no prefix routes
+        another tenant's request."""
+        if self.prefix is None or len(cands) < 2 or req.path not in GENERATION_PATHS:
+            return None
+        src = req.body_json if req.body_json is not None else body
+        if type(src) is not dict:
+            return None
+        scope = self.reg_models[m].get("cache_scope") or self.cache_scope
+        who = tenant(req, self.tenant_secret, req.hop == HOP_TRUSTED) if scope == "key" else b""
+        return self.prefix.predict(src, who, scope, cands)
 
     def _want_local(self, m: int, cands) -> None:
         """A model served by a remote upstream that also has a local

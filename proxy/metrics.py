@@ -124,6 +124,18 @@ def metrics_text(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
               in_flight)
     per_model("ggmux_model_waiting", "gauge", "Requests waiting for the model to load.",
               rows[:, L.M_WAITERS])
+    # prefix-aware routing (issue 20): choices that weighed a prompt prefix, those
+    # sent where the index predicted part of it cached, and the predictions the
+    # replica's cached_tokens proved wrong
+    per_model("ggmux_prefix_routed_total", "counter",
+              "Requests whose replica was chosen with the prefix index.",
+              mc[:, L.MC_PREFIX_ROUTED])
+    per_model("ggmux_prefix_predicted_total", "counter",
+              "Requests sent to a replica the prefix index said holds part of the prompt.",
+              mc[:, L.MC_PREFIX_PREDICTED])
+    per_model("ggmux_prefix_missed_total", "counter",
+              "Predicted requests whose replica reported under half the predicted cached tokens.",
+              mc[:, L.MC_PREFIX_MISSED])
     fam("ggmux_ttft_seconds", "histogram", "Time to first token (first body byte), seconds.")
     for i, n in models:
         acc = 0

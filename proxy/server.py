@@ -44,6 +44,7 @@ import posix_ipc
 
 from ..shm import layout as L
 from ..shm.logring import log_ring_name
+from ..shm.prefixtable import PrefixTable
 from ..shm.requestring import request_ring_name
 from ..shm.segment import Segment
 from . import answers, apis, passthrough, routes
@@ -75,6 +76,7 @@ from .operator.logs import LogTail
 from .operator.overview import overview
 from .operator.page import Page
 from .operator.requests import RequestLog
+from .prefix import PrefixRouting
 from .router_mode import RouterMode
 from .waiting import ModelWaiters
 
@@ -107,6 +109,8 @@ class Proxy(Forwarding, RouterMode):
         stream_idle_timeout: float = 300.0,
         cors_origins: str = "*",
         tenant_secret: str | None = None,
+        balancer: BalancerConfig | None = None,
+        cache_scope: str = "global",
     ) -> None:
         self.index = index
         self.cors = Cors(cors_origins) if cors_origins else None
@@ -141,8 +145,17 @@ class Proxy(Forwarding, RouterMode):
         self.pool = UpstreamPool(self.loop, stream_idle_s=stream_idle_timeout)
         self.pool.start_sweeping()
         self.secrets: dict[int, bytes] = {}  # slot -> its instance's authorization line
-        self.balancer = BalancerConfig()
+        self.balancer = balancer or BalancerConfig()
         self.rng = random.Random()
+        self.turns = 0  # choices made (round-robin's turn)
+        # --cache-scope, for models whose preset sets none: the prefix index keeps it too
+        self.cache_scope = cache_scope
+        # the prefix index (issue 20), keyed by the server's secret so every proxy hashes
+        # alike (the segment's name where no secret came: a proxy started alone)
+        self.prefix = PrefixRouting(
+            PrefixTable(self.seg.prefix, self.seg.prefix_forget, index),
+            self.seg.sizes.prefix_block, tenant_secret.encode() if tenant_secret else shm.encode(),
+        ) if self.balancer.mode == "prefix" else None
         self.breakers = [CircuitBreaker(row, self.balancer) for row in self.cw]
         self.gen = -1
         self.reg_version = -1

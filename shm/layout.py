@@ -7,7 +7,9 @@ header's sizes, so a reader needs only the segment name.
 
 Supervisor-written tables (``models``, ``replicas``, ``devices``) carry a
 sequence word in column 0 (see :mod:`ggmux.shm.seqlock`). Proxy-written
-tables (``counters``, ``waiters``) have one writer per row and no lock.
+tables (``counters``, ``waiters``, ``mcounters``, ``prefix_forget``) have one
+writer per row and no lock; so does the prefix index (``prefix``, one part
+per proxy), whose entries are named by one word (:mod:`ggmux.shm.prefixtable`).
 
 Units: times are ``time.monotonic_ns()`` nanoseconds (CLOCK_MONOTONIC is
 shared by all processes on the host), memory is bytes, TTFT is microseconds.
@@ -18,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAGIC = 0x47474D5558534D31  # "GGMUXSM1"
-VERSION = 5
+VERSION = 6
 
 # ---- header: int64 words -------------------------------------------------
 H_MAGIC = 0
@@ -34,6 +36,11 @@ H_REGISTRY_CAP = 9  # blob capacity, bytes
 H_SUPERVISOR_PID = 10
 H_STARTED_NS = 11
 H_MODELS_MAX = 12
+# the prefix index (issue 20): buckets and ways of each proxy's part, and the
+# bytes of one hashed block (every proxy hashes alike: they read it here)
+H_PREFIX_BUCKETS = 13
+H_PREFIX_WAYS = 14
+H_PREFIX_BLOCK = 15
 H_WORDS = 16
 
 # ---- models: one row per registered model, written by the supervisor ------
@@ -95,7 +102,12 @@ C_PROBES_OK = 13  # good probes in a row while half-open
 # since its last timeout with no answer after it
 C_TIMEOUT_NS = 14  # when a request to it last timed out (first byte or stream idle)
 C_ANSWER_NS = 15  # when it last answered a request in time
-C_WORDS = 16
+# prefill speed (issue 20): TTFT per prompt token not read from the replica's
+# cache, ns, EWMA over prefix-routed requests with at least MIN_PREFILL_TOKENS
+# of them (a cache hit's TTFT says nothing of the replica's speed)
+C_PREFILL_NS = 16
+C_PREFILL_COUNT = 17
+C_WORDS = 24
 
 # ---- model counters: [proxy, model, word], each [proxy] row written by that proxy
 # Totals per model that outlive replicas (for /metrics); TTFT histogram buckets
@@ -114,12 +126,30 @@ MC_BUCKET_INF = MC_BUCKET0 + len(TTFT_BUCKETS_MS)
 MC_RECENT_N = 17
 MC_RECENT0 = 18
 TTFT_RECENT = 32
-MC_WORDS = MC_RECENT0 + TTFT_RECENT  # 50
+# prefix-aware routing (issue 20): requests whose choice weighed a prompt
+# prefix, those routed to a replica the index said holds part of it, and those
+# whose replica then reported (far) fewer cached tokens than predicted
+MC_PREFIX_ROUTED = MC_RECENT0 + TTFT_RECENT  # 50
+MC_PREFIX_PREDICTED = 51
+MC_PREFIX_MISSED = 52
+MC_WORDS = MC_PREFIX_MISSED + 1  # 53
 
 # ---- waiters: [proxy, model, word], each [proxy] row written by that proxy --
 W_COUNT = 0  # requests waiting for the model in this proxy
 W_FIRST_NS = 1  # arrival time of the oldest of them, 0 when none
 W_WORDS = 2
+
+# ---- prefix index: [proxy, bucket, way, word], each [proxy] part written by
+# that proxy (DESIGN.md "Prefix-aware routing"; :mod:`ggmux.shm.prefixtable`)
+X_KEY = 0  # a prompt prefix's chain hash mixed with the replica that served it (0: empty)
+X_USED_NS = 1  # when that replica last served it
+X_REPLICA = 2  # slot | incarnation << X_INC_SHIFT (for the operator and the tests)
+X_BLOCKS = 3  # the prefix's length in blocks
+X_WORDS = 4
+X_INC_SHIFT = 16  # replica slots are < 2**16
+# ---- prefix_forget: [proxy, replica], each [proxy] row written by that proxy:
+# index entries of the replica last used at or before this time are not trusted
+# (a predicted hit there came back a miss: its cache dropped them)
 
 # ---- devices: one row per memory device, written by the supervisor ---------
 D_SEQ = 0
@@ -173,7 +203,10 @@ class Sizes:
     """Table sizes of one segment.
 
     ``models`` rows, ``replicas`` slots, ``proxies`` counter rows, ``devices``
-    memory devices and ``registry_cap`` bytes of registry JSON.
+    memory devices and ``registry_cap`` bytes of registry JSON;
+    ``prefix_buckets`` x ``prefix_ways`` entries of each proxy's part of the
+    prefix index (buckets a power of two), which hashes blocks of
+    ``prefix_block`` bytes.
     """
 
     models: int
@@ -181,6 +214,9 @@ class Sizes:
     proxies: int
     devices: int
     registry_cap: int = 1 << 20
+    prefix_buckets: int = 2048
+    prefix_ways: int = 4
+    prefix_block: int = 256
 
     def offsets(self) -> dict[str, tuple[int, tuple[int, ...]]]:
         """Byte offset and int64 shape of every table, in segment order."""
@@ -192,6 +228,8 @@ class Sizes:
             "waiters": (self.proxies, self.models, W_WORDS),
             "mcounters": (self.proxies, self.models, MC_WORDS),
             "devices": (self.devices, D_WORDS),
+            "prefix": (self.proxies, self.prefix_buckets, self.prefix_ways, X_WORDS),
+            "prefix_forget": (self.proxies, self.replicas),
         }
         out: dict[str, tuple[int, tuple[int, ...]]] = {}
         off = 0

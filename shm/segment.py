@@ -49,8 +49,9 @@ class Segment:
     ``header`` (H_WORDS,), ``models`` (models, M_WORDS), ``replicas``
     (replicas, R_WORDS), ``counters`` (proxies, replicas, C_WORDS),
     ``waiters`` (proxies, models, W_WORDS), ``mcounters`` (proxies, models,
-    MC_WORDS), ``devices`` (devices, D_WORDS),
-    ``registry`` (registry_cap,) uint8.
+    MC_WORDS), ``devices`` (devices, D_WORDS), ``prefix`` (proxies,
+    prefix_buckets, prefix_ways, X_WORDS), ``prefix_forget`` (proxies,
+    replicas), ``registry`` (registry_cap,) uint8.
     """
 
     def __init__(self, name: str, mm: mmap.mmap, sizes: L.Sizes, owner: bool) -> None:
@@ -97,6 +98,9 @@ class Segment:
         h[L.H_N_PROXIES] = sizes.proxies
         h[L.H_N_DEVICES] = sizes.devices
         h[L.H_REGISTRY_CAP] = sizes.registry_cap
+        h[L.H_PREFIX_BUCKETS] = sizes.prefix_buckets
+        h[L.H_PREFIX_WAYS] = sizes.prefix_ways
+        h[L.H_PREFIX_BLOCK] = sizes.prefix_block
         h[L.H_STARTED_NS] = time.monotonic_ns()
         seg.replicas[:, L.R_MODEL] = -1
         fence()
@@ -123,6 +127,9 @@ class Segment:
             proxies=int(head[L.H_N_PROXIES]),
             devices=int(head[L.H_N_DEVICES]),
             registry_cap=int(head[L.H_REGISTRY_CAP]),
+            prefix_buckets=int(head[L.H_PREFIX_BUCKETS]),
+            prefix_ways=int(head[L.H_PREFIX_WAYS]),
+            prefix_block=int(head[L.H_PREFIX_BLOCK]),
         )
         del head
         return cls(name, mm, sizes, owner=False)
@@ -131,7 +138,7 @@ class Segment:
         """Drop the mapping (views must not be used afterwards)."""
         self._hwords.release()
         for table in ("header", "models", "replicas", "counters", "waiters", "mcounters",
-                      "devices", "registry"):
+                      "devices", "prefix", "prefix_forget", "registry"):
             if hasattr(self, table):
                 delattr(self, table)
         try:

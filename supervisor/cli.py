@@ -60,6 +60,8 @@ from .registry import (
     scan_hf_cache,
     scan_models_dir,
 )
+from .routing import add_routing_options, prefix_sizes, routing_argv
+from .routing import check as check_routing
 
 log = logging.getLogger("ggmux")
 
@@ -254,6 +256,7 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                         "(only one made with the same API key), global (anyone's, as "
                         "llama-server), none; default: key when --api-key or --admin-key is "
                         "set, else global (a preset's cache-scope wins)")
+    add_routing_options(s)
     s.add_argument("--queue-timeout", type=float, default=30.0,
                    help="seconds a request waits for a replica below its max-concurrency "
                         "before a 429")
@@ -542,6 +545,9 @@ def serve(args: argparse.Namespace) -> int:
     if args.proxies < 1 or args.models_max < 1:
         print("ggmux: --proxies and --models-max must be at least 1", file=sys.stderr)
         return 2
+    if (why := check_routing(args)) is not None:
+        print(f"ggmux: {why}", file=sys.stderr)
+        return 2
     try:
         cluster = cluster_options(args)
     except ValueError as e:
@@ -568,7 +574,9 @@ def serve(args: argparse.Namespace) -> int:
                     "--cors-origins", args.cors_origins,
                     "--first-byte-timeout", str(args.first_byte_timeout),
                     "--stream-idle-timeout", str(args.stream_idle_timeout),
+                    *routing_argv(args, args.cache_scope),
                     *http_limit_argv(proxy_share(limits_from_args(args), args.proxies))],
+        prefix_sizes=prefix_sizes(args),
         # the tenant's hash key (proxy.auth.tenant): the same for every proxy
         proxy_keys={**keys_from(args), "tenant_secret": secrets.token_hex(16)},
         memory_margin=int(args.models_memory_margin * MiB),

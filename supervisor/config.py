@@ -26,6 +26,8 @@ class Config:
     shm_name: str = ""
     mq_name: str = ""
     proxy_args: list[str] = field(default_factory=list)
+    # the prefix index's Sizes fields (prefix_buckets, prefix_ways, prefix_block): --prefix-*
+    prefix_sizes: dict[str, int] = field(default_factory=dict)
     # {"api_key", "admin_key"}: proxies only, through a pipe (never argv or env)
     proxy_keys: dict[str, str] = field(default_factory=dict)
     memory_margin: int = 0  # bytes that must stay free on every device after a load

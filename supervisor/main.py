@@ -515,6 +515,8 @@ class Supervisor:
         seg = st.seg
         seg.counters[idx] = 0  # a dead proxy's rows are zeroed before its replacement starts
         seg.waiters[idx] = 0
+        seg.prefix[idx] = 0  # its part of the prefix index too (issue 20)
+        seg.prefix_forget[idx] = 0
         cfg = self.cfg
         argv = [
             st.python, "-m", "ggmux.proxy", "--index", str(idx), "--shm", cfg.shm_name,

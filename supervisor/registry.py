@@ -142,6 +142,7 @@ class ModelEntry:
             "upstream": [_without_userinfo(u) for u in self.upstream],
             "translate": self.translate,
             "hidden": self.hidden,
+            "cache_scope": self.cache_scope,
             "created": self.created(),
         }
 

@@ -132,6 +132,7 @@ class State:
             replicas=nslots,
             proxies=cfg.proxies,
             devices=len(self.ledger.devices),
+            **cfg.prefix_sizes,
         )
         self.replicas: dict[int, Replica] = {}  # slot -> replica
         self.remotes: dict[int, Remote] = {}  # slot -> upstream replica

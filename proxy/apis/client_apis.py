@@ -303,6 +303,7 @@ class ClientApis:
             return
         wrap.t = t
         req.body = data
+        req.body_json = t.body  # what the replica gets (the prefix index hashes it)
         req.url = t.target
         req.method = t.method
         session = {"prompt_cache_key": t.session} if t.session else {}
