@@ -32,8 +32,12 @@ x parallel``) shared by ``parallel`` slots; slot ``i`` is llama sequence
 ``n > 1`` evaluates the prompt once and copies its KV to the other choices'
 sequences (``llama_memory_seq_cp``: the cells are shared). There is no HTTP
 here: requests are submitted from other threads (:meth:`Engine.submit`) and
-their events come back through a callback run on the decode thread (keep it
-short and thread-safe, e.g. ``loop.call_soon_threadsafe``).
+their events come back through a callback. A step's events of every request
+are handed on together at its end (issue 21: one hand-off per step, not one
+per token): by default the decode thread runs the callbacks then (keep them
+short and thread-safe); with :attr:`Engine.deliver` set (the instance's
+server: one ``loop.call_soon_threadsafe`` per step) the callbacks run
+wherever that hook sends the batch, off the decode thread.
 
 The events a request's consumer gets are listed in :mod:`ggmux.instance.jobs`.
 """
@@ -61,6 +65,7 @@ from .jobs import (
     Generation,
     InvalidRequest,
     Job,
+    deliver,
 )
 from .model import EngineConfig, ModelContext
 from .sample_steps import SampleSteps
@@ -78,7 +83,15 @@ class Engine(EmbeddingSteps, SampleSteps):
     """Continuous batching over ``parallel`` slots of one llama context; see
     the module docstring. Life cycle: ``load()``, then ``submit`` from any
     thread, ``sleep()``/``wake()`` to free and restore the weights,
-    ``close()`` to end (queued and running requests get an ``error``)."""
+    ``close()`` to end (queued and running requests get an ``error``).
+
+    ``deliver``: None, or ``deliver(batch)`` called on the decode thread
+    once per step with that step's events, ``[(job, event), ...]`` in
+    order; it must return at once and later run
+    :func:`~ggmux.instance.jobs.deliver` on the batch, on one thread
+    (e.g. ``lambda b: loop.call_soon_threadsafe(jobs.deliver, b)``)."""
+
+    deliver: Callable[[list[tuple[Job, tuple]]], None] | None = None
 
     def __init__(self, config: EngineConfig,
                  on_progress: Callable[[float], None] | None = None) -> None:
@@ -97,6 +110,7 @@ class Engine(EmbeddingSteps, SampleSteps):
         self._waiting: FairQueue[Job] = FairQueue(_tenant)
         self._kicked = False
         self._results: list = []  # tokens drawn on worker threads (sample_steps)
+        self._outbox: list[tuple[Job, tuple]] = []  # this step's events (decode thread)
         self._close_reason: str | None = None
         self._refuse: str | None = None
         self._sleep_done: threading.Event | None = None
@@ -249,7 +263,7 @@ class Engine(EmbeddingSteps, SampleSteps):
         stops = StopStrings(request.stop) if isinstance(request, Generation) else None
         with self._model_lock:
             self._check_loaded()
-            job = Job(request, on_event, self._next_id, self._kick)
+            job = Job(request, on_event, self._next_id, self._kick, self._outbox)
             job.stops = stops
             self._next_id += 1
             if isinstance(request, Generation):
@@ -343,6 +357,7 @@ class Engine(EmbeddingSteps, SampleSteps):
     def _run(self) -> None:
         try:
             while True:
+                self._flush()
                 with self._cond:
                     while not (self._inbox or self._kicked or self._close_reason is not None
                                or self._sleep_done is not None or self._refuse is not None
@@ -355,6 +370,7 @@ class Engine(EmbeddingSteps, SampleSteps):
                     refuse, self._refuse = self._refuse, None
                 if reason is not None:
                     self._shutdown(reason)
+                    self._flush()
                     return
                 while refuse is not None and self._waiting:
                     self._fail(self._waiting.popleft(), refuse)
@@ -367,6 +383,23 @@ class Engine(EmbeddingSteps, SampleSteps):
         except BaseException as e:  # a bug: fail every request rather than hang them
             log.exception("engine loop failed")
             self._shutdown(f"engine failure: {type(e).__name__}: {e}")
+            self._flush()
+
+    def _flush(self) -> None:
+        """Hand this step's events on: to :attr:`deliver` in one call, or to
+        their callbacks here."""
+        out = self._outbox
+        if not out:
+            return
+        batch = out.copy()
+        out.clear()
+        if self.deliver is None:
+            deliver(batch)
+            return
+        try:
+            self.deliver(batch)
+        except Exception:  # the consumer's loop is gone: nobody is left to tell
+            log.exception("handing %d events on failed", len(batch))
 
     def _do_sleep(self) -> None:
         with self._model_lock:
@@ -401,6 +434,7 @@ class Engine(EmbeddingSteps, SampleSteps):
         self._reap(kicked)
         self._admit()
         self._generate()
+        self._flush()  # the tokens go out before an embedding batch decodes
         self._embed()
 
     def _reap(self, kicked: bool) -> None:
