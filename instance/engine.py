@@ -608,6 +608,7 @@ class Engine(EmbeddingSteps, SampleSteps):
                 s.tokens.extend(s.job.request.prompt[start:start + k])
                 if s.i_batch >= 0:
                     ready.append(s)
+        draw = []
         for s in ready:
             if s.job is None or s.job.ended:
                 continue
@@ -619,9 +620,11 @@ class Engine(EmbeddingSteps, SampleSteps):
                     c.i_batch = s.i_batch
                 for c in [s, *s.children]:
                     c.state = GENERATE
-                    self._sample(c)
+                    draw.append(c)
             else:
-                self._sample(s)
+                draw.append(s)
+        if draw:
+            self._sample_all(draw)
 
     # -- ends
     def _end_job(self, job: Job, cancelled: bool = False) -> None:
