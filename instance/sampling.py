@@ -247,7 +247,8 @@ def _fill_chain(L, chain, n_vocab: int, s: Sampling, seed: int) -> None:
             arr[i].bias = float(bias)
         add(L.llama_sampler_init_logit_bias(n_vocab, len(s.logit_bias), arr))
     if _penalised(s):
-        add(L.llama_sampler_init_penalties(s.repeat_last_n, s.repeat_penalty,
+        # this llama.cpp's signature starts with n_vocab (include/llama.h)
+        add(L.llama_sampler_init_penalties(n_vocab, s.repeat_last_n, s.repeat_penalty,
                                            s.frequency_penalty, s.presence_penalty))
     if s.temperature <= 0:
         add(L.llama_sampler_init_greedy())
