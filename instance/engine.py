@@ -23,8 +23,9 @@ x parallel``) shared by ``parallel`` slots; slot ``i`` is llama sequence
 3. ``_generate``: one batch holds the pending token of every generating slot
    and then chunks of prompts still being read, up to ``n_batch`` tokens, so
    a long prompt never stops the others' tokens (chunked prefill); one
-   ``llama_decode``; then every slot whose logits came out samples with its
-   own ``llama_sampler`` chain and hands its text on
+   ``llama_decode`` (:mod:`ggmux.instance.generate_steps`); then every
+   slot whose logits came out samples with its own ``llama_sampler`` chain
+   (the greedy ones together, in one ``argmax``) and hands its text on
    (:mod:`ggmux.instance.sample_steps`: a grammar's draw, whose cost grows
    with the grammar, runs on a worker thread while the others go on);
 4. ``_embed``: one batch of embedding chunks, decoded with embeddings on.
@@ -57,6 +58,7 @@ from .backend import ReplicaFault
 from .batch import Batch
 from .embedding import EmbeddingSteps
 from .fairness import FairQueue
+from .generate_steps import GenerateSteps
 from .jobs import (
     Embedding,
     EngineAsleep,
@@ -70,7 +72,7 @@ from .jobs import (
 from .model import EngineConfig, ModelContext
 from .sample_steps import SampleSteps
 from .sampling import SamplerError, Sampling, sampler_chain
-from .slots import EMBED, GENERATE, IDLE, PROMPT, SAMPLE, STATE_NAMES, WAIT, Slot, common_prefix
+from .slots import EMBED, IDLE, PROMPT, SAMPLE, STATE_NAMES, WAIT, Slot, common_prefix
 from .stops import StopStrings, StopText
 
 log = logging.getLogger(__name__)
@@ -79,7 +81,7 @@ __all__ = ["Embedding", "Engine", "EngineAsleep", "EngineConfig", "EngineError",
            "EngineStopped", "Generation", "InvalidRequest", "Job", "Sampling"]
 
 
-class Engine(EmbeddingSteps, SampleSteps):
+class Engine(EmbeddingSteps, GenerateSteps, SampleSteps):
     """Continuous batching over ``parallel`` slots of one llama context; see
     the module docstring. Life cycle: ``load()``, then ``submit`` from any
     thread, ``sleep()``/``wake()`` to free and restore the weights,
@@ -540,91 +542,6 @@ class Engine(EmbeddingSteps, SampleSteps):
                 s.state, s.n_cached = WAIT, keep
         first.children = chosen[1:]
         first.state = PROMPT
-
-    # -- generation
-    def _plan(self, prompt_budget: int) -> list[tuple[Slot, int]]:
-        """Fill the batch: every generating slot's pending token, then prompt
-        chunks (oldest request first) up to ``prompt_budget`` tokens.
-        Returns ``(slot, tokens added)``; nothing is committed yet."""
-        b = self._batch
-        b.clear()
-        plan = []
-        for s in self.slots:
-            if s.state == GENERATE:
-                s.i_batch = b.add(s.pending, len(s.tokens), s.id, True)
-                plan.append((s, 1))
-        budget = min(prompt_budget, b.room)
-        for s in sorted((s for s in self.slots if s.state == PROMPT), key=lambda s: s.job.id):
-            if budget <= 0:
-                break
-            prompt = s.job.request.prompt
-            start = len(s.tokens)
-            k = min(len(prompt) - start, budget)
-            last = b.add_run(prompt[start:start + k], start, s.id, "last")
-            s.i_batch = last if start + k == len(prompt) else -1
-            plan.append((s, k))
-            budget -= k
-        return plan
-
-    def _decode(self) -> tuple[int, float]:
-        t0 = time.perf_counter()
-        ret = self.L.llama_decode(self.m.ctx, self._batch.ready())
-        dt = time.perf_counter() - t0
-        self._timed(dt)
-        st = self.stats
-        st["decode_calls_total"] += 1
-        st["decode_seconds_total"] += dt
-        st["batch_tokens_total"] += self._batch.n
-        return ret, dt
-
-    def _generate(self) -> None:
-        budget = self._batch.capacity
-        while True:
-            plan = self._plan(budget)
-            if not plan:
-                return
-            ret, _ = self._decode()
-            if ret == 0:
-                break
-            if ret == 1 and budget > 0 and any(s.state == PROMPT for s, _ in plan):
-                budget //= 2  # no room for this many cells: llama-server halves the batch
-                log.warning("KV cache had no room for the batch; retrying with %d prompt tokens",
-                            budget)
-                continue
-            log.error("llama_decode failed (%d) on a batch of %d tokens", ret, self._batch.n)
-            for s, _ in plan:
-                self.L.llama_memory_seq_rm(self.m.mem, s.id, len(s.tokens), -1)
-                if s.job is not None and not s.job.ended:
-                    self._fail(s.job, ReplicaFault(f"decode failed ({ret})"))
-            return
-        ready = []
-        for s, k in plan:
-            if s.state == GENERATE:
-                s.tokens.append(s.pending)
-                s.pending = -1
-                ready.append(s)
-            else:
-                start = len(s.tokens)
-                s.tokens.extend(s.job.request.prompt[start:start + k])
-                if s.i_batch >= 0:
-                    ready.append(s)
-        draw = []
-        for s in ready:
-            if s.job is None or s.job.ended:
-                continue
-            if s.state == PROMPT:
-                s.job.t_first = time.monotonic()
-                for c in s.children:  # n > 1: the other choices share the prompt's cells
-                    self.L.llama_memory_seq_cp(self.m.mem, s.id, c.id, -1, -1)
-                    c.tokens = list(s.tokens)
-                    c.i_batch = s.i_batch
-                for c in [s, *s.children]:
-                    c.state = GENERATE
-                    draw.append(c)
-            else:
-                draw.append(s)
-        if draw:
-            self._sample_all(draw)
 
     # -- ends
     def _end_job(self, job: Job, cancelled: bool = False) -> None:
