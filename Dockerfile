@@ -7,8 +7,23 @@
 # Every `ggmux serve` option is also GGMUX_<OPTION> (the command line wins).
 # The demo models: docker build --build-arg EXTRAS=demo -t ggmux-demo . and
 # run it with GGMUX_MODELS_DIR= (empty: no models dir, so the demo models serve).
+#
+# podman: podman build --format docker -t ggmux .  (the OCI format has no
+# HEALTHCHECK: podman drops it with a warning).
+# NVIDIA GPUs (llama.cpp's CUDA backend, on an nvidia/cuda base of the same
+# distribution in both stages; run with --gpus all, podman: --device nvidia.com/gpu=all):
+#   docker build --build-arg BASE=nvidia/cuda:12.8.1-devel-ubuntu24.04 \
+#     --build-arg RUNTIME_BASE=nvidia/cuda:12.8.1-runtime-ubuntu24.04 \
+#     --build-arg CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_CUDA=on -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined" \
+#     -t ggmux-cuda .
+# Behind a TLS-intercepting proxy: put its CA certificate (PEM, *.crt) in
+# certs/ before the build; pip and the build trust it.
+# RUN --mount=type=cache keeps pip's cache between builds (BuildKit, the
+# default builder since Docker 23, and podman/buildah), so a rebuild does not
+# compile llama-cpp-python again.
 
 ARG BASE=debian:bookworm-slim
+ARG RUNTIME_BASE=debian:bookworm-slim
 
 # ---- build: llama-cpp-python compiled once, ggmux as a wheel -------------------
 FROM ${BASE} AS build
@@ -16,21 +31,28 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv python3-dev \
       build-essential cmake git ca-certificates \
  && rm -rf /var/lib/apt/lists/*
-# behind a TLS-intercepting proxy: --build-arg PIP_CERT=/path/in/build/to/ca-bundle.crt
-ARG PIP_CERT
-RUN python3 -m venv /opt/ggmux && /opt/ggmux/bin/pip install --upgrade pip wheel
+# a TLS-intercepting proxy's CA certificates (certs/*.crt), trusted before
+# the first pip; pip reads the system bundle through PIP_CERT
+COPY certs/ /tmp/certs/
+RUN find /tmp/certs -name '*.crt' -exec cp {} /usr/local/share/ca-certificates/ \; \
+ && update-ca-certificates && rm -rf /tmp/certs
+ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+RUN --mount=type=cache,target=/root/.cache/pip \
+    python3 -m venv /opt/ggmux && /opt/ggmux/bin/pip install --upgrade pip wheel
 # -march=native off: ggml's native build segfaults on CPUs that advertise AMX
 # inside a VM (README); these flags suit any x86-64 CPU with AVX2.
 ARG CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
 ENV CMAKE_ARGS=${CMAKE_ARGS}
-RUN /opt/ggmux/bin/pip wheel --wheel-dir /wheels "llama-cpp-python>=0.3"
+RUN --mount=type=cache,target=/root/.cache/pip \
+    /opt/ggmux/bin/pip wheel --wheel-dir /wheels "llama-cpp-python>=0.3"
 COPY . /src
 ARG EXTRAS=""
-RUN /opt/ggmux/bin/pip wheel --wheel-dir /wheels --find-links /wheels \
+RUN --mount=type=cache,target=/root/.cache/pip \
+    /opt/ggmux/bin/pip wheel --wheel-dir /wheels --find-links /wheels \
       "/src${EXTRAS:+[$EXTRAS]}"
 
 # ---- runtime: the wheels, a non-root user, a models volume -----------------------
-FROM ${BASE}
+FROM ${RUNTIME_BASE}
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv libgomp1 tini \
  && rm -rf /var/lib/apt/lists/*

@@ -7,3 +7,9 @@ loaded model replica) and ``shm`` (the shared-memory state plane).
 """
 
 __version__ = "0.1.0"
+
+from . import compiled as _compiled
+
+# the hot-path modules load compiled when built, else (or with
+# GGMUX_PURE_PYTHON=1) from their .py files: see compiled.py
+_compiled.install()

@@ -304,6 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--token-delay", type=float, default=0.005, help="seconds between tokens")
     p.add_argument("--load-delay", type=float, default=0.2, help="seconds to 'load' a model")
     p.add_argument("--models", help="comma-separated model names (default: any)")
+    p.add_argument("--uvloop", action="store_true",
+                   help="run on uvloop (a cheaper upstream for bench.proxy_cost)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     server = FakeOpenAIServer(
@@ -323,6 +325,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             await server.close()
 
+    if args.uvloop:
+        import uvloop
+
+        uvloop.install()
     try:
         asyncio.run(serve())
     except KeyboardInterrupt:

@@ -2,27 +2,35 @@
 
 ``compare.py`` measures whole targets with a Python load generator, which
 takes a core of its own on a small machine. This harness isolates the
-proxy: one fake instance (``python -m ggmux.instance --fake``: an instant
-one-token chat answer, no model) serves ``direct``; nginx and ggmux both
-proxy to that same process; ``wrk`` (C, one thread) drives the load. For
-every target it reports, per workload and connection count:
+proxy: one fake ``cmd`` instance (``bench.fake_openai`` on uvloop, started
+by ggmux from a preset's ``cmd``: instant answers, no model) serves
+``direct``; nginx and ggmux both proxy to that same process; ``wrk`` (C,
+one thread) drives the load. For every target it reports, per workload and
+connection count:
 
-* requests/s and wrk's latency percentiles (p50, p99);
-* CPU microseconds per request of the proxy processes (ggmux's proxies,
-  nginx's workers; from ``/proc/PID/stat``, user + system, so the kernel's
-  share of socket work and wake-ups counts) and of the instance.
+* requests/s and wrk's latency percentiles (p50, p99); for the stream,
+  SSE events/s counted by :func:`run_streams` (one epoll loop here: wrk
+  counts only whole responses);
+* CPU microseconds per request (per event for the stream) of the proxy
+  processes (ggmux's proxies, nginx's workers; from ``/proc/PID/stat``,
+  user + system, so the kernel's share of socket work and wake-ups counts)
+  and of the instance.
 
 Workloads: ``GET /health`` of the instance (ggmux:
-``/upstream/m/health``), the cheapest request a proxy can forward, and a
-``POST /v1/chat/completions`` with ``max_tokens=1`` (ggmux routes it by
-the body's ``model``). Rounds alternate the targets (direct, nginx, ggmux,
-direct, ...) so drift of the machine lands on all of them.
+``/upstream/m/health``), the cheapest request a proxy can forward; a 1 KiB
+``POST /v1/chat/completions`` with ``max_tokens=1`` (ggmux routes it by the
+body's ``model``); and a streamed chat of :data:`STREAM_EVENTS` SSE events
+sent at the instance's full rate (16 and 64 streams at once). Rounds
+alternate the targets (direct, nginx, ggmux, direct, ...) so drift of the
+machine lands on all of them. ``--builds pure,compiled`` runs two ggmux
+servers side by side, one with ``GGMUX_PURE_PYTHON=1`` (``ggmux-pure``) and
+one with the compiled hot path (``ggmux``), alternating with the others.
 
-Needs ``wrk`` and ``nginx`` on PATH (``apt-get install wrk nginx``); a
+Needs ``wrk`` and ``nginx`` on PATH (``apt-get install wrk nginx-light``); a
 missing nginx drops that target. Usage, from the repository root::
 
     python -m bench.proxy_cost                      # 3 rounds, 1/16/64 conns
-    python -m bench.proxy_cost --rounds 5 --duration 5 --out bench/out/proxy_cost.json
+    python -m bench.proxy_cost --builds pure,compiled --out bench/out/proxy_cost.json
     python -m bench.proxy_cost --proxies 2          # ggmux proxies = nginx workers
 """
 
@@ -43,17 +51,26 @@ import time
 import urllib.request
 from pathlib import Path
 
-from ggmux.proxy.auth import secret_text
-from ggmux.shm import layout as L
-from ggmux.shm.segment import Segment, segment_name
-
 from .compare import NGINX_CONF
 
-CHAT_BODY = '{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1}'
-WRK_POST = f"""wrk.method = "POST"
-wrk.body = '{CHAT_BODY}'
+# a 1 KiB chat request (the body's length, bytes: 1024)
+_PAD = 1024 - len('{"model":"m","messages":[{"role":"user","content":""}],"max_tokens":1}')
+CHAT_BODY = ('{"model":"m","messages":[{"role":"user","content":"' + "hi " * (_PAD // 3)
+             + "h" * (_PAD % 3) + '"}],"max_tokens":1}')
+STREAM_EVENTS = 2000  # content events of one streamed answer (then [DONE])
+STREAM_BODY = ('{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,'
+               f'"max_tokens":{STREAM_EVENTS}}}')
+FAKE_CMD = ("{python} -m ggmux.bench.fake_openai --port ${{PORT}} --models m --ttft 0 "
+            "--token-delay 0 --uvloop")
+
+
+def wrk_post(body: str, auth: str = "") -> str:
+    """A wrk Lua script POSTing ``body`` (JSON) with an optional bearer token."""
+    out = f"""wrk.method = "POST"
+wrk.body = '{body}'
 wrk.headers["Content-Type"] = "application/json"
 """
+    return out + (f'wrk.headers["Authorization"] = "Bearer {auth}"\n' if auth else "")
 
 
 def free_port() -> int:
@@ -135,57 +152,133 @@ def run_wrk(url: str, conns: int, duration: float, script: Path | None) -> dict:
     return {
         "requests": int(re.search(r"(\d+) requests in", out).group(1)),
         "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
-        "p50_ms": _ms(pct["50"]),
-        "p99_ms": _ms(pct["99"]),
+        # (wrk leaves out percentiles it has no samples for)
+        "p50_ms": _ms(pct["50"]) if "50" in pct else float("nan"),
+        "p99_ms": _ms(pct["99"]) if "99" in pct else float("nan"),
         "non2xx": int(errors.group(1)) if errors else 0,
         "socket_errors": sock.group(1) if sock else "",
     }
 
 
-class Targets:
-    """The fake instance, ggmux over it, nginx over the same instance."""
+def run_streams(url: str, conns: int, duration: float, body: bytes) -> dict:
+    """``conns`` connections each streaming answers to ``body`` back to back
+    for ``duration`` seconds (keep-alive, a new request as one ends), read
+    with one ``epoll`` loop in this process; SSE events counted exactly
+    (``data: `` lines, partial streams included). wrk counts only whole
+    responses, and a 2,000-event stream under load takes seconds.
+    Returns events/s, streams completed and non-2xx answers."""
+    import select
 
-    def __init__(self, tmp: Path, proxies: int, python: str) -> None:
+    host, _, rest = url.removeprefix("http://").partition(":")
+    port_s, _, path = rest.partition("/")
+    req = (f"POST /{path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+           f"content-length: {len(body)}\r\n\r\n").encode() + body
+    ep = select.epoll()
+    socks: dict[int, tuple[socket.socket, list]] = {}
+    for _ in range(conns):
+        s = socket.create_connection((host, int(port_s)))
+        s.setblocking(False)
+        s.sendall(req)
+        socks[s.fileno()] = (s, [b"", True])  # tail of the last read, awaiting a head
+        ep.register(s.fileno(), select.EPOLLIN)
+    buf = bytearray(1 << 18)
+    events = streams = bad = 0
+    end = time.monotonic() + duration
+    t0 = time.monotonic()
+    try:
+        while True:
+            now = time.monotonic()
+            if now >= end:
+                break
+            for fd, _ in ep.poll(end - now):
+                s, st = socks[fd]
+                n = s.recv_into(buf)
+                if n == 0:
+                    raise RuntimeError(f"{url} closed a stream connection")
+                data = st[0] + bytes(buf[:n])
+                if st[1]:
+                    st[1] = False
+                    if not data.startswith(b"HTTP/1.1 200"):
+                        bad += 1
+                events += data.count(b"data: ") - st[0].count(b"data: ")
+                if data.endswith(b"\r\n0\r\n\r\n"):  # the last chunk: the next request
+                    streams += 1
+                    st[0], st[1] = b"", True
+                    s.sendall(req)
+                else:
+                    st[0] = data[-16:]
+    finally:
+        elapsed = time.monotonic() - t0
+        for s, _ in socks.values():
+            s.close()
+        ep.close()
+    return {"events": events, "events_per_s": events / elapsed, "requests": streams,
+            "rps": streams / elapsed, "p50_ms": 0.0, "p99_ms": 0.0, "non2xx": bad,
+            "socket_errors": ""}
+
+
+class Targets:
+    """The fake ``cmd`` instance, ggmux over it (one server per build, each
+    with its own instance; ``direct`` and nginx use the first's), nginx
+    over the same instance."""
+
+    def __init__(self, tmp: Path, proxies: int, python: str, builds: list[str]) -> None:
         self.tmp = tmp
         self.proxies = proxies
         self.python = python
+        self.builds = builds
         self.procs: list[subprocess.Popen] = []
+        self.scripts: dict[tuple[str, str], Path] = {}
+        # (name, base URL, proxy pids, instance pids) per ggmux server
+        self.ggmux: list[tuple[str, str, list[int], list[int]]] = []
 
-    def start(self) -> None:
-        tmp, proxies, python = self.tmp, self.proxies, self.python
-        (tmp / "m.json").write_text('{"ttft_s":0,"token_s":0,"tokens":1,"load_s":0}')
-        (tmp / "post.lua").write_text(WRK_POST)
-        self.post_script = tmp / "post.lua"
+    def _ggmux(self, build: str) -> tuple[str, int, str, int]:
+        """Start one ggmux server; (base URL, instance pid, instance port, supervisor pid)."""
+        tmp = self.tmp / build
+        tmp.mkdir()
+        (tmp / "presets.ini").write_text(f"[m]\ncmd = {FAKE_CMD.format(python=self.python)}\n")
         port = free_port()
+        env = dict(os.environ)
+        env.pop("GGMUX_PURE_PYTHON", None)
+        if build == "pure":
+            env["GGMUX_PURE_PYTHON"] = "1"
         with open(tmp / "ggmux.log", "w") as log:
             sup = self._spawn(
-                [python, "-m", "ggmux.supervisor", "serve", "--fake-models-dir", str(tmp),
-                 "--no-hf-cache", "--host", "127.0.0.1", "--port", str(port),
-                 "--proxies", str(proxies), "--spares", "0", "--models-max", "1"],
-                stdout=log, stderr=subprocess.STDOUT,
+                [self.python, "-m", "ggmux.supervisor", "serve", "--models-preset",
+                 str(tmp / "presets.ini"), "--no-hf-cache", "--host", "127.0.0.1",
+                 "--port", str(port), "--proxies", str(self.proxies), "--spares", "0",
+                 "--models-max", "1"],
+                stdout=log, stderr=subprocess.STDOUT, env=env,
             )
-        self.ggmux = f"http://127.0.0.1:{port}"
-        wait_http(self.ggmux + "/v1/chat/completions", 60, CHAT_BODY.encode())
-        kids = children(sup.pid)
-        # by module, or by the process title a child sets (``ggmux: proxy 0 :PORT``)
-        self.ggmux_pids = [p for p in kids if is_child(cmdline(p), "proxy")]
-        inst = [p for p in kids if is_child(cmdline(p), "instance")]
-        if len(inst) != 1:
-            raise RuntimeError(f"expected one instance under the supervisor, found {inst}")
-        self.instance_pids = inst
-        m = re.search(r"port (\d+)\)", (tmp / "ggmux.log").read_text())
-        self.direct = f"http://127.0.0.1:{m.group(1)}"
-        # the instance takes only its secret (what ggmux's proxies send): direct
-        # requests and nginx send it too, so all three do the same work
-        seg = Segment.attach(segment_name(port))
-        try:
-            row = seg.replicas[seg.replicas[:, L.R_PORT] == int(m.group(1))][0]
-            secret = secret_text(int(row[L.R_SECRET_HI]), int(row[L.R_SECRET_LO]))
-        finally:
-            seg.close()
-        (tmp / "post-direct.lua").write_text(
-            WRK_POST + f'wrk.headers["Authorization"] = "Bearer {secret}"\n')
-        self.direct_post_script = tmp / "post-direct.lua"
+        base = f"http://127.0.0.1:{port}"
+        wait_http(base + "/v1/chat/completions", 60, CHAT_BODY.encode())
+        text = (tmp / "ggmux.log").read_text()
+        m = re.search(r"starting m in slot \d+ \(pid (\d+), port (\d+)\)", text)
+        if m is None:
+            raise RuntimeError(f"no instance start in {tmp / 'ggmux.log'}")
+        line = re.search(r"hot path (compiled|runs pure Python)[^\n]*", text)
+        print(f"ggmux ({build}): {line.group(0) if line else 'no hot-path line'}",
+              file=sys.stderr)
+        return base, int(m.group(1)), m.group(2), sup.pid
+
+    def start(self) -> None:
+        tmp = self.tmp
+        self.instance_pids: list[int] = []
+        iport = ""
+        for build in self.builds:
+            base, ipid, port, sup = self._ggmux(build)
+            name = "ggmux-pure" if build == "pure" else "ggmux"
+            # the cmd's process and any under it (a shell's child)
+            ipids = [ipid, *children(ipid)]
+            self.ggmux.append((name, base, [p for p in children(sup)
+                                            if is_child(cmdline(p), "proxy")], ipids))
+            if not iport:
+                iport, self.instance_pids = port, ipids
+        self.direct = f"http://127.0.0.1:{iport}"
+        for kind, body in (("chat", CHAT_BODY), ("stream", STREAM_BODY)):
+            p = tmp / f"{kind}.lua"
+            p.write_text(wrk_post(body))
+            self.scripts[kind] = p
         self.nginx: str | None = None
         self.nginx_pids: list[int] = []
         nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists()
@@ -196,11 +289,8 @@ class Targets:
             nd.mkdir()
             conf = nd / "nginx.conf"
             conf.write_text(NGINX_CONF.format(
-                user="user root;\n" if os.geteuid() == 0 else "", workers=proxies, tmp=nd,
-                upstream=m.group(1), port=nport).replace(
-                    'proxy_set_header Connection "";',
-                    f'proxy_set_header Connection "";\n'
-                    f'            proxy_set_header Authorization "Bearer {secret}";'))
+                user="user root;\n" if os.geteuid() == 0 else "", workers=self.proxies,
+                tmp=nd, upstream=iport, port=nport))
             master = self._spawn([nginx, "-p", str(nd), "-c", str(conf), "-g", "daemon off;"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
             self.nginx = f"http://127.0.0.1:{nport}"
@@ -223,70 +313,89 @@ class Targets:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
 
-    def table(self) -> list[tuple[str, str, list[int]]]:
-        """(name, base URL, proxy pids) per target; direct has no proxy."""
-        out = [("direct", self.direct, [])]
+    def table(self) -> list[tuple[str, str, list[int], list[int]]]:
+        """(name, base URL, proxy pids, instance pids) per target; direct has
+        no proxy; direct and nginx use the first ggmux server's instance."""
+        out = [("direct", self.direct, [], self.instance_pids)]
         if self.nginx:
-            out.append(("nginx", self.nginx, self.nginx_pids))
-        out.append(("ggmux", self.ggmux, self.ggmux_pids))
-        return out
+            out.append(("nginx", self.nginx, self.nginx_pids, self.instance_pids))
+        return out + self.ggmux
 
 
 WORKLOADS = {
-    # name: (direct path, proxied path for ggmux, POST?)
-    "GET /health": ("/health", "/upstream/m/health", False),
-    "POST chat max_tokens=1": ("/v1/chat/completions", "/v1/chat/completions", True),
+    # name: (direct path, ggmux's path, wrk script or None, connection counts or None: all)
+    "GET /health": ("/health", "/upstream/m/health", None, None),
+    "POST chat 1 KiB": ("/v1/chat/completions", "/v1/chat/completions", "chat", None),
+    # read by run_streams (SSE events counted), not wrk
+    f"SSE stream {STREAM_EVENTS} events": ("/v1/chat/completions", "/v1/chat/completions",
+                                           "stream", (16, 64)),
 }
 
 
-def measure(t: Targets, rounds: int, duration: float, conns: list[int]) -> dict:
+def measure(t: Targets, rounds: int, duration: float, conns: list[int],
+            only: list[str] | None = None) -> dict:
     results: dict = {}
-    for wl, (dpath, gpath, post) in WORKLOADS.items():
+    for wl, (dpath, gpath, script, wl_conns) in WORKLOADS.items():
+        if only and not any(o in wl for o in only):
+            continue
         for c in conns:
+            if wl_conns is not None and c not in wl_conns:
+                continue
             key = f"{wl}, {c} conn" + ("s" if c > 1 else "")
             results[key] = {}
             for r in range(rounds):
-                for name, base, pids in t.table():
-                    path = gpath if name == "ggmux" else dpath
-                    c0 = cpu_seconds(pids), cpu_seconds(t.instance_pids)
-                    script = (t.post_script if name == "ggmux" else t.direct_post_script)
-                    w = run_wrk(base + path, c, duration, script if post else None)
-                    c1 = cpu_seconds(pids), cpu_seconds(t.instance_pids)
-                    n = max(w["requests"], 1)
+                for name, base, pids, ipids in t.table():
+                    path = dpath if name in ("direct", "nginx") else gpath
+                    c0 = cpu_seconds(pids), cpu_seconds(ipids)
+                    if script == "stream":
+                        w = run_streams(base + path, c, duration, STREAM_BODY.encode())
+                        n = max(w["events"], 1)
+                    else:
+                        w = run_wrk(base + path, c, duration,
+                                    t.scripts[script] if script else None)
+                        n = max(w["requests"], 1)
+                        w["events_per_s"] = w["rps"]
+                    c1 = cpu_seconds(pids), cpu_seconds(ipids)
                     w["proxy_cpu_us"] = (c1[0] - c0[0]) / n * 1e6
                     w["instance_cpu_us"] = (c1[1] - c0[1]) / n * 1e6
                     results[key].setdefault(name, []).append(w)
-                    print(f"{key:34s} round {r + 1} {name:7s} {w['rps']:9.0f} req/s  "
-                          f"p50 {w['p50_ms']:.3f} ms  proxy {w['proxy_cpu_us']:6.1f} us/req"
+                    rate = (f"{w['events_per_s']:9.0f} ev/s" if script == "stream"
+                            else f"{w['rps']:9.0f} req/s")
+                    print(f"{key:34s} round {r + 1} {name:10s} {rate}  "
+                          f"p50 {w['p50_ms']:.3f} ms  proxy {w['proxy_cpu_us']:6.1f} us"
                           + (f"  NON-2XX {w['non2xx']}" if w["non2xx"] else ""),
                           file=sys.stderr)
     return results
 
 
 def report(results: dict, meta: dict) -> str:
-    """Markdown: best round of req/s and p50, median of the CPU figures."""
+    """Markdown: best round of the rate and p50, median of the CPU figures.
+    Stream rows count SSE events (rate per second, CPU per event)."""
     title = (f"`{meta['command']}` ({meta['date']}, {meta['cpus']} CPUs, "
              f"{meta['proxies']} ggmux proxies / nginx workers, {meta['rounds']} rounds of "
              f"{meta['duration']:g} s, load {meta['load_before']:.2f} -> "
              f"{meta['load_after']:.2f})")
     lines = [title, "",
-             ("| workload | target | req/s (x direct) | p50 ms (added) | p99 ms "
-             "| proxy CPU us/req | instance CPU us/req |"),
+             ("| workload | target | req/s or events/s (x direct) | p50 ms (added) | p99 ms "
+              "| proxy CPU us/req or /event | instance CPU us |"),
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for key, per in results.items():
+        rate_of = "events_per_s" if key.startswith("SSE") else "rps"
         d = per["direct"]
-        d_rps = max(w["rps"] for w in d)
+        d_rate = max(max(w[rate_of] for w in d), 1e-9)
         d_p50 = min(w["p50_ms"] for w in d)
         for name, runs in per.items():
-            rps = max(w["rps"] for w in runs)
+            rate = max(w[rate_of] for w in runs)
             p50 = min(w["p50_ms"] for w in runs)
             p99 = statistics.median(w["p99_ms"] for w in runs)
             pc = statistics.median(w["proxy_cpu_us"] for w in runs)
             ic = statistics.median(w["instance_cpu_us"] for w in runs)
             bad = sum(w["non2xx"] for w in runs)
+            lat = ("- | -" if rate_of == "events_per_s"  # run_streams times no requests
+                   else f"{p50:.3f} ({p50 - d_p50:+.3f}) | {p99:.3f}")
             lines.append(
-                f"| {key} | {name} | {rps:.0f} ({rps / d_rps:.2f}x) | {p50:.3f} "
-                f"({p50 - d_p50:+.3f}) | {p99:.3f} | {pc:.1f} | {ic:.1f} |"
+                f"| {key} | {name} | {rate:.0f} ({rate / d_rate:.2f}x) | {lat} "
+                f"| {pc:.1f} | {ic:.1f} |"
                 + (f" {bad} non-2xx" if bad else ""))
     return "\n".join(lines)
 
@@ -298,24 +407,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conns", default="1,16,64", help="comma-separated connection counts")
     ap.add_argument("--proxies", type=int, default=1,
                     help="ggmux proxy processes, and nginx worker processes (default 1)")
+    ap.add_argument("--builds", default="compiled",
+                    help="ggmux servers to run side by side: compiled, pure, or both "
+                         "(pure: GGMUX_PURE_PYTHON=1)")
+    ap.add_argument("--only", default="",
+                    help="comma-separated parts of workload names to run (default: all)")
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
     args = ap.parse_args(argv)
     if shutil.which("wrk") is None:
         print("wrk is not installed (apt-get install wrk)", file=sys.stderr)
         return 2
     conns = [int(c) for c in args.conns.split(",")]
+    builds = [b.strip() for b in args.builds.split(",") if b.strip()]
+    if not builds or set(builds) - {"pure", "compiled"}:
+        print(f"--builds: pure and/or compiled, not {args.builds!r}", file=sys.stderr)
+        return 2
     meta = {
         "command": "python -m bench.proxy_cost " + " ".join(argv if argv is not None
                                                             else sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cpus": os.cpu_count(), "proxies": args.proxies, "rounds": args.rounds,
-        "duration": args.duration, "load_before": os.getloadavg()[0],
+        "duration": args.duration, "load_before": os.getloadavg()[0], "builds": builds,
     }
     with tempfile.TemporaryDirectory(prefix="ggmux-proxy-cost-") as d:
-        t = Targets(Path(d), args.proxies, sys.executable)
+        t = Targets(Path(d), args.proxies, sys.executable, builds)
         try:
             t.start()
-            results = measure(t, args.rounds, args.duration, conns)
+            results = measure(t, args.rounds, args.duration, conns,
+                              [o for o in args.only.split(",") if o])
         finally:
             t.close()
     meta["load_after"] = os.getloadavg()[0]

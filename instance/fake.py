@@ -12,7 +12,9 @@ the first token; ``token_s`` (0.002) delay between tokens; ``tokens`` (8)
 tokens per answer unless the request's ``max_tokens`` is smaller;
 ``mem_bytes`` (0) effective host memory reported when ready; ``min_bytes``
 / ``max_bytes`` memory reported by ``--measure``, after ``measure_s`` (0), with
-``chat_template`` (true): whether the model has a chat template; ``fail_requests`` (bool)
+``chat_template`` (true): whether the model has a chat template; ``measure_log``
+(str) a file each ``--measure`` appends a line to (its pid and ``--ctx-size``:
+a test counts the measures); ``fail_requests`` (bool)
 answer requests with the replica's own fault, a 500 marked ``fault`` (so does
 the existence of a file ``BEHAVIOUR.json.fail-<pid>``, which lets a test break
 and mend one replica); ``bad_request_marker`` (str) a request whose JSON body
@@ -153,6 +155,9 @@ class FakeBackend(Backend):
     def measure(self) -> dict:
         c = self.cfg
         time.sleep(float(c.get("measure_s", 0)))
+        if c.get("measure_log"):
+            with open(c["measure_log"], "a") as f:
+                f.write(f"{os.getpid()} {self.n_ctx}\n")
         return {"min": {"host": int(c.get("min_bytes", 0))},
                 "max": {"host": int(c.get("max_bytes", 0))},
                 "chat_template": bool(c.get("chat_template", True))}

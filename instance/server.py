@@ -46,6 +46,7 @@ from dataclasses import fields
 import orjson
 from setproctitle import setproctitle
 
+from .. import compiled
 from ..proxy.auth import authorized, read_keys
 from ..proxy.http import HttpConnection, Request, json_object
 from ..proxy.http.limits import (
@@ -456,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
     )
     args = parse_args(argv)
+    compiled.log_status(log)
     if not args.model and not args.spare:
         print("--model is required (or --spare)", file=sys.stderr)
         return 2

@@ -16,6 +16,7 @@ import sys
 
 from setproctitle import setproctitle
 
+from .. import compiled
 from .auth import read_keys
 from .http import HttpConnection, HttpLimits, add_http_limit_options, fit_fd_limit, limits_from_args
 from .server import Proxy
@@ -54,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         # the supervisor reads our stderr: it adds the time and the tag
         format="%(levelname)s %(name)s: %(message)s",
     )
+    if args.index == 0:  # one line per server: compiled or pure Python, and why
+        compiled.log_status(logging.getLogger(__name__))
     import uvloop
 
     loop = uvloop.new_event_loop()

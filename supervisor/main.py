@@ -473,6 +473,7 @@ class Supervisor:
         except ValueError as e:
             log.error("%s: reload failed, keeping the current models: %s", why, e)
             return
+        self.measurer.recheck()  # a touched model file is measured again
         self.remotes.add()
         self.remotes.drop_removed()
         log.info("%s: reloaded models: %d added %s, %d changed %s, %d removed %s", why,

@@ -126,6 +126,14 @@ class Server:
         empty.mkdir(exist_ok=True)
         env = {**os.environ, "HF_HUB_CACHE": str(empty), "LLAMA_CACHE": str(empty),
                "HF_HOME": str(empty)}
+        # one llama.cpp thread per instance unless the test says otherwise:
+        # ggml's threads spin at each barrier, so two threads on two cores
+        # that the test, the proxies and the supervisor share wait out each
+        # other's time slices (48 tokens of smollm2 on this 2-core machine
+        # under load: 14 s and 1.5 CPU s with one thread, 338 s and 38 CPU s
+        # with two); the replies do not depend on it
+        if "--threads" not in args:
+            args = [*args, "--threads", "1"]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ggmux.supervisor", "serve", "--port", str(port), *args],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,

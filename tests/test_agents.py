@@ -35,6 +35,8 @@ import pytest
 from access_log import AccessLog
 from conftest import Server, free_port, write_fake
 
+pytestmark = pytest.mark.slow  # Claude Code, Codex and agent SDKs end to end
+
 REAL = os.environ.get("GGMUX_AGENT_MODEL")  # e.g. smollm2-135m; unset: the fake
 MODEL = REAL or "agent"
 CLI_TIMEOUT = 900 if REAL else 120

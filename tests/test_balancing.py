@@ -7,6 +7,7 @@ import sys
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from conftest import chat_body, connectable, free_port, served_by, wait_for
 from ggmux.shm import layout as L
 
@@ -35,6 +36,7 @@ def test_two_equal_replicas_share_requests_evenly_across_proxies(serve, fakes, t
     assert abs(a - b) / 1000 <= 0.15, share
 
 
+@pytest.mark.slow
 def test_session_key_sticks_to_one_replica_through_any_proxy(serve, fakes, tmp_path):
     f = fakes.add("m", tokens=1)
     s = serve("--models-preset", preset(tmp_path, f"[m]\nmodel = {f}\nreplicas = 3\n"),
@@ -50,6 +52,7 @@ def test_session_key_sticks_to_one_replica_through_any_proxy(serve, fakes, tmp_p
         assert len(pids) == 1, (key, pids)
 
 
+@pytest.mark.slow
 def test_failing_replica_is_skipped_and_taken_back_after_it_recovers(serve, fakes, tmp_path):
     f = fakes.add("m", tokens=1)
     s = serve("--models-preset", preset(tmp_path, f"[m]\nmodel = {f}\nreplicas = 2\n"),
@@ -78,6 +81,7 @@ def test_failing_replica_is_skipped_and_taken_back_after_it_recovers(serve, fake
     wait_for(back, 30, 0.2, what="recovered replica taken back")
 
 
+@pytest.mark.slow
 def test_full_replicas_queue_then_429_and_nothing_is_sent_twice(serve, fakes, tmp_path):
     f = fakes.add("m", ttft_s=0.5, tokens=1)
     s = serve("--models-preset", preset(tmp_path, f"[m]\nmodel = {f}\nmax-concurrency = 1\n"),

@@ -53,6 +53,7 @@ def test_client_commands_say_clearly_when_no_server_answers():
         assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_ps_load_unload_and_run_against_a_server(serve, fakes):
     fakes.add("alpha", tokens=4)
     fakes.add("beta", tokens=4)

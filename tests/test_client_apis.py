@@ -72,6 +72,7 @@ def recorded(server, name: str) -> list[dict]:
 
 
 # ---- 1. the anthropic SDK ------------------------------------------------------------
+@pytest.mark.slow
 def test_anthropic_sdk_create_stream_count_tokens_and_not_found(real):
     c = anthropic.Anthropic(base_url=real.base, api_key="unused", max_retries=0)
     msg = c.messages.create(model=SMOL, max_tokens=16, messages=HI, system="You are brief.")
@@ -91,6 +92,7 @@ def test_anthropic_sdk_create_stream_count_tokens_and_not_found(real):
 
 
 # ---- 2. the openai SDK ---------------------------------------------------------------
+@pytest.mark.slow
 def test_openai_sdk_responses_models_retrieve_and_stream_usage(real):
     c = openai.OpenAI(base_url=real.base + "/v1", api_key="unused", max_retries=0)
     r = c.responses.create(model=SMOL, input="Say hi", instructions="Be brief.",
@@ -122,6 +124,7 @@ def test_openai_sdk_responses_models_retrieve_and_stream_usage(real):
 
 
 # ---- 3. the ollama client ------------------------------------------------------------
+@pytest.mark.slow
 def test_ollama_client_list_ps_show_chat_generate_embed(real):
     c = ollama.Client(host=real.base)
     names = {m.model for m in c.list().models}
@@ -145,6 +148,7 @@ def test_ollama_client_list_ps_show_chat_generate_embed(real):
     assert running.context_length == 512  # the server's --ctx-size, not the trained 8192
 
 
+@pytest.mark.slow
 def test_ollama_generate_on_a_base_model_sends_the_prompt_alone(real):
     # gemma3-270m's GGUF has no chat template: Ollama's template is then the
     # prompt itself, so no chat format may wrap it (/api/show says "")
@@ -158,6 +162,7 @@ def test_ollama_generate_on_a_base_model_sends_the_prompt_alone(real):
     assert g.done and g.prompt_eval_count == doc["usage"]["prompt_tokens"]
 
 
+@pytest.mark.slow
 def test_ollama_keep_alive_zero_unloads_after_the_request(real):
     c = ollama.Client(host=real.base)
     r = c.chat(model=SMOL, messages=HI, options={"num_predict": 4}, keep_alive=0)
@@ -167,6 +172,7 @@ def test_ollama_keep_alive_zero_unloads_after_the_request(real):
     assert f"{SMOL}:latest" not in {m.model for m in c.ps().models}
 
 
+@pytest.mark.slow
 def test_ollama_keep_alive_is_the_idle_timer_until_the_model_unloads(fake):
     c = ollama.Client(host=fake.base)
     status = lambda name: fake.models()[name]["status"]["value"]
@@ -191,7 +197,29 @@ def test_ollama_empty_generate_loads_and_with_keep_alive_zero_unloads(fake):
     wait_for(lambda: status() == "unloaded", 20, what="ld unloaded")
 
 
+def test_ollama_pull_and_the_other_model_management_say_ggmux_does_not_download(fake):
+    """Open WebUI and the ollama client call /api/pull: a model ggmux serves
+    is "success" (nothing to download), any other, and push, create, copy,
+    delete, a clear 501 in Ollama's envelope instead of a 404 "no route"."""
+    c = ollama.Client(host=fake.base)
+    assert c.pull("a").status == "success"
+    assert [p.status for p in c.pull("a:latest", stream=True)] == ["success"]
+    calls = [lambda: c.pull("llama3.2"), lambda: list(c.pull("llama3.2", stream=True)),
+             lambda: c.push("a"), lambda: c.create("b", from_="a"), lambda: c.copy("a", "b"),
+             lambda: c.delete("a")]
+    for call in calls:
+        with pytest.raises(ollama.ResponseError) as e:
+            call()
+        assert e.value.status_code == 501, e.value
+        assert e.value.error.startswith("ggmux does not ") and "--models-dir" in e.value.error
+    with pytest.raises(ollama.ResponseError, match="'llama3.2' is not here"):
+        c.pull("llama3.2")
+    assert fake.request("HEAD", "/api/blobs/sha256:00")[0] == 501  # create's first step
+    assert "a" in fake.models()  # nothing deleted
+
+
 # ---- 4. CORS -------------------------------------------------------------------------
+@pytest.mark.slow
 def test_cors_preflight_and_actual_request_with_the_default_origins(real):
     origin = {"Origin": "http://localhost:3000"}
     st, h, _ = real.request("OPTIONS", "/v1/chat/completions", headers={

@@ -140,6 +140,7 @@ def test_a_model_only_one_node_has_loads_there_once_and_is_served_through_anothe
 
 
 # 2 -------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_twenty_concurrent_cold_requests_over_three_nodes_make_exactly_one_load(cluster):
     beh = {"m": {"load_s": 0.5}}
     nodes = [cluster(n, models=beh) for n in "abc"]
@@ -152,6 +153,7 @@ def test_twenty_concurrent_cold_requests_over_three_nodes_make_exactly_one_load(
 
 
 # 3 -------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_model_loads_on_the_only_node_with_room_for_it(cluster):
     big = {"big": {"min_bytes": 600 * MiB, "max_bytes": 600 * MiB, "mem_bytes": 600 * MiB}}
     a = cluster("a", "--host-memory", "512", models=big)
@@ -174,6 +176,7 @@ def _has_measured(s, names) -> bool:
     return {n["name"] for n in doc["nodes"] if n.get("measured")} >= names
 
 
+@pytest.mark.slow
 def test_full_nodes_evict_the_cluster_lru_idle_model_and_busy_ones_make_requests_wait(cluster):
     slow = {"tokens": 400, "token_s": 0.02}  # a stream without max_tokens lasts ~8 s
     common = ("--models-max", "1", "--load-wait", "3")
@@ -222,6 +225,7 @@ def _busy(s) -> bool:
 
 
 # 4 -------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_killed_node_disappears_within_node_stale_and_its_model_loads_elsewhere(cluster):
     slow = {"tokens": 60, "token_s": 0.05}  # a stream lasts ~3 s
     a = cluster("a", models={"m": {}, "la": slow})
@@ -264,6 +268,7 @@ def test_a_killed_node_disappears_within_node_stale_and_its_model_loads_elsewher
 
 
 # 5 -------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_nats_down_for_ten_seconds_under_traffic_loses_no_request(cluster):
     a = cluster("a", models={"la": {}})
     b = cluster("b", models={"rb": {}})
@@ -307,6 +312,7 @@ def test_nats_down_for_ten_seconds_under_traffic_loses_no_request(cluster):
 
 
 # 6 -------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_drained_node_finishes_its_stream_takes_no_placement_and_exits_0(cluster):
     slow = {"tokens": 40, "token_s": 0.05}  # a stream lasts ~2 s
     keys = ("--admin-key", "adm")
@@ -337,6 +343,7 @@ def test_a_drained_node_finishes_its_stream_takes_no_placement_and_exits_0(clust
 
 
 # 7 -------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_hop_header_needs_the_token_and_forwarding_works_with_an_api_key(cluster):
     key = {"authorization": "Bearer K"}
     a = cluster("a", "--api-key", "K", models={"la": {}})
@@ -360,6 +367,7 @@ def test_the_hop_header_needs_the_token_and_forwarding_works_with_an_api_key(clu
     assert status == 503 and json.loads(raw)["error"]["code"] == "not_on_this_node"
 
 
+@pytest.mark.slow
 def test_neither_the_hop_header_nor_the_cluster_token_reaches_a_local_instance_or_upstream(
         cluster, serve, tmp_path, recorder):
     """A forwarded request (hop header and token) is served by a local
@@ -395,6 +403,7 @@ def test_neither_the_hop_header_nor_the_cluster_token_reaches_a_local_instance_o
         assert TOKEN not in json.dumps(r["headers"]), r
 
 
+@pytest.mark.slow
 def test_cluster_and_nats_secrets_are_on_no_child_command_line_nor_in_any_environment(
         nats_server, serve, tmp_path, monkeypatch):
     """``--cluster-token`` and ``--nats-password`` on node a's command line,
@@ -445,6 +454,7 @@ def converge_keyed(*servers_and_key) -> None:
 
 
 # bad input and faults at start ----------------------------------------------------
+@pytest.mark.slow
 def test_nats_unreachable_at_start_the_node_serves_alone_says_so_once_and_joins_later(
         cluster):
     cluster.nats.stop()  # its port is known; nothing listens there now
@@ -458,6 +468,7 @@ def test_nats_unreachable_at_start_the_node_serves_alone_says_so_once_and_joins_
     wait_for(lambda: view(a)["connected"], 10, 0.05, "a joins once NATS is up")
 
 
+@pytest.mark.slow
 def test_a_loading_model_503_names_the_node_and_state(cluster):
     a = cluster("a", "--load-wait", "1", models={"la": {}})
     c = cluster("c", models={"slow": {"load_s": 4.0}})
@@ -488,6 +499,7 @@ def test_bad_cluster_urls_and_options_stop_the_start_naming_the_option(tmp_path)
         assert needle in p.stderr
 
 
+@pytest.mark.slow
 def test_bad_nats_credentials_stop_the_start_naming_the_options(nats_server, serve, fakes):
     ns = nats_server(auth=["--user", "u", "--pass", "p"])
     fakes.add("m")
@@ -499,6 +511,7 @@ def test_bad_nats_credentials_stop_the_start_naming_the_options(nats_server, ser
     assert "--cluster URL" in s.logs()
 
 
+@pytest.mark.slow
 def test_a_second_node_with_a_live_nodes_name_refuses_to_start(cluster):
     a = cluster("a", models={"m": {}})
     again = cluster("a", models={"m": {}}, ready=False)
@@ -516,6 +529,7 @@ def test_nothing_of_nats_is_imported_without_cluster():
     assert subprocess.run([sys.executable, "-c", code], check=False, timeout=60).returncode == 0
 
 
+@pytest.mark.slow
 def test_a_failed_load_on_another_node_answers_503_with_its_cause(cluster):
     a = cluster("a", models={"la": {}})
     c = cluster("c", models={"broken": {"fail_load": "no such tensor", "load_s": 0.1}})
@@ -530,6 +544,7 @@ def test_a_failed_load_on_another_node_answers_503_with_its_cause(cluster):
     assert int(headers["retry-after"]) >= 1
 
 
+@pytest.mark.slow
 def test_a_model_asleep_on_another_node_is_woken_there_by_a_forwarded_request(cluster):
     a = cluster("a", models={"la": {}})
     b = cluster("b", "--sleep-idle-seconds", "0.5", models={"rb": {"wake_s": 0.1}})

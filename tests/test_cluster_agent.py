@@ -147,6 +147,7 @@ def test_two_agents_see_each_others_records_and_a_leaving_node_goes_at_once(nats
     assert time.monotonic() - t0 < STALE
 
 
+@pytest.mark.slow
 def test_a_node_whose_beats_stop_is_stale_after_node_stale_and_back_when_they_resume(
         nats_server, agents):
     ns = nats_server()
@@ -164,6 +165,7 @@ def test_a_node_whose_beats_stop_is_stale_after_node_stale_and_back_when_they_re
     a.expect("node", timeout=STALE + 3, name="b")
 
 
+@pytest.mark.slow
 def test_a_node_whose_clock_is_off_stays_alive_while_its_beats_arrive(nats_server, agents):
     """Judged by arrival: beats stamped an hour in the past (a clock that is
     off) keep the node alive, and it goes stale only once they stop."""
@@ -243,6 +245,7 @@ def test_one_load_key_per_model_renewed_by_its_holder_and_released(nats_server, 
     assert a.expect("claimed", ref=2)["ok"] is True
 
 
+@pytest.mark.slow
 def test_a_load_key_nobody_renews_expires(nats_server, agents):
     ns = nats_server()
     a, b = agents(ns.url, "a"), agents(ns.url, "b")
@@ -280,6 +283,7 @@ def test_commands_are_request_reply_answered_by_the_supervisors_ack(nats_server,
     assert r["ok"] is False and "nobody" in r["error"]
 
 
+@pytest.mark.slow
 def test_nats_unreachable_at_start_then_up_then_killed_and_back(nats_server, agents, tmp_path):
     ns = nats_server()
     ns.stop()  # the port is known, nothing listens

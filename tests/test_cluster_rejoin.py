@@ -19,6 +19,8 @@ from ggmux.shm.requestring import request_ring_name
 from ggmux.shm.segment import queue_name, segment_name
 from test_cluster import ask, converge, sees, served_on, view
 
+pytestmark = pytest.mark.slow  # nodes that leave and come back
+
 HB, STALE = 0.5, 1.5  # --heartbeat, --node-stale
 TOKEN = "cluster-secret"
 

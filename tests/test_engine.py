@@ -44,7 +44,7 @@ def chat(text: str, system: str | None = None) -> str:
 
 @pytest.fixture(scope="module")
 def engine():
-    e = Engine(EngineConfig(smollm2_path(), ctx_size=2048, parallel=4, n_threads=2))
+    e = Engine(EngineConfig(smollm2_path(), ctx_size=2048, parallel=4, n_threads=1))
     e.load()
     yield e
     e.close()
@@ -98,6 +98,7 @@ QUESTIONS = ["Write a poem about the sea.", "What is the capital of France?",
              "List three fruits.", "Explain gravity to a child."]
 
 
+@pytest.mark.slow
 def test_four_concurrent_greedy_streams_match_the_same_prompts_alone(engine):
     """Issue 12, test 1 (engine level). llama.cpp's kernels are not batch
     invariant on this CPU (attention over a shared KV cache sums in another
@@ -116,6 +117,7 @@ def test_four_concurrent_greedy_streams_match_the_same_prompts_alone(engine):
         assert first_tokens(engine, together[q], 16) == first_tokens(engine, alone[q], 16), q
 
 
+@pytest.mark.slow
 def test_a_long_prompt_is_read_in_chunks_while_other_streams_keep_generating(engine):
     """Issue 12, test 2: while three streams generate, a ~1,500-token prompt
     arrives; each of the three gets tokens between its arrival and its
@@ -146,6 +148,7 @@ def test_a_long_prompt_is_read_in_chunks_while_other_streams_keep_generating(eng
     assert engine.metrics()["decode_calls_total"] > 0
 
 
+@pytest.mark.slow
 def test_the_same_long_system_prompt_twice_reuses_the_cached_prefix(engine):
     """Issue 12, test 3: the second request reports cached prompt tokens and
     the slot shows them."""
@@ -161,12 +164,13 @@ def test_the_same_long_system_prompt_twice_reuses_the_cached_prefix(engine):
     assert any(s["n_cached"] == cached for s in engine.slot_info())
 
 
+@pytest.mark.slow
 def test_a_full_kv_cache_makes_the_fifth_request_wait_and_cuts_none():
     """Issue 12, test 4: with a small kv-size five long requests on five
     slots: four fit, the fifth waits (queued, not started) until one ends,
     then completes; each of the first four gets every token it asked for."""
     e = Engine(EngineConfig(smollm2_path(), ctx_size=256, parallel=5, kv_size=512,
-                            n_threads=2))
+                            n_threads=1))
     e.load()
     try:
         rec = Recorder()
@@ -190,6 +194,7 @@ def test_a_full_kv_cache_makes_the_fifth_request_wait_and_cuts_none():
         e.close()
 
 
+@pytest.mark.slow
 def test_a_cancelled_request_frees_its_slot_for_a_queued_one(engine):
     """Issue 12, test 5 (engine level): four slots busy, a fifth queued; the
     client of one leaves; the queued one starts and everything drains."""
@@ -213,6 +218,7 @@ def test_a_cancelled_request_frees_its_slot_for_a_queued_one(engine):
     assert engine.metrics()["queue_depth"] == 0
 
 
+@pytest.mark.slow
 def test_n_two_returns_two_choices_sharing_the_prompt(engine):
     r = engine.submit(Generation(engine.tokenize(chat("Write a word.")),
                                  Sampling(temperature=1.0, seed=7), max_tokens=12, n=2)).result(120)
@@ -223,6 +229,7 @@ def test_n_two_returns_two_choices_sharing_the_prompt(engine):
         engine.submit(Generation(engine.tokenize("x"), GREEDY, n=5))
 
 
+@pytest.mark.slow
 def test_logit_bias_changes_and_forces_the_first_token(engine):
     """Issue 12 test 6 / hardening finding 4: -100 on the greedy first token
     changes it; +100 on another token makes it the first."""
@@ -242,6 +249,7 @@ def test_logit_bias_changes_and_forces_the_first_token(engine):
         engine.submit(Generation(prompt, Sampling(logit_bias={10**9: 1.0})))
 
 
+@pytest.mark.slow
 def test_a_seed_repeats_a_sampled_answer(engine):
     prompt = engine.tokenize(chat("Tell me a story."))
 
@@ -258,6 +266,7 @@ def test_a_seed_repeats_a_sampled_answer(engine):
     assert any(text(s) != a for s in (1, 2, 3))
 
 
+@pytest.mark.slow
 def test_stop_strings_end_a_choice_and_are_not_sent(engine):
     r = engine.submit(Generation(engine.tokenize(chat("Count from 1 to 10, comma separated.")),
                                  GREEDY, max_tokens=60, stop=["5"])).result(60)
@@ -266,6 +275,7 @@ def test_stop_strings_end_a_choice_and_are_not_sent(engine):
     assert "5" not in c["text"] and "4" in c["text"]
 
 
+@pytest.mark.slow
 def test_a_json_schema_grammar_constrains_the_answer(engine):
     from ggmux.instance.json_grammar import schema_to_gbnf
 
@@ -292,6 +302,7 @@ def test_bad_prompts_are_refused_at_submit(engine):
         engine.detokenize([-1])
 
 
+@pytest.mark.slow
 def test_embeddings_are_normalised_and_cancellable(engine):
     a = engine.tokenize("The cat sat on the mat.")
     b = engine.tokenize("A cat was sitting on a mat.")
@@ -312,8 +323,9 @@ def test_embeddings_are_normalised_and_cancellable(engine):
     assert rec.kinds("many").count("embedding") < len(many)
 
 
+@pytest.mark.slow
 def test_sleep_frees_the_weights_and_wake_restores_them():
-    e = Engine(EngineConfig(smollm2_path(), ctx_size=256, parallel=2, n_threads=2))
+    e = Engine(EngineConfig(smollm2_path(), ctx_size=256, parallel=2, n_threads=1))
     e.load()
     try:
         prompt = e.tokenize(chat("Say hi."))
@@ -329,10 +341,11 @@ def test_sleep_frees_the_weights_and_wake_restores_them():
         e.close()
 
 
+@pytest.mark.slow
 def test_close_during_four_generations_gives_each_an_error():
     """Issue 12, test 7 (engine level): every running and queued request
     gets an error event, never a clean end."""
-    e = Engine(EngineConfig(smollm2_path(), ctx_size=512, parallel=4, n_threads=2))
+    e = Engine(EngineConfig(smollm2_path(), ctx_size=512, parallel=4, n_threads=1))
     e.load()
     rec = Recorder()
     for i in range(5):

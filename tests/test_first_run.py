@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from conftest import chat_body, children_of, open_stream, served_by, wait_for
 from ggmux.supervisor.registry import demo_models
 
@@ -29,6 +30,7 @@ def titles(pid: int) -> list[str]:
     return sorted(out)
 
 
+@pytest.mark.slow
 def test_every_process_title_names_its_role_and_model(serve, fakes):
     fakes.add("alpha")
     fakes.add("beta", measure_s=60)  # its measure child stays while we look
@@ -121,6 +123,7 @@ def test_a_stop_while_a_model_is_measured_logs_no_warning(serve, fakes):
     assert "could not measure" not in text and " WARNING " not in text, text
 
 
+@pytest.mark.slow
 def test_the_example_preset_starts_as_shipped(serve, monkeypatch):
     if len(demo_models()) < 2:
         import pytest
@@ -134,6 +137,7 @@ def test_the_example_preset_starts_as_shipped(serve, monkeypatch):
                                   "smollm2-135m"]
 
 
+@pytest.mark.slow
 def test_measuring_a_real_model_prints_no_warning():
     """The measure child read the GGUF metadata through a vocab-only
     context, and llama.cpp warned "n_ctx_seq (512) > n_ctx_train (0)" at

@@ -116,6 +116,7 @@ def test_open_circuit_of_the_only_replica_answers_503_with_retry_after_at_once(s
     assert 1 <= int(headers["retry-after"]) <= 5  # the cool-down left
 
 
+@pytest.mark.slow
 def test_request_waiting_on_a_half_open_circuit_goes_as_the_next_probe(serve, fakes):
     """A probe is judged at its response head: while it streams on, the
     request behind it is let through as the next probe instead of waiting
@@ -141,6 +142,7 @@ def test_request_waiting_on_a_half_open_circuit_goes_as_the_next_probe(serve, fa
 
 # ---- 9: a stop drops nothing that was accepted --------------------------------
 
+@pytest.mark.slow
 def test_stop_answers_every_accepted_request(serve, fakes):
     """SIGTERM with three 4 s streams to one single-slot fake model (12 s of
     work, 10 s of drain): the running one completes; the two queued inside
@@ -229,6 +231,7 @@ def test_client_credentials_never_reach_an_upstream(serve, tmp_path, recorder):
 
 # ---- 6: keys are on no command line and in no environment ---------------------
 
+@pytest.mark.slow
 def test_keys_are_on_no_child_command_line_nor_in_any_child_environment(serve, fakes,
                                                                        monkeypatch):
     fakes.add("m", tokens=1)
@@ -255,6 +258,7 @@ def test_help_names_the_key_variables_and_never_prints_a_key():
 
 # ---- 7: no way around the key on the same host ---------------------------------
 
+@pytest.mark.slow
 def test_an_instance_port_takes_only_its_own_secret(serve, fakes):
     fakes.add("m", tokens=1)
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--api-key", "client-key")
@@ -313,6 +317,7 @@ def stopped():
             pass
 
 
+@pytest.mark.slow
 def test_hung_replica_gets_504_and_the_next_requests_go_to_the_other(serve, fakes, tmp_path,
                                                                       stopped):
     f = fakes.add("m", tokens=1)
@@ -344,6 +349,7 @@ def test_hung_replica_gets_504_and_the_next_requests_go_to_the_other(serve, fake
         assert st == 200 and served_by(body)[1] != hung, body
 
 
+@pytest.mark.slow
 def test_hung_instance_is_restarted_once_nothing_is_in_flight(serve, fakes, stopped):
     fakes.add("m", tokens=1)
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0",
@@ -357,6 +363,7 @@ def test_hung_instance_is_restarted_once_nothing_is_in_flight(serve, fakes, stop
     assert st == 200 and served_by(body)[1] != pid, body
 
 
+@pytest.mark.slow
 def test_silent_stream_ends_with_an_error_event(serve, fakes, stopped):
     fakes.add("m", tokens=50, ttft_s=0.01, token_s=0.05)
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0",

@@ -124,6 +124,7 @@ def fuzz_server():
     lt.stop()
 
 
+@pytest.mark.slow
 @settings(
     max_examples=150,
     deadline=None,

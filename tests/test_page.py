@@ -24,6 +24,7 @@ from conftest import CHROMIUM, wait_for
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason="Debian's chromium is not installed (.ci/run installs it)")
+pytestmark = [pytestmark, pytest.mark.slow]  # a browser
 ROOT = Path(__file__).resolve().parent.parent
 LOAD_S = 90_000  # ms: a demo model's load on a busy 2-core machine
 

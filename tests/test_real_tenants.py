@@ -30,7 +30,7 @@ def cached(s: Server, key: str, text: str) -> int:
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory):
     d = tmp_path_factory.mktemp("tenants")
-    s = Server(["--proxies", "1", "--threads", "2", "--ctx-size", "256", "--parallel", "2",
+    s = Server(["--proxies", "1", "--threads", "1", "--ctx-size", "256", "--parallel", "2",
                 "--api-key", "key-a,key-b", "--admin-key", "adm", "--spares", "0"],
                free_port(), d / "server.log")
     try:

@@ -14,6 +14,8 @@ import threading
 import pytest
 from conftest import Server, children_of, free_port, wait_for
 
+pytestmark = pytest.mark.slow  # the demo models end to end
+
 SMOL = "smollm2-135m"
 MAX_INPUTS = 2000  # not the default, so the test sees it reach the instance
 CTX = 128  # ctx-size of the server (llama.cpp may round it up): long inputs stay cheap
@@ -26,7 +28,7 @@ INTERNALS = re.compile(r"object has no attribute|NoneType|Traceback|not subscrip
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory):
     d = tmp_path_factory.mktemp("validation")
-    s = Server(["--proxies", "1", "--threads", "2", "--ctx-size", str(CTX),
+    s = Server(["--proxies", "1", "--threads", "1", "--ctx-size", str(CTX),
                 "--max-embedding-inputs", str(MAX_INPUTS), "--max-stops", str(MAX_STOPS),
                 "--max-stop-bytes", str(MAX_STOP_BYTES), "--max-tokens-limit", str(MAX_TOKENS),
                 "--n-predict", str(N_PREDICT)], free_port(), d / "server.log")

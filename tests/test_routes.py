@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import chat_body, open_stream, served_by, wait_for
+from conftest import Server, chat_body, free_port, open_stream, served_by, wait_for, write_fake
 from ggmux.proxy import apis, routes
 from ggmux.proxy.server import Proxy
 from ggmux.shm import layout as L
@@ -80,11 +80,30 @@ def test_route_table_names_real_handlers_and_never_depends_on_its_order():
 
 
 
-@pytest.fixture
-def server(serve, fakes):
-    fakes.add("a", load_s=0.1)
-    fakes.add("b", load_s=0.1)
-    return serve("--fake-models-dir", str(fakes), "--no-hf-cache", "--proxies", "2")
+# One server for the tests below that need no option of their own: each
+# test has its own models (a test's loads, unloads and counts are its own
+# whatever ran before it), so the order of the tests does not matter.
+SHARED = {"a": "sdk", "b": "sdk", "c": "routes", "d": "routes", "u": "upstream",
+          "m": "metrics", "n": "metrics", "s": "sse"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    d = tmp_path_factory.mktemp("routes")
+    for name in SHARED:
+        write_fake(d / "fakes", name, load_s=0.1)
+    s = Server(["--fake-models-dir", str(d / "fakes"), "--no-hf-cache", "--proxies", "2",
+                "--models-max", str(len(SHARED))],
+               free_port(), d / "server.log")
+    try:
+        yield s.wait_ready(60)
+    finally:
+        s.stop()
+
+
+def _slot_of(server, pid: int) -> int:
+    """The replica slot of the instance process ``pid``."""
+    return server.seg.replicas[:, L.R_PID].tolist().index(pid)
 
 
 def test_openai_sdk_works_unchanged(server):
@@ -96,26 +115,27 @@ def test_openai_sdk_works_unchanged(server):
     assert text.startswith("[a:")
     assert c.completions.create(model="b", prompt="x").choices[0].text.startswith("[b:")
     assert len(c.embeddings.create(model="a", input=["x", "yy"]).data) == 2
-    assert {m.id for m in c.models.list().data} == {"a", "b"}
+    assert {m.id for m in c.models.list().data} == set(SHARED)
 
 
 def test_llama_cpp_routes_by_body_and_by_query(server):
     s = server
-    st, doc = s.json("POST", "/tokenize", {"model": "a", "content": "hello big world"})
+    st, doc = s.json("POST", "/tokenize", {"model": "c", "content": "hello big world"})
     assert st == 200 and doc["tokens"] == [5, 3, 5]
-    st, doc = s.json("POST", "/detokenize", {"model": "a", "tokens": [2]})
+    st, doc = s.json("POST", "/detokenize", {"model": "c", "tokens": [2]})
     assert st == 200 and doc["content"] == "xx"
-    st, doc = s.json("POST", "/completion", {"model": "a", "prompt": "x", "n_predict": 3})
-    assert st == 200 and doc["content"].startswith("[a:") and doc["stop"] is True
+    st, _, body = s.request("POST", "/completion", {"model": "c", "prompt": "x", "n_predict": 3})
+    doc = json.loads(body)
+    assert st == 200 and doc["content"].startswith("[c:") and doc["stop"] is True
+    slot = _slot_of(s, served_by(body)[1])  # c is loaded: it answered
     # ?model= routes neither load a model nor refresh its last use
-    st, doc = s.json("GET", "/props?model=b")
+    st, doc = s.json("GET", "/props?model=d")
     assert st == 503 and doc["error"]["code"] == "model_not_loaded"
-    slot = s.seg.replicas[:, L.R_MODEL].tolist().index(0)  # a is loaded: it answered
     used = s.seg.counters[:, slot, L.C_LAST_USED_NS].max()
-    st, doc = s.json("GET", "/props?model=a")
-    assert st == 200 and doc["model_alias"] == "a"
-    assert s.json("GET", "/slots?model=a")[0] == 200
-    st, _, text = s.request("GET", "/metrics?model=a")
+    st, doc = s.json("GET", "/props?model=c")
+    assert st == 200 and doc["model_alias"] == "c"
+    assert s.json("GET", "/slots?model=c")[0] == 200
+    st, _, text = s.request("GET", "/metrics?model=c")
     assert st == 200 and b"ggmux_instance_requests_total" in text
     assert s.seg.counters[:, slot, L.C_LAST_USED_NS].max() == used
     assert s.json("GET", "/props?model=nope")[0] == 404
@@ -123,19 +143,19 @@ def test_llama_cpp_routes_by_body_and_by_query(server):
 
 
 def test_upstream_pass_through_and_url_decoded_names(server):
-    st, _, body = server.request("POST", "/upstream/a/v1/chat/completions",
+    st, _, body = server.request("POST", "/upstream/u/v1/chat/completions",
                                  chat_body("whatever"))
-    assert st == 200 and served_by(body)[0] == "a"
-    st, doc = server.json("GET", "/upstream/%61/health")
+    assert st == 200 and served_by(body)[0] == "u"
+    st, doc = server.json("GET", "/upstream/%75/health")
     assert st == 200 and doc["status"] == "ok"
     assert server.json("GET", "/upstream/zzz/health")[0] == 404
 
 
 def test_router_metrics_count_requests_ttft_loads_and_memory(server):
     for _ in range(3):
-        assert server.request("POST", CHAT, chat_body("a"))[0] == 200
-    counted = ('ggmux_requests_total{model="a"} 3', 'ggmux_ttft_seconds_count{model="a"} 3',
-               'ggmux_ttft_seconds_bucket{model="a",le="+Inf"} 3')
+        assert server.request("POST", CHAT, chat_body("m"))[0] == 200
+    counted = ('ggmux_requests_total{model="m"} 3', 'ggmux_ttft_seconds_count{model="m"} 3',
+               'ggmux_ttft_seconds_bucket{model="m",le="+Inf"} 3')
 
     def scrape() -> str | None:
         st, headers, text = server.request("GET", "/metrics")
@@ -146,11 +166,11 @@ def test_router_metrics_count_requests_ttft_loads_and_memory(server):
     # a proxy counts a request right after its answer left (the next turn of
     # its loop): a scrape through the other proxy may come between the two
     t = wait_for(scrape, 10, 0.01, "the three requests counted")
-    assert 'ggmux_requests_total{model="a"} 3' in t
-    assert 'ggmux_ttft_seconds_count{model="a"} 3' in t
-    assert 'ggmux_ttft_seconds_bucket{model="a",le="+Inf"} 3' in t
-    assert 'ggmux_model_loads_total{model="a"} 1' in t
-    assert 'ggmux_requests_total{model="b"} 0' in t
+    assert 'ggmux_requests_total{model="m"} 3' in t
+    assert 'ggmux_ttft_seconds_count{model="m"} 3' in t
+    assert 'ggmux_ttft_seconds_bucket{model="m",le="+Inf"} 3' in t
+    assert 'ggmux_model_loads_total{model="m"} 1' in t
+    assert 'ggmux_requests_total{model="n"} 0' in t
     assert 'ggmux_device_memory_bytes{device="host",kind="total"}' in t
 
 
@@ -158,15 +178,16 @@ def test_models_sse_streams_status_changes_as_they_happen(server):
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
     sock.sendall(b"GET /models/sse HTTP/1.1\r\nhost: x\r\n\r\n")
     buf = b""
-    while buf.count(b"event: model") < 2:  # the initial snapshot
+    while b'"id":"s"' not in buf:  # the initial snapshot: an event per model
         buf += sock.recv(65536)
-    assert b'"value":"unloaded"' in buf
-    assert server.json("POST", "/models/load", {"model": "b"})[0] == 200
+    assert buf.startswith(b"HTTP/1.1 200") and b"event: model" in buf
+    assert b'"id":"s","status":{"value":"unloaded"' in buf
+    assert server.json("POST", "/models/load", {"model": "s"})[0] == 200
     deadline = time.monotonic() + 10
-    while b'"id":"b","status":{"value":"loaded"' not in buf:
+    while b'"id":"s","status":{"value":"loaded"' not in buf:
         assert time.monotonic() < deadline, buf
         buf += sock.recv(65536)
-    assert b'"id":"b","status":{"value":"loading"' in buf
+    assert b'"id":"s","status":{"value":"loading"' in buf
     sock.close()
 
 
@@ -211,6 +232,7 @@ def _raw_stream(port: int, model: str) -> bytes:
     return buf
 
 
+@pytest.mark.slow
 def test_streaming_client_gets_keepalives_while_its_model_loads(serve, fakes):
     fakes.add("slow", load_s=1.5)
     fakes.add("broken", load_s=1.0, fail_load="bad tensor")

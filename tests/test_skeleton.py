@@ -8,6 +8,7 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from conftest import alive, chat_body, children_of, open_stream, segment_exists, served_by, wait_for
 from ggmux.shm import layout as L
 
@@ -62,6 +63,7 @@ def test_streaming_client_that_disconnects_frees_the_replica(serve, fakes):
     assert st == 200 and served_by(out)[0] == "slow"
 
 
+@pytest.mark.slow
 def test_kill_9_of_supervisor_leaves_no_children_and_port_is_reusable(serve, fakes):
     fakes.add("a")
     s = serve("--fake-models-dir", str(fakes), "--proxies", "2")
@@ -106,6 +108,7 @@ def test_bad_input_gets_openai_error_and_server_keeps_serving(serve, fakes):
         assert st == 200 and served_by(out)[0] == "a"
 
 
+@pytest.mark.slow
 def test_second_server_on_a_taken_port_refuses_to_start(serve, fakes, tmp_path):
     fakes.add("a")
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1")
@@ -122,6 +125,7 @@ def cmdline(pid: int) -> bytes:
         return f.read()
 
 
+@pytest.mark.slow
 def test_a_killed_proxy_is_replaced_and_its_rows_zeroed(serve, fakes):
     fakes.add("a")
     s = serve("--fake-models-dir", str(fakes), "--proxies", "2", "--spares", "0")
@@ -139,6 +143,7 @@ def test_a_killed_proxy_is_replaced_and_its_rows_zeroed(serve, fakes):
         assert st == 200 and served_by(body)[0] == "a"
 
 
+@pytest.mark.slow
 def test_instance_killed_mid_stream_ends_the_stream_with_an_error_not_a_clean_end(serve, fakes):
     fakes.add("a", token_s=0.1, tokens=100)
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0")
@@ -162,6 +167,7 @@ def test_instance_killed_mid_stream_ends_the_stream_with_an_error_not_a_clean_en
     assert st == 200 and served_by(out)[1] != pid  # loaded again on demand
 
 
+@pytest.mark.slow
 def test_sigterm_lets_a_stream_in_progress_finish(serve, fakes):
     fakes.add("a", token_s=0.1, tokens=20)  # a 2 s stream
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0")

@@ -16,6 +16,7 @@ CHAT = "/v1/chat/completions"
 
 
 
+@pytest.mark.slow
 def test_llama_cpp_preset_serves_both_demo_models_by_name_and_alias(serve, tmp_path):
     demos = {e.name: e.path for e in demo_models()}
     if len(demos) < 2:
@@ -71,6 +72,7 @@ stop-timeout = 5
     assert "failed" not in s.models()["viacmd"]["status"]
 
 
+@pytest.mark.slow
 def test_sighup_adds_new_models_and_reloads_an_edited_one_only_when_idle(serve, fakes, tmp_path):
     fakes.add("a", token_s=0.05, tokens=30)
     preset = tmp_path / "p.ini"
@@ -128,6 +130,7 @@ def test_bad_preset_fails_at_start_with_file_line_and_reason(tmp_path, text, fra
         assert "bogus-key" in r.stderr
 
 
+@pytest.mark.slow
 def test_path_like_model_names_are_not_found(serve, fakes):
     fakes.add("a")
     s = serve("--fake-models-dir", str(fakes), "--no-hf-cache", "--proxies", "1")

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 from conftest import alive, wait_for
 from ggmux.shm import layout as L
 
 
+@pytest.mark.slow
 def test_a_hung_load_past_load_timeout_is_killed_and_reported(serve, fakes):
     fakes.add("hang", hang_load=True)
     s = serve("--fake-models-dir", str(fakes), "--load-timeout", "0.5", "--proxies", "1")

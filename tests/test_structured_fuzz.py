@@ -35,7 +35,7 @@ FINDING_3 = {"type": "object", "properties": {"n": {"type": "integer"},
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory):
     d = tmp_path_factory.mktemp("fuzz")
-    s = Server(["--proxies", "1", "--threads", "2", "--ctx-size", "512"], free_port(),
+    s = Server(["--proxies", "1", "--threads", "1", "--ctx-size", "512"], free_port(),
                d / "server.log")
     try:
         s.wait_ready()

@@ -98,6 +98,7 @@ def test_the_supervisor_shows_no_key_in_its_command_line_or_environment(
     assert_hidden(s, (API, ADMIN))
 
 
+@pytest.mark.slow
 def test_where_the_title_cannot_hide_them_the_supervisor_starts_again_with_its_pid(
         serve, fakes, monkeypatch):
     """``$SPT_NOENV``: setproctitle leaves the environment alone, so the
@@ -129,6 +130,7 @@ def test_where_the_title_cannot_hide_them_the_supervisor_starts_again_with_its_p
     s.stop = lambda *a, **k: None
 
 
+@pytest.mark.slow
 def test_cluster_secrets_are_not_in_the_supervisors_command_line_or_environment(
         nats_server, serve, fakes, monkeypatch):
     """Node a: ``--cluster-token=T``, ``--nats-user u --nats-password P``;

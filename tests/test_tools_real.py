@@ -35,7 +35,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory):
     d = tmp_path_factory.mktemp("tools")
-    s = Server(["--proxies", "1", "--threads", "2", "--ctx-size", "1024"], free_port(),
+    s = Server(["--proxies", "1", "--threads", "1", "--ctx-size", "1024"], free_port(),
                d / "server.log")
     try:
         s.wait_ready()

@@ -60,6 +60,7 @@ def test_every_url_of_an_upstream_list_is_a_replica_that_serves(serve, tmp_path,
     assert s.models()["m"]["status"]["value"] == "loaded"
 
 
+@pytest.mark.slow
 def test_an_unresolvable_upstream_host_is_a_warning_and_an_unhealthy_replica(
     serve, fakes, tmp_path
 ):
@@ -101,6 +102,7 @@ def closing_upstream(serve, tmp_path):
         u.close()
 
 
+@pytest.mark.slow
 def test_a_pooled_connection_the_server_shuts_with_the_request_unread_is_retried(
         closing_upstream):
     # the keep-alive race: the replica's TCP acknowledged the request, then
@@ -112,6 +114,7 @@ def test_a_pooled_connection_the_server_shuts_with_the_request_unread_is_retried
         assert status == 200, body
 
 
+@pytest.mark.slow
 def test_a_replica_that_closes_after_chunked_answers_gets_no_request_on_such_a_connection(
         closing_upstream):
     # llama-server (cpp-httplib) answers a stream chunked, then shuts its
@@ -130,6 +133,7 @@ def test_a_replica_that_closes_after_chunked_answers_gets_no_request_on_such_a_c
     assert upstream.connections - before >= 5  # a fresh connection each
 
 
+@pytest.mark.slow
 def test_a_request_lost_to_a_live_local_replicas_close_after_a_stream_is_sent_again(
         serve, tmp_path):
     # the same server as a local `cmd` model, and no chance to learn its

@@ -1,5 +1,5 @@
 """The client APIs beside OpenAI's chat completions, on the proxy's port
-(DESIGN.md "Client APIs"; issue 14).
+(DESIGN.md "Client APIs").
 
 * Translated routes (:data:`ROUTES`): the request goes through its
   adapter (:mod:`ggmux.proxy.apis.adapters`) to a chat-completion request (or
@@ -27,6 +27,14 @@
   route it came from, for the supervisor's log.
 * Names: ``NAME:latest`` resolves to ``NAME`` when no model is called that
   (Ollama's default tag).
+* Ollama's model management (``/api/pull``, ``/api/push``, ``/api/create``,
+  ``/api/blobs/...``, ``/api/copy``, ``/api/delete``): ggmux serves the
+  files its sources name and changes none of them, so these get 501 in
+  Ollama's envelope saying so and where models come from (Ollama's clients
+  raise any status of 400 or more as their ``ResponseError`` with the
+  ``error`` text; Open WebUI shows it). A pull of a model ggmux already
+  serves answers ``{"status": "success"}``: nothing to download, and a
+  client that pulls before it chats goes on.
 """
 
 from __future__ import annotations
@@ -112,6 +120,19 @@ class Order:
     refusal: str | None = None
 
 
+# Ollama's model management routes -> what ggmux does not do (module docstring)
+NOT_MANAGED = {
+    b"/api/pull": "download models",
+    b"/api/push": "upload models",
+    b"/api/create": "create models",
+    b"/api/copy": "copy models",
+    b"/api/delete": "delete models",
+}
+MODELS_FROM = ("a model is a GGUF file in a --models-dir or the Hugging Face cache, or a "
+               "--models-preset section (alias = for more names); GET /models?reload=1 "
+               "rescans them")
+
+
 def resolve(names: dict[str, int], name: str) -> int | None:
     """The model index ``name`` names: the name or alias itself, else
     ``NAME`` for ``NAME:latest`` (Ollama's default tag)."""
@@ -190,6 +211,8 @@ class ClientApis:
             await self._ps(conn, req)
         elif path == b"/api/show" and method == b"POST":
             await self._show(conn, req)
+        elif path in NOT_MANAGED or path[:11] == b"/api/blobs/":
+            self._not_managed(conn, req)
         elif path[:11] == b"/v1/models/" and get:
             self._model_object(conn, req)
         elif path[:14] == b"/v1/responses/":
@@ -425,6 +448,30 @@ class ClientApis:
         if isinstance(has, bool) or facts:
             doc["has_chat_template"] = has if isinstance(has, bool) else bool(facts.get("template"))
         conn.send_json(req, 200, doc)
+
+    def _not_managed(self, conn: HttpConnection, req: Request) -> None:
+        """Ollama's model management (module docstring): 501 ``{"error":
+        "ggmux does not ..."}``; ``POST /api/pull`` of a model ggmux serves
+        (``model``, or Ollama's older ``name``): 200 ``{"status":
+        "success"}``, one NDJSON line unless ``"stream": false``."""
+        what = NOT_MANAGED.get(req.path, "create models")
+        if req.path == b"/api/pull" and req.method == b"POST":
+            try:
+                body = orjson.loads(req.body)
+            except orjson.JSONDecodeError:
+                body = None
+            name = body.get("model", body.get("name")) if isinstance(body, dict) else None
+            if isinstance(name, str):
+                self.proxy.refresh()
+                m = resolve(self.proxy.names, name)
+                if m is not None and not self.proxy.reg_models[m].get("removed"):
+                    if body.get("stream") is False:
+                        conn.send_json(req, 200, {"status": "success"})
+                    else:
+                        conn.send_response(req, 200, b'{"status":"success"}\n', ollama.NDJSON)
+                    return
+                what = f"download models ('{name}' is not here)"
+        send_error(conn, req, 501, f"ggmux does not {what}: {MODELS_FROM}")
 
     def _model_object(self, conn: HttpConnection, req: Request) -> None:
         """``GET /v1/models/{id}`` (ids may contain ``/``; URL-decoded)."""

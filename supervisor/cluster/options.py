@@ -74,7 +74,8 @@ def redact(url: str) -> str:
 
 def add_cluster_options(ap: argparse.ArgumentParser) -> None:
     """Add the ``--cluster`` group of options to ``ggmux serve``."""
-    g = ap.add_argument_group("cluster (DESIGN.md \"Cluster\"; needs pip install 'ggmux[cluster]')")
+    g = ap.add_argument_group("cluster (needs nats-py: pip install nats-py, or "
+                              "pip install -e '.[cluster]' in ggmux's checkout)")
     g.add_argument("--cluster", default=None, metavar="URL",
                    help="join the cluster that coordinates through the NATS JetStream server at "
                         "URL (nats://HOST:PORT or tls://HOST:PORT; credentials may be in it)")

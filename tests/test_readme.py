@@ -1,0 +1,380 @@
+"""README.md stays true for a first reader: its shell blocks run here as
+written (the curl lines, the OpenAI example, the command line block and
+the one-machine cluster recipe, against real ``ggmux serve`` processes and
+the demo models they name), every other shell block is listed below with
+the reason it cannot run in a test, and what users read (README, the
+container files, the example preset, ``--help``, log lines and error
+messages) names no issue number, no file outside the repository and no
+install from the package index, where ggmux is not.
+
+"As written" means the block's text, line by line, through ``bash``; only
+the ports are replaced by free ones (8080, 4222, 8081, 8082: the machine
+is shared), the model caches are empty (so the demo models serve) and
+``$GGMUX_URL`` names the test's server for the client commands. A line
+that follows a stream (``curl -N``, ``logs -f``) runs until its first
+output, as a reader stops it with Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import Server, alive, free_port, segment_exists, wait_for
+from ggmux.supervisor.registry import demo_models
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+SMOL, GEMMA = "smollm2-135m", "gemma3-270m"
+
+# Every sh block of README.md, by a phrase only it holds: None for the blocks
+# the tests below run, else why it cannot run in a test.
+SH_BLOCKS: dict[str, str | None] = {
+    "pip install -e '.[demo]' && ggmux serve":
+        "installs ggmux and compiles llama-cpp-python (minutes); the `ggmux serve` it ends with "
+        "is the server every run block here talks to",
+    "pip install -e '.[test]' && python -m pytest": "the test command itself",
+    'python -m pytest -m "not slow and not fuzz"': "the quick test command, a part of this suite",
+    "docker build -t ggmux .":
+        "needs a Docker engine (or podman) and a base image; tests/test_container.py checks the "
+        "Dockerfile and compose file, and builds and runs the image with GGMUX_TEST_CONTAINER=1",
+    "docker build --build-arg BASE=nvidia/cuda":
+        "needs nvidia/cuda images and a GPU; tests/test_container.py checks the recipe",
+    "claude --model qwen3-8b":
+        "Claude Code against a model this machine does not have: tests/test_agents.py runs "
+        "Claude Code against ggmux",
+    "--node-name gpu1":
+        "several machines (gpu1, cpu1, nats-host); the one-machine recipe runs instead",
+    "curl -sN http://127.0.0.1:8080/models/sse": None,  # test_the_use_it_curl_lines
+    "ggmux ps --all": None,  # test_the_command_line_block
+    "nats-server -js -a 127.0.0.1 -p 4222": None,  # test_the_one_machine_cluster_recipe
+}
+
+needs_demo = pytest.mark.skipif(len(demo_models()) < 2, reason="the demo models are not installed")
+
+
+def fenced(lang: str) -> list[str]:
+    """The bodies of README's fenced blocks in language ``lang``."""
+    return re.findall(rf"^```{lang}\n(.*?)^```$", README, re.MULTILINE | re.DOTALL)
+
+
+def block(phrase: str, lang: str = "sh") -> str:
+    found = [b for b in fenced(lang) if phrase in b]
+    assert len(found) == 1, f"{len(found)} {lang} blocks of README.md hold {phrase!r}"
+    return found[0]
+
+
+def logical_lines(text: str) -> list[str]:
+    """A block's commands: continuation lines joined, blank and comment lines
+    dropped (a trailing ``# comment`` stays: bash reads it as one)."""
+    out, cur = [], ""
+    for line in text.splitlines():
+        if line.endswith("\\"):
+            cur += line[:-1]
+            continue
+        cur += line
+        if cur.strip() and not cur.lstrip().startswith("#"):
+            out.append(cur.strip())
+        cur = ""
+    return out
+
+
+def shell_env(tmp: Path, **extra: str) -> dict[str, str]:
+    """The environment a reader's shell has after ``. .venv/bin/activate``:
+    this interpreter's scripts (``ggmux``, ``nats-server``) first on PATH;
+    empty model caches, so ``ggmux serve`` serves the demo models; one
+    llama.cpp thread per instance (``GGMUX_THREADS``, as conftest's servers
+    have it: two spin against the rest of the test on two cores)."""
+    empty = tmp / "empty-cache"
+    empty.mkdir(exist_ok=True)
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return {**os.environ, "PATH": path, "HF_HUB_CACHE": str(empty), "LLAMA_CACHE": str(empty),
+            "HF_HOME": str(empty), "GGMUX_THREADS": "1", **extra}
+
+
+def sh(line: str, env: dict, timeout: float = 120, typed: bytes = b"") -> tuple[int, str]:
+    """``(exit status, stdout and stderr)`` of ``bash -c line``, ``typed``
+    its input."""
+    r = subprocess.run(["bash", "-c", line], env=env, input=typed, capture_output=True,
+                       timeout=timeout, check=False)
+    return r.returncode, (r.stdout + r.stderr).decode(errors="replace")
+
+
+def follow(line: str, env: dict, want: str, timeout: float = 60) -> str:
+    """Run a line that streams until stopped: its output once it holds
+    ``want``, then the line is stopped (SIGINT to its process group, as a
+    reader's Ctrl-C)."""
+    p = subprocess.Popen(["bash", "-c", line], env=env, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    got = bytearray()
+    done = threading.Event()
+
+    def read() -> None:
+        while chunk := p.stdout.read1(65536):
+            got.extend(chunk)
+            if want.encode() in got:
+                done.set()
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        done.wait(timeout)
+        assert want.encode() in got, f"{line!r} gave no {want!r} in {timeout} s: {bytes(got)!r}"
+        return got.decode(errors="replace")
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGINT)
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+# ---- which blocks run ----------------------------------------------------------------------
+def test_every_shell_block_of_the_readme_is_run_here_or_skipped_with_its_reason():
+    blocks = fenced("sh")
+    for b in blocks:
+        marks = [m for m in SH_BLOCKS if m in b]
+        assert len(marks) == 1, f"README block not listed in SH_BLOCKS (or listed twice): {b}"
+    for m in SH_BLOCKS:
+        assert sum(m in b for b in blocks) == 1, f"no single README block holds {m!r}"
+
+
+# ---- what users read -------------------------------------------------------------------------
+def _user_strings() -> list[tuple[str, int, str]]:
+    """String literals of the package that are not docstrings (log lines,
+    error messages, ``--help`` texts, answers): ``(file, line, text)``."""
+    out = []
+    for p in sorted(ROOT.rglob("*.py")):
+        rel = p.relative_to(ROOT)
+        if rel.parts[0] in ("tests", ".venv", "build") or "bench" in rel.parts:
+            continue
+        tree = ast.parse(p.read_text())
+        # a string that is a statement of its own is a docstring (of a module,
+        # class, function or attribute): developers read those
+        docs = {id(n.value) for n in ast.walk(tree)
+                if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs:
+                out.append((str(rel), n.lineno, n.value))
+    return out
+
+
+ISSUE = re.compile(r"\bissues? \d+|DESIGN\.md|outside (of )?this repository", re.IGNORECASE)
+INDEX_INSTALL = re.compile(r"pip install ['\"]?ggmux\b")  # ggmux is not on the package index
+
+
+def test_what_users_read_names_no_issue_no_outside_file_and_no_package_index_install():
+    docs = {name: (ROOT / name).read_text() for name in
+            ("README.md", "compose.yaml", "Dockerfile", "presets.example.ini", "certs/README.md")}
+    docs["ggmux serve --help"] = subprocess.run(
+        [sys.executable, "-m", "ggmux", "serve", "--help"], capture_output=True, text=True,
+        check=True, timeout=60).stdout
+    for name, text in docs.items():
+        assert not ISSUE.search(text), (name, ISSUE.search(text).group(0))
+        assert not INDEX_INSTALL.search(text), (name, INDEX_INSTALL.search(text).group(0))
+    for where, line, text in _user_strings():
+        assert not ISSUE.search(text), f"{where}:{line}: {text[:200]!r}"
+        assert not INDEX_INSTALL.search(text), f"{where}:{line}: {text[:200]!r}"
+
+
+def test_the_install_lines_run_in_the_clone():
+    """The demo's and the tests' install lines are editable installs of the
+    clone, and README says to start in it."""
+    for phrase in ("pip install -e '.[demo]'", "pip install -e '.[test]'"):
+        assert phrase in block(phrase)
+    assert block("pip install -e '.[demo]'").startswith("cd ggmux ")
+
+
+# ---- blocks run against a real server -----------------------------------------------------------
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """One ``ggmux serve`` with the demo models (and no other source)."""
+    if len(demo_models()) < 2:
+        pytest.skip("the demo models are not installed")
+    d = tmp_path_factory.mktemp("readme")
+    # --n-predict bounds the answers the blocks ask for without a limit (the
+    # haiku and the conversations of `ggmux run`): the lines run as written,
+    # and a 135M model's chatter until its end of turn proves nothing more
+    s = Server(["--proxies", "1", "--ctx-size", "512", "--spares", "0", "--n-predict", "24"],
+               free_port(), d / "server.log")
+    s.dir = d
+    try:
+        s.wait_ready(60)
+        yield s
+    finally:
+        s.stop()
+
+
+def test_the_use_it_curl_lines(demo):
+    env = shell_env(demo.dir)
+    lines = [ln.replace("127.0.0.1:8080", f"127.0.0.1:{demo.port}")
+             for ln in logical_lines(block("curl -sN http://127.0.0.1:8080/models/sse"))]
+    assert len(lines) == 4
+    chat, models, load, sse = lines
+    rc, out = sh(chat, env)
+    assert rc == 0 and json.loads(out)["choices"][0]["message"]["content"], out
+    rc, out = sh(models, env)
+    assert rc == 0 and {SMOL, GEMMA} <= {m["id"] for m in json.loads(out)["data"]}, out
+    rc, out = sh(load, env)
+    assert rc == 0 and json.loads(out)["success"] is True, out
+    # one event per model at once, then its changes (the load above: loading, loaded)
+    out = follow(sse, env, f'"id":"{GEMMA}"')
+    assert out.startswith("event: model\n"), out
+    wait_for(lambda: demo.models()[GEMMA]["status"]["value"] == "loaded", 120, 0.1,
+             what="gemma3-270m loaded by POST /models/load")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_openai_example(demo):
+    code = block("from openai import OpenAI", "python").replace("127.0.0.1:8080",
+                                                                f"127.0.0.1:{demo.port}")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, check=False, env=shell_env(demo.dir))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert len(r.stdout.strip().splitlines()) >= 2, r.stdout  # the haiku, then the completion
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # three answers of smollm2, a load and an unload of gemma3
+def test_the_command_line_block(demo):
+    env = shell_env(demo.dir, GGMUX_URL=demo.base)
+    env.pop("GGMUX_API_KEY", None)
+    lines = logical_lines(block("ggmux ps --all"))
+    assert [ln.split()[:2] for ln in lines][:4] == [["ggmux", "ps"], ["ggmux", "ps"],
+                                                    ["ggmux", "load"], ["ggmux", "unload"]]
+    for line in lines:
+        if " -f " in line:  # follows the log: its first lines, then Ctrl-C
+            out = follow(line, env, "\n")
+            continue
+        # the conversation: the reader types a turn, then /bye
+        typed = b"Say hi\n/bye\n" if "# a conversation" in line else b""
+        rc, out = sh(line, env, timeout=300, typed=typed)
+        assert rc == 0, (line, out)
+        assert out.strip(), (line, "no output")
+        if line.startswith("ggmux ps --all"):
+            assert SMOL in out and GEMMA in out, out
+        elif line.startswith("ggmux unload"):
+            assert demo.models()[GEMMA]["status"]["value"] == "unloaded"
+        elif line.startswith("ggmux load"):
+            assert demo.models()[GEMMA]["status"]["value"] == "loaded"
+
+
+# ---- the one-machine cluster ----------------------------------------------------------------
+class Shell:
+    """One ``bash`` reading commands from a pipe, so a block's lines share
+    its variables and background jobs as a reader's terminal does; stderr
+    (the servers' logs) goes to ``log``."""
+
+    def __init__(self, env: dict, log: Path) -> None:
+        self.log = log
+        self.p = subprocess.Popen(["bash"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=log.open("wb"), env=env, start_new_session=True)
+        self.lines: queue.Queue[bytes] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.p.stdout:
+            self.lines.put(line)
+
+    def run(self, line: str, timeout: float = 120) -> tuple[int, str]:
+        """Run ``line``: ``(its exit status, its stdout)``."""
+        tag = uuid.uuid4().hex
+        self.p.stdin.write(f"{line}\necho; echo {tag} $?\n".encode())
+        self.p.stdin.flush()
+        out, deadline = [], time.monotonic() + timeout
+        while True:
+            try:
+                got = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"{line!r} did not finish in {timeout} s: "
+                                     f"{self.log.read_text()[-3000:]}") from None
+            if got.startswith(tag.encode()):
+                return int(got.split()[1]), b"".join(out).decode(errors="replace")
+            out.append(got)
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            self.p.stdin.close()
+            try:
+                self.p.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)  # whatever the block left behind
+        except ProcessLookupError:
+            pass
+        self.p.wait()
+
+
+def _json(out: str):
+    try:
+        return json.loads(out)
+    except ValueError:
+        return None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # two nodes start, measure the demo models and load one
+@needs_demo
+def test_the_one_machine_cluster_recipe(tmp_path):
+    text = block("nats-server -js -a 127.0.0.1 -p 4222")
+    ports = {p: free_port() for p in ("4222", "8081", "8082")}
+    for old, new in ports.items():
+        text = re.sub(rf"\b{old}\b", str(new), text)
+    lines = logical_lines(text)
+    assert lines[0].startswith("export GGMUX_CLUSTER_TOKEN=")
+    starts = [ln for ln in lines if ln.endswith("&")]
+    assert [ln.split()[0] for ln in starts] == ["nats-server", "ggmux", "ggmux"]
+    cluster_a, chat, model_b, stop = lines[1 + len(starts):]
+    a, b = (f"http://127.0.0.1:{ports[p]}" for p in ("8081", "8082"))
+    shell = Shell(shell_env(tmp_path), tmp_path / "recipe.log")
+    try:
+        assert shell.run(lines[0])[0] == 0
+        for line in starts:
+            assert shell.run(line)[0] == 0
+        # the reader waits for each node's "listening on" line
+        for url in (a, b):
+            wait_for(lambda u=url: f"listening on {u}" in (tmp_path / "recipe.log").read_text(),
+                     120, 0.1, f"{url} listening")
+
+        def both_nodes() -> bool:
+            rc, out = shell.run(cluster_a)
+            doc = _json(out) if rc == 0 else None
+            return doc is not None and {n["name"] for n in doc["nodes"]} == {"a", "b"}
+
+        wait_for(both_nodes, 60, 0.5, "both nodes in node a's /cluster")
+        rc, out = shell.run(chat, timeout=300)
+        assert rc == 0 and _json(out)["choices"][0]["message"]["content"], out
+
+        def node_b_says_a_serves_it() -> bool:
+            rc, out = shell.run(model_b)
+            doc = _json(out) if rc == 0 else None
+            smol = [m for m in (doc or {}).get("data", []) if m["id"] == SMOL]
+            return bool(smol) and smol[0]["status"].get("node") == "a"
+
+        wait_for(node_b_says_a_serves_it, 30, 0.5, "node b's status.node of smollm2: a")
+        rc, _ = shell.run(stop, timeout=180)
+        assert rc == 0
+        log = (tmp_path / "recipe.log").read_text()
+        assert len(re.findall(r"\bINFO \S+: stopped$", log, re.MULTILINE)) == 2, log[-3000:]
+        for p in (ports["8081"], ports["8082"]):
+            assert not segment_exists(p) and not segment_exists(p, "-log")
+    finally:
+        pid = shell.p.pid
+        shell.close()
+        assert not alive(pid)
