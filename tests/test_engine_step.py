@@ -16,7 +16,7 @@ from test_engine import QUESTIONS, chat, smollm2_path
 
 @pytest.fixture(scope="module")
 def engine():
-    e = Engine(EngineConfig(smollm2_path(), ctx_size=256, parallel=4, n_threads=2))
+    e = Engine(EngineConfig(smollm2_path(), ctx_size=256, parallel=4, n_threads=1))
     e.load()
     yield e
     e.close()
@@ -54,7 +54,7 @@ def test_the_batched_greedy_draw_picks_what_llama_sampler_sample_picks(engine):
     logits of four sequences, with no bias, biases that lower tokens (the
     raw argmax among them), and one that raises a token; also with the
     outputs in another order than the batch's."""
-    e = Engine(EngineConfig(smollm2_path(), ctx_size=64, parallel=4, n_threads=2))
+    e = Engine(EngineConfig(smollm2_path(), ctx_size=64, parallel=4, n_threads=1))
     e.m.load()
     try:
         L, m = e.L, e.m
