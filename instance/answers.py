@@ -5,8 +5,9 @@ forced tool call of a model without a Jinja template, log probabilities,
 and the ``stream_options.include_usage`` usage chunk.
 
 :class:`Answer` is the one object that holds a request's streaming state
-(the shape of LiteLLM's streaming iterators); it runs on the engine's
-decode thread and hands finished objects to a ``sink(kind, payload)``:
+(the shape of LiteLLM's streaming iterators); it runs where the engine
+hands its events (the instance server's loop, or the decode thread) and
+hands finished objects to a ``sink(kind, payload)``:
 ``("chunk", dict)`` for each streamed chunk, ``("result", dict)`` for a
 whole answer, ``("end", usage)`` after the last chunk (its usage object),
 ``("error", str)``.
@@ -135,7 +136,7 @@ class Answer:
         self.x = extras or Extras()
         self.job = None  # the engine's job (its live timings), set after submit
 
-    # ---- events (decode thread) ---------------------------------------------
+    # ---- events (one thread: the server's loop or the decode thread) ------
     def on_event(self, ev: tuple) -> None:
         kind = ev[0]
         if kind == "text":

@@ -42,6 +42,12 @@ class Backend:
         ``effective``, ``slots``)."""
         raise NotImplementedError
 
+    def use_loop(self, loop) -> None:
+        """The server's asyncio ``loop``: a backend may run its requests'
+        sinks on that loop's thread (sinks stay callable from any thread).
+        The built-in engine hands each step's events of all requests there
+        in one ``call_soon_threadsafe`` (issue 21)."""
+
     def measure(self) -> dict:
         """Memory a load needs (``--measure``): ``{"min": {device: bytes},
         "max": {...}}``."""

@@ -23,8 +23,9 @@ x parallel``) shared by ``parallel`` slots; slot ``i`` is llama sequence
 3. ``_generate``: one batch holds the pending token of every generating slot
    and then chunks of prompts still being read, up to ``n_batch`` tokens, so
    a long prompt never stops the others' tokens (chunked prefill); one
-   ``llama_decode``; then every slot whose logits came out samples with its
-   own ``llama_sampler`` chain and hands its text on
+   ``llama_decode`` (:mod:`ggmux.instance.generate_steps`); then every
+   slot whose logits came out samples with its own ``llama_sampler`` chain
+   (the greedy ones together, in one ``argmax``) and hands its text on
    (:mod:`ggmux.instance.sample_steps`: a grammar's draw, whose cost grows
    with the grammar, runs on a worker thread while the others go on);
 4. ``_embed``: one batch of embedding chunks, decoded with embeddings on.
@@ -32,8 +33,12 @@ x parallel``) shared by ``parallel`` slots; slot ``i`` is llama sequence
 ``n > 1`` evaluates the prompt once and copies its KV to the other choices'
 sequences (``llama_memory_seq_cp``: the cells are shared). There is no HTTP
 here: requests are submitted from other threads (:meth:`Engine.submit`) and
-their events come back through a callback run on the decode thread (keep it
-short and thread-safe, e.g. ``loop.call_soon_threadsafe``).
+their events come back through a callback. A step's events of every request
+are handed on together at its end (issue 21: one hand-off per step, not one
+per token): by default the decode thread runs the callbacks then (keep them
+short and thread-safe); with :attr:`Engine.deliver` set (the instance's
+server: one ``loop.call_soon_threadsafe`` per step) the callbacks run
+wherever that hook sends the batch, off the decode thread.
 
 The events a request's consumer gets are listed in :mod:`ggmux.instance.jobs`.
 """
@@ -53,6 +58,7 @@ from .backend import ReplicaFault
 from .batch import Batch
 from .embedding import EmbeddingSteps
 from .fairness import FairQueue
+from .generate_steps import GenerateSteps
 from .jobs import (
     ContextExceeded,
     Embedding,
@@ -62,11 +68,12 @@ from .jobs import (
     Generation,
     InvalidRequest,
     Job,
+    deliver,
 )
 from .model import EngineConfig, ModelContext
 from .sample_steps import SampleSteps
 from .sampling import SamplerError, Sampling, sampler_chain
-from .slots import EMBED, GENERATE, IDLE, PROMPT, SAMPLE, STATE_NAMES, WAIT, Slot, common_prefix
+from .slots import EMBED, IDLE, PROMPT, SAMPLE, STATE_NAMES, WAIT, Slot, common_prefix
 from .stops import StopStrings, StopText
 
 log = logging.getLogger(__name__)
@@ -75,11 +82,19 @@ __all__ = ["Embedding", "Engine", "EngineAsleep", "EngineConfig", "EngineError",
            "EngineStopped", "Generation", "InvalidRequest", "Job", "Sampling"]
 
 
-class Engine(EmbeddingSteps, SampleSteps):
+class Engine(EmbeddingSteps, GenerateSteps, SampleSteps):
     """Continuous batching over ``parallel`` slots of one llama context; see
     the module docstring. Life cycle: ``load()``, then ``submit`` from any
     thread, ``sleep()``/``wake()`` to free and restore the weights,
-    ``close()`` to end (queued and running requests get an ``error``)."""
+    ``close()`` to end (queued and running requests get an ``error``).
+
+    ``deliver``: None, or ``deliver(batch)`` called on the decode thread
+    once per step with that step's events, ``[(job, event), ...]`` in
+    order; it must return at once and later run
+    :func:`~ggmux.instance.jobs.deliver` on the batch, on one thread
+    (e.g. ``lambda b: loop.call_soon_threadsafe(jobs.deliver, b)``)."""
+
+    deliver: Callable[[list[tuple[Job, tuple]]], None] | None = None
 
     def __init__(self, config: EngineConfig,
                  on_progress: Callable[[float], None] | None = None) -> None:
@@ -98,6 +113,7 @@ class Engine(EmbeddingSteps, SampleSteps):
         self._waiting: FairQueue[Job] = FairQueue(_tenant)
         self._kicked = False
         self._results: list = []  # tokens drawn on worker threads (sample_steps)
+        self._outbox: list[tuple[Job, tuple]] = []  # this step's events (decode thread)
         self._close_reason: str | None = None
         self._refuse: str | None = None
         self._sleep_done: threading.Event | None = None
@@ -250,7 +266,7 @@ class Engine(EmbeddingSteps, SampleSteps):
         stops = StopStrings(request.stop) if isinstance(request, Generation) else None
         with self._model_lock:
             self._check_loaded()
-            job = Job(request, on_event, self._next_id, self._kick)
+            job = Job(request, on_event, self._next_id, self._kick, self._outbox)
             job.stops = stops
             self._next_id += 1
             if isinstance(request, Generation):
@@ -346,6 +362,7 @@ class Engine(EmbeddingSteps, SampleSteps):
     def _run(self) -> None:
         try:
             while True:
+                self._flush()
                 with self._cond:
                     while not (self._inbox or self._kicked or self._close_reason is not None
                                or self._sleep_done is not None or self._refuse is not None
@@ -358,6 +375,7 @@ class Engine(EmbeddingSteps, SampleSteps):
                     refuse, self._refuse = self._refuse, None
                 if reason is not None:
                     self._shutdown(reason)
+                    self._flush()
                     return
                 while refuse is not None and self._waiting:
                     self._fail(self._waiting.popleft(), refuse)
@@ -370,6 +388,23 @@ class Engine(EmbeddingSteps, SampleSteps):
         except BaseException as e:  # a bug: fail every request rather than hang them
             log.exception("engine loop failed")
             self._shutdown(f"engine failure: {type(e).__name__}: {e}")
+            self._flush()
+
+    def _flush(self) -> None:
+        """Hand this step's events on: to :attr:`deliver` in one call, or to
+        their callbacks here."""
+        out = self._outbox
+        if not out:
+            return
+        batch = out.copy()
+        out.clear()
+        if self.deliver is None:
+            deliver(batch)
+            return
+        try:
+            self.deliver(batch)
+        except Exception:  # the consumer's loop is gone: nobody is left to tell
+            log.exception("handing %d events on failed", len(batch))
 
     def _do_sleep(self) -> None:
         with self._model_lock:
@@ -404,6 +439,7 @@ class Engine(EmbeddingSteps, SampleSteps):
         self._reap(kicked)
         self._admit()
         self._generate()
+        self._flush()  # the tokens go out before an embedding batch decodes
         self._embed()
 
     def _reap(self, kicked: bool) -> None:
@@ -510,89 +546,6 @@ class Engine(EmbeddingSteps, SampleSteps):
         first.children = chosen[1:]
         first.state = PROMPT
         job.progress(keep)
-
-    # -- generation
-    def _plan(self, prompt_budget: int) -> list[tuple[Slot, int]]:
-        """Fill the batch: every generating slot's pending token, then prompt
-        chunks (oldest request first) up to ``prompt_budget`` tokens.
-        Returns ``(slot, tokens added)``; nothing is committed yet."""
-        b = self._batch
-        b.clear()
-        plan = []
-        for s in self.slots:
-            if s.state == GENERATE:
-                s.i_batch = b.add(s.pending, len(s.tokens), s.id, True)
-                plan.append((s, 1))
-        budget = min(prompt_budget, b.room)
-        for s in sorted((s for s in self.slots if s.state == PROMPT), key=lambda s: s.job.id):
-            if budget <= 0:
-                break
-            prompt = s.job.request.prompt
-            start = len(s.tokens)
-            k = min(len(prompt) - start, budget)
-            last = b.add_run(prompt[start:start + k], start, s.id, "last")
-            s.i_batch = last if start + k == len(prompt) else -1
-            plan.append((s, k))
-            budget -= k
-        return plan
-
-    def _decode(self) -> tuple[int, float]:
-        t0 = time.perf_counter()
-        ret = self.L.llama_decode(self.m.ctx, self._batch.ready())
-        dt = time.perf_counter() - t0
-        self._timed(dt)
-        st = self.stats
-        st["decode_calls_total"] += 1
-        st["decode_seconds_total"] += dt
-        st["batch_tokens_total"] += self._batch.n
-        return ret, dt
-
-    def _generate(self) -> None:
-        budget = self._batch.capacity
-        while True:
-            plan = self._plan(budget)
-            if not plan:
-                return
-            ret, _ = self._decode()
-            if ret == 0:
-                break
-            if ret == 1 and budget > 0 and any(s.state == PROMPT for s, _ in plan):
-                budget //= 2  # no room for this many cells: llama-server halves the batch
-                log.warning("KV cache had no room for the batch; retrying with %d prompt tokens",
-                            budget)
-                continue
-            log.error("llama_decode failed (%d) on a batch of %d tokens", ret, self._batch.n)
-            for s, _ in plan:
-                self.L.llama_memory_seq_rm(self.m.mem, s.id, len(s.tokens), -1)
-                if s.job is not None and not s.job.ended:
-                    self._fail(s.job, ReplicaFault(f"decode failed ({ret})"))
-            return
-        ready = []
-        for s, k in plan:
-            if s.state == GENERATE:
-                s.tokens.append(s.pending)
-                s.pending = -1
-                ready.append(s)
-            else:
-                start = len(s.tokens)
-                s.tokens.extend(s.job.request.prompt[start:start + k])
-                s.job.progress(len(s.tokens))
-                if s.i_batch >= 0:
-                    ready.append(s)
-        for s in ready:
-            if s.job is None or s.job.ended:
-                continue
-            if s.state == PROMPT:
-                s.job.t_first = time.monotonic()
-                for c in s.children:  # n > 1: the other choices share the prompt's cells
-                    self.L.llama_memory_seq_cp(self.m.mem, s.id, c.id, -1, -1)
-                    c.tokens = list(s.tokens)
-                    c.i_batch = s.i_batch
-                for c in [s, *s.children]:
-                    c.state = GENERATE
-                    self._sample(c)
-            else:
-                self._sample(s)
 
     # -- ends
     def _end_job(self, job: Job, cancelled: bool = False) -> None:

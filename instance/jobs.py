@@ -110,7 +110,7 @@ class Job:
     ``result()`` gathers them."""
 
     def __init__(self, request, on_event: Callable[[tuple], None] | None, jid: int,
-                 kick: Callable[[], None]) -> None:
+                 kick: Callable[[], None], outbox: list | None = None) -> None:
         self.id = jid
         self.request = request
         self._kick = kick
@@ -121,6 +121,7 @@ class Job:
             self.queue = queue.SimpleQueue()
             on_event = self.queue.put
         self._on_event = on_event
+        self._outbox = outbox  # the engine's events of this step: (job, event)
         self.samplers: list = []
         self.stops = None  # the request's StopStrings automaton (a Generation)
         self.sampling = 0  # tokens being drawn on worker threads (its samplers are in use)
@@ -135,8 +136,18 @@ class Job:
         self.t_first = 0.0
 
     def emit(self, event: tuple) -> None:
-        """Hand one event to the consumer (decode thread); a consumer that
-        raises is logged, never allowed to stop the engine."""
+        """Queue one event for the consumer (decode thread): the engine
+        hands a step's events on together (:func:`deliver`); a job made
+        without an outbox hands it on at once."""
+        if self._outbox is None:
+            self.dispatch(event)
+        else:
+            self._outbox.append((self, event))
+
+    def dispatch(self, event: tuple) -> None:
+        """Run the consumer's callback on one event (any one thread at a
+        time, in the order emitted); a consumer that raises is logged,
+        never allowed to stop the engine."""
         try:
             self._on_event(event)
         except Exception:
@@ -223,6 +234,13 @@ class Job:
                    predicted_n=self.n_decoded,
                    predicted_ms=_ms(now - self.t_first) if first else 0.0)
         return out
+
+
+def deliver(batch: list[tuple[Job, tuple]]) -> None:
+    """Dispatch ``(job, event)`` pairs in order (one engine step's events,
+    on whatever thread the engine's ``deliver`` hook runs this)."""
+    for job, event in batch:
+        job.dispatch(event)
 
 
 def _ms(seconds: float) -> float:

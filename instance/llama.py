@@ -21,6 +21,7 @@ from .backend import Backend, Sink
 from .builtin_templates import render_builtin
 from .chat import ChatTemplate
 from .engine import Embedding, Engine, Generation, InvalidRequest
+from .jobs import deliver
 from .llama_args import llama_kwargs
 from .messages import chat_messages as jinja_messages
 from .messages import refuse_media
@@ -88,10 +89,11 @@ class LlamaBackend(Backend):
     """Serves chat, completions and embeddings with the batching engine
     (:class:`~ggmux.instance.engine.Engine`) on ``--parallel`` slots.
 
-    ``start`` checks a request and submits it; its answer is built on the
-    engine's decode thread and handed to the server's sink. ``native``
-    requests (llama.cpp's ``/completion``) are answered in llama.cpp's own
-    shape (:class:`~ggmux.instance.answers.Extras`)."""
+    ``start`` checks a request and submits it; its answer is built from
+    the engine's events (on the server's loop once :meth:`use_loop` is
+    called, else on the decode thread) and handed to the server's sink.
+    ``native`` requests (llama.cpp's ``/completion``) are answered in
+    llama.cpp's own shape (:class:`~ggmux.instance.answers.Extras`)."""
 
     native_answers = True
 
@@ -103,6 +105,7 @@ class LlamaBackend(Backend):
         self.engine = None
         self.template = None
         self.slots = self._config().parallel
+        self._deliver = None  # the engine's per-step hand-off (use_loop)
 
     def _config(self):
         kw = llama_kwargs(getattr(self.args, "llama_args", []) or [])
@@ -226,6 +229,7 @@ class LlamaBackend(Backend):
     def load(self) -> dict:
         # the weights' progress as llama-server reports it to its router
         self.engine = Engine(self._config(), on_progress=protocol.LoadProgress())
+        self.engine.deliver = self._deliver
         info = self.engine.load()
         e = self.engine
         special = e.special_tokens()
@@ -237,6 +241,16 @@ class LlamaBackend(Backend):
                                      e.token_text(special["eos"]), special["eos"],
                                      self.chat_format, self._raw_tokenize, source, self.jinja)
         return {"n_ctx": info["n_ctx"], "slots": info["slots"], "kv_size": info["kv_size"]}
+
+    def use_loop(self, loop) -> None:
+        """Answers are built on ``loop``'s thread: the engine hands a step's
+        events there in one call, and its decode thread goes on."""
+        def hand_off(batch: list) -> None:
+            loop.call_soon_threadsafe(deliver, batch)
+
+        self._deliver = hand_off
+        if self.engine is not None:
+            self.engine.deliver = hand_off
 
     def _raw_tokenize(self, raw: bytes, add_special: bool, parse_special: bool) -> list[int]:
         return self.engine.tokenize(raw.decode("utf-8", "replace"), add_special, parse_special)

@@ -97,6 +97,7 @@ class ModelContext:
         self.unified = True
         self.metadata: dict[str, str] = {}
         self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
 
     @property
     def loaded(self) -> bool:
@@ -177,6 +178,7 @@ class ModelContext:
         self.pooled = L.llama_pooling_type(ctx) != L.LLAMA_POOLING_TYPE_NONE
         self.metadata = self._read_metadata()
         self._pieces = {}
+        self._eog = {}
         log.info("loaded %s: %d slots, %d tokens per request, KV cache %d tokens (%s)",
                  os.path.basename(cfg.model_path), self.n_seq, self.n_ctx, self.kv_size,
                  "shared" if unified else "a stream per slot")
@@ -258,7 +260,12 @@ class ModelContext:
         return self.L.llama_vocab_get_text(self.vocab, token).decode("utf-8", "replace")
 
     def is_eog(self, token: int) -> bool:
-        return bool(self.L.llama_vocab_is_eog(self.vocab, token))
+        """Whether ``token`` ends a generation (``llama_vocab_is_eog``; cached:
+        the decode thread asks once per token)."""
+        e = self._eog.get(token)
+        if e is None:
+            e = self._eog[token] = bool(self.L.llama_vocab_is_eog(self.vocab, token))
+        return e
 
     def check_tokens(self, tokens, what: str) -> None:
         """Raise InvalidRequest naming the first id outside the vocabulary

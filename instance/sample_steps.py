@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .sampling import logits_row, logprob_entry, token_logprobs
+from .sampling import greedy_tokens, logits_row, logprob_entry, token_logprobs
 from .slots import GENERATE, SAMPLE, Slot
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,29 @@ class SampleSteps:
         """One decode took ``seconds`` (the engine's ``_decode`` reports)."""
         old = self._step_s
         self._step_s = seconds if not old else old + STEP_ALPHA * (seconds - old)
+
+    def _sample_all(self, slots: list[Slot]) -> None:
+        """Every slot in ``slots`` (its logits just came out) draws: the
+        stateless greedy ones together (:func:`~.sampling.greedy_tokens`),
+        the others with their own chain; a slot whose request ended
+        meanwhile (an earlier slot of the step ended it) is skipped."""
+        greedy = [s for s in slots if s.sampler.greedy is not None]
+        if greedy:
+            toks = greedy_tokens(self.L, self.m.ctx, [s.i_batch for s in greedy],
+                                 [s.sampler.greedy for s in greedy], self.m.n_vocab)
+            for s, tok in zip(greedy, toks, strict=True):
+                job = s.job
+                if job is None or job.ended:
+                    continue
+                row = (logits_row(self.L, self.m.ctx, s.i_batch, self.m.n_vocab)
+                       if job.request.logprobs is not None else None)
+                self._took(s, tok, row)
+            if len(greedy) == len(slots):
+                return
+        for s in slots:
+            if s.sampler is not None and s.sampler.greedy is None and s.job is not None \
+                    and not s.job.ended:
+                self._sample(s)
 
     def _sample(self, s: Slot) -> None:
         job = s.job

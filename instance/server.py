@@ -165,6 +165,8 @@ class InstanceApp:
         self._flushed = asyncio.Event()
         self._flushed.set()
         self._switching = asyncio.Lock()  # one sleep or wake at a time
+        self._loop_thread = threading.get_ident()
+        backend.use_loop(self.loop)
 
     async def sleep_or_wake(self, cmd: str) -> None:
         """``sleep``: free the weights once the requests in progress end,
@@ -335,8 +337,13 @@ class InstanceApp:
                 kind = "completion"
         events: asyncio.Queue = asyncio.Queue()
 
-        def sink(what: str, payload) -> None:  # any thread
-            loop.call_soon_threadsafe(events.put_nowait, (what, payload))
+        def sink(what: str, payload) -> None:  # any thread; the loop's most often
+            if threading.get_ident() == here:
+                events.put_nowait((what, payload))
+            else:
+                loop.call_soon_threadsafe(events.put_nowait, (what, payload))
+
+        here = self._loop_thread
 
         rid = (req.header(b"x-request-id") or b"").decode("latin-1")[:64]
         tenant = (req.header(TENANT) or b"").decode("latin-1")[:64]

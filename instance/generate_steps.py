@@ -1,0 +1,108 @@
+"""The engine's generation step: one batch of every generating slot's
+pending token and then prompt chunks, one ``llama_decode``, then the
+draws (:class:`~ggmux.instance.engine.Engine`'s step 3; the draws and
+their text: :mod:`ggmux.instance.sample_steps`)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from .backend import ReplicaFault
+from .slots import GENERATE, PROMPT, Slot
+
+log = logging.getLogger(__name__)
+
+
+class GenerateSteps:
+    """Mixed into :class:`~ggmux.instance.engine.Engine`: uses its model
+    (``m``), llama bindings (``L``), batch (``_batch``), slots, ``stats``,
+    ``_timed``, ``_sample_all`` and ``_fail``."""
+
+    def _plan(self, prompt_budget: int) -> list[tuple[Slot, int]]:
+        """Fill the batch: every generating slot's pending token, then prompt
+        chunks (oldest request first) up to ``prompt_budget`` tokens.
+        Returns ``(slot, tokens added)``; nothing is committed yet."""
+        b = self._batch
+        b.clear()
+        plan = []
+        for s in self.slots:
+            if s.state == GENERATE:
+                s.i_batch = b.add(s.pending, len(s.tokens), s.id, True)
+                plan.append((s, 1))
+        budget = min(prompt_budget, b.room)
+        for s in sorted((s for s in self.slots if s.state == PROMPT), key=lambda s: s.job.id):
+            if budget <= 0:
+                break
+            prompt = s.job.request.prompt
+            start = len(s.tokens)
+            k = min(len(prompt) - start, budget)
+            last = b.add_run(prompt[start:start + k], start, s.id, "last")
+            s.i_batch = last if start + k == len(prompt) else -1
+            plan.append((s, k))
+            budget -= k
+        return plan
+
+    def _decode(self) -> tuple[int, float]:
+        t0 = time.perf_counter()
+        ret = self.L.llama_decode(self.m.ctx, self._batch.ready())
+        dt = time.perf_counter() - t0
+        self._timed(dt)
+        st = self.stats
+        st["decode_calls_total"] += 1
+        st["decode_seconds_total"] += dt
+        st["batch_tokens_total"] += self._batch.n
+        return ret, dt
+
+    def _generate(self) -> None:
+        budget = self._batch.capacity
+        while True:
+            plan = self._plan(budget)
+            if not plan:
+                return
+            ret, _ = self._decode()
+            if ret == 0:
+                break
+            if ret == 1 and budget > 0 and any(s.state == PROMPT for s, _ in plan):
+                budget //= 2  # no room for this many cells: llama-server halves the batch
+                log.warning("KV cache had no room for the batch; retrying with %d prompt tokens",
+                            budget)
+                continue
+            log.error("llama_decode failed (%d) on a batch of %d tokens", ret, self._batch.n)
+            for s, _ in plan:
+                self.L.llama_memory_seq_rm(self.m.mem, s.id, len(s.tokens), -1)
+                if s.job is not None and not s.job.ended:
+                    self._fail(s.job, ReplicaFault(f"decode failed ({ret})"))
+            return
+        ready = []
+        for s, k in plan:
+            if s.state == GENERATE:
+                s.tokens.append(s.pending)
+                s.pending = -1
+                ready.append(s)
+            else:
+                start = len(s.tokens)
+                s.tokens.extend(s.job.request.prompt[start:start + k])
+                s.job.progress(len(s.tokens))
+                if s.i_batch >= 0:
+                    ready.append(s)
+        draw = []
+        for s in ready:
+            if s.job is None or s.job.ended:
+                continue
+            if s.state == PROMPT:
+                s.job.t_first = time.monotonic()
+                for c in s.children:  # n > 1: the other choices share the prompt's cells
+                    self.L.llama_memory_seq_cp(self.m.mem, s.id, c.id, -1, -1)
+                    c.tokens = list(s.tokens)
+                    c.i_batch = s.i_batch
+                for c in [s, *s.children]:
+                    c.state = GENERATE
+                    draw.append(c)
+            else:
+                draw.append(s)
+        if draw:
+            self._sample_all(draw)
+
+
+__all__ = ["GenerateSteps"]
