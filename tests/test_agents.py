@@ -52,13 +52,17 @@ SMOL = "smollm2-135m"
 # the real model's preset: Claude Code's whole prompt fits (smollm2 is trained
 # for 8k, which llama.cpp stretches); one slot (the CLIs send one request at a
 # time); answers stop at 128 tokens: a tool call is 40 to 80, and a 135M model
-# left to write its own ``response`` would go on to the context's end
+# left to write its own ``response`` would go on to the context's end; one
+# thread: on a loaded machine llama.cpp's two spinning threads wait on each
+# other at every barrier (measured on the shared 2-core machine, load 30:
+# 40 tokens in 10 to 22 s with one thread, 30 to 160 s with two)
 SMOL_PRESET = f"""[{SMOL}]
 model = ${{env.GGMUX_DEMO_SMOLLM2}}
 ctx-size = 32768
 parallel = 1
 n-predict = 128
 temp = 0
+threads = 1
 """
 FULL = os.environ.get("GGMUX_AGENT_FULL") == "1"
 
