@@ -7,7 +7,13 @@ naming another format) is rendered as llama-server renders it
 template family's format (:mod:`ggmux.instance.tools`): :meth:`ChatTemplate.chat`.
 Otherwise llama-cpp-python's own chat handlers do it, chosen as
 ``llama_cpp.Llama`` chooses them: the format named by ``--chat-template``
-(``chatml``, ``llama-2``, ...), else ``llama-2`` (:meth:`ChatTemplate.prompt`).
+(``chatml``, ``llama-2``, ...) (:meth:`ChatTemplate.prompt`). A GGUF with
+no template at all (a base model) gets llama-server's default, its ChatML
+template (``CHATML_TEMPLATE_SRC`` in llama.cpp's ``common/chat.cpp``; the
+GGUF's ``tool_use`` template first when it has only that), rendered on the
+Jinja path with ChatML's end-of-turn markers as stop strings, so that a chat
+request gets the model's continuation, never the empty answer of a format it
+never saw.
 
 A handler renders the prompt and then calls ``llama.create_completion``; it
 is handed a stand-in (:class:`_Capture`) that tokenizes with the engine and
@@ -27,6 +33,18 @@ from .tools.base import regex_escape
 from .validate import BadRequest
 
 log = logging.getLogger(__name__)
+
+# llama.cpp's CHATML_TEMPLATE_SRC (common/chat.cpp): llama-server's template
+# for a GGUF that has none
+CHATML_TEMPLATE = (
+    "{%- for message in messages -%}\n"
+    "  {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "  {{- '<|im_start|>assistant\\n' -}}\n"
+    "{%- endif -%}")
+# a base model does not know ChatML's markers as special tokens: they end its turn as text
+CHATML_STOPS = ("<|im_end|>", "<|im_start|>")
 
 
 class _Capture:
@@ -94,16 +112,21 @@ class ChatTemplate:
         name = chat_format
         if name is None and "chat_template.default" in own:
             name = cf.guess_chat_format_from_gguf_metadata(metadata) or "chat_template.default"
-        name = name or "llama-2"
+        name = name or "chatml"
         self.name = name
         self.template = metadata.get("tokenizer.chat_template", "")
         self.bos = bos
         self.jinja: JinjaTemplate | None = None
         self.jinja_tools: JinjaTemplate | None = None  # tokenizer.chat_template.tool_use
-        if chat_format is None and self.template:
+        # no template of its own: llama-server's default (see the module docstring)
+        self.default = chat_format is None and not self.template
+        source = self.template or (metadata.get("tokenizer.chat_template.tool_use")
+                                   or CHATML_TEMPLATE if self.default else "")
+        if chat_format is None and source:
             try:
-                self.jinja = JinjaTemplate(self.template, bos, eos)
-                self.name = "jinja"
+                self.jinja = JinjaTemplate(source, bos, eos)
+                self.name = "jinja" if self.template else "chatml (llama-server's default: " \
+                                                          "the GGUF has no chat template)"
                 tool_use = metadata.get("tokenizer.chat_template.tool_use")
                 if tool_use:
                     self.jinja_tools = JinjaTemplate(tool_use, bos, eos)
@@ -151,6 +174,8 @@ class ChatTemplate:
         except TemplateRefused as e:
             raise BadRequest(f"messages: the model's chat template refused them: {e}",
                              "messages") from None
+        if self.default:
+            plan.stops.extend(s for s in CHATML_STOPS if s not in plan.stops)
         return fmt, plan
 
     def chat(self, messages: list[dict], req: ToolRequest) -> ChatPrompt:

@@ -62,6 +62,25 @@ from .fairness import FairQueue
 from .validate import BadRequest, generation_limit, request_limits_from_args
 
 
+def _check_shapes(body: dict) -> None:
+    """Raise :class:`BadRequest` for ``tools``, ``tool_choice`` or
+    ``stream_options`` of the wrong shape, as the built-in instance does: a
+    client's mistake, never a replica fault nor an error mid-stream
+    (tests/test_api_fuzz.py sends such bodies)."""
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise BadRequest("'stream_options' must be an object", "stream_options")
+    tools = body.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(
+            isinstance(t, dict) and isinstance(t.get("function"), dict)
+            and isinstance(t["function"].get("name"), str) for t in tools)):
+        raise BadRequest("'tools' must be a list of {\"type\": \"function\", \"function\": "
+                         "{\"name\": ...}}", "tools")
+    choice = body.get("tool_choice")
+    if choice is not None and not isinstance(choice, (str, dict)):
+        raise BadRequest("'tool_choice' must be a string or an object", "tool_choice")
+
+
 def example_value(schema, name: str = "value"):
     """A deterministic value that ``schema`` (a JSON schema) accepts, from
     the schema alone: its ``const``, first ``enum`` value or ``default``;
@@ -182,15 +201,17 @@ class FakeBackend(Backend):
         """The calls this request is answered with (module docstring); []
         for a text answer. Raises BadRequest for a named tool the request
         does not offer."""
-        tools = [t.get("function") for t in body.get("tools") or ()
-                 if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+        tools = body.get("tools")
+        tools = [t.get("function") for t in tools if isinstance(t, dict) and isinstance(
+            t.get("function"), dict)] if isinstance(tools, list) else []
         choice = body.get("tool_choice")
         msgs = body.get("messages") or [{}]
-        if not tools or choice == "none" or (msgs[-1] or {}).get("role") == "tool":
+        if not tools or choice == "none" or msgs[-1].get("role") == "tool":
             return []
         names = [t.get("name") for t in tools]
         if isinstance(choice, dict):
-            name = (choice.get("function") or {}).get("name")
+            fn = choice.get("function")
+            name = fn.get("name") if isinstance(fn, dict) else None
             if name not in names:
                 raise BadRequest(f"tool_choice names {name!r}, which is not among the tools",
                                  "tool_choice")
@@ -207,7 +228,11 @@ class FakeBackend(Backend):
             fn = tools[(first + k) % len(tools)]
             args = given.get(fn.get("name"))
             if args is None:
-                args = example_value(fn.get("parameters") or {"type": "object"}, fn.get("name"))
+                try:
+                    args = example_value(fn.get("parameters") or {"type": "object"},
+                                         fn.get("name"))
+                except (TypeError, ValueError, AttributeError, KeyError, RecursionError):
+                    args = {}  # a schema the fake cannot read (a fuzzed one): no arguments
             self._calls += 1
             calls.append({"id": f"call_{os.getpid()}_{self._calls}", "type": "function",
                           "function": {"name": fn.get("name"),
@@ -237,8 +262,12 @@ class FakeBackend(Backend):
         self._check(body)
         if self.cfg.get("fail_requests") or os.path.exists(self.path + f".fail-{os.getpid()}"):
             raise ReplicaFault("fake failure")
-        if kind == "chat" and not isinstance(body.get("messages"), list):
-            raise BadRequest("'messages' must be a list", "messages")
+        if kind == "chat" and not (isinstance(body.get("messages"), list) and all(
+                isinstance(m, dict) for m in body["messages"])):
+            # the built-in instance's validation refuses these too: a client's
+            # mistake, never a replica fault (tests/test_api_fuzz.py sends them)
+            raise BadRequest("'messages' must be a list of objects", "messages")
+        _check_shapes(body)
         job = _FakeJob(kind, body, sink, request_id, tenant)
         if kind != "embedding":
             job.limit = generation_limit(body, self.limits, self.n_predict)

@@ -1,14 +1,29 @@
-"""CORS for browser clients (``--cors-origins``).
+"""Browser clients: CORS (``--cors-origins``) and what pages of other
+origins may not do (issue 18, finding 5: "localhost CSRF").
 
-llama-server answers every origin (``Access-Control-Allow-Origin: *``);
-that is the default here too. ``--cors-origins`` takes a comma-separated
-list: a listed origin is echoed back with ``Access-Control-Allow-Credentials:
-true`` (credentials go to listed origins only, as the Fetch standard
-requires: never with ``*``), ``*`` in the list keeps answering every other
-origin without credentials, and an origin that is not allowed gets no allow
-header (the browser then refuses the answer). Preflights (``OPTIONS`` with
-``Access-Control-Request-Method``) get 204 with the allowed methods and
-headers; any other ``OPTIONS`` gets 204 with ``Allow``.
+CORS: llama-server answers every origin (``Access-Control-Allow-Origin:
+*``); that is the default here too, on the API routes. ``--cors-origins``
+takes a comma-separated list: a listed origin is echoed back with
+``Access-Control-Allow-Credentials: true`` (credentials go to listed
+origins only, as the Fetch standard requires: never with ``*``), ``*`` in
+the list keeps answering every other origin without credentials, and an
+origin that is not allowed gets no allow header (the browser then refuses
+the answer). Preflights (``OPTIONS`` with ``Access-Control-Request-Method``)
+get 204 with the allowed methods and, of the headers asked for, those
+ggmux reads (:data:`ACCEPTED_HEADERS`); any other ``OPTIONS`` gets 204
+with ``Allow``.
+
+Admin routes (load, unload, reload, logs, the request ring, drain: what the admin key
+guards) never answer ``*``: only an origin ``--cors-origins`` names gets
+an allow header there, and a request from a page of any other origin
+(:func:`from_other_site`) is refused (403) before it does anything, key or
+no key. CORS alone would not stop it: a "simple" request (a form post, a
+``fetch`` with a ``text/plain`` body or none, an ``<img>``) runs without a
+preflight, and only its answer is hidden from the page. For the same
+reason a POST body must say it is JSON (:func:`json_type`; 415 otherwise),
+which no page of another origin can send without a preflight; a
+pass-through to a replica (``/upstream/``) takes any type but the three a
+simple request may carry (:func:`simple_type`).
 """
 
 from __future__ import annotations
@@ -22,8 +37,74 @@ ALLOW_HEADERS = (b"authorization, content-type, x-api-key, anthropic-version, "
                  b"openai-project, x-stainless-arch, x-stainless-lang, x-stainless-os, "
                  b"x-stainless-package-version, x-stainless-runtime, "
                  b"x-stainless-runtime-version, x-stainless-retry-count, x-stainless-timeout")
+# what a preflight may be granted: the headers above, those SDKs' other
+# x-stainless-* ones, and a few more they send
+ACCEPTED_HEADERS = frozenset(h.strip() for h in ALLOW_HEADERS.split(b",")) | {
+    b"accept", b"accept-language", b"content-language", b"openai-beta",
+    b"anthropic-dangerous-direct-browser-access"}
+ACCEPTED_PREFIX = b"x-stainless-"
 EXPOSE_HEADERS = b"x-request-id, retry-after"
 MAX_AGE_S = 86400  # how long a browser may cache a preflight answer
+# the media types a browser sends without a preflight (the Fetch standard's
+# CORS-safelisted request-header Content-Type values); no type at all is as
+# simple (a fetch with a Blob body, sendBeacon)
+SIMPLE_TYPES = frozenset((b"text/plain", b"application/x-www-form-urlencoded",
+                          b"multipart/form-data"))
+
+
+def media_type(content_type: bytes | None) -> bytes:
+    """The media type of a ``Content-Type`` value, lower case, without
+    parameters (``b""`` for none)."""
+    if not content_type:
+        return b""
+    return content_type.split(b";", 1)[0].strip().lower()
+
+
+def json_type(content_type: bytes | None) -> bool:
+    """Whether ``Content-Type`` says JSON: ``application/json`` or
+    ``application/<x>+json``, any parameters (what the OpenAI, Anthropic
+    and Ollama clients send; curl's ``-d`` sends
+    ``application/x-www-form-urlencoded``)."""
+    if content_type == b"application/json":  # what nearly every client sends
+        return True
+    mt = media_type(content_type)
+    return mt == b"application/json" or (mt[:12] == b"application/" and mt[-5:] == b"+json")
+
+
+def simple_type(content_type: bytes | None) -> bool:
+    """Whether a body of this type (or of none) can come from a page of any
+    origin without a preflight (:data:`SIMPLE_TYPES`)."""
+    mt = media_type(content_type)
+    return not mt or mt in SIMPLE_TYPES
+
+
+def accepted_headers(asked: bytes) -> bytes:
+    """Of a preflight's ``Access-Control-Request-Headers``, those ggmux
+    reads (:data:`ACCEPTED_HEADERS`, ``x-stainless-*``), comma-separated."""
+    names = (h.strip().lower() for h in asked.split(b","))
+    return b", ".join(h for h in names if h in ACCEPTED_HEADERS
+                      or (h.startswith(ACCEPTED_PREFIX) and h[len(ACCEPTED_PREFIX):].replace(
+                          b"-", b"").isalnum()))
+
+
+def same_origin(origin: bytes, host: bytes | None) -> bool:
+    """Whether ``Origin`` names the server the request came to (its
+    ``Host``): the operator's page on ggmux's own port."""
+    return host is not None and origin.partition(b"://")[2].lower() == host.strip().lower()
+
+
+def from_other_site(req: Request, listed: frozenset[bytes]) -> bool:
+    """Whether ``req`` comes from a page of another origin than ggmux's
+    own that is not in ``listed`` (``--cors-origins``): its ``Origin`` (a
+    browser sends one with every POST and every CORS request, ``null``
+    from sandboxed and file pages), else its ``Sec-Fetch-Site`` (sent with
+    every request by current browsers, ``<img>`` and form navigations
+    included). Clients that are no browser send neither."""
+    origin = req.origin
+    if origin is not None:
+        return origin.rstrip(b"/") not in listed and not same_origin(origin, req.host)
+    site = req.header(b"sec-fetch-site")
+    return site is not None and site.lower() not in (b"same-origin", b"none")
 
 
 class Cors:
@@ -40,30 +121,34 @@ class Cors:
         self._star = (b"access-control-allow-origin: *\r\naccess-control-expose-headers: "
                       + EXPOSE_HEADERS + b"\r\n")
 
-    def headers(self, origin: bytes) -> bytes:
+    def headers(self, origin: bytes, admin: bool = False) -> bytes:
         """The header lines for an answer to a request from ``origin``
-        (``b""`` when it is not allowed)."""
+        (``b""`` when it is not allowed); ``admin``: an admin route's,
+        where only a listed origin is allowed, never ``*``."""
         if origin in self.listed:
             return (b"access-control-allow-origin: " + origin
                     + b"\r\naccess-control-allow-credentials: true\r\nvary: origin\r\n"
                     b"access-control-expose-headers: " + EXPOSE_HEADERS + b"\r\n")
-        if self.any:
+        if self.any and not admin:
             return self._star
         return b"vary: origin\r\n" if self.listed else b""
 
-    def allows(self, origin: bytes) -> bool:
-        """Whether a browser page from ``origin`` may read the answers."""
-        return self.any or origin in self.listed
+    def allows(self, origin: bytes, admin: bool = False) -> bool:
+        """Whether a browser page from ``origin`` may read the answers (of
+        an admin route: ``admin``)."""
+        return origin in self.listed or (self.any and not admin)
 
-    def options(self, conn: HttpConnection, req: Request) -> None:
+    def options(self, conn: HttpConnection, req: Request, admin: bool = False) -> None:
         """Answer ``OPTIONS``: a preflight with the allowed methods and
-        headers (the request's own ``Access-Control-Request-Headers`` are
-        allowed as asked), anything else with ``Allow``; 204 both."""
+        headers (of those asked for, the ones ggmux reads:
+        :func:`accepted_headers`), anything else with ``Allow``; 204 both.
+        ``admin``: an admin route's, granted to listed origins alone."""
         hs = [(b"allow", ALLOW_METHODS)]
         preflight = req.header(b"access-control-request-method") is not None
-        if preflight and req.origin is not None and self.allows(req.origin):
+        if preflight and req.origin is not None and self.allows(req.origin, admin):
             asked = req.header(b"access-control-request-headers")
             hs += [(b"access-control-allow-methods", ALLOW_METHODS),
-                   (b"access-control-allow-headers", asked or ALLOW_HEADERS),
+                   (b"access-control-allow-headers",
+                    accepted_headers(asked) if asked is not None else ALLOW_HEADERS),
                    (b"access-control-max-age", str(MAX_AGE_S).encode())]
         conn.send_response(req, 204, b"", headers=hs)

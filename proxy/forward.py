@@ -44,6 +44,7 @@ from . import answers, passthrough
 from .auth import tenant
 from .balancer import CLOSED, candidates_from_shm, choose, open_until, session_key
 from .cluster import HOP_TRUSTED, hop_headers, judge_hop, loading_info
+from .cors import json_type, simple_type
 from .http import HttpConnection, Request
 from .http.upstream import Exchange, UpstreamError, request_head
 
@@ -104,8 +105,8 @@ class Forwarding:
             req.extra_head = self.cors.headers(req.origin)
         path = req.path
         if path in INFERENCE:
-            if req.method != b"POST":
-                return False
+            if req.method != b"POST" or not json_type(req.content_type):
+                return False  # handle answers (415 for a body that is not JSON: .cors)
             try:
                 body = orjson.loads(req.body)
             except orjson.JSONDecodeError:
@@ -118,6 +119,8 @@ class Forwarding:
                 return False
             target = req.url
         elif path[:10] == b"/upstream/":
+            if req.body and req.method == b"POST" and simple_type(req.content_type):
+                return False
             try:
                 route = passthrough.quick_route(path, req.query, self._slashed)
             except passthrough.BadPath:
@@ -483,7 +486,8 @@ class Forwarding:
             return
         self.local_asked[m] = now
         try:
-            self.mq.send(b'{"op":"load","model":%d}' % m, timeout=0)
+            self.mq.send(b'{"op":"load","model":%d,"route":"a request that a remote replica '
+                         b'served"}' % m, timeout=0)
         except posix_ipc.BusyError:
             pass
 

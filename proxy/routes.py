@@ -6,12 +6,15 @@ and by the README's route table test.
 path, else the first prefix that fits; no exact path starts with a
 prefix, so the order of the two kinds never matters) and then checks, in
 this order: ``OPTIONS`` (the CORS or ``Allow`` answer, for every path
-whose route has ``preflight``, and for paths with no route); a ``public``
-route (no key, answered while the server stops too); the server stopping
-(503); the key (the admin key for an ``admin`` route, 401 in the foreign
-API's envelope on a ``foreign`` route); a route whose ``guard`` says no,
-or no route (404); another method than the route's (405 with ``refuse``,
-else 404); and then the route's handler.
+whose route has ``preflight``, and for paths with no route; an admin
+route's never grants ``*``); a ``public`` route (no key, answered while the
+server stops too); the server stopping (503); the key (the admin key for an
+``admin`` route, 401 in the foreign API's envelope on a ``foreign`` route);
+a route whose ``guard`` says no, or no route (404); another method than the
+route's (405 with ``refuse``, else 404); an admin route asked by a page of
+another origin, or another node (403, ``Proxy.admin_refusal``); a POST body
+that is not JSON (415; a pass-through's, of a type any page can send:
+:mod:`ggmux.proxy.cors`); and then the route's handler.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ from .cluster import (
     metrics_lines,
     take_hop,
 )
-from .cors import Cors
+from .cors import Cors, from_other_site, json_type, simple_type
 from .forward import NS, Forwarding
 from .http import (
     HttpConnection,
@@ -300,7 +300,9 @@ class Proxy(Forwarding):
     def _authorized(self, req: Request, admin: bool = False) -> bool:
         """``Authorization: Bearer KEY`` or ``x-api-key: KEY``, compared in
         constant time (with every API key); admin routes need the admin key
-        when one is set."""
+        when one is set, and the admin key serves every other route too (its
+        holder may then unload through Ollama's ``keep_alive: 0``: issue 18,
+        finding 1)."""
         if admin and self.admin_key:
             return authorized(req, self.admin_key)
         if self.api_key is None:
@@ -308,21 +310,42 @@ class Proxy(Forwarding):
         ok = False
         for key in self.api_keys:
             ok |= authorized(req, key)
-        return ok
+        return ok or self._is_admin(req)
 
     def _is_admin(self, req: Request) -> bool:
         """Whether the request presents the admin key (one must be set)."""
         return self.admin_key is not None and authorized(req, self.admin_key)
+
+    def admin_refusal(self, req: Request) -> str | None:
+        """Why ``req``'s caller may not do what the admin key guards
+        (unload, load, reload, logs, drain, whatever the API asks it by:
+        DESIGN.md "Security defaults"; issue 18, findings 1 and 5), as the
+        end of a sentence; None when it may. It may with the admin key;
+        with no admin key set, whoever the API key (or, with no key, no
+        key) let in may; never a request another node forwarded, nor one
+        from a page of another origin than ggmux's own that
+        ``--cors-origins`` does not name (:func:`~.cors.from_other_site`)."""
+        if self.admin_key is not None and not authorized(req, self.admin_key):
+            return "needs the admin key (--admin-key)"
+        if req.hop == HOP_TRUSTED:
+            return "is not taken from another node"
+        if from_other_site(req, self.cors.listed if self.cors is not None else frozenset()):
+            return ("is not taken from a page of another origin (--cors-origins names the "
+                    "origins that may)")
+        return None
 
     async def handle(self, conn: HttpConnection, req: Request) -> None:
         """Answer one request through the route table (:mod:`.routes`, whose
         docstring gives the order of the checks)."""
         path = req.path
         route = routes.match(path)
+        admin = route is not None and route.needs_admin(req.query)
+        if admin and req.origin is not None and self.cors is not None:
+            req.extra_head = self.cors.headers(req.origin, admin=True)  # never "*"
         if req.method == b"OPTIONS" and (route is None or route.preflight):
             # before the key check: preflights carry no key
             if self.cors is not None:
-                self.cors.options(conn, req)
+                self.cors.options(conn, req, admin)
             else:
                 conn.send_response(req, 204, b"", headers=[(b"allow", b"GET, POST, HEAD, OPTIONS")])
             return
@@ -332,7 +355,6 @@ class Proxy(Forwarding):
         if self.stopping:
             answers.stopping(conn, req)
             return
-        admin = route is not None and route.needs_admin(req.query)
         if self.cluster is None and req.header(HOP) is not None:
             self.refresh()  # a hop header: is this node (already) in a cluster?
         req.hop = take_hop(req, self.cluster)
@@ -358,7 +380,30 @@ class Proxy(Forwarding):
                 conn.send_error(req, 404,
                                 f"no route for {req.method.decode()} {path.decode('latin-1')}")
             return
+        if admin and (why := self.admin_refusal(req)) is not None:
+            conn.send_error(req, 403, f"{path.decode()} {why}", code="forbidden")
+            return
+        if req.method == b"POST" and req.body and not (
+                json_type(req.content_type) or (route.handler == "_passthrough"
+                                                and not simple_type(req.content_type))):
+            self._unsupported_type(conn, req, route)
+            return
         await getattr(self, route.handler)(conn, req)
+
+    def _unsupported_type(self, conn: HttpConnection, req: Request, route: routes.Route) -> None:
+        """415 for a POST body whose type a page of any origin could send
+        without a preflight (issue 18, finding 5; :mod:`.cors`)."""
+        given = (req.content_type or b"none").decode("latin-1")[:80]
+        if route.handler == "_passthrough":
+            why = (f"a POST body of type {given} can come from any web page: send its real "
+                   "type (application/json, ...)")
+        else:
+            why = (f"the request body must be JSON (Content-Type: application/json), not "
+                   f"{given}; curl: -H 'content-type: application/json' or --json")
+        if route.foreign:
+            apis.send_error(conn, req, 415, why)
+        else:
+            conn.send_error(req, 415, why, code="unsupported_media_type")
 
     # ---- the routes' handlers (:data:`.routes.ROUTES` names them) ------------------
     async def _health(self, conn: HttpConnection, req: Request) -> None:
@@ -423,7 +468,8 @@ class Proxy(Forwarding):
         came within :data:`RELOAD_WAIT_S`."""
         self.reload_seq += 1
         rid = f"{os.getpid()}-{self.reload_seq}"
-        if not self._command(conn, req, {"op": "reload", "id": rid}):
+        if not self._command(conn, req, {"op": "reload", "id": rid,
+                                         "route": f"GET {req.path.decode()}?reload=1"}):
             return False
         deadline = self.loop.time() + RELOAD_WAIT_S
         while rid not in self.reload_ids:

@@ -19,6 +19,7 @@ books and records), :mod:`.children` (processes and their pipes),
 from __future__ import annotations
 
 import logging
+import math
 import os
 import select
 import signal
@@ -327,35 +328,62 @@ class Supervisor:
             self._command(cmd)
 
     def _command(self, cmd: dict) -> None:
+        """One order from a proxy's queue. ``route`` names the request it
+        came from (``"POST /api/generate"``), for the log line; the proxy
+        has judged the caller (issue 18, finding 1): ``keep_alive`` with
+        ``extend`` comes from one without the admin key (:meth:`keep_alive`)."""
         op = cmd.get("op")
         if op == "want":
             return  # demand itself is read from the waiters table each tick
+        route = cmd.get("route")
+        route = route[:120] if isinstance(route, str) and route else None
         if op == "reload":
-            self.reload("GET /models?reload=1", cmd.get("id"))
+            self.reload(route or "GET /models?reload=1", cmd.get("id"))
             return
         if op == "unload_idle":
-            self.unload_idle("requested by POST /models/unload *")
+            self.unload_idle(f"requested by {route or 'POST /models/unload *'}")
             return
         if op == "drain":
             if self.cluster is not None:
-                self.cluster.drain("POST /cluster/drain")
+                self.cluster.drain(route or "POST /cluster/drain")
             return
         m = cmd.get("model")
         if not isinstance(m, int) or not 0 <= m < len(self.state.registry):
             log.warning("command %r for unknown model %r", op, m)
             return
         if op == "load":
-            self.load(m, "requested by POST /models/load")
+            self.load(m, f"requested by {route or 'POST /models/load'}")
         elif op == "unload":
-            self.unload(m, "requested by POST /models/unload")
+            self.unload(m, f"requested by {route or 'POST /models/unload'}")
         elif op == "keep_alive":
             s = cmd.get("seconds")
-            if isinstance(s, (int, float)) and not isinstance(s, bool):
-                self.state.models[m].keep_alive_s = float("inf") if s < 0 else float(s)
-                log.info("%s: keep_alive %s (Ollama request): idle timer until it unloads",
-                         self.state.name(m), "forever" if s < 0 else f"{s:g} s")
+            if isinstance(s, (int, float)) and not isinstance(s, bool) and not math.isnan(s):
+                self.keep_alive(m, float("inf") if s < 0 else float(s),
+                                cmd.get("extend") is True, route or "an Ollama request")
         else:
             log.warning("unknown command %r", op)
+
+    def keep_alive(self, m: int, seconds: float, extend: bool, route: str) -> None:
+        """Ollama's ``keep_alive`` of a request to model ``m``: ``seconds``
+        (inf: never) become its idle timer, instead of its ``ttl``, until it
+        unloads. ``extend`` (a caller without the admin key, issue 18
+        finding 1): the timer may only grow, and at most to the ``ttl`` the
+        operator set (none: never), so such a caller can neither make the
+        model unload sooner for everyone nor keep it beyond the ttl."""
+        st = self.state
+        rt = st.models[m]
+        ttl = st.registry.entries[m].ttl
+        ttl = ttl if ttl and ttl > 0 else float("inf")
+        if extend:
+            now = rt.keep_alive_s if rt.keep_alive_s is not None else ttl
+            seconds = max(now, min(seconds, ttl))
+            if seconds == now:
+                log.debug("%s: keep_alive from %s (no admin key) leaves the idle timer at %s",
+                          st.name(m), route, _seconds(now))
+                return
+        rt.keep_alive_s = seconds
+        log.info("%s: keep_alive %s from %s: idle timer until it unloads", st.name(m),
+                 _seconds(seconds), route)
 
     def reload(self, why: str, rid: str | None = None) -> None:
         """Rescan every source (llama.cpp router's reload, llama-swap's config
@@ -552,3 +580,7 @@ def _same_config(a, b) -> bool:
 
 def _noop(signum, frame) -> None:
     pass
+
+
+def _seconds(s: float) -> str:
+    return "forever" if s == float("inf") else f"{s:g} s"

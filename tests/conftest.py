@@ -146,12 +146,18 @@ class Server:
         return self
 
     def request(self, method: str, path: str, body=None, headers=None, timeout: float = 60.0):
-        """``(status, headers dict, body bytes)``; dict/list bodies go as JSON."""
+        """``(status, headers dict, body bytes)``; dict/list bodies go as JSON,
+        and a body goes with ``content-type: application/json`` unless
+        ``headers`` name one (as the SDKs send: ggmux refuses other types,
+        issue 18 finding 5)."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
             if isinstance(body, (dict, list)):
                 body = json.dumps(body).encode()
-            conn.request(method, path, body=body, headers=headers or {})
+            headers = dict(headers or {})
+            if body is not None and not any(k.lower() == "content-type" for k in headers):
+                headers["content-type"] = "application/json"
+            conn.request(method, path, body=body, headers=headers)
             r = conn.getresponse()
             return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
         finally:
@@ -253,13 +259,16 @@ def served_by(body: bytes) -> tuple[str, int]:
     return m.group(1).decode(), int(m.group(2))
 
 
-def open_stream(port: int, body: dict, timeout: float | None = None) -> socket.socket:
+def open_stream(port: int, body: dict, timeout: float | None = None,
+                headers: dict[str, str] | None = None) -> socket.socket:
     """A raw connection that has sent ``POST /v1/chat/completions`` with
-    ``body``; the test reads (or drops) the response itself."""
+    ``body`` (and ``headers``); the test reads (or drops) the response itself."""
     data = json.dumps(body).encode()
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()).encode()
     sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
-                 b"application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(data), data))
+                 b"application/json\r\n%scontent-length: %d\r\n\r\n%s"
+                 % (extra, len(data), data))
     return sock
 
 

@@ -411,17 +411,17 @@ def test_a_grammars_draw_runs_off_the_decode_thread_while_other_streams_go_on(en
     Here every grammar draw is held until the test lets it go: a normal
     request beside it runs to its end meanwhile (on the decode thread it
     could not), then the grammar request completes, constrained."""
-    from ggmux.instance import sample_steps
+    from ggmux.instance.sampling import SlotSampler
 
     gate = threading.Event()
-    real = sample_steps.sample_logits
+    real = SlotSampler.sample_row
 
-    def held(llama_cpp, chain, logits):
+    def held(sampler, logits):
         assert threading.current_thread().name.startswith("sampler")
         gate.wait(120)
-        return real(llama_cpp, chain, logits)
+        return real(sampler, logits)
 
-    monkeypatch.setattr(sample_steps, "sample_logits", held)
+    monkeypatch.setattr(SlotSampler, "sample_row", held)
     rec = Recorder()
     g = engine.submit(Generation(engine.tokenize(chat("Yes or no?")),
                                  Sampling(temperature=0, grammar='root ::= "yes" | "no"'),
@@ -440,12 +440,11 @@ def test_a_grammars_draw_runs_off_the_decode_thread_while_other_streams_go_on(en
 
 
 def test_a_request_cancelled_while_its_grammar_draws_frees_everything(engine, monkeypatch):
-    from ggmux.instance import sample_steps
+    from ggmux.instance.sampling import SlotSampler
 
     gate = threading.Event()
-    real = sample_steps.sample_logits
-    monkeypatch.setattr(sample_steps, "sample_logits",
-                        lambda *a: (gate.wait(120), real(*a))[1])
+    real = SlotSampler.sample_row
+    monkeypatch.setattr(SlotSampler, "sample_row", lambda *a: (gate.wait(120), real(*a))[1])
     rec = Recorder()
     job = engine.submit(Generation(engine.tokenize(chat("Yes or no?")),
                                    Sampling(temperature=0, grammar='root ::= "yes" | "no"'),

@@ -190,9 +190,9 @@ def test_connections_over_the_per_address_cap_get_429_and_other_addresses_are_se
     held = [connect_from(s.port, "127.0.0.2") for _ in range(3)]
     try:
         for sock in held:
-            sock.sendall(get("/x"))
-        wait_for(lambda: s.lt.call(lambda: s.limits.connections.per_ip.get("127.0.0.2")) == 3,
-                 5, what="three connections from 127.0.0.2")
+            sock.sendall(get("/hold"))  # being answered: not sheddable
+        wait_for(lambda: s.app.executed.count(("GET", "/hold")) == 3,
+                 5, what="three busy connections from 127.0.0.2")
         fourth = connect_from(s.port, "127.0.0.2")
         try:
             fourth.sendall(get("/over"))
@@ -210,6 +210,44 @@ def test_connections_over_the_per_address_cap_get_429_and_other_addresses_are_se
         for sock in held:
             sock.close()
     assert ("GET", "/over") not in s.app.executed
+
+
+def test_an_address_at_its_cap_sheds_its_own_oldest_idle_connection_first(serve_core):
+    """Issue 18, finding 11: idle connections of one address (a client
+    behind the same reverse proxy, holding many) are closed oldest first
+    for a new connection of that address, which is served; the busy one
+    and other addresses' idle ones stay."""
+    s = serve_core(max_connections_per_ip=4)
+    other = connect_from(s.port, "127.0.0.3")  # another address, idle: never this cap's
+    busy = connect_from(s.port, "127.0.0.2")
+    busy.sendall(get("/hold"))
+    wait_for(lambda: ("GET", "/hold") in s.app.executed, 5, what="the busy request")
+    idle, fresh = [], []
+    for i in range(3):
+        sock = connect_from(s.port, "127.0.0.2")
+        if i == 1:  # answered, then idle between keep-alive requests
+            sock.sendall(get("/kept-alive"))
+            data = b""
+            while not data.endswith(b"}"):  # the whole answer: idle since
+                data += sock.recv(4096)
+        idle.append(sock)
+    try:
+        for i in range(3):  # each new one from 127.0.0.2 takes the place of the oldest idle
+            new = connect_from(s.port, "127.0.0.2")  # kept open: the cap stays full
+            fresh.append(new)
+            new.sendall(get(f"/new{i}"))
+            data = b""
+            while not data.endswith(b"}"):
+                data += new.recv(4096)
+            assert data.startswith(b"HTTP/1.1 200 "), data
+            assert closed_by_server(idle[i]), i
+        assert s.lt.call(lambda: s.limits.connections.shed) >= 3
+        assert not closed_by_server(other, 0.3)
+        busy.close()
+        wait_for(lambda: s.app.disconnected.is_set(), 5, what="the busy request to end")
+    finally:
+        for sock in (other, busy, *idle, *fresh):
+            sock.close()
 
 
 def test_each_proxy_allows_its_share_of_the_per_address_cap():

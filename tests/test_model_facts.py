@@ -7,6 +7,7 @@ answers as the request ring records them from the instance's usage line."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -66,13 +67,30 @@ def test_models_say_whether_they_have_a_chat_template_and_requests_their_tokens(
         status, shown = s.json("POST", "/api/show", {"model": name})
         assert status == 200 and shown["has_chat_template"] is has
         assert bool(shown["template"]) is has
+    # a chat to the model without a template gets llama-server's default
+    # (ChatML): the model's own continuation, not the empty answer it gave
+    # under a format it never saw (llama-cpp-python's llama-2 guess)
+    for stream in (False, True):
+        status, _, raw = s.request("POST", "/v1/chat/completions", chat_body(
+            GEMMA, stream=stream, max_tokens=8, temperature=0,
+            messages=[{"role": "user", "content": "Write one sentence about the sea."}]))
+        assert status == 200, raw
+        text = raw.decode()
+        if stream:
+            text = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+                           for line in text.splitlines()
+                           if line.startswith("data: {") and '"choices":[{' in line.replace(" ", ""))
+        else:
+            text = json.loads(text)["choices"][0]["message"]["content"]
+        assert text.strip(), raw
+    assert "chatml (llama-server's default" in s.logs()
 
     # the request ring's counts are the instance's own usage
     status, answer = s.json("POST", "/v1/chat/completions", chat_body(SMOL, max_tokens=4))
     assert status == 200, answer
     assert s.request("POST", "/v1/chat/completions",
                      chat_body(SMOL, stream=True, max_tokens=4))[0] == 200
-    stream, whole = s.json("GET", "/requests")[1]["data"]
+    stream, whole = s.json("GET", "/requests")[1]["data"][:2]  # newest first
     usage = answer["usage"]
     assert (whole["prompt_tokens"], whole["generated_tokens"]) == (
         usage["prompt_tokens"], usage["completion_tokens"])

@@ -3,16 +3,24 @@
 that executable (never ``playwright install``). Waits are Playwright's own
 deadlines on conditions in the page; screenshots go to the test's temp dir
 (``GGMUX_README_SCREENSHOT=1`` also copies the first one to
-``docs/page.png`` for the README)."""
+``docs/page.png`` for the README).
+
+Pages of other origins cannot drive a ggmux that has no key (issue 18,
+finding 5): a page served from another port of 127.0.0.1 by a plain
+``http.server`` (another origin, as a site on the internet is to a browser
+that also reaches localhost) tries every way to unload a model and read
+the logs, and the operator's page on ggmux's own origin still works."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import CHROMIUM
+from conftest import CHROMIUM, wait_for
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason="Debian's chromium is not installed (.ci/run installs it)")
@@ -122,4 +130,115 @@ def test_the_filter_keeps_the_page_usable_with_200_models(serve, fakes, browser_
     expect(page.locator("#model-count")).to_have_text("1 shown · 1 loaded of 200")
     page.fill("#filter", "")
     expect(page.locator("#models tbody tr:visible")).to_have_count(200)
+    assert page.errors == []
+
+
+# what a hostile page tries: every way a page can POST without a preflight,
+# the same with a preflight, reading the logs, Ollama's unload idiom, and a
+# reload through an <img>; it reports what it could see
+ATTACK = """<!doctype html><html><body><iframe name="sink"></iframe><script>
+const G = "%(ggmux)s", out = {};
+const unload = JSON.stringify({model: "alpha"});
+async function attempt(name, f) {
+  try { out[name] = await f(); } catch (e) { out[name] = "blocked"; }
+}
+(async () => {
+  await attempt("plain", async () => (await fetch(G + "/models/unload",
+      {method: "POST", mode: "no-cors", body: unload})).type);
+  await attempt("blob", async () => (await fetch(G + "/models/unload",
+      {method: "POST", mode: "no-cors", body: new Blob([unload])})).type);
+  await attempt("json", async () => (await fetch(G + "/models/unload",
+      {method: "POST", headers: {"content-type": "application/json"}, body: unload})).status);
+  await attempt("logs", async () => await (await fetch(G + "/logs")).text());
+  await attempt("ollama", async () => {
+    const r = await fetch(G + "/api/generate", {method: "POST",
+        headers: {"content-type": "application/json"},
+        body: JSON.stringify({model: "alpha", keep_alive: 0, stream: false})});
+    return r.status + " " + await r.text();
+  });
+  const form = document.createElement("form");
+  form.action = G + "/models/unload"; form.method = "post"; form.enctype = "text/plain";
+  form.target = "sink";
+  const input = document.createElement("input");
+  input.name = '{"model": "alpha", "x": "'; input.value = '"}';
+  form.appendChild(input); document.body.appendChild(form);
+  const posted = new Promise(r => document.querySelector("iframe").onload = r);
+  form.submit();
+  await posted;
+  out.form = "posted";
+  const img = new Image();
+  await new Promise(r => { img.onload = img.onerror = r; img.src = G + "/v1/models?reload=1"; });
+  out.img = "loaded";
+  document.title = "done";
+  window.results = out;
+})();
+</script></body></html>"""
+
+
+@pytest.fixture
+def other_origin():
+    """``(base URL, set_page(html))``: a server on another port of 127.0.0.1."""
+    page = {"html": b""}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.send_header("content-length", str(len(page["html"])))
+            self.end_headers()
+            self.wfile.write(page["html"])
+
+        def log_message(self, *args):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}", lambda html: page.update(
+        html=html.encode())
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_a_page_of_another_origin_cannot_unload_nor_read_the_logs(serve, fakes, browser_page,
+                                                                  other_origin):
+    from playwright.sync_api import expect
+
+    fakes.add("alpha", tokens=6, token_s=0.02)
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0")  # no key
+    assert s.request("POST", "/models/load", {"model": "alpha"})[0] == 200
+    wait_for(lambda: s.models()["alpha"]["status"]["value"] == "loaded", 30, what="loaded")
+    base, set_page = other_origin
+    set_page(ATTACK % {"ggmux": s.base})
+    page = browser_page
+    page.goto(base + "/attack.html")
+    expect(page).to_have_title("done", timeout=30_000)
+    out = page.evaluate("window.results")
+    assert out["plain"] == "opaque" and out["blob"] == "opaque", out  # sent, and refused
+    assert out["json"] == "blocked", out  # its preflight got no allow header
+    assert out["logs"] == "blocked", out
+    assert out["ollama"].startswith("403 "), out  # an API route: readable, and refused
+    assert out["form"] == "posted" and out["img"] == "loaded", out
+    # the queue keeps order: an order sent now is read after anything those sent
+    assert s.request("POST", "/api/generate", {"model": "alpha", "prompt": "x",
+                                               "keep_alive": "1h", "stream": False})[0] == 200
+    wait_for(lambda: "keep_alive 3600 s" in s.logs(), 10, what="the marker order")
+    assert s.models()["alpha"]["status"]["value"] == "loaded"
+    log = s.logs()
+    assert "requested by POST /models/unload" not in log, log[-2000:]
+    assert "requested by POST /api/generate" not in log and "reloaded models" not in log
+
+    # the operator's page, on ggmux's own origin, still does all of it
+    page.goto(s.base + "/")
+    expect(row(page, "alpha").locator(".state")).to_have_text("loaded", timeout=30_000)
+    page.select_option("#pg-model", "alpha")
+    page.fill("#pg-input", "hello")
+    page.click("#pg-send")
+    expect(page.locator("#pg-transcript .msg.assistant .text").last).to_contain_text(
+        "[alpha:", timeout=30_000)
+    expect(page.locator("#log")).to_contain_text("ready on port", timeout=10_000)
+    row(page, "alpha").locator("button.unload").click()
+    expect(row(page, "alpha").locator(".state")).to_have_text("unloaded", timeout=30_000)
+    row(page, "alpha").locator("button.load").click()
+    expect(row(page, "alpha").locator(".state")).to_have_text("loaded", timeout=30_000)
     assert page.errors == []

@@ -18,7 +18,7 @@ SMOL = "smollm2-135m"
 MAX_INPUTS = 2000  # not the default, so the test sees it reach the instance
 CTX = 128  # ctx-size of the server (llama.cpp may round it up): long inputs stay cheap
 # not the defaults, so the tests see them reach the instance
-MAX_STOPS, MAX_STOP_BYTES, MAX_TOKENS, N_PREDICT = 8, 64, 30, 3
+MAX_STOPS, MAX_STOP_BYTES, MAX_TOKENS, N_PREDICT = 8, 64, 48, 3
 INTERNALS = re.compile(r"object has no attribute|NoneType|Traceback|not subscriptable|"
                        r"can only concatenate|invalid literal|not callable|KeyError|TypeError")
 

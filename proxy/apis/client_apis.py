@@ -12,12 +12,19 @@
   always translated (llama-server does not speak it).
 * Router-level answers: Ollama's ``/api/tags``, ``/api/ps``, ``/api/show``,
   ``/api/version``; OpenAI's ``GET /v1/models/{id}``.
-* Ollama's ``keep_alive``: ``0`` unloads the model once the request is
-  answered (the supervisor's ``unload``); any other value replaces the
-  model's ttl until it unloads (the supervisor's ``keep_alive`` command;
-  negative: never unload for idleness). An empty ``prompt`` /
-  ``messages`` loads the model (``done_reason: "load"``) or, with
-  ``keep_alive: 0``, unloads it (``"unload"``), as Ollama does.
+* Ollama's ``keep_alive``, from a caller who may administer (the admin
+  key; with none set, whoever the API key let in; never a page of another
+  origin: ``Proxy.admin_refusal``): ``0`` unloads the model once the
+  request is answered (the supervisor's ``unload``); any other value
+  replaces the model's ttl until it unloads (the supervisor's
+  ``keep_alive`` command; negative: never unload for idleness). From any
+  other caller it may only extend the idle timer, up to the model's ttl
+  (``keep_alive`` with ``extend``; issue 18, finding 1: an API key
+  unloaded models mid-stream for everyone). An empty ``prompt`` /
+  ``messages`` loads the model (``done_reason: "load"``), as any request
+  would, or, with ``keep_alive: 0``, unloads it (``"unload"``), as Ollama
+  does: that needs the admin key (403 otherwise). Each order names the
+  route it came from, for the supervisor's log.
 * Names: ``NAME:latest`` resolves to ``NAME`` when no model is called that
   (Ollama's default tag).
 """
@@ -27,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import unquote
 
@@ -37,7 +45,7 @@ from ..http import HttpConnection, Request
 from ..listing import model_object
 from ..modelinfo import ModelFacts
 from .adapters import anthropic, ollama, openai, responses, tools
-from .adapters.common import Adapter, BadRequest, Translated
+from .adapters.common import MAX_DEPTH, Adapter, BadRequest, Translated, check_depth, encode_body
 from .translate import ApiErrors, TranslatedConnection
 
 if TYPE_CHECKING:
@@ -70,6 +78,8 @@ class Proxy(Protocol):
 
     def command(self, cmd: dict) -> bool: ...
 
+    def admin_refusal(self, req: Request) -> str | None: ...
+
     async def _forward(
         self, conn: HttpConnection, req: Request, m: int, name: str, body: dict | None,
         touch: bool = True, stream: bool = False, capture: bool = False,
@@ -89,6 +99,17 @@ NATIVE_KINDS = frozenset(("cmd", "upstream"))  # replica kinds that speak those 
 CHAT_WITH_USAGE = openai.ChatWithUsage()
 _OLLAMA = ollama.Chat()  # for Ollama's error envelope
 _OPENAI = CHAT_WITH_USAGE  # for OpenAI's
+
+
+@dataclass(slots=True)
+class Order:
+    """What a request may ask of the supervisor: ``route`` it came by
+    (``"POST /api/generate"``, for the supervisor's log), and ``refusal``,
+    why its caller may not administer (None: it may; see
+    ``Proxy.admin_refusal``)."""
+
+    route: str
+    refusal: str | None = None
 
 
 def resolve(names: dict[str, int], name: str) -> int | None:
@@ -210,11 +231,15 @@ class ClientApis:
                              stream=body.get("stream") is True)
             return
         keep = None
+        order = Order(f"{req.method.decode()} {req.path.decode('latin-1')}")
         try:
+            check_depth(body, min(conn.limits.max_json_depth, MAX_DEPTH))
             if adapter.name == "ollama":
                 keep = ollama.keep_alive_seconds(body.get("keep_alive"))
+                if keep is not None:
+                    order.refusal = p.admin_refusal(req)
                 if isinstance(adapter, ollama.Chat) and _empty(body, adapter.generate):
-                    await self._load_or_unload(wrap, req, m, name, keep, adapter.generate)
+                    await self._load_or_unload(wrap, req, m, name, keep, adapter.generate, order)
                     return
                 if (isinstance(adapter, ollama.Chat) and adapter.generate and not body.get("raw")
                         and not body.get("system") and await self._without_template(m)):
@@ -226,16 +251,21 @@ class ClientApis:
                     return
             else:
                 t = adapter.request(body)
+            if name not in p.names:  # NAME:latest: the replica gets the registered name
+                t.body["model"] = p.reg_models[m]["name"]
+            data = encode_body(t.body)
+        except orjson.JSONEncodeError as e:  # a tool's arguments, a schema: see encode_body
+            wrap.send_error(req, 400, f"the request cannot be passed on ({e}): it nests too "
+                            "deep or holds an integer beyond 64 bits")
+            return
         except BadRequest as e:
             wrap.send_error(req, e.status, str(e))
             return
         if t.images and not has_projector(p.reg_models[m]):
             wrap.send_error(req, 400, tools.no_projector(name))
             return
-        if name not in p.names:  # NAME:latest: the replica gets the registered name
-            t.body["model"] = p.reg_models[m]["name"]
         wrap.t = t
-        req.body = orjson.dumps(t.body)
+        req.body = data
         req.url = t.target
         req.method = t.method
         session = {"prompt_cache_key": t.session} if t.session else {}
@@ -243,7 +273,7 @@ class ClientApis:
             await p._forward(wrap, req, m, name, session, stream=t.stream)
         finally:
             if keep is not None:
-                self._keep_alive(m, name, keep)
+                self._keep_alive(m, name, keep, order)
 
     async def _count_request(self, wrap: TranslatedConnection, req: Request,
                              adapter: anthropic.CountTokens, m: int, name: str,
@@ -261,7 +291,7 @@ class ClientApis:
             wrap.send_error(req, 400, tools.no_projector(name))
             return None
         t.body["model"] = p.reg_models[m]["name"]
-        req.body, req.url = orjson.dumps(t.body), t.target
+        req.body, req.url = encode_body(t.body), t.target
         ex = await p._forward(wrap, req, m, name, None, capture=True)
         if ex is None:
             return None
@@ -279,24 +309,34 @@ class ClientApis:
         log.debug("%s: /apply-template answered %d: counting the text alone", name, ex.status)
         return adapter.request(body)
 
-    def _keep_alive(self, m: int, name: str, seconds: float) -> None:
-        """Ollama's ``keep_alive`` after a request: 0 unloads the model, any
-        other value becomes its idle timer until it unloads (the
-        supervisor's ``keep_alive`` command; negative: never)."""
-        if seconds == 0:
-            log.info("%s: keep_alive 0: unloading after the request", name)
-            self.proxy.command({"op": "unload", "model": m})
-        else:
-            self.proxy.command({"op": "keep_alive", "model": m,
-                                "seconds": -1 if seconds == float("inf") else seconds})
+    def _keep_alive(self, m: int, name: str, seconds: float, order: Order) -> None:
+        """Ollama's ``keep_alive`` after a request (module docstring): from
+        a caller who may administer, 0 unloads the model and any other value
+        becomes its idle timer until it unloads (the supervisor's
+        ``keep_alive`` command; negative: never); from any other, the
+        supervisor only extends the timer, up to the model's ttl."""
+        p = self.proxy
+        if order.refusal is None and seconds == 0:
+            log.info("%s: keep_alive 0 (%s): unloading after the request", name, order.route)
+            p.command({"op": "unload", "model": m, "route": order.route})
+            return
+        cmd = {"op": "keep_alive", "model": m, "route": order.route,
+               "seconds": -1 if seconds == float("inf") else seconds}
+        if order.refusal is not None:
+            cmd["extend"] = True
+        p.command(cmd)
 
     async def _load_or_unload(self, wrap: TranslatedConnection, req: Request, m: int, name: str,
-                              keep: float | None, generate: bool) -> None:
+                              keep: float | None, generate: bool, order: Order) -> None:
         """Ollama's empty request: load the model (answered once it is
-        ready), or with ``keep_alive: 0`` unload it."""
+        ready), or with ``keep_alive: 0`` unload it: 403 for a caller who
+        may not administer (module docstring)."""
         p = self.proxy
         if keep == 0:
-            p.command({"op": "unload", "model": m})
+            if order.refusal is not None:
+                wrap.send_error(req, 403, f"unloading a model {order.refusal}")
+                return
+            p.command({"op": "unload", "model": m, "route": order.route})
             reason = "unload"
         else:
             if m not in p.ready:
@@ -314,7 +354,7 @@ class ClientApis:
                     return
             reason = "load"
             if keep is not None:
-                self._keep_alive(m, name, keep)
+                self._keep_alive(m, name, keep, order)
         out: dict = {"model": name, "created_at": ollama.created_at()}
         if generate:
             out["response"] = ""

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 
 import httptools
@@ -102,6 +102,7 @@ class HttpConnection(RequestReader, ResponseWriter, asyncio.Protocol):
         "_idle",
         "_in_head",
         "_ip",
+        "_ip_idle",
         "_lost",
         "_max_body",
         "_max_head",
@@ -178,6 +179,7 @@ class HttpConnection(RequestReader, ResponseWriter, asyncio.Protocol):
         self._idle = self._reg.sheddable
         self.sheddable = False  # closing it now loses nothing (the registry's flag)
         self._ip: str | None = None  # client address, when counted per address
+        self._ip_idle: OrderedDict | None = None  # the registry's sheddable set of that address
         self._chunk_at = -1  # body bytes before the open chunk whose size is unchecked
         self._tail = b""  # last bytes of the previous read, while a chunked body arrives
 
@@ -205,6 +207,9 @@ class HttpConnection(RequestReader, ResponseWriter, asyncio.Protocol):
             return
         self.sheddable = True  # nothing sent yet
         self._idle[self] = None
+        if self._ip is not None:
+            self._ip_idle = ip_idle = self._reg.sheddable_of[self._ip]
+            ip_idle[self] = None
         self._set_timeout(_IDLE, lim.keepalive_timeout)
 
     def shed(self) -> None:
@@ -349,6 +354,12 @@ class HttpConnection(RequestReader, ResponseWriter, asyncio.Protocol):
                 self._idle.move_to_end(self)
             except KeyError:  # its entry was dropped while it was busy
                 self._idle[self] = None
+            ip_idle = self._ip_idle
+            if ip_idle is not None:
+                try:
+                    ip_idle.move_to_end(self)
+                except KeyError:
+                    ip_idle[self] = None
         if cur is None:
             self._set_timeout(_IDLE, self.limits.keepalive_timeout)
         elif self._in_head:
@@ -387,9 +398,10 @@ class HttpConnection(RequestReader, ResponseWriter, asyncio.Protocol):
         self._closed = self._discard = True
         if self._counted:  # answered: the first to go under pressure
             self.sheddable = True
-            idle = self._idle
-            idle[self] = None
-            idle.move_to_end(self, last=False)
+            for idle in (self._idle, self._ip_idle):
+                if idle is not None:
+                    idle[self] = None
+                    idle.move_to_end(self, last=False)
         t = self.transport
         self._set_timeout(_LINGER, self.limits.linger_timeout)
         if self._reading_paused:
@@ -412,6 +424,8 @@ class HttpConnection(RequestReader, ResponseWriter, asyncio.Protocol):
             self._closed = self._discard = True
             self.sheddable = False
             self._idle.pop(self, None)
+            if self._ip_idle is not None:
+                self._ip_idle.pop(self, None)
             if t.get_write_buffer_size():  # else the close is immediate
                 self._set_timeout(_LINGER, self.limits.linger_timeout)
             t.close()

@@ -13,6 +13,13 @@ one idle longest (nginx's ``reusable connections`` drained when
 ``worker_connections`` run short, here before they do). A connection that
 is receiving a body or being answered is never shed.
 
+The per-address cap (``max_connections_per_ip``) sheds the same way
+within one address (issue 18, finding 11: one local client's 10,000 idle
+connections locked every other client behind the same address, a reverse
+proxy or a container bridge, out until they timed out): a new connection
+from an address at its cap closes that address's oldest sheddable
+connection, and gets 429 only when it has none.
+
 Every operation is O(1) (amortized for shedding): the sheddable set is an
 ``OrderedDict`` in the order connections became sheddable, which
 :class:`~.connection.HttpConnection` updates itself: a connection whose head is
@@ -50,16 +57,19 @@ class ConnectionRegistry:
     ``count``: connections counted (admitted or being refused, until they
     close or are shed); ``per_ip``: the same per client address, for the
     connections that carry one; ``sheddable``: connection -> None, oldest
-    first (see the module docstring); ``shed``: connections closed under
-    pressure so far. An entry of ``sheddable`` whose connection's flag is
-    clear is stale (it became busy) and is dropped when met."""
+    first (see the module docstring); ``sheddable_of``: the same per client
+    address, for the addresses with connections; ``shed``: connections
+    closed under pressure so far. An entry of ``sheddable`` (or of
+    ``sheddable_of``) whose connection's flag is clear is stale (it became
+    busy) and is dropped when met."""
 
-    __slots__ = ("count", "per_ip", "shed", "sheddable")
+    __slots__ = ("count", "per_ip", "shed", "sheddable", "sheddable_of")
 
     def __init__(self) -> None:
         self.count = 0
         self.per_ip: dict[str, int] = {}
         self.sheddable: OrderedDict[Sheddable, None] = OrderedDict()
+        self.sheddable_of: dict[str, OrderedDict[Sheddable, None]] = {}
         self.shed = 0
 
     def admit(self, ip: str | None, max_connections: int, per_ip: int,
@@ -67,15 +77,18 @@ class ConnectionRegistry:
         """Count a new connection from client address ``ip`` (None: no
         address, not capped). Returns :data:`ADMITTED`, or the status to
         refuse it with: 429 when ``ip`` has more than ``per_ip`` connections
-        (0: no cap), 503 when more than ``max_connections`` are open and
-        none was sheddable. Above ``shed_above`` open connections, one
-        sheddable connection is closed first. A refused connection stays
-        counted until it closes (its descriptor is still open)."""
+        (0: no cap) and none of them was sheddable, 503 when more than
+        ``max_connections`` are open and none was sheddable. Above
+        ``shed_above`` open connections, one sheddable connection is closed
+        first. A refused connection stays counted until it closes (its
+        descriptor is still open)."""
         self.count += 1
         if ip is not None and per_ip:
             n = self.per_ip.get(ip, 0) + 1
             self.per_ip[ip] = n
-            if n > per_ip:
+            if n == 1:
+                self.sheddable_of[ip] = OrderedDict()
+            elif n > per_ip and not self._shed_first(self.sheddable_of[ip]):
                 return 429
         if self.count > shed_above or self.count > max_connections:
             self.shed_one()
@@ -91,18 +104,23 @@ class ConnectionRegistry:
             n = self.per_ip.get(ip, 0) - 1
             if n > 0:
                 self.per_ip[ip] = n
+                self.sheddable_of[ip].pop(conn, None)
             else:
                 self.per_ip.pop(ip, None)
+                self.sheddable_of.pop(ip, None)
 
     def shed_one(self) -> bool:
         """Close the first sheddable connection; False when there is none.
         Stale entries met on the way are dropped (each once per busy
         period: amortized O(1))."""
-        pop = self.sheddable.popitem
-        while self.sheddable:
+        return self._shed_first(self.sheddable)
+
+    def _shed_first(self, sheddable: OrderedDict[Sheddable, None]) -> bool:
+        pop = sheddable.popitem
+        while sheddable:
             conn, _ = pop(last=False)
             if conn.sheddable:
                 self.shed += 1
-                conn.shed()
+                conn.shed()  # leave() drops it from the other set
                 return True
         return False

@@ -48,7 +48,9 @@ class HttpLimits:
     new connection closes the oldest idle one (idle keep-alive, or without a
     whole request head yet: issue 11, finding 10); ``max_pipelined``: queued
     requests before reading pauses; ``linger_timeout``: how long unread
-    input is drained after an error response before the socket is dropped.
+    input is drained after an error response before the socket is dropped;
+    ``max_json_depth``: deepest nesting of a JSON body the client APIs
+    translate (400 past it; at most 250, what orjson can write back).
 
     One object is shared by all connections of one server: ``connections``
     is their registry (not an option), ``open_connections`` their count.
@@ -65,6 +67,7 @@ class HttpLimits:
     shed_idle_at: float = 0.8
     max_pipelined: int = 16
     linger_timeout: float = 5.0
+    max_json_depth: int = 128
     connections: ConnectionRegistry = field(
         default_factory=ConnectionRegistry, init=False, repr=False, compare=False
     )
@@ -90,6 +93,8 @@ _OPTION_HELP = {
     "the oldest idle one (keep-alive, or without a whole request head)",
     "max_pipelined": "pipelined requests queued per connection before reading pauses",
     "linger_timeout": "seconds to drain unread input after an error response",
+    "max_json_depth": "deepest nesting of a translated API's JSON body (levels, at most 250); "
+    "400 past it",
 }
 _MAY_BE_ZERO = frozenset({"max_connections_per_ip"})
 
@@ -116,7 +121,7 @@ def add_http_limit_options(
     ``--max-body-bytes``, ``--header-timeout``, ``--body-timeout``,
     ``--keepalive-timeout``, ``--send-timeout``, ``--max-connections``,
     ``--max-connections-per-ip``, ``--shed-idle-at``, ``--max-pipelined``,
-    ``--linger-timeout``) in an "HTTP limits" group; ``defaults`` overrides
+    ``--linger-timeout``, ``--max-json-depth``) in an "HTTP limits" group; ``defaults`` overrides
     the dataclass defaults. Read them back with :func:`limits_from_args`."""
     d = defaults if defaults is not None else HttpLimits()
     group = parser.add_argument_group("HTTP limits")

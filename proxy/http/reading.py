@@ -26,7 +26,7 @@ _RID_MAX = 128
 
 # headers the parser callbacks look at (one dict lookup per header)
 (_CONTENT_LENGTH, _TRANSFER_ENCODING, _CONNECTION, _EXPECT, _REQUEST_ID, _HOST, _ORIGIN,
- _HOP) = range(1, 9)
+ _HOP, _CONTENT_TYPE) = range(1, 10)
 _SPECIAL = {
     b"content-length": _CONTENT_LENGTH,
     b"transfer-encoding": _TRANSFER_ENCODING,
@@ -35,6 +35,7 @@ _SPECIAL = {
     b"x-request-id": _REQUEST_ID,
     b"host": _HOST,
     b"origin": _ORIGIN,
+    b"content-type": _CONTENT_TYPE,
     HOP: _HOP,
     TOKEN: _HOP,
 }
@@ -196,6 +197,8 @@ class RequestReader:
             req.expect = value
         elif kind == _ORIGIN:
             req.origin = value
+        elif kind == _CONTENT_TYPE:
+            req.content_type = value
         elif kind == _HOP:
             req.hop_marked = True
         elif 0 < len(value) <= _RID_MAX and not value.translate(None, _RID_CHARS):

@@ -47,7 +47,8 @@ class Request:
     only the handler, which judges them, may forward it).
     ``on_disconnect`` is called once when the client goes away before the
     response finished; ``disconnected`` says it did. ``origin`` is the
-    ``Origin`` header (None without one); ``extra_head`` header lines
+    ``Origin`` header and ``content_type`` the ``Content-Type`` (None
+    without one); ``extra_head`` header lines
     (``b"name: value\r\n"`` ...) every response head to it carries (CORS).
     """
 
@@ -57,6 +58,7 @@ class Request:
         "chunked",
         "conn_tokens",
         "content_length",
+        "content_type",
         "disconnected",
         "expect",
         "expect_continue",
@@ -106,6 +108,7 @@ class Request:
         self.conn_tokens: tuple[bytes, ...] = ()
         self.expect: bytes | None = None
         self.origin: bytes | None = None
+        self.content_type: bytes | None = None
         self.extra_head = b""
         self.hop = 0  # cluster mode: forwarded by another node (proxy.cluster.HOP_*)
         self.hop_marked = False

@@ -119,6 +119,9 @@ _TCPI_BYTES_ACKED = 120  # offset of tcpi_bytes_acked in Linux's struct tcp_info
 _TCP_CLOSE = 7  # tcpi_state (the struct's first byte) once a reset came
 EOF_SETTLE_S = 0.01  # after a close with no answer, how long a reset may take to follow
 CLOSES_AFTER_STREAM_S = 0.1  # an idle close this soon after a chunked answer: the server's habit
+STOPPING_CODE = "shutting_down"  # the error code of "the server is stopping", everywhere
+_ERROR_EVENT = b'data: {"error"'  # how an SSE error event begins (llama.cpp's, ggmux's)
+_ERROR_EVENT_LEN = len(_ERROR_EVENT)
 KEEP_BYTES = 64 << 10  # of an answer's body kept for the request ring's excerpt (when kept)
 
 
@@ -256,6 +259,8 @@ class Upstream(asyncio.Protocol):
         "reused",
         "sent_total",
         "sse",
+        "sse_error",
+        "sse_tail",
         "status",
         "transport",
         "until_close",
@@ -277,6 +282,8 @@ class Upstream(asyncio.Protocol):
         self.head_sent = False
         self.capture = False  # collect the response into the Exchange, relay nothing
         self.sse = False
+        self.sse_error = False  # an error event was relayed: the stream told its end
+        self.sse_tail = b""  # the last bytes relayed, for an event split across reads
         self.status = 0
         self.headers: list[Header] = []
         self.conn_tokens: tuple[bytes, ...] = ()
@@ -425,6 +432,8 @@ class Upstream(asyncio.Protocol):
         self.head_sent = False
         self.got_bytes = False
         self.sse = False
+        self.sse_error = False
+        self.sse_tail = b""
         self.until_close = False
         self.err_body = None
         self.finished = False
@@ -596,6 +605,8 @@ class Upstream(asyncio.Protocol):
         ex = self.ex
         if not ex.first_byte_ns:
             ex.first_byte_ns = time.monotonic_ns()
+        if self.sse and not self.sse_error:
+            self._watch_errors(body)
         client.send_chunk(body)
         ex.bytes_out += len(body)
         ex.tail = body  # the usage, when the replica sends no usage line
@@ -607,6 +618,15 @@ class Upstream(asyncio.Protocol):
         if client.write_paused and not self.paused and not self.closed:
             self.paused = True
             self.transport.pause_reading()
+
+    def _watch_errors(self, body: bytes) -> None:
+        """Note an error event in the relayed SSE body (the replica's own
+        word on why its stream ends, e.g. an instance that stops): a cut
+        that follows adds no second one (issue 18, finding 11)."""
+        if _ERROR_EVENT in body or (self.sse_tail and _ERROR_EVENT in self.sse_tail
+                                    + body[:_ERROR_EVENT_LEN]):
+            self.sse_error = True
+        self.sse_tail = body[-_ERROR_EVENT_LEN:]
 
     def on_message_complete(self) -> None:
         if self.status == 0 or self.finished:  # interim response, or junk
@@ -672,7 +692,8 @@ class Upstream(asyncio.Protocol):
             done(UpstreamError(why, stale=stale, delivered=delivered, habit=habit))
             return
         if self.pool.closing:  # the replica went with the server
-            self._cut(client, req, done, self.pool.closing, 503, "unavailable_error", False)
+            self._cut(client, req, done, self.pool.closing, 503, "unavailable_error", False,
+                      code=STOPPING_CODE)
             return
         # the code a 502 before the head gets too (proxy.answers.replica_failed)
         self._cut(client, req, done, why, 502, "server_error", code="replica_died")
@@ -680,11 +701,12 @@ class Upstream(asyncio.Protocol):
     def _cut(self, client: HttpConnection, req: Request, done: Callable, why: str,
              status: int, type_: str, fault: bool = True, code: str | None = None) -> None:
         """End a relayed body short: an SSE client is told why in an error
-        event (``code``: the status's own unless given), then the body is
-        cut (no terminating chunk) so no client can mistake it for a clean
-        end (an HTTP/1.0 client, whose body ends at the close, has only the
-        event to go by)."""
-        if self.sse:
+        event (``code``: the status's own unless given; none when the
+        replica's own error event already went out, so a stream carries
+        exactly one), then the body is cut (no terminating chunk) so no
+        client can mistake it for a clean end (an HTTP/1.0 client, whose
+        body ends at the close, has only the event to go by)."""
+        if self.sse and not self.sse_error:
             code = code or ERROR_CODES.get(status, status)
             client.send_chunk(b"data: " + error_body(why, type_, code) + b"\n\n")
         ex = self.ex
@@ -730,16 +752,17 @@ class Upstream(asyncio.Protocol):
         if client is None or done is None:
             return
         if self.head_sent and not self.capture:
-            self._cut(client, req, done, why, 503, "unavailable_error", fault=False)
+            self._cut(client, req, done, why, 503, "unavailable_error", fault=False,
+                      code=STOPPING_CODE)
             return
         self.ex.status = 503
         if req.preheaded:
-            client.send_chunk(b"data: " + error_body(why, "unavailable_error", "shutting_down")
+            client.send_chunk(b"data: " + error_body(why, "unavailable_error", STOPPING_CODE)
                               + b"\n\n")
             client.close()
             client.finish(req)
         else:
-            client.send_error(req, 503, why, code="shutting_down",
+            client.send_error(req, 503, why, code=STOPPING_CODE,
                               headers=[(b"retry-after", b"5")])
         done(self.ex)
 

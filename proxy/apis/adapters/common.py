@@ -148,6 +148,43 @@ def integer(body: dict, key: str, lo: int = 0) -> int | None:
     return v
 
 
+MAX_DEPTH = 250
+"""Deepest nesting of a translated request's body, levels, that may be
+allowed (``--max-json-depth``, default 128: JSON schemas,
+tool arguments, ``metadata``: a few tens in practice). orjson reads 1024
+levels but writes only 254, and a body goes on to the replica and parts
+of it back into the answer (the Responses API echoes ``metadata``, ``text``
+and ``tools``), so a deeper one is refused with 400 before anything is
+sent (issue 18, finding 8: the answer's encoding failed inside the relay,
+the client waited for nothing)."""
+
+
+def check_depth(body: dict, limit: int = MAX_DEPTH) -> None:
+    """Raise :class:`BadRequest` when ``body`` nests more than ``limit``
+    containers deep (iteratively: any depth is safe to measure)."""
+    todo: list[tuple[object, int]] = [(body, 1)]
+    while todo:
+        v, depth = todo.pop()
+        if depth > limit:
+            raise BadRequest(f"the request nests deeper than {limit} levels")
+        if isinstance(v, dict):
+            todo.extend((x, depth + 1) for x in v.values() if isinstance(x, (dict, list)))
+        elif isinstance(v, list):
+            todo.extend((x, depth + 1) for x in v if isinstance(x, (dict, list)))
+
+
+def encode_body(obj: dict) -> bytes:
+    """A translated request's body as the JSON bytes sent to the replica.
+    Raises :class:`BadRequest` for one orjson cannot write: an integer
+    beyond 64 bits, or nesting deeper than its 254 levels (orjson reads
+    1024), which the client sent (issue 18, finding 8: a 500 before)."""
+    try:
+        return orjson.dumps(obj)
+    except orjson.JSONEncodeError as e:
+        raise BadRequest(f"the request cannot be passed on ({e}): it nests too deep or holds "
+                         "an integer beyond 64 bits") from None
+
+
 def string_list(v, key: str) -> list[str]:
     """A string or a list of strings as a list; :class:`BadRequest` else."""
     if isinstance(v, str):

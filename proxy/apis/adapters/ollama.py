@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
+import re
 import time
 from datetime import UTC, datetime
 
@@ -68,53 +70,57 @@ OPTIONS = {"num_predict": "max_tokens", "temperature": "temperature", "top_k": "
            "repeat_penalty": "repeat_penalty", "presence_penalty": "presence_penalty",
            "frequency_penalty": "frequency_penalty"}
 
-ROLES = frozenset(("system", "user", "assistant", "tool"))
+ROLES = ("system", "user", "assistant", "tool")  # a tuple: a role that is a list compares, not hashes
 THINK_LEVELS = ("low", "medium", "high")  # Ollama's think levels (GPT-OSS)
 # the first base64 characters of an image file -> its media type
 _IMAGE_SIGNATURES = (("/9j/", "image/jpeg"), ("iVBOR", "image/png"), ("R0lGOD", "image/gif"),
                      ("UklGR", "image/webp"))
 
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
+          "h": 3600.0}
+# Go's time.ParseDuration, which Ollama's keep_alive strings go through: one
+# or more <number><unit>, a number having a digit before or after its point
+_DURATION = re.compile(r"(?:(?:\d+\.?\d*|\.\d+)(?:ns|us|µs|μs|ms|s|m|h))+", re.ASCII)
+_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)", re.ASCII)
+_BARE_NUMBER = re.compile(r"\d+\.?\d*|\.\d+", re.ASCII)
+MAX_DURATION_CHARS = 64  # a longer keep_alive string is no duration anyone means
+KEEP_ALIVE_SHAPE = "'keep_alive' must be a number of seconds or a duration such as '5m'"
+# Ollama's integer options are Go ints (64-bit): a number outside is refused there too
+_INT_OPTIONS = frozenset(("num_predict", "top_k", "seed"))
+_INT_RANGE = 2 ** 63
 
 
 def keep_alive_seconds(v) -> float | None:
     """Ollama's ``keep_alive`` in seconds: a number (seconds) or a Go
-    duration string (``"5m"``, ``"1h30m"``, ``"300ms"``, ``"0"``); negative
-    means forever (returned as ``float("inf")``); None when absent. Raises
-    :class:`BadRequest` for anything else."""
+    duration string (``"5m"``, ``"1h30m"``, ``"300ms"``, ``"0"``, Go's
+    ``time.ParseDuration`` grammar; a bare number string is taken as
+    seconds); negative means forever (returned as ``float("inf")``); None
+    when absent. Raises :class:`BadRequest` for anything else: another
+    type, a string that is no duration (``".s"``, ``"1..2s"``), ``"nan"``,
+    ``"inf"`` (issue 18, finding 8: those gave 500 or were dropped)."""
     if v is None:
         return None
-    if isinstance(v, bool):
-        raise BadRequest("'keep_alive' must be a number of seconds or a duration such as '5m'")
-    if isinstance(v, (int, float)):
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise BadRequest(KEEP_ALIVE_SHAPE)
+    if not isinstance(v, str):
+        if not math.isfinite(v):
+            raise BadRequest(KEEP_ALIVE_SHAPE)
         return float("inf") if v < 0 else float(v)
-    if not isinstance(v, str) or not v.strip():
-        raise BadRequest("'keep_alive' must be a number of seconds or a duration such as '5m'")
     s = v.strip()
-    neg = s.startswith("-")
-    s = s.lstrip("+-")
-    try:
-        total = float(s)  # a bare number: seconds
-    except ValueError:
-        total, num = 0.0, ""
-        i = 0
-        while i < len(s):
-            ch = s[i]
-            if ch.isdigit() or ch == ".":
-                num += ch
-                i += 1
-                continue
-            unit = next((u for u in ("ns", "us", "µs", "ms", "s", "m", "h")
-                         if s.startswith(u, i) and (u != "m" or not s.startswith("ms", i))),
-                        None)
-            if unit is None or not num:
-                raise BadRequest(f"'keep_alive': cannot read duration {v!r}") from None
-            total += float(num) * _UNITS[unit]
-            num = ""
-            i += len(unit)
-        if num:
-            raise BadRequest(f"'keep_alive': duration {v!r} lacks a unit") from None
-    return float("inf") if neg and total > 0 else total
+    if len(s) > MAX_DURATION_CHARS:
+        raise BadRequest(f"'keep_alive': a duration of at most {MAX_DURATION_CHARS} characters")
+    sign = s[:1]
+    body = s[1:] if sign in ("+", "-") else s
+    if _BARE_NUMBER.fullmatch(body):
+        total = float(body)
+    elif _DURATION.fullmatch(body):
+        total = sum(float(n) * _UNITS[u] for n, u in _DURATION_PART.findall(body))
+    else:
+        raise BadRequest(f"'keep_alive': cannot read duration {v[:40]!r} (a number of seconds, "
+                         "or a duration such as '5m' or '1h30m')")
+    if not math.isfinite(total):
+        raise BadRequest(f"'keep_alive': duration {v[:40]!r} is too long")
+    return float("inf") if sign == "-" and total > 0 else total
 
 
 def _options(body: dict, chat: dict) -> None:
@@ -127,17 +133,22 @@ def _options(body: dict, chat: dict) -> None:
         field = OPTIONS.get(k)
         if field is None:
             log.info("ollama option %r ignored (a replica's load-time settings come from its "
-                     "preset)", k)
+                     "preset)", k[:64])
             continue
         if v is None:
             continue
         if field == "stop":
             chat["stop"] = string_list(v, "options.stop")
-        elif isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise BadRequest(f"'options.{k}' must be a number")
-        elif field == "max_tokens":
+        if k in _INT_OPTIONS and not -_INT_RANGE <= v < _INT_RANGE:
+            raise BadRequest(f"'options.{k}' must be an integer in 64 bits, not {v:g}")
+        if field == "max_tokens":
             if v > 0:  # Ollama: -1 = until the context is full, -2 = fill it
                 chat["max_tokens"] = int(v)
+        elif k in _INT_OPTIONS and isinstance(v, float) and v.is_integer():
+            chat[field] = int(v)  # 1e3 as 1000: the replica reads an integer
         else:
             chat[field] = v
 

@@ -198,8 +198,8 @@ def arguments_text(args, where: str) -> str:
 
 def function_tool(name, description, parameters, where: str) -> dict:
     """OpenAI's ``{"type": "function", "function": {...}}`` tool; raises
-    :class:`BadRequest` for a nameless tool or a schema that is not an
-    object."""
+    :class:`BadRequest` for a nameless tool, or a schema that is not a JSON
+    object or describes anything but an object."""
     if not isinstance(name, str) or not name:
         raise BadRequest(f"{where}: a tool needs a non-empty string 'name'")
     fn: dict = {"name": name}
@@ -211,6 +211,12 @@ def function_tool(name, description, parameters, where: str) -> dict:
         parameters = {"type": "object", "properties": {}}
     if not isinstance(parameters, dict):
         raise BadRequest(f"{where}: the tool's schema must be a JSON object")
+    if parameters.get("type", "object") != "object":
+        # its arguments are one object in every API (Anthropic's input, Ollama's
+        # arguments): a schema of another type could never be answered (issue 18,
+        # finding 8: a 502 before); OpenAI and Anthropic refuse it so too
+        raise BadRequest(f"{where}: the tool's schema must describe an object "
+                         "(\"type\": \"object\")")
     fn["parameters"] = parameters
     return {"type": "function", "function": fn}
 

@@ -1,0 +1,164 @@
+"""What a web page of another origin may ask of a ggmux without a key
+(issue 18, finding 5): with the default ``--cors-origins *``, a page on any
+origin could ``POST /models/unload`` with a ``text/plain`` body (a
+"simple" request: no preflight) and read ``/logs``. Now POST bodies must
+be JSON (415), admin routes never answer ``Access-Control-Allow-Origin:
+*`` and refuse requests from other origins (403), and a preflight grants
+only the headers ggmux reads. The same requests in real Chromium are in
+tests/test_page.py; here they go as the browser would send them, on a
+fake model.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+
+import pytest
+from conftest import chat_body, wait_for
+
+EVIL = "http://evil.example"
+UNLOAD = json.dumps({"model": "m"}).encode()
+
+
+@pytest.fixture(scope="module")
+def open_server(tmp_path_factory):
+    """No key, the default CORS; fake model ``m`` loaded."""
+    from conftest import Server, free_port, write_fake
+
+    d = tmp_path_factory.mktemp("browser")
+    write_fake(d / "fakes", "m", tokens=2)
+    s = Server(["--fake-models-dir", str(d / "fakes"), "--no-hf-cache", "--proxies", "1",
+                "--spares", "0"], free_port(), d / "server.log")
+    try:
+        s.wait_ready()
+        assert s.request("POST", "/models/load", {"model": "m"})[0] == 200
+        wait_for(lambda: s.models()["m"]["status"]["value"] == "loaded", 20, what="m loaded")
+        yield s
+    finally:
+        s.stop()
+
+
+def post(s, path: str, body: bytes, ctype: str | None, headers: dict | None = None):
+    """``(status, headers, body)`` of a POST with Content-Type ``ctype``
+    (None: no such header at all, as a ``fetch`` with a Blob body sends)."""
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+    try:
+        conn.request("POST", path, body=body, headers={
+            **({"content-type": ctype} if ctype else {}), **(headers or {})})
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+def loaded(s) -> bool:
+    return s.models()["m"]["status"]["value"] == "loaded"
+
+
+@pytest.mark.parametrize("ctype", [None, "text/plain;charset=UTF-8",
+                                   "application/x-www-form-urlencoded", "multipart/form-data"])
+def test_a_simple_cross_origin_post_cannot_unload(open_server, ctype):
+    s = open_server
+    page = {"origin": EVIL, "sec-fetch-site": "cross-site"}
+    status, h, body = post(s, "/models/unload", UNLOAD, ctype, page)
+    assert status in (403, 415), (status, body)
+    assert "access-control-allow-origin" not in h
+    # the same body with no Origin (curl -d, a script) but not JSON: 415, and says what to send
+    status, h, body = post(s, "/models/unload", UNLOAD, ctype)
+    assert status == 415, (status, body)
+    assert "application/json" in json.loads(body)["error"]["message"]
+    assert loaded(s)
+
+
+def test_an_admin_route_refuses_another_origin_even_with_a_json_body(open_server):
+    s = open_server
+    status, h, body = s.request("POST", "/models/unload", UNLOAD,
+                                headers={"origin": EVIL, "content-type": "application/json"})
+    assert status == 403 and "another origin" in json.loads(body)["error"]["message"], body
+    assert "access-control-allow-origin" not in h
+    # a page's <img src=/models?reload=1> sends no Origin, but Sec-Fetch-Site
+    assert s.request("GET", "/v1/models?reload=1", headers={"sec-fetch-site": "cross-site"})[0] \
+        == 403
+    assert loaded(s)
+
+
+def test_logs_cannot_be_read_from_another_origin_but_from_ggmuxs_own(open_server):
+    s = open_server
+    for path in ("/logs", "/requests"):  # what others did: the log ring, the request ring
+        for headers in ({"origin": EVIL}, {"origin": "null"}, {"sec-fetch-site": "same-site"}):
+            status, h, _ = s.request("GET", path, headers=headers)
+            assert status == 403 and "access-control-allow-origin" not in h, (path, headers,
+                                                                             status, h)
+        assert s.request("GET", path)[0] == 200  # curl, the CLI: no Origin at all
+    own = {"origin": s.base, "sec-fetch-site": "same-origin"}
+    status, h, body = s.request("GET", "/logs", headers=own)
+    assert status == 200 and b"ready" in body
+    assert s.request("GET", "/requests", headers=own)[0] == 200
+
+
+def test_preflights_grant_admin_routes_nothing_and_api_routes_only_known_headers(open_server):
+    s = open_server
+    ask = {"origin": EVIL, "access-control-request-method": "POST",
+           "access-control-request-headers": "content-type, x-evil, X-Stainless-Lang, "
+                                             "authorization"}
+    status, h, _ = s.request("OPTIONS", "/models/unload", headers=ask)
+    assert status == 204
+    assert "access-control-allow-origin" not in h and "access-control-allow-methods" not in h
+    status, h, _ = s.request("OPTIONS", "/v1/chat/completions", headers=ask)
+    assert status == 204 and h["access-control-allow-origin"] == "*"  # llama-server's default
+    assert h["access-control-allow-headers"] == "content-type, x-stainless-lang, authorization"
+
+
+def test_api_routes_take_json_bodies_only_in_their_own_envelope(open_server):
+    s = open_server
+    body = json.dumps(chat_body("m")).encode()
+    plain = {"content-type": "text/plain"}
+    # m is loaded with one replica: the fast path sees this request first
+    status, _, out = s.request("POST", "/v1/chat/completions", body, headers=plain)
+    assert status == 415 and json.loads(out)["error"]["type"], out
+    status, _, out = s.request("POST", "/api/chat", body, headers=plain)
+    assert status == 415 and list(json.loads(out)) == ["error"], out
+    status, _, out = s.request("POST", "/v1/messages", body, headers=plain)
+    assert status == 415 and json.loads(out)["type"] == "error", out
+    for ctype in ("application/json", "application/json; charset=utf-8",
+                  "Application/JSON", "application/vnd.api+json"):
+        assert s.request("POST", "/v1/chat/completions", body,
+                         headers={"content-type": ctype})[0] == 200, ctype
+    # a pass-through takes any type a page could not send without a preflight
+    status, _, out = s.request("POST", "/upstream/m/v1/chat/completions", body, headers=plain)
+    assert status == 415, out
+    assert s.request("POST", "/upstream/m/v1/chat/completions", body,
+                     headers={"content-type": "application/json"})[0] == 200
+
+
+def test_ollama_unload_from_another_origin_is_refused_without_any_key(open_server):
+    s = open_server
+    req = {"model": "m", "keep_alive": 0, "stream": False}
+    status, _, out = s.request("POST", "/api/generate", req,
+                               headers={"origin": EVIL, "content-type": "application/json"})
+    assert status == 403 and "another origin" in json.loads(out)["error"], out
+    # and keep_alive 0 on a generation from there unloads nothing (read in order: see below)
+    assert s.request("POST", "/api/generate", {**req, "prompt": "hi"},
+                     headers={"origin": EVIL})[0] == 200
+    assert s.request("POST", "/api/generate", {**req, "prompt": "hi", "keep_alive": "1h"},
+                     headers={"origin": s.base})[0] == 200
+    wait_for(lambda: "m: keep_alive 3600 s from POST /api/generate" in s.logs(), 10,
+             what="the own page's keep_alive, queued after the other page's")
+    assert loaded(s)
+
+
+def test_listed_origins_may_do_admin_actions_and_read_the_answer(serve, fakes):
+    fakes.add("m", tokens=2)
+    ok = "http://ok.example"
+    s = serve("--fake-models-dir", str(fakes), "--no-hf-cache", "--proxies", "1",
+              "--cors-origins", f"{ok},*")
+    status, h, _ = s.request("OPTIONS", "/models/load", headers={
+        "origin": ok, "access-control-request-method": "POST",
+        "access-control-request-headers": "content-type"})
+    assert status == 204 and h["access-control-allow-origin"] == ok
+    status, h, _ = s.request("POST", "/models/load", {"model": "m"}, headers={"origin": ok})
+    assert status == 200 and h["access-control-allow-origin"] == ok
+    status, h, _ = s.request("GET", "/logs", headers={"origin": ok})
+    assert status == 200 and h["access-control-allow-credentials"] == "true"
+    assert s.request("GET", "/logs", headers={"origin": EVIL})[0] == 403  # "*" is not enough
