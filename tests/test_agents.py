@@ -27,10 +27,11 @@ The CLIs' prompts are long. Claude Code 2.1's request is 22158 tokens
 through llama.cpp's grammar engine on bytes in tests/test_agent_schemas.py,
 and the fake run sends them all through ggmux); ``GGMUX_AGENT_FULL=1``
 runs it with all of them. Codex runs unchanged (about 10k tokens). On this
-project's shared 2-core machine (load average 20 to 27, December 2026)
-smollm2 read prompts at 8 to 10 tokens/s, so one Claude Code turn took
-minutes there (see the figures in README's "Tools and agents"); on a quiet
-machine prefill is tens of times faster.
+project's shared 2-core machine (load average 20 to 30, December 2026)
+smollm2 read prompts at 8 to 10 tokens/s and wrote 2 tokens/s: the Agents
+SDK's one request took about 140 s, ChatOllama's 23 s, Claude Code's run
+(one 1819-token turn, cut at 128 tokens) 297 s; README's "Tools and
+agents" has the table. A quiet machine is tens of times faster.
 """
 
 from __future__ import annotations
