@@ -13,6 +13,10 @@ _LITERAL_ESCAPES = {"\r": "\\r", "\n": "\\n", '"': '\\"', "\\": "\\\\"}
 _LITERAL_ESCAPE_RE = re.compile(r'[\r\n"\\]')
 _HEX = frozenset("0123456789abcdefABCDEF")
 
+# llama.cpp's grammar parser (src/llama-grammar.cpp MAX_REPETITION_THRESHOLD)
+# refuses a {m,n} whose m is above this and reads an n above it as no maximum
+MAX_REPETITION_THRESHOLD = 2000
+
 
 class RangeError(ValueError):
     """An integer range with neither bound."""
@@ -30,7 +34,12 @@ def json_text(value) -> str:
 
 def repetition(item: str, lo: int, hi: int | None, sep: str = "") -> str:
     """GBNF for ``lo`` to ``hi`` (None: unbounded) ``item``\\ s separated by
-    ``sep`` (llama.cpp ``build_repetition``)."""
+    ``sep`` (llama.cpp ``build_repetition``). A ``hi`` above
+    :data:`MAX_REPETITION_THRESHOLD` is written as no maximum, which is what
+    llama.cpp's grammar parser makes of it (Claude Code's ``Workflow`` tool
+    has a ``maxLength`` of 524288): the grammar says what is enforced."""
+    if hi is not None and hi > MAX_REPETITION_THRESHOLD:
+        hi = None
     if hi == 0:
         return ""
     if lo == 0 and hi == 1:

@@ -19,6 +19,7 @@ import re
 import orjson
 
 from .gbnf import GrammarError, check_gbnf
+from .gbnf_rules import MAX_REPETITION_THRESHOLD
 from .json_grammar import SchemaError, schema_to_gbnf
 from .validate import BadRequest, RequestLimits, is_int, shown
 
@@ -45,16 +46,19 @@ _SUB = ("items", "additionalProperties", "not", "if", "then", "else", "contains"
         "propertyNames", "unevaluatedItems", "unevaluatedProperties", "additionalItems")
 _SUB_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SUB_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-# keywords that become that many copies of a rule in the grammar
+# keywords that become that many copies of a rule in the grammar; a maximum
+# above llama.cpp's threshold becomes no maximum instead (gbnf_rules.repetition)
 _COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
            "minContains", "maxContains")
+_MAX_COUNTS = frozenset(k for k in _COUNTS if k.startswith("max"))
 
 
 def _pattern_size(pattern: str) -> int:
     """Characters a regex ``pattern`` is written out to in a grammar: each
     ``{m,n}`` multiplies what it applies to by max(m, n), nested ones
     multiply (``(a{10}){10}`` is 100); ``*``, ``+``, ``?`` cost nothing
-    extra (they become recursive rules)."""
+    extra (they become recursive rules), nor does an ``n`` above
+    llama.cpp's threshold (it is written as no maximum)."""
     stack = [0]  # written size of each open group's content
     last = 0  # size of the last item of the innermost group
     i, n = 0, len(pattern)
@@ -84,7 +88,8 @@ def _pattern_size(pattern: str) -> int:
             continue
         m = re.match(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}", pattern[i:])
         if m:
-            times = max(int(m.group(1)), int(m.group(2) or 0))
+            hi = int(m.group(2) or 0)
+            times = max(int(m.group(1)), hi if hi <= MAX_REPETITION_THRESHOLD else 0)
             stack[-1] += last * (times - 1)
             last *= times
             i += m.end()
@@ -115,7 +120,8 @@ def _check_schema(schema, limits: RequestLimits, field: str) -> None:
                 if not is_int(v) or v < 0:
                     raise BadRequest(f"{path}.{k} must be an integer >= 0, not {shown(v)}",
                                      f"{path}.{k}")
-                if v > limits.max_grammar_repetitions:
+                if v > limits.max_grammar_repetitions and not (
+                        k in _MAX_COUNTS and v > MAX_REPETITION_THRESHOLD):
                     raise BadRequest(f"{path}.{k} is {v}, over the limit of "
                                      f"{limits.max_grammar_repetitions} "
                                      "(--max-grammar-repetitions)", f"{path}.{k}")

@@ -16,9 +16,10 @@ HOP = frozenset(("connection", "keep-alive", "transfer-encoding", "te", "trailer
 
 class AccessLog:
     """``AccessLog(port)``: listening on ``base`` (a free loopback port),
-    forwarding to 127.0.0.1:``port``; :meth:`close` stops it."""
+    forwarding to 127.0.0.1:``port``, waiting up to ``timeout`` seconds
+    for each read from ggmux; :meth:`close` stops it."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, timeout: float = 600.0) -> None:
         self.entries: list[tuple[str, str, int]] = []
         lock = threading.Lock()
         log = self.entries
@@ -45,7 +46,7 @@ class AccessLog:
 
             def _relay(self) -> None:
                 body = self._body()
-                up = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+                up = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP}
                 headers["accept-encoding"] = "identity"
                 up.request(self.command, self.path, body=body, headers=headers)

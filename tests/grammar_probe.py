@@ -64,5 +64,14 @@ class GrammarProbe:
         finally:
             L.llama_sampler_free(s)
 
+    def parses(self, grammar: str) -> bool:
+        """Whether llama.cpp's grammar parser takes ``grammar`` (its sampler
+        is NULL when not)."""
+        s = self.L.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
+        if not s:
+            return False
+        self.L.llama_sampler_free(s)
+        return True
+
     def close(self) -> None:
         self.L.llama_model_free(self.model)

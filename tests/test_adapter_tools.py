@@ -194,6 +194,21 @@ def test_anthropic_stream_events_in_anthropics_order_and_the_sdk_rebuilds_the_me
         assert final.usage.input_tokens == 9 and final.usage.output_tokens == 11
 
 
+def test_anthropic_answer_cut_short_in_a_call_stops_at_max_tokens_not_tool_use():
+    # smollm2 under Claude Code: a Write call whose content ran past max_tokens came
+    # back as stop_reason tool_use, and Claude Code ran a tool_use whose input was
+    # no JSON, turn after turn; llama-server's "length" beats "tool_calls" too
+    cut = (("call_1", "weather", '{"city": "Par'),)
+    body = delta_sse(tool_deltas("", "", cut), "length")
+    for pieces in (1, 60):
+        evs = events(run_stream(A.MessagesStream("smol"), body, pieces))
+        assert [d["delta"]["stop_reason"] for n, d in evs if n == "message_delta"] == [
+            "max_tokens"]
+    whole = A.from_chat(chat_answer("Let me", finish="length"), "smol")
+    assert whole["stop_reason"] == "max_tokens"
+    assert A.from_chat(chat_answer(None, CALLS[:1]), "smol")["stop_reason"] == "tool_use"
+
+
 def test_anthropic_stream_of_nothing_still_has_one_text_block():
     evs = events(run_stream(A.MessagesStream("m"), delta_sse([{"role": "assistant"}])))
     assert [n for n, _ in evs] == ["message_start", "content_block_start", "ping",

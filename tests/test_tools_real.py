@@ -152,9 +152,11 @@ def test_bad_tool_requests_and_images_are_400s_naming_the_field(smol):
 
     assert err({"tools": TOOLS, "tool_choice": {"type": "function", "function": {
         "name": "nope"}}})["param"] == "tool_choice"
+    # a minimum over --max-grammar-repetitions (a maximum over llama.cpp's 2000 is
+    # no maximum: tests/test_agent_schemas.py)
     assert err({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "string", "maxLength": 10**6}}}]})["param"] == \
-        "tools[0].function.parameters.maxLength"
+        "type": "string", "minLength": 10**6}}}]})["param"] == \
+        "tools[0].function.parameters.minLength"
     assert err({"tools": TOOLS, "parallel_tool_calls": "yes"})["param"] == "parallel_tool_calls"
     e = err({"messages": [{"role": "user", "content": [
         {"type": "text", "text": "What is this?"},

@@ -54,7 +54,7 @@ import re
 
 import orjson
 
-from .anthropic_stream import STOP_REASONS, MessagesStream, error_body, usage_object
+from .anthropic_stream import STOP_REASONS, MessagesStream, error_body, stop_reason, usage_object
 from .common import (
     Adapter,
     BadReply,
@@ -375,7 +375,7 @@ def from_chat(obj: dict, model: str) -> dict:
         blocks.append({"type": "tool_use", "id": c.id, "name": c.name,
                        "input": arguments_object(c.arguments, c.name)})
     rid = obj.get("id")
-    stop = "tool_use" if r.calls else STOP_REASONS.get(r.finish or "stop", "end_turn")
+    stop = stop_reason(r.finish, bool(r.calls))
     return {
         "id": "msg_" + rid if isinstance(rid, str) and rid else new_id("msg_"),
         "type": "message",

@@ -43,6 +43,15 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
                 "content_filter": "refusal"}
 
 
+def stop_reason(finish: str | None, calls: bool) -> str:
+    """Anthropic's ``stop_reason`` for the replica's ``finish_reason``:
+    ``max_tokens`` when cut short (calls or not), ``tool_use`` for calls,
+    else :data:`STOP_REASONS`' mapping."""
+    if finish == "length":
+        return "max_tokens"
+    return "tool_use" if calls else STOP_REASONS.get(finish or "stop", "end_turn")
+
+
 def error_body(status: int, message: str) -> bytes:
     """Anthropic's error envelope for ``status``."""
     etype = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
@@ -148,10 +157,12 @@ class MessagesStream(StreamState):
         return out
 
     def stop_reason(self) -> str:
-        """The ``stop_reason`` of what was streamed."""
-        if self.calls.calls:
-            return "tool_use"
-        return STOP_REASONS.get(self.finish or "stop", "end_turn")
+        """The ``stop_reason`` of what was streamed: ``max_tokens`` for an
+        answer cut short even with calls in it (their arguments may be cut
+        too: Claude Code would run a ``tool_use`` whose input is no JSON),
+        as llama-server's ``length`` beats ``tool_calls``
+        (tools/server/server-task.cpp)."""
+        return stop_reason(self.finish, bool(self.calls.calls))
 
     def end(self) -> bytes:
         out = b"" if self.started else self._start()
