@@ -388,6 +388,14 @@ class StubProxy:
     def refresh(self) -> None:
         pass
 
+    def pick_model(self, name: str) -> int | None:
+        from ggmux.proxy.apis.client_apis import resolve
+
+        return resolve(self.names, name)  # no --model-fallback
+
+    def name_for_unnamed(self) -> str | None:
+        return None  # as a server of several models: a body without one is refused
+
     def command(self, cmd: dict) -> bool:
         self.commands.append(cmd)
         return True
