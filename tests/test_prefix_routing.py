@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import time
 from dataclasses import fields
 
 import numpy as np
@@ -255,24 +256,36 @@ def test_the_index_is_bounded_and_a_restarted_proxy_starts_with_its_part_zeroed(
     s = start(serve, fakes, tmp_path, "--proxies", "2", "--prefix-index-entries", "64",
               parallel=16)
     assert s.seg.prefix.shape[1] * s.seg.prefix.shape[2] == 64  # per proxy, as asked
-    # prefixes of distinct lengths in blocks: an entry's X_BLOCKS tells whose last block it is
+    # prompts of 3-15 blocks; an entry's X_BLOCKS is its depth in its chain, so any longer
+    # prompt has entries of a shorter one's length too: whose an entry is, its time tells
     bodies = [long_body(i, size=40 + 12 * i) for i in range(12)]
     blocks = [len(canonical(b)) // s.seg.sizes.prefix_block for b in bodies]
-    assert len(set(blocks)) == 12
     base = mc(s, L.MC_PREFIX_ROUTED)
+    sent = []  # monotonic ns (the proxies' clock) each request was sent at
     for k, body in enumerate(bodies * 2):
+        sent.append(time.monotonic_ns())
         assert s.request("POST", CHAT, body)[0] == 200
         routed(s, base + k + 1)
+        # recorded (after the count): every entry it writes is timed in [sent[k], sent[k+1])
+        wait_for(lambda: (s.seg.prefix[..., L.X_USED_NS] >= sent[-1]).any(), 10,
+                 what="recorded")
+    sent.append(time.monotonic_ns())
+
+    def whose(used_ns: int) -> int:  # the body whose request wrote it, -1: the warm-up's
+        k = int(np.searchsorted(sent, used_ns, side="right")) - 1
+        return k % len(bodies) if 0 <= k < 2 * len(bodies) else -1
+
     keys = s.seg.prefix[..., L.X_KEY]
     assert (np.count_nonzero(keys, axis=(1, 2)) <= 64).all()
-    assert np.count_nonzero(keys) > 64  # 12 prompts x 5-11 blocks filled both parts
+    assert np.count_nonzero(keys) > 64  # 12 prompts x 3-15 blocks filled both parts
     # what proxy 1's part holds whole (its last block's entry) survives proxy 0's restart
     part1 = s.seg.prefix[1].copy()
     kept = {}
     for i in range(12):
         rows = part1[(part1[..., L.X_BLOCKS] == blocks[i]) & (part1[..., L.X_KEY] != 0)]
-        if len(rows):
-            kept[i] = {int(r) & 0xFFFF for r in rows[:, L.X_REPLICA]}
+        slots = {int(r[L.X_REPLICA]) & 0xFFFF for r in rows if whose(int(r[L.X_USED_NS])) == i}
+        if slots:
+            kept[i] = slots
     assert kept
     pids = proxy_pids(s)
     os.kill(pids[0], signal.SIGKILL)
