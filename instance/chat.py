@@ -11,9 +11,10 @@ Otherwise llama-cpp-python's own chat handlers do it, chosen as
 no template at all (a base model) gets llama-server's default, its ChatML
 template (``CHATML_TEMPLATE_SRC`` in llama.cpp's ``common/chat.cpp``; the
 GGUF's ``tool_use`` template first when it has only that), rendered on the
-Jinja path with ChatML's end-of-turn markers as stop strings, so that a chat
-request gets the model's continuation, never the empty answer of a format it
-never saw.
+Jinja path exactly as llama-server renders it: no stop strings are added
+(a base model often writes ``<|im_end|>`` as its very first text, which as a
+stop string would make its answer empty again), so a chat request gets the
+model's continuation, never the empty answer of a format it never saw.
 
 A handler renders the prompt and then calls ``llama.create_completion``; it
 is handed a stand-in (:class:`_Capture`) that tokenizes with the engine and
@@ -44,8 +45,6 @@ CHATML_TEMPLATE = (
     "{%- if add_generation_prompt -%}\n"
     "  {{- '<|im_start|>assistant\\n' -}}\n"
     "{%- endif -%}")
-# a base model does not know ChatML's markers as special tokens: they end its turn as text
-CHATML_STOPS = ("<|im_end|>", "<|im_start|>")
 
 
 class _Capture:
@@ -228,8 +227,6 @@ class ChatTemplate:
                              "messages") from None
         if prefill is not None:
             plan.prompt += prefill
-        if self.default:
-            plan.stops.extend(s for s in CHATML_STOPS if s not in plan.stops)
         return fmt, plan
 
     def chat(self, messages: list[dict], req: ToolRequest,

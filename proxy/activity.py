@@ -57,6 +57,9 @@ ROUTES: tuple[tuple[str, bytes], ...] = (
     ("ollama", b"/api/embed"),
     ("ollama", b"/api/embeddings"),
     ("passthrough", b"/upstream/"),
+    ("responses", b"/responses"),
+    ("openai", b"/v1/chat/completions/input_tokens"),
+    ("openai", b"/chat/completions/input_tokens"),
 )
 _INDEX = {path: i for i, (_, path) in enumerate(ROUTES)}
 _PASSTHROUGH = _INDEX[b"/upstream/"]

@@ -96,6 +96,7 @@ BAD_BODIES = [
 
 def test_bad_input_gets_openai_error_and_server_keeps_serving(serve, fakes):
     fakes.add("a")
+    fakes.add("b")  # two models: a body without one is refused (one model would take it)
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1")
     for body, status, fragment in BAD_BODIES:
         st, headers, data = s.request("POST", "/v1/chat/completions", body,
