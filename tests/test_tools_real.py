@@ -135,7 +135,12 @@ def test_the_tool_result_round_trip_renders_and_is_answered(client):
     r = client.chat.completions.create(model=SMOL, messages=history, tools=TOOLS,
                                        max_tokens=60, temperature=0)
     c = r.choices[0]
-    assert c.message.content or checked(c.message.tool_calls or [])
+    if c.finish_reason == "length":
+        # cut inside a call: its arguments are what came, as OpenAI's are (the
+        # prompt cache's state decides how long a 135M model's answer runs)
+        assert c.message.content or c.message.tool_calls, c
+    else:
+        assert c.message.content or checked(c.message.tool_calls or [])
     # the same history with content parts and tool_choice none: plain text, no tools
     history[0] = {"role": "user", "content": [{"type": "text", "text": ASK[0]["content"]}]}
     r = client.chat.completions.create(model=SMOL, messages=history, tools=TOOLS,
