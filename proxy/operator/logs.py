@@ -66,6 +66,31 @@ def _decode(payloads: list[bytes]) -> list[dict]:
     return out
 
 
+async def follow(tail, conn: HttpConnection, req: Request, backlog: list, empty: bytes,
+                 key, poll_s: float) -> None:
+    """Serve one SSE subscriber of a ring ``tail`` (:class:`LogTail`,
+    :class:`~.requests.RequestLog`: ``subs``, ``loop``, ``timer``,
+    ``_poll``) on a stream already started: ``backlog`` records as
+    ``data:`` events (else the ``empty`` comment), then ``(conn, req)`` is
+    in ``tail.subs`` with ``key`` (its filter) until the client leaves;
+    the tail's poll runs every ``poll_s`` seconds while anyone follows."""
+    for rec in backlog:
+        conn.send_chunk(b"data: " + orjson.dumps(rec) + b"\n\n")
+    if not backlog:
+        conn.send_chunk(empty)
+    sub = (conn, req)
+    tail.subs[sub] = key
+    gone = tail.loop.create_future()
+    req.on_disconnect = lambda: gone.done() or gone.set_result(None)
+    if tail.timer is None:
+        tail.timer = tail.loop.call_later(poll_s, tail._poll)
+    try:
+        await gone
+    finally:
+        tail.subs.pop(sub, None)
+        conn.finish(req)
+
+
 class LogTail:
     """One proxy's reader of the log ring and its ``/logs/stream`` subscribers.
 
@@ -149,21 +174,7 @@ class LogTail:
         backlog = [r for r in _decode(payloads) if keep(r)]
         backlog = backlog[-n:] if n else []
         conn.start_stream(req, headers=[(b"x-accel-buffering", b"no")])
-        for rec in backlog:
-            conn.send_chunk(b"data: " + orjson.dumps(rec) + b"\n\n")
-        if not backlog:
-            conn.send_chunk(b": no log lines yet\n\n")
-        sub = (conn, req)
-        self.subs[sub] = keep
-        gone = self.loop.create_future()
-        req.on_disconnect = lambda: gone.done() or gone.set_result(None)
-        if self.timer is None:
-            self.timer = self.loop.call_later(POLL_S, self._poll)
-        try:
-            await gone
-        finally:
-            self.subs.pop(sub, None)
-            conn.finish(req)
+        await follow(self, conn, req, backlog, b": no log lines yet\n\n", keep, POLL_S)
 
     def _flush(self) -> None:
         ring = self.ring

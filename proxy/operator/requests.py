@@ -43,6 +43,7 @@ from ...shm import requestring as Q
 from ...shm.requestring import RequestRing
 from ..activity import ROUTES
 from ..http import HttpConnection, Request
+from .logs import follow
 
 POLL_S = 0.2  # how often a proxy with /requests/stream subscribers looks for new records
 KEEPALIVE_S = 15.0
@@ -188,21 +189,7 @@ class RequestLog:
         backlog, _ = self._records(None, view, model, until=self.cursor)
         backlog = backlog[-n:] if n else []
         conn.start_stream(req)
-        for rec in backlog:
-            conn.send_chunk(b"data: " + orjson.dumps(rec) + b"\n\n")
-        if not backlog:
-            conn.send_chunk(b": no requests yet\n\n")
-        sub = (conn, req)
-        self.subs[sub] = model
-        gone = self.loop.create_future()
-        req.on_disconnect = lambda: gone.done() or gone.set_result(None)
-        if self.timer is None:
-            self.timer = self.loop.call_later(POLL_S, self._poll)
-        try:
-            await gone
-        finally:
-            self.subs.pop(sub, None)
-            conn.finish(req)
+        await follow(self, conn, req, backlog, b": no requests yet\n\n", model, POLL_S)
 
     def _flush(self) -> None:
         if self.ring is None or self.view is None or self.cursor is None:
