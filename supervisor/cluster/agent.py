@@ -369,7 +369,14 @@ class Agent:
                 behind = 0
                 if newest is not None and e.created:
                     behind = int(max(0.0, (newest - e.created).total_seconds()) * 1e9)
-                self._node_entry(e, now - behind)
+                arrived = now - behind
+                known = self.nodes.get(e.key)
+                if known is not None:
+                    # known before an outage: judged from the reconnect (set in
+                    # _session), not from an old key the snapshot still holds
+                    # (its node may not have rewritten it yet)
+                    arrived = max(arrived, known.arrived_ns)
+                self._node_entry(e, arrived)
 
         await self._watch(self.nodes_kv, self._node_entry, snapshot)
 
