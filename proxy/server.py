@@ -87,6 +87,8 @@ QUERY_ROUTED = frozenset((b"/props", b"/metrics", b"/slots"))
 
 RELOAD_WAIT_S = 30.0  # ?reload=1 waits this long for the rescan (a cache of many models is slow)
 STOPPING = "the server is stopping"
+# llama-server's /health while its model loads (tools/server/server.cpp)
+HEALTH_LOADING = b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
 
 
 class Proxy(Forwarding, RouterMode):
@@ -422,7 +424,27 @@ class Proxy(Forwarding, RouterMode):
 
     # ---- the routes' handlers (:data:`.routes.ROUTES` names them) ------------------
     async def _health(self, conn: HttpConnection, req: Request) -> None:
+        """200 ``{"status":"ok"}`` while the proxies serve; 503 with
+        llama-server's ``Loading model`` error while a ``load-on-startup``
+        model of this node has not finished its first load (llama-server
+        answers so until its model is loaded: readiness probes and its
+        test suite wait on it). A first load that failed ends the wait."""
+        self.refresh()
+        if self._startup_loading():
+            conn.send_response(req, 503, HEALTH_LOADING)
+            return
         conn.send_response(req, 200, b'{"status":"ok"}')
+
+    def _startup_loading(self) -> bool:
+        if self.cluster is not None:  # a startup model may be placed on another node
+            return False
+        rows = self.model_rows
+        for i, e in enumerate(self.reg_models):
+            if (e.get("load_on_startup") and not e.get("removed") and i < len(rows)
+                    and rows[i, L.M_LOADS] == 0 and rows[i, L.M_FAILURES] == 0
+                    and rows[i, L.M_FAILED] == 0):
+                return True
+        return False
 
     async def _page(self, conn: HttpConnection, req: Request) -> None:
         self.page.serve(conn, req)

@@ -138,3 +138,38 @@ def test_path_like_model_names_are_not_found(serve, fakes):
         st, _, body = s.request("POST", CHAT, json.dumps(chat_body(name)).encode())
         assert st == 404, name
         assert json.loads(body)["error"]["code"] == "model_not_found"
+
+
+def test_health_is_503_loading_model_until_the_load_on_startup_models_first_load_ends(
+        serve, fakes, tmp_path):
+    """llama-server answers /health 503 "Loading model" until its model is
+    loaded (readiness probes and its own test suite wait on it); ggmux does
+    the same for load-on-startup models, and a first load that fails ends
+    the wait (the failure is in /v1/models)."""
+    fakes.add("slow", load_s=3)
+    fakes.add("broken", load_s=0.2, fail_load="no weights")
+    fakes.add("lazy")
+    preset = tmp_path / "p.ini"
+    preset.write_text("[slow]\nload-on-startup = true\n\n[broken]\nload-on-startup = true\n")
+    s = serve("--fake-models-dir", str(fakes), "--models-preset", str(preset), "--no-hf-cache",
+              "--proxies", "1", ready=False)
+
+    def answered():
+        try:
+            return s.request("GET", "/health")
+        except OSError:
+            return None
+
+    first = wait_for(answered, 30, 0.05, "the proxy to answer")
+    assert first[0] == 503, first
+    assert json.loads(first[2]) == {"error": {"code": 503, "message": "Loading model",
+                                              "type": "unavailable_error"}}
+    wait_for(lambda: s.request("GET", "/health")[0] == 200, 30, 0.05, "the startup loads")
+    models = s.models()
+    assert models["slow"]["status"]["value"] == "loaded"
+    assert models["broken"]["status"].get("failed"), models["broken"]
+    assert models["lazy"]["status"]["value"] == "unloaded"
+    # an unload afterwards does not make the server unready again
+    assert s.request("POST", "/models/unload", {"model": "slow"})[0] == 200
+    wait_for(lambda: s.models()["slow"]["status"]["value"] == "unloaded", 10, what="unload")
+    assert s.request("GET", "/health")[0] == 200
