@@ -120,24 +120,25 @@ def is_compiled(module: object) -> bool:
                       importlib.machinery.ExtensionFileLoader)
 
 
-def status() -> dict[str, str]:
-    """Per hot module imported so far: ``"compiled"`` or why it is pure
-    Python. Imports every hot module first, so the answer is whole."""
+def status(names: tuple[str, ...] = HOT_MODULES) -> dict[str, str]:
+    """Per hot module of ``names`` (default: all of them): ``"compiled"`` or
+    why it is pure Python. Imports each first, so the answer is whole."""
     import importlib
 
     out = {}
-    for name in HOT_MODULES:
+    for name in names:
         spec = importlib.import_module(name).__spec__
         state = getattr(spec, "loader_state", None)
         out[name] = state if isinstance(state, str) else "imported before the finder"
     return out
 
 
-def log_status(log: logging.Logger) -> None:
-    """One line saying how the hot path runs: INFO when every hot module is
-    compiled, or naming the pure-Python ones and why (INFO; a WARNING when
-    a build is stale, which a rebuild mends)."""
-    st = status()
+def log_status(log: logging.Logger, names: tuple[str, ...] = HOT_MODULES) -> None:
+    """One line saying how the hot path of ``names`` (a process passes the
+    hot modules it runs; default all) runs: INFO when each is compiled, or
+    naming the pure-Python ones and why (INFO; a WARNING when a build is
+    stale, which a rebuild mends)."""
+    st = status(names)
     pure = {n: why for n, why in st.items() if why != COMPILED}
     if not pure:
         log.info("hot path compiled (Cython): %d modules", len(st))

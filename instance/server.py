@@ -480,7 +480,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
     )
     args = parse_args(argv)
-    compiled.log_status(log)
+    if not args.measure:  # a measure child serves nothing
+        # the HTTP core it serves through (the proxy's forward path and
+        # balancer are not imported here: numpy and more for nothing)
+        compiled.log_status(log, tuple(n for n in compiled.HOT_MODULES if n in sys.modules))
     if not args.model and not args.spare:
         print("--model is required (or --spare)", file=sys.stderr)
         return 2

@@ -205,6 +205,17 @@ class Proxy(Forwarding, RouterMode):
         g = seg.generation
         if g == self.gen:
             return
+        self._read_registry(seg)
+        g, (self.model_rows, reps) = seg.snapshot("models", "replicas")
+        # the supervisor writes the registry (errors, names) before the
+        # tables: tables newer than the registry read above (a failed flag
+        # whose error text came with it) mean the registry moved: read it
+        # again, or a model would show failed without its error
+        if int(seg.header[L.H_REGISTRY_SEQ]) != self.reg_version:
+            self._read_registry(seg)
+        self._tables(g, reps)
+
+    def _read_registry(self, seg: Segment) -> None:
         version, doc = seg.read_registry()
         if version != self.reg_version:
             self.reg_version = version
@@ -221,7 +232,8 @@ class Proxy(Forwarding, RouterMode):
             self.model_first_byte_ns = [
                 int(t * NS) if isinstance(t := e.get("first_byte_timeout"), (int, float)) and t > 0
                 else self.first_byte_ns for e in self.reg_models]
-        g, (self.model_rows, reps) = seg.snapshot("models", "replicas")
+
+    def _tables(self, g: int, reps: np.ndarray) -> None:
         self.replica_rows = reps
         ready_rows = reps[reps[:, L.R_STATUS] == L.ReplicaStatus.READY]
         self.ready = {int(m) for m in ready_rows[:, L.R_MODEL]}

@@ -134,6 +134,12 @@ class Server:
         # with two); the replies do not depend on it
         if "--threads" not in args:
             args = [*args, "--threads", "1"]
+        # no spare instance unless the test asks (--spares N): a spare
+        # imports llama-cpp-python (about 1 CPU s) at the server's start and
+        # again after each load, a fifth of the suite's CPU when every
+        # server kept one; the tests of spares (test_first_run.py, ...) ask
+        if "--spares" not in args:
+            args = [*args, "--spares", "0"]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ggmux.supervisor", "serve", "--port", str(port), *args],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
