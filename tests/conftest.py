@@ -276,9 +276,14 @@ def served_by(body: bytes) -> tuple[str, int]:
 def open_stream(port: int, body: dict, timeout: float | None = None,
                 headers: dict[str, str] | None = None) -> socket.socket:
     """A raw connection that has sent ``POST /v1/chat/completions`` with
-    ``body`` (and ``headers``); the test reads (or drops) the response itself."""
+    ``body`` (and ``headers``); the test reads (or drops) the response itself.
+    It asks ``connection: close`` (unless ``headers`` name a ``connection``),
+    so reading to EOF ends with the response, not at the socket's timeout."""
     data = json.dumps(body).encode()
-    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()).encode()
+    headers = dict(headers or {})
+    if not any(k.lower() == "connection" for k in headers):
+        headers["connection"] = "close"
+    extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
     sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
                  b"application/json\r\n%scontent-length: %d\r\n\r\n%s"

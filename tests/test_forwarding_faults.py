@@ -236,7 +236,7 @@ def test_keys_are_on_no_child_command_line_nor_in_any_child_environment(serve, f
                                                                        monkeypatch):
     fakes.add("m", tokens=1)
     monkeypatch.setenv("GGMUX_API_KEY", "api-key-from-env-1234")
-    s = serve("--fake-models-dir", str(fakes), "--proxies", "2",
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "2", "--spares", "1",
               "--admin-key", "admin-key-on-argv-5678")
     auth = {"Authorization": "Bearer api-key-from-env-1234"}
     assert s.request("POST", CHAT, chat_body("m"), headers=auth)[0] == 200

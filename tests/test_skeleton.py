@@ -66,7 +66,7 @@ def test_streaming_client_that_disconnects_frees_the_replica(serve, fakes):
 @pytest.mark.slow
 def test_kill_9_of_supervisor_leaves_no_children_and_port_is_reusable(serve, fakes):
     fakes.add("a")
-    s = serve("--fake-models-dir", str(fakes), "--proxies", "2")
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "2", "--spares", "1")
     assert s.request("POST", "/v1/chat/completions", chat_body("a"))[0] == 200
     # two proxies, one instance, and the spare started once the load ended
     kids = wait_for(lambda: len(k := children_of(s.proc.pid)) == 4 and k, 10, what="4 children")
