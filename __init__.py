@@ -16,3 +16,12 @@ if __package__:
     from . import compiled as _compiled
 
     _compiled.install()
+
+    # ggmux's numpy does no linear algebra (shm tables, argmax, masks): one
+    # BLAS thread, or each process's import of numpy starts a pool of
+    # OpenBLAS threads that spin (0.1 CPU s per process: a supervisor, its
+    # proxies and each instance). Set before numpy loads; a value the user
+    # set stays; children inherit it.
+    import os as _os
+
+    _os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")

@@ -16,8 +16,8 @@ that the tool really ran (the file is written). Then on the real demo model
 smollm2-135m (the generic tool format), marked ``slow`` and opt-in
 (``pytest tests/test_agents.py -m slow``, or ``GGMUX_SLOW=1``): the same
 clients against the built-in instance with ``ctx-size`` 32768 and one slot,
-answers capped at ``n-predict`` 128 tokens (the preset), as few turns as
-each client allows: the Agents SDK forced to its tool and stopped on it
+answers capped at ``n-predict`` 512 tokens (the preset; each client but
+Codex asks for 96 or 128), as few turns as each client allows: the Agents SDK forced to its tool and stopped on it
 (one request), LangChain's calls named or prompted. Only the protocol is
 asserted for the CLIs: a 135M model rarely does the task.
 
@@ -54,8 +54,9 @@ pytestmark = pytest.mark.slow  # Claude Code, Codex and agent SDKs end to end
 SMOL = "smollm2-135m"
 # the real model's preset: Claude Code's whole prompt fits (smollm2 is trained
 # for 8k, which llama.cpp stretches); one slot (the CLIs send one request at a
-# time); answers stop at 128 tokens: a tool call is 40 to 80, and a 135M model
-# left to write its own ``response`` would go on to the context's end; one
+# time); answers stop at 512 tokens unless the client asks for fewer (each
+# but Codex does): a tool call is 40 to 300 (Codex's exec_command), and a 135M
+# model left to write its own ``response`` would go on to the context's end; one
 # thread: on a loaded machine llama.cpp's two spinning threads wait on each
 # other at every barrier (measured on the shared 2-core machine, load 30:
 # 40 tokens in 10 to 22 s with one thread, 30 to 160 s with two)
@@ -63,7 +64,7 @@ SMOL_PRESET = f"""[{SMOL}]
 model = ${{env.GGMUX_DEMO_SMOLLM2}}
 ctx-size = 32768
 parallel = 1
-n-predict = 128
+n-predict = 512
 temp = 0
 threads = 1
 """
