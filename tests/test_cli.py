@@ -161,6 +161,7 @@ def test_run_takes_the_prompt_after_its_options_and_bounds_a_completion():
     assert r2.returncode == 2 and "--bogus" in r2.stderr
 
 
+@pytest.mark.slow
 def test_the_client_sends_the_key_from_the_environment(serve, fakes):
     fakes.add("alpha", tokens=2)
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0",

@@ -16,6 +16,8 @@ from conftest import CHROMIUM, wait_for, write_fake
 from test_cluster import HB, STALE, TOKEN, converge, node_of
 from test_page import row
 
+pytestmark = pytest.mark.slow  # two nodes and the page; quick cluster tests: test_cluster.py
+
 
 @pytest.fixture
 def cluster(nats_server, serve, tmp_path):

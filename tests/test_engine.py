@@ -391,6 +391,7 @@ def test_a_tenant_holding_every_slot_waits_behind_one_holding_none(engine):
     wait_for(lambda: engine.metrics()["slots_busy"] == 0, 30, what="idle slots")
 
 
+@pytest.mark.slow
 def test_with_cache_scope_key_a_prompt_cache_serves_only_its_own_tenant(engine):
     """Finding 6 (engine level): a prompt one tenant ran is cached for it
     alone under ``key`` (another's same prompt reuses nothing and its usage

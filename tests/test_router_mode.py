@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 from conftest import chat_body, served_by, wait_for
 from ggmux.shm import layout as L
 
@@ -127,6 +128,7 @@ def test_llama_servers_routes_without_v1_and_the_input_token_count(serve, fakes)
     assert st == 200 and doc["object"] == "response", doc
 
 
+@pytest.mark.slow
 def test_a_client_that_leaves_the_queue_costs_the_busy_model_nothing(serve, fakes):
     """llama.cpp's test_router_queue_client_disconnect_keeps_model, with a
     model that is really busy (llama-server's test makes it so with

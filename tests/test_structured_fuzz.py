@@ -25,6 +25,8 @@ jsonschema = pytest.importorskip("jsonschema")
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+pytestmark = pytest.mark.slow  # the demo model; the grammar units: test_json_grammar.py
+
 SMOL = "smollm2-135m"
 MAX_TOKENS = 192  # every sampled schema bounds its strings and arrays: answers end sooner
 FINDING_3 = {"type": "object", "properties": {"n": {"type": "integer"},

@@ -12,6 +12,8 @@ import json
 import pytest
 from conftest import Server, free_port
 
+pytestmark = pytest.mark.slow  # the demo model; tool calls on the fake: test_tools_apis.py
+
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
