@@ -80,6 +80,7 @@ def test_the_api_key_cannot_unload_through_keep_alive_and_streams_run_on(keyed):
     assert "requested by POST /api/generate" in s.logs()
 
 
+@pytest.mark.slow
 def test_the_api_keys_keep_alive_never_outlives_the_operators_ttl(keyed):
     s = keyed
     # forever, and an hour, from the API key: t (ttl 1 s) still unloads once idle

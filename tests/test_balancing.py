@@ -21,6 +21,7 @@ def preset(tmp_path, text: str):
     return str(p)
 
 
+@pytest.mark.slow
 def test_two_equal_replicas_share_requests_evenly_across_proxies(serve, fakes, tmp_path):
     f = fakes.add("m", ttft_s=0.003, token_s=0.0, tokens=1)
     s = serve("--models-preset", preset(tmp_path, f"[m]\nmodel = {f}\nreplicas = 2\n"),

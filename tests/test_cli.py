@@ -44,6 +44,7 @@ def test_version_and_python_m_ggmux_help():
         assert cmd in r.stdout
 
 
+@pytest.mark.slow
 def test_client_commands_say_clearly_when_no_server_answers():
     url = f"http://127.0.0.1:{free_port()}"
     for args in (("ps",), ("load", "a"), ("unload", "--all"), ("logs",), ("run", "a", "hi")):

@@ -693,10 +693,15 @@ def test_fd_limit_is_raised_for_max_connections_or_max_connections_lowered(monke
         assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= want
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    # a hard limit that cannot be raised: fewer connections instead
+    # a hard limit that cannot be raised: fewer connections instead (the
+    # limit it sets is recorded, not applied: a real (1000, 1000) would stay
+    # on this test process and every server it starts after)
     monkeypatch.setattr(resource, "getrlimit", lambda _: (1000, 1000))
+    applied = []
+    monkeypatch.setattr(resource, "setrlimit", lambda _, lim: applied.append(lim))
     lim = fit_fd_limit(HttpLimits(max_connections=4096))
     assert lim.max_connections == (1000 - 256) // 2
+    assert all(a == (1000, 1000) for a in applied)
 
 
 # ---------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 
+import pytest
 from conftest import chat_body, wait_for
 from ggmux.shm.requestring import REQUEST_EXCERPT_BYTES
 
@@ -114,6 +115,7 @@ def test_the_stream_sends_the_newest_then_each_request_as_it_ends(serve, fakes):
         sock.close()
 
 
+@pytest.mark.slow
 def test_ggmux_logs_requests_prints_and_follows(serve, fakes):
     fakes.add("alpha", tokens=4)
     fakes.add("beta", tokens=2)

@@ -106,6 +106,7 @@ def _slot_of(server, pid: int) -> int:
     return server.seg.replicas[:, L.R_PID].tolist().index(pid)
 
 
+@pytest.mark.slow
 def test_openai_sdk_works_unchanged(server):
     c = openai.OpenAI(base_url=server.base + "/v1", api_key="x", max_retries=0)
     r = c.chat.completions.create(model="a", messages=[{"role": "user", "content": "hi"}])
