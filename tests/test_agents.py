@@ -17,7 +17,8 @@ smollm2-135m (the generic tool format), marked ``slow`` and opt-in
 (``pytest tests/test_agents.py -m slow``, or ``GGMUX_SLOW=1``): the same
 clients against the built-in instance with ``ctx-size`` 32768 and one slot,
 answers capped at ``n-predict`` 512 tokens (the preset; each client but
-Codex asks for 96 or 128), as few turns as each client allows: the Agents SDK forced to its tool and stopped on it
+Codex asks for 96 or 128), as few turns as each client allows: the Agents
+SDK forced to its tool and stopped on it
 (one request), LangChain's calls named or prompted. Only the protocol is
 asserted for the CLIs: a 135M model rarely does the task.
 

@@ -369,14 +369,7 @@ class Agent:
                 behind = 0
                 if newest is not None and e.created:
                     behind = int(max(0.0, (newest - e.created).total_seconds()) * 1e9)
-                arrived = now - behind
-                known = self.nodes.get(e.key)
-                if known is not None:
-                    # known before an outage: judged from the reconnect (set in
-                    # _session), not from an old key the snapshot still holds
-                    # (its node may not have rewritten it yet)
-                    arrived = max(arrived, known.arrived_ns)
-                self._node_entry(e, arrived)
+                self._node_entry(e, now - behind)
 
         await self._watch(self.nodes_kv, self._node_entry, snapshot)
 
@@ -401,8 +394,14 @@ class Agent:
             return
         if not isinstance(record, dict):
             return
-        if name not in self.nodes:
+        known = self.nodes.get(name)
+        if known is None:
             log.info("cluster: node %s at %s", name, record.get("url", "?"))
+        else:
+            # a node's arrival never moves back: after an outage a known node
+            # is judged from the reconnect (set in _session), not from the old
+            # key a snapshot still holds (its node may not have rewritten it yet)
+            arrived_ns = max(arrived_ns, known.arrived_ns)
         self.nodes[name] = Seen(record, arrived_ns, e.revision)
         protocol.emit("node", name=name, record=record, arrived_ns=arrived_ns)
 
