@@ -116,11 +116,13 @@ def model_name(models: dict[str, str]) -> str:
     return Path(models.get("model", "model")).name.removesuffix(".gguf")
 
 
-def _per_slot_context(serve: list[str]) -> None:
+def _per_slot_context(serve: list[str], unified: bool = False) -> None:
     """llama-server's ``--ctx-size C --parallel P`` is one KV cache of C
     tokens split into P slots of C/P; ggmux's ``--ctx-size`` is what one
     request may use and ``--kv-size`` the cache of all slots: ``--ctx-size
-    C/P --kv-size C`` (in place; only when both are given and C is not 0)."""
+    C/P --kv-size C`` (in place; only when both are given and C is not 0).
+    With ``--kv-unified`` (``unified``) any slot may use all C cells, so
+    one request may too: ``--ctx-size C --kv-size C``."""
     if "--ctx-size" not in serve or "--parallel" not in serve:
         return
     i, j = serve.index("--ctx-size") + 1, serve.index("--parallel") + 1
@@ -129,7 +131,7 @@ def _per_slot_context(serve: list[str]) -> None:
     except ValueError:
         return
     if c > 0 and n > 1:
-        serve[i] = str(c // n)
+        serve[i] = str(c if unified else c // n)
         serve += ["--kv-size", str(c)]
 
 
@@ -157,7 +159,8 @@ def plan(argv: list[str]) -> ShimPlan:
             models[key] = str(value)
         else:
             p.llama += [typed] if value is None else [typed, value]
-    _per_slot_context(p.serve)
+    _per_slot_context(p.serve, any(k == "kv-unified" and not negated
+                                   for k, _, negated, *_ in _options(argv)))
     if not any(k == "metrics" for k, *_ in _options(argv)):
         p.serve.append("--no-metrics")  # llama-server's /metrics is off without --metrics
     if "hf-repo" in models or "model" in models:

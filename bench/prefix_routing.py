@@ -72,9 +72,11 @@ def post(port: int, body: dict, timeout: float = 600.0) -> tuple[float, dict]:
 
 
 class Server:
-    """One ``ggmux serve`` in ``mode``, two replicas of ``model_line``'s model."""
+    """One ``ggmux serve`` for ``mode`` (``--balance balance``, by default
+    ``mode``), two replicas of ``model_line``'s model."""
 
-    def __init__(self, mode: str, model_line: str, workdir: Path) -> None:
+    def __init__(self, mode: str, model_line: str, workdir: Path,
+                 balance: str | None = None) -> None:
         self.mode, self.port = mode, free_port()
         ini = workdir / f"{mode}.ini"
         ini.write_text(f"[m]\n{model_line}\nreplicas = 2\nparallel = 8\n")
@@ -82,7 +84,7 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ggmux.supervisor", "serve", "--port", str(self.port),
              "--models-preset", str(ini), "--no-hf-cache", "--proxies", "2", "--models-max", "2",
-             "--spares", "0", "--balance", mode], stdout=self.log, stderr=subprocess.STDOUT)
+             "--spares", "0", "--balance", balance or mode], stdout=self.log, stderr=subprocess.STDOUT)
 
     def ready(self, deadline: float) -> None:
         """Up, the model loaded and both replicas ready (``/ps``)."""

@@ -53,13 +53,16 @@ def llama_timings(t: dict) -> dict:
     """The engine's timings (:meth:`~ggmux.instance.jobs.Job.timings`,
     milliseconds) as llama-server's ``timings`` (``server_slot_stats``:
     ``cache_n``, ``prompt_n``/``_ms``/``_per_token_ms``/``_per_second``, the
-    same for ``predicted``)."""
+    same for ``predicted``). The generation's rates are per decode step,
+    ``predicted_n - 1`` of them: the first token comes from the prompt's
+    last batch (``server-common.h``, ``n_gen_steps``)."""
     out = dict(t)
     for k in ("prompt", "predicted"):
         n, ms = int(t.get(f"{k}_n", 0) or 0), float(t.get(f"{k}_ms", 0.0) or 0.0)
         out[f"{k}_n"], out[f"{k}_ms"] = n, ms
-        out[f"{k}_per_token_ms"] = ms / n if n else 0.0
-        out[f"{k}_per_second"] = 1e3 * n / ms if ms > 0 else 0.0
+        steps = n if k == "prompt" else max(n - 1, 0)
+        out[f"{k}_per_token_ms"] = ms / steps if steps else 0.0
+        out[f"{k}_per_second"] = 1e3 * steps / ms if ms > 0 else 0.0
     out.setdefault("cache_n", 0)
     return out
 
@@ -167,7 +170,7 @@ class Answer:
             self.sink("end", usage)  # (the server's usage trailer)
         elif kind == "progress":
             if self.stream:
-                self._progress(ev[1])
+                self._progress(ev[1], ev[2] if len(ev) > 2 else None)
         elif kind == "error":
             self.sink("error", ev[1])
 
@@ -208,13 +211,20 @@ class Answer:
                       "logprobs": None, "finish_reason": None}
             self.sink("chunk", self._head(choices=[choice]))
 
-    def _progress(self, progress: dict) -> None:
+    def _progress(self, progress: dict, timings: dict | None) -> None:
         """llama-server's ``prompt_progress`` chunk (``return_progress``): a
-        chat's carries the role delta, as its first chunk would."""
+        chat's carries the role delta, as its first chunk would; with
+        ``timings_per_token`` the ``timings`` as of the progress (the step's
+        events are handed on together, after it)."""
+        def timed(chunk: dict) -> dict:
+            if self.x.timings_per_token and timings is not None:
+                chunk["timings"] = llama_timings(timings)
+            return chunk
+
         if self.x.native:
-            self.sink("chunk", {"index": 0, "content": "", "tokens": [], "stop": False,
-                                "id_slot": -1, "model": self.model,
-                                "prompt_progress": progress})
+            self.sink("chunk", timed({"index": 0, "content": "", "tokens": [], "stop": False,
+                                      "id_slot": -1, "model": self.model,
+                                      "prompt_progress": progress}))
             return
         if self.kind == "chat":
             self.started[0] = True
@@ -222,7 +232,7 @@ class Answer:
                       "logprobs": None, "finish_reason": None}
         else:
             choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": None}
-        self.sink("chunk", {**self._head(choices=[choice]), "prompt_progress": progress})
+        self.sink("chunk", timed({**self._head(choices=[choice]), "prompt_progress": progress}))
 
     def _ends(self, usage: dict, timings: dict) -> None:
         """The stream's end: each choice's finish chunk, the usage chunk,

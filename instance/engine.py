@@ -302,7 +302,9 @@ class Engine(EmbeddingSteps, GenerateSteps, SampleSteps):
         try:
             for i in range(r.n):
                 s = self.cfg.seed if seed is None else seed + i
-                job.samplers.append(sampler_chain(self.L, self.m.vocab, self.m.n_vocab, r.sampling, s))
+                job.samplers.append(sampler_chain(
+                    self.L, self.m.vocab, self.m.n_vocab, r.sampling, s,
+                    r.logprobs or 0 if r.post_sampling_probs else 0))
         except SamplerError as e:
             self._free_samplers(job)
             raise InvalidRequest(str(e)) from None

@@ -9,9 +9,14 @@ import logging
 import time
 
 from .backend import ReplicaFault
-from .slots import GENERATE, PROMPT, Slot
+from .slots import GENERATE, IDLE, PROMPT, Slot
 
 log = logging.getLogger(__name__)
+
+KV_FULL = "Context size has been exceeded."
+"""What every request being served gets when the shared KV cache has no cell
+left for the next generated tokens: llama-server's message and status (500,
+``tools/server/server-context.cpp``); not the replica's fault."""
 
 
 class GenerateSteps:
@@ -63,11 +68,16 @@ class GenerateSteps:
             ret, _ = self._decode()
             if ret == 0:
                 break
+            if ret == 1 and self._clear_idle_cells():
+                continue  # idle slots' prompt caches gave their cells (llama-server's order)
             if ret == 1 and budget > 0 and any(s.state == PROMPT for s, _ in plan):
                 budget //= 2  # no room for this many cells: llama-server halves the batch
                 log.warning("KV cache had no room for the batch; retrying with %d prompt tokens",
                             budget)
                 continue
+            if ret == 1:
+                self._fail_kv_full()
+                return
             log.error("llama_decode failed (%d) on a batch of %d tokens", ret, self._batch.n)
             for s, _ in plan:
                 self.L.llama_memory_seq_rm(self.m.mem, s.id, len(s.tokens), -1)
@@ -103,6 +113,36 @@ class GenerateSteps:
                 draw.append(s)
         if draw:
             self._sample_all(draw)
+
+    def _clear_idle_cells(self) -> bool:
+        """Free the cells idle slots keep as prompt caches (a shared cache
+        only: a stream per slot holds no one else's cells). Returns whether
+        any were freed."""
+        if not self.m.unified:
+            return False
+        freed = False
+        for s in self.slots:
+            if s.state == IDLE and s.tokens:
+                self.L.llama_memory_seq_rm(self.m.mem, s.id, -1, -1)
+                s.tokens = []
+                freed = True
+        if freed:
+            log.warning("KV cache had no room for the batch; idle slots' prompt caches freed")
+        return freed
+
+    def _fail_kv_full(self) -> None:
+        """No cell left even for one token a slot: every request being
+        served ends with :data:`KV_FULL` and its cells are freed, as
+        llama-server aborts the whole pool (it cannot tell which sequence
+        to drop without undoing the batch)."""
+        log.error("KV cache full (%d cells): every request being served ends", self.m.kv_size)
+        serving = [s for s in self.slots if s.job is not None and s.state != IDLE]
+        for s in serving:
+            self.L.llama_memory_seq_rm(self.m.mem, s.id, -1, -1)
+            s.tokens = []
+        for job in {id(s.job): s.job for s in serving}.values():
+            if not job.ended:
+                self._fail(job, KV_FULL)
 
 
 __all__ = ["GenerateSteps"]

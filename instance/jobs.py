@@ -12,8 +12,8 @@ Events, tuples whose first item names them:
   a list of per-token dicts when asked for, else None);
 * ``("end", choice, finish_reason)``: the choice ended (``stop``, ``length``);
 * ``("embedding", index, vector)``: one input's embedding (list of floats);
-* ``("progress", dict)``: prompt evaluation so far, when the request
-  asked for it (:meth:`Job.progress`);
+* ``("progress", dict, timings)``: prompt evaluation so far, when the
+  request asked for it, and the timings then (:meth:`Job.progress`);
 * ``("done", usage, timings)``: the request ended (also after a cancel);
 * ``("error", message)``: the request failed (the engine is stopping, or a
   decode failed); nothing follows.
@@ -72,7 +72,9 @@ class Generation:
     up to the context (llama-cpp-python's rule); more than the context
     allows is cut to it. ``stop`` strings end a choice and are not part of
     its text. ``logprobs`` None: none; k >= 0: the chosen token's and the k
-    best. ``cache_prompt`` False evaluates the whole prompt again.
+    best (with ``post_sampling_probs``, llama-server's: probabilities left by
+    the sampler chain, ``prob`` and ``top_probs``, instead of the model's
+    log-probabilities). ``cache_prompt`` False evaluates the whole prompt again.
     ``tenant``: who asked (the proxy's ``x-ggmux-tenant``, ``""`` for
     none): slots are shared round robin by tenant, and the engine's
     ``cache_scope`` may keep a tenant's prompt cache its own.
@@ -92,7 +94,8 @@ class Generation:
     request_id: str = ""
     tenant: str = ""
     preserved: frozenset[int] = frozenset()
-    return_progress: bool = False  # ("progress", dict) events while the prompt is evaluated
+    return_progress: bool = False  # ("progress", ...) events while the prompt is evaluated
+    post_sampling_probs: bool = False  # logprobs as probabilities after the sampler chain
 
 
 @dataclass(slots=True)
@@ -134,6 +137,8 @@ class Job:
         self.t_submit = time.monotonic()
         self.t_start = 0.0
         self.t_first = 0.0
+        self.n_read = 0  # prompt tokens in the slot so far (cached ones too)
+        self.t_read = 0.0  # when the last prompt batch was read (0: none yet)
 
     def emit(self, event: tuple) -> None:
         """Queue one event for the consumer (decode thread): the engine
@@ -154,14 +159,19 @@ class Job:
             log.exception("event callback of job %d failed", self.id)
 
     def progress(self, processed: int) -> None:
-        """A ``("progress", {"total", "cache", "processed", "time_ms"})``
-        event when the request asked for it: prompt tokens in the slot so
-        far (llama-server's ``return_progress``, ``result_prompt_progress``)."""
+        """A ``("progress", {"total", "cache", "processed", "time_ms"},
+        timings)`` event when the request asked for it: prompt tokens in the
+        slot so far (llama-server's ``return_progress``,
+        ``result_prompt_progress``) and :meth:`timings` at that moment."""
         r = self.request
-        if getattr(r, "return_progress", False):
+        if processed > self.n_cached:  # a batch was read (the first call: the cached part)
+            self.n_read, self.t_read = processed, time.monotonic()
+        if getattr(r, "return_progress", False):  # with the timings as of now
+            now = time.monotonic()
             self.emit(("progress", {"total": len(r.prompt), "cache": self.n_cached,
                                     "processed": processed,
-                                    "time_ms": int((time.monotonic() - self.t_start) * 1000)}))
+                                    "time_ms": int((now - self.t_start) * 1000)},
+                       self.timings(now)))
 
     def cancel(self) -> None:
         """End the request at the next step; its slots are freed."""
@@ -219,7 +229,9 @@ class Job:
     def timings(self, now: float) -> dict:
         """llama-server's ``timings`` (milliseconds): ``queue_ms`` (waiting
         for a slot or KV), ``prompt_n``/``prompt_ms`` (prompt tokens
-        evaluated, time to the first token), ``cache_n``,
+        evaluated, time to the first token; while the prompt is read, the
+        batches read so far and the time to the last of them, 0 before the
+        first, as ``server_slot_stats``), ``cache_n``,
         ``predicted_n``/``predicted_ms`` (tokens generated, time after the
         first)."""
         started = self.t_start > 0
@@ -228,9 +240,14 @@ class Job:
             out.update(prompt_n=self.n_decoded, prompt_ms=_ms(now - self.t_start) if started else 0.0)
             return out
         first = self.t_first > 0
-        out.update(cache_n=self.n_cached,
-                   prompt_n=len(self.request.prompt) - self.n_cached if first else 0,
-                   prompt_ms=_ms((self.t_first if first else now) - self.t_start) if started else 0.0,
+        if first:
+            prompt_n, prompt_ms = len(self.request.prompt) - self.n_cached, _ms(
+                self.t_first - self.t_start)
+        elif self.t_read and started:
+            prompt_n, prompt_ms = self.n_read - self.n_cached, _ms(self.t_read - self.t_start)
+        else:
+            prompt_n, prompt_ms = 0, 0.0
+        out.update(cache_n=self.n_cached, prompt_n=prompt_n, prompt_ms=prompt_ms,
                    predicted_n=self.n_decoded,
                    predicted_ms=_ms(now - self.t_first) if first else 0.0)
         return out

@@ -387,13 +387,15 @@ class LlamaBackend(Backend):
                          cache_prompt=body.get("cache_prompt") is not False and not seeded,
                          logprobs=top, request_id=request_id, tenant=tenant,
                          preserved=preserved,
-                         return_progress=body.get("return_progress") is True and stream)
+                         return_progress=body.get("return_progress") is True and stream,
+                         post_sampling_probs=native is not None
+                         and body.get("post_sampling_probs") is True)
         opts = body.get("stream_options") or {}
         settings = generation_settings(
             sampling, max_tokens or -1, self.engine.cfg.seed if sampling.seed is None
             else sampling.seed, stream=stream, n_probs=top or 0, ignore_eos=gen.ignore_eos,
             timings_per_token=body.get("timings_per_token") is True,
-            reasoning_format=self.reasoning_format)
+            post_sampling_probs=gen.post_sampling_probs, reasoning_format=self.reasoning_format)
         extras = Extras(native=native is not None, verbose=self.verbose if body.get("verbose") is None
                         else body.get("verbose") is True,
                         timings_per_token=body.get("timings_per_token") is True,

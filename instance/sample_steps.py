@@ -29,7 +29,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .sampling import greedy_tokens, logits_row, logprob_entry, token_logprobs
+from .sampling import (
+    greedy_tokens,
+    logits_row,
+    logprob_entry,
+    post_sampling_entry,
+    token_logprobs,
+)
 from .slots import GENERATE, SAMPLE, Slot
 
 log = logging.getLogger(__name__)
@@ -158,7 +164,10 @@ class SampleSteps:
         s.n_decoded += 1
         job.n_decoded += 1
         lp = None
-        if r.logprobs is not None:
+        if r.logprobs is not None and r.post_sampling_probs:
+            own, top = s.sampler.post or (1.0, [(tok, 1.0)])  # greedy: the one candidate
+            lp = [post_sampling_entry(self.m.piece, tok, own, top)]
+        elif r.logprobs is not None:
             own, top = token_logprobs(row, tok, r.logprobs)
             lp = [logprob_entry(self.m.piece, tok, own, top)]
         if not r.ignore_eos and self.m.is_eog(tok):

@@ -83,16 +83,19 @@ class SlotSampler:
     one ``llama_sampler_sample`` each (issue 21: 136 us a call on smollm2's
     49,152 tokens against 5-13 us), the same token to the bit."""
 
-    __slots__ = ("L", "_buf", "_ids", "_one", "_ptr", "chain", "grammar", "greedy", "n_vocab")
+    __slots__ = ("L", "_buf", "_ids", "_one", "_ptr", "chain", "grammar", "greedy", "n_vocab",
+                 "post", "probs")
 
     def __init__(self, llama_cpp, chain, grammar, n_vocab: int,
-                 greedy: Greedy | None = None) -> None:
+                 greedy: Greedy | None = None, probs: int = 0) -> None:
         self.L = llama_cpp
         self.chain = chain
         self.grammar = grammar
         self.n_vocab = n_vocab
         self.greedy = greedy
-        if grammar is not None:
+        self.probs = probs
+        self.post: tuple[float, list[tuple[int, float]]] | None = None
+        if grammar is not None or probs:
             self._buf = np.zeros(n_vocab, dtype=[("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
             self._ids = np.arange(n_vocab, dtype=np.int32)
             self._ptr = self._buf.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data))
@@ -100,7 +103,7 @@ class SlotSampler:
 
     def sample(self, ctx, idx: int) -> int:
         """Draw the next token from batch output ``idx`` and accept it."""
-        if self.grammar is None:
+        if self.grammar is None and not self.probs:
             return self.L.llama_sampler_sample(self.chain, ctx, idx)
         return self.sample_row(logits_row(self.L, ctx, idx, self.n_vocab))
 
@@ -108,11 +111,22 @@ class SlotSampler:
         """Draw the next token from ``logits`` (shape ``[n_vocab]``; a copy
         the caller owns, so that this may run on a worker thread while the
         context decodes: :mod:`ggmux.instance.sample_steps`) and accept it.
+        With ``probs`` (llama-server's ``post_sampling_probs``) ``post``
+        becomes the drawn token's probability after the chain and the
+        ``probs`` best candidates left by it (:func:`post_sampling`).
         Raises :class:`SamplerError` when the chain selected none."""
         L = self.L
-        if self.grammar is None:
+        if self.grammar is None and not self.probs:
             return sample_logits(L, self.chain, logits)
         arr = self._candidates(logits)
+        if self.grammar is None:
+            L.llama_sampler_apply(self.chain, ctypes.byref(arr))
+            if not 0 <= arr.selected < arr.size:
+                raise SamplerError("the sampler chain selected no token")
+            tok = int(arr.data[arr.selected].id)
+            self.post = post_sampling(arr, tok, self.probs)
+            L.llama_sampler_accept(self.chain, tok)
+            return tok
         L.llama_sampler_apply(self.chain, ctypes.byref(arr))
         if not 0 <= arr.selected < arr.size:
             raise SamplerError("the sampler chain selected no token")
@@ -128,6 +142,8 @@ class SlotSampler:
             if not 0 <= arr.selected < arr.size:
                 raise SamplerError("the grammar allows no token here")
             tok = arr.data[arr.selected].id
+        if self.probs:  # of the chain's last pass (with the grammar when it redrew)
+            self.post = post_sampling(arr, int(tok), self.probs)
         L.llama_sampler_accept(self.grammar, tok)
         L.llama_sampler_accept(self.chain, tok)
         return int(tok)
@@ -149,9 +165,27 @@ class SlotSampler:
             self.grammar = None
 
 
-def sampler_chain(llama_cpp, vocab, n_vocab: int, s: Sampling, seed: int) -> SlotSampler:
+def post_sampling(arr, tok: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    """llama-server's ``post_sampling_probs`` (``tools/server/server-context.cpp``,
+    ``populate_token_probs``): the candidates the chain left in ``arr`` (a
+    ``llama_token_data_array`` after ``llama_sampler_apply``; their ``p``
+    set by the final draw), best first. Returns the probability of ``tok``
+    and up to ``k`` ``(id, p)`` pairs, zero probabilities left out."""
+    n = int(arr.size)
+    cur = np.ctypeslib.as_array(ctypes.cast(arr.data, ctypes.POINTER(ctypes.c_uint8)),
+                                (n * TOKEN_DATA.itemsize,)).view(TOKEN_DATA)
+    own = cur["p"][cur["id"] == tok]
+    keep = cur[cur["p"] > 0]
+    best = keep[np.argsort(-keep["p"], kind="stable")[:k]]
+    return (float(own[0]) if own.size else 0.0,
+            [(int(i), float(p)) for i, p in zip(best["id"], best["p"], strict=True)])
+
+
+def sampler_chain(llama_cpp, vocab, n_vocab: int, s: Sampling, seed: int,
+                  probs: int = 0) -> SlotSampler:
     """The samplers for ``s`` (:class:`SlotSampler`; the caller frees them
-    with ``free()``). ``seed`` is the seed of the final draw.
+    with ``free()``). ``seed`` is the seed of the final draw; ``probs``: how
+    many post-sampling candidates each draw keeps (``SlotSampler.post``).
 
     Raises :class:`SamplerError` when the grammar does not parse (llama.cpp
     logs the parser's reason)."""
@@ -166,7 +200,7 @@ def sampler_chain(llama_cpp, vocab, n_vocab: int, s: Sampling, seed: int) -> Slo
     greedy = None
     if grammar is None and s.temperature <= 0 and not _penalised(s):
         greedy = Greedy(s.logit_bias)
-    return SlotSampler(L, chain, grammar, n_vocab, greedy)
+    return SlotSampler(L, chain, grammar, n_vocab, greedy, probs)
 
 
 class Greedy:
@@ -297,6 +331,17 @@ def logprob_entry(piece, tok: int, own: float, top: list[tuple[int, float]]) -> 
         return {"id": t, "token": b.decode("utf-8", "replace"), "bytes": list(b), "logprob": v}
 
     return {**one(tok, own), "top_logprobs": [one(t, v) for t, v in top]}
+
+
+def post_sampling_entry(piece, tok: int, own: float, top: list[tuple[int, float]]) -> dict:
+    """One token's record with ``post_sampling_probs`` (llama-server's
+    ``completion_token_output::to_json``: ``prob`` and ``top_probs`` in
+    place of ``logprob`` and ``top_logprobs``)."""
+    def one(t: int, v: float) -> dict:
+        b = piece(t)
+        return {"id": t, "token": b.decode("utf-8", "replace"), "bytes": list(b), "prob": v}
+
+    return {**one(tok, own), "top_probs": [one(t, v) for t, v in top]}
 
 
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])

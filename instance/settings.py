@@ -44,6 +44,7 @@ def default_sampling(defaults: dict) -> Sampling:
 
 def generation_settings(s: Sampling, n_predict: int, seed: int, *, stream: bool,
                         n_probs: int, ignore_eos: bool, timings_per_token: bool,
+                        post_sampling_probs: bool = False,
                         reasoning_format: str) -> dict:
     """llama-server's ``generation_settings`` (``task_params::to_json``):
     ``n_predict``/``max_tokens`` the request's limit (-1: none), ``seed``
@@ -63,5 +64,5 @@ def generation_settings(s: Sampling, n_predict: int, seed: int, *, stream: bool,
         "ignore_eos": ignore_eos, "stream": stream, "n_probs": n_probs, "min_keep": 0,
         "grammar": s.grammar or "", "grammar_lazy": s.grammar_lazy,
         "reasoning_format": reasoning_format, "timings_per_token": timings_per_token,
-        "post_sampling_probs": False, "lora": [],
+        "post_sampling_probs": post_sampling_probs, "lora": [],
     }

@@ -9,9 +9,9 @@ origins only, as the Fetch standard requires: never with ``*``), ``*`` in
 the list keeps answering every other origin without credentials, and an
 origin that is not allowed gets no allow header (the browser then refuses
 the answer). Preflights (``OPTIONS`` with ``Access-Control-Request-Method``)
-get 204 with the allowed methods and, of the headers asked for, those
-ggmux reads (:data:`ACCEPTED_HEADERS`); any other ``OPTIONS`` gets 204
-with ``Allow``.
+get 200 (llama-server's status; an empty body) with the allowed methods
+and, of the headers asked for, those ggmux reads (:data:`ACCEPTED_HEADERS`);
+any other ``OPTIONS`` gets 200 with ``Allow``.
 
 Admin routes (load, unload, reload, logs, the request ring, drain: what the admin key
 guards) never answer ``*``: only an origin ``--cors-origins`` names gets
@@ -168,7 +168,8 @@ class Cors:
     def options(self, conn: HttpConnection, req: Request, admin: bool = False) -> None:
         """Answer ``OPTIONS``: a preflight with the allowed methods and
         headers (of those asked for, the ones ggmux reads:
-        :func:`accepted_headers`), anything else with ``Allow``; 204 both.
+        :func:`accepted_headers`), anything else with ``Allow``; 200 both, as
+        llama-server answers.
         ``admin``: an admin route's, granted to listed origins alone."""
         hs = [(b"allow", ALLOW_METHODS)]
         preflight = req.header(b"access-control-request-method") is not None
@@ -178,4 +179,4 @@ class Cors:
                    (b"access-control-allow-headers",
                     accepted_headers(asked) if asked is not None else ALLOW_HEADERS),
                    (b"access-control-max-age", str(MAX_AGE_S).encode())]
-        conn.send_response(req, 204, b"", headers=hs)
+        conn.send_response(req, 200, b"", headers=hs)

@@ -22,6 +22,7 @@ object (``models_max``, ``models_autoload``, ``model_fallback``,
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
@@ -213,5 +214,10 @@ class RouterMode:
             if ex.status == 200:
                 text += ex.body
                 headers = [(k, v) for k, v in ex.headers or ()
-                           if k not in (b"content-type", b"content-length")]
+                           if k not in (b"content-type", b"content-length",
+                                        b"process-start-time-unix")]
+        # llama-server's header: when the server started (Unix seconds), so a
+        # scraper can tell a restart from a counter reset
+        up_s = (time.monotonic_ns() - int(self.seg.header[L.H_STARTED_NS])) / 1e9
+        headers.append((b"process-start-time-unix", b"%d" % int(time.time() - up_s)))
         conn.send_response(req, 200, text, b"text/plain; version=0.0.4", headers)

@@ -376,7 +376,7 @@ class Proxy(Forwarding, RouterMode):
             if self.cors is not None:
                 self.cors.options(conn, req, admin)
             else:
-                conn.send_response(req, 204, b"", headers=[(b"allow", b"GET, POST, HEAD, OPTIONS")])
+                conn.send_response(req, 200, b"", headers=[(b"allow", b"GET, POST, HEAD, OPTIONS")])
             return
         if route is not None and route.public:  # /health; the page holds no secret: it asks for the key
             await getattr(self, route.handler)(conn, req)

@@ -91,6 +91,38 @@ def test_stream_cut_by_max_output_tokens_ends_incomplete():
     assert evs[-1][1]["response"]["output"][0]["status"] == "incomplete"
 
 
+def test_llama_telemetry_progress_events_and_timings_on_deltas():
+    """llama-server's extensions (test_responses_stream_with_llama_telemetry):
+    ``return_progress`` and ``timings_per_token`` reach the replica; each
+    ``prompt_progress`` is a ``response.in_progress`` event carrying it, and
+    the timings ride on the deltas and on ``response.completed``."""
+    t = R.Responses().request({"model": "m", "input": "hi", "stream": True,
+                               "return_progress": True, "timings_per_token": True})
+    assert t.body["return_progress"] is True and t.body["timings_per_token"] is True
+    assert "return_progress" not in R.to_chat({"model": "m", "input": "x",
+                                               "return_progress": True}).body  # no stream
+    timings = {"prompt_per_second": 100.0, "predicted_per_second": 10.0}
+    st = R.Responses().stream(t)
+    out = b""
+    for progress in ({"total": 40, "cache": 0, "processed": 32},
+                     {"total": 40, "cache": 0, "processed": 40}):
+        out += st.event(json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant"}}],
+                                    "prompt_progress": progress}).encode())
+    out += st.event(json.dumps({"choices": [{"index": 0, "delta": {"content": "Yo"}}],
+                                "timings": timings}).encode())
+    out += st.event(json.dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                                "timings": timings}).encode())
+    out += st.end()
+    evs = events(out)
+    progress = [d for _, d in evs if "prompt_progress" in d]
+    assert [d["type"] for d in progress] == ["response.in_progress"] * 2
+    assert [d["prompt_progress"]["processed"] for d in progress] == [32, 40]
+    assert [n for n, d in evs if "timings" in d] == ["response.output_text.delta",
+                                                     "response.completed"]
+    assert evs[-1][1]["timings"] == timings
+    assert [d["sequence_number"] for _, d in evs] == list(range(len(evs)))
+
+
 def test_error_mid_stream_is_an_error_event():
     t = R.Responses().request({"model": "m", "input": "hi", "stream": True})
     st = R.Responses().stream(t)

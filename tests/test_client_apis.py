@@ -231,27 +231,27 @@ def test_cors_preflight_and_actual_request_with_the_default_origins(real):
     st, h, _ = real.request("OPTIONS", "/v1/chat/completions", headers={
         **origin, "Access-Control-Request-Method": "POST",
         "Access-Control-Request-Headers": "content-type, authorization"})
-    assert st == 204 and h["access-control-allow-origin"] == "*"
+    assert st == 200 and h["access-control-allow-origin"] == "*"
     assert "POST" in h["access-control-allow-methods"]
     assert "authorization" in h["access-control-allow-headers"]
     assert "access-control-allow-credentials" not in h  # never with *
     st, h, _ = real.request("GET", "/v1/models", headers=origin)
     assert st == 200 and h["access-control-allow-origin"] == "*"
     st, h, _ = real.request("OPTIONS", "/v1/models")
-    assert st == 204 and "GET" in h["allow"]
+    assert st == 200 and "GET" in h["allow"]
 
 
 def test_cors_listed_origin_gets_credentials_and_others_nothing(fake):
     st, h, _ = fake.request("OPTIONS", "/v1/messages", headers={
         "Origin": "http://a.example", "Access-Control-Request-Method": "POST"})
-    assert st == 204 and h["access-control-allow-origin"] == "http://a.example"
+    assert st == 200 and h["access-control-allow-origin"] == "http://a.example"
     assert h["access-control-allow-credentials"] == "true"
     st, h, _ = fake.request("POST", "/v1/chat/completions",
                             {"model": "a", "messages": HI}, headers={"Origin": "http://b.example"})
     assert st == 200 and "access-control-allow-origin" not in h
     st, h, _ = fake.request("OPTIONS", "/v1/messages", headers={
         "Origin": "http://b.example", "Access-Control-Request-Method": "POST"})
-    assert st == 204 and "access-control-allow-origin" not in h
+    assert st == 200 and "access-control-allow-origin" not in h
 
 
 # ---- 5. native pass-through ------------------------------------------------------------

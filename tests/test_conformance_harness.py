@@ -45,6 +45,16 @@ def test_a_single_model_command_line_becomes_a_one_section_preset_loaded_at_star
     assert p.dropped == []
 
 
+def test_a_unified_kv_cache_gives_one_request_the_whole_context():
+    """llama-server's ``--kv-unified``: any slot may use all of ``--ctx-size``
+    (test_completion_unified), so ggmux's per-request context stays whole."""
+    p = plan(["--ctx-size", "256", "--parallel", "4", "--kv-unified"])
+    assert p.serve == ["--ctx-size", "256", "--parallel", "4", "--kv-size", "256",
+                       "--no-metrics"]
+    assert p.llama == ["--kv-unified"]
+    assert plan(["--ctx-size", "256", "--parallel", "4", "--no-kv-unified"]).serve[1] == "64"
+
+
 def test_a_router_command_line_keeps_the_cache_and_maps_router_options():
     p = plan(ROUTER)
     assert p.preset is None

@@ -250,6 +250,37 @@ def test_logit_bias_changes_and_forces_the_first_token(engine):
 
 
 @pytest.mark.slow
+def test_post_sampling_probs_are_the_chains_candidates_best_first(engine):
+    """Issue 23 (test_n_probs_post_sampling): with ``post_sampling_probs`` each
+    token's record has ``prob`` and ``top_probs`` (llama-server's names),
+    the probabilities the sampler chain (top-k 40, top-p, min-p, the
+    temperature) leaves: each in (0, 1], best first, the drawn token among
+    them with its own ``prob``; fewer than asked only when they sum to 1.
+    A greedy draw's one candidate has probability 1."""
+    rec = Recorder()
+    prompt = engine.tokenize("Today was the day. Today I would finally become a")
+    engine.submit(Generation(prompt, Sampling(temperature=1.0, seed=7), max_tokens=5,
+                             logprobs=10, post_sampling_probs=True), rec.sink("t1"))
+    engine.submit(Generation(prompt, GREEDY, max_tokens=3, logprobs=10,
+                             post_sampling_probs=True), rec.sink("t0"))
+    rec.wait("t1", "t0")
+    records = [r for t, ev in rec.events if t == "t1" and ev[0] == "text" for r in ev[3] or ()]
+    assert len(records) == 5
+    for r in records:
+        assert "logprob" not in r and 0.0 < r["prob"] <= 1.0
+        probs = [c["prob"] for c in r["top_probs"]]
+        assert all(0.0 < p <= 1.0 for p in probs) and probs == sorted(probs, reverse=True)
+        assert len(probs) <= 10 and sum(probs) <= 1.0 + 1e-4
+        if len(probs) < 10:
+            assert sum(probs) == pytest.approx(1.0, abs=1e-4)
+        mine = [c["prob"] for c in r["top_probs"] if c["id"] == r["id"]]
+        assert not mine or mine[0] == r["prob"]
+    assert len(records[0]["top_probs"]) == 10  # a vague prompt: many candidates survive
+    greedy = [r for t, ev in rec.events if t == "t0" and ev[0] == "text" for r in ev[3] or ()]
+    assert [len(r["top_probs"]) for r in greedy] == [1, 1, 1]
+    assert all(r["prob"] == 1.0 and r["top_probs"][0]["id"] == r["id"] for r in greedy)
+
+
 def test_a_seed_repeats_a_sampled_answer(engine):
     prompt = engine.tokenize(chat("Tell me a story."))
 
@@ -360,6 +391,61 @@ def test_close_during_four_generations_gives_each_an_error():
         assert "done" not in rec.kinds(f"g{i}")
     with pytest.raises(EngineStopped):
         e.submit(Generation([1]))
+
+
+class NoRoom:
+    """llama bindings whose ``llama_decode`` answers 1 (no KV cell for the
+    batch) while ``full`` is set, counting the calls; the rest is llama_cpp."""
+
+    def __init__(self, L) -> None:
+        self.L, self.full, self.calls = L, True, 0
+
+    def llama_decode(self, ctx, batch):
+        if self.full:
+            self.calls += 1
+            return 1
+        return self.L.llama_decode(ctx, batch)
+
+    def __getattr__(self, name):
+        return getattr(self.L, name)
+
+
+@pytest.mark.slow
+def test_a_kv_cache_with_no_cell_left_frees_idle_caches_then_ends_the_pool_as_llama_server():
+    """Issue 23 (test_completion_unified): a shared cache with no cell for
+    the next tokens first gives up the idle slots' prompt caches, then ends
+    every request being served with llama-server's "Context size has been
+    exceeded." (a plain error, not the replica's fault); the engine serves on."""
+    from ggmux.instance.generate_steps import KV_FULL
+
+    e = Engine(EngineConfig(smollm2_path(), ctx_size=256, parallel=3, kv_size=512,
+                            n_threads=1))
+    e.load()
+    try:
+        assert e.m.unified
+        rec = Recorder()
+        # a slot keeps its prompt cache; the two others (no common prefix) serve below
+        e.submit(Generation(e.tokenize("Zebras are"), GREEDY, max_tokens=4), rec.sink("idle"))
+        rec.wait("idle")
+        for i in range(2):
+            e.submit(Generation(e.tokenize(f"Count to {100 + i}:"), GREEDY,
+                                max_tokens=200, ignore_eos=True), rec.sink(f"g{i}"))
+        wait_for(lambda: all("text" in rec.kinds(f"g{i}") for i in range(2)), 60,
+                 what="two generating")
+        assert sum(s["n_past"] > 0 for s in e.slot_info()) == 3  # the idle one's cache too
+        no_room = NoRoom(e.L)
+        e.L = no_room
+        rec.wait("g0", "g1", timeout=60)
+        no_room.full = False
+        assert no_room.calls >= 2  # the retry after the idle caches were freed, then the end
+        for i in range(2):
+            assert rec.final(f"g{i}") == ("error", KV_FULL)
+        assert all(s["n_past"] == 0 for s in e.slot_info())
+        e.submit(Generation(e.tokenize(chat("Hi")), GREEDY, max_tokens=4), rec.sink("after"))
+        rec.wait("after")
+        assert rec.final("after")[0] == "done"
+    finally:
+        e.close()
 
 
 # ---- issue 18: tenants -------------------------------------------------------------------

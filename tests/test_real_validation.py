@@ -528,6 +528,39 @@ def test_embedding_inputs_take_llama_servers_forms(smol):
     served_once(smol)
 
 
+def test_timings_count_decode_steps_and_ride_on_progress_and_post_sampling_probs(smol):
+    # test_metrics.py: the generation's rate is over predicted_n - 1 decode
+    # steps (the first token is free) and 0 for one token; progress chunks
+    # carry timings (timings_per_token), the first with nothing read yet and
+    # prompt_ms never going back. test_completion.py: post_sampling_probs
+    # answers prob/top_probs of the chain's candidates
+    for n in (1, 8):
+        st, doc = smol.json("POST", "/completion", {"model": SMOL, "prompt": "I believe",
+                                                    "n_predict": n, "ignore_eos": True})
+        t = doc["timings"]
+        assert st == 200 and t["predicted_n"] == n, doc
+        steps = n - 1
+        assert t["predicted_per_token_ms"] == (t["predicted_ms"] / steps if steps else 0.0), t
+        assert t["predicted_per_second"] == pytest.approx(
+            1e3 * steps / t["predicted_ms"] if steps else 0.0)
+    evs = events(smol, "/completion", {"prompt": "the quick brown fox " * 8, "n_predict": 2,
+                                       "timings_per_token": True, "return_progress": True})
+    prog = [e["timings"] for e in evs if "prompt_progress" in e]
+    assert len(prog) >= 2, evs
+    assert (prog[0]["prompt_n"], prog[0]["prompt_ms"], prog[0]["predicted_n"]) == (0, 0.0, 0)
+    assert [p["prompt_ms"] for p in prog] == sorted(p["prompt_ms"] for p in prog)
+    assert prog[-1]["prompt_ms"] > 0 and prog[-1]["prompt_n"] > 0
+    st, doc = smol.json("POST", "/completion", {
+        "model": SMOL, "prompt": "Today I would finally become a", "n_probs": 5,
+        "temperature": 1.0, "n_predict": 2, "post_sampling_probs": True})
+    assert st == 200 and len(doc["completion_probabilities"]) == 2, doc
+    for tok in doc["completion_probabilities"]:
+        assert 0.0 < tok["prob"] <= 1.0 and "logprob" not in tok, tok
+        assert 0 < len(tok["top_probs"]) <= 5 and all(0.0 < c["prob"] <= 1.0
+                                                      for c in tok["top_probs"]), tok
+    served_once(smol)
+
+
 def test_return_progress_streams_the_prompts_evaluation(smol):
     # test_return_progress: prompt_progress chunks, the first with cache ==
     # processed, the last with every prompt token processed

@@ -80,9 +80,11 @@ def test_one_model_takes_requests_without_model_and_answers_props_slots_metrics(
     assert st == 200 and doc.get("role") != "router" and doc["model_alias"] == "only", doc
     st, doc = s.json("GET", "/slots")
     assert st == 200 and isinstance(doc, list), doc
-    st, _hs, text = s.request("GET", "/metrics")
+    st, hs, text = s.request("GET", "/metrics")
     assert st == 200 and b"ggmux_requests_total" in text  # the server's figures ...
     assert b"\nllamacpp:slots 1\n" in text  # ... and the replica's own (llama-server's)
+    started = int(hs["process-start-time-unix"])  # llama-server's header: when it started
+    assert time.time() - 120 < started <= time.time()
     st, _, out = s.request("POST", CHAT, chat_body("gpt-3.5-turbo"))
     assert st == 404, out  # an unknown name without --model-fallback
 

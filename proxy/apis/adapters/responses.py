@@ -272,6 +272,9 @@ def to_chat(body: dict) -> Translated:
     chat: dict = {"model": body.get("model"), "messages": messages, "stream": stream}
     if stream:
         chat["stream_options"] = {"include_usage": True}
+        for key in ("return_progress", "timings_per_token"):  # llama-server's telemetry
+            if body.get(key) is True:
+                chat[key] = True
     mt = integer(body, "max_output_tokens", 1)
     if mt is not None:
         chat["max_tokens"] = mt

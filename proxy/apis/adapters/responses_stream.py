@@ -13,6 +13,11 @@ reference): ``response.created``, ``response.in_progress``, then per item
 ``response.output_item.done``, one item at a time; finally
 ``response.completed`` (or ``response.incomplete``); every event carries
 its ``sequence_number``. A failure mid-stream is an ``error`` event.
+
+llama-server's telemetry, when the request asks (``return_progress``,
+``timings_per_token``, passed to the replica): each ``prompt_progress`` of
+the prompt being read is a ``response.in_progress`` event carrying it, and
+the ``timings`` so far ride on each delta event and on the final one.
 """
 
 from __future__ import annotations
@@ -134,17 +139,27 @@ class ResponsesStream(StreamState):
         self.call: ToolCall | None = None
         self.calls = Calls()
         self.output: list[dict] = []
+        self.timings: dict | None = None
 
     def _ev(self, kind: str, **fields) -> bytes:
         obj = {"type": kind, **fields, "sequence_number": self.seq}
         self.seq += 1
         return sse(kind, obj)
 
-    def _start(self) -> bytes:
+    def _start(self, progress: dict | None = None) -> bytes:
         self.started = True
         resp = response_object(self.id, self.created, self.req, "in_progress", [], None)
         return (self._ev("response.created", response=resp)
-                + self._ev("response.in_progress", response=resp))
+                + self._in_progress(progress, resp))
+
+    def _in_progress(self, progress: dict | None, resp: dict | None = None) -> bytes:
+        """``response.in_progress``; with ``progress`` it carries llama-server's
+        ``prompt_progress`` (``return_progress``: one event per prompt batch
+        read, ``server-task.cpp``'s ``to_json_oaicompat_resp``)."""
+        if resp is None:
+            resp = {"id": self.id, "object": "response", "status": "in_progress"}
+        extra = {"prompt_progress": progress} if progress is not None else {}
+        return self._ev("response.in_progress", response=resp, **extra)
 
     def _status(self) -> str:
         return "incomplete" if self.finish == "length" else "completed"
@@ -210,20 +225,30 @@ class ResponsesStream(StreamState):
         d = delta(chunk)
         if d.finish:
             self.finish = d.finish
-        out = b"" if self.started else self._start()
+        progress = chunk.get("prompt_progress")
+        if not self.started:
+            out = self._start(progress)
+        else:
+            out = self._in_progress(progress) if progress is not None else b""
+        # llama-server's timings_per_token: the timings so far on each delta event
+        timed = {}
+        if isinstance(chunk.get("timings"), dict):
+            self.timings = chunk["timings"]
+            timed = {"timings": self.timings}
         if d.reasoning:
             if self.item != "reasoning":
                 out += self._open("reasoning")
             self.text.append(d.reasoning)
             out += self._ev("response.reasoning_text.delta", item_id=self.item_id,
-                            output_index=self.index, content_index=0, delta=d.reasoning)
+                            output_index=self.index, content_index=0, delta=d.reasoning,
+                            **timed)
         if d.text:
             if self.item != "message":
                 out += self._open("message")
             self.text.append(d.text)
             out += self._ev("response.output_text.delta", item_id=self.item_id,
                             output_index=self.index, content_index=0, delta=d.text,
-                            logprobs=[])
+                            logprobs=[], **timed)
         for cd in d.calls:
             call, new = self.calls.add(cd)
             if new:
@@ -231,7 +256,7 @@ class ResponsesStream(StreamState):
             if cd.arguments and call is self.call and not self.kinds.get(
                     call.name, {}).get("custom"):
                 out += self._ev("response.function_call_arguments.delta", item_id=self.item_id,
-                                output_index=self.index, delta=cd.arguments)
+                                output_index=self.index, delta=cd.arguments, **timed)
         if d.text or d.reasoning or d.calls:
             self.usage.counted()
         return out
@@ -244,7 +269,8 @@ class ResponsesStream(StreamState):
         status = self._status()
         resp = response_object(self.id, self.created, self.req, status, self.output,
                                usage_object(self.usage), self.finish)
-        return out + self._ev("response." + status, response=resp)
+        timed = {"timings": self.timings} if self.timings is not None else {}
+        return out + self._ev("response." + status, response=resp, **timed)
 
     def error(self, status: int, message: str) -> bytes:
         code = "server_error" if status >= 500 else "invalid_request_error"
