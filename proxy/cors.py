@@ -28,9 +28,16 @@ simple request may carry (:func:`simple_type`).
 
 from __future__ import annotations
 
+# Header names go out in their canonical case, as llama-server (and nginx)
+# write them: HTTP reads them in any case, but some clients, llama.cpp's own
+# test suite among them, look them up in a case-sensitive map.
+
 from .http import HttpConnection, Request
 
 ALLOW_METHODS = b"GET, POST, HEAD, DELETE, OPTIONS"  # DELETE: /models?model= (llama-server's)
+PREFLIGHT_METHODS = b"GET, POST, DELETE, OPTIONS"
+"""What a preflight grants: llama-server's list (HEAD, a CORS-safelisted
+method, is never preflighted)."""
 # the headers browsers' API clients send (OpenAI's, Anthropic's and Ollama's SDKs)
 ALLOW_HEADERS = (b"authorization, content-type, x-api-key, anthropic-version, "
                  b"anthropic-beta, x-session-id, session_id, x-request-id, openai-organization, "
@@ -140,7 +147,7 @@ class Cors:
         self.localhost = "localhost" in names
         self.listed = frozenset(o.rstrip("/").encode() for o in names
                                 if o not in ("*", "localhost"))
-        self._star = (b"access-control-allow-origin: *\r\naccess-control-expose-headers: "
+        self._star = (b"Access-Control-Allow-Origin: *\r\nAccess-Control-Expose-Headers: "
                       + EXPOSE_HEADERS + b"\r\n")
 
     def named(self, origin: bytes, admin: bool = False) -> bool:
@@ -153,12 +160,12 @@ class Cors:
         (``b""`` when it is not allowed); ``admin``: an admin route's,
         where only a listed origin is allowed, never ``*``."""
         if self.named(origin, admin):
-            return (b"access-control-allow-origin: " + origin
-                    + b"\r\naccess-control-allow-credentials: true\r\nvary: origin\r\n"
-                    b"access-control-expose-headers: " + EXPOSE_HEADERS + b"\r\n")
+            return (b"Access-Control-Allow-Origin: " + origin
+                    + b"\r\nAccess-Control-Allow-Credentials: true\r\nVary: Origin\r\n"
+                    b"Access-Control-Expose-Headers: " + EXPOSE_HEADERS + b"\r\n")
         if self.any and not admin:
             return self._star
-        return b"vary: origin\r\n" if self.listed or self.localhost else b""
+        return b"Vary: Origin\r\n" if self.listed or self.localhost else b""
 
     def allows(self, origin: bytes, admin: bool = False) -> bool:
         """Whether a browser page from ``origin`` may read the answers (of
@@ -171,12 +178,12 @@ class Cors:
         :func:`accepted_headers`), anything else with ``Allow``; 200 both, as
         llama-server answers.
         ``admin``: an admin route's, granted to listed origins alone."""
-        hs = [(b"allow", ALLOW_METHODS)]
+        hs = [(b"Allow", ALLOW_METHODS)]
         preflight = req.header(b"access-control-request-method") is not None
         if preflight and req.origin is not None and self.allows(req.origin, admin):
             asked = req.header(b"access-control-request-headers")
-            hs += [(b"access-control-allow-methods", ALLOW_METHODS),
-                   (b"access-control-allow-headers",
+            hs += [(b"Access-Control-Allow-Methods", PREFLIGHT_METHODS),
+                   (b"Access-Control-Allow-Headers",
                     accepted_headers(asked) if asked is not None else ALLOW_HEADERS),
-                   (b"access-control-max-age", str(MAX_AGE_S).encode())]
+                   (b"Access-Control-Max-Age", str(MAX_AGE_S).encode())]
         conn.send_response(req, 200, b"", headers=hs)

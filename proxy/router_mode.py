@@ -219,5 +219,5 @@ class RouterMode:
         # llama-server's header: when the server started (Unix seconds), so a
         # scraper can tell a restart from a counter reset
         up_s = (time.monotonic_ns() - int(self.seg.header[L.H_STARTED_NS])) / 1e9
-        headers.append((b"process-start-time-unix", b"%d" % int(time.time() - up_s)))
+        headers.append((b"Process-Start-Time-Unix", b"%d" % int(time.time() - up_s)))
         conn.send_response(req, 200, text, b"text/plain; version=0.0.4", headers)
