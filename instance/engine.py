@@ -125,7 +125,8 @@ class Engine(EmbeddingSteps, GenerateSteps, SampleSteps):
         self.stats = {"requests_total": 0, "prompt_tokens_total": 0, "prompt_seconds_total": 0.0,
                       "cached_tokens_total": 0, "predicted_tokens_total": 0,
                       "predicted_seconds_total": 0.0, "decode_calls_total": 0,
-                      "decode_seconds_total": 0.0, "batch_tokens_total": 0}
+                      "decode_seconds_total": 0.0, "batch_tokens_total": 0,
+                      "busy_slots_total": 0, "tokens_max": 0}
 
     @property
     def n_ctx(self) -> int:
@@ -567,6 +568,8 @@ class Engine(EmbeddingSteps, GenerateSteps, SampleSteps):
         st["cached_tokens_total"] += timings.get("cache_n", 0)
         st["predicted_tokens_total"] += timings.get("predicted_n", 0)
         st["predicted_seconds_total"] += timings.get("predicted_ms", 0.0) / 1000.0
+        if isinstance(job.request, Generation):  # the longest sequence a slot held
+            st["tokens_max"] = max(st["tokens_max"], len(job.request.prompt) + job.n_decoded)
         if cancelled:
             timings["cancelled"] = True
         job.emit(("done", usage, timings))

@@ -67,6 +67,7 @@ class GenerateSteps:
                 return
             ret, _ = self._decode()
             if ret == 0:
+                self.stats["busy_slots_total"] += len(plan)  # slots served by this decode
                 break
             if ret == 1 and self._clear_idle_cells():
                 continue  # idle slots' prompt caches gave their cells (llama-server's order)

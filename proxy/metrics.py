@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 REPLICA_FAMILIES = {
     "llamacpp:prompt_tokens_total": ("ggmux_model_prompt_tokens_total", "counter",
                                      "Prompt tokens the model's replicas evaluated."),
-    "llamacpp:cached_tokens_total": ("ggmux_model_cached_tokens_total", "counter",
+    "llamacpp:prompt_tokens_cached_total": ("ggmux_model_cached_tokens_total", "counter",
                                      "Prompt tokens reused from a slot's cache."),
     "llamacpp:tokens_predicted_total": ("ggmux_model_tokens_predicted_total", "counter",
                                         "Tokens the model's replicas generated."),

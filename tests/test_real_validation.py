@@ -558,6 +558,18 @@ def test_timings_count_decode_steps_and_ride_on_progress_and_post_sampling_probs
         assert 0.0 < tok["prob"] <= 1.0 and "logprob" not in tok, tok
         assert 0 < len(tok["top_probs"]) <= 5 and all(0.0 < c["prob"] <= 1.0
                                                       for c in tok["top_probs"]), tok
+    # test_metrics_prometheus_format: the router's start in llama-server's
+    # header; the replica's llama-server families, each with HELP and TYPE
+    st, hs, _ = smol.request("GET", "/metrics")
+    assert st == 200 and int(hs["process-start-time-unix"]) > 0, hs
+    st, _, text = smol.request("GET", f"/metrics?model={SMOL}")
+    assert st == 200, text
+    for name, kind in (("prompt_tokens_total", "counter"), ("prompt_tokens_cached_total",
+                                                             "counter"),
+                       ("n_tokens_max", "counter"), ("spec_decode_num_drafts_total", "counter"),
+                       ("n_busy_slots_per_decode", "gauge"), ("prompt_tokens_seconds", "gauge")):
+        assert b"# HELP llamacpp:%s " % name.encode() in text, name
+        assert b"# TYPE llamacpp:%s %s\n" % (name.encode(), kind.encode()) in text, name
     served_once(smol)
 
 
