@@ -210,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(args.rounds):
             for m in modes if rnd % 2 == 0 else modes[::-1]:
                 runs[m].append(run_mode(servers[m], m, rnd, args, lo, hi))
-                print(f"round {rnd} {m}: {runs[m][-1]['wall']:.0f} s", file=sys.stderr)
+                # each mode's figures as soon as it ran (a run cut short keeps them)
+                print(f"round {rnd} {m}: {runs[m][-1]['wall']:.0f} s "
+                      f"{json.dumps(summary(runs[m]))}", file=sys.stderr, flush=True)
     finally:
         for s in servers.values():
             s.stop()
