@@ -6,10 +6,10 @@ per tenant: affinity) and ``prefix`` (the prefix index weighed against
 load), one ``ggmux serve`` per mode with two replicas and two proxies.
 
 ``python -m bench.agentic [--fake] [--tenants 8] [--turns 4] [--rounds 2]
-[--words 1400-2800] [--think 4] [--max-tokens 32] [--out FILE]``
+[--words 700-1400] [--think 4] [--max-tokens 32] [--out FILE]``
 
 A tenant is a session: a distinct system prompt of tools text (``--words``
-words, drawn per tenant from the range: about 1.5k to 3k tokens for
+words, drawn per tenant from the range: about 1.5k to 3.5k tokens for
 smollm2 at the default), then ``--turns`` turns, each appending the
 previous answer and a new user message, as an agent's conversation grows.
 No session key is sent except in ``session`` mode (most clients send
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tenants", type=int, default=8)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--words", default="1400-2800", help="tools text per tenant: LO-HI words")
+    ap.add_argument("--words", default="700-1400", help="tools text per tenant: LO-HI words")
     ap.add_argument("--think", type=float, default=4.0, help="mean think time, seconds")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds one turn may take")
