@@ -39,8 +39,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
-import platform
 import random
 import signal
 import statistics
@@ -53,7 +51,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.prefix_routing import WORDS, Server, q
+from bench.prefix_routing import WORDS, Server, q, run_facts, start_servers, write_report
 
 MODES = ("round-robin", "load", "session", "prefix")
 BALANCE = {"round-robin": "round-robin", "load": "load", "session": "load", "prefix": "prefix"}
@@ -196,16 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     servers: dict[str, Server] = {}
     started = time.time()
     try:
-        for m in modes:
-            for attempt in (1, 2):  # a loaded machine can miss the supervisor's 30 s once
-                servers[m] = Server(m, line, work, balance=BALANCE[m])
-                try:
-                    servers[m].ready(time.monotonic() + 600)
-                    break
-                except RuntimeError:
-                    servers.pop(m).stop()
-                    if attempt == 2:
-                        raise
+        start_servers(servers, modes, line, work, BALANCE)
         runs: dict[str, list[dict]] = {m: [] for m in modes}
         for rnd in range(args.rounds):
             for m in modes if rnd % 2 == 0 else modes[::-1]:
@@ -216,10 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for s in servers.values():
             s.stop()
-    report = {"command": " ".join(["python -m bench.agentic", *(argv or sys.argv[1:])]),
-              "machine": f"{platform.node()} {os.cpu_count()} cores, {platform.machine()}",
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
-              "seconds": round(time.time() - started),
+    report = {**run_facts("python -m bench.agentic", argv, started),
               "modes": {m: summary(runs[m]) for m in modes}}
     print("| mode | TTFT p50 | p99 | later turns' TTFT p50 | p99 | E2E p50 | output tok/s | "
           "hit ratio (cached/prompt) | busiest replica / mean | requests per replica |\n"
@@ -229,10 +215,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{s['later_ttft_p50']:.2f} s | {s['later_ttft_p99']:.2f} s | "
               f"{s['e2e_p50']:.2f} s | {s['tok_s']:.1f} | {s['hit_ratio']:.2f} | "
               f"{s['busiest_over_mean']:.2f} | {s['spread']} |")
-    print(json.dumps({k: v for k, v in report.items() if k != "modes"}))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2))
+    write_report(report, args.out)
     return 0
 
 

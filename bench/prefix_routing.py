@@ -122,6 +122,42 @@ class Server:
         self.log.close()
 
 
+def start_servers(servers: dict[str, Server], modes: list[str], model_line: str, workdir: Path,
+                  balance: dict[str, str] | None = None) -> None:
+    """One ready :class:`Server` per mode into ``servers`` (``balance``: mode
+    -> ``--balance``, default the mode), one at a time: on a loaded machine
+    starting all at once can pass the supervisor's 30 s for its proxies to
+    listen; a server that misses it is started once more."""
+    for m in modes:
+        for attempt in (1, 2):
+            servers[m] = Server(m, model_line, workdir, balance=(balance or {}).get(m))
+            try:
+                servers[m].ready(time.monotonic() + 600)
+                break
+            except RuntimeError:
+                servers.pop(m).stop()
+                if attempt == 2:
+                    raise
+
+
+def run_facts(command: str, argv: list[str] | None, started: float) -> dict:
+    """A report's ``command``, ``machine``, ``date`` (of ``started``, Unix
+    seconds) and ``seconds`` so far."""
+    return {"command": " ".join([command, *(argv or sys.argv[1:])]),
+            "machine": f"{platform.node()} {os.cpu_count()} cores, {platform.machine()}",
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+            "seconds": round(time.time() - started)}
+
+
+def write_report(report: dict, out: str | None) -> None:
+    """Print the run's facts (all but ``modes``) as JSON; write the whole
+    report to ``out`` when given."""
+    print(json.dumps({k: v for k, v in report.items() if k != "modes"}))
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(report, indent=2))
+
+
 def session(port: int, tag: str, words: int) -> dict:
     """Turn 1 then (later) turn 2 of one session: returns turn 1's messages."""
     return {"model": "m", "max_tokens": 1, "temperature": 0,
@@ -189,16 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     servers: dict[str, Server] = {}
     started = time.time()
     try:
-        for m in modes:  # one at a time: on a loaded machine starting all at once can
-            for attempt in (1, 2):  # pass the supervisor's 30 s for its proxies to listen
-                servers[m] = Server(m, line, work)
-                try:
-                    servers[m].ready(time.monotonic() + 600)
-                    break
-                except RuntimeError:
-                    servers.pop(m).stop()
-                    if attempt == 2:
-                        raise
+        start_servers(servers, modes, line, work)
         rows: dict[str, list[dict]] = {m: [] for m in modes}
         for rnd in range(args.rounds):
             for m in modes if rnd % 2 == 0 else modes[::-1]:
@@ -206,10 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for s in servers.values():
             s.stop()
-    report = {"command": " ".join(["python -m bench.prefix_routing", *(argv or sys.argv[1:])]),
-              "machine": f"{platform.node()} {os.cpu_count()} cores, {platform.machine()}",
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
-              "seconds": round(time.time() - started), "modes": {}}
+    report = {**run_facts("python -m bench.prefix_routing", argv, started), "modes": {}}
     print("| mode | turn-2 TTFT p50 | p90 | mean | turn-1 TTFT p50 | turn 2s cached | "
           "hit ratio (cached/prompt) | busiest replica's share of turn 2s |\n"
           "| --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -227,10 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {m} | {q(t2, 50) * 1000:.0f} ms | {q(t2, 90) * 1000:.0f} ms | "
               f"{statistics.fmean(t2) * 1000:.0f} ms | "
               f"{q(t1, 50) * 1000:.0f} ms | {hit:.0%} | {ratio:.2f} | {busiest:.0%} |")
-    print(json.dumps({k: v for k, v in report.items() if k != "modes"}))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2))
+    write_report(report, args.out)
     return 0
 
 
