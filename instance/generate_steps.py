@@ -22,7 +22,7 @@ left for the next generated tokens: llama-server's message and status (500,
 class GenerateSteps:
     """Mixed into :class:`~ggmux.instance.engine.Engine`: uses its model
     (``m``), llama bindings (``L``), batch (``_batch``), slots, ``stats``,
-    ``_timed``, ``_sample_all`` and ``_fail``."""
+    ``_timed``, ``_sample_all``, ``_clear`` and ``_fail``."""
 
     def _plan(self, prompt_budget: int) -> list[tuple[Slot, int]]:
         """Fill the batch: every generating slot's pending token, then prompt
@@ -124,8 +124,7 @@ class GenerateSteps:
         freed = False
         for s in self.slots:
             if s.state == IDLE and s.tokens:
-                self.L.llama_memory_seq_rm(self.m.mem, s.id, -1, -1)
-                s.tokens = []
+                self._clear(s)
                 freed = True
         if freed:
             log.warning("KV cache had no room for the batch; idle slots' prompt caches freed")
@@ -139,8 +138,7 @@ class GenerateSteps:
         log.error("KV cache full (%d cells): every request being served ends", self.m.kv_size)
         serving = [s for s in self.slots if s.job is not None and s.state != IDLE]
         for s in serving:
-            self.L.llama_memory_seq_rm(self.m.mem, s.id, -1, -1)
-            s.tokens = []
+            self._clear(s)
         for job in {id(s.job): s.job for s in serving}.values():
             if not job.ended:
                 self._fail(job, KV_FULL)
