@@ -4,22 +4,31 @@ each concurrency level, the two clients taking turns (issue 20).
 
 ``python -m bench.aiperf_check [--aiperf PATH] [--levels 1,4,8]
 [--requests 16] [--rounds 2] [--prompt-tokens 100] [--max-tokens 32]
-[--out FILE]``
+[--threads 1 --server-cpus 0 --client-cpus 1] [--lean] [--out FILE]``
 
-The server: smollm2-135m (the ``demo`` extra), one replica, 8 slots, 2
-threads (``--base-url`` to measure one already running instead). The
+The server: smollm2-135m (the ``demo`` extra), one replica, 8 slots,
+``--threads`` threads (``--base-url`` to measure one already running
+instead). aiperf's processes take most of a core while they run; on a
+small machine ``--server-cpus`` / ``--client-cpus`` keep the server and
+either client on their own CPUs (``taskset``), so the client under test
+does not slow the server it measures (bench/RESULTS.md section 16). The
 workload, for both clients: closed loop at each level, ``--requests``
 measured requests after 2 unmeasured ones, streamed chat completions of a
 synthetic ``--prompt-tokens``-token prompt (both count tokens with the
 model's own vocabulary: bench/serving.py with llama.cpp's tokenizer of the
 GGUF, aiperf with a Hugging Face tokenizer made from it by
 :mod:`bench.gguf_tokenizer`, checked to give the same ids), exactly
-``--max-tokens`` tokens out (``ignore_eos``), temperature 0.
+``--max-tokens`` tokens out (``ignore_eos``), temperature 0, new prompts
+in every run (a seed per round, level and client: a prompt seen before
+would be answered from the prompt cache).
 
 Figures compared, per level (median over rounds): TTFT p50; the time per
 output token p50, which is what aiperf calls "inter token latency" (per
 request ``(e2e - ttft) / (tokens - 1)``; bench/serving.py's ``tpot``; its
-pooled ``itl`` is printed beside); output tokens/s over the run. aiperf
+pooled ``itl`` is printed beside); E2E p50; output tokens/s over the
+run; and, to tell which client is right where they differ, what the
+replica itself measured over the same run (its ``/metrics`` counters: ms
+per generated token and per prompt token) and the client's CPU. aiperf
 runs in its own virtualenv (``pip install aiperf``: it pins its own
 dependencies); ``--aiperf`` is its executable, whose folder's ``python``
 builds the tokenizer.
@@ -84,13 +93,19 @@ def tokenizer_dir(aiperf: str, gguf: str, work: Path) -> Path:
     return out
 
 
-def serve(work: Path) -> tuple[subprocess.Popen, str]:
+def pinned(cpus: str | None) -> list[str]:
+    """The ``taskset`` prefix that keeps a command on ``cpus`` (none without)."""
+    return ["taskset", "-c", cpus] if cpus else []
+
+
+def serve(work: Path, threads: int = 2, cpus: str | None = None) -> tuple[subprocess.Popen, str]:
     ini = work / "presets.ini"
-    ini.write_text(f"[{MODEL}]\nmodel = {smollm2()}\nparallel = 8\nthreads = 2\n"
+    ini.write_text(f"[{MODEL}]\nmodel = {smollm2()}\nparallel = 8\nthreads = {threads}\n"
                    "ctx-size = 1024\nload-on-startup = true\n")
     port = free_port()
     log = open(work / "server.log", "wb")  # noqa: SIM115 - the server's life
-    proc = subprocess.Popen([sys.executable, "-m", "ggmux.supervisor", "serve", "--port",
+    proc = subprocess.Popen([*pinned(cpus), sys.executable, "-m", "ggmux.supervisor", "serve",
+                             "--port",
                              str(port), "--models-preset", str(ini), "--no-hf-cache",
                              "--proxies", "1", "--spares", "0"], stdout=log,
                             stderr=subprocess.STDOUT)
@@ -109,38 +124,98 @@ def serve(work: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("the server did not become ready")
 
 
-def run_serving(base: str, c: int, args, gguf: str, out: Path) -> dict:
+SERVER_COUNTERS = ("prompt_tokens_total", "prompt_seconds_total", "tokens_predicted_total",
+                   "tokens_predicted_seconds_total")
+
+
+def server_counters(base: str, model: str = MODEL) -> dict[str, float]:
+    """The replica's own prompt and generation counters (llama-server's
+    ``llamacpp:*`` names, through ``/upstream/<model>/metrics``)."""
+    with urllib.request.urlopen(f"{base}/upstream/{model}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name.startswith("llamacpp:") and name[9:] in SERVER_COUNTERS:
+            out[name[9:]] = float(value)
+    return out
+
+
+def server_side(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+    """What the replica itself measured between two :func:`server_counters`:
+    prefill seconds per request's prompt token and seconds per generated token."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in SERVER_COUNTERS}
+    return {"prompt_s_per_token": (d["prompt_seconds_total"] / d["prompt_tokens_total"]
+                                   if d["prompt_tokens_total"] else None),
+            "decode_s_per_token": (d["tokens_predicted_seconds_total"]
+                                   / d["tokens_predicted_total"]
+                                   if d["tokens_predicted_total"] else None)}
+
+
+def client_cpu() -> float:
+    """CPU seconds used so far by this process's waited-for children (the clients)."""
+    r = os.times()
+    return r.children_user + r.children_system
+
+
+def run_serving(base: str, c: int, args, gguf: str, out: Path, seed: int) -> dict:
     """One level with bench/serving.py: TTFT p50, TPOT p50, pooled ITL p50
     (seconds) and output tokens/s."""
-    subprocess.run([sys.executable, "-m", "bench.serving", "--base-url", base, "--models",
+    subprocess.run([*pinned(args.client_cpus), sys.executable, "-m", "bench.serving",
+                    "--base-url", base, "--models",
                     MODEL, "--concurrency", str(c), "--requests", str(args.requests),
                     "--warmup", "2", "--prompt-tokens", str(args.prompt_tokens),
                     "--tokenizer", gguf, "--max-tokens", str(args.max_tokens),
-                    "--ignore-eos", "--no-progress", "--out", str(out)],
+                    "--ignore-eos", "--no-progress", "--seed", str(seed), "--out", str(out)],
                    check=True, capture_output=True, cwd=BENCH.parent)
     s = json.loads(out.read_text())["levels"][0]["summary"]
     m = s["metrics"]
     return {"ttft": m["ttft"]["p50"], "tpot": m["tpot"]["p50"], "itl": m["itl"]["p50"],
+            "e2e": m["e2e"]["p50"],
             "tok_s": s["output_token_throughput"], "failed": s["failed"]}
 
 
-def run_aiperf(aiperf: str, base: str, c: int, args, tok: Path, out: Path) -> dict:
-    """One level with aiperf: the same figures from its JSON export."""
-    subprocess.run([aiperf, "profile", "--model", MODEL, "--url", base, "--endpoint-type",
+LEAN = ("--workers-max", "1", "--record-processor-service-count", "1", "--no-server-metrics",
+        "--no-gpu-telemetry")
+"""aiperf's options for a small machine: one worker, one record processor,
+no scraping of the server's ``/metrics`` and no GPU telemetry (its
+defaults start several of each; on 2 cores they take CPU from the server)."""
+
+
+def aiperf_profile(aiperf: str, base: str, model: str, c: int, requests: int,
+                   prompt_tokens: int, max_tokens: int, tok: Path, out: Path,
+                   lean: bool = False, cpus: str | None = None, seed: int = 1) -> dict:
+    """One closed-loop level with aiperf (streamed chat, ``ignore_eos``,
+    temperature 0, prompts drawn with ``seed``): TTFT p50, time per output token p50 and p99
+    (aiperf's "inter token latency", seconds), the gaps between chunks p99
+    (its "inter chunk latency"), output tokens/s, failures."""
+    subprocess.run([*pinned(cpus), aiperf, "profile", "--model", model, "--url", base, "--endpoint-type",
                     "chat", "--streaming", "--concurrency", str(c), "--request-count",
-                    str(args.requests), "--warmup-request-count", "2",
-                    "--prompt-input-tokens-mean", str(args.prompt_tokens),
+                    str(requests), "--warmup-request-count", "2",
+                    "--prompt-input-tokens-mean", str(prompt_tokens),
                     "--prompt-input-tokens-stddev", "0",
-                    "--prompt-output-tokens-mean", str(args.max_tokens),
+                    "--prompt-output-tokens-mean", str(max_tokens),
                     "--prompt-output-tokens-stddev", "0", "--extra-inputs", "ignore_eos:true",
                     "--extra-inputs", "temperature:0", "--tokenizer", str(tok),
-                    "--output-artifact-dir", str(out), "--ui-type", "none", "--random-seed", "1"],
+                    "--output-artifact-dir", str(out), "--ui-type", "none",
+                    "--random-seed", str(seed),
+                    *(LEAN if lean else ())],
                    check=True, capture_output=True)
     d = json.loads((out / "profile_export_aiperf.json").read_text())
     return {"ttft": d["time_to_first_token"]["p50"] / 1e3,
-            "tpot": d["inter_token_latency"]["p50"] / 1e3, "itl": None,
+            "tpot": d["inter_token_latency"]["p50"] / 1e3,
+            "tpot_p99": d["inter_token_latency"]["p99"] / 1e3,
+            "gap_p99": d["inter_chunk_latency"]["p99"] / 1e3, "itl": None,
+            "e2e": d["request_latency"]["p50"] / 1e3,
             "tok_s": d["output_token_throughput"]["avg"],
-            "failed": (d.get("error_summary") or []) and len(d["error_summary"])}
+            "failed": len(d.get("error_summary") or [])}
+
+
+def run_aiperf(aiperf: str, base: str, c: int, args, tok: Path, out: Path, seed: int) -> dict:
+    """One level with aiperf: the same figures from its JSON export."""
+    return aiperf_profile(aiperf, base, MODEL, c, args.requests, args.prompt_tokens,
+                          args.max_tokens, tok, out, lean=args.lean,
+                          cpus=args.client_cpus, seed=seed)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=100)
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--lean", action="store_true", help="aiperf with " + " ".join(LEAN))
+    ap.add_argument("--threads", type=int, default=2, help="the model's threads")
+    ap.add_argument("--server-cpus", help="taskset CPU list of the server (e.g. 0)")
+    ap.add_argument("--client-cpus", help="taskset CPU list of either client (e.g. 1)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # finally stops the server
@@ -164,14 +243,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         base = args.base_url
         if base is None:
-            proc, base = serve(work)
+            proc, base = serve(work, args.threads, args.server_cpus)
         for rnd in range(args.rounds):
             for c in (int(x) for x in args.levels.split(",")):
                 tools = ("serving", "aiperf") if (rnd + c) % 2 == 0 else ("aiperf", "serving")
                 for tool in tools:
                     out = work / f"{tool}-{rnd}-{c}"
-                    r = (run_serving(base, c, args, gguf, out.with_suffix(".json"))
-                         if tool == "serving" else run_aiperf(args.aiperf, base, c, args, tok, out))
+                    before, cpu, t0 = server_counters(base), client_cpu(), time.monotonic()
+                    # new prompts in every run, so no prompt cache answers one it saw before
+                    seed = 1000 * (rnd + 1) + 10 * c + (tool == "aiperf")
+                    r = (run_serving(base, c, args, gguf, out.with_suffix(".json"), seed)
+                         if tool == "serving"
+                         else run_aiperf(args.aiperf, base, c, args, tok, out, seed))
+                    r["client_cpu_share"] = (client_cpu() - cpu) / (time.monotonic() - t0)
+                    r.update(server_side(before, server_counters(base)))
                     cells.setdefault((tool, c), []).append(r)
                     print(f"round {rnd} c={c} {tool}: {r}", file=sys.stderr)
     finally:
@@ -185,14 +270,18 @@ def main(argv: list[str] | None = None) -> int:
     print("| concurrency | figure | bench/serving.py | aiperf | aiperf / serving |\n"
           "| --- | --- | --- | --- | --- |")
     for c in (int(x) for x in args.levels.split(",")):
-        s = {k: statistics.median(r[k] for r in cells[("serving", c)])
-             for k in ("ttft", "tpot", "itl", "tok_s")}
-        a = {k: statistics.median(r[k] for r in cells[("aiperf", c)])
-             for k in ("ttft", "tpot", "tok_s")}
+        keys = ("ttft", "tpot", "e2e", "tok_s", "decode_s_per_token", "prompt_s_per_token",
+                "client_cpu_share")
+        s = {k: statistics.median(r[k] for r in cells[("serving", c)]) for k in (*keys, "itl")}
+        a = {k: statistics.median(r[k] for r in cells[("aiperf", c)]) for k in keys}
         rows.append({"concurrency": c, "serving": s, "aiperf": a})
         for k, label, scale in (("ttft", "TTFT p50 (ms)", 1e3),
                                 ("tpot", "time per output token p50 (ms)", 1e3),
-                                ("tok_s", "output tokens/s", 1)):
+                                ("e2e", "E2E p50 (ms)", 1e3),
+                                ("tok_s", "output tokens/s", 1),
+                                ("decode_s_per_token", "the replica's own ms per token", 1e3),
+                                ("prompt_s_per_token", "the replica's own ms per prompt token", 1e3),
+                                ("client_cpu_share", "the client's CPU (cores)", 1)):
             print(f"| {c} | {label} | {s[k] * scale:.1f} | {a[k] * scale:.1f} | "
                   f"{a[k] / s[k]:.2f} |")
         print(f"| {c} | pooled ITL p50 (ms, serving only) | {s['itl'] * 1e3:.1f} | | |")
