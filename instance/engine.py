@@ -362,6 +362,27 @@ class Engine(EmbeddingSteps, GenerateSteps, SampleSteps):
                 return True
         return free and bool(self._waiting)
 
+    def _idle(self) -> bool:
+        """Whether no slot holds a request (nothing is read or generated)."""
+        return all(s.state == IDLE for s in self.slots)
+
+    def _gather(self) -> None:
+        """With ``_cond`` held, on an idle engine: wait until no request has
+        arrived for ``prefill_wait_ms`` (at most 5x that in all), so requests
+        sent together start in one prefill batch (:class:`EngineConfig`)."""
+        quiet = self.cfg.prefill_wait_ms / 1000.0
+        if quiet <= 0:
+            return
+        end = time.monotonic() + 5 * quiet
+        while self._close_reason is None:
+            n = len(self._inbox)
+            left = min(quiet, end - time.monotonic())
+            if left <= 0:
+                return
+            self._cond.wait(left)
+            if len(self._inbox) == n:
+                return
+
     def _run(self) -> None:
         try:
             while True:
@@ -371,6 +392,8 @@ class Engine(EmbeddingSteps, GenerateSteps, SampleSteps):
                                or self._sleep_done is not None or self._refuse is not None
                                or self._results or self._runnable()):
                         self._cond.wait()
+                    if self._inbox and not self._waiting and self._idle():
+                        self._gather()
                     self._waiting.extend(self._inbox)
                     self._inbox = []
                     kicked, self._kicked = self._kicked, False

@@ -39,6 +39,7 @@ _LLAMA_OPTIONS = {
     "--n-predict": ("n_predict", int), "--predict": ("n_predict", int), "-n": ("n_predict", int),
     "--reasoning-format": ("reasoning_format", str),
     "--parallel": ("parallel", int), "-np": ("parallel", int),
+    "--prefill-wait-ms": ("prefill_wait_ms", float),  # ggmux's (EngineConfig)
 }
 _LLAMA_FLAGS = {"--no-mmap": ("use_mmap", False), "--mmap": ("use_mmap", True),
                 "--kv-unified": ("kv_unified", True), "-kvu": ("kv_unified", True),

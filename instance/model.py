@@ -50,7 +50,14 @@ class EngineConfig:
     long requests, the rest waiting for room. ``cache_scope``
     (``--cache-scope``, issue 18 finding 6): whose prompt cache a request
     may reuse: ``global`` any slot's (llama-server), ``key`` only one made
-    by a request of its own tenant, ``none`` nobody's."""
+    by a request of its own tenant, ``none`` nobody's. ``prefill_wait_ms``
+    (``--prefill-wait-ms``, ggmux's): an idle engine's first request waits
+    until no other has arrived for this long (at most 5x in all), so
+    requests sent together are read in one batch and start generating
+    together, as llama-server's HTTP threads hand them over; 0 starts at
+    once (bench/RESULTS.md section 17: without it the first of 4 requests
+    sent together was read alone, then stalled ~4 s while the other three
+    were read)."""
 
     model_path: str
     ctx_size: int = 2048
@@ -75,6 +82,7 @@ class EngineConfig:
     slot_prompt_similarity: float = 0.1
     kv_unified: bool | None = None
     cache_scope: str = "global"
+    prefill_wait_ms: float = 2.0
 
 
 class ModelContext:

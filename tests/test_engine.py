@@ -218,6 +218,33 @@ def test_a_cancelled_request_frees_its_slot_for_a_queued_one(engine):
     assert engine.metrics()["queue_depth"] == 0
 
 
+def test_requests_sent_together_to_an_idle_engine_start_in_one_prefill(engine):
+    """Issue 21 (bench/RESULTS.md section 17): four requests reaching an idle
+    engine a few ms apart are read in one batch and start generating
+    together: every first token comes out before any second token (without
+    ``prefill_wait_ms`` the first was read alone, then stalled while the
+    other three were read)."""
+    rec = Recorder()
+    prompts = [engine.tokenize(chat(q)) for q in QUESTIONS]
+    pause = threading.Event()
+    engine.cfg.prefill_wait_ms = 2000.0  # far above the 20 ms between arrivals
+    try:
+        wait_for(lambda: engine.metrics()["slots_busy"] == 0, 30, what="an idle engine")
+        jobs = []
+        for i, prompt in enumerate(prompts):
+            if i:
+                pause.wait(0.02)  # the next client's request, a moment later
+            jobs.append(engine.submit(Generation(prompt, GREEDY, max_tokens=3, ignore_eos=True),
+                                      rec.sink(f"j{i}")))
+        rec.wait(*(f"j{i}" for i in range(4)))
+    finally:
+        engine.cfg.prefill_wait_ms = EngineConfig.prefill_wait_ms
+    texts = [(t, i) for i, (t, ev) in enumerate(rec.events) if ev[0] == "text"]
+    firsts = [next(i for t, i in texts if t == f"j{k}") for k in range(4)]
+    seconds = [[i for t, i in texts if t == f"j{k}"][1] for k in range(4)]
+    assert max(firsts) < min(seconds), rec.events
+
+
 @pytest.mark.slow
 def test_n_two_returns_two_choices_sharing_the_prompt(engine):
     r = engine.submit(Generation(engine.tokenize(chat("Write a word.")),
