@@ -216,7 +216,13 @@ FIELDS: dict[str, Callable[[str], object]] = {
     # ggmux's limits and scopes of a built-in instance (issue 18)
     "max-tokens-limit": _int(0),
     "cache-scope": _cache_scope,
+    # ggmux's engine settings, passed on to the built-in instance as options
+    "prefill-wait-ms": _float(0),
 }
+
+ENGINE_KEYS = frozenset({"prefill-wait-ms"})
+"""ggmux keys (in :data:`FIELDS`) that go to the built-in instance as
+``--KEY VALUE`` among the llama-server options (instance/llama_args.py)."""
 
 # llama.cpp options the router itself controls: dropped with a warning
 # (server-models.cpp unset_reserved_args / update_args).

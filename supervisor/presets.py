@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .llama_options import LLAMA_OPTIONS, LLAMA_VALUES, LlamaOption
-from .preset_values import DOWNLOADS, FIELDS, RESERVED, parse_bool
+from .preset_values import DOWNLOADS, ENGINE_KEYS, FIELDS, RESERVED, parse_bool
 from .registry import ModelEntry, demo_path, gguf_name, gguf_parts, hf_cache_lookup, size_of
 
 log = logging.getLogger(__name__)
@@ -507,6 +507,9 @@ def _materialise(
     extra: list[str] = []
     for key, o in merged.items():
         v = o.value
+        if key in ENGINE_KEYS:
+            extra += [f"--{key}", str(v)]
+            continue
         if key in FIELDS:
             _apply_field(e, key, v)
             continue

@@ -710,6 +710,19 @@ def test_the_example_preset_loads(tmp_path, no_hub, monkeypatch):
     assert (u.kind, u.upstream, u.priority) == ("upstream", ["http://127.0.0.1:9000"], 1)
 
 
+def test_an_engine_key_goes_to_the_built_in_instance_as_an_option(tmp_path, no_hub):
+    model = touch(tmp_path / "m.gguf")
+    ini = write(tmp_path / "p.ini", f"[m]\nmodel = {model}\nprefill-wait-ms = 5\n")
+    assert registry("--models-preset", str(ini)).get("m").extra_args == [
+        "--prefill-wait-ms", "5.0"]
+    from ggmux.instance.llama_args import llama_kwargs
+
+    assert llama_kwargs(["--prefill-wait-ms", "5.0"]) == {"prefill_wait_ms": 5.0}
+    bad = write(tmp_path / "bad.ini", f"[m]\nmodel = {model}\nprefill-wait-ms = -1\n")
+    with expect_error(bad, 3, "prefill-wait-ms", "at least 0"):
+        registry("--models-preset", str(bad))
+
+
 def test_every_key_of_the_example_is_documented_with_its_default():
     text = (ROOT / "presets.example.ini").read_text()
     from ggmux.supervisor.preset_values import FIELDS
