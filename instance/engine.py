@@ -78,6 +78,11 @@ from .stops import StopStrings, StopText
 
 log = logging.getLogger(__name__)
 
+PREFILL_WAIT_SHARE = 0.05
+"""An idle engine waits for more requests at most this share of the
+expected prefill time of those it holds (:meth:`Engine._gather`): a lone
+request's TTFT grows by at most 5%."""
+
 __all__ = ["Embedding", "Engine", "EngineAsleep", "EngineConfig", "EngineError",
            "EngineStopped", "Generation", "InvalidRequest", "Job", "Sampling"]
 
@@ -367,16 +372,22 @@ class Engine(EmbeddingSteps, GenerateSteps, SampleSteps):
         return all(s.state == IDLE for s in self.slots)
 
     def _gather(self) -> None:
-        """With ``_cond`` held, on an idle engine: wait until no request has
-        arrived for ``prefill_wait_ms`` (at most 5x that in all), so requests
-        sent together start in one prefill batch (:class:`EngineConfig`)."""
-        quiet = self.cfg.prefill_wait_ms / 1000.0
-        if quiet <= 0:
+        """With ``_cond`` held, on an idle engine: wait while requests keep
+        arriving, each within :data:`PREFILL_WAIT_SHARE` of the expected
+        prefill time of those gathered (this engine's measured seconds per
+        prompt token), and at most ``prefill_wait_ms`` in all, so requests
+        sent together start in one prefill batch (:class:`EngineConfig`).
+        Before the first prompt is measured, nothing waits."""
+        st = self.stats
+        if self.cfg.prefill_wait_ms <= 0 or st["prompt_tokens_total"] <= 0:
             return
-        end = time.monotonic() + 5 * quiet
+        per_token = st["prompt_seconds_total"] / st["prompt_tokens_total"]
+        end = time.monotonic() + self.cfg.prefill_wait_ms / 1000.0
         while self._close_reason is None:
             n = len(self._inbox)
-            left = min(quiet, end - time.monotonic())
+            tokens = sum(len(j.request.prompt) for j in self._inbox
+                         if isinstance(j.request, Generation))
+            left = min(PREFILL_WAIT_SHARE * tokens * per_token, end - time.monotonic())
             if left <= 0:
                 return
             self._cond.wait(left)

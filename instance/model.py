@@ -51,13 +51,14 @@ class EngineConfig:
     (``--cache-scope``, issue 18 finding 6): whose prompt cache a request
     may reuse: ``global`` any slot's (llama-server), ``key`` only one made
     by a request of its own tenant, ``none`` nobody's. ``prefill_wait_ms``
-    (``--prefill-wait-ms``, ggmux's): an idle engine's first request waits
-    until no other has arrived for this long (at most 5x in all), so
-    requests sent together are read in one batch and start generating
-    together, as llama-server's HTTP threads hand them over; 0 starts at
-    once (bench/RESULTS.md section 17: without it the first of 4 requests
-    sent together was read alone, then stalled ~4 s while the other three
-    were read)."""
+    (preset ``prefill-wait-ms``, ggmux's): the most an idle engine's first
+    request waits for others sent with it, so that they are read in one
+    batch and start generating together, as llama-server's HTTP threads
+    hand them over; each wait lasts 5% of the expected prefill of what has
+    arrived (``engine.PREFILL_WAIT_SHARE``) and ends when nothing more
+    comes; 0 starts at once (bench/RESULTS.md section 17: without it the
+    first of 4 requests sent together was read alone, then stalled ~4 s
+    while the other three were read)."""
 
     model_path: str
     ctx_size: int = 2048
@@ -82,7 +83,7 @@ class EngineConfig:
     slot_prompt_similarity: float = 0.1
     kv_unified: bool | None = None
     cache_scope: str = "global"
-    prefill_wait_ms: float = 2.0
+    prefill_wait_ms: float = 50.0
 
 
 class ModelContext:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import wait_for
 from ggmux.instance.engine import (
+    PREFILL_WAIT_SHARE,
     Embedding,
     Engine,
     EngineConfig,
@@ -220,20 +221,27 @@ def test_a_cancelled_request_frees_its_slot_for_a_queued_one(engine):
 
 def test_requests_sent_together_to_an_idle_engine_start_in_one_prefill(engine):
     """Issue 21 (bench/RESULTS.md section 17): four requests reaching an idle
-    engine a few ms apart are read in one batch and start generating
+    engine a moment apart are read in one batch and start generating
     together: every first token comes out before any second token (without
     ``prefill_wait_ms`` the first was read alone, then stalled while the
     other three were read)."""
     rec = Recorder()
-    prompts = [engine.tokenize(chat(q)) for q in QUESTIONS]
+    engine.submit(Generation(engine.tokenize(chat("Hi.")), GREEDY, max_tokens=1),
+                  rec.sink("warm"))  # a measured prompt: the wait is a share of one
+    rec.wait("warm")
+    filler = " ".join(f"fact {i}: the sky is blue." for i in range(8))
+    prompts = [engine.tokenize(chat(q, system=filler)) for q in QUESTIONS]
+    assert sum(map(len, prompts)) <= engine.cfg.n_batch  # one batch reads them all
+    st = engine.stats
+    one = len(prompts[0]) * st["prompt_seconds_total"] / st["prompt_tokens_total"]
     pause = threading.Event()
-    engine.cfg.prefill_wait_ms = 2000.0  # far above the 20 ms between arrivals
+    engine.cfg.prefill_wait_ms = 60_000.0  # the share decides, not the cap
     try:
         wait_for(lambda: engine.metrics()["slots_busy"] == 0, 30, what="an idle engine")
         jobs = []
         for i, prompt in enumerate(prompts):
-            if i:
-                pause.wait(0.02)  # the next client's request, a moment later
+            if i:  # the next client's request, a moment later (a fifth of the wait)
+                pause.wait(PREFILL_WAIT_SHARE * one / 5)
             jobs.append(engine.submit(Generation(prompt, GREEDY, max_tokens=3, ignore_eos=True),
                                       rec.sink(f"j{i}")))
         rec.wait(*(f"j{i}" for i in range(4)))
