@@ -24,6 +24,10 @@ log = logging.getLogger(__name__)
 DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: a random seed per chain
 
 
+DRY_BREAKERS = ("\n", ":", "\"", "*")
+"""llama.cpp's default DRY sequence breakers (``common/common.h``)."""
+
+
 @dataclass(slots=True)
 class Sampling:
     """Sampling settings of one request (OpenAI's names; llama-server's
@@ -38,6 +42,12 @@ class Sampling:
     grammars, armed at a tool call's trigger).
     ``mirostat`` 1 or 2 replaces top-k/p and the draw by Mirostat (v1, v2)
     with target ``mirostat_tau`` and rate ``mirostat_eta``, as llama-server.
+    ``dry_multiplier`` > 0 turns on llama.cpp's DRY sampler (a penalty
+    ``multiplier * base ** (n - allowed_length)`` on a token that would
+    extend a repetition of ``n`` tokens within the last
+    ``dry_penalty_last_n``, sequences cut at ``dry_sequence_breakers``),
+    after the penalties and before the rest, greedy draws included, as
+    llama.cpp's ``common_sampler_init`` orders them.
     """
 
     temperature: float = 0.8
@@ -59,6 +69,11 @@ class Sampling:
     mirostat: int = 0
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: list[str] = field(default_factory=lambda: list(DRY_BREAKERS))
 
 
 class SamplerError(ValueError):
@@ -196,9 +211,9 @@ def sampler_chain(llama_cpp, vocab, n_vocab: int, s: Sampling, seed: int,
         if not grammar:
             raise SamplerError("'grammar' could not be parsed as GBNF")
     chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-    _fill_chain(L, chain, n_vocab, s, seed)
+    _fill_chain(L, chain, n_vocab, s, seed, vocab)
     greedy = None
-    if grammar is None and s.temperature <= 0 and not _penalised(s):
+    if grammar is None and s.temperature <= 0 and not _penalised(s) and not _dry(s):
         greedy = Greedy(s.logit_bias)
     return SlotSampler(L, chain, grammar, n_vocab, greedy, probs)
 
@@ -257,6 +272,11 @@ def _penalised(s: Sampling) -> bool:
     return s.repeat_penalty != 1.0 or bool(s.presence_penalty) or bool(s.frequency_penalty)
 
 
+def _dry(s: Sampling) -> bool:
+    """Whether ``s`` adds llama.cpp's DRY sampler (stateful, as the penalties)."""
+    return s.dry_multiplier != 0.0 and s.dry_base >= 1.0 and s.dry_penalty_last_n != 0
+
+
 def _grammar(L, vocab, s: Sampling):
     """The grammar sampler of ``s`` (lazy when asked), or NULL."""
     if not s.grammar_lazy:
@@ -269,7 +289,7 @@ def _grammar(L, vocab, s: Sampling):
         toks, len(s.grammar_tokens))
 
 
-def _fill_chain(L, chain, n_vocab: int, s: Sampling, seed: int) -> None:
+def _fill_chain(L, chain, n_vocab: int, s: Sampling, seed: int, vocab=None) -> None:
 
     def add(smpl) -> None:
         L.llama_sampler_chain_add(chain, smpl)
@@ -284,6 +304,12 @@ def _fill_chain(L, chain, n_vocab: int, s: Sampling, seed: int) -> None:
         # this llama.cpp's signature starts with n_vocab (include/llama.h)
         add(L.llama_sampler_init_penalties(n_vocab, s.repeat_last_n, s.repeat_penalty,
                                            s.frequency_penalty, s.presence_penalty))
+    if _dry(s):
+        breakers = [b.encode() for b in s.dry_sequence_breakers if b]
+        arr = (ctypes.c_char_p * max(1, len(breakers)))(*breakers)
+        # the vocabulary pointer as llama.h takes it; the sampler copies the breakers
+        add(L.llama_sampler_init_dry(vocab, s.dry_multiplier, s.dry_base, s.dry_allowed_length,
+                                     s.dry_penalty_last_n, arr, len(breakers)))
     if s.temperature <= 0:
         add(L.llama_sampler_init_greedy())
         return

@@ -18,11 +18,13 @@ SAMPLING_OPTIONS = {
     "--repeat-penalty": "repeat_penalty", "--repeat-last-n": "repeat_last_n",
     "--presence-penalty": "presence_penalty", "--frequency-penalty": "frequency_penalty",
     "--mirostat": "mirostat", "--mirostat-lr": "mirostat_eta", "--mirostat-ent": "mirostat_tau",
+    "--dry-multiplier": "dry_multiplier", "--dry-base": "dry_base",
+    "--dry-allowed-length": "dry_allowed_length", "--dry-penalty-last-n": "dry_penalty_last_n",
 }
 """llama-server sampling option -> :class:`~ggmux.instance.sampling.Sampling`
 field: the default of every request that does not give its own."""
 
-_INTS = {"top_k", "repeat_last_n", "mirostat"}
+_INTS = {"top_k", "repeat_last_n", "mirostat", "dry_allowed_length", "dry_penalty_last_n"}
 
 
 def sampling_default(option: str, value: str) -> tuple[str, float | int]:
@@ -56,8 +58,10 @@ def generation_settings(s: Sampling, n_predict: int, seed: int, *, stream: bool,
         "top_n_sigma": -1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1,
         "typical_p": s.typical_p, "repeat_last_n": s.repeat_last_n,
         "repeat_penalty": s.repeat_penalty, "presence_penalty": s.presence_penalty,
-        "frequency_penalty": s.frequency_penalty, "dry_multiplier": 0.0, "dry_base": 1.75,
-        "dry_allowed_length": 2, "dry_penalty_last_n": -1, "mirostat": s.mirostat,
+        "frequency_penalty": s.frequency_penalty, "dry_multiplier": s.dry_multiplier,
+        "dry_base": s.dry_base, "dry_allowed_length": s.dry_allowed_length,
+        "dry_penalty_last_n": s.dry_penalty_last_n,
+        "dry_sequence_breakers": list(s.dry_sequence_breakers), "mirostat": s.mirostat,
         "mirostat_tau": s.mirostat_tau, "mirostat_eta": s.mirostat_eta,
         "adaptive_target": -1.0, "adaptive_decay": 0.9,
         "max_tokens": n_predict, "n_predict": n_predict, "n_keep": 0, "n_discard": 0,

@@ -187,13 +187,19 @@ def shown(v) -> str:
 _NUMBERS = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
             "presence_penalty": (-2.0, 2.0), "frequency_penalty": (-2.0, 2.0),
             "repeat_penalty": (0.0, 10.0), "typical_p": (0.0, 1.0), "tfs_z": (0.0, 1.0),
-            "mirostat_tau": (0.0, 100.0), "mirostat_eta": (0.0, 1.0)}
+            "mirostat_tau": (0.0, 100.0), "mirostat_eta": (0.0, 1.0),
+            "dry_multiplier": (0.0, 100.0), "dry_base": (0.0, 100.0)}
 # field -> (low, high or None)
 _INTEGERS = {"max_tokens": (0, None), "max_completion_tokens": (0, None), "top_k": (0, 2**31 - 1),
              "seed": (-(2**63), 2**64 - 1), "top_logprobs": (0, 20), "n": (1, None),
              "mirostat": (0, 2), "mirostat_mode": (0, 2), "n_predict": (-1, None),
-             "repeat_last_n": (-1, None)}
+             "repeat_last_n": (-1, None), "dry_allowed_length": (0, 2**31 - 1),
+             "dry_penalty_last_n": (-1, None)}
 _BOOLEANS = ("stream", "echo")
+MAX_DRY_BREAKERS = 64
+"""Most ``dry_sequence_breakers`` of one request (llama.cpp reads at most
+40 characters of each; the sampler's set-up grows with them, its work
+per token does not)."""
 _STRINGS = ("suffix", "user")
 
 
@@ -239,6 +245,11 @@ def check_sampling(body: dict, max_n: int = 1) -> None:
             opts.get("include_usage", False), bool)):
         raise BadRequest("'stream_options' must be an object whose 'include_usage' is true or "
                          "false", "stream_options")
+    dsb = body.get("dry_sequence_breakers")
+    if dsb is not None and not (isinstance(dsb, list) and 0 < len(dsb) <= MAX_DRY_BREAKERS and all(
+            isinstance(x, str) and 0 < len(x) <= 40 for x in dsb)):
+        raise BadRequest(f"'dry_sequence_breakers' must be a non-empty list of at most "
+                         f"{MAX_DRY_BREAKERS} strings of 1 to 40 characters", "dry_sequence_breakers")
     lp = body.get("logprobs")
     if lp is not None and not isinstance(lp, bool) and not (is_int(lp) and 0 <= lp <= 5):
         raise BadRequest("'logprobs' must be true or false (chat) or an integer from 0 to 5 "

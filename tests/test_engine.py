@@ -235,7 +235,7 @@ def test_requests_sent_together_to_an_idle_engine_start_in_one_prefill(engine):
     st = engine.stats
     one = len(prompts[0]) * st["prompt_seconds_total"] / st["prompt_tokens_total"]
     pause = threading.Event()
-    engine.cfg.prefill_wait_ms = 60_000.0  # the share decides, not the cap
+    before, engine.cfg.prefill_wait_ms = engine.cfg.prefill_wait_ms, 60_000.0  # the share decides
     try:
         wait_for(lambda: engine.metrics()["slots_busy"] == 0, 30, what="an idle engine")
         jobs = []
@@ -246,7 +246,7 @@ def test_requests_sent_together_to_an_idle_engine_start_in_one_prefill(engine):
                                       rec.sink(f"j{i}")))
         rec.wait(*(f"j{i}" for i in range(4)))
     finally:
-        engine.cfg.prefill_wait_ms = EngineConfig.prefill_wait_ms
+        engine.cfg.prefill_wait_ms = before
     texts = [(t, i) for i, (t, ev) in enumerate(rec.events) if ev[0] == "text"]
     firsts = [next(i for t, i in texts if t == f"j{k}") for k in range(4)]
     seconds = [[i for t, i in texts if t == f"j{k}"][1] for k in range(4)]
@@ -314,6 +314,21 @@ def test_post_sampling_probs_are_the_chains_candidates_best_first(engine):
     greedy = [r for t, ev in rec.events if t == "t0" and ev[0] == "text" for r in ev[3] or ()]
     assert [len(r["top_probs"]) for r in greedy] == [1, 1, 1]
     assert all(r["prob"] == 1.0 and r["top_probs"][0]["id"] == r["id"] for r in greedy)
+
+
+def test_dry_breaks_a_greedy_repetition_loop(engine):
+    """llama.cpp's DRY sampler (``dry_multiplier``) applies to greedy draws
+    too, after the penalties (``common_sampler_init``): a prompt that makes
+    smollm2 repeat one word forever repeats it far less with DRY on."""
+    prompt = engine.tokenize(chat("Repeat the word 'hello' forever: hello hello hello"))
+    rec = Recorder()
+    for tag, s in (("plain", Sampling(temperature=0)),
+                   ("dry", Sampling(temperature=0, dry_multiplier=0.8, dry_penalty_last_n=2048))):
+        engine.submit(Generation(prompt, s, max_tokens=60, ignore_eos=True), rec.sink(tag))
+        rec.wait(tag)
+    plain, dry = rec.text("plain").lower(), rec.text("dry").lower()
+    assert plain.count("hello") >= 20, plain  # the loop DRY is for
+    assert dry.count("hello") <= plain.count("hello") // 2, dry
 
 
 def test_a_seed_repeats_a_sampled_answer(engine):

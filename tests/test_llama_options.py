@@ -27,6 +27,8 @@ def test_server_options_of_llama_server_reach_the_backend():
                   "chat_format": "llama3", "chat_template_file": "/t.jinja", "verbose": True,
                   "pooling": "none"}
     assert llama_kwargs(["--no-jinja"]) == {"jinja": False}
+    assert llama_kwargs(["--dry-multiplier", "0.8", "--dry-penalty-last-n", "-1"]) == {
+        "sampling": {"dry_multiplier": 0.8, "dry_penalty_last_n": -1}}
 
 
 def test_split_model_lists_its_existing_parts(tmp_path):

@@ -50,11 +50,17 @@ def test_grammars_llama_cpp_refuses_or_cannot_survive_are_named(text, where):
 
 def test_sampling_fields_need_their_types_and_ranges():
     V.check_sampling({"temperature": 0.7, "max_tokens": 8, "seed": -1, "stop": ["x"],
-                      "stream": True, "mirostat_tau": 5, "top_p": None})
+                      "stream": True, "mirostat_tau": 5, "top_p": None, "dry_multiplier": 0.8,
+                      "dry_penalty_last_n": -1, "dry_sequence_breakers": ["\n", ":"]})
     for body, param in [({"mirostat_tau": "x"}, "mirostat_tau"), ({"stream": "yes"}, "stream"),
                         ({"echo": 1}, "echo"), ({"suffix": 5}, "suffix"),
                         ({"mirostat_mode": 3}, "mirostat_mode"), ({"top_k": 2**40}, "top_k"),
                         ({"logprobs": "x"}, "logprobs"),
+                        ({"dry_multiplier": -1}, "dry_multiplier"),
+                        ({"dry_penalty_last_n": -2}, "dry_penalty_last_n"),
+                        ({"dry_sequence_breakers": []}, "dry_sequence_breakers"),
+                        ({"dry_sequence_breakers": ["\n", 5]}, "dry_sequence_breakers"),
+                        ({"dry_sequence_breakers": ["x"] * 65}, "dry_sequence_breakers"),
                         ({"stream_options": {"include_usage": "y"}}, "stream_options")]:
         assert param_of(V.check_sampling, body) == param
     # llama.cpp's /completion names, as the instance maps them
