@@ -71,7 +71,13 @@ def llama_kwargs(argv: list[str]) -> dict:
             i += 1
             continue
         has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
-        if opt in SAMPLING_OPTIONS and has_value:
+        if opt == "--dry-sequence-breaker" and has_value:
+            # llama-server: the first one replaces the defaults; "none": no breaker
+            sampling = kw.setdefault("sampling", {})
+            breakers = sampling.setdefault("dry_sequence_breakers", [])
+            if argv[i + 1] != "none":
+                breakers.append(argv[i + 1])
+        elif opt in SAMPLING_OPTIONS and has_value:
             try:
                 k, v = sampling_default(opt, argv[i + 1])
                 kw.setdefault("sampling", {})[k] = v

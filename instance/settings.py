@@ -40,7 +40,7 @@ def default_sampling(defaults: dict) -> Sampling:
     names = {f.name for f in fields(Sampling)}
     for k, v in defaults.items():
         if k in names:
-            setattr(s, k, v)
+            setattr(s, k, list(v) if isinstance(v, list) else v)
     return s
 
 

@@ -29,6 +29,10 @@ def test_server_options_of_llama_server_reach_the_backend():
     assert llama_kwargs(["--no-jinja"]) == {"jinja": False}
     assert llama_kwargs(["--dry-multiplier", "0.8", "--dry-penalty-last-n", "-1"]) == {
         "sampling": {"dry_multiplier": 0.8, "dry_penalty_last_n": -1}}
+    assert llama_kwargs(["--dry-sequence-breaker", "<|im_end|>", "--dry-sequence-breaker",
+                         "\n"]) == {"sampling": {"dry_sequence_breakers": ["<|im_end|>", "\n"]}}
+    assert llama_kwargs(["--dry-sequence-breaker", "none"]) == {
+        "sampling": {"dry_sequence_breakers": []}}
 
 
 def test_split_model_lists_its_existing_parts(tmp_path):
