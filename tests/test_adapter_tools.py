@@ -248,6 +248,9 @@ def test_responses_function_calls_outputs_and_reasoning_items_become_chat_messag
          "output": [{"type": "input_text", "text": "noon"}]},
         {"type": "custom_tool_call", "call_id": "c3", "name": "patch", "input": "*** diff"},
         {"type": "custom_tool_call_output", "call_id": "c3", "output": "ok"},
+        # Codex 0.171's context output: named, of no call (tests/agent_requests/)
+        {"type": "function_call_output", "id": "fco_1", "name": "goal_objective",
+         "namespace": "agent", "output": "say hi"},
     ]
     msgs = R.to_chat(resp(input=inp)).body["messages"]
     assert msgs == [
@@ -263,7 +266,10 @@ def test_responses_function_calls_outputs_and_reasoning_items_become_chat_messag
             {"id": "c3", "type": "function",
              "function": {"name": "patch", "arguments": '{"input":"*** diff"}'}}]},
         {"role": "tool", "tool_call_id": "c3", "content": "ok"},
+        {"role": "user", "content": "[agent.goal_objective] say hi"},
     ]
+    with pytest.raises(BadRequest, match="needs a string 'call_id'"):  # no call, no name
+        R.to_chat(resp(input=[{"type": "function_call_output", "output": "x"}]))
 
 
 def test_responses_tools_namespaces_custom_tools_and_choices():

@@ -13,7 +13,9 @@ items), ``instructions`` (the system message), ``max_output_tokens``,
 * ``function_call`` (``call_id``, ``name``, ``arguments``) joins the
   assistant message before it as one of its ``tool_calls``;
   ``function_call_output`` (``call_id``, ``output``) is a ``role: "tool"``
-  message; ``custom_tool_call`` / ``custom_tool_call_output`` the same, the
+  message (one with no ``call_id`` but a ``name``, Codex's context output
+  ``agent.goal_objective``, a user message ``[agent.goal_objective] TEXT``);
+  ``custom_tool_call`` / ``custom_tool_call_output`` the same, the
   free-form ``input`` carried as ``{"input": ...}``;
 * ``reasoning`` items become the next assistant message's
   ``reasoning_content`` (their ``content`` text, else their summary).
@@ -174,8 +176,16 @@ def chat_messages(body: dict) -> list[dict]:
                 {"id": _call_id(item, where), "type": "function",
                  "function": {"name": name, "arguments": args}})
         elif kind in ("function_call_output", "custom_tool_call_output"):
-            out.append({"role": "tool", "tool_call_id": _call_id(item, where),
-                        "content": _output_text(item.get("output", ""), f"{where}.output")})
+            text = _output_text(item.get("output", ""), f"{where}.output")
+            if item.get("call_id") is None and isinstance(item.get("name"), str):
+                # Codex's context outputs (``agent.goal_objective``): named, of no
+                # call; text for the model, as a user turn (a tool turn needs its call)
+                ns = item.get("namespace")
+                label = f"{ns}.{item['name']}" if isinstance(ns, str) and ns else item["name"]
+                out.append({"role": "user", "content": f"[{label}] {text}"})
+            else:
+                out.append({"role": "tool", "tool_call_id": _call_id(item, where),
+                            "content": text})
         elif kind == "reasoning":
             texts = [p.get("text") for p in item.get("content") or item.get("summary") or ()
                      if isinstance(p, dict) and isinstance(p.get("text"), str)]
