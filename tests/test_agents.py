@@ -61,6 +61,11 @@ SMOL = "smollm2-135m"
 # thread: on a loaded machine llama.cpp's two spinning threads wait on each
 # other at every barrier (measured on the shared 2-core machine, load 30:
 # 40 tokens in 10 to 22 s with one thread, 30 to 160 s with two)
+# DRY (llama.cpp's repetition sampler) with no sequence breaker inside the
+# JSON: greedy smollm2 otherwise repeats one phrase inside a call's string
+# until n-predict, or appends the same call to a parallel call list forever
+# (Codex's first turn: both seen; with these two lines it made two whole
+# calls in 110 tokens)
 SMOL_PRESET = f"""[{SMOL}]
 model = ${{env.GGMUX_DEMO_SMOLLM2}}
 ctx-size = 32768
@@ -68,6 +73,8 @@ parallel = 1
 n-predict = 512
 temp = 0
 threads = 1
+dry-multiplier = 0.8
+dry-sequence-breaker = <|im_end|>
 """
 FULL = os.environ.get("GGMUX_AGENT_FULL") == "1"
 
