@@ -30,7 +30,6 @@ p99, with their ratios to ``llama-server``.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shlex
@@ -56,6 +55,7 @@ from bench.compare import (
     demo_model_paths,
     ggmux_env,
     machine_info,
+    publish,
 )
 from bench.slots import (
     MODEL,
@@ -161,16 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     out = table(cells)
-    print(out)
     report = {"command": shlex.join(["python -m bench.engine_aiperf", *(argv or sys.argv[1:])]),
               "machine": machine_info(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                time.gmtime(started_at)),
               "seconds": round(time.time() - started_at), "loadavg_before": load_before,
               "loadavg_after": os.getloadavg(), "commands": commands, "table": out,
               "cells": cells}
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2))
+    publish(report, report["command"], out, args.out)
     return 0
 
 

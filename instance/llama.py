@@ -431,11 +431,10 @@ class LlamaBackend(Backend):
             # no request holds more than n_ctx tokens: a longer window is the
             # same window, and llama.cpp allocates it whole (2**31 aborted)
             s.repeat_last_n = self.engine.n_ctx if last_n == -1 else min(last_n, self.engine.n_ctx)
-        for k in ("dry_multiplier", "dry_base"):
-            if body.get(k) is not None:
-                setattr(s, k, float(body[k]))
-        if s.dry_base < 1.0:  # llama-server: the server's own base then
-            s.dry_base = default_sampling(self.sampling_defaults).dry_base
+        if body.get("dry_multiplier") is not None:
+            s.dry_multiplier = float(body["dry_multiplier"])
+        if body.get("dry_base") is not None and body["dry_base"] >= 1.0:
+            s.dry_base = float(body["dry_base"])  # llama-server: below 1, the server's own
         if is_int(body.get("dry_allowed_length")):
             s.dry_allowed_length = body["dry_allowed_length"]
         if is_int(body.get("dry_penalty_last_n")):

@@ -211,7 +211,7 @@ def sampler_chain(llama_cpp, vocab, n_vocab: int, s: Sampling, seed: int,
         if not grammar:
             raise SamplerError("'grammar' could not be parsed as GBNF")
     chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-    _fill_chain(L, chain, n_vocab, s, seed, vocab)
+    _fill_chain(L, chain, vocab, n_vocab, s, seed)
     greedy = None
     if grammar is None and s.temperature <= 0 and not _penalised(s) and not _dry(s):
         greedy = Greedy(s.logit_bias)
@@ -289,7 +289,7 @@ def _grammar(L, vocab, s: Sampling):
         toks, len(s.grammar_tokens))
 
 
-def _fill_chain(L, chain, n_vocab: int, s: Sampling, seed: int, vocab=None) -> None:
+def _fill_chain(L, chain, vocab, n_vocab: int, s: Sampling, seed: int) -> None:
 
     def add(smpl) -> None:
         L.llama_sampler_chain_add(chain, smpl)
