@@ -37,6 +37,7 @@ import sys
 
 HOT_MODULES = (
     "ggmux.proxy.http.request",
+    "ggmux.proxy.http.state",
     "ggmux.proxy.http.reading",
     "ggmux.proxy.http.response",
     "ggmux.proxy.http.connection",
@@ -58,6 +59,26 @@ STALE_AFTER_S = 2.0
 newer (a wheel install writes both within moments, in any order)."""
 
 COMPILED = "compiled"
+
+
+class CythonShadow:
+    """What the hot modules use of Cython's pure-Python mode, for a run with no
+    Cython installed (the build installs it, a run need not): the modules
+    import ``cython`` and fall back on :data:`cython`, where
+    ``@cython.locals(name=Type)`` (a local's C type in the compiled build)
+    leaves the function as it is."""
+
+    compiled = False
+
+    @staticmethod
+    def locals(**_types):
+        def keep(func):
+            return func
+        return keep
+
+
+cython = CythonShadow()
+"""Stands for the ``cython`` module where Cython is not installed."""
 _status: dict[str, str] = {}  # what this finder chose (also on each spec's loader_state)
 
 

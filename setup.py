@@ -72,6 +72,23 @@ class OptionalBuildExt(build_ext):
             say(f"{ext.name} not compiled ({e}): it runs pure Python")
 
 
+def cython_include(names: list[str]) -> Path:
+    """A folder where Cython finds the hot modules' ``.pxd`` declarations
+    under their import names (``ggmux/proxy/http/request.pxd``): the
+    repository root is the package ``ggmux`` only through setup.cfg's
+    ``package_dir``, so its own folder name says nothing to Cython. Copies,
+    not links: nothing that walks ``build/`` can loop."""
+    top = ROOT / "build" / "pxd"
+    dirs = {Path(*n.split(".")[1:-1]) for n in names}
+    for d in dirs | {p for sub in dirs for p in sub.parents}:
+        dst = top / "ggmux" / d
+        dst.mkdir(parents=True, exist_ok=True)
+        (dst / "__init__.pxd").touch()
+        for pxd in (ROOT / d).glob("*.pxd"):
+            (dst / pxd.name).write_text(pxd.read_text())
+    return top
+
+
 def extensions() -> list[Extension]:
     if os.environ.get("GGMUX_PURE_PYTHON", "") == "1":
         say("GGMUX_PURE_PYTHON=1: not compiling; the hot path runs pure Python")
@@ -82,6 +99,7 @@ def extensions() -> list[Extension]:
         say("Cython is not installed: the hot path runs pure Python")
         return []
     names = hot_modules()
+    include = cython_include(names)
     # no debug info and -O2: less than half the CPU time of Python's -g -O3,
     # for code that spends its time in CPython's API calls anyway
     exts = [Extension(n, [source(n)], optional=True, extra_compile_args=["-g0", "-O2"])
@@ -97,6 +115,7 @@ def extensions() -> list[Extension]:
             "annotation_typing": False,
             "binding": True,
         },
+        include_path=[str(include)],
         quiet=True,
         nthreads=os.cpu_count() or 1,
     )

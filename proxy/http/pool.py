@@ -15,7 +15,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from .connection import HttpConnection, Request
+from .connection import HttpConnection
+from .request import Request
 from .upstream import Exchange, Upstream, UpstreamError
 
 log = logging.getLogger(__name__)

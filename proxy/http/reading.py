@@ -1,13 +1,15 @@
 """The reading half of :class:`~.connection.HttpConnection`: bytes in, requests
 out, through httptools' parser callbacks.
 
-:class:`RequestReader` is a mixin with one job: feeding a connection's
-input to its parser and turning the callbacks into :class:`~.request.Request`
-objects, enforcing the head and body limits and RFC 9112's edges on the way
+:class:`RequestReader`, the third class of the connection's line
+(:mod:`.state`), has one job: feeding a connection's input to its parser
+and turning the callbacks into :class:`~.request.Request` objects,
+enforcing the head and body limits and RFC 9112's edges on the way
 (trailers, versions, Host, absolute-form targets, chunk sizes: the module
-docstring of :mod:`.connection` lists them). It keeps no state of its own: it
-uses :class:`~.connection.HttpConnection`'s slots and calls its request cycle
-(``_start``, ``_continue``'s turn, ``_reject``, ``_set_timeout``).
+docstring of :mod:`.connection` lists them). Its fields are
+:class:`~.state.ConnectionState`'s; it calls the request cycle of
+:class:`~.connection.HttpConnection` (``_start``, ``_continue``'s turn,
+``_reject``, ``_set_timeout``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ from time import monotonic_ns
 
 import httptools
 
+try:
+    import cython
+except ImportError:  # no Cython at run time: @cython.locals does nothing
+    from ...compiled import cython
+
 from .request import HOP, TOKEN, Request
+from .response import ResponseWriter
 
 # a client's X-Request-Id is echoed only when it is short visible ASCII
 _RID_CHARS = bytes(range(0x21, 0x7F))
@@ -60,12 +68,13 @@ class _Reject(Exception):
     ``HttpConnection._error``."""
 
 
-class RequestReader:
+class RequestReader(ResponseWriter):
     """The reading half of :class:`~.connection.HttpConnection` (see the module
     docstring)."""
 
     __slots__ = ()
 
+    @cython.locals(cur=Request)
     def data_received(self, data: bytes) -> None:
         if self._discard:
             self._discarded = True
@@ -114,6 +123,7 @@ class RequestReader:
                 self._set_timeout(kind, self.limits.header_timeout if kind == _HEAD
                                   else self.limits.body_timeout)
 
+    @cython.locals(cur=Request)
     def _check_chunk(self, data: bytes) -> None:
         """413 now for a chunk whose announced size does not fit what is
         left of the body limit (RFC 9112 7.1; issue 11, finding 11: a size
@@ -150,6 +160,7 @@ class RequestReader:
     def on_message_begin(self) -> None:
         self._cur = Request()
 
+    @cython.locals(req=Request)
     def on_url(self, url: bytes) -> None:
         req = self._cur
         req.url = req.url + url if req.url else url
@@ -157,6 +168,7 @@ class RequestReader:
         if n > self._max_head:
             self._fail(414, f"request target exceeds {self._max_head} bytes")
 
+    @cython.locals(req=Request)
     def on_header(self, name: bytes, value: bytes) -> None:
         req = self._cur
         n = req.header_bytes = req.header_bytes + len(name) + len(value) + 4
@@ -204,6 +216,7 @@ class RequestReader:
         elif 0 < len(value) <= _RID_MAX and not value.translate(None, _RID_CHARS):
             req.request_id = value
 
+    @cython.locals(req=Request)
     def on_headers_complete(self) -> None:
         req = self._cur
         req.started_ns = monotonic_ns()
@@ -266,11 +279,13 @@ class RequestReader:
     def on_chunk_complete(self) -> None:
         self._chunk_at = -1
 
+    @cython.locals(req=Request)
     def _continue(self, req: Request) -> None:
         """Send ``100 Continue``: the head was accepted and it is its turn."""
         req.expect_continue = False
         self._out(b"HTTP/1.1 100 Continue\r\n\r\n")
 
+    @cython.locals(req=Request)
     def on_body(self, body: bytes) -> None:
         req = self._cur
         b = req.body
@@ -283,6 +298,7 @@ class RequestReader:
         if len(req.body) > self._max_body:
             self._fail(413, f"request body exceeds {self._max_body} bytes")
 
+    @cython.locals(req=Request)
     def on_message_complete(self) -> None:
         req = self._cur
         self._cur = None

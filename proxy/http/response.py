@@ -2,13 +2,14 @@
 envelope, and :class:`ResponseWriter`, the writing half of
 :class:`~.connection.HttpConnection`.
 
-:class:`ResponseWriter` is a mixin with one job: framing and writing the
-responses of one connection (a whole response, a chunked stream, or a head
-and raw bytes; corked writes; the error answer of a request that cannot be
-framed). It keeps no state of its own: the attributes it uses are
-:class:`~.connection.HttpConnection`'s slots (``transport``, ``_cork``,
-``_chunked``, ``_body_ok``, ``_responding``, ``_closed``, ``_lost``, ...),
-and ``finish`` / ``_active`` are the request cycle's.
+:class:`ResponseWriter` is the second class of the connection's line
+(:mod:`.state`) with one job: framing and writing the responses of one
+connection (a whole response, a chunked stream, or a head and raw bytes;
+corked writes; the error answer of a request that cannot be framed). Its
+fields are :class:`~.state.ConnectionState`'s (``transport``, ``_cork``,
+``_chunked``, ``_body_ok``, ``_responding``, ``_closed``, ``_lost``, ...);
+``finish`` and ``_active`` are the request cycle's
+(:class:`~.connection.HttpConnection`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ from http import HTTPStatus
 
 import orjson
 
+try:
+    import cython
+except ImportError:  # no Cython at run time: @cython.locals does nothing
+    from ...compiled import cython
+
 from .request import Header, Request, new_request_id
+from .state import ConnectionState
 
 CHUNKED = b"transfer-encoding: chunked\r\n"
 """The framing line that selects a chunked body in :meth:`HttpConnection.head`."""
@@ -101,6 +108,7 @@ def error_code(status: int, path: bytes = b"") -> int | str:
     return ERROR_CODES.get(status, "server_error" if status >= 500 else "invalid_request_error")
 
 
+@cython.locals(req=Request)
 def _connection_line(req: Request) -> bytes:
     """The response's ``connection`` header line: ``close`` when this is the
     connection's last response, ``keep-alive`` for an HTTP/1.0 client that
@@ -110,7 +118,7 @@ def _connection_line(req: Request) -> bytes:
     return b"connection: keep-alive\r\n" if req.http10 else b""
 
 
-class ResponseWriter:
+class ResponseWriter(ConnectionState):
     """The writing half of :class:`~.connection.HttpConnection` (see the module
     docstring)."""
 
@@ -155,6 +163,7 @@ class ResponseWriter:
         self._drain_waiters.append(fut)
         await fut
 
+    @cython.locals(req=Request)
     def head(self, req: Request, status: int, headers: Iterable[Header], framing: bytes) -> bytes:
         """Build a response head and set how its body is framed.
 
@@ -188,6 +197,7 @@ class ResponseWriter:
                                                             _connection_line(req), req.extra_head))
         return b"".join(parts)
 
+    @cython.locals(req=Request)
     def send_response(
         self,
         req: Request,
@@ -268,6 +278,7 @@ class ResponseWriter:
             else:
                 self._out(data)
 
+    @cython.locals(req=Request)
     def end_stream(self, req: Request, trailer: bytes = b"") -> None:
         """End the body of ``req`` (the last chunk when chunked, with
         ``trailer``: whole header lines, ``b"name: value\r\n"`` ...); finish it."""

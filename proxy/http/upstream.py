@@ -61,21 +61,24 @@ import socket
 import struct
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Protocol
 
 import httptools
+
+try:
+    import cython
+except ImportError:  # no Cython at run time: @cython.locals does nothing
+    from ...compiled import cython
 
 from .connection import (
     CHUNKED,
     ERROR_CODES,
     Header,
     HttpConnection,
-    Request,
     error_body,
     status_line,
 )
-from .request import HOP, TENANT, TOKEN
+from .request import HOP, TENANT, TOKEN, Request
 from .usage import USAGE_HEADER
 from .verdict import REPLICA_HEADER, replica_fault
 
@@ -188,7 +191,6 @@ class UpstreamError(Exception):
         self.habit = habit
 
 
-@dataclass(slots=True)
 class Exchange:
     """The outcome of one forwarded request.
 
@@ -209,24 +211,38 @@ class Exchange:
     ``kept``: its body's first :data:`KEEP_BYTES`, only when the pool
     keeps bodies (``--log-requests-bodies``), else None."""
 
-    status: int = 0
-    sent_ns: int = 0
-    first_byte_ns: int = 0
-    bytes_out: int = 0
-    retried: bool = False
-    fault: bool = False
-    timed_out: bool = False
-    headers: list | None = None
-    body: bytes = b""
-    usage: bytes | None = None
-    sse: bool = False
-    events: int = 0
-    tail: bytes = b""
-    kept: bytearray | None = None
+    __slots__ = ("body", "bytes_out", "events", "fault", "first_byte_ns", "headers", "kept",
+                 "retried", "sent_ns", "sse", "status", "tail", "timed_out", "usage")
+
+    def __init__(self, status: int = 0, sent_ns: int = 0, first_byte_ns: int = 0,
+                 bytes_out: int = 0, retried: bool = False, fault: bool = False,
+                 timed_out: bool = False, headers: list | None = None, body: bytes = b"",
+                 usage: bytes | None = None, sse: bool = False, events: int = 0,
+                 tail: bytes = b"", kept: bytearray | None = None) -> None:
+        self.status = status
+        self.sent_ns = sent_ns
+        self.first_byte_ns = first_byte_ns
+        self.bytes_out = bytes_out
+        self.retried = retried
+        self.fault = fault
+        self.timed_out = timed_out
+        self.headers = headers
+        self.body = body
+        self.usage = usage
+        self.sse = sse
+        self.events = events
+        self.tail = tail
+        self.kept = kept
+
+    def __repr__(self) -> str:
+        return (f"Exchange(status={self.status}, bytes_out={self.bytes_out}, "
+                f"fault={self.fault}, sse={self.sse})")
 
 
-class Upstream(asyncio.Protocol):
-    """One keep-alive connection to a replica (see module docstring)."""
+class Upstream:
+    """One keep-alive connection to a replica (see module docstring): an
+    asyncio protocol (uvloop calls it as one; no base class, so that the build
+    can make it a C type: ``upstream.pxd``)."""
 
     __slots__ = (
         "_on_gone",
@@ -311,6 +327,12 @@ class Upstream(asyncio.Protocol):
     # ---- asyncio.Protocol ----------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+
+    def pause_writing(self) -> None:  # (asyncio.BaseProtocol's: requests are small)
+        pass
+
+    def resume_writing(self) -> None:
+        pass
 
     def eof_received(self) -> bool:
         # the socket is still open here: what did the replica acknowledge?
@@ -399,6 +421,7 @@ class Upstream(asyncio.Protocol):
                 client.uncork()
 
     # ---- one exchange ------------------------------------------------------------
+    @cython.locals(req=Request)
     def send(
         self,
         client: HttpConnection,
@@ -508,6 +531,7 @@ class Upstream(asyncio.Protocol):
                 self.conn_tokens += tuple([t.strip() for t in v.split(b",")])
         self.headers.append((name, value))
 
+    @cython.locals(req=Request)
     def on_headers_complete(self) -> None:
         if self.finished:
             return
@@ -594,6 +618,7 @@ class Upstream(asyncio.Protocol):
             self.parser = None
             self.finished = True
 
+    @cython.locals(ex=Exchange)
     def on_body(self, body: bytes) -> None:
         if self.finished:  # a body after HEAD's head, or after the response
             self.junk = True
@@ -633,6 +658,7 @@ class Upstream(asyncio.Protocol):
             return
         self.finished = True  # data_received completes the exchange
 
+    @cython.locals(req=Request, ex=Exchange)
     def _complete(self) -> None:
         client, req, done = self._detach()
         # this exchange's outcome, taken before the connection can be reused:
@@ -767,6 +793,7 @@ class Upstream(asyncio.Protocol):
         done(self.ex)
 
 
+@cython.locals(req=Request)
 def request_head(
     req: Request,
     port: int,
