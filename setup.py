@@ -10,6 +10,7 @@ skips compiling on purpose.
 """
 
 import ast
+import hashlib
 import os
 import sys
 from pathlib import Path
@@ -85,8 +86,23 @@ def cython_include(names: list[str]) -> Path:
         dst.mkdir(parents=True, exist_ok=True)
         (dst / "__init__.pxd").touch()
         for pxd in (ROOT / d).glob("*.pxd"):
-            (dst / pxd.name).write_text(pxd.read_text())
+            if not (dst / pxd.name).exists() or (dst / pxd.name).read_text() != pxd.read_text():
+                (dst / pxd.name).write_text(pxd.read_text())
     return top
+
+
+def declarations_changed(top: Path) -> bool:
+    """Whether any ``.pxd`` changed since the last build (a stamp in
+    ``top``): a C type's layout is compiled into every module that uses
+    it, which Cython's own timestamps do not follow through the copies, so
+    then every module is compiled again."""
+    digest = hashlib.sha256()
+    for pxd in sorted(top.rglob("*.pxd")):
+        digest.update(str(pxd.relative_to(top)).encode() + b"\0" + pxd.read_bytes())
+    stamp = top / "stamp"
+    old = stamp.read_text() if stamp.exists() else ""
+    stamp.write_text(digest.hexdigest())
+    return old != digest.hexdigest()
 
 
 def extensions() -> list[Extension]:
@@ -100,6 +116,7 @@ def extensions() -> list[Extension]:
         return []
     names = hot_modules()
     include = cython_include(names)
+    force = declarations_changed(include)
     # no debug info and -O2: less than half the CPU time of Python's -g -O3,
     # for code that spends its time in CPython's API calls anyway
     exts = [Extension(n, [source(n)], optional=True, extra_compile_args=["-g0", "-O2"])
@@ -116,6 +133,7 @@ def extensions() -> list[Extension]:
             "binding": True,
         },
         include_path=[str(include)],
+        force=force,
         quiet=True,
         nthreads=os.cpu_count() or 1,
     )

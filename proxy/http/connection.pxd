@@ -3,4 +3,5 @@ from .reading cimport RequestReader
 from .request cimport Request
 
 cdef class HttpConnection(RequestReader):
-    pass
+    cpdef finish(self, Request req)
+    cpdef close(self)

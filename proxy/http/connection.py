@@ -285,7 +285,7 @@ class HttpConnection(RequestReader):
                 else:
                     self.close()
 
-    @cython.locals(req=Request, nxt=Request, cur=Request)
+    @cython.locals(nxt=Request, cur=Request)
     def finish(self, req: Request) -> None:
         """The response to ``req`` is complete: close or move to the next."""
         if self._active is not req:

@@ -163,7 +163,6 @@ class ResponseWriter(ConnectionState):
         self._drain_waiters.append(fut)
         await fut
 
-    @cython.locals(req=Request)
     def head(self, req: Request, status: int, headers: Iterable[Header], framing: bytes) -> bytes:
         """Build a response head and set how its body is framed.
 
@@ -278,7 +277,6 @@ class ResponseWriter(ConnectionState):
             else:
                 self._out(data)
 
-    @cython.locals(req=Request)
     def end_stream(self, req: Request, trailer: bytes = b"") -> None:
         """End the body of ``req`` (the last chunk when chunked, with
         ``trailer``: whole header lines, ``b"name: value\r\n"`` ...); finish it."""

@@ -27,7 +27,7 @@ cdef class Upstream:
     cdef public object _settle
     cdef public long long acked
     cdef public bint capture
-    cdef public object client
+    cdef public object client  # an HttpConnection, or what stands in for one (apis.translate)
     cdef public bint closed
     cdef public tuple conn_tokens
     cdef public long long deadline_ns
