@@ -65,9 +65,18 @@ _USAGE = re.compile(rb'"usage"\s*:\s*\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}')
 _TIMINGS = re.compile(rb'"timings"\s*:\s*\{([^{}]*)\}')
 
 
-def _number(blob: bytes, key: bytes) -> int | None:
-    m = re.search(rb'"' + key + rb'"\s*:\s*(\d+)', blob)
-    return int(m.group(1)) if m else None
+_FIELD = re.compile(rb'"(\w+)"\s*:\s*(\d+)')
+
+
+def _numbers(blob: bytes) -> dict[bytes, int]:
+    """Every ``"key": N`` of ``blob`` (the first of a key repeated), in one
+    scan: once per answer on the forwarding path, where a search per key
+    cost three times as much."""
+    out: dict[bytes, int] = {}
+    for k, v in _FIELD.findall(blob):
+        if k not in out:
+            out[k] = int(v)
+    return out
 
 
 def usage_from_tail(tail: bytes) -> tuple[int, int, int] | None:
@@ -77,17 +86,17 @@ def usage_from_tail(tail: bytes) -> tuple[int, int, int] | None:
     if b'"usage"' in tail:
         found = _USAGE.findall(tail)
         if found:
-            blob = found[-1]
-            prompt, gen = _number(blob, b"prompt_tokens"), _number(blob, b"completion_tokens")
+            nums = _numbers(found[-1])
+            prompt = nums.get(b"prompt_tokens")
             if prompt is not None:
-                return prompt, _number(blob, b"cached_tokens") or 0, gen or 0
+                return prompt, nums.get(b"cached_tokens", 0), nums.get(b"completion_tokens", 0)
     if b'"timings"' in tail:
         found = _TIMINGS.findall(tail)
         if found:
-            blob = found[-1]
-            prompt, gen = _number(blob, b"prompt_n"), _number(blob, b"predicted_n")
+            nums = _numbers(found[-1])
+            prompt, gen = nums.get(b"prompt_n"), nums.get(b"predicted_n", 0)
             if prompt is not None:
-                cached = _number(blob, b"cache_n") or 0
+                cached = nums.get(b"cache_n", 0)
                 # llama-server's prompt_n counts the tokens it evaluated,
                 # cache_n those it reused
                 return prompt + cached, cached, gen or 0
