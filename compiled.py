@@ -46,6 +46,9 @@ HOT_MODULES = (
     "ggmux.proxy.forward",
     "ggmux.proxy.balancer",
     "ggmux.proxy.passthrough",
+    "ggmux.proxy.activity",
+    "ggmux.proxy.http.usage",
+    "ggmux.shm.requestring",
     "ggmux.shm.seqlock",
 )
 """Modules compiled by the build, by import name (``ggmux.`` is the
@@ -69,6 +72,7 @@ class CythonShadow:
     leaves the function as it is."""
 
     compiled = False
+    longlong = int
 
     @staticmethod
     def locals(**_types):

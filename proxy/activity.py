@@ -24,8 +24,13 @@ import time
 import orjson
 import posix_ipc
 
+try:
+    import cython
+except ImportError:  # no Cython at run time: @cython.locals does nothing
+    from ..compiled import cython
+
 from ..shm.requestring import F_STREAM, F_USAGE_COUNTED, F_USAGE_REPLICA, RequestRing
-from .http import Request
+from .http.request import Request
 from .http.upstream import Exchange
 from .http.usage import parse_usage, usage_from_tail
 
@@ -165,6 +170,10 @@ class Activity:
             log.warning("request ring %s unavailable (no request is recorded): %s", ring_name, e)
         self.excerpt = self.ring.shape.excerpt if self.ring is not None else 0
 
+    @cython.locals(req=Request, ex=Exchange, now=cython.longlong, started=cython.longlong,
+                   prompt=cython.longlong, cached=cython.longlong, gen=cython.longlong,
+                   ttft=cython.longlong, wait=cython.longlong, size=cython.longlong,
+                   flags=cython.longlong, sent=cython.longlong)
     def record(self, req: Request, m: int, slot: int, ex: Exchange | None, status: int) -> None:
         """One request to model ``m`` ended: forwarded to replica ``slot``
         with :class:`Exchange` ``ex`` (its ``status``), or answered by the

@@ -648,8 +648,10 @@ class Upstream:
         """Note an error event in the relayed SSE body (the replica's own
         word on why its stream ends, e.g. an instance that stops): a cut
         that follows adds no second one (issue 18, finding 11)."""
-        if _ERROR_EVENT in body or (self.sse_tail and _ERROR_EVENT in self.sse_tail
-                                    + body[:_ERROR_EVENT_LEN]):
+        # (find, not `in`: on bytes, CPython 3.11's `in` first tries its
+        # operand as an integer, building and dropping a TypeError)
+        if body.find(_ERROR_EVENT) >= 0 or (self.sse_tail and (
+                self.sse_tail + body[:_ERROR_EVENT_LEN]).find(_ERROR_EVENT) >= 0):
             self.sse_error = True
         self.sse_tail = body[-_ERROR_EVENT_LEN:]
 

@@ -79,25 +79,36 @@ def _numbers(blob: bytes) -> dict[bytes, int]:
     return out
 
 
+def _last(pattern: re.Pattern, tail: bytes, key: bytes) -> bytes | None:
+    """Group 1 of the last match of ``pattern`` in ``tail``, trying it only
+    where ``key`` (its start) occurs, from the end: the answer's last read
+    is scanned once by ``rfind``, not by the pattern from every position."""
+    i = tail.rfind(key)
+    while i >= 0:
+        m = pattern.match(tail, i)
+        if m is not None:
+            return m.group(1)
+        i = tail.rfind(key, 0, i)
+    return None
+
+
 def usage_from_tail(tail: bytes) -> tuple[int, int, int] | None:
     """``(prompt, cached, generated)`` from the end of an answer's body
     (its last read, or two): the last OpenAI ``usage`` object in it, else
     llama-server's last ``timings``; None when neither is whole there."""
-    if b'"usage"' in tail:
-        found = _USAGE.findall(tail)
-        if found:
-            nums = _numbers(found[-1])
-            prompt = nums.get(b"prompt_tokens")
-            if prompt is not None:
-                return prompt, nums.get(b"cached_tokens", 0), nums.get(b"completion_tokens", 0)
-    if b'"timings"' in tail:
-        found = _TIMINGS.findall(tail)
-        if found:
-            nums = _numbers(found[-1])
-            prompt, gen = nums.get(b"prompt_n"), nums.get(b"predicted_n", 0)
-            if prompt is not None:
-                cached = nums.get(b"cache_n", 0)
-                # llama-server's prompt_n counts the tokens it evaluated,
-                # cache_n those it reused
-                return prompt + cached, cached, gen or 0
+    blob = _last(_USAGE, tail, b'"usage"')
+    if blob is not None:
+        nums = _numbers(blob)
+        prompt = nums.get(b"prompt_tokens")
+        if prompt is not None:
+            return prompt, nums.get(b"cached_tokens", 0), nums.get(b"completion_tokens", 0)
+    blob = _last(_TIMINGS, tail, b'"timings"')
+    if blob is not None:
+        nums = _numbers(blob)
+        prompt, gen = nums.get(b"prompt_n"), nums.get(b"predicted_n", 0)
+        if prompt is not None:
+            cached = nums.get(b"cache_n", 0)
+            # llama-server's prompt_n counts the tokens it evaluated,
+            # cache_n those it reused
+            return prompt + cached, cached, gen
     return None
