@@ -72,7 +72,15 @@ class CythonShadow:
     leaves the function as it is."""
 
     compiled = False
-    longlong = int
+
+    class _CType:
+        """A C type's name (``cython.longlong``), and its memoryview's
+        (``cython.long[:]``: numpy's int64 rows have C long's format)."""
+
+        def __getitem__(self, _shape):
+            return self
+
+    long = longlong = _CType()
 
     @staticmethod
     def locals(**_types):

@@ -53,7 +53,30 @@ try:
 except ImportError:  # no Cython at run time: @cython.locals does nothing
     from ..compiled import cython
 
+# the counter words by name, not L.X: compiled, a global costs less than a module attribute
 from ..shm import layout as L
+from ..shm.layout import (
+    C_ANSWER_NS,
+    C_CIRCUIT,
+    C_ERRORS,
+    C_IN_FLIGHT,
+    C_INCARNATION,
+    C_LAST_USED_NS,
+    C_REQUESTS,
+    C_TIMEOUT_NS,
+    C_TTFT_COUNT,
+    C_TTFT_EWMA_US,
+    C_TTFT_LAST_US,
+    C_TTFT_SUM_US,
+    MC_BUCKET0,
+    MC_ERRORS,
+    MC_RECENT0,
+    MC_RECENT_N,
+    MC_REQUESTS,
+    MC_TTFT_COUNT,
+    MC_TTFT_SUM_US,
+    TTFT_RECENT,
+)
 from . import answers, passthrough
 from .auth import tenant
 from .balancer import CLOSED, candidates_from_shm, choose, open_until, session_key
@@ -168,7 +191,7 @@ class Forwarding:
         slot = c.slot
         cw = self.cw[slot]
         inc = c.incarnation
-        if cw[L.C_INCARNATION] != inc or cw[L.C_CIRCUIT] != CLOSED:
+        if cw[C_INCARNATION] != inc or cw[C_CIRCUIT] != CLOSED:
             return False
         up = self.pool.take_idle(c.port)
         if up is None:
@@ -176,20 +199,20 @@ class Forwarding:
         body = req.body
         data = request_head(req, c.port, len(body), target=target,
                             auth=self.secrets.get(slot, b""), tenant=self._tenant(req, m)) + body
-        cw[L.C_IN_FLIGHT] += 1
-        cw[L.C_LAST_USED_NS] = time.monotonic_ns()
+        cw[C_IN_FLIGHT] += 1
+        cw[C_LAST_USED_NS] = time.monotonic_ns()
         up.send(conn, req, data, partial(self._fast_done, conn, req, m, slot, inc),
                 self.model_first_byte_ns[m])
         return True
 
-    @cython.locals(req=Request)
+    @cython.locals(req=Request, cw=cython.long[:], now=cython.longlong)
     def _fast_done(self, conn: HttpConnection, req: Request, m: int, slot: int, inc: int,
                    r: Exchange | UpstreamError) -> None:
         cw = self.cw[slot]
         now = time.monotonic_ns()
-        if cw[L.C_INCARNATION] == inc:
-            cw[L.C_IN_FLIGHT] -= 1
-            cw[L.C_LAST_USED_NS] = now
+        if cw[C_INCARNATION] == inc:
+            cw[C_IN_FLIGHT] -= 1
+            cw[C_LAST_USED_NS] = now
         if isinstance(r, UpstreamError):
             if self.stopping:
                 answers.stopping(conn, req)
@@ -255,21 +278,22 @@ class Forwarding:
         cw = self.cw[slot]
         self.breakers[slot].record(False, now)
         if err.timeout:
-            cw[L.C_TIMEOUT_NS] = now
+            cw[C_TIMEOUT_NS] = now
             # its TTFT was at least the timeout: a sample that steers the
             # balancer to the other replicas at once (the circuit needs
             # three faults), until the replica has been left alone for
             # ttft_forget_s and is tried again
             us = self.model_first_byte_ns[m] // 1000
-            old = cw[L.C_TTFT_EWMA_US]
-            cw[L.C_TTFT_EWMA_US] = us if old == 0 else int(old + TTFT_ALPHA * (us - old))
-            cw[L.C_TTFT_COUNT] += 1
-        cw[L.C_ERRORS] += 1
-        self.mcw[m][L.MC_ERRORS] += 1
+            old = cw[C_TTFT_EWMA_US]
+            cw[C_TTFT_EWMA_US] = us if old == 0 else int(old + TTFT_ALPHA * (us - old))
+            cw[C_TTFT_COUNT] += 1
+        cw[C_ERRORS] += 1
+        self.mcw[m][MC_ERRORS] += 1
         log.warning("proxy %d: %s (attempt %d)", self.index, err, attempt)
         self.gen = -1
         self.refresh()
 
+    @cython.locals(ex=Exchange, cw=cython.long[:])
     def _verdict(self, slot: int, ex: Exchange, now: int, judged: list | None = None) -> None:
         """The breaker's verdict on a relayed response: a fault
         (:func:`~ggmux.proxy.balancer.replica_fault`, a replica that died or
@@ -281,9 +305,9 @@ class Forwarding:
         br = self.breakers[slot]
         cw = self.cw[slot]
         if ex.timed_out:
-            cw[L.C_TIMEOUT_NS] = now
+            cw[C_TIMEOUT_NS] = now
         elif ex.status != 499:
-            cw[L.C_ANSWER_NS] = now
+            cw[C_ANSWER_NS] = now
         if judged:
             if ex.fault and not judged[0]:
                 br.record(False, now)
@@ -368,7 +392,7 @@ class Forwarding:
                     continue
                 now = time.monotonic_ns()
                 c = self.single.get(m)  # the common case: one local replica, no limits
-                if c is None or c.slot in tried or self.cw[c.slot][L.C_CIRCUIT] != CLOSED:
+                if c is None or c.slot in tried or self.cw[c.slot][C_CIRCUIT] != CLOSED:
                     cands = candidates_from_shm(self.replica_rows, self.seg.counters, m,
                                                 self.index, now, self.balancer)
                     if req.hop and self.hop_slots:
@@ -418,18 +442,18 @@ class Forwarding:
                 slot, inc = c.slot, c.incarnation
                 last_slot = slot
                 cnt = self.cw[slot]
-                if cnt[L.C_INCARNATION] != inc:  # first: the reset clears the breaker too
+                if cnt[C_INCARNATION] != inc:  # first: the reset clears the breaker too
                     self.cnt[slot] = 0
-                    cnt[L.C_INCARNATION] = inc
+                    cnt[C_INCARNATION] = inc
                 br = self.breakers[slot]
                 tried.add(slot)
                 probe = br.state != CLOSED
                 if not br.allow(now):
                     continue  # its probe went out meanwhile: choose again (or queue)
                 judged: list | None = [] if probe else None
-                cnt[L.C_IN_FLIGHT] += 1
+                cnt[C_IN_FLIGHT] += 1
                 if touch:
-                    cnt[L.C_LAST_USED_NS] = now
+                    cnt[C_LAST_USED_NS] = now
                 if waited:
                     self.waiters.leave(m)  # only now: the request already counts as in flight
                     waited = False
@@ -438,10 +462,10 @@ class Forwarding:
                 def ended(_ex: Exchange | None, cnt=cnt, inc=inc, held=held) -> None:
                     if held[0]:
                         held[0] = False
-                        if cnt[L.C_INCARNATION] == inc:
-                            cnt[L.C_IN_FLIGHT] -= 1
+                        if cnt[C_INCARNATION] == inc:
+                            cnt[C_IN_FLIGHT] -= 1
                             if touch:
-                                cnt[L.C_LAST_USED_NS] = time.monotonic_ns()
+                                cnt[C_LAST_USED_NS] = time.monotonic_ns()
 
                 try:
                     # ended() runs as the response ends, before its end leaves
@@ -586,29 +610,31 @@ class Forwarding:
             return b""
         return tenant(req, self.tenant_secret, req.hop == HOP_TRUSTED)
 
+    @cython.locals(cnt=cython.long[:], mc=cython.long[:], ex=Exchange,
+                   us=cython.longlong, old=cython.longlong, k=cython.longlong)
     def _account(self, cnt: memoryview, m: int, ex: Exchange) -> None:
         """Count one forwarded request: requests, errors, TTFT (EWMA, last,
         sum, count; microseconds) per replica, and per model the TTFT
         histogram in :data:`~ggmux.shm.layout.TTFT_BUCKETS_MS` and the ring
         of its :data:`~ggmux.shm.layout.TTFT_RECENT` last samples."""
-        cnt[L.C_REQUESTS] += 1
+        cnt[C_REQUESTS] += 1
         mc = self.mcw[m]
-        mc[L.MC_REQUESTS] += 1
+        mc[MC_REQUESTS] += 1
         if ex.status >= 500:
-            cnt[L.C_ERRORS] += 1
-            mc[L.MC_ERRORS] += 1
+            cnt[C_ERRORS] += 1
+            mc[MC_ERRORS] += 1
         if ex.first_byte_ns and ex.sent_ns:
             us = (ex.first_byte_ns - ex.sent_ns) // 1000
             if us > 0:
-                old = cnt[L.C_TTFT_EWMA_US]
-                cnt[L.C_TTFT_EWMA_US] = us if old == 0 else int(old + TTFT_ALPHA * (us - old))
-                cnt[L.C_TTFT_LAST_US] = us
-                cnt[L.C_TTFT_SUM_US] += us
-                cnt[L.C_TTFT_COUNT] += 1
-                mc[L.MC_TTFT_COUNT] += 1
-                mc[L.MC_TTFT_SUM_US] += us
+                old = cnt[C_TTFT_EWMA_US]
+                cnt[C_TTFT_EWMA_US] = us if old == 0 else int(old + TTFT_ALPHA * (us - old))
+                cnt[C_TTFT_LAST_US] = us
+                cnt[C_TTFT_SUM_US] += us
+                cnt[C_TTFT_COUNT] += 1
+                mc[MC_TTFT_COUNT] += 1
+                mc[MC_TTFT_SUM_US] += us
                 # bucket i counts TTFT <= TTFT_BUCKETS_MS[i] ms (and above the one before)
-                mc[L.MC_BUCKET0 + bisect_left(_TTFT_BUCKETS_US, us)] += 1
-                k = mc[L.MC_RECENT_N]  # the recent samples' ring (/ps's p50)
-                mc[L.MC_RECENT0 + k % L.TTFT_RECENT] = us
-                mc[L.MC_RECENT_N] = k + 1
+                mc[MC_BUCKET0 + bisect_left(_TTFT_BUCKETS_US, us)] += 1
+                k = mc[MC_RECENT_N]  # the recent samples' ring (/ps's p50)
+                mc[MC_RECENT0 + k % TTFT_RECENT] = us
+                mc[MC_RECENT_N] = k + 1
