@@ -80,7 +80,7 @@ class CythonShadow:
         def __getitem__(self, _shape):
             return self
 
-    long = longlong = _CType()
+    long = longlong = Py_ssize_t = _CType()
 
     @staticmethod
     def locals(**_types):

@@ -39,6 +39,11 @@ import posix_ipc
 
 from .seqlock import NEEDS_FENCE, fence
 
+try:
+    import cython
+except ImportError:  # no Cython at run time: @cython.locals does nothing
+    from ..compiled import cython
+
 MAGIC = 0x47474D5558524551  # "GGMUXREQ"
 VERSION = 1
 
@@ -187,6 +192,8 @@ class RequestRing:
             pass
 
     # ---- writer: one proxy, its own region ----------------------------------
+    @cython.locals(q=cython.longlong[:], base=cython.Py_ssize_t, k=cython.longlong,
+                   pos=cython.Py_ssize_t, at=cython.Py_ssize_t)
     def write(self, proxy: int, values: tuple, prompt: bytes = b"", answer: bytes = b"") -> None:
         """Append one record to ``proxy``'s region: ``values`` are the
         fields :data:`FIELDS` packs (``Q_WALL_NS`` .. ``Q_ANSWER_LEN`` and

@@ -17,8 +17,6 @@ OpenAI ``usage`` object, or llama-server's ``timings`` (``prompt_n``,
 
 from __future__ import annotations
 
-import re
-
 import orjson
 
 USAGE_HEADER = b"x-ggmux-usage"
@@ -63,66 +61,51 @@ def parse_usage(value: bytes | None) -> tuple[int, int, int] | None:
     return counts if min(counts) >= 0 else None
 
 
-_USAGE = re.compile(rb'"usage"\s*:\s*\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}')
-_TIMINGS = re.compile(rb'"timings"\s*:\s*\{([^{}]*)\}')
+def _object_after(tail: bytes, key: bytes) -> dict | None:
+    """The JSON object that is the value of the last ``key`` (``b'"usage"'``)
+    in ``tail`` whose object is whole there; None when there is none.
 
-
-_FIELD = re.compile(rb'"(\w+)"\s*:\s*(\d+)')
-
-
-def _numbers(blob: bytes) -> dict[str, int]:
-    """Every ``"key": N`` of the object whose inside is ``blob``, nested
-    objects' included (the first of a key repeated): ``orjson`` when it is
-    JSON (once per answer on the forwarding path, where a regex scan cost
-    several times as much), else a scan for the pairs."""
-    try:
-        doc = orjson.loads(b"{" + blob + b"}")
-    except orjson.JSONDecodeError:
-        out: dict[str, int] = {}
-        for k, v in _FIELD.findall(blob):
-            out.setdefault(k.decode(), int(v))
-        return out
-    out = {}
-    for k, v in doc.items():
-        if type(v) is int:
-            out.setdefault(k, v)
-        elif type(v) is dict:  # (prompt_tokens_details: cached_tokens)
-            for k2, v2 in v.items():
-                if type(v2) is int:
-                    out.setdefault(k2, v2)
-    return out
-
-
-def _last(pattern: re.Pattern, tail: bytes, key: bytes) -> bytes | None:
-    """Group 1 of the last match of ``pattern`` in ``tail``, trying it only
-    where ``key`` (its start) occurs, from the end: the answer's last read
-    is scanned once by ``rfind``, not by the pattern from every position."""
+    By ``rfind`` and brace counting, then ``orjson``: once per answer on the
+    forwarding path, where the regular expressions this replaced cost
+    several times as much (a usage object nests one level at most)."""
+    n = len(key)
     i = tail.rfind(key)
     while i >= 0:
-        m = pattern.match(tail, i)
-        if m is not None:
-            return m.group(1)
+        start = tail.find(b"{", i + n)
+        if start > 0 and not tail[i + n:start].strip(b" \t\r\n:"):
+            end = start
+            while (end := tail.find(b"}", end + 1)) > 0:
+                obj = tail[start:end + 1]
+                if obj.count(b"{") == obj.count(b"}"):
+                    try:
+                        doc = orjson.loads(obj)
+                    except orjson.JSONDecodeError:
+                        break
+                    if type(doc) is dict:
+                        return doc
+                    break
         i = tail.rfind(key, 0, i)
     return None
+
+
+def _timings_counts(timings: object) -> tuple[int, int, int] | None:
+    """``(prompt, cached, generated)`` of llama-server's ``timings``; None
+    for anything else."""
+    if type(timings) is not dict:
+        return None
+    prompt, cached, gen = (timings.get("prompt_n"), timings.get("cache_n", 0),
+                           timings.get("predicted_n", 0))
+    if not all(type(v) is int and v >= 0 for v in (prompt, cached, gen)):
+        return None
+    # llama-server's prompt_n counts the tokens it evaluated, cache_n those it reused
+    return prompt + cached, cached, gen
 
 
 def usage_from_tail(tail: bytes) -> tuple[int, int, int] | None:
     """``(prompt, cached, generated)`` from the end of an answer's body
     (its last read, or two): the last OpenAI ``usage`` object in it, else
     llama-server's last ``timings``; None when neither is whole there."""
-    blob = _last(_USAGE, tail, b'"usage"')
-    if blob is not None:
-        nums = _numbers(blob)
-        prompt = nums.get("prompt_tokens")
-        if prompt is not None:
-            return prompt, nums.get("cached_tokens", 0), nums.get("completion_tokens", 0)
-    blob = _last(_TIMINGS, tail, b'"timings"')
-    if blob is not None:
-        nums = _numbers(blob)
-        prompt, gen = nums.get("prompt_n"), nums.get("predicted_n", 0)
-        if prompt is not None:
-            cached = nums.get("cache_n", 0)
-            # llama-server's prompt_n counts the tokens it evaluated,
-            # cache_n those it reused
-            return prompt + cached, cached, gen
-    return None
+    counts = usage_counts(_object_after(tail, b'"usage"'))
+    if counts is not None:
+        return counts
+    return _timings_counts(_object_after(tail, b'"timings"'))
