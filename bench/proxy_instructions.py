@@ -64,15 +64,19 @@ def send(port: int, request: bytes, n: int) -> None:
                 body += s.recv(65536)
 
 
-def total(dump: Path) -> int:
-    """The ``Ir`` total of one callgrind dump."""
+def totals(dump: Path) -> dict[str, int]:
+    """The event totals of one callgrind dump (``Ir``, and the cache
+    simulation's ``I1mr`` ... when it ran)."""
+    events: list[str] = []
     for line in dump.read_text().splitlines():
-        if line.startswith(("summary:", "totals:")):
-            return int(line.split()[1])
+        if line.startswith("events:"):
+            events = line.split()[1:]
+        elif line.startswith(("summary:", "totals:")):
+            return dict(zip(events, (int(v) for v in line.split()[1:])))
     raise RuntimeError(f"no total in {dump}")
 
 
-def measure(build: str, shm: str, mq: str, args, tmp: Path) -> dict[str, tuple[float, str]]:
+def measure(build: str, shm: str, mq: str, args, tmp: Path) -> dict[str, tuple]:
     """Instructions per request of one build's proxy for every workload, and
     the top of each dump's annotation."""
     port = free_port()
@@ -83,7 +87,8 @@ def measure(build: str, shm: str, mq: str, args, tmp: Path) -> dict[str, tuple[f
         env["GGMUX_PURE_PYTHON"] = "1"
     with open(tmp / f"{build}.log", "w") as log:
         proc = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-m",
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+             *(["--cache-sim=yes"] if args.cache_sim else []), sys.executable, "-m",
              "ggmux.proxy", "--index", "0", "--shm", shm, "--mq", mq, "--host", "127.0.0.1",
              "--port", str(port)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, env=env,
@@ -105,7 +110,9 @@ def measure(build: str, shm: str, mq: str, args, tmp: Path) -> dict[str, tuple[f
             top = subprocess.run(["callgrind_annotate", str(dump)], check=False,
                                  capture_output=True, text=True).stdout
             lines = [ln for ln in top.splitlines() if re.match(r"^\s*[\d,]+ \(", ln)]
-            results[name] = (total(dump) / args.requests, "\n".join(lines[: args.top]))
+            t = totals(dump)
+            results[name] = (t["Ir"] / args.requests, "\n".join(lines[: args.top]),
+                             {k: v / args.requests for k, v in t.items() if k != "Ir"})
     finally:
         proc.stdin.close()
         try:
@@ -122,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=200, help="requests before counting")
     ap.add_argument("--builds", default="pure,compiled")
     ap.add_argument("--top", type=int, default=15, help="functions shown per dump")
+    ap.add_argument("--cache-sim", action="store_true",
+                    help="also simulate the caches (callgrind's I1/D1/LL misses per request)")
     ap.add_argument("--keep", action="store_true", help="keep the dumps (their folder is printed)")
     args = ap.parse_args(argv)
     if shutil.which("valgrind") is None:
@@ -154,6 +163,12 @@ def main(argv: list[str] | None = None) -> int:
         first = rows[builds[0]][name][0]
         cells = [f"{rows[b][name][0]:,.0f} ({rows[b][name][0] / first:.2f}x)" for b in builds]
         print(f"| {name} | " + " | ".join(cells) + " |")
+    if args.cache_sim:
+        print("\nSimulated cache misses per request (callgrind's I1/D1/LL model of this CPU):\n")
+        for name in WORKLOADS:
+            for b in builds:
+                print(f"* {name}, {b}: " + ", ".join(
+                    f"{k} {v:,.0f}" for k, v in rows[b][name][2].items()))
     for b in builds:
         for name in WORKLOADS:
             print(f"\n{b}, {name}: top functions (self, Ir over {args.requests} requests)\n")
