@@ -41,6 +41,7 @@ HOT_MODULES = (
     "ggmux.proxy.http.reading",
     "ggmux.proxy.http.response",
     "ggmux.proxy.http.connection",
+    "ggmux.proxy.http.exchange",
     "ggmux.proxy.http.upstream",
     "ggmux.proxy.http.pool",
     "ggmux.proxy.forward",

@@ -21,7 +21,7 @@ from ggmux.proxy.activity import Activity
 from ggmux.proxy.balancer import candidates_from_shm, choose
 from ggmux.proxy.forward import Forwarding
 from ggmux.proxy.http import HttpConnection, HttpLimits, Request
-from ggmux.proxy.http.upstream import Exchange
+from ggmux.proxy.http.exchange import Exchange
 from ggmux.shm import layout as L
 from ggmux.shm.requestring import RequestRing, RingShape
 from ggmux.shm.segment import Segment

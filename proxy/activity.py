@@ -30,8 +30,8 @@ except ImportError:  # no Cython at run time: @cython.locals does nothing
     from ..compiled import cython
 
 from ..shm.requestring import F_STREAM, F_USAGE_COUNTED, F_USAGE_REPLICA, RequestRing
+from .http.exchange import Exchange
 from .http.request import Request
-from .http.upstream import Exchange
 from .http.usage import parse_usage, usage_from_tail
 
 log = logging.getLogger(__name__)

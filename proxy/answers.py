@@ -16,7 +16,7 @@ import orjson
 
 from ..shm import layout as L
 from .http import HttpConnection, Request
-from .http.upstream import UpstreamError
+from .http.exchange import UpstreamError
 
 log = logging.getLogger(__name__)
 

@@ -83,8 +83,9 @@ from .balancer import CLOSED, candidates_from_shm, choose, open_until, session_k
 from .cluster import HOP_TRUSTED, hop_headers, judge_hop, loading_info
 from .cors import json_type, simple_type
 from .http import HttpConnection
+from .http.exchange import Exchange, UpstreamError
 from .http.request import Request
-from .http.upstream import Exchange, UpstreamError, request_head
+from .http.upstream import request_head
 from .prefix import GENERATION_PATHS, Prediction
 
 log = logging.getLogger(__name__)

@@ -46,7 +46,7 @@ import orjson
 
 from ..shm import layout as L
 from ..shm.prefixtable import Found, PrefixTable, replica_salt
-from .http.upstream import Exchange
+from .http.exchange import Exchange
 from .http.usage import parse_usage, usage_from_tail
 
 log = logging.getLogger(__name__)
@@ -205,7 +205,7 @@ class PrefixRouting:
     def learn(self, pred: Prediction, slot: int, incarnation: int, ex: Exchange,
               cnt: memoryview, mc: memoryview) -> None:
         """Replica ``slot`` (``incarnation``) answered the request of
-        ``pred`` with :class:`~ggmux.proxy.http.upstream.Exchange` ``ex``:
+        ``pred`` with :class:`~ggmux.proxy.http.exchange.Exchange` ``ex``:
         judge the prediction by the counts it reports (its usage line, else
         the end of its body), take its prefill time per uncached token into
         its counters row ``cnt`` (``C_PREFILL_NS``), count the request in

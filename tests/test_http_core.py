@@ -33,8 +33,9 @@ from ggmux.proxy.http import (
     http_limit_argv,
     limits_from_args,
 )
+from ggmux.proxy.http.exchange import Exchange, UpstreamError
 from ggmux.proxy.http.pool import UpstreamPool
-from ggmux.proxy.http.upstream import Exchange, UpstreamError, request_head
+from ggmux.proxy.http.upstream import request_head
 
 # ---------------------------------------------------------------------------
 # harness: an event loop thread, servers in it, a strict blocking client

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ...shm.segment import Segment
-    from ..http.upstream import Exchange
+    from ..http.exchange import Exchange
     from ..waiting import ModelWaiters
 
 log = logging.getLogger(__name__)

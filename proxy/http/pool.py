@@ -16,8 +16,9 @@ from collections import deque
 from collections.abc import Callable
 
 from .connection import HttpConnection
+from .exchange import Exchange, UpstreamError
 from .request import Request
-from .upstream import Exchange, Upstream, UpstreamError
+from .upstream import Upstream
 
 log = logging.getLogger(__name__)
 

@@ -1,23 +1,8 @@
 # Cython declarations of upstream.py (pure-Python mode: the .py is the
 # source; read only by the build). The exchange's records are C structs:
 # the relay's per-read work touches them without CPython's attribute lookups.
+from .exchange cimport Exchange
 from .request cimport Request
-
-cdef class Exchange:
-    cdef public int status
-    cdef public long long sent_ns
-    cdef public long long first_byte_ns
-    cdef public long long bytes_out
-    cdef public bint retried
-    cdef public bint fault
-    cdef public bint timed_out
-    cdef public object headers
-    cdef public object body
-    cdef public object usage
-    cdef public bint sse
-    cdef public long long events
-    cdef public object tail
-    cdef public object kept
 
 cdef class Upstream:
     cdef public object _on_gone
