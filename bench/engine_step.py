@@ -1,6 +1,6 @@
 """One decode step of the built-in engine, timed in parts (issue 21, item 4).
 
-The engine (``instance/engine.py``) in-process on smollm2-135m, ``--slots``
+The engine (``instance/engine/loop.py``) in-process on smollm2-135m, ``--slots``
 streams of ``--tokens`` greedy tokens each (``ignore_eos``), their answers
 built by the instance's own :class:`~ggmux.instance.answers.Answer` and
 handed to an asyncio loop on another thread, as ``instance/server.py``
@@ -41,7 +41,7 @@ if __package__ in (None, ""):
 import orjson
 from ggmux.instance.answers import Answer
 from ggmux.instance.engine import Engine, EngineConfig, Generation, Sampling
-from ggmux.instance.slots import GENERATE
+from ggmux.instance.engine.slots import GENERATE
 
 from bench.compare import demo_model_paths
 
@@ -66,7 +66,7 @@ def run(slots: int, tokens: int, threads: int, profile: bool) -> dict:
     e.load()
     loop, loop_tid = _loop_thread()
     if hasattr(e, "deliver"):  # as LlamaBackend.use_loop: one hand-off per step
-        from ggmux.instance.jobs import deliver
+        from ggmux.instance.engine.jobs import deliver
 
         e.deliver = lambda batch: loop.call_soon_threadsafe(deliver, batch)
     prof = cProfile.Profile() if profile else None

@@ -130,7 +130,7 @@ def main() -> None:
 
     from ggmux.instance import engine as engine_mod
     from ggmux.instance.engine import Engine, EngineConfig, Generation, Sampling
-    from ggmux.instance.stops import StopStrings, StopText
+    from ggmux.instance.engine.stops import StopStrings, StopText
     from ggmux.instance.validate import RequestLimits
 
     path = args.model
@@ -158,7 +158,7 @@ def main() -> None:
         "grammar": "grammar",
         "grammar-old": "grammar",
     }
-    from ggmux.instance.sample_steps import SampleSteps
+    from ggmux.instance.engine.sample_steps import SampleSteps
 
     later = SampleSteps._sample_later
 

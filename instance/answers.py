@@ -50,7 +50,7 @@ STOP_TYPES = {"stop": "eos", "length": "limit", "tool_calls": "eos"}
 
 
 def llama_timings(t: dict) -> dict:
-    """The engine's timings (:meth:`~ggmux.instance.jobs.Job.timings`,
+    """The engine's timings (:meth:`~ggmux.instance.engine.jobs.Job.timings`,
     milliseconds) as llama-server's ``timings`` (``server_slot_stats``:
     ``cache_n``, ``prompt_n``/``_ms``/``_per_token_ms``/``_per_second``, the
     same for ``predicted``). The generation's rates are per decode step,

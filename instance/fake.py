@@ -23,7 +23,7 @@ answers some bad grammars so); ``crash_marker`` (str) a request whose JSON
 body contains it makes the process exit with ``crash_code`` at once, as
 llama.cpp aborts on an out-of-vocabulary token id;
 ``parallel`` (1) slots: requests served at once, the rest queued round robin
-by tenant (:mod:`ggmux.instance.fairness`), as the built-in instance's
+by tenant (:mod:`ggmux.instance.engine.fairness`), as the built-in instance's
 engine does (reported in the ``ready`` line, so the balancer counts
 in-flight relative to it). The request limits ``--max-tokens-limit`` and
 ``--n-predict`` (in ``--llama-args``) apply as in the built-in instance.
@@ -75,7 +75,7 @@ import orjson
 
 from . import protocol
 from .backend import Backend, ReplicaFault
-from .fairness import FairQueue
+from .engine.fairness import FairQueue
 from .validate import BadRequest, generation_limit, request_limits_from_args
 
 

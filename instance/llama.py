@@ -2,7 +2,7 @@
 
 OpenAI requests become engine requests here: chat messages go through the
 model's chat template (:mod:`.chat`), sampling fields become a
-:class:`~ggmux.instance.sampling.Sampling`, grammars and JSON schemas a GBNF
+:class:`~ggmux.instance.engine.sampling.Sampling`, grammars and JSON schemas a GBNF
 grammar (:mod:`.structured`, with the request limits), and the engine's
 events come back as OpenAI answers (:mod:`.answers`). Every field is checked
 by :mod:`.validate` before llama.cpp sees it.
@@ -21,16 +21,16 @@ from .backend import Backend, Sink
 from .builtin_templates import render_builtin
 from .chat import ChatTemplate
 from .engine import Embedding, Engine, Generation, InvalidRequest
-from .jobs import deliver
+from .engine.jobs import deliver
 from .llama_args import llama_kwargs
 from .messages import chat_messages as jinja_messages
 from .messages import refuse_media
-from .model import EngineConfig
+from .engine.model import EngineConfig
 from .prefill import continuation
 from .prompts import Batch, embedding_forms, native_prompts
 from .reasoning import REASONING_FORMATS
 from .settings import default_sampling, generation_settings
-from .structured import (
+from .grammar.structured import (
     forced_tool,
     grammar_text,
     response_schema,
@@ -87,7 +87,7 @@ def _gpu_count() -> int:
 
 class LlamaBackend(Backend):
     """Serves chat, completions and embeddings with the batching engine
-    (:class:`~ggmux.instance.engine.Engine`) on ``--parallel`` slots.
+    (:class:`~ggmux.instance.engine.loop.Engine`) on ``--parallel`` slots.
 
     ``start`` checks a request and submits it; its answer is built from
     the engine's events (on the server's loop once :meth:`use_loop` is

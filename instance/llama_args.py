@@ -1,7 +1,7 @@
 """llama-server's command-line options for the built-in instance: a preset's
 keys (and ``ggmux serve -- OPTIONS``) arrive as llama-server options
 (``--batch-size 256``, ``--no-mmap``, ``--chat-template llama3``, ...) and
-become :class:`~ggmux.instance.model.EngineConfig` fields or the backend's
+become :class:`~ggmux.instance.engine.model.EngineConfig` fields or the backend's
 own settings (:func:`llama_kwargs`)."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ _GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "
 
 
 def llama_kwargs(argv: list[str]) -> dict:
-    """Engine settings (:class:`~ggmux.instance.model.EngineConfig` fields)
+    """Engine settings (:class:`~ggmux.instance.engine.model.EngineConfig` fields)
     and the backend's own (``chat_format``, ``chat_template_file``,
     ``jinja``, ``n_predict``, ``pooling``, ``verbose``, ``reasoning_format``,
     ``sampling``: the requests' sampling defaults, field -> value) for

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from .sampling import Sampling
+from .engine.sampling import Sampling
 
 SAMPLING_OPTIONS = {
     "--temp": "temperature", "--temperature": "temperature",
@@ -21,7 +21,7 @@ SAMPLING_OPTIONS = {
     "--dry-multiplier": "dry_multiplier", "--dry-base": "dry_base",
     "--dry-allowed-length": "dry_allowed_length", "--dry-penalty-last-n": "dry_penalty_last_n",
 }
-"""llama-server sampling option -> :class:`~ggmux.instance.sampling.Sampling`
+"""llama-server sampling option -> :class:`~ggmux.instance.engine.sampling.Sampling`
 field: the default of every request that does not give its own."""
 
 _INTS = {"top_k", "repeat_last_n", "mirostat", "dry_allowed_length", "dry_penalty_last_n"}

@@ -9,7 +9,7 @@ groups overflowed the stack; ``"a"{3,2}`` exhausted memory; a schema with
 ``minLength: 10**8`` took 3.2 GB). Everything here is pure: plain request
 dicts and ints (``n_vocab``, ``n_ctx``) in, checked values out, so that
 today's llama-cpp-python backend (``instance/llama.py``) and the batching
-engine (``instance/engine.py``) share one set of rules. Every check raises
+engine (``instance/engine/loop.py``) share one set of rules. Every check raises
 :class:`BadRequest`; its ``param`` is the field's path (OpenAI's error
 ``param``).
 
@@ -19,8 +19,8 @@ inputs), llama.cpp's server where the field is its own (``grammar``,
 ``json_schema``, ``mirostat``, the ``[[id, bias]]`` form of
 ``logit_bias``), and llama.cpp's grammar parser for grammars. Grammars,
 JSON schemas and forced tool calls have their own module,
-:mod:`ggmux.instance.structured` (checks of GBNF syntax:
-:mod:`ggmux.instance.gbnf`).
+:mod:`ggmux.instance.grammar.structured` (checks of GBNF syntax:
+:mod:`ggmux.instance.grammar.gbnf`).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class RequestLimits:
     ``max_stops``: stop strings a request may give (OpenAI allows 4,
     llama-server any number; 64 lets SillyTavern-style group chats name
     every speaker, and matching costs the same whatever the count:
-    :mod:`ggmux.instance.stops`), ``max_stop_bytes``: UTF-8 bytes of one
+    :mod:`ggmux.instance.engine.stops`), ``max_stop_bytes``: UTF-8 bytes of one
     stop string (text that may become one is held back from the stream,
     so this bounds that lag too); ``max_tokens_limit``: tokens one request
     may generate, ``max_tokens`` above it refused (0: up to the context;

@@ -16,9 +16,9 @@ import json
 from pathlib import Path
 
 import pytest
-from ggmux.instance.gbnf import check_gbnf
-from ggmux.instance.json_grammar import GrammarBuilder, schema_to_gbnf
-from ggmux.instance.structured import schema_grammar
+from ggmux.instance.grammar.gbnf import check_gbnf
+from ggmux.instance.grammar.json_grammar import GrammarBuilder, schema_to_gbnf
+from ggmux.instance.grammar.structured import schema_grammar
 from ggmux.instance.tools.generic import calls_schema
 from ggmux.instance.tools.request import tool_request
 from ggmux.instance.validate import BadRequest, RequestLimits

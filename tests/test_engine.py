@@ -1,4 +1,4 @@
-"""The continuous-batching engine (instance/engine.py) in-process, on the
+"""The continuous-batching engine (instance/engine/loop.py) in-process, on the
 real smollm2-135m GGUF: batching, chunked prefill, prompt reuse, KV-full
 waiting, cancellation, sampling fields, embeddings, sleep/wake, close.
 
@@ -358,7 +358,7 @@ def test_stop_strings_end_a_choice_and_are_not_sent(engine):
 
 @pytest.mark.slow
 def test_a_json_schema_grammar_constrains_the_answer(engine):
-    from ggmux.instance.json_grammar import schema_to_gbnf
+    from ggmux.instance.grammar.json_grammar import schema_to_gbnf
 
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
                                                "age": {"type": "integer"}},
@@ -466,7 +466,7 @@ def test_a_kv_cache_with_no_cell_left_frees_idle_caches_then_ends_the_pool_as_ll
     the next tokens first gives up the idle slots' prompt caches, then ends
     every request being served with llama-server's "Context size has been
     exceeded." (a plain error, not the replica's fault); the engine serves on."""
-    from ggmux.instance.generate_steps import KV_FULL
+    from ggmux.instance.engine.generate_steps import KV_FULL
 
     e = Engine(EngineConfig(smollm2_path(), ctx_size=256, parallel=3, kv_size=512,
                             n_threads=1))
@@ -561,7 +561,7 @@ def test_a_grammars_draw_runs_off_the_decode_thread_while_other_streams_go_on(en
     Here every grammar draw is held until the test lets it go: a normal
     request beside it runs to its end meanwhile (on the decode thread it
     could not), then the grammar request completes, constrained."""
-    from ggmux.instance.sampling import SlotSampler
+    from ggmux.instance.engine.sampling import SlotSampler
 
     gate = threading.Event()
     real = SlotSampler.sample_row
@@ -590,7 +590,7 @@ def test_a_grammars_draw_runs_off_the_decode_thread_while_other_streams_go_on(en
 
 
 def test_a_request_cancelled_while_its_grammar_draws_frees_everything(engine, monkeypatch):
-    from ggmux.instance.sampling import SlotSampler
+    from ggmux.instance.engine.sampling import SlotSampler
 
     gate = threading.Event()
     real = SlotSampler.sample_row

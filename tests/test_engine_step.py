@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ggmux.instance.batch import Batch
+from ggmux.instance.engine.batch import Batch
 from ggmux.instance.engine import Engine, EngineConfig, Generation, Sampling
-from ggmux.instance.jobs import deliver
-from ggmux.instance.sampling import greedy_tokens, sampler_chain
+from ggmux.instance.engine.jobs import deliver
+from ggmux.instance.engine.sampling import greedy_tokens, sampler_chain
 from test_engine import QUESTIONS, chat, smollm2_path
 
 

@@ -1,4 +1,4 @@
-"""JSON schemas to grammars (ggmux.instance.json_grammar), checked by
+"""JSON schemas to grammars (ggmux.instance.grammar.json_grammar), checked by
 llama.cpp's own grammar engine on text (tests/grammar_probe.py): issue 18,
 finding 3 (raw control characters inside strings) and llama.cpp's current
 converter rules."""
@@ -6,8 +6,8 @@ converter rules."""
 from __future__ import annotations
 
 import pytest
-from ggmux.instance.gbnf import check_gbnf
-from ggmux.instance.json_grammar import SchemaError, schema_to_gbnf
+from ggmux.instance.grammar.gbnf import check_gbnf
+from ggmux.instance.grammar.json_grammar import SchemaError, schema_to_gbnf
 from grammar_probe import GrammarProbe
 
 FINDING_3 = {"type": "object", "properties": {"n": {"type": "integer"},
@@ -41,7 +41,7 @@ def test_strings_exclude_raw_control_characters_and_allow_json_escapes(probe):
 
 
 def test_any_json_object_grammar_refuses_raw_newlines_in_strings(probe):
-    from ggmux.instance.structured import json_grammar
+    from ggmux.instance.grammar.structured import json_grammar
 
     g = json_grammar()
     assert probe.accepts(g, '{"a": [1, 2.5e3, "x", null, true, {"b": {}}]}')

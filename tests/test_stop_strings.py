@@ -1,4 +1,4 @@
-"""Stop strings (instance/stops.py): llama-server's semantics (the stop
+"""Stop strings (instance/engine/stops.py): llama-server's semantics (the stop
 string is not sent, text that may become one is held back, the earliest
 match wins), and a cost per token that does not grow with the number of
 stop strings (issue 18, finding 2: 10,000 stops cost 22 ms a token on the
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from ggmux.instance.stops import StopStrings, StopText
+from ggmux.instance.engine.stops import StopStrings, StopText
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

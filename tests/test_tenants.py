@@ -3,7 +3,7 @@ instance who asked (``x-ggmux-tenant``, a keyed hash of the caller's API
 key), a client cannot choose its own, slots are shared round robin by
 tenant, and ``/slots`` shows request ids to the admin key only. Units, then
 ``ggmux serve`` on fake instances (the fake backend admits by the same
-rule as the engine: instance/fairness.py)."""
+rule as the engine: instance/engine/fairness.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 from conftest import chat_body, wait_for
-from ggmux.instance.fairness import FairQueue
+from ggmux.instance.engine.fairness import FairQueue
 from ggmux.proxy.auth import tenant
 from ggmux.proxy.http.request import Request
 from ggmux.proxy.http.upstream import request_head

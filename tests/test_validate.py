@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 from ggmux.instance import validate as V
-from ggmux.instance.gbnf import GrammarError, check_gbnf
-from ggmux.instance.structured import forced_tool, schema_grammar, structured_output
+from ggmux.instance.grammar.gbnf import GrammarError, check_gbnf
+from ggmux.instance.grammar.structured import forced_tool, schema_grammar, structured_output
 
 LIMITS = V.RequestLimits()
 N_VOCAB = 49152

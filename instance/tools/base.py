@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..json_grammar import GrammarBuilder
+from ..grammar.json_grammar import GrammarBuilder
 from ..template import JinjaTemplate
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from ..json_grammar import format_literal
+from ..grammar.json_grammar import format_literal
 from ..template import JinjaTemplate
 from .base import (
     ChatMsg,

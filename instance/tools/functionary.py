@@ -13,7 +13,7 @@ the user, any other recipient is a tool called with the JSON that follows
 
 from __future__ import annotations
 
-from ..json_grammar import format_literal
+from ..grammar.json_grammar import format_literal
 from ..template import JinjaTemplate
 from .base import (
     ChatMsg,

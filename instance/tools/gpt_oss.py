@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-from ..json_grammar import format_literal
+from ..grammar.json_grammar import format_literal
 from ..template import JinjaTemplate
 from .base import ChatMsg, ChatPlan, ToolCall, ToolFormat, ToolRequest, held_prefix
 from .jsonscan import Incomplete, value_end, ws

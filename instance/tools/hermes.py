@@ -19,7 +19,7 @@ in ``<think>...</think>`` (Qwen 3, QwQ), as llama.cpp's
 
 from __future__ import annotations
 
-from ..json_grammar import format_literal
+from ..grammar.json_grammar import format_literal
 from ..template import JinjaTemplate
 from .base import (
     ChatMsg,

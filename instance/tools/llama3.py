@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 
-from ..json_grammar import format_literal
+from ..grammar.json_grammar import format_literal
 from ..template import JinjaTemplate
 from .base import ChatMsg, ChatPlan, ToolCall, ToolFormat, ToolRequest
 from .calls import code_arguments, read_call

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from ..json_grammar import format_literal
+from ..grammar.json_grammar import format_literal
 from ..template import JinjaTemplate
 from .base import ChatMsg, ChatPlan, ToolCall, ToolFormat, ToolRequest, content_before
 from .calls import read_call_list

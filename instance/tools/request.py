@@ -11,7 +11,7 @@ reasoning inline; ``deepseek``/``auto``/``deepseek-legacy`` split it into
 ``reasoning_content``), ``add_generation_prompt``. A named function is
 ``required`` with that one tool and one call (what OpenAI does with it).
 Every tool's ``parameters`` schema is checked against the request limits
-(:func:`ggmux.instance.structured.schema_grammar`). Each mistake is a
+(:func:`ggmux.instance.grammar.structured.schema_grammar`). Each mistake is a
 :class:`~ggmux.instance.validate.BadRequest` naming the field.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 
 from ..reasoning import REASONING_FORMATS
-from ..structured import schema_grammar
+from ..grammar.structured import schema_grammar
 from ..validate import BadRequest, RequestLimits, shown
 from .base import ToolRequest
 

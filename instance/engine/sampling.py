@@ -1,5 +1,5 @@
 """Per-request sampling for the engine: llama.cpp sampler chains and
-log-probabilities (stop strings: :mod:`ggmux.instance.stops`).
+log-probabilities (stop strings: :mod:`ggmux.instance.engine.stops`).
 
 Pure helpers around llama-cpp-python's low-level API; the engine
 (:mod:`ggmux.instance.engine`) owns when they run. Defaults are
@@ -125,7 +125,7 @@ class SlotSampler:
     def sample_row(self, logits: np.ndarray) -> int:
         """Draw the next token from ``logits`` (shape ``[n_vocab]``; a copy
         the caller owns, so that this may run on a worker thread while the
-        context decodes: :mod:`ggmux.instance.sample_steps`) and accept it.
+        context decodes: :mod:`ggmux.instance.engine.sample_steps`) and accept it.
         With ``probs`` (llama-server's ``post_sampling_probs``) ``post``
         becomes the drawn token's probability after the chain and the
         ``probs`` best candidates left by it (:func:`post_sampling`).

@@ -8,7 +8,7 @@ x parallel``) shared by ``parallel`` slots; slot ``i`` is llama sequence
 1. ``_reap``: cancelled requests leave their slots (a client that left
    frees its slot at the next step);
 2. ``_admit``: queued requests take free slots, round robin by tenant
-   (:mod:`ggmux.instance.fairness`: the oldest request of the tenant
+   (:mod:`ggmux.instance.engine.fairness`: the oldest request of the tenant
    holding the fewest slots goes first). A request goes to the free slot
    whose cached tokens share the longest prefix with its prompt
    (llama-server's ``cache_prompt``; below ``slot_prompt_similarity`` of
@@ -23,10 +23,10 @@ x parallel``) shared by ``parallel`` slots; slot ``i`` is llama sequence
 3. ``_generate``: one batch holds the pending token of every generating slot
    and then chunks of prompts still being read, up to ``n_batch`` tokens, so
    a long prompt never stops the others' tokens (chunked prefill); one
-   ``llama_decode`` (:mod:`ggmux.instance.generate_steps`); then every
+   ``llama_decode`` (:mod:`ggmux.instance.engine.generate_steps`); then every
    slot whose logits came out samples with its own ``llama_sampler`` chain
    (the greedy ones together, in one ``argmax``) and hands its text on
-   (:mod:`ggmux.instance.sample_steps`: a grammar's draw, whose cost grows
+   (:mod:`ggmux.instance.engine.sample_steps`: a grammar's draw, whose cost grows
    with the grammar, runs on a worker thread while the others go on);
 4. ``_embed``: one batch of embedding chunks, decoded with embeddings on.
 
@@ -40,7 +40,7 @@ short and thread-safe); with :attr:`Engine.deliver` set (the instance's
 server: one ``loop.call_soon_threadsafe`` per step) the callbacks run
 wherever that hook sends the batch, off the decode thread.
 
-The events a request's consumer gets are listed in :mod:`ggmux.instance.jobs`.
+The events a request's consumer gets are listed in :mod:`ggmux.instance.engine.jobs`.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .backend import ReplicaFault
+from ..backend import ReplicaFault
 from .batch import Batch
 from .embedding import EmbeddingSteps
 from .fairness import FairQueue
@@ -96,7 +96,7 @@ class Engine(EmbeddingSteps, GenerateSteps, SampleSteps):
     ``deliver``: None, or ``deliver(batch)`` called on the decode thread
     once per step with that step's events, ``[(job, event), ...]`` in
     order; it must return at once and later run
-    :func:`~ggmux.instance.jobs.deliver` on the batch, on one thread
+    :func:`~ggmux.instance.engine.jobs.deliver` on the batch, on one thread
     (e.g. ``lambda b: loop.call_soon_threadsafe(jobs.deliver, b)``)."""
 
     deliver: Callable[[list[tuple[Job, tuple]]], None] | None = None

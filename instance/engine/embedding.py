@@ -1,5 +1,5 @@
 """The engine's embedding steps (:class:`~ggmux.instance.engine.Engine`'s
-step 4): an :class:`~ggmux.instance.jobs.Embedding` request takes one slot
+step 4): an :class:`~ggmux.instance.engine.jobs.Embedding` request takes one slot
 and its inputs go through it one after another, in chunks beside the other
 slots' work; a pooled (embedding) model needs each input whole in one batch,
 a generation model gives the mean of the tokens' last hidden states. Every
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import ReplicaFault
+from ..backend import ReplicaFault
 from .jobs import Embedding, InvalidRequest, Job
 from .slots import EMBED
 

@@ -3,10 +3,10 @@ schema (``json_schema``, ``response_format``) or a forced tool call, checked
 and bounded before llama.cpp sees it (part of :mod:`ggmux.instance.validate`'s
 rules, in a module of its own for size).
 
-A grammar is checked by :func:`ggmux.instance.gbnf.check_gbnf` (llama.cpp's
+A grammar is checked by :func:`ggmux.instance.grammar.gbnf.check_gbnf` (llama.cpp's
 syntax, nesting and repetition bounds); a JSON schema is walked without
 recursion for its depth, repetition counts, ``pattern`` sizes and ``$ref``
-targets before :mod:`ggmux.instance.json_grammar` turns it into a grammar (a
+targets before :mod:`ggmux.instance.grammar.json_grammar` turns it into a grammar (a
 ``minLength`` of 10**8 took 3.2 GB and 13 s to convert and parse), and the
 grammar it gives is checked again. Every failure is a
 :class:`~ggmux.instance.validate.BadRequest` naming the field.
@@ -21,13 +21,13 @@ import orjson
 from .gbnf import GrammarError, check_gbnf
 from .gbnf_rules import MAX_REPETITION_THRESHOLD
 from .json_grammar import SchemaError, schema_to_gbnf
-from .validate import BadRequest, RequestLimits, is_int, shown
+from ..validate import BadRequest, RequestLimits, is_int, shown
 
 # ---- grammars and JSON schemas ---------------------------------------------
 
 def grammar_text(text, limits: RequestLimits, field: str = "grammar") -> str:
     """A client's GBNF grammar, checked against ``limits`` and llama.cpp's
-    syntax (:func:`~ggmux.instance.gbnf.check_gbnf`)."""
+    syntax (:func:`~ggmux.instance.grammar.gbnf.check_gbnf`)."""
     if not isinstance(text, str):
         raise BadRequest(f"'{field}' must be a GBNF grammar (a string), not {shown(text)}", field)
     size = len(text.encode("utf-8", "surrogatepass"))
@@ -154,7 +154,7 @@ def _check_schema(schema, limits: RequestLimits, field: str) -> None:
 
 
 def schema_grammar(schema, limits: RequestLimits, field: str) -> str:
-    """The GBNF grammar for JSON ``schema`` (:mod:`ggmux.instance.json_grammar`,
+    """The GBNF grammar for JSON ``schema`` (:mod:`ggmux.instance.grammar.json_grammar`,
     llama.cpp's current converter rules), after checking the schema's size,
     depth and repetition counts against ``limits`` (a ``minLength`` of
     10**8 took 3.2 GB and 13 s to convert and parse), and the grammar it

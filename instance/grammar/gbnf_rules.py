@@ -1,6 +1,6 @@
 """Small GBNF building blocks shared by the JSON-schema converter
-(:mod:`ggmux.instance.json_grammar`) and its ``pattern`` translation
-(:mod:`ggmux.instance.pattern_grammar`): literals, repetitions and integer
+(:mod:`ggmux.instance.grammar.json_grammar`) and its ``pattern`` translation
+(:mod:`ggmux.instance.grammar.pattern_grammar`): literals, repetitions and integer
 ranges, written as llama.cpp's ``common/json-schema-to-grammar.cpp`` writes
 them (``format_literal``, ``build_repetition``, ``build_min_max_int``)."""
 

@@ -28,7 +28,7 @@ class PatternError(ValueError):
 def pattern_rule(add_rule: Callable[[str, str], str], pattern: str, name: str,
                  dotall: bool = False) -> str:
     """The name of a rule (added with ``add_rule(name, rule)``, a
-    :class:`~ggmux.instance.json_grammar.GrammarBuilder`'s) matching the
+    :class:`~ggmux.instance.grammar.json_grammar.GrammarBuilder`'s) matching the
     JSON strings that ``pattern`` fully matches; ``dotall``: ``.`` matches
     newlines too. Raises :class:`UnsupportedPattern` or :class:`PatternError`
     (rules added before the error are the caller's to drop)."""

@@ -1,14 +1,14 @@
 """The engine's generation step: one batch of every generating slot's
 pending token and then prompt chunks, one ``llama_decode``, then the
 draws (:class:`~ggmux.instance.engine.Engine`'s step 3; the draws and
-their text: :mod:`ggmux.instance.sample_steps`)."""
+their text: :mod:`ggmux.instance.engine.sample_steps`)."""
 
 from __future__ import annotations
 
 import logging
 import time
 
-from .backend import ReplicaFault
+from ..backend import ReplicaFault
 from .slots import GENERATE, IDLE, PROMPT, Slot
 
 log = logging.getLogger(__name__)
