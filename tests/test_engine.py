@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import wait_for
-from ggmux.instance.engine import (
+from ggmux.instance.engine.loop import (
     PREFILL_WAIT_SHARE,
     Embedding,
     Engine,
