@@ -132,3 +132,21 @@ def test_error_mid_stream_is_an_error_event():
     assert st.failed and name == "error"
     assert data["message"] == "replica died" and data["code"] == "server_error"
     assert json.loads(R.Responses().error(404, "no")[1])["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"input": [{"type": "reasoning", "content": 5}]}, ["input.0.content", "list", "int"]),
+    ({"input": [{"type": "reasoning", "summary": "x"}]}, ["input.0.summary", "list", "str"]),
+    ({"text": 5}, ["'text'", "object"]),
+    ({"text": {"format": {"type": "json_schema", "name": "n", "schema": 5}}},
+     ["text.format.schema", "object"]),
+    ({"reasoning": 5}, ["'reasoning'", "object"]),
+])
+def test_a_wrong_type_is_refused_naming_the_field_and_the_type_it_must_be(bad, words):
+    # issue 31 item 5: a reasoning item's content of 5 raised a TypeError, which the
+    # proxy's except for orjson's JSONEncodeError (a TypeError) answered "nests too deep
+    # or holds an integer beyond 64 bits"
+    with pytest.raises(BadRequest) as e:
+        R.to_chat({"model": "m", "input": "x", **bad})
+    assert all(w in str(e.value) for w in words), str(e.value)
+    assert "64 bits" not in str(e.value)

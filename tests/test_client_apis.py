@@ -310,6 +310,15 @@ def test_bad_input_gets_the_apis_own_error_shape(fake, path, body, status, check
     assert check(json.loads(data)), data
 
 
+def test_a_wrong_type_gets_a_400_naming_the_field_not_orjsons_encoding_message(fake):
+    # issue 31 item 5: the proxy caught every TypeError as orjson's JSONEncodeError
+    st, doc = fake.json("POST", "/v1/responses", {
+        "model": "a", "input": [{"type": "reasoning", "content": 5}, {"role": "user",
+                                                                       "content": "x"}]})
+    assert st == 400 and "input.0.content must be a list" in doc["error"]["message"], doc
+    assert "64 bits" not in doc["error"]["message"]
+
+
 def test_a_response_id_cannot_be_retrieved_and_the_400_says_why(fake):
     st, doc = fake.json("GET", "/v1/responses/resp_123")
     assert st == 400 and "stores no responses" in doc["error"]["message"]

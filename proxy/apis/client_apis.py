@@ -291,12 +291,17 @@ class ClientApis:
             if name not in p.names:  # NAME:latest: the replica gets the registered name
                 t.body["model"] = p.reg_models[m]["name"]
             data = encode_body(t.body)
-        except orjson.JSONEncodeError as e:  # a tool's arguments, a schema: see encode_body
-            wrap.send_error(req, 400, f"the request cannot be passed on ({e}): it nests too "
-                            "deep or holds an integer beyond 64 bits")
-            return
-        except BadRequest as e:
+        except BadRequest as e:  # encode_body's too: a body orjson cannot write
             wrap.send_error(req, e.status, str(e))
+            return
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+            # an adapter that met a type it does not check: a 400 that says so,
+            # never orjson's message (its JSONEncodeError is a TypeError: every
+            # TypeError read "nests too deep", issue 31 item 5)
+            log.warning("%s: the adapter could not read the request: %r", req.path.decode(
+                "latin-1"), e)
+            wrap.send_error(req, 400, f"a field of the request has a type ggmux cannot "
+                            f"translate ({type(e).__name__}: {e})")
             return
         if t.images and not has_projector(p.reg_models[m]):
             wrap.send_error(req, 400, tools.no_projector(name))

@@ -112,6 +112,21 @@ def _call_id(item: dict, where: str) -> str:
     return cid
 
 
+def _reasoning_text(item: dict, where: str) -> str:
+    """A ``reasoning`` input item's text: its ``content`` parts' text, else
+    its ``summary``'s (each a list of ``{"type", "text"}`` parts, or null);
+    raises :class:`BadRequest` naming the field for any other type (issue 31
+    item 5: a ``content`` of 5 got orjson's message about deep nesting)."""
+    for key in ("content", "summary"):
+        parts = item.get(key)
+        if parts is not None and not isinstance(parts, list):
+            raise BadRequest(f"{where}.{key} must be a list of parts, not "
+                             f"{type(parts).__name__}")
+    texts = [p.get("text") for p in item.get("content") or item.get("summary") or ()
+             if isinstance(p, dict) and isinstance(p.get("text"), str)]
+    return "".join(texts)
+
+
 def chat_messages(body: dict) -> list[dict]:
     """``instructions`` + ``input`` as chat-completion messages (module
     docstring); raises :class:`BadRequest`."""
@@ -187,9 +202,7 @@ def chat_messages(body: dict) -> list[dict]:
                 out.append({"role": "tool", "tool_call_id": _call_id(item, where),
                             "content": text})
         elif kind == "reasoning":
-            texts = [p.get("text") for p in item.get("content") or item.get("summary") or ()
-                     if isinstance(p, dict) and isinstance(p.get("text"), str)]
-            reasoning.append("".join(texts))
+            reasoning.append(_reasoning_text(item, where))
         elif kind == "item_reference":
             raise BadRequest(NOT_STORED.format(what="an item_reference input item"))
         else:
@@ -256,7 +269,9 @@ def _tool_choice(tc):
 def _response_format(text) -> dict | None:
     if text is None:
         return None
-    fmt = text.get("format") if isinstance(text, dict) else None
+    if not isinstance(text, dict):
+        raise BadRequest(f"'text' must be an object, not {type(text).__name__}")
+    fmt = text.get("format")
     if fmt is None:
         return None
     kind = fmt.get("type") if isinstance(fmt, dict) else None
@@ -265,6 +280,8 @@ def _response_format(text) -> dict | None:
     if kind == "json_object":
         return {"type": "json_object"}
     if kind == "json_schema":
+        if not isinstance(fmt.get("schema"), dict):
+            raise BadRequest("'text.format.schema' must be a JSON schema object")
         schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
         return {"type": "json_schema", "json_schema": schema}
     raise BadRequest("'text.format.type' must be text, json_object or json_schema")
@@ -307,6 +324,8 @@ def to_chat(body: dict) -> Translated:
                 raise BadRequest("'parallel_tool_calls' must be a boolean")
             chat["parallel_tool_calls"] = ptc
     reasoning = body.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise BadRequest(f"'reasoning' must be an object, not {type(reasoning).__name__}")
     if isinstance(reasoning, dict) and reasoning.get("effort") in ("low", "medium", "high"):
         chat["reasoning_effort"] = reasoning["effort"]
     session = None
