@@ -71,9 +71,11 @@ def test_anthropic_tools_and_every_tool_choice_map_to_openai():
     ({"name": "f"}, "input_schema"),
     ({"input_schema": {}}, "name"),
 ])
-def test_anthropic_server_and_malformed_tools_are_a_clear_400(tool, words):
+def test_anthropic_server_tools_forced_and_malformed_tools_are_a_clear_400(tool, words):
+    # a server tool is refused only when tool_choice forces it (issue 31 item 13)
+    choice = {"type": "tool", "name": tool["name"]} if "type" in tool else None
     with pytest.raises(BadRequest, match=words) as e:
-        A.to_chat(anth(tools=[tool]))
+        A.to_chat(anth(tools=[tool], tool_choice=choice))
     assert e.value.status == 400
     _ctype, body = A.Messages().error(400, str(e.value))
     assert json.loads(body)["error"]["type"] == "invalid_request_error"
@@ -287,8 +289,10 @@ def test_responses_tools_namespaces_custom_tools_and_choices():
     assert named.body["tool_choice"] == {"type": "function", "function": {"name": "weather"}}
     for builtin in ({"type": "web_search"}, {"type": "file_search", "vector_store_ids": []},
                     {"type": "code_interpreter"}, {"type": "mcp", "server_label": "x"}):
-        with pytest.raises(BadRequest, match="built-in tools"):
-            R.to_chat(resp(tools=[builtin]))
+        with pytest.raises(BadRequest, match="hosted tools"):  # forced: 400 (issue 31 item 13)
+            R.to_chat(resp(tools=[builtin], tool_choice={"type": builtin["type"]}))
+        with pytest.raises(BadRequest, match="hosted tools"):  # required of only those
+            R.to_chat(resp(tools=[builtin], tool_choice="required"))
 
 
 def test_responses_answer_has_reasoning_message_and_call_items():
@@ -433,3 +437,58 @@ def test_anthropic_tool_choice_without_tools():
     assert "tool_choice" not in A.to_chat(anth(tool_choice={"type": "auto"})).body
     with pytest.raises(BadRequest, match="needs 'tools'"):
         A.to_chat(anth(tool_choice={"type": "any"}))
+
+
+# ---- Responses: namespaces and hosted tools (issue 31 items 6 and 13) ------------------
+TWO_NS = [{"type": "namespace", "name": "fs", "tools": [{"type": "function", "name": "read"}]},
+          {"type": "namespace", "name": "db", "tools": [
+              {"type": "function", "name": "read"}, {"type": "function", "name": "write"}]}]
+
+
+def test_two_namespaces_with_one_function_name_stay_apart_end_to_end():
+    hist = [{"role": "user", "content": "go"},
+            {"type": "function_call", "call_id": "c0", "name": "read", "namespace": "db",
+             "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c0", "output": "rows"}]
+    t = R.to_chat(resp(input=hist, tools=TWO_NS))
+    # the model sees one name per (namespace, name); a name only one namespace has stays
+    assert [x["function"]["name"] for x in t.body["tools"]] == ["fs__read", "db__read", "write"]
+    assert t.body["messages"][1]["tool_calls"][0]["function"]["name"] == "db__read"
+    calls = (("c1", "fs__read", "{}"), ("c2", "db__read", "{}"), ("c3", "write", "{}"))
+    whole = R.from_chat(chat_answer(calls=calls), t)["output"]
+    named = [(o["name"], o.get("namespace")) for o in whole]
+    assert named == [("read", "fs"), ("read", "db"), ("write", "db")]
+    st = R.Responses().stream(R.to_chat(resp(input="go", tools=TWO_NS, stream=True)))
+    evs = events(run_stream(st, delta_sse(tool_deltas(calls=calls), finish="tool_calls")))
+    done = [d["item"] for n, d in evs if n == "response.output_item.done"]
+    assert [(o["name"], o.get("namespace")) for o in done] == named
+    assert [d["name"] for n, d in evs if n == "response.function_call_arguments.done"] == [
+        "read", "read", "write"]
+    final = [d for n, d in evs if n == "response.completed"][0]["response"]["output"]
+    assert [(o["name"], o.get("namespace")) for o in final] == named
+    # a choice names its namespace; without one it must not be ambiguous
+    chosen = R.to_chat(resp(tools=TWO_NS, tool_choice={"type": "function", "name": "read",
+                                                       "namespace": "db"}))
+    assert chosen.body["tool_choice"] == {"type": "function", "function": {"name": "db__read"}}
+    with pytest.raises(BadRequest, match="namespaces 'fs' and 'db'"):
+        R.to_chat(resp(tools=TWO_NS, tool_choice={"type": "function", "name": "read"}))
+    # a qualified name that is taken is refused naming both namespaces
+    with pytest.raises(BadRequest, match="namespaces 'fs' and 'db' each have a function 'read'"):
+        R.to_chat(resp(tools=[{"type": "function", "name": "fs__read"}, *TWO_NS]))
+
+
+def test_a_hosted_tool_offered_with_tool_choice_auto_is_left_out_and_named():
+    for choice in (None, "auto", "none", {"type": "allowed_tools", "mode": "auto"}):
+        t = R.to_chat(resp(tools=[{"type": "web_search"}, {"type": "function", "name": "f"}],
+                           tool_choice=choice))
+        assert [x["function"]["name"] for x in t.body["tools"]] == ["f"]
+        assert t.dropped == ["web_search"]
+    only = R.to_chat(resp(tools=[{"type": "web_search"}]))
+    assert "tools" not in only.body and only.dropped == ["web_search"]
+    # a header value: nothing of a client's label that could break the head
+    odd = R.to_chat(resp(tools=[{"type": "mcp", "server_label": "a\r\nx-evil: 1"}]))
+    assert odd.dropped == ["mcp:a__x-evil:_1"]
+    t = A.to_chat(anth(tools=[{"type": "web_search_20250305", "name": "web_search"},
+                              {"name": "f", "input_schema": {"type": "object"}}]))
+    assert [x["function"]["name"] for x in t.body["tools"]] == ["f"]
+    assert t.dropped == ["web_search"]

@@ -110,11 +110,12 @@ def test_anthropic_tool_use_round_trip_streamed_and_not(srv):
     assert none.stop_reason == "end_turn" and none.content[0].type == "text"
 
 
-def test_anthropic_server_tools_and_images_are_400s_in_anthropics_envelope(srv):
+def test_anthropic_forced_server_tools_and_images_are_400s_in_anthropics_envelope(srv):
     c = anth_client(srv)
-    with pytest.raises(anthropic.BadRequestError) as e:
+    with pytest.raises(anthropic.BadRequestError) as e:  # forced (issue 31 item 13)
         c.messages.create(model="plain", max_tokens=8, messages=ASK,
-                          tools=[{"type": "web_search_20250305", "name": "web_search"}])
+                          tools=[{"type": "web_search_20250305", "name": "web_search"}],
+                          tool_choice={"type": "tool", "name": "web_search"})
     assert e.value.body["error"]["type"] == "invalid_request_error"
     assert "web_search" in e.value.body["error"]["message"]
     img = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
@@ -227,11 +228,12 @@ def test_responses_function_call_round_trip_streamed_and_not(srv):
     assert (out.type, out.name, out.namespace) == ("function_call", "note", "notes")
 
 
-def test_responses_builtin_tools_and_images_are_400s_in_openais_envelope(srv):
+def test_responses_forced_hosted_tools_and_images_are_400s_in_openais_envelope(srv):
     c = oai_client(srv)
-    with pytest.raises(openai.BadRequestError) as e:
-        c.responses.create(model="plain", input="x", tools=[{"type": "web_search"}])
-    assert e.value.body["type"] == "invalid_request_error" and "built-in" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:  # forced: nothing here runs it
+        c.responses.create(model="plain", input="x", tools=[{"type": "web_search"}],
+                           tool_choice={"type": "web_search"})
+    assert e.value.body["type"] == "invalid_request_error" and "hosted" in e.value.message
     with pytest.raises(openai.BadRequestError) as e:
         c.responses.create(model="plain", input=[{"role": "user", "content": [
             {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}]}])
@@ -279,3 +281,41 @@ def test_ollama_tools_think_and_tool_messages_streamed_and_not(srv):
         c.chat(model="plain", messages=[{"role": "user", "content": "what?",
                                          "images": [b"\x89PNG\r\n"]}])
     assert e.value.status_code == 400 and "'plain'" in e.value.error
+
+
+# ---- issue 31 items 6 and 13 -------------------------------------------------------------
+TWO_NS = [{"type": "namespace", "name": "fs", "tools": [
+              {"type": "function", "name": "read", "parameters": NOTE}]},
+          {"type": "namespace", "name": "db", "tools": [
+              {"type": "function", "name": "read", "parameters": NOTE}]}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_namespaces_sharing_a_function_name_answer_under_their_own(srv, stream):
+    # issue 31 item 6: both calls came back labelled with the last namespace
+    for ns in ("fs", "db"):
+        st, _, data = srv.request("POST", "/v1/responses", {
+            "model": "plain", "input": "x", "tools": TWO_NS, "stream": stream,
+            "tool_choice": {"type": "function", "name": "read", "namespace": ns}})
+        assert st == 200, data
+        if stream:
+            done = [json.loads(b[6:]) for b in data.split(b"\n") if b.startswith(b"data: ")]
+            doc = [d for d in done if d["type"] == "response.completed"][0]["response"]
+        else:
+            doc = json.loads(data)
+        calls = [o for o in doc["output"] if o["type"] == "function_call"]
+        assert [(o["name"], o["namespace"]) for o in calls] == [("read", ns)], doc
+
+
+def test_codexs_default_web_search_is_left_out_and_named_in_a_header(srv):
+    # issue 31 item 13: Codex's default config offers its hosted web_search tool
+    body = json.loads((HERE / "agent_requests" / "codex_first.json").read_text())
+    body = {**body, "model": "plain", "tools": [*body["tools"], {"type": "web_search"}]}
+    st, headers, data = srv.request("POST", "/v1/responses", body)
+    assert st == 200, data
+    assert headers["x-ggmux-dropped-tools"] == "web_search"
+    assert b"response.completed" in data
+    wait_for(lambda: "left out the hosted tools web_search" in srv.logs(), 10,
+             what="the log line")
+    st, headers, _ = srv.request("POST", "/v1/responses", {**body, "stream": False})
+    assert st == 200 and headers["x-ggmux-dropped-tools"] == "web_search"

@@ -283,6 +283,10 @@ class ClientApis:
                     return
             else:
                 t = adapter.request(body)
+                if t.dropped:  # issue 31 item 13: Codex's web_search by default
+                    log.info("%s %s: left out the hosted tools %s (tool_choice auto; nothing "
+                             "here runs them)", name, req.path.decode("latin-1"),
+                             ", ".join(t.dropped))
                 if (t.stream and isinstance(adapter, anthropic.Messages)
                         and p.reg_models[m].get("kind") == "llama"):
                     # the built-in instance's prompt_progress chunk comes first: its

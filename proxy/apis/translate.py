@@ -34,7 +34,14 @@ from collections.abc import Iterable
 import orjson
 
 from ..http import Header, HttpConnection, Request
-from .adapters.common import Adapter, BadReply, SseEvents, StreamState, Translated
+from .adapters.common import (
+    DROPPED_TOOLS_HEADER,
+    Adapter,
+    BadReply,
+    SseEvents,
+    StreamState,
+    Translated,
+)
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +137,14 @@ class TranslatedConnection:
             self.buf = bytearray()
         return b""
 
+    def _headers(self) -> list[Header]:
+        """Headers every translated answer carries: the hosted tools left
+        out of what the model saw (:data:`DROPPED_TOOLS_HEADER`)."""
+        t = self.t
+        if t is None or not t.dropped:
+            return []
+        return [(DROPPED_TOOLS_HEADER, ", ".join(t.dropped).encode("latin-1", "replace"))]
+
     def write(self, data: bytes) -> None:
         if data:  # only the (empty) head from :meth:`head` comes this way
             self.conn.write(data)
@@ -141,7 +156,8 @@ class TranslatedConnection:
             return
         self.state = self.adapter.stream(self.t)
         self.sse = SseEvents()
-        self.conn.start_stream(req, content_type=self.state.content_type)
+        self.conn.start_stream(req, content_type=self.state.content_type,
+                               headers=self._headers())
 
     def send_chunk(self, data: bytes) -> None:
         """Body bytes of the replica's answer (or the proxy's SSE comment
@@ -213,12 +229,12 @@ class TranslatedConnection:
             self.conn.finish(req)
             return
         ctype, body = self.adapter.error(status, message)
-        self.conn.send_response(req, status, body, ctype, headers)
+        self.conn.send_response(req, status, body, ctype, [*headers, *self._headers()])
 
     def send_response(self, req: Request, status: int, body: bytes,
                       content_type: bytes = b"application/json",
                       headers: Iterable[Header] = ()) -> None:
-        self.conn.send_response(req, status, body, content_type, headers)
+        self.conn.send_response(req, status, body, content_type, [*headers, *self._headers()])
 
     # ---- whole answers ---------------------------------------------------------------
     def _whole(self, req: Request) -> None:
@@ -227,10 +243,10 @@ class TranslatedConnection:
         adapter, t = self.adapter, self.t
         if status >= 400:
             ctype, body = adapter.replica_error(status, data)
-            self.conn.send_response(req, status, body, ctype)
+            self.conn.send_response(req, status, body, ctype, self._headers())
             return
         if status != 200:
-            self.conn.send_response(req, status, data)
+            self.conn.send_response(req, status, data, headers=self._headers())
             return
         try:
             obj = orjson.loads(data)
@@ -248,6 +264,6 @@ class TranslatedConnection:
         except (orjson.JSONDecodeError, BadReply) as e:
             log.warning("untranslatable answer from the replica for %s: %s", req.path, e)
             ctype, body = adapter.error(502, f"the replica's answer could not be translated: {e}")
-            self.conn.send_response(req, 502, body, ctype)
+            self.conn.send_response(req, 502, body, ctype, self._headers())
             return
-        self.conn.send_response(req, 200, orjson.dumps(out))
+        self.conn.send_response(req, 200, orjson.dumps(out), headers=self._headers())

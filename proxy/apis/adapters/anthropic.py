@@ -26,7 +26,10 @@ session key), ``tools``, ``tool_choice``, ``thinking``. Blocks:
 ``tools`` (``name``, ``description``, ``input_schema``) become function
 tools; a tool with a ``type`` other than ``custom`` (Anthropic's server and
 built-in tools: ``web_search_*``, ``code_execution_*``, ``bash_*``,
-``text_editor_*``, ...) is refused with 400: nothing here runs them.
+``text_editor_*``, ...) is left out of what the model sees (nothing here
+runs them; the answer's ``x-ggmux-dropped-tools`` header and a log line
+name it), and a ``tool_choice`` that forces one is refused with 400
+(issue 31 item 13).
 ``tool_choice``: ``auto`` -> ``"auto"``, ``any`` -> ``"required"``,
 ``tool`` -> that function, ``none`` -> ``"none"``;
 ``disable_parallel_tool_use`` -> ``parallel_tool_calls: false``.
@@ -128,6 +131,7 @@ def _unsupported(kind, where: str) -> BadRequest:
 
 
 _BILLING = "x-anthropic-billing-header:"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")  # of a name that goes into a header
 _CCH = re.compile(r"cch=[0-9a-zA-Z]{5};")
 
 
@@ -245,9 +249,21 @@ def chat_messages(body: dict) -> list[dict]:
     return out
 
 
+def hosted_tools(body: dict) -> list[str]:
+    """The names of the server and built-in tools ``tools`` offers (a
+    ``type`` other than ``custom``: ``web_search_20250305``, ...), which
+    nothing here runs: left out of what the model sees (issue 31 item 13)."""
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return []
+    return [_UNSAFE.sub("_", str(t.get("name") or t.get("type")))[:64] for t in tools
+            if isinstance(t, dict) and t.get("type") not in (None, "custom")]
+
+
 def chat_tools(body: dict) -> list[dict]:
-    """``tools`` as OpenAI function tools; raises :class:`BadRequest` for a
-    server or built-in tool (module docstring)."""
+    """``tools`` as OpenAI function tools, server and built-in tools left
+    out (:func:`hosted_tools`; :func:`_tool_choice` refuses a choice that
+    forces one)."""
     tools = body.get("tools")
     if tools is None:
         return []
@@ -259,9 +275,7 @@ def chat_tools(body: dict) -> list[dict]:
             raise BadRequest(f"tools.{i}: must be an object")
         kind = t.get("type")
         if kind not in (None, "custom"):
-            raise BadRequest(f"tools.{i}: {t.get('name') or kind!r} is one of Anthropic's "
-                             f"server or built-in tools (type {kind!r}), which ggmux cannot "
-                             "run; give custom tools with an 'input_schema'")
+            continue
         if "input_schema" not in t:
             raise BadRequest(f"tools.{i}: a tool needs an 'input_schema'")
         out.append(function_tool(t.get("name"), t.get("description"), t["input_schema"],
@@ -278,9 +292,15 @@ def _tool_choice(body: dict, chat: dict) -> None:
     kind = tc.get("type")
     if kind not in ("auto", "any", "tool", "none"):
         raise BadRequest("'tool_choice.type' must be auto, any, tool or none")
+    hosted = hosted_tools(body)
+    if kind == "tool" and tc.get("name") in hosted:
+        raise BadRequest(f"'tool_choice' forces {tc.get('name')!r}, one of Anthropic's server "
+                         "or built-in tools, which ggmux cannot run (offered with tool_choice "
+                         "auto it is left out)")
     if not chat.get("tools"):
         if kind in ("any", "tool"):
-            raise BadRequest(f"'tool_choice' {kind!r} needs 'tools'")
+            raise BadRequest(f"'tool_choice' {kind!r} needs 'tools'" + (
+                f" that ggmux can run (not only {', '.join(hosted)})" if hosted else ""))
         return  # auto or none of no tools: nothing to say to the replica
     chat["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(kind) or (
         named_choice(tc.get("name"), "tool_choice"))
@@ -357,7 +377,7 @@ def to_chat(body: dict) -> Translated:
     _tool_choice(body, chat)
     _thinking(body, chat)
     return Translated(b"/v1/chat/completions", chat, stream, _session(body),
-                      images=_has_images(messages))
+                      images=_has_images(messages), dropped=hosted_tools(body))
 
 
 def from_chat(obj: dict, model: str) -> dict:

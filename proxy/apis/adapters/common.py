@@ -43,7 +43,10 @@ class Translated:
     ``previous_response_id``) or None, ``method`` the replica request's,
     ``echo`` client fields the answer repeats (not sent to the replica),
     ``images`` whether the messages carry images (refused with 400 for a
-    model without a multimodal projector, :func:`ggmux.proxy.apis.has_projector`)."""
+    model without a multimodal projector, :func:`ggmux.proxy.apis.has_projector`),
+    ``dropped`` the hosted tools left out of what the model sees (offered
+    with ``tool_choice`` auto; nothing here runs them: issue 31 item 13),
+    named in the answer's :data:`DROPPED_TOOLS_HEADER`."""
 
     target: bytes
     body: dict
@@ -52,6 +55,12 @@ class Translated:
     method: bytes = b"POST"
     echo: dict = field(default_factory=dict)
     images: bool = False
+    dropped: list[str] = field(default_factory=list)
+
+
+DROPPED_TOOLS_HEADER = b"x-ggmux-dropped-tools"
+"""The answer header naming, comma-separated, the hosted tools a translated
+request offered that the model did not see (:attr:`Translated.dropped`)."""
 
 
 class StreamState:

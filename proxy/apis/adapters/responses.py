@@ -23,12 +23,19 @@ items), ``instructions`` (the system message), ``max_output_tokens``,
 Tools: ``function`` tools as they are; ``custom`` (free-form) tools as a
 function of one string ``input``, their calls answered as
 ``custom_tool_call`` items; a ``namespace`` (Codex's grouping) adds its
-functions, their calls answered with that ``namespace``. Built-in tools
-(``web_search``, ``file_search``, ``computer_use_preview``,
-``code_interpreter``, ``image_generation``, ``mcp``, ``local_shell``, ...)
-are refused with 400: nothing here runs them. ``tool_choice``: ``auto``,
-``none``, ``required``, ``{"type": "function", "name"}``,
-``{"type": "allowed_tools", "mode"}`` (its mode).
+functions, their calls answered with that ``namespace`` (when two
+namespaces, or a namespace and a plain tool, have a function of one name,
+the model sees ``NAMESPACE__NAME`` for each namespaced one and its calls
+come back under the client's namespace and name: issue 31 item 6).
+Hosted (built-in) tools (``web_search``, ``file_search``,
+``computer_use_preview``, ``code_interpreter``, ``image_generation``,
+``mcp``, ``local_shell``, ...), which nothing here runs, are left out of
+what the model sees (the answer's ``x-ggmux-dropped-tools`` header and a
+log line name them: Codex's default config offers ``web_search``); a
+``tool_choice`` that forces one, or ``required`` with only those, is
+refused with 400 (issue 31 item 13). ``tool_choice``: ``auto``,
+``none``, ``required``, ``{"type": "function", "name"}`` (and
+``namespace``), ``{"type": "allowed_tools", "mode"}`` (its mode).
 
 ggmux stores no responses: ``previous_response_id`` only keeps the
 conversation on one replica (its history is not restored), and what needs
@@ -43,6 +50,9 @@ Errors use OpenAI's envelope.
 """
 
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
 
 import orjson
 
@@ -127,9 +137,22 @@ def _reasoning_text(item: dict, where: str) -> str:
     return "".join(texts)
 
 
-def chat_messages(body: dict) -> list[dict]:
+def _model_name(names: dict, item: dict, name: str) -> str:
+    """The name the model knows a call's function by (:class:`ChatTools`'
+    ``names``; ``item``'s ``namespace`` picks among namespaces)."""
+    ns = item.get("namespace")
+    seen = names.get((ns if isinstance(ns, str) and ns else None, name))
+    if seen is None:
+        found = [v for k, v in names.items() if k[1] == name]
+        seen = found[0] if len(found) == 1 else name
+    return seen
+
+
+def chat_messages(body: dict, names: dict | None = None) -> list[dict]:
     """``instructions`` + ``input`` as chat-completion messages (module
-    docstring); raises :class:`BadRequest`."""
+    docstring); ``names`` maps a call's (namespace, name) to the name the
+    model sees (:class:`ChatTools`). Raises :class:`BadRequest`."""
+    names = names or {}
     out: list[dict] = []
     instructions = body.get("instructions")
     if instructions is not None:
@@ -189,7 +212,7 @@ def chat_messages(body: dict) -> list[dict]:
             msg = assistant()
             msg.setdefault("tool_calls", []).append(
                 {"id": _call_id(item, where), "type": "function",
-                 "function": {"name": name, "arguments": args}})
+                 "function": {"name": _model_name(names, item, name), "arguments": args}})
         elif kind in ("function_call_output", "custom_tool_call_output"):
             text = _output_text(item.get("output", ""), f"{where}.output")
             if item.get("call_id") is None and isinstance(item.get("name"), str):
@@ -212,58 +235,141 @@ def chat_messages(body: dict) -> list[dict]:
     return out
 
 
-def chat_tools(tools) -> tuple[list[dict], dict[str, dict]]:
-    """``tools`` -> ``(OpenAI function tools, {function name: how its calls
-    are answered})``: ``{"custom": True}`` for a free-form tool,
-    ``{"namespace": N}`` for a function of a namespace. Raises
-    :class:`BadRequest` for a built-in tool."""
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
+
+NAMESPACE_SEP = "__"
+"""Between a namespace and its function's name in the name the model sees
+when two namespaces (or a namespace and a plain tool) hold functions of
+one name (issue 31 item 6): ``fs`` + ``read`` -> ``fs__read``."""
+
+
+def hosted_tool_name(t: dict) -> str:
+    """What a hosted (built-in) tool is called in logs and the
+    ``x-ggmux-dropped-tools`` header: its ``type`` (``web_search``), or
+    ``mcp:LABEL`` for an MCP server."""
+    kind = str(t.get("type"))
+    label = t.get("server_label")
+    name = f"{kind}:{label}" if kind == "mcp" and isinstance(label, str) else kind
+    return _UNSAFE.sub("_", name)[:64]  # it goes into a header and a log line
+
+
+@dataclass(slots=True)
+class ChatTools:
+    """A Responses request's ``tools`` as the model sees them: ``tools``
+    (OpenAI function tools), ``kinds`` (model-facing function name -> how
+    its calls are answered: ``{"custom": True}`` for a free-form tool,
+    ``{"namespace": N}`` for a function of a namespace, plus ``"name"``, the
+    client's name, when the model sees another: :data:`NAMESPACE_SEP`),
+    ``names`` ((namespace or None, client's name) -> model-facing name),
+    ``hosted`` the hosted tools offered (``web_search``, ...: nothing here
+    runs them), ``hosted_names`` theirs (:func:`hosted_tool_name`)."""
+
+    tools: list[dict] = field(default_factory=list)
+    kinds: dict[str, dict] = field(default_factory=dict)
+    names: dict[tuple[str | None, str], str] = field(default_factory=dict)
+    hosted: list[dict] = field(default_factory=list)
+    hosted_names: list[str] = field(default_factory=list)
+
+
+def chat_tools(tools) -> ChatTools:
+    """``tools`` -> :class:`ChatTools`. A function of a namespace keeps its
+    name unless another namespace, or a plain tool, has a function of that
+    name: then each namespaced one is ``NAMESPACE__NAME`` toward the model
+    and its calls come back under its namespace and name (issue 31 item 6:
+    both came back labelled with the last namespace). Hosted tools are set
+    apart (``hosted``; :func:`to_chat` leaves them out or refuses). Raises
+    :class:`BadRequest` for a malformed tool, a name given twice in one
+    namespace, or a qualified name that is taken."""
+    ct = ChatTools()
     if tools is None:
-        return [], {}
+        return ct
     if not isinstance(tools, list):
         raise BadRequest("'tools' must be a list")
-    out: list[dict] = []
-    kinds: dict[str, dict] = {}
+    funcs: list[tuple[dict, str | None, str]] = []  # (tool, namespace, where)
 
     def add(t, where: str, namespace: str | None = None) -> None:
         if not isinstance(t, dict):
             raise BadRequest(f"{where}: must be an object")
         kind = t.get("type")
-        if kind == "function":
-            out.append(function_tool(t.get("name"), t.get("description"), t.get("parameters"),
-                                     where))
-            if namespace:
-                kinds[t["name"]] = {"namespace": namespace}
-        elif kind == "custom" and namespace is None:
-            out.append(function_tool(t.get("name"), t.get("description"), CUSTOM_INPUT, where))
-            kinds[t["name"]] = {"custom": True}
+        if kind == "function" or (kind == "custom" and namespace is None):
+            funcs.append((t, namespace, where))
         elif kind == "namespace" and namespace is None:
             name = t.get("name")
-            if not isinstance(name, str) or not isinstance(t.get("tools"), list):
+            if not isinstance(name, str) or not name or not isinstance(t.get("tools"), list):
                 raise BadRequest(f"{where}: a namespace needs a 'name' and a list of 'tools'")
             for j, inner in enumerate(t["tools"]):
                 add(inner, f"{where}.tools.{j}", name)
+        elif namespace is None and isinstance(kind, str) and kind:
+            ct.hosted.append(t)
+            ct.hosted_names.append(hosted_tool_name(t))
         else:
-            raise BadRequest(f"{where}: {kind!r} is one of OpenAI's built-in tools, which ggmux "
-                             "cannot run; give function tools (for Codex: web_search = "
-                             "\"disabled\" in its config)")
+            raise BadRequest(f"{where}: a tool of type {kind!r} is not supported here (a "
+                             "namespace holds function tools)")
 
     for i, t in enumerate(tools):
         add(t, f"tools.{i}")
-    return out, kinds
+    owners: dict[str, list[str | None]] = {}  # client's name -> the namespaces holding it
+    for t, ns, where in funcs:
+        name = t.get("name")
+        if not isinstance(name, str) or not name:
+            raise BadRequest(f"{where}: a tool needs a non-empty string 'name'")
+        if ns in owners.get(name, ()):
+            raise BadRequest(f"{where}: {name!r} is given twice" + (
+                f" in namespace {ns!r}" if ns else ""))
+        owners.setdefault(name, []).append(ns)
+    taken = {t["name"] for t, ns, _ in funcs if ns is None}
+    for t, ns, where in funcs:
+        name = t["name"]
+        seen = name
+        if ns is not None and len(owners[name]) > 1:
+            seen = ns.rstrip("_") + NAMESPACE_SEP + name
+            if seen in taken or seen in owners:
+                both = " and ".join(repr(x) for x in owners[name] if x)
+                raise BadRequest(f"{where}: namespaces {both} each have a function {name!r}, "
+                                 f"and {seen!r}, the name ggmux would give this one, is "
+                                 "taken: rename one")
+            taken.add(seen)
+        ct.names[(ns, name)] = seen
+        if t.get("type") == "custom":
+            ct.tools.append(function_tool(seen, t.get("description"), CUSTOM_INPUT, where))
+            ct.kinds[seen] = {"custom": True}
+            continue
+        ct.tools.append(function_tool(seen, t.get("description"), t.get("parameters"), where))
+        if ns is not None:
+            ct.kinds[seen] = {"namespace": ns} if seen == name else {"namespace": ns,
+                                                                     "name": name}
+    return ct
 
 
-def _tool_choice(tc):
+def _tool_choice(tc, ct: ChatTools):
+    """``tool_choice`` in chat form; raises :class:`BadRequest`, also for a
+    choice that forces a hosted tool (nothing here runs one)."""
     if tc is None:
         return None
     if tc in ("auto", "none", "required"):
         return tc
     kind = tc.get("type") if isinstance(tc, dict) else None
     if kind in ("function", "custom"):
-        return named_choice(tc.get("name"), "tool_choice")
+        name, ns = tc.get("name"), tc.get("namespace")
+        if isinstance(name, str):
+            key = (ns if isinstance(ns, str) else None, name)
+            if key not in ct.names:  # a namespaced function named without its namespace
+                found = [(k[0], v) for k, v in ct.names.items() if k[1] == name]
+                if len(found) > 1:
+                    raise BadRequest(f"'tool_choice' names {name!r}, which namespaces "
+                                     + " and ".join(repr(n) for n, _ in found if n)
+                                     + " each have: give its 'namespace' too")
+                name = found[0][1] if found else name
+            else:
+                name = ct.names[key]
+        return named_choice(name, "tool_choice")
     if kind == "allowed_tools" and tc.get("mode") in ("auto", "required"):
         return tc["mode"]
+    if isinstance(kind, str) and kind:
+        raise BadRequest(f"'tool_choice' forces {kind!r}, one of OpenAI's hosted tools, which "
+                         "ggmux cannot run (offered with tool_choice auto it is left out)")
     raise BadRequest("'tool_choice' must be auto, none, required or {\"type\": \"function\", "
-                     "\"name\": ...} (built-in tools cannot be chosen here)")
+                     "\"name\": ...}")
 
 
 def _response_format(text) -> dict | None:
@@ -295,7 +401,8 @@ def to_chat(body: dict) -> Translated:
     if body.get("conversation") is not None:
         raise BadRequest(NOT_STORED.format(what="'conversation'"))
     stream = stream_flag(body)
-    messages = chat_messages(body)
+    ct = chat_tools(body.get("tools"))
+    messages = chat_messages(body, ct.names)
     chat: dict = {"model": body.get("model"), "messages": messages, "stream": stream}
     if stream:
         chat["stream_options"] = {"include_usage": True}
@@ -312,10 +419,13 @@ def to_chat(body: dict) -> Translated:
     rf = _response_format(body.get("text"))
     if rf is not None:
         chat["response_format"] = rf
-    tools, kinds = chat_tools(body.get("tools"))
-    if tools:
-        chat["tools"] = tools
-        tc = _tool_choice(body.get("tool_choice"))
+    tc = _tool_choice(body.get("tool_choice"), ct)
+    if ct.hosted and not ct.tools and tc == "required":
+        raise BadRequest(f"'tool_choice' requires a tool, and the only ones offered "
+                         f"({', '.join(ct.hosted_names)}) are OpenAI's hosted tools, which "
+                         "ggmux cannot run")
+    if ct.tools:
+        chat["tools"] = ct.tools
         if tc is not None:
             chat["tool_choice"] = tc
         ptc = body.get("parallel_tool_calls")
@@ -338,9 +448,10 @@ def to_chat(body: dict) -> Translated:
     echo = {k: body.get(k) for k in ("instructions", "max_output_tokens", "previous_response_id",
                                      "temperature", "top_p", "metadata", "tools", "tool_choice",
                                      "parallel_tool_calls", "text")}
-    echo["kinds"] = kinds
+    echo["kinds"] = ct.kinds
     return Translated(b"/v1/chat/completions", chat, stream, session, echo=echo,
-                      images=any(isinstance(m.get("content"), list) for m in messages))
+                      images=any(isinstance(m.get("content"), list) for m in messages),
+                      dropped=ct.hosted_names)
 
 
 def from_chat(obj: dict, req: Translated) -> dict:

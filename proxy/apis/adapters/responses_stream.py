@@ -51,9 +51,10 @@ def message_item(item_id: str, text: str, status: str) -> dict:
 
 
 def call_item(item_id: str, call: ToolCall, kind: dict, status: str) -> dict:
-    """A ``function_call`` item, or a ``custom_tool_call`` when ``kind``
-    says ``custom`` (its ``input`` from the arguments' ``input``; empty
-    while in progress)."""
+    """A ``function_call`` item (named as the client named it: ``kind``'s
+    ``name`` and ``namespace`` when the model saw a qualified name), or a
+    ``custom_tool_call`` when ``kind`` says ``custom`` (its ``input`` from
+    the arguments' ``input``; empty while in progress)."""
     if kind.get("custom"):
         inp = ""
         if status != "in_progress":
@@ -66,7 +67,8 @@ def call_item(item_id: str, call: ToolCall, kind: dict, status: str) -> dict:
         return {"id": item_id, "type": "custom_tool_call", "status": status,
                 "call_id": call.id, "name": call.name, "input": inp}
     item = {"id": item_id, "type": "function_call", "status": status, "call_id": call.id,
-            "name": call.name, "arguments": call.arguments if status != "in_progress" else ""}
+            "name": kind.get("name", call.name),  # the client's, when the model saw another
+            "arguments": call.arguments if status != "in_progress" else ""}
     if kind.get("namespace"):
         item["namespace"] = kind["namespace"]
     return item
@@ -193,7 +195,7 @@ class ResponsesStream(StreamState):
                                   output_index=at, input=item["input"]))
             else:
                 out = self._ev("response.function_call_arguments.done", item_id=iid,
-                               output_index=at, name=call.name, arguments=call.arguments)
+                               output_index=at, name=item["name"], arguments=call.arguments)
         self.output.append(item)
         return out + self._ev("response.output_item.done", output_index=at, item=item)
 
