@@ -111,7 +111,8 @@ def prompt_excerpt(body: bytes | bytearray) -> str:
 
 def _answer_piece(doc: dict) -> str:
     out = []
-    for ch in doc.get("choices") or ():
+    choices = doc.get("choices")
+    for ch in choices if isinstance(choices, list) else ():  # any JSON from a replica
         if not isinstance(ch, dict):
             continue
         for key in ("delta", "message"):
@@ -176,9 +177,11 @@ class Activity:
                    flags=cython.longlong, sent=cython.longlong)
     def record(self, req: Request, m: int, slot: int, ex: Exchange | None, status: int) -> None:
         """One request to model ``m`` ended: forwarded to replica ``slot``
-        with :class:`Exchange` ``ex`` (its ``status``), or answered by the
-        proxy itself with ``status`` (``slot`` -1, ``ex`` None: a load that
-        failed, every replica busy, the client gone while waiting)."""
+        with :class:`Exchange` ``ex`` (its ``status``, unless the client got
+        an error for a success the replica sent: ``req.status``, a
+        translation's 502; issue 31 item 4), or answered by the proxy itself
+        with ``status`` (``slot`` -1, ``ex`` None: a load that failed, every
+        replica busy, the client gone while waiting)."""
         ring = self.ring
         if ring is None:
             return
@@ -189,6 +192,8 @@ class Activity:
         size = flags = 0
         if ex is not None:
             status = ex.status
+            if status < 400 and req.status >= 400:  # the client got an error: that counts
+                status = req.status
             sent = ex.sent_ns or now
             wait = sent - started
             if ex.first_byte_ns:

@@ -464,7 +464,7 @@ def test_two_namespaces_with_one_function_name_stay_apart_end_to_end():
     assert [(o["name"], o.get("namespace")) for o in done] == named
     assert [d["name"] for n, d in evs if n == "response.function_call_arguments.done"] == [
         "read", "read", "write"]
-    final = [d for n, d in evs if n == "response.completed"][0]["response"]["output"]
+    final = next(d for n, d in evs if n == "response.completed")["response"]["output"]
     assert [(o["name"], o.get("namespace")) for o in final] == named
     # a choice names its namespace; without one it must not be ambiguous
     chosen = R.to_chat(resp(tools=TWO_NS, tool_choice={"type": "function", "name": "read",

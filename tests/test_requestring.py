@@ -140,3 +140,14 @@ def test_excerpts_take_the_last_message_and_the_answers_text():
     assert activity.answer_excerpt(sse, True) == "Hi there"
     assert activity.answer_excerpt(b'{"choices":[{"text":"abc"}]}', False) == "abc"
     assert activity._cut("é" * 10, 5) == "é".encode() * 2  # never half a character
+
+
+def test_a_malformed_answer_or_a_count_beyond_64_bits_never_breaks_a_record(ring):
+    # issue 31 item 4: {"choices": 5} raised a TypeError in the excerpt and a usage of
+    # 2**64 - 1 one in the pack: either dropped the request from /requests
+    assert activity.answer_excerpt(b'{"choices": 5}', False) == ""
+    assert activity.answer_excerpt(b'data: {"choices": "x"}\n\n', True) == ""
+    huge = {"prompt_tokens": 2 ** 64 - 1, "completion_tokens": 1}
+    assert usage_line(huge) == b"" and parse_usage(b"%d 0 1" % (2 ** 63)) is None
+    assert usage_from_tail(b'{"usage": {"prompt_tokens": 18446744073709551615, '
+                           b'"completion_tokens": 1}}') is None

@@ -300,7 +300,7 @@ def test_responses_namespaces_sharing_a_function_name_answer_under_their_own(srv
         assert st == 200, data
         if stream:
             done = [json.loads(b[6:]) for b in data.split(b"\n") if b.startswith(b"data: ")]
-            doc = [d for d in done if d["type"] == "response.completed"][0]["response"]
+            doc = next(d for d in done if d["type"] == "response.completed")["response"]
         else:
             doc = json.loads(data)
         calls = [o for o in doc["output"] if o["type"] == "function_call"]

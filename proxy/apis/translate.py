@@ -36,12 +36,15 @@ import orjson
 from ..http import Header, HttpConnection, Request
 from .adapters.common import (
     DROPPED_TOOLS_HEADER,
+    UNTRANSLATABLE,
     Adapter,
     BadReply,
     SseEvents,
     StreamState,
     Translated,
+    reason,
 )
+from .adapters.tools import reply
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +78,14 @@ class ApiErrors:
 
 
 def _as_chunk(obj: dict) -> dict:
-    """A whole chat completion as one chunk (a replica that ignored ``stream``)."""
+    """A whole chat completion as one chunk (a replica that ignored
+    ``stream``); raises :class:`BadReply` where :func:`~.adapters.tools.reply`
+    would (no choice, a choice of the wrong shape)."""
+    reply(obj)
     choices = []
-    for ch in obj.get("choices") or []:
+    for ch in obj["choices"]:
         if isinstance(ch, dict):
-            delta = ch.get("message") if isinstance(ch.get("message"), dict) else {}
+            delta = ch.get("message") if isinstance(ch.get("message"), dict) else None
             choices.append({"index": ch.get("index", 0), "delta": delta, "text": ch.get("text"),
                             "finish_reason": ch.get("finish_reason")})
     out = {"choices": choices}
@@ -180,12 +186,27 @@ class TranslatedConnection:
             if out:
                 self.conn.send_chunk(out)
             if state.failed:
+                self._failed()
                 return
 
     def _close_stream(self) -> None:
         if not self.ended:
             self.ended = True
-            self.conn.send_chunk(self.state.end())
+            state = self.state
+            try:
+                out = state.end()
+            except UNTRANSLATABLE as e:
+                out = state.untranslatable(e)
+            self.conn.send_chunk(out)
+            if state.failed:
+                self._failed()
+
+    def _failed(self) -> None:
+        """The stream ended with the API's error event for an answer that
+        could not be translated: the request ring records the 502 a whole
+        answer would have got (``req.status``; issue 31 item 4)."""
+        if self.req.status < 400:
+            self.req.status = 502
 
     def end_stream(self, req: Request) -> None:
         """The replica's answer ended cleanly: close the stream, or
@@ -197,11 +218,12 @@ class TranslatedConnection:
         if state is None:
             self.conn.end_stream(req)
             return
-        if state.failed:
+        if not state.failed:
+            self._close_stream()
+        if state.failed:  # never a clean end after the API's error event
             self.conn.close()
             self.conn.finish(req)
             return
-        self._close_stream()
         self.conn.end_stream(req)
 
     def finish(self, req: Request) -> None:
@@ -253,17 +275,26 @@ class TranslatedConnection:
             if not isinstance(obj, dict):
                 raise BadReply("the replica's answer is not a JSON object")
             if t.stream:  # the replica answered whole: play it through the stream
-                self.start_stream(req)
-                state = self.state
+                # (translated first: an answer that cannot be is a plain 502)
+                state = adapter.stream(t)
                 out = state.chunk(_as_chunk(obj)) + state.end()
+                if state.failed:
+                    raise BadReply(state.why)
+                self.state = state
+                self.sse = SseEvents()
+                self.conn.start_stream(req, content_type=state.content_type,
+                                       headers=self._headers())
                 self.ended = True
                 self.conn.send_chunk(out)
                 self.conn.end_stream(req)
                 return
             out = adapter.response(obj, t)
-        except (orjson.JSONDecodeError, BadReply) as e:
-            log.warning("untranslatable answer from the replica for %s: %s", req.path, e)
-            ctype, body = adapter.error(502, f"the replica's answer could not be translated: {e}")
+        except (orjson.JSONDecodeError, *UNTRANSLATABLE) as e:
+            why = reason(e) if not isinstance(e, orjson.JSONDecodeError) else str(e)
+            log.warning("untranslatable answer from the replica for %s: %s",
+                        req.path.decode("latin-1"), why)
+            ctype, body = adapter.error(502, f"the replica's answer could not be translated: "
+                                             f"{why}")
             self.conn.send_response(req, 502, body, ctype, self._headers())
             return
         self.conn.send_response(req, 200, orjson.dumps(out), headers=self._headers())

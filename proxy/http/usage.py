@@ -20,6 +20,11 @@ from __future__ import annotations
 import orjson
 
 USAGE_HEADER = b"x-ggmux-usage"
+MAX_COUNT = (1 << 62) - 1
+"""The largest token count taken from a replica: a record holds signed
+64-bit words (the request ring's, the compiled record's ``long long``), and
+a replica's usage is any JSON integer (issue 31 item 4: 2**64 - 1 raised in
+the ring's record, and the request vanished from ``/requests``)."""
 
 
 def usage_counts(usage: object) -> tuple[int, int, int] | None:
@@ -31,7 +36,7 @@ def usage_counts(usage: object) -> tuple[int, int, int] | None:
     prompt, gen = usage.get("prompt_tokens"), usage.get("completion_tokens", 0)
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens", 0) if isinstance(details, dict) else 0
-    if not all(type(v) is int and v >= 0 for v in (prompt, gen, cached)):
+    if not all(type(v) is int and 0 <= v <= MAX_COUNT for v in (prompt, gen, cached)):
         return None
     return prompt, cached, gen
 
@@ -58,7 +63,7 @@ def parse_usage(value: bytes | None) -> tuple[int, int, int] | None:
         counts = int(prompt), int(cached), int(gen)
     except (AttributeError, ValueError):  # none, not three fields, not numbers
         return None
-    return counts if min(counts) >= 0 else None
+    return counts if min(counts) >= 0 and max(counts) <= MAX_COUNT else None
 
 
 def _object_after(tail: bytes, key: bytes) -> dict | None:
@@ -95,7 +100,7 @@ def _timings_counts(timings: object) -> tuple[int, int, int] | None:
         return None
     prompt, cached, gen = (timings.get("prompt_n"), timings.get("cache_n", 0),
                            timings.get("predicted_n", 0))
-    if not all(type(v) is int and v >= 0 for v in (prompt, cached, gen)):
+    if not all(type(v) is int and 0 <= v <= MAX_COUNT for v in (prompt, cached, gen)):
         return None
     # llama-server's prompt_n counts the tokens it evaluated, cache_n those it reused
     return prompt + cached, cached, gen

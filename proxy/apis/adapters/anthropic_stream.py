@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import orjson
 
-from .common import StreamState, Usage, new_id, sse
-from .tools import Calls, delta
+from .common import BadReply, StreamState, Usage, new_id, sse
+from .tools import Calls, check_arguments, delta
 
 # HTTP status -> Anthropic error type (Anthropic's "Errors" page)
 ERROR_TYPES = {
@@ -165,6 +165,14 @@ class MessagesStream(StreamState):
         return stop_reason(self.finish, bool(self.calls.calls))
 
     def end(self) -> bytes:
+        """The closing events; the API's error event instead when a tool
+        call's arguments are not a JSON object (as a whole answer's 502),
+        but for an answer cut at its limit (``max_tokens`` says so)."""
+        try:
+            if self.finish != "length":
+                check_arguments(self.calls.calls)
+        except BadReply as e:
+            return (b"" if self.started else self._start()) + self.untranslatable(e)
         out = b"" if self.started else self._start()
         if self.index < 0:
             out += self._open("text", {"type": "text", "text": ""})

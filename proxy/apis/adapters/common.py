@@ -12,11 +12,14 @@ Nothing here does I/O; :mod:`ggmux.proxy.apis.translate` feeds them bytes.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
 
 import orjson
+
+log = logging.getLogger(__name__)
 
 
 class BadRequest(ValueError):
@@ -32,6 +35,19 @@ class BadRequest(ValueError):
 class BadReply(Exception):
     """A replica's 200 answer lacks what the API's answer needs (answered
     with 502: the replica's fault, not the client's)."""
+
+
+UNTRANSLATABLE = (BadReply, TypeError, ValueError, AttributeError, KeyError, IndexError)
+"""What translating a replica's answer may raise for an answer of the
+wrong shape: :class:`BadReply` where an adapter checks, a Python error
+where a shape nobody foresaw got past (every one is a 502 in the client's
+envelope, or the API's error event in a stream; issue 31 item 4)."""
+
+
+def reason(e: Exception) -> str:
+    """An untranslatable answer's reason for the client: a :class:`BadReply`'s
+    text, else the error's type and text."""
+    return str(e) if isinstance(e, BadReply) else f"{type(e).__name__}: {e}"
 
 
 @dataclass(slots=True)
@@ -78,6 +94,7 @@ class StreamState:
 
     content_type: bytes = b"text/event-stream"
     failed: bool = False
+    why: str = ""  # what made it fail, when it could not translate
 
     def event(self, data: bytes) -> bytes:
         try:
@@ -91,7 +108,19 @@ class StreamState:
             self.failed = True
             message, status = error_message(obj)
             return self.error(status or 500, message)
-        return self.chunk(obj)
+        try:
+            return self.chunk(obj)
+        except UNTRANSLATABLE as e:
+            return self.untranslatable(e)
+
+    def untranslatable(self, e: Exception) -> bytes:
+        """The API's error event for a replica chunk (or end) that could not
+        be translated; sets ``failed`` (issue 31 item 4: the client gets
+        what a whole answer's 502 says, never a clean end)."""
+        self.failed = True
+        self.why = reason(e)
+        log.warning("untranslatable stream from the replica: %s", self.why)
+        return self.error(502, f"the replica's answer could not be translated: {self.why}")
 
     def chunk(self, chunk: dict) -> bytes:
         raise NotImplementedError

@@ -417,8 +417,7 @@ class NdjsonStream(StreamState):
             try:
                 out = self._line("", calls=ollama_calls(self.calls.calls), done=False)
             except BadReply as e:
-                self.failed = True
-                return self.error(502, str(e))
+                return self.untranslatable(e)
         t2 = time.monotonic_ns()
         return out + self._line("", done=True, done_reason=done_reason(self.finish),
                                 **_done_fields(self.usage, self.t0, self.t1 or t2, t2))

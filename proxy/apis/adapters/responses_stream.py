@@ -25,7 +25,7 @@ from __future__ import annotations
 import orjson
 
 from .common import BadReply, StreamState, Translated, Usage, new_id, now_s, sse
-from .tools import Calls, ToolCall, arguments_object, delta
+from .tools import Calls, ToolCall, arguments_object, check_arguments, delta
 
 
 def usage_object(u: Usage) -> dict:
@@ -77,7 +77,11 @@ def call_item(item_id: str, call: ToolCall, kind: dict, status: str) -> dict:
 def output_items(reasoning: str, text: str, calls: list[ToolCall], kinds: dict,
                  status: str) -> list[dict]:
     """The ``output`` of a whole answer: reasoning, the message (also when
-    empty, unless there are tool calls), the calls."""
+    empty, unless there are tool calls), the calls. Raises
+    :class:`BadReply` for a function call whose arguments are not a JSON
+    object (a custom tool's input is free-form: the text as it came)."""
+    if status != "incomplete":  # cut at max_output_tokens: the arguments may be cut too
+        check_arguments([c for c in calls if not kinds.get(c.name, {}).get("custom")])
     out = []
     if reasoning:
         out.append(reasoning_item(new_id("rs_"), reasoning, "completed"))
@@ -264,7 +268,16 @@ class ResponsesStream(StreamState):
         return out
 
     def end(self) -> bytes:
+        """The closing events; the API's error event instead when a function
+        call's arguments are not a JSON object (as a whole answer's 502),
+        but for an answer cut at its limit (``incomplete`` says so)."""
         out = b"" if self.started else self._start()
+        try:
+            if self.finish != "length":
+                check_arguments([c for c in self.calls.calls
+                                 if not self.kinds.get(c.name, {}).get("custom")])
+        except BadReply as e:
+            return out + self.untranslatable(e)
         if self.index < 0:
             out += self._open("message")
         out += self._close()

@@ -82,27 +82,45 @@ def _reasoning(d: dict) -> str:
     return r if isinstance(r, str) else ""
 
 
-def _first_choice(obj: dict) -> dict | None:
+def _first_choice(obj: dict, whole: bool) -> dict | None:
+    """The first of ``obj``'s ``choices``; None for a chunk with none (the
+    usage chunk's ``[]``, or no ``choices`` at all). Raises :class:`BadReply`
+    for ``choices`` that is not a list of objects, and for a whole answer
+    (``whole``) without a choice (issue 31 item 4: ``{"choices": 5}`` was an
+    empty 200 ``end_turn``)."""
     choices = obj.get("choices")
-    if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
+    if choices is None and not whole:
         return None
+    if not isinstance(choices, list):
+        raise BadReply(f"the replica's 'choices' is {type(choices).__name__}, not a list")
+    if not choices:
+        if whole:
+            raise BadReply("the replica's answer has no choice")
+        return None
+    if not isinstance(choices[0], dict):
+        raise BadReply(f"the replica's choice is {type(choices[0]).__name__}, not an object")
     return choices[0]
 
 
 def reply(obj: dict) -> Reply:
     """:class:`Reply` of a chat completion (``message``) or a completion
     (``text``); tool calls without a name are dropped (nothing could run
-    them), ids a replica left out are made up (``call_`` + 24 hex digits)."""
-    ch = _first_choice(obj)
-    if ch is None:
-        return Reply()
+    them), ids a replica left out are made up (``call_`` + 24 hex digits).
+    Raises :class:`BadReply` for an answer without a choice, or whose
+    choice has neither a ``message`` object nor a ``text`` string."""
+    ch = _first_choice(obj, True)
     msg = ch.get("message")
     if not isinstance(msg, dict):
         text = ch.get("text")
-        return Reply(text if isinstance(text, str) else "", finish=ch.get("finish_reason"))
+        if not isinstance(text, str):
+            raise BadReply("the replica's choice has neither a 'message' object nor a 'text'")
+        return Reply(text, finish=ch.get("finish_reason"))
     text = msg.get("content")
     calls = []
-    for c in msg.get("tool_calls") or ():
+    tool_calls = msg.get("tool_calls")
+    if tool_calls is not None and not isinstance(tool_calls, list):
+        raise BadReply(f"the replica's 'tool_calls' is {type(tool_calls).__name__}, not a list")
+    for c in tool_calls or ():
         fn = c.get("function") if isinstance(c, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             continue
@@ -118,17 +136,23 @@ def reply(obj: dict) -> Reply:
 
 def delta(chunk: dict) -> Delta:
     """:class:`Delta` of a chat-completion chunk (``delta``) or a
-    completion chunk (``text``)."""
-    ch = _first_choice(chunk)
+    completion chunk (``text``); raises :class:`BadReply` for ``choices``,
+    ``delta`` or ``delta.tool_calls`` of the wrong type."""
+    ch = _first_choice(chunk, False)
     if ch is None:
         return Delta()
     d = ch.get("delta")
     if not isinstance(d, dict):
+        if d is not None:
+            raise BadReply(f"the replica's 'delta' is {type(d).__name__}, not an object")
         text = ch.get("text")
         return Delta(text if isinstance(text, str) else "", finish=ch.get("finish_reason"))
     text = d.get("content")
     calls = []
-    for i, c in enumerate(d.get("tool_calls") or ()):
+    tool_calls = d.get("tool_calls")
+    if tool_calls is not None and not isinstance(tool_calls, list):
+        raise BadReply(f"the replica's 'tool_calls' is {type(tool_calls).__name__}, not a list")
+    for i, c in enumerate(tool_calls or ()):
         if not isinstance(c, dict):
             continue
         fn = c.get("function") if isinstance(c.get("function"), dict) else {}
@@ -165,6 +189,14 @@ class Calls:
             call.name = d.name
         call.arguments += d.arguments
         return call, new
+
+
+def check_arguments(calls: list[ToolCall]) -> None:
+    """Raise :class:`BadReply` unless every call's arguments are a JSON
+    object (or empty): a streamed answer ends with the API's error event,
+    a whole one gets 502 (issue 31 item 4)."""
+    for c in calls:
+        arguments_object(c.arguments, c.name)
 
 
 def arguments_object(text: str, name: str) -> dict:
