@@ -265,7 +265,9 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                         "more get 429")
     s.add_argument("--stream-keepalive", type=float, default=5.0,
                    help="a streaming request waiting for its model gets the SSE head and a "
-                        "comment every this many seconds")
+                        "comment every this many seconds; an Anthropic or Responses stream "
+                        "without content (a long prefill) gets the API's opening events and "
+                        "its keep-alive event (ping, response.in_progress) this often")
     s.add_argument("--cors-origins", default="*",
                    help="origins browsers may call from: '*' (any, without credentials; "
                         "llama-server's default), or a comma-separated list, which also get "

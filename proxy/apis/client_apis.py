@@ -81,6 +81,7 @@ class Proxy(Protocol):
     ready: set[int]
     seg: Segment
     waiters: ModelWaiters
+    stream_keepalive: float  # seconds (--stream-keepalive)
 
     def refresh(self) -> None: ...
 
@@ -287,10 +288,12 @@ class ClientApis:
                     log.info("%s %s: left out the hosted tools %s (tool_choice auto; nothing "
                              "here runs them)", name, req.path.decode("latin-1"),
                              ", ".join(t.dropped))
-                if (t.stream and isinstance(adapter, anthropic.Messages)
+                if (t.stream and isinstance(adapter, (anthropic.Messages, responses.Responses))
                         and p.reg_models[m].get("kind") == "llama"):
-                    # the built-in instance's prompt_progress chunk comes first: its
-                    # size goes into message_start, as llama-server's does
+                    # the built-in instance's prompt_progress chunk comes first, once it
+                    # took the request: the stream opens then (message_start with the
+                    # prompt's size, as llama-server's; response.created), before the
+                    # prefill (issue 31 item 12)
                     t.body["return_progress"] = True
             if name not in p.names:  # NAME:latest: the replica gets the registered name
                 t.body["model"] = p.reg_models[m]["name"]
@@ -316,9 +319,12 @@ class ClientApis:
         req.url = t.target
         req.method = t.method
         session = {"prompt_cache_key": t.session} if t.session else {}
+        if t.stream:
+            wrap.keep_alive(asyncio.get_running_loop(), p.stream_keepalive)
         try:
             await p._forward(wrap, req, m, name, session, stream=t.stream)
         finally:
+            wrap.stop_keep_alive()
             if keep is not None:
                 self._keep_alive(m, name, keep, order)
 

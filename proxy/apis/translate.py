@@ -28,6 +28,7 @@ writes the adapter's translation to the real connection instead:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable
 
@@ -99,7 +100,8 @@ class TranslatedConnection:
     (module docstring). One per request; ``t`` is set once the request was
     translated (errors before that use only ``adapter.error``)."""
 
-    __slots__ = ("adapter", "buf", "conn", "ended", "req", "sse", "state", "status", "t")
+    __slots__ = ("adapter", "buf", "conn", "ended", "interval", "loop", "req", "sse", "state",
+                 "status", "t", "timer")
 
     def __init__(self, conn: HttpConnection, req: Request, adapter: Adapter,
                  t: Translated | None = None):
@@ -112,6 +114,53 @@ class TranslatedConnection:
         self.buf: bytearray | None = None  # a whole answer being collected
         self.status = 0
         self.ended = False  # the stream's closing bytes went out
+        self.timer: asyncio.TimerHandle | None = None  # the prefill keep-alive's
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.interval = 0.0
+
+    # ---- the prefill keep-alive (issue 31 item 12) -------------------------------------
+    def keep_alive(self, loop: asyncio.AbstractEventLoop, interval: float) -> None:
+        """Keep a streamed answer alive with the API's own events while the
+        replica has sent no content (a long prefill, a load): every
+        ``interval`` seconds (``--stream-keepalive``; 0: off) without
+        content, the stream opens if it did not (the 200 SSE head, marked
+        ``req.preheaded`` so the relay pours the replica's answer into it,
+        an error answer as the API's error event) with the API's opening
+        events, then one keep-alive event per interval
+        (:meth:`~.adapters.common.StreamState.keepalive`: Anthropic ``ping``,
+        Responses ``response.in_progress``). An API without keep-alive
+        events (Ollama's NDJSON) is left alone: nothing opens early."""
+        if interval <= 0 or self.t is None or not self.t.stream:
+            return
+        if not self.adapter.stream(self.t).keepalive():  # an API without such events
+            return
+        self.loop, self.interval = loop, interval
+        self.timer = loop.call_later(interval, self._tick)
+
+    def stop_keep_alive(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _tick(self) -> None:
+        self.timer = None
+        req = self.req
+        if self.ended or self.buf is not None or req.disconnected:
+            return
+        state = self.state
+        if state is None:
+            if req.status:  # an answer went out already (an error)
+                return
+            req.preheaded = True
+            self.start_stream(req)
+            state = self.state
+        if state.failed:
+            return
+        out = state.keepalive()
+        if not out:  # content flows: no more keep-alives needed
+            return
+        self.conn.send_chunk(out)
+        self.timer = self.loop.call_later(self.interval, self._tick)
 
     # ---- the connection interface the relay uses --------------------------------
     @property
@@ -211,6 +260,7 @@ class TranslatedConnection:
     def end_stream(self, req: Request) -> None:
         """The replica's answer ended cleanly: close the stream, or
         translate the whole answer."""
+        self.stop_keep_alive()
         if self.buf is not None:
             self._whole(req)
             return
@@ -227,11 +277,13 @@ class TranslatedConnection:
         self.conn.end_stream(req)
 
     def finish(self, req: Request) -> None:
+        self.stop_keep_alive()
         self.conn.finish(req)
 
     def close(self) -> None:
         """The relay gives up mid-answer (the replica died, or sent an
         error into a stream the proxy had opened)."""
+        self.stop_keep_alive()
         if self.buf is not None:
             # nothing went out yet: a proper error answer instead of a cut
             self.buf = None
@@ -244,6 +296,7 @@ class TranslatedConnection:
                    headers: Iterable[Header] = (), **_extra) -> None:
         """The proxy's error, in the API's envelope (an error event when the
         stream already began)."""
+        self.stop_keep_alive()
         if self.state is not None:
             if not self.ended:
                 self.conn.send_chunk(self.state.error(status, message))

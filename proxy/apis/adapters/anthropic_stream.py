@@ -97,6 +97,13 @@ class MessagesStream(StreamState):
                "usage": usage_object(self.usage, 0)}
         return sse("message_start", {"type": "message_start", "message": msg})
 
+    def keepalive(self) -> bytes:
+        """``message_start`` if it did not go out yet, else a ``ping``
+        (Anthropic's keep-alive event); nothing once a block opened."""
+        if not self.started:
+            return self._start()
+        return sse("ping", {"type": "ping"}) if self.index < 0 else b""
+
     def _close(self) -> bytes:
         if self.block is None:
             return b""

@@ -125,6 +125,15 @@ class StreamState:
     def chunk(self, chunk: dict) -> bytes:
         raise NotImplementedError
 
+    def keepalive(self) -> bytes:
+        """The API's own keep-alive while the replica reads a long prompt
+        (issue 31 item 12: Codex counts its idle timeout in events, not SSE
+        comments): the opening events first if they did not go out yet, then
+        the API's keep-alive event (Anthropic ``ping``, Responses
+        ``response.in_progress``); ``b""`` once content flows, or for an API
+        that has none (Ollama's NDJSON, OpenAI's chat completions)."""
+        return b""
+
     def end(self) -> bytes:
         raise NotImplementedError
 

@@ -449,6 +449,9 @@ def to_chat(body: dict) -> Translated:
                                      "temperature", "top_p", "metadata", "tools", "tool_choice",
                                      "parallel_tool_calls", "text")}
     echo["kinds"] = ct.kinds
+    # prompt_progress on response.in_progress only when the client asked (the
+    # proxy asks the built-in instance itself: its acceptance opens the stream)
+    echo["progress"] = body.get("return_progress") is True
     return Translated(b"/v1/chat/completions", chat, stream, session, echo=echo,
                       images=any(isinstance(m.get("content"), list) for m in messages),
                       dropped=ct.hosted_names)

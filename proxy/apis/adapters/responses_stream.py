@@ -164,8 +164,17 @@ class ResponsesStream(StreamState):
         read, ``server-task.cpp``'s ``to_json_oaicompat_resp``)."""
         if resp is None:
             resp = {"id": self.id, "object": "response", "status": "in_progress"}
-        extra = {"prompt_progress": progress} if progress is not None else {}
+        shown = progress is not None and self.req.echo.get("progress", True)
+        extra = {"prompt_progress": progress} if shown else {}
         return self._ev("response.in_progress", response=resp, **extra)
+
+    def keepalive(self) -> bytes:
+        """``response.created`` and ``response.in_progress`` if they did not
+        go out yet, else ``response.in_progress`` again (the Responses API's
+        only event for "still working"); nothing once an item opened."""
+        if not self.started:
+            return self._start()
+        return self._in_progress(None) if self.index < 0 else b""
 
     def _status(self) -> str:
         return "incomplete" if self.finish == "length" else "completed"
@@ -234,8 +243,10 @@ class ResponsesStream(StreamState):
         progress = chunk.get("prompt_progress")
         if not self.started:
             out = self._start(progress)
+        elif progress is not None and self.req.echo.get("progress", True):
+            out = self._in_progress(progress)
         else:
-            out = self._in_progress(progress) if progress is not None else b""
+            out = b""
         # llama-server's timings_per_token: the timings so far on each delta event
         timed = {}
         if isinstance(chunk.get("timings"), dict):
