@@ -38,7 +38,7 @@ def readme_lines() -> dict[str, str]:
     """The lines of README's ready-to-paste block: ``serve``, ``claude``,
     ``codex`` (the block that starts ``ggmux serve --models-preset``)."""
     text = (ROOT / "README.md").read_text()
-    block = re.search(r"```sh\n(ggmux serve --models-preset [^\n]+\n.*?)```", text, re.S)
+    block = re.search(r"```sh\n(ggmux serve --models-preset [^\n]+\n.*?)```", text, re.DOTALL)
     assert block, "README has no ready-to-paste agent block"
     out = {}
     for line in block.group(1).splitlines():
@@ -56,7 +56,7 @@ LINES = readme_lines()
 
 
 def preset_ctx(path: Path) -> int:
-    return int(re.search(r"^ctx-size = (\d+)", path.read_text(), re.M).group(1))
+    return int(re.search(r"^ctx-size = (\d+)", path.read_text(), re.MULTILINE).group(1))
 
 
 @pytest.fixture(scope="module")

@@ -54,6 +54,10 @@ SH_BLOCKS: dict[str, str | None] = {
     "claude --model qwen3-8b":
         "Claude Code against a model this machine does not have: tests/test_agents.py runs "
         "Claude Code against ggmux",
+    "ggmux serve --models-preset presets.agents.ini":
+        "agents on the real demo model (prefills of minutes): tests/test_agent_presets.py "
+        "starts this server line, sends each agent's first request through it, and runs the "
+        "Codex line on the fake instance",
     "--node-name gpu1":
         "several machines (gpu1, cpu1, nats-host); the one-machine recipe runs instead",
     "curl -sN http://127.0.0.1:8080/models/sse": None,  # test_the_use_it_curl_lines
