@@ -22,6 +22,16 @@ writes the adapter's translation to the real connection instead:
   answer into the API's envelope with the replica's status; a replica that
   dies before the end gets a 502 in the API's envelope, since nothing went
   out yet;
+* an answer that cannot be translated (``choices`` of the wrong shape, a
+  tool call whose arguments are no JSON object: :data:`~.adapters.common.
+  UNTRANSLATABLE`) is a 502 in the API's envelope, or, once the stream
+  began, the API's error event and no clean end; ``req.status`` then says
+  502, which the request ring records (issue 31 item 4);
+* a streamed answer without content for ``--stream-keepalive`` seconds (a
+  long prefill) opens and gets the API's keep-alive events
+  (:meth:`TranslatedConnection.keep_alive`; issue 31 item 12); every
+  answer names the hosted tools the model did not see
+  (:data:`~.adapters.common.DROPPED_TOOLS_HEADER`; issue 31 item 13);
 * backpressure is the real connection's: ``write_paused`` and
   ``write_paused_cb`` are its own.
 """
