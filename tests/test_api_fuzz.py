@@ -384,6 +384,7 @@ class StubProxy:
         self.ready = {0}
         self.commands: list[dict] = []
         self.forwarded: list[tuple[bytes, bytes]] = []
+        self.stream_keepalive = 5.0  # seconds (--stream-keepalive)
 
     def refresh(self) -> None:
         pass
