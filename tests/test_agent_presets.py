@@ -172,5 +172,7 @@ def test_readmes_codex_line_runs_in_a_fresh_folder(tmp_path):
                              timeout=300, stdin=subprocess.DEVNULL, check=False)
         assert out.returncode == 0, f"{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
         assert (work / "hello.txt").read_text() == "hi"
+        # its default config offers the hosted web_search: left out, not a 400
+        assert "left out the hosted tools web_search" in s.logs()
     finally:
         s.stop()

@@ -243,7 +243,7 @@ def test_codex_exec_runs_a_task_and_every_request_is_answered_200(agents):
     home.mkdir(exist_ok=True)
     log = AccessLog(agents.port, agents.timeout)
     (home / "config.toml").write_text(
-        f'model = "{agents.model}"\nmodel_provider = "ggmux"\nweb_search = "disabled"\n\n'
+        f'model = "{agents.model}"\nmodel_provider = "ggmux"\n\n'
         '[model_providers.ggmux]\nname = "ggmux"\n'
         f'base_url = "{log.base}/v1"\nwire_api = "responses"\n')
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "CODEX_HOME": str(home)}
