@@ -58,6 +58,7 @@ from ..proxy.http.limits import (
 from ..proxy.http.request import TENANT
 from ..proxy.http.usage import USAGE_HEADER, usage_line, usage_trailer
 from ..proxy.http.verdict import REPLICA_HEADER
+from ..shm.logring import log_to_stderr
 from . import protocol
 from .backend import Backend, ReplicaFault
 from .reasoning import add_reasoning_option
@@ -500,9 +501,9 @@ def make_backend(args: argparse.Namespace) -> Backend:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m ggmux.instance``; returns the exit code."""
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
-    )
+    # one line per record, control characters escaped: the supervisor reads
+    # our stderr line by line into the log ring (issue 31, item 3)
+    log_to_stderr(logging.INFO, "%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     if not args.measure:  # a measure child serves nothing
         # the HTTP core it serves through (the proxy's forward path and
