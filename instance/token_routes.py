@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 import orjson
 
 from ..proxy.http import HttpConnection, Request, json_object
-from ..proxy.http.limits import tokenize_body_refusal
+from ..proxy.http.limits import HttpLimits, detokenize_refusal, tokenize_body_refusal
 
 log = logging.getLogger(__name__)
 
@@ -119,19 +119,27 @@ class TokenWork:
         if self.too_large(conn, req):
             return
         loop = asyncio.get_running_loop()
-        status, data, fields = await loop.run_in_executor(self.executor, self.answer, kind, req)
+        status, data, fields = await loop.run_in_executor(self.executor, self.answer, kind, req,
+                                                          conn.limits)
         if status == 200:
             conn.send_response(req, 200, data)
         else:
             conn.send_error(req, status, data, **fields)
 
-    def answer(self, kind: str, req: Request) -> tuple[int, bytes | str, dict]:
+    def answer(self, kind: str, req: Request,
+               limits: HttpLimits) -> tuple[int, bytes | str, dict]:
         """On the worker thread: ``(200, JSON bytes, {})`` or ``(status,
-        message, error fields)``."""
+        message, error fields)`` (413 for a ``/detokenize`` of more ids than
+        ``limits.max_detokenize_tokens``)."""
         refusal = _Refusal()
         body = json_object(refusal, req)
         if body is None:
             return refusal.status, refusal.message, {}
+        ids = body.get("tokens") if kind == "detokenize" else None
+        if type(ids) is list:
+            too_many = detokenize_refusal(limits, len(ids))
+            if too_many is not None:
+                return 413, too_many, {}
         try:
             out = getattr(self.backend, kind)(body)
         except ValueError as e:

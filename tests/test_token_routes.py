@@ -100,7 +100,7 @@ def test_token_routes_over_the_limits_get_413_in_each_apis_envelope(serve, fakes
         ("/v1/chat/completions/input_tokens",
          {"model": "alpha", "messages": [{"role": "user", "content": big}]}, {},
          "--max-tokenize-bytes"),
-        ("/detokenize", {"model": "alpha", "tokens": [1] * 100}, {}, "--max-detokenize-tokens"),
+        ("/detokenize", {"model": "alpha", "tokens": [1] * 120}, {}, "--max-detokenize-tokens"),
     ]
     for path, body, headers, option in cases:
         status, _, answer = s.request("POST", path, body, headers=headers)
@@ -111,8 +111,11 @@ def test_token_routes_over_the_limits_get_413_in_each_apis_envelope(serve, fakes
     doc = json.loads(answer)
     assert status == 413 and doc["type"] == "error", answer  # Anthropic's envelope
     assert "--max-tokenize-bytes" in doc["error"]["message"]
-    # at the limits: served
-    assert s.request("POST", "/detokenize", {"model": "alpha", "tokens": [1] * 99})[0] == 200
+    # at the limits: served; a few over, past the proxy's count of commas
+    # (a bound: the body's other fields have commas too), by the instance
+    assert s.request("POST", "/detokenize", {"model": "alpha", "tokens": [1] * 100})[0] == 200
+    status, _, answer = s.request("POST", "/detokenize", {"model": "alpha", "tokens": [1] * 101})
+    assert status == 413 and "--max-detokenize-tokens" in json.loads(answer)["error"]["message"]
     status, _, answer = s.request("POST", "/v1/messages/count_tokens", {
         "model": "alpha", "messages": [{"role": "user", "content": "a b c"}]}, headers=ANTHROPIC)
     assert status == 200 and json.loads(answer)["input_tokens"] > 0

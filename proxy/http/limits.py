@@ -207,19 +207,33 @@ def instance_limits(proxy: HttpLimits | None = None) -> HttpLimits:
     )
 
 
+DETOKENIZE_COMMA_SLACK = 16
+"""Commas a ``/detokenize`` body may hold beyond its ids' (between its
+other fields) before :func:`tokenize_body_refusal` counts them as ids."""
+
+
+def detokenize_refusal(limits: HttpLimits, ids: int) -> str | None:
+    """The 413 message for a ``/detokenize`` of ``ids`` token ids over
+    ``limits.max_detokenize_tokens`` (None when it fits)."""
+    if ids <= limits.max_detokenize_tokens:
+        return None
+    return (f"more than {limits.max_detokenize_tokens} token ids in one /detokenize "
+            "(--max-detokenize-tokens)")
+
+
 def tokenize_body_refusal(limits: HttpLimits, body: bytes, detokenize: bool) -> str | None:
     """The 413 message for a token route's request ``body`` (None when it
     fits): over ``limits.max_tokenize_bytes``, or for ``/detokenize``
-    (``detokenize``) with more commas than ``max_detokenize_tokens`` - 1
-    (a list of n ids holds n - 1 of them: an upper bound on the ids, found
-    without parsing). The proxy and the instance check it before the body
-    is parsed (issue 31, item 1)."""
+    (``detokenize``) with more commas than ``max_detokenize_tokens`` and
+    :data:`DETOKENIZE_COMMA_SLACK` (a list of n ids holds n - 1: a bound on
+    the ids found without parsing; the instance counts them exactly once
+    parsed). The proxy and the instance check it before the body is parsed
+    (issue 31, item 1)."""
     if len(body) > limits.max_tokenize_bytes:
         return (f"request body of {len(body)} bytes is over the {limits.max_tokenize_bytes} "
                 "bytes this route takes (--max-tokenize-bytes)")
-    if detokenize and body.count(b",") >= limits.max_detokenize_tokens:
-        return (f"more than {limits.max_detokenize_tokens} token ids in one /detokenize "
-                "(--max-detokenize-tokens)")
+    if detokenize:
+        return detokenize_refusal(limits, body.count(b",") + 1 - DETOKENIZE_COMMA_SLACK)
     return None
 
 
