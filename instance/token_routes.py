@@ -145,7 +145,3 @@ class TokenWork:
         except ValueError as e:
             return 400, str(e), self.error_fields(e)
         return 200, encode_answer(out), {}
-
-    def close(self) -> None:
-        """Let the thread go once its current request ends."""
-        self.executor.shutdown(wait=False)
