@@ -22,7 +22,9 @@ contains it fails with a plain 500, an error the request caused (llama.cpp
 answers some bad grammars so); ``crash_marker`` (str) a request whose JSON
 body contains it makes the process exit with ``crash_code`` at once, as
 llama.cpp aborts on an out-of-vocabulary token id;
-``parallel`` (1) slots: requests served at once, the rest queued round robin
+``tokenize_s`` (0) time ``/tokenize``, ``/detokenize`` and
+``/apply-template`` each take, sleeping as llama.cpp's tokenizer runs
+(without the GIL); ``parallel`` (1) slots: requests served at once, the rest queued round robin
 by tenant (:mod:`ggmux.instance.engine.fairness`), as the built-in instance's
 engine does (reported in the ``ready`` line, so the balancer counts
 in-flight relative to it). The request limits ``--max-tokens-limit`` and
@@ -485,14 +487,19 @@ class FakeBackend(Backend):
             busy = sum(j is not None for j in self._busy)
             return {"slots_busy": busy, "slots_total": self.slots, "queue_depth": len(self._queue)}
 
+    def _tokenizer_time(self) -> None:
+        time.sleep(float(self.cfg.get("tokenize_s", 0)))
+
     def tokenize(self, body: dict) -> dict:
         content = body.get("content")
         if not isinstance(content, str):
             raise BadRequest("'content' must be a string", "content")
+        self._tokenizer_time()
         return {"tokens": [len(w) for w in content.split()]}
 
     def detokenize(self, body: dict) -> dict:
         self._check(body)
+        self._tokenizer_time()
         return {"content": " ".join("x" * int(t) for t in body.get("tokens", []))}
 
     def apply_template(self, body: dict) -> dict:
@@ -513,6 +520,7 @@ class FakeBackend(Backend):
             parts.append(f"<|{role}|>{content or ''}{calls}")
         if body.get("tools"):
             parts.append("<|tools|>" + json.dumps(body["tools"]))
+        self._tokenizer_time()
         return {"prompt": "".join(parts) + "<|assistant|>"}
 
     def props(self) -> dict:

@@ -482,7 +482,13 @@ class LlamaBackend(Backend):
         return e.submit(Embedding(batch, request_id, tenant), on_event)
 
     def tokenize(self, body: dict) -> dict:
+        """llama-server's ``/tokenize``; with ggmux's ``"count_only": true``
+        (what the proxy sends for Anthropic's ``count_tokens``) the answer is
+        ``{"n_tokens": N}``, no list of ids to build, send and parse
+        (issue 31, item 1)."""
         content, add_special, with_pieces = tokenize_request(body)
+        if body.get("count_only") is True:
+            return {"n_tokens": self.engine.count_tokens(content, add_special=add_special)}
         tokens = self.engine.tokenize(content, add_special=add_special, parse_special=True)
         if not with_pieces:
             return {"tokens": tokens}
@@ -516,6 +522,11 @@ class LlamaBackend(Backend):
                            response_schema(body) if gbnf is not None else None)
         _, plan = self.template.render(messages, req, prefill)
         return {"prompt": plan.prompt}
+
+    def input_tokens(self, body: dict) -> dict:
+        """As :meth:`Backend.input_tokens`, counting without listing the ids."""
+        prompt = self.apply_template(body)["prompt"]
+        return {"input_tokens": self.engine.count_tokens(prompt, add_special=True)}
 
     def detokenize(self, body: dict) -> dict:
         tokens = token_ids(body.get("tokens"), self.engine.n_vocab, "tokens")

@@ -58,9 +58,11 @@ from ..proxy.http.limits import (
 from ..proxy.http.request import TENANT
 from ..proxy.http.usage import USAGE_HEADER, usage_line, usage_trailer
 from ..proxy.http.verdict import REPLICA_HEADER
+from ..shm.logring import log_to_stderr
 from . import protocol
 from .backend import Backend, ReplicaFault
 from .reasoning import add_reasoning_option
+from .token_routes import TOKEN_KINDS, TokenWork
 from .validate import CACHE_SCOPES, BadRequest, RequestLimits, add_request_limit_options
 
 log = logging.getLogger("ggmux.instance")
@@ -166,6 +168,8 @@ class InstanceApp:
         self._flushed.set()
         self._switching = asyncio.Lock()  # one sleep or wake at a time
         self._loop_thread = threading.get_ident()
+        # the token routes on a thread of their own (issue 31, item 1)
+        self.tokens = TokenWork(backend, error_fields)
         backend.use_loop(self.loop)
 
     async def sleep_or_wake(self, cmd: str) -> None:
@@ -260,33 +264,41 @@ class InstanceApp:
         if req.method != b"POST":
             conn.send_error(req, 405, "use POST")
             return
+        if kind in TOKEN_KINDS:
+            if self._refused(conn, req):
+                return
+            self.requests += 1
+            await self._counted(self.tokens.serve(conn, req, kind))  # body parsed off the loop
+            return
         body = json_object(conn, req)
         if body is None:
             return
-        if self.stopping:
-            conn.send_error(req, 503, "the instance is stopping", code="shutting_down",
-                            headers=REFUSED)
-            return
-        if not self.ready:
-            conn.send_error(req, 503, "model is asleep", headers=REFUSED)
+        if self._refused(conn, req):
             return
         self.requests += 1
-        if kind in ("tokenize", "detokenize", "apply_template", "input_tokens"):
-            try:
-                out = getattr(self.backend, kind)(body)
-            except ValueError as e:
-                conn.send_error(req, 400, str(e), **error_fields(e))
-                return
-            conn.send_json(req, 200, out)
-            return
+        await self._counted(self._generate(conn, req, kind, body))
+
+    async def _counted(self, work) -> None:
+        """Await ``work`` counted in ``in_flight`` (a stop waits for it)."""
         self.in_flight += 1
         self.idle.clear()
         try:
-            await self._generate(conn, req, kind, body)
+            await work
         finally:
             self.in_flight -= 1
             if self.in_flight == 0:
                 self.idle.set()
+
+    def _refused(self, conn: HttpConnection, req: Request) -> bool:
+        """Answer 503 marked refused (and True) while stopping or asleep."""
+        if self.stopping:
+            conn.send_error(req, 503, "the instance is stopping", code="shutting_down",
+                            headers=REFUSED)
+            return True
+        if not self.ready:
+            conn.send_error(req, 503, "model is asleep", headers=REFUSED)
+            return True
+        return False
 
     def metrics_text(self) -> str:
         """Prometheus text: requests, and the backend's figures (llama-server's
@@ -500,9 +512,9 @@ def make_backend(args: argparse.Namespace) -> Backend:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m ggmux.instance``; returns the exit code."""
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
-    )
+    # one line per record, control characters escaped: the supervisor reads
+    # our stderr line by line into the log ring (issue 31, item 3)
+    log_to_stderr(logging.INFO, "%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     if not args.measure:  # a measure child serves nothing
         # the HTTP core it serves through (the proxy's forward path and

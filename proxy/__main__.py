@@ -17,6 +17,7 @@ import sys
 from setproctitle import setproctitle
 
 from .. import compiled
+from ..shm.logring import log_to_stderr
 from .auth import read_keys
 from .balancer import DEFAULT_CONFIG, MODES, BalancerConfig
 from .http import HttpConnection, HttpLimits, add_http_limit_options, fit_fd_limit, limits_from_args
@@ -56,11 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run one worker until SIGTERM or the end of its drain; returns 0."""
     args = parse_args(argv)
     setproctitle(f"ggmux: proxy {args.index} :{args.port}")
-    logging.basicConfig(
-        level=args.log_level.upper(), stream=sys.stderr,
-        # the supervisor reads our stderr: it adds the time and the tag
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    # the supervisor reads our stderr: it adds the time and the tag; one
+    # line per record, control characters escaped (issue 31, item 3)
+    log_to_stderr(args.log_level.upper(), "%(levelname)s %(name)s: %(message)s")
     if args.index == 0:  # one line per server: compiled or pure Python, and why
         compiled.log_status(logging.getLogger(__name__))
     import uvloop

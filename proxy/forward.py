@@ -84,6 +84,7 @@ from .cluster import HOP_TRUSTED, hop_headers, judge_hop, loading_info
 from .cors import json_type, simple_type
 from .http import HttpConnection
 from .http.exchange import Exchange, UpstreamError
+from .http.limits import tokenize_body_refusal
 from .http.request import Request
 from .http.upstream import request_head
 from .prefix import GENERATION_PATHS, Prediction
@@ -117,6 +118,11 @@ INFERENCE = frozenset(
         b"/chat/completions/input_tokens",
     )
 )  # /v1/messages, /v1/responses, /api/*: apis.ROUTES
+# the token routes: a body over HttpLimits.max_tokenize_bytes gets 413
+# before it is parsed (issue 31, item 1: their JSON, megabytes of text or
+# millions of ids, is decoded on the loop that writes other tenants' streams)
+TOKEN_ROUTES = frozenset((b"/tokenize", b"/detokenize", b"/apply-template",
+                          b"/v1/chat/completions/input_tokens", b"/chat/completions/input_tokens"))
 
 TTFT_ALPHA = 0.2  # EWMA weight of the newest sample
 MAX_ATTEMPTS = 6  # forwards of one request that failed before reaching a replica
@@ -150,6 +156,9 @@ class Forwarding:
         if path in INFERENCE:
             if req.method != b"POST" or not json_type(req.content_type):
                 return False  # handle answers (415 for a body that is not JSON: .cors)
+            if path in TOKEN_ROUTES and tokenize_body_refusal(conn.limits, req.body,
+                                                              path == b"/detokenize"):
+                return False  # handle answers 413
             try:
                 body = orjson.loads(req.body)
             except orjson.JSONDecodeError:

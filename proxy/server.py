@@ -64,12 +64,13 @@ from .cluster import (
     take_hop,
 )
 from .cors import Cors, from_other_site, json_type, simple_type
-from .forward import NS, Forwarding
+from .forward import NS, TOKEN_ROUTES, Forwarding
 from .http import (
     HttpConnection,
     Request,
     json_object,
 )
+from .http.limits import tokenize_body_refusal
 from .http.pool import UpstreamPool
 from .listing import ModelEvents
 from .operator.logs import LogTail
@@ -559,6 +560,11 @@ class Proxy(Forwarding, RouterMode):
 
     async def _inference(self, conn: HttpConnection, req: Request) -> None:
         body = req.body_json
+        if body is None and req.path in TOKEN_ROUTES:
+            refusal = tokenize_body_refusal(conn.limits, req.body, req.path == b"/detokenize")
+            if refusal is not None:
+                conn.send_error(req, 413, refusal)
+                return
         if body is None:
             body = json_object(conn, req)
         if body is None:

@@ -27,8 +27,11 @@ as the seqlock does).
 
 from __future__ import annotations
 
+import logging
 import mmap
+import re
 import struct
+import sys
 import time
 
 import posix_ipc
@@ -52,6 +55,7 @@ MAX_RECORD = 8192
 by :meth:`LogRing.append` (callers shorten the line first)."""
 
 _LEN = struct.Struct("<I")
+_RAW_CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
 
 
 def log_ring_name(segment: str) -> str:
@@ -128,10 +132,14 @@ class LogRing:
     # ---- writer (the supervisor) ----------------------------------------
     def append(self, payload: bytes) -> None:
         """Append one record. Raises ``ValueError`` when it is longer than
-        :data:`MAX_RECORD` with its length word."""
+        :data:`MAX_RECORD` with its length word, or holds a raw control byte
+        (a record is one line of JSON whose text went through
+        :func:`escape_controls`, issue 31 item 3)."""
         n = _LEN.size + len(payload)
         if n > MAX_RECORD:
             raise ValueError(f"log record of {n} bytes > {MAX_RECORD}")
+        if _RAW_CONTROL.search(payload) is not None:
+            raise ValueError("log record holds a raw control byte")
         h, cap = self._h, self.capacity
         head, tail = h[H_HEAD], h[H_TAIL]
         while head + n - tail > cap:  # drop the oldest records this one overwrites
@@ -192,8 +200,64 @@ class LogRing:
         return out, end, lost
 
 
+# what a log line may not hold raw: C0 controls (newline, CR, ESC, ...), DEL,
+# C1 controls (0x9b is a terminal's CSI), Unicode line and paragraph
+# separators, and the bidirectional overrides and isolates that reorder what
+# a terminal or a page shows (issue 31, item 3: a forged line, escape codes)
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029"
+                       "\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(m: re.Match) -> str:
+    c = m.group()
+    named = _NAMED.get(c)
+    if named is not None:
+        return named
+    n = ord(c)
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}"
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character written out as an escape
+    (``\\n``, ``\\t``, ``\\x1b``, ``\\u2028``): what is left is one line
+    that a terminal shows as it reads, so no log record can hold escape codes
+    or look like several records (issue 31, item 3). Backslashes stay as
+    they are, so escaping twice changes nothing."""
+    if text.isascii() and text.isprintable():  # the common case, no regex
+        return text
+    return _CONTROLS.sub(_escape, text)
+
+
+class OneLineFormatter(logging.Formatter):
+    """A ``logging.Formatter`` whose every record, exception and stack
+    included, is one line with :func:`escape_controls` applied: what the
+    supervisor reads from a child's stderr is then one record per line, and
+    a message holding a newline cannot pass for another record."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return escape_controls(super().format(record))
+
+
+def log_to_stderr(level: int | str, fmt: str) -> None:
+    """``logging.basicConfig(level=level, stream=sys.stderr, format=fmt)``
+    with a :class:`OneLineFormatter`; like ``basicConfig``, nothing when the
+    root logger has handlers already."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(OneLineFormatter(fmt))
+    root.addHandler(handler)
+    root.setLevel(level)
+
+
 def format_line(rec: dict) -> str:
-    """One record as a text line: ``2024-12-01 08:10:00.123 INFO [src] msg``."""
+    """One record as a text line: ``2024-12-01 08:10:00.123 INFO [src] msg``;
+    level, source and message go through :func:`escape_controls` (a record
+    written before that rule, or by someone else, is shown safe too)."""
     ts = rec.get("ts") or 0.0
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) + f".{int(ts * 1000) % 1000:03d}"
-    return f"{stamp} {rec.get('level', 'INFO')} [{rec.get('src', '?')}] {rec.get('msg', '')}"
+    level, src, msg = (escape_controls(str(rec.get(k, d)))
+                       for k, d in (("level", "INFO"), ("src", "?"), ("msg", "")))
+    return f"{stamp} {level} [{src}] {msg}"

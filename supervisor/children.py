@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 import orjson
 
+from ..shm.logring import escape_controls
 from .logs import child_level
 
 log = logging.getLogger(__name__)
@@ -214,7 +215,11 @@ class ChildSet:
                 *lines, child.err = buf.split(b"\n")
                 for line in lines:
                     if line:
-                        level, text = child_level(line.decode("utf-8", "replace"))
+                        # escaped here, once: the supervisor's stderr and the
+                        # ring get one line without control bytes (issue 31,
+                        # item 3); a child's records are one line each already
+                        level, text = child_level(escape_controls(
+                            line.decode("utf-8", "replace")))
                         log.log(level, "[%s] %s", child.tag, text,
                                 extra={"child": child.tag, "line": text})
             else:

@@ -43,7 +43,7 @@ from ..proxy.http.limits import (
     limits_from_args,
     proxy_share,
 )
-from ..shm.logring import MAX_RECORD
+from ..shm.logring import MAX_RECORD, log_to_stderr
 from ..shm.requestring import REQUEST_EXCERPT_BYTES
 from ..shm.segment import queue_name, segment_name
 from .client import add_client_commands, add_client_options, run_client
@@ -516,10 +516,7 @@ def resumed_argv(argv: list[str]) -> tuple[list[str], dict[str, str]]:
 
 
 def serve(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=args.log_level.upper(), stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    log_to_stderr(args.log_level.upper(), "%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_ring_handler()  # start-up lines too reach GET /logs
     if getattr(args, "resumed", False):
         log.info("started again without its secrets in its command line or environment "

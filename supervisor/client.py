@@ -352,7 +352,10 @@ def _ms_cell(v) -> str:
 
 def request_line(rec: dict) -> str:
     """One record of ``GET /requests`` as a line of :data:`REQUEST_COLUMNS`
-    (a field of an unexpected type shows as ``-``)."""
+    (a field of an unexpected type shows as ``-``; control characters of a
+    model name or path escaped, issue 31 item 3)."""
+    from ..shm.logring import escape_controls
+
     def count(key: str) -> str:
         v = rec.get(key)
         return str(v) if type(v) is int else "-"
@@ -372,7 +375,8 @@ def request_line(rec: dict) -> str:
              count("generated_tokens") + ("~" if rec.get("tokens_from") == "proxy" else ""),
              _ms_cell(rec.get("ttft_ms")), "-" if rate is None else f"{rate:.1f}",
              _ms_cell(rec.get("duration_ms")))
-    return "  ".join(c.ljust(w) for c, (_, w) in zip(cells, REQUEST_COLUMNS)).rstrip()
+    return escape_controls(
+        "  ".join(c.ljust(w) for c, (_, w) in zip(cells, REQUEST_COLUMNS)).rstrip())
 
 
 def _request_header() -> str:
@@ -409,7 +413,11 @@ def cmd_requests(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_logs(client: Client, args: argparse.Namespace) -> int:
-    from ..shm.logring import format_line
+    """``ggmux logs``: ``/logs`` (``-f``: ``/logs/stream``) as lines, every
+    control character escaped again here (:func:`escape_controls`): what
+    the server sends never reaches the terminal as escape codes or as a
+    line it did not write (issue 31, item 3)."""
+    from ..shm.logring import escape_controls, format_line
 
     if args.requests:
         return cmd_requests(client, args)
@@ -421,7 +429,11 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
         query.append(f"lines={args.lines}")
     qs = ("?" + "&".join(query)) if query else ""
     if not args.follow:
-        sys.stdout.write(client.text("/logs" + qs, admin=True))
+        text = client.text("/logs" + qs, admin=True)
+        lines = text.split("\n")
+        if lines[-1] == "":
+            lines.pop()
+        sys.stdout.write("".join(escape_controls(line) + "\n" for line in lines))
         return 0
     for event, data in client.events("GET", "/logs/stream" + qs, admin=True):
         if event == "comment":

@@ -47,6 +47,39 @@ class TimedOut(NoAnswer):
     """The server sent nothing within the time it had."""
 
 
+def split_url(url: str):
+    """``url`` (``--url`` or ``$GGMUX_URL``; no scheme: ``http://``) split
+    by :func:`urllib.parse.urlsplit`, checked so that no later step raises
+    on it (issue 31, item 9). Raises ``ValueError`` with one line naming
+    the URL for: a space or control character anywhere, a scheme other than
+    http(s), no host, a host that no DNS name can be (IDNA), a port that is
+    not a number in 1-65535, a path that is not ASCII, a query or fragment
+    (the URL names a server and an optional path prefix, nothing more)."""
+    shown = repr(url)
+    if not url or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        raise ValueError(f"not an http:// URL: {shown}"
+                         + (" (it holds a space or a control character)" if url else ""))
+    try:
+        u = urlsplit(url if "://" in url else "http://" + url)
+        port = u.port
+    except ValueError as e:  # "Port out of range", "Invalid IPv6 URL", ...
+        raise ValueError(f"not an http:// URL: {shown} ({e})") from None
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"not an http:// URL: {shown}")
+    if port == 0:
+        raise ValueError(f"not an http:// URL: {shown} (port 0)")
+    if u.query or u.fragment or url.endswith(("?", "#")):
+        raise ValueError(f"not an http:// URL: {shown} (a server URL has no ? or #)")
+    if not u.path.isascii():
+        raise ValueError(f"not an http:// URL: {shown} (its path is not ASCII; "
+                         "percent-encode it)")
+    try:
+        u.hostname.encode("idna")
+    except UnicodeError:
+        raise ValueError(f"not an http:// URL: {shown} (its host is no DNS name)") from None
+    return u
+
+
 def _size(n: int) -> str:
     return f"{n / (1 << 20):g} MiB" if n >= 1 << 20 else f"{n} bytes"
 
@@ -57,13 +90,11 @@ class Client:
     (``admin_key`` on admin routes when given). ``timeout`` (seconds) bounds
     the connect, the head and a whole non-streamed answer; ``max_bytes`` a
     non-streamed answer and one event of a stream. Raises ``ValueError`` for
-    a URL that is not http(s), or limits that are not above 0."""
+    a URL that :func:`split_url` refuses, or limits that are not above 0."""
 
     def __init__(self, url: str, key: str | None = None, admin_key: str | None = None,
                  timeout: float = DEFAULT_TIMEOUT_S, max_bytes: int = MAX_ANSWER_BYTES) -> None:
-        u = urlsplit(url if "://" in url else "http://" + url)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise ValueError(f"not an http:// URL: {url!r}")
+        u = split_url(url)
         if not timeout > 0 or max_bytes < 1:
             raise ValueError("--timeout and --max-answer-bytes must be above 0")
         self.url = url

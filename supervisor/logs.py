@@ -23,7 +23,7 @@ from collections import deque
 
 import orjson
 
-from ..shm.logring import MAX_RECORD, LogRing
+from ..shm.logring import MAX_RECORD, LogRing, escape_controls
 
 EARLY_RECORDS = 1000  # start-up lines kept until the ring exists
 MAX_MESSAGE_CHARS = 2000  # longer lines are cut (a record is at most MAX_RECORD bytes)
@@ -88,11 +88,17 @@ class RingHandler(logging.Handler):
 
     @staticmethod
     def payload(record: logging.LogRecord) -> bytes:
-        """The JSON record of ``record`` (message cut to fit a ring record)."""
+        """The JSON record of ``record``: its message (and exception) as one
+        line through :func:`~ggmux.shm.logring.escape_controls`, cut to fit
+        a ring record."""
         tag = getattr(record, "child", None)
         msg = record.getMessage() if tag is None else str(getattr(record, "line", ""))
         if record.exc_info and tag is None:
             msg += "\n" + logging.Formatter().formatException(record.exc_info)
+        # one line, no raw control character (issue 31, item 3): a child's
+        # line was escaped when it was read, the supervisor's own here
+        msg = escape_controls(msg)
+        tag = escape_controls(tag) if tag else tag
         if len(msg) > MAX_MESSAGE_CHARS:
             msg = msg[:MAX_MESSAGE_CHARS] + " [...]"
         model, replica = tag_fields(tag) if tag else (None, None)

@@ -237,6 +237,10 @@ class Supervisor:
                 self.startup_failed = True
                 raise StartupError(c.refusal)
             if not self.wait_proxies_ready():
+                if self.state.stopping_all and not self.startup_failed:
+                    # SIGTERM/SIGINT while proxies still started: a stop, not
+                    # a failed start (issue 31, item 10)
+                    return 0
                 log.error("proxies did not start listening on %s:%d", self.cfg.host, self.cfg.port)
                 return 1
             self._serving = True
@@ -541,7 +545,10 @@ class Supervisor:
             self.proxy_ready.add(idx)
 
     def wait_proxies_ready(self, timeout: float = 30.0) -> bool:
-        """Block (polling) until every proxy listens; False on timeout."""
+        """Block (polling) until every proxy listens; False on timeout, on a
+        proxy that exited before listening (``startup_failed``) and on a
+        stop asked meanwhile (``state.stopping_all`` without
+        ``startup_failed``: :meth:`run` exits 0, issue 31 item 10)."""
         deadline = time.monotonic() + timeout
         while len(self.proxy_ready) < self.cfg.proxies and time.monotonic() < deadline:
             self._poll_once(50)

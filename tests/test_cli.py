@@ -315,3 +315,30 @@ def test_ps_table_shows_idle_time_and_time_until_unload():
 def test_client_command_help_mentions_the_url_variable(args):
     r = ggmux(*args)
     assert r.returncode == 0 and "$GGMUX_URL" in r.stdout
+
+
+BAD_URLS = ["not a url", "http://", "ftp://host", "http://h:99999", "http://h:abc", "http://h:0",
+            "http://[::1", "http://a b", "http://h/ x", "http://h\n", "http://h\x1b[2J",
+            "http://a..b", "http://h?x=1", "http://127.0.0.1:1/é"]
+CLIENT_COMMANDS = [["ps"], ["ps", "--all"], ["load", "m"], ["unload", "m"], ["unload", "--all"],
+                   ["logs"], ["logs", "-f"], ["logs", "--requests"], ["run", "m", "hi"],
+                   ["run", "m", "--completion", "hi"]]
+
+
+@pytest.mark.parametrize("cmd", CLIENT_COMMANDS, ids=" ".join)
+def test_a_bad_url_is_one_line_and_exit_2_for_every_client_command(cmd, capsys, monkeypatch):
+    # issue 31, item 9: `ggmux --url 'not a url' ps` ended in a traceback
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # `run`'s piped input: none
+    for url in BAD_URLS:
+        for argv, env in (([*cmd, "--url", url], None), (["--url", url, *cmd], None),
+                          (cmd, url)):
+            if env is None:
+                monkeypatch.delenv("GGMUX_URL", raising=False)
+            else:
+                monkeypatch.setenv("GGMUX_URL", env)
+            rc = main(list(argv))
+            out, err = capsys.readouterr()
+            assert rc == 2, (argv, url, err)
+            assert out == "" and err.count("\n") == 1, (argv, url, err)
+            assert err.startswith("ggmux: not an http:// URL: ") and repr(url) in err
+            assert "\x1b" not in err and "Traceback" not in err

@@ -79,7 +79,9 @@ def test_logs_hold_the_supervisors_and_the_instances_lines_tagged(serve, fakes):
     assert "INFO [supervisor] listening on http://127.0.0.1:" in every
     assert "INFO [supervisor] model alpha: " in every  # a start-up line, before the ring
     line = next(x for x in every.splitlines() if "ERROR [beta#" in x)
-    assert line.endswith("generation failed")  # the level parsed off the child's line
+    # the level parsed off the child's line; its traceback is in the same
+    # record, one line (issue 31, item 3)
+    assert "ggmux.instance: generation failed\\nTraceback (most recent call last):" in line
     alpha = text("?model=alpha")
     assert "loading alpha in slot" in alpha and "ready on port" in alpha
     assert "beta" not in alpha

@@ -78,6 +78,7 @@ from .stops import StopStrings, StopText
 
 log = logging.getLogger(__name__)
 
+DECODE_SLICE = 1 << 20  # bytes of /detokenize's text decoded per call (a few ms)
 PREFILL_WAIT_SHARE = 0.05
 """An idle engine waits for more requests at most this share of the
 expected prefill time of those it holds (:meth:`Engine._gather`): a lone
@@ -232,12 +233,30 @@ class Engine(EmbeddingSteps, GenerateSteps, SampleSteps):
             self._check_loaded()
             return self.m.tokenize(text.encode("utf-8"), add_special, parse_special)
 
+    def count_tokens(self, text: str, add_special: bool = True,
+                     parse_special: bool = True) -> int:
+        """How many tokens ``text`` is (as :meth:`tokenize`, listing none).
+        Any thread. Raises EngineAsleep while asleep."""
+        with self._model_lock:
+            self._check_loaded()
+            return self.m.count(text.encode("utf-8"), add_special, parse_special)
+
     def detokenize(self, tokens: list[int], special: bool = True) -> str:
-        """Text of ``tokens``; InvalidRequest names an id outside the vocabulary."""
+        """Text of ``tokens``; InvalidRequest names an id outside the
+        vocabulary. Megabytes of it are decoded a slice at a time (one
+        ``decode`` of 10 MB holds the GIL 60 ms; issue 31, item 1)."""
         with self._model_lock:
             self._check_loaded()
             self.m.check_tokens(tokens, "tokens")
-            return b"".join(self.m.piece(t, special) for t in tokens).decode("utf-8", "replace")
+            raw = self.m.pieces(tokens, special)
+        if len(raw) <= DECODE_SLICE:
+            return raw.decode("utf-8", "replace")
+        dec = codecs.getincrementaldecoder("utf-8")("replace")
+        parts = []
+        for i in range(0, len(raw), DECODE_SLICE):
+            parts.append(dec.decode(raw[i:i + DECODE_SLICE]))
+        parts.append(dec.decode(b"", final=True))
+        return "".join(parts)
 
     def token_text(self, token: int) -> str:
         """The vocabulary's text of one token (``<|im_end|>``), '' for -1."""

@@ -50,6 +50,7 @@ import orjson
 
 from ...shm import layout as L
 from ..http import HttpConnection, Request
+from ..http.limits import tokenize_body_refusal
 from ..listing import model_object
 from ..modelinfo import ModelFacts
 from .adapters import anthropic, ollama, openai, responses, tools
@@ -235,6 +236,11 @@ class ClientApis:
         the request's JSON when the caller parsed it already."""
         p = self.proxy
         wrap = TranslatedConnection(conn, req, adapter)
+        if body is None and isinstance(adapter, anthropic.CountTokens):
+            refusal = tokenize_body_refusal(conn.limits, req.body, False)
+            if refusal is not None:  # before parsing it (issue 31, item 1)
+                wrap.send_error(req, 413, refusal)
+                return
         if body is None:
             try:
                 body = orjson.loads(req.body)

@@ -50,7 +50,17 @@ class HttpLimits:
     requests before reading pauses; ``linger_timeout``: how long unread
     input is drained after an error response before the socket is dropped;
     ``max_json_depth``: deepest nesting of a JSON body the client APIs
-    translate (400 past it; at most 250, what orjson can write back).
+    translate (400 past it; at most 250, what orjson can write back);
+    ``max_tokenize_bytes``: request body of the token routes (``/tokenize``,
+    ``/detokenize``, ``/apply-template``, ``.../input_tokens``, Anthropic's
+    ``count_tokens``), checked before it is parsed (413 past it): their
+    JSON is decoded and their ids listed in one process that also writes
+    other tenants' streams (issue 31, item 1; llama-server has only its
+    100 MiB payload limit); ``max_detokenize_tokens``: ids of one
+    ``/detokenize`` (413 past it, counted before the body is parsed: a
+    JSON list of ids costs ten times a string's bytes to decode, and
+    ``orjson`` holds the GIL while it does; 262,144 is the largest context
+    of common models).
 
     One object is shared by all connections of one server: ``connections``
     is their registry (not an option), ``open_connections`` their count.
@@ -68,6 +78,8 @@ class HttpLimits:
     max_pipelined: int = 16
     linger_timeout: float = 5.0
     max_json_depth: int = 128
+    max_tokenize_bytes: int = 8 * 1024 * 1024
+    max_detokenize_tokens: int = 262144
     connections: ConnectionRegistry = field(
         default_factory=ConnectionRegistry, init=False, repr=False, compare=False
     )
@@ -95,6 +107,9 @@ _OPTION_HELP = {
     "linger_timeout": "seconds to drain unread input after an error response",
     "max_json_depth": "deepest nesting of a translated API's JSON body (levels, at most 250); "
     "400 past it",
+    "max_tokenize_bytes": "largest request body of /tokenize, /detokenize, /apply-template, "
+    "input_tokens and Anthropic's count_tokens, bytes; 413 past it",
+    "max_detokenize_tokens": "most token ids of one /detokenize; 413 past it",
 }
 _MAY_BE_ZERO = frozenset({"max_connections_per_ip"})
 
@@ -121,7 +136,8 @@ def add_http_limit_options(
     ``--max-body-bytes``, ``--header-timeout``, ``--body-timeout``,
     ``--keepalive-timeout``, ``--send-timeout``, ``--max-connections``,
     ``--max-connections-per-ip``, ``--shed-idle-at``, ``--max-pipelined``,
-    ``--linger-timeout``, ``--max-json-depth``) in an "HTTP limits" group; ``defaults`` overrides
+    ``--linger-timeout``, ``--max-json-depth``, ``--max-tokenize-bytes``,
+    ``--max-detokenize-tokens``) in an "HTTP limits" group; ``defaults`` overrides
     the dataclass defaults. Read them back with :func:`limits_from_args`."""
     d = defaults if defaults is not None else HttpLimits()
     group = parser.add_argument_group("HTTP limits")
@@ -170,7 +186,8 @@ def proxy_share(limits: HttpLimits, proxies: int) -> HttpLimits:
     return replace(limits, max_connections_per_ip=share)
 
 
-INSTANCE_LIMIT_NAMES = ("max_header_bytes", "max_body_bytes")
+INSTANCE_LIMIT_NAMES = ("max_header_bytes", "max_body_bytes", "max_tokenize_bytes",
+                        "max_detokenize_tokens")
 """The limits an instance takes from its proxies (:func:`instance_limits`)."""
 
 
@@ -178,14 +195,46 @@ def instance_limits(proxy: HttpLimits | None = None) -> HttpLimits:
     """The limits of an instance served through proxies with ``proxy``
     limits (default: :class:`HttpLimits`'s): heads up to
     :data:`FORWARD_HEADROOM` bytes larger than a proxy accepts, the same
-    body limit, and no cap per client address (every connection comes from
+    body limits, and no cap per client address (every connection comes from
     the proxies, on 127.0.0.1)."""
     p = proxy if proxy is not None else HttpLimits()
     return HttpLimits(
         max_header_bytes=p.max_header_bytes + FORWARD_HEADROOM,
         max_body_bytes=p.max_body_bytes,
+        max_tokenize_bytes=p.max_tokenize_bytes,
+        max_detokenize_tokens=p.max_detokenize_tokens,
         max_connections_per_ip=0,
     )
+
+
+DETOKENIZE_COMMA_SLACK = 16
+"""Commas a ``/detokenize`` body may hold beyond its ids' (between its
+other fields) before :func:`tokenize_body_refusal` counts them as ids."""
+
+
+def detokenize_refusal(limits: HttpLimits, ids: int) -> str | None:
+    """The 413 message for a ``/detokenize`` of ``ids`` token ids over
+    ``limits.max_detokenize_tokens`` (None when it fits)."""
+    if ids <= limits.max_detokenize_tokens:
+        return None
+    return (f"more than {limits.max_detokenize_tokens} token ids in one /detokenize "
+            "(--max-detokenize-tokens)")
+
+
+def tokenize_body_refusal(limits: HttpLimits, body: bytes, detokenize: bool) -> str | None:
+    """The 413 message for a token route's request ``body`` (None when it
+    fits): over ``limits.max_tokenize_bytes``, or for ``/detokenize``
+    (``detokenize``) with more commas than ``max_detokenize_tokens`` and
+    :data:`DETOKENIZE_COMMA_SLACK` (a list of n ids holds n - 1: a bound on
+    the ids found without parsing; the instance counts them exactly once
+    parsed). The proxy and the instance check it before the body is parsed
+    (issue 31, item 1)."""
+    if len(body) > limits.max_tokenize_bytes:
+        return (f"request body of {len(body)} bytes is over the {limits.max_tokenize_bytes} "
+                "bytes this route takes (--max-tokenize-bytes)")
+    if detokenize:
+        return detokenize_refusal(limits, body.count(b",") + 1 - DETOKENIZE_COMMA_SLACK)
+    return None
 
 
 def fit_fd_limit(limits: HttpLimits, per_connection: int = 2, reserve: int = 256) -> HttpLimits:

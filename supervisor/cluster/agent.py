@@ -64,6 +64,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import APIError
 
 from ...instance import protocol
+from ...shm.logring import log_to_stderr
 from .names import LOADS_BUCKET, NODES_BUCKET, cmd_subject, load_key, model_from_key
 from .nats_io import TOMBSTONE_OPS, Taken, connect, fatal_reason, open_bucket, put_if
 from .options import ClusterOptions, redact
@@ -597,8 +598,8 @@ def main() -> None:
     """Entry point: ``python -m ggmux.supervisor.cluster.agent``."""
     protocol.claim_stdout()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when this one ends
-    logging.basicConfig(level=os.environ.get("GGMUX_LOG_LEVEL", "INFO").upper(),
-                        stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    log_to_stderr(os.environ.get("GGMUX_LOG_LEVEL", "INFO").upper(),
+                  "%(levelname)s %(name)s: %(message)s")  # one line a record (issue 31)
     code = asyncio.run(_main())
     sys.stderr.flush()
     os._exit(code)

@@ -453,7 +453,8 @@ class CountTokens(Messages):
     counted as the model will see them; a replica without that route (404,
     501) gets :meth:`request`, the tokens of :func:`count_text`. Both
     tokenize through llama.cpp's ``/tokenize`` (``{"content"}`` ->
-    ``{"tokens": [...]}``)."""
+    ``{"tokens": [...]}``; with ``"count_only": true`` ggmux's instance
+    answers ``{"n_tokens": N}``)."""
 
     def template_request(self, body: dict) -> Translated:
         chat: dict = {"model": body.get("model"), "messages": chat_messages(body)}
@@ -465,15 +466,22 @@ class CountTokens(Messages):
         return Translated(b"/apply-template", chat, images=_has_images(chat["messages"]))
 
     def tokenize_request(self, body: dict, prompt: str) -> Translated:
-        # the rendered prompt holds the template's special tokens (BOS too)
+        # the rendered prompt holds the template's special tokens (BOS too);
+        # count_only: ggmux's instance answers {"n_tokens": N}, not megabytes
+        # of ids for this loop to parse (issue 31, item 1); llama-server
+        # ignores it and lists them
         return Translated(b"/tokenize", {"model": body.get("model"), "content": prompt,
-                                         "add_special": False, "parse_special": True})
+                                         "add_special": False, "parse_special": True,
+                                         "count_only": True})
 
     def request(self, body: dict) -> Translated:
         return Translated(b"/tokenize", {"model": body.get("model"), "content": count_text(body),
-                                         "add_special": True})
+                                         "add_special": True, "count_only": True})
 
     def response(self, obj: dict, req: Translated) -> dict:
+        n = obj.get("n_tokens")
+        if type(n) is int and n >= 0:
+            return {"input_tokens": n}
         tokens = obj.get("tokens")
         if not isinstance(tokens, list):
             raise BadReply("the replica's /tokenize answer has no 'tokens' list")

@@ -6,11 +6,31 @@
 const LOG_LINES_KEPT = 1000;
 let logAbort = null;
 
-function logLine(rec) {
-  const d = new Date((rec.ts || 0) * 1000);
+// what a log line may not show raw (as shm/logring.py's escape_controls):
+// C0 and C1 controls, DEL, line and paragraph separators, bidi overrides;
+// a record holding them cannot pass for several lines (issue 31, item 3)
+const LOG_CONTROLS = /[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g;
+const LOG_NAMED = { "\n": "\\n", "\r": "\\r", "\t": "\\t" };
+
+function escapeControls(text) {
+  return String(text).replace(LOG_CONTROLS, (c) => {
+    if (LOG_NAMED[c]) return LOG_NAMED[c];
+    const n = c.charCodeAt(0);
+    return n < 0x100 ? "\\x" + n.toString(16).padStart(2, "0") : "\\u" + n.toString(16).padStart(4, "0");
+  });
+}
+
+// One record as the text of one line (no newline): "HH:MM:SS.mmm LEVEL [src] msg".
+function logText(rec) {
+  const d = new Date((Number(rec.ts) || 0) * 1000);
   const stamp = d.toTimeString().slice(0, 8) + "." + String(d.getMilliseconds()).padStart(3, "0");
-  const span = el("span", rec.level || "INFO",
-    stamp + " " + (rec.level || "") + " [" + (rec.src || "?") + "] " + (rec.msg || "") + "\n");
+  return stamp + " " + escapeControls(rec.level || "") + " [" + escapeControls(rec.src || "?") + "] "
+    + escapeControls(rec.msg || "");
+}
+
+function logLine(rec) {
+  const level = /^[A-Z]+$/.test(rec.level) ? rec.level : "INFO";
+  const span = el("span", level, logText(rec) + "\n");
   const pre = $("#log");
   const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
   pre.appendChild(span);
