@@ -193,15 +193,21 @@ class InstanceApp:
 
     async def stop(self, drain_s: float) -> None:
         """``exit``: refuse what is not started, give the running requests
-        ``drain_s`` seconds, then end them with an error event."""
+        ``drain_s`` seconds (less the KV tiers' ``--cache-save-timeout``
+        when they have a disk), write the slots' caches to disk within that
+        timeout (issue 29), then end what still runs with an error event."""
         self.stopping = True
         await self.loop.run_in_executor(self.executor, self.backend.refuse_queued,
                                         "the instance is stopping")
+        save_s = self.backend.cache_save_timeout()
+        drain_s = max(0.0, drain_s - save_s) if save_s else drain_s
         try:
             await asyncio.wait_for(self.idle.wait(), drain_s)
         except TimeoutError:
             log.info("stopping: %d requests still running after %.1f s get an error",
                      self.in_flight, drain_s)
+        if save_s:
+            await self.loop.run_in_executor(self.executor, self.backend.save_cache)
         await self.loop.run_in_executor(self.executor, self.backend.close,
                                         "the instance is stopping")
         try:  # let the error events reach their clients before the process ends
@@ -243,6 +249,13 @@ class InstanceApp:
             return
         if path == b"/slots" and req.method == b"GET":
             conn.send_json(req, 200, self.backend.slot_info())
+            return
+        if path == b"/cache" and req.method == b"GET":
+            conn.send_json(req, 200, self.backend.cache_report())
+            return
+        if path == b"/cache/clear" and req.method == b"POST":
+            cleared = await self.loop.run_in_executor(self.executor, self.backend.cache_clear)
+            conn.send_json(req, 200, {"cleared": cleared})
             return
         if path == b"/metrics" and req.method == b"GET":
             conn.send_response(req, 200, self.metrics_text().encode(),
@@ -344,6 +357,7 @@ class InstanceApp:
                 rate = m[tokens] / m[seconds] if m.get(seconds) else 0.0
                 lines += [f"# HELP llamacpp:{name} {what}", f"# TYPE llamacpp:{name} gauge",
                           f"llamacpp:{name} {rate:.3f}"]
+        lines += cache_metrics(self.backend.cache_report())
         if m.get("kv_size"):
             lines += ["# HELP llamacpp:kv_cache_usage_ratio KV cache cells in use, of all",
                       "# TYPE llamacpp:kv_cache_usage_ratio gauge",
@@ -437,6 +451,62 @@ class InstanceApp:
                 return
 
 
+CACHE_REPORT_S = 1.0
+"""Least time between two ``cache`` state lines."""
+
+
+def report_cache(backend: Backend, stop: threading.Event) -> None:
+    """Emit ``state:{"state": "cache", "ram_bytes", "disk_bytes",
+    "ram_entries", "disk_entries"}`` when the KV tiers' sizes change, at
+    most once per :data:`CACHE_REPORT_S` (the supervisor shows them; issue
+    29). Runs on its own thread until ``stop``."""
+    last = None
+    while not stop.wait(CACHE_REPORT_S):
+        try:
+            r = backend.cache_report()
+        except Exception:  # a report never stops the instance
+            log.exception("cache report failed")
+            continue
+        now = (r["ram"]["bytes"], r["disk"]["bytes"], r["ram"]["entries"], r["disk"]["entries"])
+        if now != last and (last is not None or any(now)):
+            protocol.emit("cache", ram_bytes=now[0], disk_bytes=now[1], ram_entries=now[2],
+                          disk_entries=now[3])
+        last = now
+
+
+def cache_metrics(r: dict) -> list[str]:
+    """Prometheus lines of the KV tiers (:meth:`Backend.cache_report`):
+    entries, bytes and limits per tier, hits per tier (``slot``, ``ram``,
+    ``disk``), misses, restored tokens, restore seconds per tier, saves and
+    rejected files."""
+    out = []
+
+    def family(name: str, kind: str, what: str, values: list[tuple[str, float]]) -> None:
+        out.extend((f"# HELP ggmux_kv_cache_{name} {what}",
+                    f"# TYPE ggmux_kv_cache_{name} {kind}"))
+        out.extend(f"ggmux_kv_cache_{name}{labels} {v:g}" for labels, v in values)
+
+    tiers = ("ram", "disk")
+    family("entries", "gauge", "Entries kept per KV tier",
+           [(f'{{tier="{t}"}}', r[t]["entries"]) for t in tiers])
+    family("bytes", "gauge", "Bytes of sequence state kept per KV tier",
+           [(f'{{tier="{t}"}}', r[t]["bytes"]) for t in tiers])
+    family("limit_bytes", "gauge", "Byte limit per KV tier (0: off or none)",
+           [(f'{{tier="{t}"}}', r[t]["limit_bytes"] or 0) for t in tiers])
+    family("hits_total", "counter", "Requests whose cached prefix came from each tier",
+           [(f'{{tier="{t}"}}', v) for t, v in r["hits"].items()])
+    family("misses_total", "counter", "Requests that reused no cached prefix",
+           [("", r["misses"])])
+    family("restored_tokens_total", "counter", "Prompt tokens restored from RAM or disk",
+           [("", r["restored_tokens"])])
+    family("restore_seconds_total", "counter", "Seconds spent restoring states per tier",
+           [(f'{{tier="{t}"}}', v) for t, v in r["restore_seconds_by_tier"].items()])
+    family("saved_total", "counter", "Slot states saved into the tiers", [("", r["saved"])])
+    family("rejected_total", "counter", "Disk entries refused (torn, corrupt, foreign)",
+           [("", r["rejected"])])
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m ggmux.instance")
     ap.add_argument("--model", default=None, help="GGUF file (or fake behaviour file)")
@@ -471,6 +541,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "from the proxy's x-ggmux-tenant), global (any), none")
     ap.add_argument("--slot", type=int, default=None,
                     help="the supervisor's replica slot, for the process title")
+    ap.add_argument("--cache-ram", type=int, default=None, metavar="MiB",
+                    help="KV tiers: slots' prompt caches kept in host RAM, as llama-server's "
+                         "--cache-ram (default 8192; -1 no byte limit; 0 off); a preset's "
+                         "cache-ram (in --llama-args) wins")
+    ap.add_argument("--cache-disk", default=None, metavar="DIR",
+                    help="KV tiers: spill RAM's entries to files in DIR/<fingerprint>/ "
+                         "(default: off)")
+    ap.add_argument("--cache-disk-max", type=float, default=None, metavar="GiB",
+                    help="KV tiers: the most this model's files in --cache-disk hold "
+                         "(default 10)")
+    ap.add_argument("--cache-save-timeout", type=float, default=None, metavar="S",
+                    help="KV tiers: seconds a stopping instance spends writing its slots' "
+                         "caches to --cache-disk (default 2)")
     # the supervisor passes the header and body limits that fit its proxies'
     add_http_limit_options(ap, instance_limits())
     return ap.parse_args(argv)
@@ -622,6 +705,8 @@ def main(argv: list[str] | None = None) -> int:
     state["loading"] = False
     app.ready = True
     protocol.emit("ready", port=port, **payload)
+    threading.Thread(target=report_cache, args=(backend, stop), name="cache-report",
+                     daemon=True).start()
 
     stop_event = asyncio.Event()
     state["stop_event"] = stop_event

@@ -274,15 +274,6 @@ class KVTiers:
         return {"ram": ram, "disk": disk, **out}
 
 
-def empty_report() -> dict:
-    """:meth:`KVTiers.report` of an instance without tiers (all zeros)."""
-    return {"ram": {"entries": 0, "bytes": 0, "limit_bytes": 0, "tokens": 0},
-            "disk": {"entries": 0, "bytes": 0, "limit_bytes": 0, "dir": None},
-            "hits": {"slot": 0, "ram": 0, "disk": 0}, "misses": 0, "restored_tokens": 0,
-            "restore_seconds": 0.0, "restore_seconds_by_tier": {"ram": 0.0, "disk": 0.0},
-            "saved": 0, "dropped": 0, "rejected": 0}
-
-
 def open_tiers(settings: CacheSettings, limit_tokens: int, fp_factory: Callable[[], object],
                model: str = "", model_path: str = "") -> KVTiers | None:
     """The tiers ``settings`` ask for, or None when both are off. The disk
@@ -305,4 +296,4 @@ def open_tiers(settings: CacheSettings, limit_tokens: int, fp_factory: Callable[
     return KVTiers(settings, limit_tokens, disk)
 
 
-__all__ = ["CacheSettings", "Hit", "KVTiers", "empty_report", "open_tiers"]
+__all__ = ["CacheSettings", "Hit", "KVTiers", "open_tiers"]

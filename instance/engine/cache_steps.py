@@ -24,8 +24,9 @@ import time
 
 import numpy as np
 
-from ..cache import CacheSettings, KVTiers, empty_report, open_tiers
 from ..cache.fingerprint import fingerprint, gguf_identity, llama_build
+from ..cache.report import empty_report
+from ..cache.tiers import CacheSettings, KVTiers, open_tiers
 from .slots import IDLE, Slot
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..cache import CacheSettings
+from ..cache.tiers import CacheSettings
 from .jobs import InvalidRequest
 from .sampling import DEFAULT_SEED
 
