@@ -89,7 +89,8 @@ def checksum(data) -> str:
 def write_entry(directory: str, fingerprint: str, scope: str, tokens: np.ndarray, pos_min: int,
                 payload, deadline: float | None = None) -> tuple[str, int]:
     """Write one entry file into ``directory`` (temporary name, 0600,
-    rename; no fsync: a file a power loss tore fails its checks); returns ``(path, bytes)``. ``payload`` is bytes-like;
+    rename; no fsync: a file a power loss tore fails its checks); returns
+    ``(path, bytes)``. ``payload`` is bytes-like;
     ``deadline`` (``time.monotonic()``) ends a write that passes it with
     :class:`SaveTimeout`. Raises OSError (a full or read-only disk) after
     removing the temporary file."""

@@ -96,7 +96,8 @@ class KVTiers:
             self._writer.start()
 
     # ---- lookup and restore (decode thread) -----------------------------------
-    def lookup(self, prompt: np.ndarray, scope: str, better_than: int, n_swa: int = 0) -> Hit | None:
+    def lookup(self, prompt: np.ndarray, scope: str, better_than: int,
+               n_swa: int = 0) -> Hit | None:
         """The entry of ``scope`` sharing the longest prefix with ``prompt``
         (int32), when that prefix is longer than ``better_than`` (what the
         request's slot keeps anyway) and at least :data:`KEEP_SHARE` of the
