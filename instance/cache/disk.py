@@ -159,7 +159,7 @@ class DiskTier:
             return list(self.entries.values())
 
     # ---- read ----------------------------------------------------------------
-    def load(self, e: Entry) -> bytearray | None:
+    def load(self, e: Entry) -> memoryview | None:
         """The verified state of entry ``e``, or None (the file is gone,
         torn, corrupt or unreadable: counted, logged once, left out of the
         index). Marks it used (mtime) for every process's LRU."""

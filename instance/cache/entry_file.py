@@ -22,6 +22,7 @@ refuse anything that does not verify (:class:`EntryFileError`).
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import struct
 import time
@@ -178,29 +179,30 @@ def read_header(path: str, fingerprint: str) -> FileHeader:
                       str(h.get("payload_xxh3")), offset, size)
 
 
-def read_payload(path: str, header: FileHeader):
+def read_payload(path: str, header: FileHeader) -> memoryview:
     """The payload of an entry whose header was read, verified against its
-    checksum; a writable bytearray of ``header.payload_bytes``. Raises
-    :class:`EntryFileError` (changed or shortened since, corrupt, gone)."""
-    buf = bytearray(header.payload_bytes)
+    checksum: a read-only view of ``header.payload_bytes`` over a shared,
+    prefaulted mapping of the file (the page cache's own pages: no copy and
+    no fresh memory to fault in, which cost more than the read itself;
+    bench/RESULTS.md "KV tiers: restore"). Entry files are only ever
+    replaced by a rename, never rewritten in place, so the mapping stays
+    whole. Raises :class:`EntryFileError` (changed or shortened since,
+    corrupt, gone)."""
     try:
         with open(path, "rb", buffering=0) as f:
             if os.fstat(f.fileno()).st_size != header.file_bytes:
                 raise EntryFileError("torn", f"{path}: its size changed")
-            f.seek(header.data_offset)
-            view, got = memoryview(buf), 0
-            while got < len(buf):
-                n = f.readinto(view[got:])
-                if not n:
-                    raise EntryFileError("torn", f"{path}: ends early")
-                got += n
+            mm = mmap.mmap(f.fileno(), header.file_bytes,
+                           flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                           prot=mmap.PROT_READ)
     except FileNotFoundError:
         raise EntryFileError("gone", f"{path}: removed") from None
-    except OSError as e:
+    except (OSError, ValueError) as e:
         raise EntryFileError("unreadable", f"{path}: {e}") from None
-    if checksum(buf) != header.payload_xxh3:
+    view = memoryview(mm)[header.data_offset:]
+    if checksum(view) != header.payload_xxh3:
         raise EntryFileError("corrupt", f"{path}: payload does not match its checksum")
-    return buf
+    return view
 
 
 __all__ = ["EntryFileError", "FileHeader", "SaveTimeout", "checksum", "entry_key",

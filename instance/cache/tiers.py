@@ -125,7 +125,7 @@ class KVTiers:
                     best = Hit(e, tier, n)
         return best
 
-    def state(self, hit: Hit) -> bytearray | None:
+    def state(self, hit: Hit) -> bytearray | memoryview | None:
         """The bytes of ``hit``'s state (a disk entry read and verified), or
         None when the file no longer verifies (counted in ``rejected``)."""
         e = hit.entry

@@ -88,8 +88,19 @@ class CacheSteps:
         if got != n:
             log.warning("slot %d: saving its state gave %d of %d bytes; not kept", s.id, got, n)
             return
-        pos_min = max(0, L.llama_memory_seq_pos_min(self.m.mem, s.id))
-        tiers.save(scope, tokens, pos_min, data)
+        tiers.save(scope, tokens, self._saved_pos_min(s), data)
+
+    def _saved_pos_min(self, s: Slot) -> int:
+        """The first position a restore of slot ``s``'s state holds. A
+        sliding-window cache saves only the cells inside the window of the
+        sequence's last position (``state_write_meta`` skips the masked
+        ones), so a restore serves only a prompt that keeps all of it, and
+        the lookup skips the others."""
+        L, mem = self.L, self.m.mem
+        pos_min = max(0, L.llama_memory_seq_pos_min(mem, s.id))
+        if self.m.n_swa > 0:
+            pos_min = max(pos_min, L.llama_memory_seq_pos_max(mem, s.id) - self.m.n_swa + 1)
+        return pos_min
 
     def _save_idle(self) -> None:
         for s in self.slots:
@@ -106,30 +117,43 @@ class CacheSteps:
         return self.cache.lookup(np.asarray(r.prompt, np.int32), scope, better_than,
                                  self.m.n_swa)
 
-    def _tier_restore(self, s: Slot, hit, tenant: str) -> bool:
+    def _tier_restore(self, s: Slot, hit, tenant: str) -> float | None:
         """Put ``hit``'s state into slot ``s`` (its cells replaced); on
-        success ``s.tokens`` are the entry's tokens. A state that does not
-        read back or does not fit leaves the slot empty: the prompt is
-        prefilled."""
+        success ``s.tokens`` are the entry's tokens and the seconds it took
+        are returned. A state that does not read back or does not fit
+        leaves the slot empty (None): the prompt is prefilled."""
         t0 = time.perf_counter()
         data = self.cache.state(hit)
         L = self.L
         ok = False
         if data is not None:
-            n = len(data)
-            buf = (ctypes.c_uint8 * n).from_buffer(data)
-            ok = L.llama_state_seq_set_data(self.m.ctx, buf, n, s.id) == n
-            del buf
+            src = np.frombuffer(data, np.uint8)  # a RAM entry's bytes, or a file's mapping
+            n = src.size
+            ok = L.llama_state_seq_set_data(
+                self.m.ctx, src.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), n, s.id) == n
+            del src
             if not ok:
                 log.warning("slot %d: restoring %d bytes failed (no room?); prefilling", s.id, n)
         if not ok:
             L.llama_memory_seq_rm(self.m.mem, s.id, -1, -1)
             s.tokens = []
-            return False
+            return None
         s.tokens = hit.entry.tokens.tolist()
         s.owner = tenant
-        self.cache.restored(hit.tier, hit.n, time.perf_counter() - t0)
-        return True
+        return time.perf_counter() - t0
+
+    def _tier_count(self, job, keep: int, restored: float | None) -> None:
+        """Count where ``job``'s ``keep`` cached prompt tokens came from (a
+        restore that took ``restored`` seconds, or its slot) and say so in
+        its timings (``cache_tier``)."""
+        if self.cache is None or not getattr(job.request, "cache_prompt", False):
+            return
+        if restored is not None and keep > 0:
+            job.cache_tier = job.restore.tier
+            self.cache.restored(job.cache_tier, keep, restored)
+        else:
+            self.cache.used_slot(keep)
+            job.cache_tier = "slot" if keep else ""
 
     # ---- stop ---------------------------------------------------------------
     def persist(self, timeout: float | None = None) -> int:

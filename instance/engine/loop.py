@@ -570,10 +570,10 @@ class Engine(CacheSteps, EmbeddingSteps, GenerateSteps, SampleSteps):
             return
         prompt = job.request.prompt
         keep = 0
+        restored = None
         if job.restore is not None:  # the slot's cache goes whole: saved, then replaced
             self._tier_save(first)
-            if self._tier_restore(first, job.restore, job.request.tenant):
-                job.cache_tier = job.restore.tier
+            restored = self._tier_restore(first, job.restore, job.request.tenant)
         if job.request.cache_prompt and first.tokens and self._may_reuse(first, job.request):
             keep = min(common_prefix(prompt, np.asarray(first.tokens, np.int32)), len(prompt) - 1)
             if keep > 0 and self.m.n_swa > 0:
@@ -584,9 +584,7 @@ class Engine(CacheSteps, EmbeddingSteps, GenerateSteps, SampleSteps):
                     keep = 0
         if first.tokens and keep < SAVE_KEEP_SHARE * len(first.tokens):
             self._tier_save(first)  # most of the slot's cache goes (llama-server's f_keep)
-        if self.cache is not None and not job.cache_tier and job.request.cache_prompt:
-            self.cache.used_slot(keep)
-            job.cache_tier = "slot" if keep else ""
+        self._tier_count(job, keep, restored)
         if not self.L.llama_memory_seq_rm(self.m.mem, first.id, keep, -1):
             self._clear(first)
             keep = 0
