@@ -60,7 +60,7 @@ class CacheSteps:
                "type_k": cfg.type_k, "type_v": cfg.type_v, "flash_attn": cfg.flash_attn,
                "rope_freq_base": cfg.rope_freq_base, "rope_freq_scale": cfg.rope_freq_scale,
                "n_swa": m.n_swa, "swa_full": bool(L.llama_context_default_params().swa_full),
-               "n_gpu_layers": cfg.n_gpu_layers, "lora": []}
+               "lora": []}
         return fingerprint(gguf_identity(cfg.model_path), ctx, llama_build(L))
 
     def _cache_scope(self, tenant: str) -> str | None:
