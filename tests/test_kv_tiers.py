@@ -360,3 +360,26 @@ def test_a_sliding_window_model_restores_a_prefix_that_keeps_its_window(tmp_path
         assert got["tier"] == "ram" and got["cached"] == entry.n_tokens and got["text"] == cold
     finally:
         e.close()
+
+
+def test_ggmux_serve_cache_disk_keeps_a_prefix_across_an_unload_and_reload(cold, serve,
+                                                                             tmp_path):
+    """The serve option reaches the instance (a default under every preset),
+    the unload's stop writes the slot to disk, and the model loaded again
+    restores it."""
+    preset = tmp_path / "p.ini"
+    preset.write_text(f"[smollm2-135m]\nmodel = {smollm2_path()}\nparallel = 1\n"
+                      "ubatch-size = 1\nctx-size = 1024\n")
+    s = serve("--models-preset", str(preset), "--no-hf-cache", "--cache-disk",
+              str(tmp_path / "kv"))
+    body = {"model": "smollm2-135m", "prompt": A, "max_tokens": 12, "temperature": 0}
+    st, first = s.json("POST", "/v1/completions", body, timeout=300)
+    assert st == 200 and first["choices"][0]["text"] == cold
+    assert s.json("POST", "/models/unload", {"model": "smollm2-135m"})[0] == 200
+    wait_for(lambda: s.models()["smollm2-135m"]["status"]["value"] == "unloaded", 60,
+             what="smollm2 unloaded")
+    assert len(kv_files(tmp_path / "kv")) == 1
+    st, again = s.json("POST", "/v1/completions", body, timeout=300)
+    assert st == 200 and again["choices"][0]["text"] == cold
+    assert again["timings"]["cache_tier"] == "disk"
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 80
