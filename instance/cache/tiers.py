@@ -204,7 +204,7 @@ class KVTiers:
                     return
                 e = self._spill[0]
                 self._writing.add(e.key)
-            self.disk.write(e)
+            self._write(e)
             with self._cond:
                 if self._spill and self._spill[0] is e:
                     self._spill.popleft()
@@ -233,10 +233,17 @@ class KVTiers:
                 log.info("KV tiers: the save ran out of time; %d entries left unwritten",
                          len(todo) - n)
                 break
-            if self.disk.write(e, deadline):
+            if self._write(e, deadline):
                 n += 1
         self._changed()
         return n
+
+    def _write(self, e: Entry, deadline: float | None = None) -> bool:
+        try:
+            return self.disk.write(e, deadline)
+        except Exception:  # a bug must not stop the writer or the instance's stop
+            log.exception("KV disk tier: writing an entry failed")
+            return False
 
     # ---- the HTTP side ----------------------------------------------------------
     def clear(self) -> dict:
