@@ -60,6 +60,8 @@ from ..proxy.http.usage import USAGE_HEADER, usage_line, usage_trailer
 from ..proxy.http.verdict import REPLICA_HEADER
 from . import protocol
 from .backend import Backend, ReplicaFault
+from .cache.options import add_cache_options
+from .cache.report import cache_metrics, report_cache
 from .reasoning import add_reasoning_option
 from .validate import CACHE_SCOPES, BadRequest, RequestLimits, add_request_limit_options
 
@@ -451,62 +453,6 @@ class InstanceApp:
                 return
 
 
-CACHE_REPORT_S = 1.0
-"""Least time between two ``cache`` state lines."""
-
-
-def report_cache(backend: Backend, stop: threading.Event) -> None:
-    """Emit ``state:{"state": "cache", "ram_bytes", "disk_bytes",
-    "ram_entries", "disk_entries"}`` when the KV tiers' sizes change, at
-    most once per :data:`CACHE_REPORT_S` (the supervisor shows them; issue
-    29). Runs on its own thread until ``stop``."""
-    last = None
-    while not stop.wait(CACHE_REPORT_S):
-        try:
-            r = backend.cache_report()
-        except Exception:  # a report never stops the instance
-            log.exception("cache report failed")
-            continue
-        now = (r["ram"]["bytes"], r["disk"]["bytes"], r["ram"]["entries"], r["disk"]["entries"])
-        if now != last and (last is not None or any(now)):
-            protocol.emit("cache", ram_bytes=now[0], disk_bytes=now[1], ram_entries=now[2],
-                          disk_entries=now[3])
-        last = now
-
-
-def cache_metrics(r: dict) -> list[str]:
-    """Prometheus lines of the KV tiers (:meth:`Backend.cache_report`):
-    entries, bytes and limits per tier, hits per tier (``slot``, ``ram``,
-    ``disk``), misses, restored tokens, restore seconds per tier, saves and
-    rejected files."""
-    out = []
-
-    def family(name: str, kind: str, what: str, values: list[tuple[str, float]]) -> None:
-        out.extend((f"# HELP ggmux_kv_cache_{name} {what}",
-                    f"# TYPE ggmux_kv_cache_{name} {kind}"))
-        out.extend(f"ggmux_kv_cache_{name}{labels} {v:g}" for labels, v in values)
-
-    tiers = ("ram", "disk")
-    family("entries", "gauge", "Entries kept per KV tier",
-           [(f'{{tier="{t}"}}', r[t]["entries"]) for t in tiers])
-    family("bytes", "gauge", "Bytes of sequence state kept per KV tier",
-           [(f'{{tier="{t}"}}', r[t]["bytes"]) for t in tiers])
-    family("limit_bytes", "gauge", "Byte limit per KV tier (0: off or none)",
-           [(f'{{tier="{t}"}}', r[t]["limit_bytes"] or 0) for t in tiers])
-    family("hits_total", "counter", "Requests whose cached prefix came from each tier",
-           [(f'{{tier="{t}"}}', v) for t, v in r["hits"].items()])
-    family("misses_total", "counter", "Requests that reused no cached prefix",
-           [("", r["misses"])])
-    family("restored_tokens_total", "counter", "Prompt tokens restored from RAM or disk",
-           [("", r["restored_tokens"])])
-    family("restore_seconds_total", "counter", "Seconds spent restoring states per tier",
-           [(f'{{tier="{t}"}}', v) for t, v in r["restore_seconds_by_tier"].items()])
-    family("saved_total", "counter", "Slot states saved into the tiers", [("", r["saved"])])
-    family("rejected_total", "counter", "Disk entries refused (torn, corrupt, foreign)",
-           [("", r["rejected"])])
-    return out
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m ggmux.instance")
     ap.add_argument("--model", default=None, help="GGUF file (or fake behaviour file)")
@@ -541,19 +487,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "from the proxy's x-ggmux-tenant), global (any), none")
     ap.add_argument("--slot", type=int, default=None,
                     help="the supervisor's replica slot, for the process title")
-    ap.add_argument("--cache-ram", type=int, default=None, metavar="MiB",
-                    help="KV tiers: slots' prompt caches kept in host RAM, as llama-server's "
-                         "--cache-ram (default 8192; -1 no byte limit; 0 off); a preset's "
-                         "cache-ram (in --llama-args) wins")
-    ap.add_argument("--cache-disk", default=None, metavar="DIR",
-                    help="KV tiers: spill RAM's entries to files in DIR/<fingerprint>/ "
-                         "(default: off)")
-    ap.add_argument("--cache-disk-max", type=float, default=None, metavar="GiB",
-                    help="KV tiers: the most this model's files in --cache-disk hold "
-                         "(default 10)")
-    ap.add_argument("--cache-save-timeout", type=float, default=None, metavar="S",
-                    help="KV tiers: seconds a stopping instance spends writing its slots' "
-                         "caches to --cache-disk (default 2)")
+    add_cache_options(ap)
     # the supervisor passes the header and body limits that fit its proxies'
     add_http_limit_options(ap, instance_limits())
     return ap.parse_args(argv)
