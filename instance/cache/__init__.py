@@ -5,8 +5,9 @@ spills to disk (:mod:`.disk`, ``--cache-disk``), one file per entry
 (:mod:`.entry_file`) under the model's fingerprint (:mod:`.fingerprint`);
 :mod:`.tiers` looks up the longest cached prefix over both. The engine's
 side (saving and restoring through llama.cpp) is
-:mod:`ggmux.instance.engine.cache_steps`. :mod:`.report` is the answer's
-shape without tiers. No llama.cpp here;
-import the modules themselves (this package's import loads nothing, so
-that a tier-less instance does not load numpy for its report).
+:mod:`ggmux.instance.engine.cache_steps`. :mod:`.report` is what the
+instance tells of them (``GET /cache``, metrics, the ``cache`` state line),
+:mod:`.options` its flags. No llama.cpp here; import the modules themselves
+(this package's import loads nothing, so that a tier-less instance loads no
+numpy for its report).
 """
