@@ -52,8 +52,8 @@ OTHER = chat("Anything.", system="A wholly different system prompt about cooking
 
 def engine(disk=None, ram_mib: int = 64, **kw) -> Engine:
     kw.setdefault("n_ubatch", 1)
-    cfg = EngineConfig(smollm2_path(), ctx_size=kw.pop("ctx_size", 1024), parallel=1,
-                       n_threads=1, cache=CacheSettings(ram_mib=ram_mib, disk_dir=disk,
+    cfg = EngineConfig(smollm2_path(), ctx_size=kw.pop("ctx_size", 1024),
+                       parallel=kw.pop("parallel", 1), n_threads=1, cache=CacheSettings(ram_mib=ram_mib, disk_dir=disk,
                                                         **kw.pop("cache", {})), **kw)
     e = Engine(cfg)
     e.load()
@@ -94,6 +94,18 @@ def test_a_prefix_restored_from_ram_continues_as_a_cold_prefill(cold):
         assert again["cached"] == again["prompt"] - 1  # all but the token read for logits
         r = e.cache_report()
         assert r["hits"]["ram"] == 1 and r["restored_tokens"] == again["cached"]
+    finally:
+        e.close()
+
+
+def test_n_two_choices_restored_from_ram_both_continue_as_a_cold_prefill(cold):
+    e = engine(parallel=2)
+    try:
+        ask(e, A)
+        e.submit(Generation(e.tokenize(OTHER), GREEDY, max_tokens=4, n=2)).result(300)
+        r = e.submit(Generation(e.tokenize(A), GREEDY, max_tokens=12, n=2)).result(300)
+        assert r["timings"]["cache_tier"] == "ram"
+        assert [c["text"] for c in r["choices"]] == [cold, cold]
     finally:
         e.close()
 
@@ -293,6 +305,11 @@ def test_after_exit_a_new_instance_process_restores_the_slot_from_disk(cold, tmp
         assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == r["usage"][
             "prompt_tokens"] - 1
         wait_for(lambda: second.state("cache"), 10, what="a cache state line")
+        c = http.client.HTTPConnection("127.0.0.1", second.port, timeout=60)
+        c.request("GET", "/metrics")
+        metrics = c.getresponse().read().decode()
+        assert 'ggmux_kv_cache_hits_total{tier="disk"} 1' in metrics
+        assert 'ggmux_kv_cache_entries{tier="disk"} 1' in metrics
         assert second.call("POST", "/cache/clear")[1] == {"cleared": {"ram": 0, "disk": 1}}
         assert kv_files(tmp_path) == []
     finally:
