@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .cache.report import empty_report
 from .validate import BadRequest
 
 Sink = Callable[[str, object], None]
@@ -99,6 +100,25 @@ class Backend:
         prefix -> number): ``requests_processing``, ``requests_deferred``,
         token counts and seconds, ``kv_used``/``kv_size``..."""
         return {}
+
+    def cache_report(self) -> dict:
+        """``GET /cache``: the KV tiers' sizes, limits and counters
+        (:meth:`~ggmux.instance.cache.KVTiers.report`; zeros without tiers)."""
+        return empty_report()
+
+    def cache_clear(self) -> dict:
+        """``POST /cache/clear``: ``{"ram": n, "disk": n}`` entries removed."""
+        return {"ram": 0, "disk": 0}
+
+    def save_cache(self) -> int:
+        """A stopping instance's last step before it closes: write the
+        slots' caches to the disk tier within ``--cache-save-timeout``;
+        returns the entries written."""
+        return 0
+
+    def cache_save_timeout(self) -> float:
+        """Seconds :meth:`save_cache` may take (0: no disk tier)."""
+        return 0.0
 
     def sleep(self) -> None:
         """Free the weights, keep the process (``--sleep-idle-seconds``);

@@ -25,6 +25,7 @@ from .engine.jobs import deliver
 from .llama_args import llama_kwargs
 from .messages import chat_messages as jinja_messages
 from .messages import refuse_media
+from .cache.tiers import CacheSettings
 from .engine.model import EngineConfig
 from .prefill import continuation
 from .prompts import Batch, embedding_forms, native_prompts
@@ -85,6 +86,26 @@ def _gpu_count() -> int:
 
 
 
+def cache_settings(args, kw: dict) -> CacheSettings:
+    """The KV tiers' options: the instance's flags (``--cache-ram`` ...),
+    then a preset's (``kw``, from :func:`~.llama_args.llama_kwargs`; the
+    ``cache_*`` keys are taken out of it)."""
+    c = CacheSettings()
+    for flag, key, name in (("cache_ram", "cache_ram", "ram_mib"),
+                            ("cache_disk", "cache_disk", "disk_dir"),
+                            ("cache_disk_max", "cache_disk_max", "disk_max_gib"),
+                            ("cache_save_timeout", "cache_save_timeout", "save_timeout")):
+        v = kw.pop(key, None)
+        if v is None:
+            v = getattr(args, flag, None)
+        if v is not None:
+            setattr(c, name, v)
+    c.disk_dir = c.disk_dir or None
+    c.disk_max_gib = max(0.0, c.disk_max_gib)
+    c.save_timeout = max(0.0, c.save_timeout)
+    return c
+
+
 class LlamaBackend(Backend):
     """Serves chat, completions and embeddings with the batching engine
     (:class:`~ggmux.instance.engine.loop.Engine`) on ``--parallel`` slots.
@@ -135,7 +156,8 @@ class LlamaBackend(Backend):
         cfg = EngineConfig(self.path, ctx_size=self.args.ctx_size,
                            n_gpu_layers=self.args.n_gpu_layers,
                            kv_size=getattr(self.args, "kv_size", 0) or 0,
-                           cache_scope=getattr(self.args, "cache_scope", "global"))
+                           cache_scope=getattr(self.args, "cache_scope", "global"),
+                           cache=cache_settings(self.args, kw))
         if self.args.threads:
             cfg.n_threads = self.args.threads
         for k, v in kw.items():
@@ -546,6 +568,19 @@ class LlamaBackend(Backend):
 
     def slot_info(self) -> list[dict]:
         return self.engine.slot_info() if self.engine is not None else []
+
+    def cache_report(self) -> dict:
+        return self.engine.cache_report() if self.engine is not None else super().cache_report()
+
+    def cache_clear(self) -> dict:
+        return self.engine.cache_clear() if self.engine is not None else super().cache_clear()
+
+    def save_cache(self) -> int:
+        return self.engine.persist() if self.engine is not None else 0
+
+    def cache_save_timeout(self) -> float:
+        c = self.engine.cache if self.engine is not None else None
+        return c.settings.save_timeout if c is not None and c.disk is not None else 0.0
 
     def metrics(self) -> dict:
         return self.engine.metrics() if self.engine is not None else {}

@@ -40,6 +40,11 @@ _LLAMA_OPTIONS = {
     "--reasoning-format": ("reasoning_format", str),
     "--parallel": ("parallel", int), "-np": ("parallel", int),
     "--prefill-wait-ms": ("prefill_wait_ms", float),  # ggmux's (EngineConfig)
+    # the KV tiers (EngineConfig.cache): llama-server's --cache-ram, ggmux's disk tier
+    "--cache-ram": ("cache_ram", int), "-cram": ("cache_ram", int),
+    "--cache-disk": ("cache_disk", str),
+    "--cache-disk-max": ("cache_disk_max", float),
+    "--cache-save-timeout": ("cache_save_timeout", float),
 }
 _LLAMA_FLAGS = {"--no-mmap": ("use_mmap", False), "--mmap": ("use_mmap", True),
                 "--kv-unified": ("kv_unified", True), "-kvu": ("kv_unified", True),

@@ -61,6 +61,8 @@ from ..proxy.http.verdict import REPLICA_HEADER
 from ..shm.logring import log_to_stderr
 from . import protocol
 from .backend import Backend, ReplicaFault
+from .cache.options import add_cache_options
+from .cache.report import cache_metrics, report_cache
 from .reasoning import add_reasoning_option
 from .token_routes import TOKEN_KINDS, TokenWork
 from .validate import CACHE_SCOPES, BadRequest, RequestLimits, add_request_limit_options
@@ -197,15 +199,21 @@ class InstanceApp:
 
     async def stop(self, drain_s: float) -> None:
         """``exit``: refuse what is not started, give the running requests
-        ``drain_s`` seconds, then end them with an error event."""
+        ``drain_s`` seconds (less the KV tiers' ``--cache-save-timeout``
+        when they have a disk), write the slots' caches to disk within that
+        timeout (issue 29), then end what still runs with an error event."""
         self.stopping = True
         await self.loop.run_in_executor(self.executor, self.backend.refuse_queued,
                                         "the instance is stopping")
+        save_s = self.backend.cache_save_timeout()
+        drain_s = max(0.0, drain_s - save_s) if save_s else drain_s
         try:
             await asyncio.wait_for(self.idle.wait(), drain_s)
         except TimeoutError:
             log.info("stopping: %d requests still running after %.1f s get an error",
                      self.in_flight, drain_s)
+        if save_s:
+            await self.loop.run_in_executor(self.executor, self.backend.save_cache)
         await self.loop.run_in_executor(self.executor, self.backend.close,
                                         "the instance is stopping")
         try:  # let the error events reach their clients before the process ends
@@ -247,6 +255,13 @@ class InstanceApp:
             return
         if path == b"/slots" and req.method == b"GET":
             conn.send_json(req, 200, self.backend.slot_info())
+            return
+        if path == b"/cache" and req.method == b"GET":
+            conn.send_json(req, 200, self.backend.cache_report())
+            return
+        if path == b"/cache/clear" and req.method == b"POST":
+            cleared = await self.loop.run_in_executor(self.executor, self.backend.cache_clear)
+            conn.send_json(req, 200, {"cleared": cleared})
             return
         if path == b"/metrics" and req.method == b"GET":
             conn.send_response(req, 200, self.metrics_text().encode(),
@@ -356,6 +371,7 @@ class InstanceApp:
                 rate = m[tokens] / m[seconds] if m.get(seconds) else 0.0
                 lines += [f"# HELP llamacpp:{name} {what}", f"# TYPE llamacpp:{name} gauge",
                           f"llamacpp:{name} {rate:.3f}"]
+        lines += cache_metrics(self.backend.cache_report())
         if m.get("kv_size"):
             lines += ["# HELP llamacpp:kv_cache_usage_ratio KV cache cells in use, of all",
                       "# TYPE llamacpp:kv_cache_usage_ratio gauge",
@@ -483,6 +499,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "from the proxy's x-ggmux-tenant), global (any), none")
     ap.add_argument("--slot", type=int, default=None,
                     help="the supervisor's replica slot, for the process title")
+    add_cache_options(ap)
     # the supervisor passes the header and body limits that fit its proxies'
     add_http_limit_options(ap, instance_limits())
     return ap.parse_args(argv)
@@ -634,6 +651,8 @@ def main(argv: list[str] | None = None) -> int:
     state["loading"] = False
     app.ready = True
     protocol.emit("ready", port=port, **payload)
+    threading.Thread(target=report_cache, args=(backend, stop), name="cache-report",
+                     daemon=True).start()
 
     stop_event = asyncio.Event()
     state["stop_event"] = stop_event

@@ -235,6 +235,20 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     s.add_argument("--ttl", type=float, default=None,
                    help="unload a model idle this many seconds after its last request ended "
                         "(a preset's ttl wins)")
+    s.add_argument("--cache-ram", type=int, default=None, metavar="MiB",
+                   help="KV tiers of each built-in instance: slots' prompt caches kept in host "
+                        "RAM, llama-server's --cache-ram (not given: 8192; -1 no byte limit; "
+                        "0 off); a preset's cache-ram wins")
+    s.add_argument("--cache-disk", default=None, metavar="DIR",
+                   help="KV tiers: spill to files in DIR/<model fingerprint>/, kept across "
+                        "swaps, restarts and replicas (not given: off); a preset's cache-disk "
+                        "wins")
+    s.add_argument("--cache-disk-max", type=float, default=None, metavar="GiB",
+                   help="KV tiers: the most each model's files in --cache-disk hold (not "
+                        "given: 10); a preset's cache-disk-max wins")
+    s.add_argument("--cache-save-timeout", type=float, default=None, metavar="S",
+                   help="KV tiers: seconds a stopping instance spends writing its slots' "
+                        "caches to --cache-disk (not given: 2); a preset's value wins")
     s.add_argument("--sleep-idle-seconds", type=float, default=None,
                    help="free an idle model's weights after this many seconds, keeping its "
                         "process; the next request wakes it")
@@ -353,7 +367,8 @@ def build_registry(args: argparse.Namespace) -> Registry:
     cli = llama_args_layer(getattr(args, "llama_args", None) or [])
     cli.update(command_line_layer({k: v for k, v in given.items() if v is not None}))
     ttl = getattr(args, "ttl", None)
-    defaults = command_line_layer({"ttl": ttl} if ttl is not None else {})
+    under = {"ttl": ttl, **cache_defaults(args)}
+    defaults = command_line_layer({k: v for k, v in under.items() if v is not None})
     registry = Registry(resolve(entries, preset, cli, defaults=defaults))
     # the header and body limits only when the proxies' are not the defaults
     http, default = instance_limits(limits_from_args(args)), instance_limits()
@@ -373,6 +388,19 @@ def build_registry(args: argparse.Namespace) -> Registry:
     if args.stop_timeout is None:
         args.stop_timeout = _DEFAULTS.stop_timeout
     return registry
+
+
+def cache_defaults(args: argparse.Namespace) -> dict[str, object]:
+    """The KV tiers' ``serve`` options as preset keys (issue 29): defaults
+    under every preset, as ``--ttl`` (a preset's own value wins); a
+    ``--cache-disk`` of ``off`` or ``none`` turns the disk tier off."""
+    disk = getattr(args, "cache_disk", None)
+    if disk is not None:
+        disk = "" if disk.strip().lower() in ("", "off", "none") else os.path.abspath(
+            os.path.expanduser(disk))
+    return {"cache-ram": getattr(args, "cache_ram", None), "cache-disk": disk,
+            "cache-disk-max": getattr(args, "cache_disk_max", None),
+            "cache-save-timeout": getattr(args, "cache_save_timeout", None)}
 
 
 def default_cache_scope(args: argparse.Namespace) -> str:

@@ -173,6 +173,13 @@ def _cache_scope(v: str) -> str:
     return s
 
 
+def _cache_disk(v: str) -> str:
+    """``--cache-disk DIR``: the KV disk tier's directory (absolute), or
+    ``off`` / ``none`` / empty for none (issue 29)."""
+    t = v.strip()
+    return "" if t.lower() in ("", "off", "none") else _path(t)
+
+
 def _repo(v: str) -> str:
     repo = v.partition(":")[0]
     if repo.count("/") != 1 or not all(repo.split("/")):
@@ -218,9 +225,14 @@ FIELDS: dict[str, Callable[[str], object]] = {
     "cache-scope": _cache_scope,
     # ggmux's engine settings, passed on to the built-in instance as options
     "prefill-wait-ms": _float(0),
+    # the KV tiers' disk side (issue 29; cache-ram is llama-server's own option)
+    "cache-disk": _cache_disk,
+    "cache-disk-max": _float(0),
+    "cache-save-timeout": _float(0),
 }
 
-ENGINE_KEYS = frozenset({"prefill-wait-ms"})
+ENGINE_KEYS = frozenset({"prefill-wait-ms", "cache-disk", "cache-disk-max",
+                         "cache-save-timeout"})
 """ggmux keys (in :data:`FIELDS`) that go to the built-in instance as
 ``--KEY VALUE`` among the llama-server options (instance/llama_args.py)."""
 

@@ -139,6 +139,8 @@ class Job:
         self.t_first = 0.0
         self.n_read = 0  # prompt tokens in the slot so far (cached ones too)
         self.t_read = 0.0  # when the last prompt batch was read (0: none yet)
+        self.restore = None  # a KV tier's entry to restore into its slot (cache_steps.Hit)
+        self.cache_tier = ""  # where its cached prompt tokens came from: slot, ram, disk
 
     def emit(self, event: tuple) -> None:
         """Queue one event for the consumer (decode thread): the engine
@@ -250,6 +252,8 @@ class Job:
         out.update(cache_n=self.n_cached, prompt_n=prompt_n, prompt_ms=prompt_ms,
                    predicted_n=self.n_decoded,
                    predicted_ms=_ms(now - self.t_first) if first else 0.0)
+        if self.cache_tier:
+            out["cache_tier"] = self.cache_tier
         return out
 
 

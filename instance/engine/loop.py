@@ -56,6 +56,7 @@ import numpy as np
 
 from ..backend import ReplicaFault
 from .batch import Batch
+from .cache_steps import SAVE_KEEP_SHARE, CacheSteps
 from .embedding import EmbeddingSteps
 from .fairness import FairQueue
 from .generate_steps import GenerateSteps
@@ -88,7 +89,7 @@ __all__ = ["Embedding", "Engine", "EngineAsleep", "EngineConfig", "EngineError",
            "EngineStopped", "Generation", "InvalidRequest", "Job", "Sampling"]
 
 
-class Engine(EmbeddingSteps, GenerateSteps, SampleSteps):
+class Engine(CacheSteps, EmbeddingSteps, GenerateSteps, SampleSteps):
     """Continuous batching over ``parallel`` slots of one llama context; see
     the module docstring. Life cycle: ``load()``, then ``submit`` from any
     thread, ``sleep()``/``wake()`` to free and restore the weights,
@@ -166,6 +167,7 @@ class Engine(EmbeddingSteps, GenerateSteps, SampleSteps):
 
     def _load(self) -> None:
         self.m.load()
+        self._open_cache()
         self._batch = Batch(self.L, self.m.n_batch, len(self.slots))
         for s in self.slots:
             s.tokens = []
@@ -420,7 +422,8 @@ class Engine(EmbeddingSteps, GenerateSteps, SampleSteps):
                 with self._cond:
                     while not (self._inbox or self._kicked or self._close_reason is not None
                                or self._sleep_done is not None or self._refuse is not None
-                               or self._results or self._runnable()):
+                               or self._results or self._runnable()
+                               or self._persist_done is not None):
                         self._cond.wait()
                     if self._inbox and not self._waiting and self._idle():
                         self._gather()
@@ -435,6 +438,8 @@ class Engine(EmbeddingSteps, GenerateSteps, SampleSteps):
                     return
                 while refuse is not None and self._waiting:
                     self._fail(self._waiting.popleft(), refuse)
+                if self._persist_done is not None:
+                    self._do_persist()
                 if self._sleep_done is not None and not self._busy():
                     self._do_sleep()
                     continue
@@ -470,6 +475,7 @@ class Engine(EmbeddingSteps, GenerateSteps, SampleSteps):
                 done, self._sleep_done = self._sleep_done, None
                 self._asleep = True
             self._drain_samples()
+            self._save_idle()  # the KV tiers keep the slots' caches past the sleep
             self._free()
         log.info("asleep: weights and KV cache freed")
         done.set()
@@ -539,6 +545,7 @@ class Engine(EmbeddingSteps, GenerateSteps, SampleSteps):
     def _choose(self, job: Job, idle: list[Slot], k: int) -> list[Slot]:
         r = job.request
         lru = sorted(idle, key=lambda s: s.t_used)
+        job.restore = None
         if not isinstance(r, Generation) or not r.cache_prompt:
             return lru[:k]
         best, best_n = None, 0
@@ -547,6 +554,9 @@ class Engine(EmbeddingSteps, GenerateSteps, SampleSteps):
                 n = common_prefix(r.prompt, np.asarray(s.tokens, np.int32))
                 if n > best_n:
                     best, best_n = s, n
+        job.restore = self._tier_lookup(job, best_n)  # a longer prefix in RAM or on disk
+        if job.restore is not None:
+            return lru[:k]
         if best is None or best_n < self.cfg.slot_prompt_similarity * len(r.prompt):
             return lru[:k]
         return [best] + [s for s in lru if s is not best][: k - 1]
@@ -559,6 +569,7 @@ class Engine(EmbeddingSteps, GenerateSteps, SampleSteps):
         return scope == "global" or scope == "key" and s.owner == r.tenant
 
     def _clear(self, s: Slot) -> None:
+        self._tier_save(s)  # an idle slot's cache about to go: into the KV tiers
         self.L.llama_memory_seq_rm(self.m.mem, s.id, -1, -1)
         s.tokens = []
         s.t_used = 0.0
@@ -578,6 +589,10 @@ class Engine(EmbeddingSteps, GenerateSteps, SampleSteps):
             return
         prompt = job.request.prompt
         keep = 0
+        restored = None
+        if job.restore is not None:  # the slot's cache goes whole: saved, then replaced
+            self._tier_save(first)
+            restored = self._tier_restore(first, job.restore, job.request.tenant)
         if job.request.cache_prompt and first.tokens and self._may_reuse(first, job.request):
             keep = min(common_prefix(prompt, np.asarray(first.tokens, np.int32)), len(prompt) - 1)
             if keep > 0 and self.m.n_swa > 0:
@@ -586,6 +601,9 @@ class Engine(EmbeddingSteps, GenerateSteps, SampleSteps):
                 pos_min = self.L.llama_memory_seq_pos_min(self.m.mem, first.id)
                 if pos_min > max(0, keep - self.m.n_swa):
                     keep = 0
+        if first.tokens and keep < SAVE_KEEP_SHARE * len(first.tokens):
+            self._tier_save(first)  # most of the slot's cache goes (llama-server's f_keep)
+        self._tier_count(job, keep, restored)
         if not self.L.llama_memory_seq_rm(self.m.mem, first.id, keep, -1):
             self._clear(first)
             keep = 0

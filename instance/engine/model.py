@@ -13,10 +13,11 @@ import ctypes
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..cache.tiers import CacheSettings
 from .jobs import InvalidRequest
 from .sampling import DEFAULT_SEED
 
@@ -62,7 +63,10 @@ class EngineConfig:
     arrived (``engine.PREFILL_WAIT_SHARE``) and ends when nothing more
     comes; 0 starts at once (bench/RESULTS.md section 17: without it the
     first of 4 requests sent together was read alone, then stalled ~4 s
-    while the other three were read)."""
+    while the other three were read). ``cache``: the KV tiers' options
+    (``--cache-ram``, ``--cache-disk``, ``--cache-disk-max``,
+    ``--cache-save-timeout``; :class:`~ggmux.instance.cache.CacheSettings`;
+    llama-server's default: 8192 MiB of host RAM, no disk)."""
 
     model_path: str
     ctx_size: int = 2048
@@ -88,6 +92,7 @@ class EngineConfig:
     kv_unified: bool | None = None
     cache_scope: str = "global"
     prefill_wait_ms: float = 50.0
+    cache: CacheSettings = field(default_factory=CacheSettings)
 
 
 class ModelContext:
