@@ -218,9 +218,14 @@ FIELDS: dict[str, Callable[[str], object]] = {
     "cache-scope": _cache_scope,
     # ggmux's engine settings, passed on to the built-in instance as options
     "prefill-wait-ms": _float(0),
+    # the KV tiers' disk tier (issue 29), read by the supervisor too (.kvtiers)
+    "cache-disk": _path,
+    "cache-disk-max": _float(0),
+    "cache-save-timeout": _float(0),
 }
 
-ENGINE_KEYS = frozenset({"prefill-wait-ms"})
+ENGINE_KEYS = frozenset({"prefill-wait-ms", "cache-disk", "cache-disk-max",
+                         "cache-save-timeout"})
 """ggmux keys (in :data:`FIELDS`) that go to the built-in instance as
 ``--KEY VALUE`` among the llama-server options (instance/llama_args.py)."""
 

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from ..shm import layout as L
 from ..shm.seqlock import write_fields
+from .kvtiers import tiers_of
 from .state import NODE_PRIORITY, Replica, State
 
 
@@ -49,6 +50,7 @@ class Publisher:
         doc["remotes"] = remotes  # proxies only: the segment is mode 0600
         doc["reload_ids"] = list(st.reload_ids)  # the reloads done (GET /models?reload=1)
         doc["reload_errors"] = dict(st.reload_errors)  # and why, for those that failed
+        doc["cache_clears"] = dict(st.cache_clears)  # POST /cache/clear's answers, by id
         # the router's own settings, for GET /props without a model (llama.cpp router)
         doc["router"] = {"models_max": st.cfg.models_max,
                          "models_autoload": st.cfg.models_autoload,
@@ -146,6 +148,12 @@ class Publisher:
                 L.M_EVICTIONS: m.evictions,
                 L.M_LOAD_NS_TOTAL: m.load_ns_total,
                 L.M_LAST_READY_NS: m.last_ready_ns,
+                # KV tiers (issue 29): RAM of its running replicas, its disk tier
+                L.M_CACHE_RAM_BYTES: sum(r.cache_ram for r in reps),
+                L.M_CACHE_DISK_BYTES: m.cache_disk_bytes,
+                L.M_CACHE_FLAGS: L.CACHE_DISK if i < len(st.registry.entries) and tiers_of(
+                    st.registry.entries[i]).on_disk else 0,
+                L.M_CACHE_EPOCH: m.cache_epoch,
             })
         for k, d in enumerate(st.ledger.devices):
             write_fields(seg.devices, k, {
