@@ -100,6 +100,18 @@ class Backend:
         token counts and seconds, ``kv_used``/``kv_size``..."""
         return {}
 
+    def cache_info(self) -> dict | None:
+        """``GET /cache`` of the KV tiers (issue 29): ``{"ram": {"entries",
+        "bytes", "limit_bytes"}, "disk": {..., "dir"}, "hits": {"slot", "ram",
+        "disk"}, "misses", "restored_tokens", "restore_seconds", "saved",
+        "rejected"}``; None when the backend has no tiers (answered 404)."""
+        return None
+
+    def cache_clear(self) -> dict:
+        """``POST /cache/clear``: empty the RAM and disk tiers;
+        ``{"cleared": {"ram": entries, "disk": entries}}``."""
+        return {"cleared": {"ram": 0, "disk": 0}}
+
     def sleep(self) -> None:
         """Free the weights, keep the process (``--sleep-idle-seconds``);
         waits for the requests in progress."""
