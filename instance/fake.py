@@ -385,7 +385,8 @@ class FakeBackend(Backend):
             self._texts[best] = ""
             if self.scope != "none":
                 best_n, job.tier = self.tiers.lookup(
-                    job.tenant if self.scope == "key" else None, job.text)
+                    job.tenant if self.scope == "key" else None, job.text,
+                    max(1, int(SIMILARITY * len(job.text))))
         elif best_n:
             job.tier = "slot"
             self.tiers.slot_hit()

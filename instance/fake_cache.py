@@ -164,9 +164,10 @@ class FakeTiers:
                 self._to_disk(key)
         self.line()
 
-    def lookup(self, scope: str | None, text: str) -> tuple[int, str]:
+    def lookup(self, scope: str | None, text: str, least: int = 1) -> tuple[int, str]:
         """The longest prefix of ``text`` (characters) in RAM, else on disk,
-        among entries of ``scope`` (None: any); ``(0, "")`` for none."""
+        among entries of ``scope`` (None: any); ``(0, "")`` for none or one
+        shorter than ``least``."""
         best, tier = 0, ""
         t0 = time.monotonic()
         with self.lock:
@@ -177,8 +178,9 @@ class FakeTiers:
                     n = _common(t, text)
                     if n > best:
                         best, tier = n, where
-                if best:
+                if best >= least:
                     break
+                best, tier = 0, ""
             if best:
                 self.hits[tier] += 1
                 self.restored += best // CHARS_PER_TOKEN

@@ -56,6 +56,7 @@ from .balancer import (
     Candidate,
     CircuitBreaker,
 )
+from .cache_admin import clear_route
 from .cluster import (
     HOP,
     HOP_TRUSTED,
@@ -185,6 +186,7 @@ class Proxy(Forwarding, RouterMode):
         self.reload_seq = 0  # this proxy's reload requests
         self.reload_ids: list[str] = []  # the reloads the supervisor finished, newest last
         self.reload_errors: dict[str, str] = {}  # id -> why, of those that failed
+        self.cache_clears: dict[str, dict] = {}  # POST /cache/clear's answers, by id
         self.page = Page()
         self.logtail = LogTail(self.loop, log_ring_name(shm))
         self.activity = Activity(request_ring_name(shm), index)
@@ -226,6 +228,7 @@ class Proxy(Forwarding, RouterMode):
             self.remotes = {int(k): v for k, v in doc.get("remotes", {}).items()}
             self.reload_ids = doc.get("reload_ids", ())
             self.reload_errors = doc.get("reload_errors", {})
+            self.cache_clears = doc.get("cache_clears", {})
             self.cluster = doc.get("cluster")
             self.router = doc.get("router") or {}  # the router's settings (.router_mode)
             self.hop_slots = frozenset(k for k, v in self.remotes.items() if v.get("hop"))
@@ -470,6 +473,9 @@ class Proxy(Forwarding, RouterMode):
     async def _models_sse(self, conn: HttpConnection, req: Request) -> None:
         self.refresh()
         await self.events.subscribe(conn, req)
+
+    async def _cache_clear(self, conn: HttpConnection, req: Request) -> None:
+        await clear_route(self, conn, req, lambda m: self.reg_models[m]["name"])
 
     async def _cluster(self, conn: HttpConnection, req: Request) -> None:
         conn.send_json(req, 200, cluster_view(self.cluster))

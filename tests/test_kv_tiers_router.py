@@ -110,3 +110,108 @@ def test_a_stuck_save_is_cut_at_stop_timeout_plus_save_timeout(serve, fakes, tmp
     wait_for(lambda: not alive(pid), 30, what="SIGTERM of the stuck save")
     assert "did not exit within 2.0 s of 'exit': SIGTERM" in s.logs()
     wait_for(lambda: row(s)[L.M_STATUS] == L.ModelStatus.UNLOADED, 10, what="unloaded")
+
+
+def warm_two_models(serve, fakes, tmp_path, *args):
+    """Models ``m`` (RAM and disk tiers) and ``n`` (disk only), each served
+    once; ``n`` unloaded again, so its disk tier is all it has."""
+    fm = fakes.add("m", prefix_cache=True, tokens=2, parallel=1, cache_entry_bytes=2048)
+    fn = fakes.add("n", prefix_cache=True, tokens=2)
+    disk = tmp_path / "kv"
+    ini = preset(tmp_path, {"m": {"model": fm, "cache-ram": 1, "cache-disk": disk},
+                            "n": {"model": fn, "cache-disk": disk}})
+    s = serve("--models-preset", ini, "--no-hf-cache", "--proxies", "1", "--models-max", "2",
+              *args)
+    key = {"authorization": "Bearer admin"} if "--admin-key" in args else {}
+    api = {"authorization": "Bearer api"} if "--api-key" in args else {}
+    for b in (body(0), body(1), body(2, model="n")):
+        assert s.request("POST", CHAT, b, headers=api)[0] == 200
+    assert s.json("POST", "/models/unload", {"model": "n"}, headers=key)[0] == 200
+    wait_for(lambda: row(s, 0)[L.M_CACHE_RAM_BYTES] == 2048, 10, what="m's cache line")
+    wait_for(lambda: row(s, 1)[L.M_STATUS] == L.ModelStatus.UNLOADED
+             and row(s, 1)[L.M_CACHE_DISK_BYTES] > 0, 20, what="n's disk tier")
+    return s, disk, key, api
+
+
+def test_models_ps_and_metrics_show_each_models_cache_ram_and_disk_bytes(
+        serve, fakes, tmp_path, capsys):
+    from ggmux.supervisor.cli import main as cli
+
+    s, _, _, _ = warm_two_models(serve, fakes, tmp_path)
+    disk_n = int(row(s, 1)[L.M_CACHE_DISK_BYTES])
+    models = s.models()
+    assert models["m"]["status"]["cache"] == {"ram_bytes": 2048, "disk_bytes": 0}
+    assert models["n"]["status"] == {**models["n"]["status"], "value": "unloaded",
+                                     "cache": {"ram_bytes": 0, "disk_bytes": disk_n}}
+    st, doc = s.json("GET", "/models")
+    assert {m["id"]: m["status"]["cache"] for m in doc["data"]} == {
+        "m": {"ram_bytes": 2048, "disk_bytes": 0}, "n": {"ram_bytes": 0, "disk_bytes": disk_n}}
+    ps = {m["id"]: m for m in s.json("GET", "/ps")[1]["models"]}
+    assert ps["m"]["cache"] == {"ram": 2048, "disk": 0}
+    assert ps["n"]["cache"] == {"ram": 0, "disk": disk_n}
+    assert cli(["ps", "--all", "--url", s.base]) == 0
+    out = capsys.readouterr().out
+    head, *lines = out.splitlines()
+    assert "CACHE" in head.split()
+    line_m = next(x for x in lines if x.startswith("m "))
+    line_n = next(x for x in lines if x.startswith("n "))
+    assert "2.0 KiB/0" in line_m and f"0/{disk_n / 1024:.1f} KiB" in line_n
+    text = s.request("GET", "/metrics")[2].decode()
+    assert 'ggmux_model_cache_bytes{model="m",tier="ram"} 2048' in text
+    assert f'ggmux_model_cache_bytes{{model="n",tier="disk"}} {disk_n}' in text
+    # the running replica's own counters, from its GET /cache: two prompts, neither cached
+    assert 'ggmux_model_cache_misses_total{model="m"} 2' in text
+    assert 'ggmux_model_cache_hits_total{model="m",tier="ram"} 0' in text
+    st, _, b = s.request("POST", CHAT, body(0, turn="again"))  # back from RAM
+    assert st == 200 and json.loads(b)["timings"]["cache_tier"] == "ram"
+    text = s.request("GET", "/metrics")[2].decode()
+    assert 'ggmux_model_cache_hits_total{model="m",tier="ram"} 1' in text
+    restored = usage(b)["prompt_tokens_details"]["cached_tokens"]
+    assert f'ggmux_model_cache_restored_tokens_total{{model="m"}} {restored}' in text
+
+
+def test_cache_clear_empties_running_replicas_and_the_disk_of_stopped_models(
+        serve, fakes, tmp_path, capsys):
+    from ggmux.supervisor.cli import main as cli
+
+    s, disk, _, _ = warm_two_models(serve, fakes, tmp_path)
+    assert len(entry_files(disk)) == 1  # n's, saved when it stopped
+    st, doc = s.json("POST", "/cache/clear", {"model": "m"})
+    assert st == 200, doc
+    assert doc["cleared"] == {"m": {"ram": 1, "disk": 0, "replicas": 1}}
+    wait_for(lambda: row(s, 0)[L.M_CACHE_RAM_BYTES] == 0, 10, what="m's RAM tier emptied")
+    assert len(entry_files(disk)) == 1 and row(s, 1)[L.M_CACHE_DISK_BYTES] > 0  # n's kept
+    # the prompt that was in RAM is a miss now
+    st, _, b = s.request("POST", CHAT, body(0, turn="again"))
+    assert st == 200 and usage(b)["prompt_tokens_details"]["cached_tokens"] == 0
+    assert cli(["cache", "clear", "n", "--url", s.base]) == 0
+    assert "n: 0 RAM and 1 disk entries removed" in capsys.readouterr().out
+    assert entry_files(disk) == []
+    wait_for(lambda: row(s, 1)[L.M_CACHE_DISK_BYTES] == 0, 10, what="n's disk figure")
+    assert all(os.path.exists(os.path.join(d, "model.json")) for d, _, fs in os.walk(disk)
+               if fs)  # the folders stay named
+    st, doc = s.json("POST", "/cache/clear", {})  # every model
+    assert st == 200 and set(doc["cleared"]) == {"m", "n"}
+    assert s.json("POST", "/cache/clear", {"model": "nope"})[0] == 404
+    assert s.request("POST", "/cache/clear", b'{"model": "m"}',
+                     headers={"content-type": "text/plain"})[0] == 415
+    assert s.request("GET", "/cache/clear")[0] == 405
+
+
+def test_cache_clear_needs_the_admin_key(serve, fakes, tmp_path, capsys, monkeypatch):
+    from ggmux.supervisor.cli import main as cli
+
+    s, disk, admin, api = warm_two_models(serve, fakes, tmp_path, "--api-key", "api",
+                                          "--admin-key", "admin")
+    assert s.request("POST", "/cache/clear", {}, headers=api)[0] == 401
+    assert s.request("POST", "/cache/clear", {})[0] == 401
+    # a page of another origin, even with the admin key
+    assert s.request("POST", "/cache/clear", {}, headers={
+        **admin, "origin": "https://evil.example"})[0] == 403
+    assert len(entry_files(disk)) == 1
+    monkeypatch.setenv("GGMUX_API_KEY", "api")
+    assert cli(["cache", "clear", "--url", s.base]) == 1
+    assert "needs the admin key" in capsys.readouterr().err
+    assert len(entry_files(disk)) == 1
+    st, doc = s.json("POST", "/cache/clear", {}, headers=admin)
+    assert st == 200 and doc["cleared"]["n"]["disk"] == 1 and entry_files(disk) == []
