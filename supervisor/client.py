@@ -164,7 +164,8 @@ def run_client(args: argparse.Namespace) -> int:
     except ServerError as e:
         hint = ""
         if e.status == 401:
-            hint = " (set $GGMUX_API_KEY, or $GGMUX_ADMIN_KEY for load, unload, cache clear and logs)"
+            hint = (" (set $GGMUX_API_KEY, or $GGMUX_ADMIN_KEY for load, unload, cache clear "
+                    "and logs)")
         print(f"ggmux: {e}{hint}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -247,7 +248,8 @@ def ps_table(doc: dict, every: bool = False) -> str:
             m["id"], state, *((_node_cell(m),) if cluster else ()),
             f"{ready}/{len(reps)}" if reps else "-",
             _bytes(number(mem.get("effective")) or number(mem.get("min")) or 0),
-            _cache_cell(m.get("cache")), str(m.get("in_flight", 0)), str(m.get("waiting", 0)), _seconds(idle),
+            _cache_cell(m.get("cache")), str(m.get("in_flight", 0)), str(m.get("waiting", 0)),
+            _seconds(idle),
             _seconds(until) if until is not None else ("never" if idle is not None else "-"),
         ))
     if len(rows) == 1:
