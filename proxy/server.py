@@ -156,7 +156,8 @@ class Proxy(Forwarding, RouterMode):
         # the prefix index (issue 20), keyed by the server's secret so every proxy hashes
         # alike (the segment's name where no secret came: a proxy started alone)
         self.prefix = PrefixRouting(
-            PrefixTable(self.seg.prefix, self.seg.prefix_forget, index),
+            PrefixTable(self.seg.prefix, self.seg.prefix_forget, index,
+                        self.seg.prefix_forget_disk),
             self.seg.sizes.prefix_block, tenant_secret.encode() if tenant_secret else shm.encode(),
         ) if self.balancer.mode == "prefix" else None
         self.breakers = [CircuitBreaker(row, self.balancer) for row in self.cw]
@@ -237,6 +238,8 @@ class Proxy(Forwarding, RouterMode):
                 else self.first_byte_ns for e in self.reg_models]
 
     def _tables(self, g: int, reps: np.ndarray) -> None:
+        if self.prefix is not None:  # stopped replicas leave their prefixes to disk (issue 29)
+            self.prefix.retire(self.replica_rows, reps, self.model_rows, self.remotes)
         self.replica_rows = reps
         ready_rows = reps[reps[:, L.R_STATUS] == L.ReplicaStatus.READY]
         self.ready = {int(m) for m in ready_rows[:, L.R_MODEL]}
