@@ -22,8 +22,9 @@ outside its slots, without running an engine:
   best effort, as Unsloth Studio does around its idle unload. File names
   are ``ggmux-<model hash>-<config hash>-slot<id>.bin``: no prompt text, no
   model name; the config hash covers the command line and the size and
-  modification time of every file it names, so a slot saved by another
-  GGUF or context size is never restored.
+  modification time of every GGUF file it names (the model, a projector,
+  LoRA adapters), so a slot saved by another GGUF or context size is never
+  restored.
 
 The blocking parts (HTTP to a replica, directory walks) run on
 :class:`~ggmux.supervisor.jobs.Jobs` threads, each bounded by the save
@@ -225,14 +226,14 @@ def slot_prefix(entry: ModelEntry) -> str:
 def slot_file(entry: ModelEntry, slot_id: int) -> str:
     """The file name (no folder) slot ``slot_id`` of ``entry`` is saved as
     (module docstring: no prompt text, no model name; the config hash
-    covers the command line and the files it names)."""
+    covers the command line and the GGUF files it names)."""
     try:
         argv = shlex.split(entry.cmd or "")
     except ValueError:
         argv = [entry.cmd or ""]
     stats = []
     for a in argv:
-        if os.sep in a and os.path.isfile(a):
+        if a.endswith(".gguf") and os.path.isfile(a):
             st = os.stat(a)
             stats.append(f"{a}:{st.st_size}:{st.st_mtime_ns}")
     return f"{slot_prefix(entry)}{_digest(entry.cmd or '', *stats)}-slot{int(slot_id)}.bin"
