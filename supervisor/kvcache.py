@@ -144,6 +144,14 @@ class KvCache:
                         lambda: T.save_slots(rep.port, secret, entry, t.save_timeout), done)
         return True
 
+    def save_bound(self, rep: Replica) -> float:
+        """Seconds ``rep`` may spend saving its slots before its SIGTERM
+        (a ``cmd`` replica saving now; 0 otherwise: an instance's save is
+        inside its ``kill_after``)."""
+        if not rep.saving:
+            return 0.0
+        return T.tiers_of(self.state.registry.entries[rep.model]).save_timeout + GRACE_S
+
     def save_overdue(self, rep: Replica, now: int) -> bool:
         """Whether ``rep``'s slot save ran past its bound (then it is no
         longer waited for)."""

@@ -196,7 +196,11 @@ class Supervisor:
         self.replicas.spares.close()
         if self.cluster is not None:
             self.cluster.close()
-        deadline = time.monotonic() + self.cfg.stop_timeout + self.cfg.term_timeout
+        # each replica's exit -> SIGTERM (its save to the disk tier, or a cmd
+        # llama-server's slot save first, included: issue 29), then SIGTERM -> SIGKILL
+        budget = max([self.cfg.stop_timeout, *(
+            r.kill_after + self.replicas.kv.save_bound(r) for r in st.replicas.values())])
+        deadline = time.monotonic() + budget + self.cfg.term_timeout
         while self._children_left():
             self._drain_signals()
             self.jobs.step()  # a cmd replica's slots saved: its SIGTERM
