@@ -74,43 +74,50 @@ class KvCache:
             st.dirty = True
         m.cache_disk_ns = time.monotonic_ns()
 
-    def scan(self, model: int) -> None:
-        """Learn model ``model``'s disk bytes from its folders (a job)."""
+    def scan(self, *models: int) -> None:
+        """Learn the disk bytes of ``models`` from their folders (one job)."""
         st = self.state
-        entry = st.registry.entries[model]
-        t = T.tiers_of(entry)
-        if not t.on_disk:
+        todo = []
+        for model in models:
+            entry = st.registry.entries[model]
+            t = T.tiers_of(entry)
+            if t.on_disk:
+                todo.append((model, entry, t))
+        if not todo:
             return
         started = time.monotonic_ns()
 
-        def run() -> T.DiskUse:
-            use = T.disk_use(t.disk_dir, entry.name) if t.disk_dir else T.DiskUse()
-            if t.slot_dir:
-                s = T.slot_use(t.slot_dir, entry)
-                use.entries += s.entries
-                use.bytes += s.bytes
-            return use
+        def run() -> list[T.DiskUse]:
+            out = []
+            for _, entry, t in todo:
+                use = T.disk_use(t.disk_dir, entry.name) if t.disk_dir else T.DiskUse()
+                if t.slot_dir:
+                    s = T.slot_use(t.slot_dir, entry)
+                    use.entries += s.entries
+                    use.bytes += s.bytes
+                out.append(use)
+            return out
 
-        def done(use) -> None:
-            if isinstance(use, Exception):
-                log.warning("%s: cannot scan its disk tier: %s", entry.name, use)
+        def done(uses) -> None:
+            if isinstance(uses, Exception):
+                log.warning("cannot scan the disk tiers: %s", uses)
                 return
-            if model >= len(st.models) or st.models[model].cache_disk_ns > started:
-                return  # a replica reported since: its figure is newer
-            m = st.models[model]
-            if m.cache_disk_bytes != use.bytes:
-                m.cache_disk_bytes = use.bytes
-                st.dirty = True
-            log.debug("%s: %d cache entries, %d bytes on disk", entry.name, use.entries,
-                      use.bytes)
+            for (model, entry, _), use in zip(todo, uses, strict=True):
+                if model >= len(st.models) or st.models[model].cache_disk_ns > started:
+                    continue  # a replica reported since: its figure is newer
+                m = st.models[model]
+                if m.cache_disk_bytes != use.bytes:
+                    m.cache_disk_bytes = use.bytes
+                    st.dirty = True
+                log.debug("%s: %d cache entries, %d bytes on disk", entry.name, use.entries,
+                          use.bytes)
 
-        self.jobs.start(f"scan {entry.name}", run, done)
+        self.jobs.start(f"scan {len(todo)} disk tiers", run, done)
 
     def scan_all(self) -> None:
-        """Scan every model with a disk tier (at start)."""
-        for i in range(len(self.state.registry.entries)):
-            if i not in self.state.removed:
-                self.scan(i)
+        """Scan every model with a disk tier (at start), in one job."""
+        st = self.state
+        self.scan(*(i for i in range(len(st.registry.entries)) if i not in st.removed))
 
     def on_exit(self, rep: Replica) -> None:
         """A replica exited: its RAM tier is gone; when it was the model's
@@ -221,7 +228,7 @@ class KvCache:
                 errors = []
                 for port, secret in running:
                     try:
-                        doc = T._call(port, secret, "POST", "/cache/clear", {}, deadline)
+                        doc = T.call_json(port, secret, "POST", "/cache/clear", {}, deadline)
                         got = doc.get("cleared") if isinstance(doc, dict) else None
                         if isinstance(got, dict):
                             res["ram"] += _int(got.get("ram"))
@@ -245,8 +252,8 @@ class KvCache:
             for m, entry, *_ in plan:
                 st.models[m].cache_epoch += 1
                 st.models[m].cache_disk_ns = 0  # the next scan's figure counts
-                self.scan(m)
                 log.info("%s: KV tiers emptied: %s", entry.name, out.get(entry.name))
+            self.scan(*(m for m, *_ in plan))
             st.cache_clears[rid] = out
             while len(st.cache_clears) > CLEARS_KEPT:
                 st.cache_clears.pop(next(iter(st.cache_clears)))

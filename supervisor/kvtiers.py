@@ -277,7 +277,7 @@ class SlotResult:
     seconds: float = 0.0
 
 
-def _call(port: int, secret: str, method: str, path: str, body: dict | None,
+def call_json(port: int, secret: str, method: str, path: str, body: dict | None,
           deadline: float) -> object:
     """One request to the replica on 127.0.0.1:``port``, its JSON answer;
     raises ``OSError``/``ValueError`` with the reason (a timeout past
@@ -301,7 +301,7 @@ def _call(port: int, secret: str, method: str, path: str, body: dict | None,
 
 
 def _slots(port: int, secret: str, deadline: float) -> list[dict]:
-    doc = _call(port, secret, "GET", "/slots", None, deadline)
+    doc = call_json(port, secret, "GET", "/slots", None, deadline)
     return [s for s in doc if isinstance(s, dict) and isinstance(s.get("id"), int)] if isinstance(
         doc, list) else []
 
@@ -323,7 +323,7 @@ def save_slots(port: int, secret: str, entry: ModelEntry, timeout: float) -> Slo
             continue
         sid = s["id"]
         try:
-            doc = _call(port, secret, "POST", f"/slots/{sid}?action=save",
+            doc = call_json(port, secret, "POST", f"/slots/{sid}?action=save",
                         {"filename": slot_file(entry, sid)}, deadline)
             out.done.append((sid, int(doc.get("n_saved", 0)) if isinstance(doc, dict) else 0))
         except (OSError, ValueError) as e:
@@ -350,7 +350,7 @@ def restore_slots(port: int, secret: str, entry: ModelEntry, slot_dir: str,
         if not os.path.isfile(os.path.join(slot_dir, name)):
             continue
         try:
-            doc = _call(port, secret, "POST", f"/slots/{sid}?action=restore",
+            doc = call_json(port, secret, "POST", f"/slots/{sid}?action=restore",
                         {"filename": name}, deadline)
             out.done.append((sid, int(doc.get("n_restored", 0)) if isinstance(doc, dict) else 0))
         except (OSError, ValueError) as e:

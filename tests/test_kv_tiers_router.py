@@ -215,3 +215,56 @@ def test_cache_clear_needs_the_admin_key(serve, fakes, tmp_path, capsys, monkeyp
     assert len(entry_files(disk)) == 1
     st, doc = s.json("POST", "/cache/clear", {}, headers=admin)
     assert st == 200 and doc["cleared"]["n"]["disk"] == 1 and entry_files(disk) == []
+
+
+def test_tier_settings_stop_budget_and_the_disk_layout_by_model_json(tmp_path):
+    from ggmux.supervisor import kvtiers as T
+    from ggmux.supervisor.registry import ModelEntry
+
+    disk = tmp_path / "kv"
+    e = ModelEntry("org/m:q4", str(tmp_path / "m.gguf"), stop_timeout=3.0,
+                   instance_args=["--cache-disk", "/elsewhere"],
+                   extra_args=["--cache-disk", str(disk), "--cache-save-timeout", "1.5"])
+    t = T.tiers_of(e)  # the preset's value wins over serve's
+    assert (t.disk_dir, t.save_timeout, t.slot_dir, t.on_disk) == (str(disk), 1.5, "", True)
+    assert T.stop_budget(e) == 4.5
+    assert T.stop_budget(ModelEntry("n", "n.gguf", stop_timeout=3.0)) == 3.0  # no disk tier
+    assert T.tiers_of(ModelEntry("n", "n.gguf")).save_timeout == T.DEFAULT_SAVE_TIMEOUT_S
+    for name, model in (("aa", "org/m:q4"), ("bb", "org/m:q4"), ("cc", "other")):
+        (disk / name).mkdir(parents=True)
+        (disk / name / "model.json").write_text(json.dumps({"model": model, "path": "x"}))
+        (disk / name / "e1").write_bytes(b"x" * 100)
+    (disk / "dd").mkdir()  # no model.json: not a model's
+    (disk / "dd" / "e1").write_bytes(b"x" * 7)
+    (disk / "ee").mkdir()
+    (disk / "ee" / "model.json").write_text("{torn")
+    use = T.disk_use(str(disk), "org/m:q4")
+    assert (use.entries, use.bytes) == (2, 200)
+    assert T.clear_disk(str(disk), "org/m:q4") == 2
+    assert T.disk_use(str(disk), "org/m:q4").bytes == 0
+    assert (disk / "aa" / "model.json").exists() and (disk / "cc" / "e1").exists()
+    assert T.disk_use(str(tmp_path / "missing"), "m").entries == 0
+
+
+def test_a_cmd_models_slot_path_goes_to_its_command_and_slot_files_name_no_prompt(tmp_path):
+    from ggmux.supervisor import kvtiers as T
+    from ggmux.supervisor.registry import ModelEntry
+
+    gguf = tmp_path / "secret-model-name.gguf"
+    gguf.write_bytes(b"GGUF")
+    slots = tmp_path / "slots"
+    e = ModelEntry("secret-model-name", "", kind="cmd", cmd=f"llama-server -m {gguf}",
+                   extra_args=["--slot-save-path", str(slots)])
+    assert T.tiers_of(e).slot_dir == str(slots) and T.tiers_of(e).disk_dir == ""
+    assert T.cmd_line(e, e.cmd) == f"llama-server -m {gguf} --slot-save-path {slots}"
+    assert slots.is_dir() and slots.stat().st_mode & 0o777 == 0o700
+    e.cmd = "srv --slot-save-path ${SLOT_SAVE_PATH} --port 1"
+    assert T.cmd_line(e, e.cmd) == f"srv --slot-save-path {slots} --port 1"
+    e2 = ModelEntry("x", "", kind="cmd", cmd=f"srv --slot-save-path {tmp_path}")
+    assert T.tiers_of(e2).slot_dir == str(tmp_path)  # from its command line alone
+    e.cmd = f"llama-server -m {gguf}"
+    name = T.slot_file(e, 3)
+    assert name.endswith("-slot3.bin") and "secret" not in name and "/" not in name
+    assert name.startswith(T.slot_prefix(e))
+    os.utime(gguf, ns=(1, 1))  # another GGUF (its time): another config, never restored
+    assert T.slot_file(e, 3) != name and T.slot_file(e, 3).startswith(T.slot_prefix(e))
