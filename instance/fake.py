@@ -57,6 +57,14 @@ are made at once (the next tools in order) unless ``parallel_tool_calls``
 is false. ``reasoning`` (str) is sent as ``reasoning_content`` before the
 content or the calls (streamed word by word).
 
+KV tiers (issue 29), with ``prefix_cache``: a slot's text about to be
+overwritten goes to a host-RAM tier and a disk tier, as the built-in
+instance's (``--cache-ram``, ``--cache-disk``, ``--cache-disk-max``,
+``--cache-save-timeout`` in ``--llama-args``; the behaviour's
+``cache_entry_bytes``, ``save_s``, ``save_ignores_timeout``), with ``GET
+/cache``, ``POST /cache/clear``, the ``cache`` state line and the answers'
+``timings.cache_tier``: :mod:`.fake_cache`.
+
 Every answer's text starts ``[<name>:<pid>]`` so a test can tell which model
 and which process served it.
 """
