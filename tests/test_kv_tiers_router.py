@@ -268,3 +268,24 @@ def test_a_cmd_models_slot_path_goes_to_its_command_and_slot_files_name_no_promp
     assert name.startswith(T.slot_prefix(e))
     os.utime(gguf, ns=(1, 1))  # another GGUF (its time): another config, never restored
     assert T.slot_file(e, 3) != name and T.slot_file(e, 3).startswith(T.slot_prefix(e))
+
+
+def test_an_eviction_waits_for_the_save_because_the_ledger_counts_the_saving_instance(
+        serve, fakes, tmp_path):
+    # room for one of the two: b's load must wait until a, evicted, has saved and exited
+    fa = fakes.add("a", prefix_cache=True, tokens=2, save_s=1.5, mem_bytes=600 * MiB,
+                   min_bytes=600 * MiB)
+    fb = fakes.add("b", mem_bytes=600 * MiB, min_bytes=600 * MiB)
+    disk = tmp_path / "kv"
+    ini = preset(tmp_path, {"a": {"model": fa, "cache-disk": disk, "stop-timeout": 1},
+                            "b": {"model": fb}})
+    s = serve("--models-preset", ini, "--no-hf-cache", "--proxies", "1", "--host-memory", "1024",
+              "--models-max", "2")
+    st, _, b = s.request("POST", CHAT, body(0, model="a"))
+    assert st == 200
+    pid = served_by(b)[1]
+    st, _, b = s.request("POST", CHAT, body(1, model="b"))
+    assert st == 200 and served_by(b)[0] == "b"
+    assert not alive(pid) and len(entry_files(disk)) == 1  # a saved, then exited
+    log = s.logs()
+    assert log.index("a (slot 0) stopped") < log.index("loading b")
