@@ -20,6 +20,16 @@ class Publisher:
 
     def __init__(self, state: State) -> None:
         self.state = state
+        self._flags: tuple[object, list[int]] = (None, [])  # (registry, M_CACHE_FLAGS per model)
+
+    def _cache_flags(self) -> list[int]:
+        """``M_CACHE_FLAGS`` of each registered model, worked out once per
+        registry (a reload makes a new one)."""
+        reg = self.state.registry
+        if self._flags[0] is not reg:
+            self._flags = (reg, [L.CACHE_DISK if tiers_of(e).on_disk else 0
+                                 for e in reg.entries])
+        return self._flags[1]
 
     def registry(self) -> None:
         """Write the registry blob: removed models unnamed and marked, the
@@ -112,6 +122,7 @@ class Publisher:
                 L.R_SECRET_HI: r.secret_hi, L.R_SECRET_LO: r.secret_lo,
             })
         healthy_remote = {rm.model for rm in st.remotes.values() if rm.healthy}
+        flags = self._cache_flags()
         for i, m in enumerate(st.models):
             reps = per_model.get(i, [])
             statuses = {r.status for r in reps}
@@ -151,8 +162,7 @@ class Publisher:
                 # KV tiers (issue 29): RAM of its running replicas, its disk tier
                 L.M_CACHE_RAM_BYTES: sum(r.cache_ram for r in reps),
                 L.M_CACHE_DISK_BYTES: m.cache_disk_bytes,
-                L.M_CACHE_FLAGS: L.CACHE_DISK if i < len(st.registry.entries) and tiers_of(
-                    st.registry.entries[i]).on_disk else 0,
+                L.M_CACHE_FLAGS: flags[i] if i < len(flags) else 0,
                 L.M_CACHE_EPOCH: m.cache_epoch,
             })
         for k, d in enumerate(st.ledger.devices):
