@@ -7,6 +7,7 @@ of the model saved."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 
@@ -16,6 +17,7 @@ from ggmux.proxy.balancer import DEFAULT_CONFIG, Candidate, choose
 from ggmux.proxy.prefix import ChainHasher, PrefixRouting
 from ggmux.shm import layout as L
 from ggmux.shm.prefixtable import PrefixTable, disk_salt, disk_word, replica_salt
+from ggmux.supervisor import routing
 from test_prefix_routing import cached, long_body, mc, routed
 
 CHAT = "/v1/chat/completions"
@@ -92,6 +94,11 @@ def test_the_score_takes_a_ram_hit_then_a_disk_hit_over_a_prefill_and_session_ke
     for _ in range(20):
         assert choose([hot, b, c], share=share, disk=disk, rng=rng).slot == 1
     assert DEFAULT_CONFIG.prefix_disk_weight < DEFAULT_CONFIG.prefix_weight
+    assert routing.DEFAULT_DISK_WEIGHT == DEFAULT_CONFIG.prefix_disk_weight  # serve's default
+    assert routing.check(argparse.Namespace(
+        prefix_weight=0.9, prefix_disk_weight=1.0, prefix_load_threshold=1.0,
+        prefix_block_bytes=256, prefix_index_entries=64)) == (
+        "--prefix-disk-weight must be at least 0 and below 1")
     # a session key keeps precedence: the same replica whatever the bonuses say
     keyed = {choose([a, b, c], session_key="s-1", share=share, disk=disk, rng=rng).slot
              for _ in range(10)}
