@@ -38,6 +38,8 @@ import http.client
 import json
 import logging
 import os
+import re
+import secrets
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -137,6 +139,46 @@ def cmd_line(entry: ModelEntry, line: str) -> str:
     if "--slot-save-path" not in line:
         return f"{line} --slot-save-path {shlex.quote(slot)}"
     return line
+
+
+TENANT_KEY_FILE = "tenant.key"
+
+
+def tenant_secret(entries) -> str:
+    """The key the proxies hash API keys into tenant ids with
+    (:func:`ggmux.proxy.auth.tenant`), 32 hex digits: random per start, but
+    kept in ``DIR/tenant.key`` (mode 0600) of the first disk tier of
+    ``entries`` (registry entries) when there is one, so that under
+    ``cache-scope key`` a key is the same tenant after a restart and the
+    entries it saved to disk are restored for it (and for no one else).
+    Servers sharing the folder share the key (created with ``O_EXCL``)."""
+    dirs = sorted({t.disk_dir for e in entries if (t := tiers_of(e)).disk_dir})
+    for d in dirs:
+        path = os.path.join(d, TENANT_KEY_FILE)
+        try:
+            os.makedirs(d, mode=0o700, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            try:
+                with open(path) as f:
+                    key = f.read().strip()
+            except OSError as e:
+                log.warning("cannot read %s: %s", path, e)
+                continue
+            if re.fullmatch(r"[0-9a-f]{32}", key):
+                return key
+            log.warning("%s is not 32 hex digits: not used", path)
+            continue
+        except OSError as e:
+            log.warning("cannot keep the tenant key in %s: %s", d, e)
+            continue
+        key = secrets.token_hex(16)
+        try:
+            os.write(fd, key.encode() + b"\n")
+        finally:
+            os.close(fd)
+        return key
+    return secrets.token_hex(16)
 
 
 # ---- the built-in instance's disk tier ------------------------------------

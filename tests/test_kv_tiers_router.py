@@ -289,3 +289,37 @@ def test_an_eviction_waits_for_the_save_because_the_ledger_counts_the_saving_ins
     assert not alive(pid) and len(entry_files(disk)) == 1  # a saved, then exited
     log = s.logs()
     assert log.index("a (slot 0) stopped") < log.index("loading b")
+
+
+def test_the_tenant_key_is_kept_beside_the_disk_tier_so_tenants_survive_a_restart(tmp_path):
+    from ggmux.supervisor import kvtiers as T
+    from ggmux.supervisor.registry import ModelEntry
+
+    disk = tmp_path / "kv"
+    e = ModelEntry("m", "m.gguf", extra_args=["--cache-disk", str(disk)])
+    key = T.tenant_secret([ModelEntry("n", "n.gguf"), e])
+    assert len(key) == 32 and T.tenant_secret([e]) == key  # the same on the next start
+    path = disk / T.TENANT_KEY_FILE
+    assert path.stat().st_mode & 0o777 == 0o600 and path.read_text().strip() == key
+    assert T.tenant_secret([ModelEntry("n", "n.gguf")]) != key  # no disk tier: random
+    path.write_text("not a key\n")
+    assert T.tenant_secret([e]) != "not a key"
+
+
+def test_a_keys_prefix_saved_to_disk_is_restored_for_that_key_alone_after_a_restart(
+        serve, fakes, tmp_path):
+    f = fakes.add("m", prefix_cache=True, tokens=2)
+    ini = preset(tmp_path, {"m": {"model": f, "cache-disk": tmp_path / "kv"}})
+    args = ("--models-preset", ini, "--no-hf-cache", "--proxies", "1", "--api-key", "ka,kb")
+    alice, bob = {"authorization": "Bearer ka"}, {"authorization": "Bearer kb"}
+    s = serve(*args)  # with API keys, the cache scope is per key
+    assert s.request("POST", CHAT, body(0), headers=alice)[0] == 200
+    assert s.json("POST", "/models/unload", {"model": "m"}, headers=alice)[0] == 200
+    wait_for(lambda: row(s)[L.M_STATUS] == L.ModelStatus.UNLOADED, 20, what="saved, unloaded")
+    s.stop()
+    s2 = serve(*args)
+    st, _, b = s2.request("POST", CHAT, body(0, turn="bob"), headers=bob)
+    assert st == 200 and usage(b)["prompt_tokens_details"]["cached_tokens"] == 0
+    st, _, b = s2.request("POST", CHAT, body(0, turn="alice again"), headers=alice)
+    assert st == 200 and json.loads(b)["timings"]["cache_tier"] == "disk"
+    assert usage(b)["prompt_tokens_details"]["cached_tokens"] > 100
