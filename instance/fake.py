@@ -59,6 +59,14 @@ are made at once (the next tools in order) unless ``parallel_tool_calls``
 is false. ``reasoning`` (str) is sent as ``reasoning_content`` before the
 content or the calls (streamed word by word).
 
+KV tiers (issue 29), with ``prefix_cache``: a slot's text about to be
+overwritten goes to a host-RAM tier and a disk tier, as the built-in
+instance's (``--cache-ram``, ``--cache-disk``, ``--cache-disk-max``,
+``--cache-save-timeout`` in ``--llama-args``; the behaviour's
+``cache_entry_bytes``, ``save_s``, ``save_ignores_timeout``), with ``GET
+/cache``, ``POST /cache/clear``, the ``cache`` state line and the answers'
+``timings.cache_tier``: :mod:`.fake_cache`.
+
 Every answer's text starts ``[<name>:<pid>]`` so a test can tell which model
 and which process served it.
 """
@@ -77,7 +85,9 @@ import orjson
 
 from . import protocol
 from .backend import Backend, ReplicaFault
+from .cache.report import empty_report
 from .engine.fairness import FairQueue
+from .fake_cache import FakeTiers
 from .validate import BadRequest, generation_limit, request_limits_from_args
 
 
@@ -148,6 +158,7 @@ class _FakeJob:
     text: str = ""  # the prompt as the prompt cache sees it (prefix_cache)
     cache: int = -1  # the cache slot it holds, -1: none
     cached: int = 0  # prompt tokens it found there
+    tier: str = ""  # where: slot, ram, disk (fake_cache), "" none
 
 
 CHARS_PER_TOKEN = 4  # the prompt cache's tokens (prefix_cache)
@@ -199,6 +210,8 @@ class FakeBackend(Backend):
         self._owners = [""] * self.slots
         self._used = [0.0] * self.slots
         self._held = [False] * self.slots
+        # the KV tiers (issue 29): host RAM and disk, as the built-in instance's
+        self.tiers = FakeTiers(self.name, self.path, la, self.cfg, self.n_ctx)
         for i in range(self.slots):
             threading.Thread(target=self._worker, args=(i,), name=f"slot{i}", daemon=True).start()
 
@@ -232,6 +245,7 @@ class FakeBackend(Backend):
         if c.get("crash_after_s") is not None:
             delay, code = float(c["crash_after_s"]), int(c.get("crash_code", 3))
             threading.Timer(delay, lambda: os._exit(code)).start()
+        self.tiers.line()  # what its disk tier holds from the start
         return {"n_ctx": self.n_ctx, "effective": {"host": int(c.get("mem_bytes", 0))},
                 "slots": self.slots}
 
@@ -376,6 +390,17 @@ class FakeBackend(Backend):
         if best < 0 or best_n < SIMILARITY * len(job.text):
             best = min(free, key=lambda k: self._used[k])
             best_n = 0
+            # its text is overwritten: kept in the KV tiers, and the prompt's
+            # longest prefix there restored (issue 29)
+            self.tiers.keep(self._owners[best], self._texts[best])
+            self._texts[best] = ""
+            if self.scope != "none":
+                best_n, job.tier = self.tiers.lookup(
+                    job.tenant if self.scope == "key" else None, job.text,
+                    max(1, int(SIMILARITY * len(job.text))))
+        elif best_n:
+            job.tier = "slot"
+            self.tiers.slot_hit()
         self._held[best] = True
         self._owners[best] = job.tenant
         self._used[best] = time.monotonic()
@@ -413,6 +438,7 @@ class FakeBackend(Backend):
         finish = "tool_calls" if job.calls else "stop"
         ttft, tok_s = float(self.cfg.get("ttft_s", 0.002)), float(self.cfg.get("token_s", 0.002))
         created, rid = int(time.time()), f"fake-{os.getpid()}-{time.monotonic_ns()}"
+        timings = None
         model = body.get("model") or self.name
         n = len(pieces)
         usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
@@ -420,6 +446,8 @@ class FakeBackend(Backend):
             prompt = -(-len(job.text) // CHARS_PER_TOKEN)
             usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n,
                      "prompt_tokens_details": {"cached_tokens": job.cached}}
+            if job.tier:  # llama-server's timings, with the tier it came from
+                timings = {"cache_n": job.cached, "cache_tier": job.tier}
             ttft += float(self.cfg.get("prefill_token_s", 0.0002)) * (prompt - job.cached)
             # the slot holds this prompt and its answer now
             self._texts[job.cache] = job.text + "".join(toks)
@@ -436,12 +464,15 @@ class FakeBackend(Backend):
                 if job.calls:
                     msg["tool_calls"] = job.calls
                 choice = {"index": 0, "message": msg, "finish_reason": finish}
-                sink("result", {"id": rid, "object": "chat.completion", "created": created,
-                                "model": model, "choices": [choice], "usage": usage})
+                out = {"id": rid, "object": "chat.completion", "created": created,
+                       "model": model, "choices": [choice], "usage": usage}
             else:
                 choice = {"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}
-                sink("result", {"id": rid, "object": "text_completion", "created": created,
-                                "model": model, "choices": [choice], "usage": usage})
+                out = {"id": rid, "object": "text_completion", "created": created,
+                       "model": model, "choices": [choice], "usage": usage}
+            if timings:
+                out["timings"] = timings
+            sink("result", out)
             return
         obj = "chat.completion.chunk" if chat else "text_completion"
         for i, piece in enumerate(pieces):
@@ -453,8 +484,11 @@ class FakeBackend(Backend):
                 ch = {"index": 0, "delta": piece, "finish_reason": last}
             else:
                 ch = {"index": 0, "text": piece["text"], "finish_reason": last, "logprobs": None}
-            sink("chunk", {"id": rid, "object": obj, "created": created, "model": model,
-                           "choices": [ch]})
+            chunk = {"id": rid, "object": obj, "created": created, "model": model,
+                     "choices": [ch]}
+            if last and timings:
+                chunk["timings"] = timings
+            sink("chunk", chunk)
         if (body.get("stream_options") or {}).get("include_usage"):
             sink("chunk", {"id": rid, "object": obj, "created": created, "model": model,
                            "choices": [], "usage": usage})
@@ -469,6 +503,19 @@ class FakeBackend(Backend):
             j.sink("error", reason)
         for j in running:
             j.cancel.set()
+        # issue 29: the slots' caches go to the disk tier before the process exits
+        with self._lock:
+            slots = list(zip(self._owners, self._texts, strict=True))
+        self.tiers.save(slots)
+
+    def cache_report(self) -> dict:
+        """``GET /cache`` (:mod:`.fake_cache`); zeros without tiers."""
+        return self.tiers.info() if self.tiers.enabled else empty_report()
+
+    def cache_clear(self) -> dict:
+        """``POST /cache/clear``: the RAM and disk tiers emptied,
+        ``{"ram": entries, "disk": entries}``."""
+        return self.tiers.clear()["cleared"]
 
     def refuse_queued(self, reason: str) -> None:
         with self._lock:

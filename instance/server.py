@@ -56,7 +56,7 @@ from ..proxy.http.limits import (
     limits_from_args,
 )
 from ..proxy.http.request import TENANT
-from ..proxy.http.usage import USAGE_HEADER, usage_line, usage_trailer
+from ..proxy.http.usage import USAGE_HEADER, cache_tier, usage_line, usage_trailer
 from ..proxy.http.verdict import REPLICA_HEADER
 from ..shm.logring import log_to_stderr
 from . import protocol
@@ -256,16 +256,12 @@ class InstanceApp:
         if path == b"/slots" and req.method == b"GET":
             conn.send_json(req, 200, self.backend.slot_info())
             return
-        if path == b"/cache" and req.method == b"GET":
-            conn.send_json(req, 200, self.backend.cache_report())
-            return
-        if path == b"/cache/clear" and req.method == b"POST":
-            cleared = await self.loop.run_in_executor(self.executor, self.backend.cache_clear)
-            conn.send_json(req, 200, {"cleared": cleared})
-            return
         if path == b"/metrics" and req.method == b"GET":
             conn.send_response(req, 200, self.metrics_text().encode(),
                                b"text/plain; version=0.0.4")
+            return
+        if path in (b"/cache", b"/cache/clear"):  # the KV tiers (issue 29)
+            await self._cache(conn, req)
             return
         if path in UNSUPPORTED:
             conn.send_error(req, 501, f"{path.decode()} is not supported by the "
@@ -303,6 +299,20 @@ class InstanceApp:
             self.in_flight -= 1
             if self.in_flight == 0:
                 self.idle.set()
+
+    async def _cache(self, conn: HttpConnection, req: Request) -> None:
+        """``GET /cache`` (the KV tiers' figures: :meth:`Backend.cache_report`)
+        and ``POST /cache/clear`` (empty them: ``{"cleared": {"ram", "disk"}}``);
+        405 for another method (issue 29)."""
+        clear = req.path == b"/cache/clear"
+        if req.method != (b"POST" if clear else b"GET"):
+            conn.send_error(req, 405, "use POST" if clear else "use GET")
+            return
+        if clear:
+            cleared = await self.loop.run_in_executor(self.executor, self.backend.cache_clear)
+            conn.send_json(req, 200, {"cleared": cleared})
+            return
+        conn.send_json(req, 200, self.backend.cache_report())
 
     def _refused(self, conn: HttpConnection, req: Request) -> bool:
         """Answer 503 marked refused (and True) while stopping or asleep."""
@@ -419,6 +429,7 @@ class InstanceApp:
         if req.disconnected:
             gone()
         started = False
+        tier = None
         while True:
             what, payload = await events.get()
             if what == "gone" or req.disconnected:
@@ -426,7 +437,8 @@ class InstanceApp:
                 return
             if what == "result":
                 # the usage line: the proxy's request ring reads it, not the body
-                line = usage_line(answer_usage(payload)) if isinstance(payload, dict) else b""
+                line = usage_line(answer_usage(payload), cache_tier(payload)) if isinstance(
+                    payload, dict) else b""
                 conn.send_json(req, 200, native_chunk(payload, True) if native else payload,
                                headers=[(USAGE_HEADER, line)] if line else ())
                 return
@@ -434,6 +446,8 @@ class InstanceApp:
                 if not started:
                     conn.start_stream(req)
                     started = True
+                if "timings" in payload:  # the KV tier its prefix came from (issue 29)
+                    tier = cache_tier(payload) or tier
                 if native:
                     payload = native_chunk(payload, False)
                 conn.send_chunk(b"data: " + orjson.dumps(payload) + b"\n\n")
@@ -442,7 +456,7 @@ class InstanceApp:
                     conn.start_stream(req)
                 if kind != "native" and not native:  # llama.cpp's /completion has no [DONE]
                     conn.send_chunk(b"data: [DONE]\n\n")
-                conn.end_stream(req, usage_trailer(payload))  # the usage line, as a trailer
+                conn.end_stream(req, usage_trailer(payload, tier))  # the usage line, as a trailer
                 return
             elif what == "error":
                 message = str(payload)

@@ -45,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cors-origins", default="*")
     ap.add_argument("--balance", choices=MODES, default="prefix")
     ap.add_argument("--prefix-weight", type=float, default=DEFAULT_CONFIG.prefix_weight)
+    ap.add_argument("--prefix-disk-weight", type=float,
+                    default=DEFAULT_CONFIG.prefix_disk_weight)
     ap.add_argument("--prefix-load-threshold", type=float,
                     default=DEFAULT_CONFIG.prefix_load_threshold)
     ap.add_argument("--cache-scope", choices=("key", "global", "none"), default="global")
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         stream_idle_timeout=args.stream_idle_timeout, cors_origins=args.cors_origins,
         tenant_secret=keys.get("tenant_secret") or None,
         balancer=BalancerConfig(mode=args.balance, prefix_weight=args.prefix_weight,
+                                prefix_disk_weight=args.prefix_disk_weight,
                                 prefix_load_threshold=args.prefix_load_threshold),
         cache_scope=args.cache_scope,
     )

@@ -49,7 +49,12 @@ A model may have several ready replicas. Per request the proxy builds one
    replica whose in-flight requests per slot reach
    :attr:`BalancerConfig.prefix_load_threshold` gets no cache bonus, so a
    hot replica sheds even the prefixes it holds (SGLang's cache-aware
-   router's balance threshold). Mode ``load`` ignores prefixes (the rules
+   router's balance threshold). With ``disk`` (issue 29), the fraction
+   of the prompt the node's disk tier holds for the model (the same for
+   every local replica: any of them restores it from there), a replica's
+   bonus is the larger of ``w * f`` and ``wd * f_disk``
+   (``wd`` = :attr:`BalancerConfig.prefix_disk_weight`, below ``w``): a RAM
+   hit, then a disk hit, over a prefill. Mode ``load`` ignores prefixes (the rules
    above), mode ``round-robin`` takes the tier's replicas in turn (a
    baseline for benchmarks); session keys win in every mode.
 
@@ -113,6 +118,11 @@ class BalancerConfig:
     TTFT taken to be prefill that a cached prefix saves (0: none; below 1).
     ``prefix_load_threshold``: in-flight requests per slot at which a
     replica's cache bonus is dropped.
+    ``prefix_disk_weight``: ``wd``, the share of a replica's TTFT a prefix
+    on the node's disk saves (issue 29): below ``prefix_weight``, since
+    the replica reads it back first (the issue's target: at most 2x reading
+    the bytes, next to a prefill that takes minutes on a CPU); 0.8 until
+    bench/swap_cache.py gives a figure.
     """
 
     failure_threshold: int = 3
@@ -127,6 +137,7 @@ class BalancerConfig:
     mode: str = "prefix"
     prefix_weight: float = 0.9
     prefix_load_threshold: float = 1.0
+    prefix_disk_weight: float = 0.8
 
 
 MODES = ("prefix", "load", "round-robin")
@@ -310,6 +321,7 @@ def choose(
     config: BalancerConfig = DEFAULT_CONFIG,
     share: dict[int, float] | None = None,
     turn: int = 0,
+    disk: dict[int, float] | None = None,
 ) -> Candidate | None:
     """The replica for one request, or None when no candidate is eligible.
 
@@ -321,7 +333,9 @@ def choose(
     ``share``: slot -> fraction (0-1) of the request's prompt that replica
     holds in its cache (:class:`~ggmux.proxy.prefix.Prediction`), used in
     mode ``prefix``; ``turn``: this proxy's count of choices, which mode
-    ``round-robin`` takes modulo the tier.
+    ``round-robin`` takes modulo the tier; ``disk``: slot -> fraction (0-1)
+    of the prompt the node's disk tier holds for that replica's model
+    (issue 29), mode ``prefix`` too.
 
     A candidate whose circuit is not closed is eligible only once its
     ``circuit_until_ns`` has passed, mirroring :meth:`CircuitBreaker.allow`,
@@ -373,7 +387,8 @@ def choose(
         if t > 0 and (base == 0.0 or t < base):
             base = t
     a = config.ttft_share
-    w = config.prefix_weight if share and config.mode == "prefix" else 0.0
+    w = config.prefix_weight if (share or disk) and config.mode == "prefix" else 0.0
+    wd = config.prefix_disk_weight
     hot = config.prefix_load_threshold
     scores = []
     for c in tier:
@@ -382,9 +397,14 @@ def choose(
         load = c.in_flight / c.slots
         cost = (load + 1) * lat
         if w and load < hot:
-            f = share.get(c.slot)
-            if f:
-                cost *= 1.0 - w * f
+            f = share.get(c.slot) if share else None
+            bonus = w * f if f else 0.0
+            if disk:
+                f = disk.get(c.slot)
+                if f and wd * f > bonus:
+                    bonus = wd * f
+            if bonus:
+                cost *= 1.0 - bonus
         scores.append(c.weight / cost)
     top = max(scores)
     cut = top * (1.0 - config.tie_tolerance)

@@ -412,13 +412,15 @@ class Forwarding:
                     if pfx is False:
                         pfx = self._predict(req, m, body, cands) if skey is None else None
                     share = pfx.share if pfx is not None else None
+                    disk = pfx.disk if pfx is not None else None
                     self.turns += 1
                     c = choose(cands, tried, skey, self.rng, now_ns=now, config=self.balancer,
-                               share=share, turn=self.turns)
+                               share=share, turn=self.turns, disk=disk)
                     if c is None and tried and attempt < MAX_ATTEMPTS - 1:
                         tried.clear()  # one replica: retry the same (the breaker guards it)
                         c = choose(cands, tried, skey, self.rng, now_ns=now,
-                                   config=self.balancer, share=share, turn=self.turns)
+                                   config=self.balancer, share=share, turn=self.turns,
+                                   disk=disk)
                 else:
                     cands = (c,)
                 if c is None:
@@ -545,7 +547,8 @@ class Forwarding:
         replica gets (a translated request's chat completion). The scope is
         the model's (preset ``cache-scope``) or ``--cache-scope``; under
         ``key`` the caller's tenant seeds the chain, so no prefix routes
-        another tenant's request."""
+        another tenant's request. A model with a disk tier (issue 29) has its
+        disk rows looked up too, for the local candidates."""
         if self.prefix is None or len(cands) < 2 or req.path not in GENERATION_PATHS:
             return None
         src = req.body_json if req.body_json is not None else body
@@ -553,6 +556,10 @@ class Forwarding:
             return None
         scope = self.reg_models[m].get("cache_scope") or self.cache_scope
         who = tenant(req, self.tenant_secret, req.hop == HOP_TRUSTED) if scope == "key" else b""
+        row = self.model_rows[m]
+        if int(row[L.M_CACHE_FLAGS]) & L.CACHE_DISK:
+            return self.prefix.predict(src, who, scope, cands, m, int(row[L.M_CACHE_EPOCH]),
+                                       self.remotes)
         return self.prefix.predict(src, who, scope, cands)
 
     def _want_local(self, m: int, cands) -> None:

@@ -20,9 +20,14 @@ def model_status(i: int, row: np.ndarray, mdl: dict, errors: dict[str, str]) -> 
     """llama.cpp router's ``status`` object of model ``i`` from its models-table
     ``row``: ``value`` (unloaded, loading, loaded, sleeping, stopping),
     ``args``; ``failed``, ``exit_code`` and ``error`` after a crash;
-    ``progress`` (0..1) while loading."""
+    ``progress`` (0..1) while loading; ``cache`` (``ram_bytes``, its
+    running replicas' host-RAM tiers, and ``disk_bytes``, its disk tier on
+    this node) for a model with a KV tier (issue 29)."""
     st = int(row[L.M_STATUS])
     status: dict = {"value": L.ModelStatus.NAMES[st], "args": mdl.get("args", [])}
+    ram, disk = int(row[L.M_CACHE_RAM_BYTES]), int(row[L.M_CACHE_DISK_BYTES])
+    if ram or disk or row[L.M_CACHE_FLAGS]:
+        status["cache"] = {"ram_bytes": ram, "disk_bytes": disk}
     if row[L.M_FAILED]:
         status["failed"] = True
         status["exit_code"] = int(row[L.M_EXIT_CODE])

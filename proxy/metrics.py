@@ -3,7 +3,13 @@
 Besides the proxies' and supervisor's figures from shared memory, the
 families each local replica exports (llama-server's ``llamacpp:`` names,
 which the built-in instance uses too) are scraped from the replicas at
-request time (:func:`scrape_replicas`) and summed per model (issue 12).
+request time (:func:`scrape_replicas`) and summed per model (issue 12), and
+so are the figures of their KV tiers (issue 29: each replica's ``GET
+/cache``, one more small request per replica; a replica without tiers
+answers 404 and adds nothing): hits per tier, misses, restored tokens and
+restore seconds, entries saved and rejected. Those are counters of the
+running replicas, so a model's total drops when a replica stops (a counter
+reset to Prometheus); the tiers' sizes come from the models table.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import asyncio
 import logging
 
 import numpy as np
+import orjson
 
 from ..shm import layout as L
 from ..shm.segment import Segment
@@ -43,18 +50,69 @@ REPLICA_FAMILIES = {
 }
 
 
-async def _scrape(port: int, secret: bytes, timeout: float) -> dict[str, float]:
+# a replica's GET /cache figure -> (the router's per-model family, help); "hits" by tier
+CACHE_FAMILIES = {
+    "hits": ("ggmux_model_cache_hits_total",
+             "Requests whose prompt prefix came from a KV tier (slot, ram, disk)."),
+    "misses": ("ggmux_model_cache_misses_total",
+               "Requests whose prompt prefix no KV tier held."),
+    "restored_tokens": ("ggmux_model_cache_restored_tokens_total",
+                        "Prompt tokens restored from the RAM or disk tier."),
+    "restore_seconds": ("ggmux_model_cache_restore_seconds_total",
+                        "Seconds spent restoring prefixes from the RAM or disk tier."),
+    "saved": ("ggmux_model_cache_saved_total", "Entries written to the disk tier."),
+    "rejected": ("ggmux_model_cache_rejected_total",
+                 "Disk entries never loaded (torn, corrupt, another fingerprint)."),
+}
+TIER_NAMES = ("slot", "ram", "disk")
+
+
+async def _get(port: int, path: bytes, secret: bytes, timeout: float) -> bytes | None:
+    """The body of a 200 answer to ``GET path`` from the replica, else None."""
     reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
     try:
-        writer.write(b"GET /metrics HTTP/1.1\r\nhost: ggmux\r\nconnection: close\r\n%s\r\n"
-                     % secret)
+        writer.write(b"GET %s HTTP/1.1\r\nhost: ggmux\r\nconnection: close\r\n%s\r\n"
+                     % (path, secret))
         data = await asyncio.wait_for(reader.read(-1), timeout)
     finally:
         writer.close()
     head, _, body = data.partition(b"\r\n\r\n")
-    if not head.startswith(b"HTTP/1.1 200"):
+    return body if head.startswith(b"HTTP/1.1 200") else None
+
+
+def _cache_figures(body: bytes | None) -> dict[str, float]:
+    """``cache:<figure>`` (``cache:hits:<tier>``) -> value of a ``GET /cache``
+    answer; {} for none or one of another shape."""
+    try:
+        doc = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        return {}
+    if not isinstance(doc, dict):
         return {}
     out: dict[str, float] = {}
+    hits = doc.get("hits")
+    for tier in TIER_NAMES:
+        v = hits.get(tier) if isinstance(hits, dict) else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[f"cache:hits:{tier}"] = float(v)
+    for k in CACHE_FAMILIES:
+        v = doc.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[f"cache:{k}"] = float(v)
+    return out
+
+
+async def _scrape(port: int, secret: bytes, timeout: float) -> dict[str, float]:
+    body, cache = await asyncio.gather(_get(port, b"/metrics", secret, timeout),
+                                       _get(port, b"/cache", secret, timeout),
+                                       return_exceptions=True)
+    out: dict[str, float] = {} if isinstance(cache, BaseException) else _cache_figures(cache)
+    if isinstance(body, BaseException):
+        if not out:
+            raise body
+        return out
+    if body is None:
+        return out
     for line in body.decode("utf-8", "replace").splitlines():
         name, _, value = line.partition(" ")
         if name in REPLICA_FAMILIES:
@@ -154,6 +212,14 @@ def metrics_text(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
               rows[:, L.M_LOAD_NS_TOTAL] / 1e9, "{:.3f}")
     per_model("ggmux_model_loaded", "gauge", "1 while the model has a ready replica.",
               (rows[:, L.M_STATUS] == L.ModelStatus.LOADED).astype(np.int64))
+    # its KV tiers (issue 29): prompt caches its running replicas keep in host RAM, and
+    # its disk tier on this node (known while no replica runs too)
+    fam("ggmux_model_cache_bytes", "gauge", "Bytes of the model's KV tiers, per tier.")
+    for i, n in models:
+        out.append(f'ggmux_model_cache_bytes{{model="{n}",tier="ram"}} '
+                   f'{int(rows[i, L.M_CACHE_RAM_BYTES])}\n')
+        out.append(f'ggmux_model_cache_bytes{{model="{n}",tier="disk"}} '
+                   f'{int(rows[i, L.M_CACHE_DISK_BYTES])}\n')
     fam("ggmux_model_memory_bytes", "gauge", "Measured min/max and effective memory.")
     for i, n in models:
         for kind, col in (("min", L.M_MEM_MIN), ("max", L.M_MEM_MAX),
@@ -170,6 +236,19 @@ def metrics_text(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
         if have:
             fam(name, kind, help_)
             out.extend(f'{name}{{model="{n}"}} {replicas[i][src]:g}\n' for i, n in have)
+    for k, (name, help_) in CACHE_FAMILIES.items():
+        have = [(i, n) for i, n in models if any(
+            key.startswith(f"cache:{k}") for key in (replicas or {}).get(i, {}))]
+        if not have:
+            continue
+        fam(name, "counter", help_)
+        for i, n in have:
+            got = replicas[i]
+            if k == "hits":
+                out.extend(f'{name}{{model="{n}",tier="{t}"}} {got[f"cache:hits:{t}"]:g}\n'
+                           for t in TIER_NAMES if f"cache:hits:{t}" in got)
+            else:
+                out.append(f'{name}{{model="{n}"}} {got[f"cache:{k}"]:g}\n')
     fam("ggmux_device_memory_bytes", "gauge", "Memory per device at the last calibration.")
     for d in read_table(seg.devices):
         dev = ("host" if int(d[L.D_KIND]) == 0 else f"gpu{int(d[L.D_INDEX])}")

@@ -28,6 +28,14 @@ tokenizer, so it works on bytes:
   replica's own count of cached tokens (its ``x-ggmux-usage`` line, or
   llama-server's ``timings``) corrects the index: a predicted hit that came
   back a miss makes every proxy distrust that replica's older entries.
+* KV tiers (issue 29): a replica's entries stand for what it holds in its
+  slots and its host-RAM tier; for a model with a disk tier the index also
+  knows what the node's disk holds (disk rows, :mod:`~ggmux.shm.prefixtable`):
+  a replica that stops leaves its entries to the disk
+  (:meth:`PrefixRouting.retire`), and an answer whose usage line says
+  ``disk`` records the prompt there. A disk row counts for every local
+  replica of the model alike (:attr:`Prediction.disk`), at a lower weight
+  than a replica's own hit (:attr:`~.balancer.BalancerConfig.prefix_disk_weight`).
 
 Cost: one ``orjson.dumps`` of the prompt, and a fixed number of numpy calls
 over its blocks (O(blocks)); nothing for a model with one replica (the
@@ -45,9 +53,9 @@ import numpy as np
 import orjson
 
 from ..shm import layout as L
-from ..shm.prefixtable import Found, PrefixTable, replica_salt
+from ..shm.prefixtable import Found, PrefixTable, disk_salt, replica_salt
 from .http.exchange import Exchange
-from .http.usage import parse_usage, usage_from_tail
+from .http.usage import parse_tier, parse_usage, usage_from_tail
 
 log = logging.getLogger(__name__)
 
@@ -146,13 +154,20 @@ class Prediction:
     hashes), ``length`` (canonical bytes), ``slots`` the candidates' replica
     slots and ``found`` their deepest blocks (same order), ``share`` (slot
     -> fraction of the prompt that replica holds, 0-1, for
-    :func:`~ggmux.proxy.balancer.choose`)."""
+    :func:`~ggmux.proxy.balancer.choose`); for a model with a disk tier
+    (issue 29) ``model`` (else -1) and the ``epoch`` of its tiers, ``disk``
+    (local slot -> fraction of the prompt the node's disk holds, the same
+    for each) and ``disk_used_ns`` (that row's last use)."""
 
     chain: np.ndarray
     length: int
     slots: list[int]
     found: Found
     share: dict[int, float]
+    model: int = -1
+    epoch: int = 0
+    disk: dict[int, float] | None = None
+    disk_used_ns: int = 0
 
 
 class PrefixRouting:
@@ -180,12 +195,17 @@ class PrefixRouting:
             s = self.salts[k] = replica_salt(slot, incarnation)
         return s
 
-    def predict(self, body: dict, tenant: bytes, scope: str, cands) -> Prediction | None:
+    def predict(self, body: dict, tenant: bytes, scope: str, cands, model: int = -1,
+                epoch: int = 0, remote=frozenset()) -> Prediction | None:
         """The :class:`Prediction` of a request with JSON ``body`` among
         candidates ``cands`` (:class:`~ggmux.proxy.balancer.Candidate`), or
         None when there is nothing to weigh: ``scope`` ``none``, no prompt,
         or a prompt shorter than one block. ``tenant``: the caller's 16 hex
-        digits (``b""``: none), which seeds the chain under scope ``key``."""
+        digits (``b""``: none), which seeds the chain under scope ``key``.
+        ``model`` (>= 0: the model has a disk tier, issue 29) and ``epoch``
+        (its ``M_CACHE_EPOCH``) look its disk rows up too, for the
+        candidates not in ``remote`` (slots of other nodes and upstreams,
+        which have not this node's disk)."""
         if scope == "none":
             return None
         data = canonical(body)
@@ -194,13 +214,22 @@ class PrefixRouting:
             return None
         chain = self.hasher.chain(data, int(tenant, 16) if scope == "key" and tenant else 0)
         slots = [c.slot for c in cands]
-        salts = np.array([self._salt(c.slot, c.incarnation) for c in cands], dtype=np.int64)
-        found = self.table.lookup(chain, salts, slots)
+        salts = [self._salt(c.slot, c.incarnation) for c in cands]
+        if model >= 0:
+            salts.append(disk_salt(model, epoch))
+        found = self.table.lookup(chain, np.array(salts, dtype=np.int64), slots, model)
         share = {}
-        for slot, d in zip(slots, found.depth, strict=True):
+        for slot, d in zip(slots, found.depth, strict=False):
             if d:
                 share[slot] = min(1.0, d * self.block / n)
-        return Prediction(chain, n, slots, found, share)
+        pred = Prediction(chain, n, slots, found, share, model, epoch)
+        if model >= 0:
+            d = found.depth.pop()
+            pred.disk_used_ns = found.used_ns.pop()
+            if d:
+                f = min(1.0, d * self.block / n)
+                pred.disk = {s: f for s in slots if s not in remote}
+        return pred
 
     def learn(self, pred: Prediction, slot: int, incarnation: int, ex: Exchange,
               cnt: memoryview, mc: memoryview) -> None:
@@ -222,17 +251,44 @@ class PrefixRouting:
                 cnt[L.C_PREFILL_NS] = ns if old == 0 else int(old + PREFILL_ALPHA * (ns - old))
                 cnt[L.C_PREFILL_COUNT] += 1
         share = pred.share.get(slot, 0.0)
-        if share:
+        disk = pred.disk.get(slot, 0.0) if pred.disk else 0.0
+        if share or disk:
             mc[L.MC_PREFIX_PREDICTED] += 1
-            if counts is not None and counts[1] < MISS_SHARE * share * counts[0]:
+            if counts is not None and counts[1] < MISS_SHARE * max(share, disk) * counts[0]:
                 mc[L.MC_PREFIX_MISSED] += 1
-                # its cache no longer holds what it held then, nor anything older
-                used = pred.found.used_ns[pred.slots.index(slot)]
-                self.table.forget_before(slot, used)
+                if share:  # its cache no longer holds what it held then, nor anything older
+                    used = pred.found.used_ns[pred.slots.index(slot)]
+                    self.table.forget_before(slot, used)
+                if disk and counts[1] < MISS_SHARE * disk * counts[0]:
+                    self.table.forget_disk_before(pred.model, pred.disk_used_ns)
                 log.debug("prefix: replica %d reported %d cached of %d prompt tokens, "
-                          "%.0f%% predicted: forgetting its entries used up to then",
-                          slot, counts[1], counts[0], 100 * share)
-        self.table.record(pred.chain, slot, incarnation, time.monotonic_ns())
+                          "%.0f%% predicted (%.0f%% on disk): forgetting the entries used up "
+                          "to then", slot, counts[1], counts[0], 100 * share, 100 * disk)
+        now = time.monotonic_ns()
+        self.table.record(pred.chain, slot, incarnation, now)
+        if pred.model >= 0 and ex.usage is not None and parse_tier(ex.usage) == "disk":
+            self.table.record_disk(pred.chain, pred.model, pred.epoch, now)
+
+    def retire(self, old: np.ndarray, new: np.ndarray, models: np.ndarray, remote) -> int:
+        """The replicas table changed from ``old`` to ``new`` (rows of
+        ``(replicas, R_WORDS)``): each local replica that is gone (its slot
+        freed or given another incarnation) of a model with a disk tier
+        (``models``: the models table, ``M_CACHE_FLAGS``) leaves this
+        proxy's entries of it to the model's disk rows (issue 29: it saved
+        its slots there on its way out). ``remote``: slots that are not
+        local. The number of entries moved."""
+        inc_old, inc_new = old[:, L.R_INCARNATION], new[:, L.R_INCARNATION]
+        gone = np.flatnonzero((inc_old != 0) & (inc_old != inc_new) & (old[:, L.R_PID] > 0))
+        moved = 0
+        for slot in gone.tolist():
+            m = int(old[slot, L.R_MODEL])
+            if slot in remote or not 0 <= m < models.shape[0]:
+                continue
+            if not int(models[m, L.M_CACHE_FLAGS]) & L.CACHE_DISK:
+                continue
+            moved += self.table.to_disk(slot, int(inc_old[slot]), m,
+                                        int(models[m, L.M_CACHE_EPOCH]))
+        return moved
 
 
 __all__ = [

@@ -85,6 +85,8 @@ ROUTES: tuple[Route, ...] = (
     Route(b"/models/load", "_load_or_unload", POST, refuse=True, admin=True),
     Route(b"/models/unload", "_load_or_unload", POST, refuse=True, admin=True),
     Route(b"/models/sse", "_models_sse", (b"GET",)),
+    # empty the KV tiers (issue 29; .cache_admin)
+    Route(b"/cache/clear", "_cache_clear", POST, refuse=True, admin=True),
     Route(passthrough.PREFIX, "_passthrough", prefix=True),
     Route(b"/ps", "_operator", GET),
     Route(b"/logs", "_operator", GET, admin=True),

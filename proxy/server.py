@@ -56,6 +56,7 @@ from .balancer import (
     Candidate,
     CircuitBreaker,
 )
+from .cache_admin import clear_route
 from .cluster import (
     HOP,
     HOP_TRUSTED,
@@ -156,7 +157,8 @@ class Proxy(Forwarding, RouterMode):
         # the prefix index (issue 20), keyed by the server's secret so every proxy hashes
         # alike (the segment's name where no secret came: a proxy started alone)
         self.prefix = PrefixRouting(
-            PrefixTable(self.seg.prefix, self.seg.prefix_forget, index),
+            PrefixTable(self.seg.prefix, self.seg.prefix_forget, index,
+                        self.seg.prefix_forget_disk),
             self.seg.sizes.prefix_block, tenant_secret.encode() if tenant_secret else shm.encode(),
         ) if self.balancer.mode == "prefix" else None
         self.breakers = [CircuitBreaker(row, self.balancer) for row in self.cw]
@@ -186,6 +188,7 @@ class Proxy(Forwarding, RouterMode):
         self.reload_seq = 0  # this proxy's reload requests
         self.reload_ids: list[str] = []  # the reloads the supervisor finished, newest last
         self.reload_errors: dict[str, str] = {}  # id -> why, of those that failed
+        self.cache_clears: dict[str, dict] = {}  # POST /cache/clear's answers, by id
         self.page = Page()
         self.logtail = LogTail(self.loop, log_ring_name(shm))
         self.activity = Activity(request_ring_name(shm), index)
@@ -227,6 +230,7 @@ class Proxy(Forwarding, RouterMode):
             self.remotes = {int(k): v for k, v in doc.get("remotes", {}).items()}
             self.reload_ids = doc.get("reload_ids", ())
             self.reload_errors = doc.get("reload_errors", {})
+            self.cache_clears = doc.get("cache_clears", {})
             self.cluster = doc.get("cluster")
             self.router = doc.get("router") or {}  # the router's settings (.router_mode)
             self.hop_slots = frozenset(k for k, v in self.remotes.items() if v.get("hop"))
@@ -235,6 +239,8 @@ class Proxy(Forwarding, RouterMode):
                 else self.first_byte_ns for e in self.reg_models]
 
     def _tables(self, g: int, reps: np.ndarray) -> None:
+        if self.prefix is not None:  # stopped replicas leave their prefixes to disk (issue 29)
+            self.prefix.retire(self.replica_rows, reps, self.model_rows, self.remotes)
         self.replica_rows = reps
         ready_rows = reps[reps[:, L.R_STATUS] == L.ReplicaStatus.READY]
         self.ready = {int(m) for m in ready_rows[:, L.R_MODEL]}
@@ -471,6 +477,9 @@ class Proxy(Forwarding, RouterMode):
     async def _models_sse(self, conn: HttpConnection, req: Request) -> None:
         self.refresh()
         await self.events.subscribe(conn, req)
+
+    async def _cache_clear(self, conn: HttpConnection, req: Request) -> None:
+        await clear_route(self, conn, req, lambda m: self.reg_models[m]["name"])
 
     async def _cluster(self, conn: HttpConnection, req: Request) -> None:
         conn.send_json(req, 200, cluster_view(self.cluster))

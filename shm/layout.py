@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAGIC = 0x47474D5558534D31  # "GGMUXSM1"
-VERSION = 6
+VERSION = 7
 
 # ---- header: int64 words -------------------------------------------------
 H_MAGIC = 0
@@ -62,7 +62,17 @@ M_EVICTIONS = 14
 M_LOAD_NS_TOTAL = 15  # sum of load durations
 M_ERROR_SEQ = 16  # bumped each time the error text (in the registry status blob) changes
 M_LAST_READY_NS = 17
+# KV tiers (issue 29): the model's prompt caches outside its slots, bytes: host
+# RAM summed over its running replicas (their `cache` state lines), and its
+# disk tier (one directory per model fingerprint, shared by its replicas on
+# this node; scanned from DIR/*/model.json while no replica runs)
+M_CACHE_RAM_BYTES = 18
+M_CACHE_DISK_BYTES = 19
+M_CACHE_FLAGS = 20  # CACHE_DISK: the model has a disk tier (--cache-disk, slot-save-path)
+M_CACHE_EPOCH = 21  # bumped when its tiers are emptied (POST /cache/clear): disk rows of
+# the prefix index written in an older epoch are void
 M_WORDS = 24
+CACHE_DISK = 1  # M_CACHE_FLAGS bit
 
 # ---- replicas: one row per instance slot, written by the supervisor -------
 R_SEQ = 0
@@ -150,6 +160,9 @@ X_INC_SHIFT = 16  # replica slots are < 2**16
 # ---- prefix_forget: [proxy, replica], each [proxy] row written by that proxy:
 # index entries of the replica last used at or before this time are not trusted
 # (a predicted hit there came back a miss: its cache dropped them)
+# ---- prefix_forget_disk: [proxy, model], the same for the model's disk rows
+# (issue 29: X_REPLICA of a disk row is DISK_SLOT | model << X_INC_SHIFT)
+DISK_SLOT = 0xFFFF  # the replica slot a disk row names: none (slots are < 2**16 - 1)
 
 # ---- devices: one row per memory device, written by the supervisor ---------
 D_SEQ = 0
@@ -230,6 +243,7 @@ class Sizes:
             "devices": (self.devices, D_WORDS),
             "prefix": (self.proxies, self.prefix_buckets, self.prefix_ways, X_WORDS),
             "prefix_forget": (self.proxies, self.replicas),
+            "prefix_forget_disk": (self.proxies, self.models),
         }
         out: dict[str, tuple[int, tuple[int, ...]]] = {}
         off = 0

@@ -51,7 +51,8 @@ class Segment:
     ``waiters`` (proxies, models, W_WORDS), ``mcounters`` (proxies, models,
     MC_WORDS), ``devices`` (devices, D_WORDS), ``prefix`` (proxies,
     prefix_buckets, prefix_ways, X_WORDS), ``prefix_forget`` (proxies,
-    replicas), ``registry`` (registry_cap,) uint8.
+    replicas), ``prefix_forget_disk`` (proxies, models), ``registry``
+    (registry_cap,) uint8.
     """
 
     def __init__(self, name: str, mm: mmap.mmap, sizes: L.Sizes, owner: bool) -> None:
@@ -138,7 +139,7 @@ class Segment:
         """Drop the mapping (views must not be used afterwards)."""
         self._hwords.release()
         for table in ("header", "models", "replicas", "counters", "waiters", "mcounters",
-                      "devices", "prefix", "prefix_forget", "registry"):
+                      "devices", "prefix", "prefix_forget", "prefix_forget_disk", "registry"):
             if hasattr(self, table):
                 delattr(self, table)
         try:

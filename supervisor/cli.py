@@ -17,7 +17,6 @@ import copy
 import importlib.util
 import logging
 import os
-import secrets
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -49,6 +48,7 @@ from ..shm.segment import queue_name, segment_name
 from .client import add_client_commands, add_client_options, run_client
 from .cluster.options import add_cluster_options
 from .cluster.options import from_args as cluster_options
+from .kvtiers import tenant_secret
 from .logs import install as install_ring_handler
 from .main import Config, StartupError, Supervisor
 from .presets import command_line_layer, llama_args_layer, load_preset, resolve
@@ -604,8 +604,9 @@ def serve(args: argparse.Namespace) -> int:
                     *routing_argv(args, args.cache_scope),
                     *http_limit_argv(proxy_share(limits_from_args(args), args.proxies))],
         prefix_sizes=prefix_sizes(args),
-        # the tenant's hash key (proxy.auth.tenant): the same for every proxy
-        proxy_keys={**keys_from(args), "tenant_secret": secrets.token_hex(16)},
+        # the tenant's hash key (proxy.auth.tenant): the same for every proxy, and
+        # after a restart where a disk tier keeps it (entries saved per tenant)
+        proxy_keys={**keys_from(args), "tenant_secret": tenant_secret(registry.entries)},
         memory_margin=int(args.models_memory_margin * MiB),
         host_memory=int(args.host_memory * MiB) if args.host_memory else None,
         ttl=args.ttl, sleep_idle=args.sleep_idle_seconds, spares=max(0, args.spares),

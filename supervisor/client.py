@@ -91,7 +91,7 @@ def add_client_options(parser: argparse.ArgumentParser, top: bool) -> None:
 
 
 def add_client_commands(sub: argparse._SubParsersAction) -> None:
-    """Add ``ps``, ``load``, ``unload``, ``logs`` and ``run`` to ``sub``."""
+    """Add ``ps``, ``load``, ``unload``, ``cache clear``, ``logs`` and ``run`` to ``sub``."""
     common = argparse.ArgumentParser(add_help=False)
     add_client_options(common, top=False)
     p = sub.add_parser("ps", parents=[common], help="models that run now (like ollama ps)")
@@ -111,6 +111,12 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--wait", type=float, default=120.0, metavar="S",
                    help="seconds to wait for the unload (default: 120)")
     p.set_defaults(func=cmd_unload)
+    p = sub.add_parser("cache", parents=[common], help="the models' KV tiers (prompt caches)")
+    what = p.add_subparsers(dest="cache_op", metavar="clear", required=True)
+    c = what.add_parser("clear", parents=[common],
+                        help="empty the KV tiers of MODEL, or of every model (admin key)")
+    c.add_argument("name", nargs="?", help="the model (default: every model)")
+    c.set_defaults(func=cmd_cache_clear)
     p = sub.add_parser("logs", parents=[common],
                        help="recent log lines of the server and its models (--requests: "
                             "its requests)")
@@ -158,7 +164,8 @@ def run_client(args: argparse.Namespace) -> int:
     except ServerError as e:
         hint = ""
         if e.status == 401:
-            hint = " (set $GGMUX_API_KEY, or $GGMUX_ADMIN_KEY for load, unload and logs)"
+            hint = (" (set $GGMUX_API_KEY, or $GGMUX_ADMIN_KEY for load, unload, cache clear "
+                    "and logs)")
         print(f"ggmux: {e}{hint}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -201,10 +208,20 @@ def _node_cell(m: dict) -> str:
     return node + (f" (+{', '.join(others)})" if others else "")
 
 
+def _cache_cell(cache) -> str:
+    """``RAM/DISK`` bytes of a model's KV tiers (``/ps``'s ``cache``); ``-``
+    when both are 0 or the field is not an object."""
+    if not isinstance(cache, dict):
+        return "-"
+    ram, disk = number(cache.get("ram")) or 0, number(cache.get("disk")) or 0
+    return f"{_bytes(ram) if ram else 0}/{_bytes(disk) if disk else 0}" if ram or disk else "-"
+
+
 def ps_table(doc: dict, every: bool = False) -> str:
     """The text of ``ggmux ps`` from a ``/ps`` document: NAME, STATE,
     (in cluster mode, when the document names this ``node``) NODE,
-    REPLICAS, MEMORY, IN FLIGHT, WAITING, IDLE FOR, UNTIL UNLOAD; unloaded
+    REPLICAS, MEMORY, CACHE (its KV tiers: RAM/disk, issue 29; ``-`` for
+    none), IN FLIGHT, WAITING, IDLE FOR, UNTIL UNLOAD; unloaded
     models only with ``every``. NODE is the node that serves the model (as
     ``ollama ps``'s PROCESSOR says where it runs), other nodes holding it
     after it. Each model has a string ``id`` and ``state`` (:func:`items`);
@@ -212,7 +229,7 @@ def ps_table(doc: dict, every: bool = False) -> str:
     show, one line that says so (and that ``--all`` lists every model)."""
     cluster = isinstance(doc.get("node"), str)
     rows = [("NAME", "STATE", *(("NODE",) if cluster else ()), "REPLICAS", "MEMORY",
-             "IN FLIGHT", "WAITING", "IDLE FOR", "UNTIL UNLOAD")]
+             "CACHE", "IN FLIGHT", "WAITING", "IDLE FOR", "UNTIL UNLOAD")]
     models = doc.get("models") or []
     for m in models:
         failed = bool(m.get("failed"))
@@ -231,7 +248,8 @@ def ps_table(doc: dict, every: bool = False) -> str:
             m["id"], state, *((_node_cell(m),) if cluster else ()),
             f"{ready}/{len(reps)}" if reps else "-",
             _bytes(number(mem.get("effective")) or number(mem.get("min")) or 0),
-            str(m.get("in_flight", 0)), str(m.get("waiting", 0)), _seconds(idle),
+            _cache_cell(m.get("cache")), str(m.get("in_flight", 0)), str(m.get("waiting", 0)),
+            _seconds(idle),
             _seconds(until) if until is not None else ("never" if idle is not None else "-"),
         ))
     if len(rows) == 1:
@@ -341,6 +359,26 @@ REQUEST_COLUMNS = (("TIME", 12), ("MODEL", 24), ("REPLICA", 9), ("API", 37), ("S
                    ("DURATION", 9))
 """``ggmux logs --requests``: its columns and their widths (a followed table
 cannot measure its rows first)."""
+
+
+def cmd_cache_clear(client: Client, args: argparse.Namespace) -> int:
+    """``ggmux cache clear [MODEL]``: ``POST /cache/clear`` (issue 29); one
+    line per model with what went."""
+    doc = client.object("POST", "/cache/clear", {"model": args.name} if args.name else {},
+                        admin=True)
+    cleared = doc.get("cleared")
+    if not isinstance(cleared, dict):
+        raise client.shape("POST", "/cache/clear", "no 'cleared' object")
+    failed = 0
+    for name, res in cleared.items():
+        if not isinstance(res, dict):
+            continue
+        line = (f"{name}: {number(res.get('ram')) or 0:.0f} RAM and "
+                f"{number(res.get('disk')) or 0:.0f} disk entries removed")
+        errors = res.get("errors") if isinstance(res.get("errors"), list) else []
+        failed += bool(errors)
+        print(line + "".join(f"; {e}" for e in errors))
+    return 1 if failed else 0
 
 
 def _ms_cell(v) -> str:

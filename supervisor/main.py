@@ -38,6 +38,7 @@ from ..shm.segment import Segment
 from .children import Child, ChildSet
 from .cluster.node import ClusterNode
 from .config import Config
+from .jobs import Jobs
 from .logs import install as install_ring_handler
 from .measure import Measurer
 from .probe import ProbeSet
@@ -106,7 +107,8 @@ class Supervisor:
         self.poller = select.poll()
         self.children = ChildSet(self.poller)
         self.probes = ProbeSet(self.poller)
-        self.replicas = Replicas(self.state, self.children, self.probes)
+        self.jobs = Jobs()  # blocking steps of the KV tiers, off the loop (issue 29)
+        self.replicas = Replicas(self.state, self.children, self.probes, self.jobs)
         self.remotes = Remotes(self.state, self.probes)
         self.measurer = Measurer(self.state, self.children)
         self.reconciler = Reconciler(self.state, self.replicas, self.measurer)
@@ -171,6 +173,7 @@ class Supervisor:
             self.cluster.start()  # its view is in the registry blob from the start
         self.publisher.registry()  # with the remotes' addresses
         st.calibrate()
+        self.replicas.kv.scan_all()  # the models' disk tiers, before any replica runs
         self.publisher.tables()
 
     def _children_left(self) -> bool:
@@ -193,9 +196,14 @@ class Supervisor:
         self.replicas.spares.close()
         if self.cluster is not None:
             self.cluster.close()
-        deadline = time.monotonic() + self.cfg.stop_timeout + self.cfg.term_timeout
+        # each replica's exit -> SIGTERM (its save to the disk tier, or a cmd
+        # llama-server's slot save first, included: issue 29), then SIGTERM -> SIGKILL
+        budget = max([self.cfg.stop_timeout, *(
+            r.kill_after + self.replicas.kv.save_bound(r) for r in st.replicas.values())])
+        deadline = time.monotonic() + budget + self.cfg.term_timeout
         while self._children_left():
             self._drain_signals()
+            self.jobs.step()  # a cmd replica's slots saved: its SIGTERM
             self._reap()
             self.replicas.escalate(time.monotonic_ns())
             if time.monotonic() > deadline:
@@ -263,6 +271,7 @@ class Supervisor:
         """One turn after the poll: the named idempotent steps."""
         self._drain_signals()
         self._drain_queue()
+        self.jobs.step()
         self._reap()
         now = time.monotonic_ns()
         self.replicas.escalate(now)
@@ -348,6 +357,9 @@ class Supervisor:
         if op == "unload_idle":
             self.unload_idle(f"requested by {route or 'POST /models/unload *'}")
             return
+        if op == "cache_clear":
+            self._cache_clear(cmd)
+            return
         if op == "drain":
             if self.cluster is not None:
                 self.cluster.drain(route or "POST /cluster/drain")
@@ -367,6 +379,26 @@ class Supervisor:
                                 cmd.get("extend") is True, route or "an Ollama request")
         else:
             log.warning("unknown command %r", op)
+
+    def _cache_clear(self, cmd: dict) -> None:
+        """``POST /cache/clear`` (issue 29): empty the KV tiers of model
+        ``cmd["model"]`` (None: every model); the answer is published under
+        ``cmd["id"]`` (:meth:`~.kvcache.KvCache.clear`)."""
+        st = self.state
+        m, rid = cmd.get("model"), cmd.get("id")
+        if not isinstance(rid, str) or not rid:
+            log.warning("cache_clear without an id")
+            return
+        if m is None:
+            models = [i for i in range(len(st.registry)) if i not in st.removed]
+        elif isinstance(m, int) and 0 <= m < len(st.registry):
+            models = [m]
+        else:
+            log.warning("cache_clear of unknown model %r", m)
+            return
+        log.info("emptying the KV tiers of %s: %s", "every model" if m is None else st.name(m),
+                 cmd.get("route") or "POST /cache/clear")
+        self.replicas.kv.clear(models, rid[:64])
 
     def keep_alive(self, m: int, seconds: float, extend: bool, route: str) -> None:
         """Ollama's ``keep_alive`` of a request to model ``m``: ``seconds``
@@ -521,6 +553,7 @@ class Supervisor:
         seg.waiters[idx] = 0
         seg.prefix[idx] = 0  # its part of the prefix index too (issue 20)
         seg.prefix_forget[idx] = 0
+        seg.prefix_forget_disk[idx] = 0
         cfg = self.cfg
         argv = [
             st.python, "-m", "ggmux.proxy", "--index", str(idx), "--shm", cfg.shm_name,

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from ..shm import layout as L
 from ..shm.seqlock import write_fields
+from .kvtiers import tiers_of
 from .state import NODE_PRIORITY, Replica, State
 
 
@@ -19,6 +20,16 @@ class Publisher:
 
     def __init__(self, state: State) -> None:
         self.state = state
+        self._flags: tuple[object, list[int]] = (None, [])  # (registry, M_CACHE_FLAGS per model)
+
+    def _cache_flags(self) -> list[int]:
+        """``M_CACHE_FLAGS`` of each registered model, worked out once per
+        registry (a reload makes a new one)."""
+        reg = self.state.registry
+        if self._flags[0] is not reg:
+            self._flags = (reg, [L.CACHE_DISK if tiers_of(e).on_disk else 0
+                                 for e in reg.entries])
+        return self._flags[1]
 
     def registry(self) -> None:
         """Write the registry blob: removed models unnamed and marked, the
@@ -49,6 +60,7 @@ class Publisher:
         doc["remotes"] = remotes  # proxies only: the segment is mode 0600
         doc["reload_ids"] = list(st.reload_ids)  # the reloads done (GET /models?reload=1)
         doc["reload_errors"] = dict(st.reload_errors)  # and why, for those that failed
+        doc["cache_clears"] = dict(st.cache_clears)  # POST /cache/clear's answers, by id
         # the router's own settings, for GET /props without a model (llama.cpp router)
         doc["router"] = {"models_max": st.cfg.models_max,
                          "models_autoload": st.cfg.models_autoload,
@@ -110,6 +122,7 @@ class Publisher:
                 L.R_SECRET_HI: r.secret_hi, L.R_SECRET_LO: r.secret_lo,
             })
         healthy_remote = {rm.model for rm in st.remotes.values() if rm.healthy}
+        flags = self._cache_flags()
         for i, m in enumerate(st.models):
             reps = per_model.get(i, [])
             statuses = {r.status for r in reps}
@@ -146,6 +159,11 @@ class Publisher:
                 L.M_EVICTIONS: m.evictions,
                 L.M_LOAD_NS_TOTAL: m.load_ns_total,
                 L.M_LAST_READY_NS: m.last_ready_ns,
+                # KV tiers (issue 29): RAM of its running replicas, its disk tier
+                L.M_CACHE_RAM_BYTES: sum(r.cache_ram for r in reps),
+                L.M_CACHE_DISK_BYTES: m.cache_disk_bytes,
+                L.M_CACHE_FLAGS: flags[i] if i < len(flags) else 0,
+                L.M_CACHE_EPOCH: m.cache_epoch,
             })
         for k, d in enumerate(st.ledger.devices):
             write_fields(seg.devices, k, {

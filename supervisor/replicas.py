@@ -26,6 +26,9 @@ import time
 from ..proxy.auth import keys_pipe, new_secret
 from ..shm import layout as L
 from .children import Child, ChildSet, state_line
+from .jobs import Jobs
+from .kvcache import KvCache
+from .kvtiers import cmd_line, stop_budget
 from .memory import Amounts, fmt
 from .probe import FIRST_INTERVAL_S, ProbeSet, next_interval
 from .registry import env_for_instance, instance_argv
@@ -57,10 +60,13 @@ class Replicas:
     spare when one fits), state lines, readiness probes of ``cmd``
     instances, stop and escalation, reaping. Owns the spare pool."""
 
-    def __init__(self, state: State, children: ChildSet, probes: ProbeSet) -> None:
+    def __init__(self, state: State, children: ChildSet, probes: ProbeSet,
+                 jobs: Jobs | None = None) -> None:
         self.state = state
         self.children = children
         self.probes = probes
+        self.jobs = jobs if jobs is not None else Jobs()
+        self.kv = KvCache(state, self.jobs)  # the KV tiers' figures and jobs (issue 29)
         self.spares = Spares(state, children, on_line=self.on_line)
         self._key_dir = ""  # 0700 folder of cmd instances' key files, made when needed
 
@@ -77,9 +83,12 @@ class Replicas:
 
     def on_state(self, rep: Replica, msg: dict) -> None:
         """Apply a state message (``loading``, ``sleeping``, ``ready``,
-        ``error``) of ``rep``."""
+        ``error``, ``cache``) of ``rep``."""
         st = self.state
         state = msg.get("state")
+        if state == "cache":  # its KV tiers' sizes (issue 29)
+            self.kv.on_line(rep, msg)
+            return
         now = time.monotonic_ns()
         m = st.models[rep.model]
         if state == "loading":
@@ -168,7 +177,8 @@ class Replicas:
             slot=slot, model=model, child=child, incarnation=st.next_incarnation(), port=port,
             started_ns=now, deadline_ns=now + int(budget * NS),
             held=dict(st.models[model].mem_min or {}),
-            kill_after=entry.stop_timeout, secret_hi=hi, secret_lo=lo,
+            # exit -> SIGTERM leaves the save of its slots to its disk tier its time
+            kill_after=stop_budget(entry), secret_hi=hi, secret_lo=lo,
         )
         st.replicas[slot] = rep
         log.info("loading %s in slot %d (pid %d, port %d): %s", entry.name, slot, child.pid,
@@ -187,6 +197,7 @@ class Replicas:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         line = entry.cmd.replace("${PORT}", str(port)).replace("${MODEL_ID}", entry.name)
+        line = cmd_line(entry, line)  # its slot-save-path (issue 29)
         hi = lo = 0
         key_file = ""
         if "${API_KEY_FILE}" in line:
@@ -253,10 +264,18 @@ class Replicas:
         for r in self.state.replicas.values():
             if r.kind != "cmd" or r.status != L.ReplicaStatus.LOADING or r.stop_stage:
                 continue
+            if r.restoring:  # its saved slots first (issue 29), within their bound
+                if now > r.restore_until_ns:
+                    log.warning("%s: restoring its slots took too long (cache-save-timeout): "
+                                "ready without waiting", r.child.tag)
+                    r.restoring = False
+                    self.on_state(r, {"state": "ready"})
+                continue
             if r.probe is not None and r.probe.done:
                 if r.probe.ok:
-                    self.on_state(r, {"state": "ready"})
                     r.probe = None
+                    if not self.kv.restore(r, self._ready_after_restore(r)):
+                        self.on_state(r, {"state": "ready"})
                     continue
                 r.probe = None
                 r.probe_interval = next_interval(r.probe_interval)
@@ -264,6 +283,12 @@ class Replicas:
             if r.probe is None and now >= r.next_probe_ns:
                 path = self.state.registry.entries[r.model].check_endpoint
                 r.probe = self.probes.start("127.0.0.1", r.port, path, r, now)
+
+    def _ready_after_restore(self, rep: Replica):
+        def then() -> None:
+            if not rep.stop_stage and self.state.replicas.get(rep.slot) is rep:
+                self.on_state(rep, {"state": "ready"})
+        return then
 
     # ---- stopping ------------------------------------------------------------
     def stop(self, rep: Replica, reason: str, kill_after: float | None = None) -> None:
@@ -283,22 +308,10 @@ class Replicas:
             self.probes.drop(rep.probe.fileno())
             rep.probe = None
         if rep.kind == "cmd":
-            # any command: no stdin protocol; cmd-stop (llama-swap's cmdStop) or
-            # SIGTERM, then SIGKILL after stop-timeout
-            entry = st.registry.entries[rep.model]
-            rep.stop_stage = 2
-            rep.kill_at_ns = rep.stop_ns + int(rep.kill_after * NS)
-            if entry.cmd_stop:
-                line = (entry.cmd_stop.replace("${PID}", str(rep.child.pid))
-                        .replace("${PORT}", str(rep.port)).replace("${MODEL_ID}", entry.name))
-                try:
-                    subprocess.Popen(shlex.split(line), stdin=subprocess.DEVNULL,
-                                     env=env_for_instance(entry))
-                except (OSError, ValueError) as e:
-                    log.error("cmd-stop %r failed: %s; SIGTERM instead", line, e)
-                    rep.child.kill(signal.SIGTERM)
-            else:
-                rep.child.kill(signal.SIGTERM)
+            # a llama-server with slot-save-path saves its slots first (issue 29),
+            # within cache-save-timeout (escalate stops waiting past it)
+            if was_loading or not self.kv.save(rep, lambda: self._terminate_cmd(rep)):
+                self._terminate_cmd(rep)
         elif not rep.child.send(b"exit\n"):
             rep.child.kill(signal.SIGTERM)
             rep.stop_stage = 2
@@ -308,6 +321,26 @@ class Replicas:
         )
         st.dirty = True
 
+    def _terminate_cmd(self, rep: Replica) -> None:
+        """Stop a ``cmd`` replica: it has no stdin protocol; ``cmd-stop``
+        (llama-swap's cmdStop) or SIGTERM, then SIGKILL after stop-timeout."""
+        if rep.stop_stage >= 2 or self.state.replicas.get(rep.slot) is not rep:
+            return  # stopped already, or gone while its slots were saved
+        entry = self.state.registry.entries[rep.model]
+        rep.stop_stage = 2
+        rep.kill_at_ns = time.monotonic_ns() + int(rep.kill_after * NS)
+        if entry.cmd_stop:
+            line = (entry.cmd_stop.replace("${PID}", str(rep.child.pid))
+                    .replace("${PORT}", str(rep.port)).replace("${MODEL_ID}", entry.name))
+            try:
+                subprocess.Popen(shlex.split(line), stdin=subprocess.DEVNULL,
+                                 env=env_for_instance(entry))
+            except (OSError, ValueError) as e:
+                log.error("cmd-stop %r failed: %s; SIGTERM instead", line, e)
+                rep.child.kill(signal.SIGTERM)
+        else:
+            rep.child.kill(signal.SIGTERM)
+
     def escalate(self, now: int) -> None:
         """Stops past due: SIGTERM after ``kill_after`` s of ``exit``,
         SIGKILL after ``term_timeout`` more; a load past its deadline is
@@ -315,7 +348,10 @@ class Replicas:
         st = self.state
         cfg = st.cfg
         for rep in list(st.replicas.values()):
-            if rep.stop_stage == 1 and now - rep.stop_ns > rep.kill_after * NS:
+            if rep.kind == "cmd" and rep.stop_stage == 1:  # saving its slots (issue 29)
+                if self.kv.save_overdue(rep, now):
+                    self._terminate_cmd(rep)
+            elif rep.stop_stage == 1 and now - rep.stop_ns > rep.kill_after * NS:
                 log.warning("%s did not exit within %.1f s of 'exit': SIGTERM",
                             rep.child.tag, rep.kill_after)
                 rep.child.kill(signal.SIGTERM)
@@ -384,6 +420,7 @@ class Replicas:
             del st.replicas[slot]
             _remove(rep.key_file)
             self._on_exit(rep, code)
+            self.kv.on_exit(rep)  # its disk tier's size, now that none may write it
             st.calibrate()
             st.dirty = True
 

@@ -1,7 +1,8 @@
 """The serve options of routing between replicas (issue 20) and what they become.
 
 ``--balance`` picks the balancer's mode (:data:`MODES`),
-``--prefix-weight`` and ``--prefix-load-threshold`` its prefix rule
+``--prefix-weight``, ``--prefix-disk-weight`` and ``--prefix-load-threshold``
+its prefix rule
 (:func:`~ggmux.proxy.balancer.choose`); the proxies get them on their
 command line (:func:`routing_argv`). ``--prefix-block-bytes`` and
 ``--prefix-index-entries`` size the prefix index in the shared-memory
@@ -22,6 +23,7 @@ MODES = ("prefix", "load", "round-robin")
 DEFAULT_MODE = "prefix"
 DEFAULT_PREFIX_WEIGHT = 0.9
 DEFAULT_LOAD_THRESHOLD = 1.0
+DEFAULT_DISK_WEIGHT = 0.8
 
 PREFIX_WAYS = 4
 """Ways of a bucket of the prefix index (entries one bucket keeps, LRU)."""
@@ -43,6 +45,10 @@ def add_routing_options(parser: argparse.ArgumentParser) -> None:
         help="share of a replica's TTFT that a cached prefix saves, 0 to below 1: a replica "
              "holding the fraction f of a prompt scores as if its queue were 1 - W x f as long")
     parser.add_argument(
+        "--prefix-disk-weight", type=float, default=DEFAULT_DISK_WEIGHT, metavar="W",
+        help="the same for a prefix on this node's disk tier (any replica of the model "
+             "restores it from there), below --prefix-weight: the replica reads it back first")
+    parser.add_argument(
         "--prefix-load-threshold", type=float, default=DEFAULT_LOAD_THRESHOLD,
         metavar="X",
         help="a replica with this many requests in flight per slot loses its cache bonus, so "
@@ -61,6 +67,8 @@ def check(args: argparse.Namespace) -> str | None:
     """Why the routing options cannot run, or None."""
     if not 0 <= args.prefix_weight < 1:
         return "--prefix-weight must be at least 0 and below 1"
+    if not 0 <= args.prefix_disk_weight < 1:
+        return "--prefix-disk-weight must be at least 0 and below 1"
     if args.prefix_load_threshold <= 0:
         return "--prefix-load-threshold must be above 0"
     if args.prefix_block_bytes < 64 or args.prefix_block_bytes % 8:
@@ -74,6 +82,7 @@ def routing_argv(args: argparse.Namespace, cache_scope: str) -> list[str]:
     """The proxies' options for routing: the mode, the prefix rule and the
     default cache scope (which the index keeps, as the instances do)."""
     return ["--balance", args.balance, "--prefix-weight", repr(args.prefix_weight),
+            "--prefix-disk-weight", repr(args.prefix_disk_weight),
             "--prefix-load-threshold", repr(args.prefix_load_threshold),
             "--cache-scope", cache_scope]
 

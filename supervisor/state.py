@@ -63,6 +63,12 @@ class Replica:
     secret_lo: int = 0
     key_file: str = ""  # a cmd instance's ${API_KEY_FILE}, removed when it exits
     restart: bool = False  # killed as hung: load the model again once it is gone
+    # KV tiers (issue 29): its `cache` state line's host-RAM tier bytes; a cmd
+    # llama-server saving its slots before its SIGTERM, restoring them before ready
+    cache_ram: int = 0
+    saving: bool = False
+    restoring: bool = False
+    restore_until_ns: int = 0  # ready anyway after this (the restore's bound)
 
 
 @dataclass(slots=True)
@@ -107,6 +113,13 @@ class ModelRuntime:
     # Ollama's keep_alive of the last request that gave one (the proxy's
     # "keep_alive" command): replaces the ttl until the model unloads; inf = never
     keep_alive_s: float | None = None
+    # KV tiers (issue 29): bytes of its disk tier (its replicas' `cache` lines,
+    # else a scan of the folder), when that figure was last reported (monotonic
+    # ns: an older scan does not overwrite it), and the epoch of its tiers,
+    # bumped when they are emptied (POST /cache/clear)
+    cache_disk_bytes: int = 0
+    cache_disk_ns: int = 0
+    cache_epoch: int = 0
 
 
 class State:
@@ -148,6 +161,8 @@ class State:
         # in the registry so each proxy answers once its reload ran
         self.reload_ids: deque[str] = deque(maxlen=RELOAD_IDS_KEPT)
         self.reload_errors: dict[str, str] = {}  # id -> why, of those reloads that failed
+        # the answers of the last cache clears asked by proxies (POST /cache/clear), by id
+        self.cache_clears: dict[str, dict] = {}
 
     def name(self, model: int) -> str:
         """The model's name in the registry."""

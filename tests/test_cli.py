@@ -68,8 +68,8 @@ def test_ps_load_unload_and_run_against_a_server(serve, fakes):
     assert r.returncode == 0 and r.stdout.startswith("loaded alpha in "), r
     assert s.models()["alpha"]["status"]["value"] == "loaded"  # it waited for the load
     r = ggmux("ps", url=s.base)
-    assert r.stdout.split()[:8] == [
-        "NAME", "STATE", "REPLICAS", "MEMORY", "IN", "FLIGHT", "WAITING", "IDLE"]
+    assert r.stdout.split()[:9] == [
+        "NAME", "STATE", "REPLICAS", "MEMORY", "CACHE", "IN", "FLIGHT", "WAITING", "IDLE"]
     line = next(x for x in r.stdout.splitlines() if x.startswith("alpha"))
     assert line.split()[1:3] == ["loaded", "1/1"]
     assert "beta" not in r.stdout
@@ -290,9 +290,9 @@ def test_ps_table_says_when_nothing_runs_and_shows_odd_fields_as_dashes():
     assert ps_table({"models": []}, every=True) == "the server has no models\n"
     assert "ggmux ps --all" in ps_table({"models": [{"id": "a", "state": "unloaded"}]})
     doc = {"models": [{"id": "a", "state": "loading", "progress": "half", "replicas": "two",
-                       "memory": [], "idle_s": "long", "unload_in_s": {}}]}
-    assert ps_table(doc).splitlines()[1].split() == ["a", "loading", "-", "-", "0", "0", "-",
-                                                     "-"]
+                       "memory": [], "cache": 3, "idle_s": "long", "unload_in_s": {}}]}
+    assert ps_table(doc).splitlines()[1].split() == ["a", "loading", "-", "-", "-", "0", "0",
+                                                     "-", "-"]
 
 
 def test_ps_table_shows_idle_time_and_time_until_unload():
@@ -304,8 +304,8 @@ def test_ps_table_shows_idle_time_and_time_until_unload():
         {"id": "c", "state": "unloaded", "replicas": [], "memory": {}},
     ]}
     lines = ps_table(doc).splitlines()
-    assert lines[1].split() == ["a", "loaded", "1/1", "300.0", "MiB", "0", "0", "1", "min",
-                                "15", "s", "3", "min", "45", "s"]
+    assert lines[1].split() == ["a", "loaded", "1/1", "300.0", "MiB", "-", "0", "0", "1",
+                                "min", "15", "s", "3", "min", "45", "s"]
     assert lines[2].split()[:4] == ["b", "loading", "50%", "0/1"]
     assert len(lines) == 3  # c is not running
     assert len(ps_table(doc, every=True).splitlines()) == 4

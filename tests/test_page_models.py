@@ -260,3 +260,24 @@ def test_the_requests_table_is_live_newest_first_and_filtered_by_model(
     assert page.eval_on_selector_all("#requests tbody td.col-model",
                                      "tds => tds.map(t => t.textContent)") == ["alpha", "alpha"]
     assert page.errors == []
+
+
+def test_the_page_shows_each_models_kv_tier_bytes_ram_and_disk(serve, fakes, tmp_path,
+                                                               browser_page):
+    """Issue 29: the cache column, RAM / disk, for a running model and for
+    one whose disk tier is all it has (tests/test_kv_tiers_router.py sets
+    them up and checks the figures in /ps)."""
+    from ggmux.shm import layout as L
+    from playwright.sync_api import expect
+    from test_kv_tiers_router import warm_two_models
+
+    s, *_ = warm_two_models(serve, fakes, tmp_path)
+    disk = int(s.seg.models[1, L.M_CACHE_DISK_BYTES])
+    page = browser_page
+    page.goto(s.base + "/")
+    expect(row(page, "m").locator("td.col-cache")).to_have_text("2.00 KiB / 0", timeout=10_000)
+    assert 1024 <= disk < 10 * 1024  # one saved prompt: the page shows it as N.NN KiB
+    expect(row(page, "n").locator("td.col-cache")).to_have_text(f"0 / {disk / 1024:.2f} KiB",
+                                                               timeout=10_000)
+    assert "on disk" in row(page, "m").locator("td.col-cache").get_attribute("title")
+    assert page.errors == []

@@ -146,8 +146,8 @@ def test_routing_options_are_checked_and_size_the_index():
                       (["--prefix-index-entries", "2"], "--prefix-index-entries")):
         assert name in routing.check(ap.parse_args(bad))
     assert routing.routing_argv(ap.parse_args(["--balance", "load"]), "key") == [
-        "--balance", "load", "--prefix-weight", "0.9", "--prefix-load-threshold", "1.0",
-        "--cache-scope", "key"]
+        "--balance", "load", "--prefix-weight", "0.9", "--prefix-disk-weight", "0.8",
+        "--prefix-load-threshold", "1.0", "--cache-scope", "key"]
 
 
 # ---- end to end, fake replicas ----------------------------------------------------

@@ -145,4 +145,4 @@ def test_in_flight_is_zero_for_a_client_that_saw_its_stream_end(serve, fakes):
     r = subprocess.run([sys.executable, "-m", "ggmux", "ps", "--url", s.base],
                        capture_output=True, text=True, timeout=30, env=env, check=False)
     line = next(x for x in r.stdout.splitlines() if x.startswith("alpha"))
-    assert line.split()[4] == "0", r.stdout  # IN FLIGHT
+    assert line.split()[5] == "0", r.stdout  # IN FLIGHT (after MEMORY and CACHE)

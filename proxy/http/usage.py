@@ -1,7 +1,10 @@
 """The token counts of an answer, as the proxy learns them without reading it.
 
 The built-in instance states each answer's usage in one line,
-:data:`USAGE_HEADER`: ``PROMPT CACHED GENERATED`` (decimal token counts), a
+:data:`USAGE_HEADER`: ``PROMPT CACHED GENERATED`` (decimal token counts),
+then, when the cached tokens came from a KV tier (issue 29), that tier's
+name (:data:`TIERS`: ``slot``, ``ram``, ``disk``, its answer's
+``timings.cache_tier``), a
 response header on a whole (JSON) answer and a chunked trailer after the
 last chunk of a stream, where the counts are known only at the end. The
 proxy reads it from the replica's head or trailer (a comparison per header
@@ -26,6 +29,17 @@ MAX_COUNT = (1 << 62) - 1
 a replica's usage is any JSON integer (issue 31 item 4: 2**64 - 1 raised in
 the ring's record, and the request vanished from ``/requests``)."""
 
+TIERS = ("slot", "ram", "disk")
+"""Where an answer's cached tokens came from (``timings.cache_tier``)."""
+
+
+def cache_tier(answer: dict) -> str | None:
+    """``timings.cache_tier`` of an answer or chunk when it is one of
+    :data:`TIERS`, else None."""
+    t = answer.get("timings")
+    tier = t.get("cache_tier") if type(t) is dict else None
+    return tier if tier in TIERS else None
+
 
 def usage_counts(usage: object) -> tuple[int, int, int] | None:
     """``(prompt, cached, generated)`` of an OpenAI ``usage`` object
@@ -41,29 +55,48 @@ def usage_counts(usage: object) -> tuple[int, int, int] | None:
     return prompt, cached, gen
 
 
-def usage_line(usage: object) -> bytes:
+def usage_line(usage: object, tier: str | None = None) -> bytes:
     """The :data:`USAGE_HEADER` value of an OpenAI ``usage`` object
-    (``b"12 0 8"``), or ``b""`` when it is not one."""
+    (``b"12 0 8"``; ``b"12 10 8 ram"`` with the ``tier`` of :data:`TIERS`
+    its cached tokens came from), or ``b""`` when it is not one."""
     counts = usage_counts(usage)
-    return b"" if counts is None else b"%d %d %d" % counts
+    if counts is None:
+        return b""
+    line = b"%d %d %d" % counts
+    return line + b" " + tier.encode() if tier in TIERS else line
 
 
-def usage_trailer(usage: object) -> bytes:
+def usage_trailer(usage: object, tier: str | None = None) -> bytes:
     """The chunked trailer line (``b"x-ggmux-usage: 12 0 8\\r\\n"``) of a
-    stream whose usage is ``usage``; ``b""`` when it is not a usage object."""
-    line = usage_line(usage)
+    stream whose usage is ``usage`` (and ``tier``, as :func:`usage_line`);
+    ``b""`` when it is not a usage object."""
+    line = usage_line(usage, tier)
     return USAGE_HEADER + b": " + line + b"\r\n" if line else b""
 
 
 def parse_usage(value: bytes | None) -> tuple[int, int, int] | None:
     """``(prompt, cached, generated)`` of a :data:`USAGE_HEADER` value;
-    None for none or a malformed one."""
+    None for none or a malformed one (a tier after the counts is allowed:
+    :func:`parse_tier`)."""
     try:
-        prompt, cached, gen = value.split()
+        parts = value.split()
+        if len(parts) == 4 and parts[3].decode("latin-1") in TIERS:
+            parts.pop()
+        prompt, cached, gen = parts
         counts = int(prompt), int(cached), int(gen)
     except (AttributeError, ValueError):  # none, not three fields, not numbers
         return None
     return counts if min(counts) >= 0 and max(counts) <= MAX_COUNT else None
+
+
+def parse_tier(value: bytes | None) -> str | None:
+    """The KV tier named after the counts of a :data:`USAGE_HEADER` value
+    (one of :data:`TIERS`), or None."""
+    if not value:
+        return None
+    parts = value.split()
+    tier = parts[3].decode("latin-1") if len(parts) == 4 else None
+    return tier if tier in TIERS else None
 
 
 def _object_after(tail: bytes, key: bytes) -> dict | None:

@@ -59,7 +59,9 @@ def overview(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
     ``ttft_ms`` (EWMA)), ``in_flight``, ``waiting``, ``requests``,
     ``errors``, ``ttft_p50_ms`` (the median of the recent samples:
     :func:`ttft_p50_ms`),
-    ``memory`` (bytes: ``min``, ``max``, ``effective``), ``ttl`` (s),
+    ``memory`` (bytes: ``min``, ``max``, ``effective``), ``cache`` (bytes
+    of its KV tiers, issue 29: ``ram`` in its running replicas, ``disk`` on
+    this node), ``ttl`` (s),
     ``idle_s`` (since the last request ended, while loaded and idle; else
     None) and ``unload_in_s`` (``ttl`` - ``idle_s`` when a ttl applies).
     In cluster mode (``cluster``: the registry blob's cluster object) also
@@ -122,6 +124,8 @@ def overview(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
             "ttft_p50_ms": None if p50 is None else round(p50, 1),
             "memory": {"min": int(row[L.M_MEM_MIN]), "max": int(row[L.M_MEM_MAX]),
                        "effective": int(row[L.M_MEM_EFFECTIVE])},
+            "cache": {"ram": int(row[L.M_CACHE_RAM_BYTES]),
+                      "disk": int(row[L.M_CACHE_DISK_BYTES])},
             "ttl": ttl or None,
             "idle_s": idle,
             "unload_in_s": (round(max(0.0, ttl - idle), 1)

@@ -158,9 +158,9 @@ function makeRow(id) {
   tr.dataset.model = id;
   const cells = {};
   for (const name of ["name", "state", "node", "replicas", "inflight", "waiting", "ttft",
-                      "memory", "idle", "actions"]) {
+                      "memory", "cache", "idle", "actions"]) {
     const td = el("td", "col-" + name);
-    if (["inflight", "waiting", "ttft", "memory"].includes(name)) td.classList.add("num");
+    if (["inflight", "waiting", "ttft", "memory", "cache"].includes(name)) td.classList.add("num");
     if (name === "node") { td.classList.add("node-col"); td.hidden = !showNodes; }
     cells[name] = td;
     tr.appendChild(td);
@@ -219,6 +219,13 @@ function render(id) {
   const mem = ps.memory || {};
   setText(c.memory, fmtBytes(mem.effective || mem.min));
   c.memory.title = mem.min ? "measured min " + fmtBytes(mem.min) + ", max " + fmtBytes(mem.max) : "";
+  // its KV tiers (issue 29): prompt caches kept in RAM by its replicas, and on disk
+  const cache = ps.cache || {};
+  setText(c.cache, cache.ram || cache.disk
+    ? (fmtBytes(cache.ram) || "0") + " / " + (fmtBytes(cache.disk) || "0") : "");
+  c.cache.title = cache.ram || cache.disk
+    ? "prompt caches: " + (fmtBytes(cache.ram) || "0 B") + " in RAM, " +
+      (fmtBytes(cache.disk) || "0 B") + " on disk" : "";
   let idle = "";
   if (ps.idle_s !== null && ps.idle_s !== undefined) {
     idle = fmtSeconds(ps.idle_s);
