@@ -16,6 +16,7 @@ from __future__ import annotations
 from ..template import JinjaTemplate
 from .base import ChatMsg, ChatPlan, ToolFormat, ToolRequest, content_before, split_reasoning
 from .calls import read_call_list
+from .generic import parameters_document
 
 START_THINKING, END_THINKING = "<|START_THINKING|>", "<|END_THINKING|>"
 START_ACTION, END_ACTION = "<|START_ACTION|>", "<|END_ACTION|>"
@@ -49,7 +50,7 @@ class CommandR7BFormat(ToolFormat):
         schemas = [{"type": "object", "properties": {
             "tool_call_id": {"type": "string", "pattern": "^[0-9]{1,10}$"},
             "tool_name": {"type": "string", "const": t["function"]["name"]},
-            "parameters": t["function"].get("parameters") or {"type": "object"}},
+            "parameters": parameters_document(t)},
             "required": ["tool_call_id", "tool_name", "parameters"]} for t in req.tools]
         array = {"type": "array", "items": schemas[0] if len(schemas) == 1 else
                  {"anyOf": schemas}, "minItems": 1}

@@ -21,18 +21,28 @@ single-call shape of older llama.cpp, is read too).
 
 from __future__ import annotations
 
+from ..grammar.json_grammar import Document
 from ..template import JinjaTemplate, add_system
 from .base import ChatMsg, ChatPlan, ToolFormat, ToolRequest
 from .calls import read_call, read_call_list
 from .jsonscan import Incomplete, object_items, partial_string, value_end, ws
 
 
+def parameters_document(tool: dict) -> Document:
+    """``tool``'s parameters schema (``{"type": "object"}`` when it gives
+    none) as a :class:`~ggmux.instance.grammar.json_grammar.Document`: its
+    ``#/$defs/...`` references resolve against it when it is wrapped inside
+    a call's schema (issue 31, item 2)."""
+    return Document(tool["function"].get("parameters") or {"type": "object"})
+
+
 def call_schema(tool: dict) -> dict:
-    """The JSON schema of one call of ``tool`` (name, then arguments)."""
+    """The JSON schema of one call of ``tool`` (name, then arguments; the
+    arguments a :func:`parameters_document`)."""
     f = tool["function"]
     schema = {"type": "object",
               "properties": {"name": {"type": "string", "const": f["name"]},
-                             "arguments": f.get("parameters") or {"type": "object"}},
+                             "arguments": parameters_document(tool)},
               "required": ["name", "arguments"]}
     if f.get("description"):
         schema["description"] = f["description"]

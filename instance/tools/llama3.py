@@ -76,7 +76,7 @@ class Llama3Format(ToolFormat):
             if self.builtin and name in BUILTIN:
                 kv = []
                 for k, v in (params.get("properties") or {}).items():
-                    kv.append(f'{format_literal(k + "=")} {b.add_schema(name + "-" + k, v)}')
+                    kv.append(f'{format_literal(k + "=")} {b.add_schema(name + "-" + k, v, params)}')
                 rules.append(b.add_rule(
                     name + "-builtin",
                     f'"{PYTHON_TAG}" {format_literal(name + ".call(")} ' +
