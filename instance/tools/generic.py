@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from ..grammar.json_grammar import Document
 from ..template import JinjaTemplate, add_system
-from .base import ChatMsg, ChatPlan, ToolFormat, ToolRequest
-from .calls import read_call, read_call_list
+from .base import ChatMsg, ChatPlan, Tail, ToolFormat, ToolRequest
+from .calls import open_tail, read_call, read_call_list
 from .jsonscan import Incomplete, object_items, partial_string, value_end, ws
 
 
@@ -95,23 +95,27 @@ class GenericFormat(ToolFormat):
                     if start < len(text) and text[start] == '"':
                         msg.content, end = partial_string(text, start)
                         if end is None:
+                            msg.tail = Tail("content", start, "string")
                             return
                     else:  # a response_format schema: the JSON value is the content
                         try:
                             end = value_end(text, start)
                         except Incomplete:
                             msg.content = text[start:].rstrip()
+                            msg.tail = Tail("content", start, "json")
                             return
                         msg.content = text[start:end]
                 elif key == "tool_calls":
                     msg.tool_calls, end = read_call_list(text, start, partial)
                     if end is None:
+                        msg.tail = open_tail(msg.tool_calls)
                         return
                 elif key == "tool_call":
                     call, end = read_call(text, start)
                     if call is not None:
                         msg.tool_calls = [call]
                     if end is None:
+                        msg.tail = open_tail(msg.tool_calls)
                         return
                 else:
                     end = value_end(text, start)
