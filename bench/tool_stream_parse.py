@@ -38,35 +38,36 @@ from ggmux.instance.tools.stream import ChatStream
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "tests" / "templates"
-TOOL = {"type": "function", "function": {"name": "write_rows", "parameters": {"type": "object"}}}
+TOOL = {"type": "function", "function": {"name": "write_rows", "description": "Write rows",
+                                         "parameters": {"type": "object"}}}
 CALLS = "<｜tool▁calls▁begin｜>"
-# format -> (template, request fields, the answer with ARGS for the arguments)
+# format -> (template, request fields, the answer with @ARGS@ for the arguments)
 FORMATS = {
     "generic": ("HuggingFaceTB-SmolLM2-135M-Instruct.jinja", {},
-                '{"tool_calls": [{"name": "write_rows", "arguments": ARGS}]}'),
+                '{"tool_calls": [{"name": "write_rows", "arguments": @ARGS@}]}'),
     "hermes-2-pro": ("Qwen-Qwen2.5-7B-Instruct.jinja", {},
-                     '<tool_call>\n{"name": "write_rows", "arguments": ARGS}\n</tool_call>'),
+                     '<tool_call>\n{"name": "write_rows", "arguments": @ARGS@}\n</tool_call>'),
     "llama-3.x": ("meta-llama-Llama-3.1-8B-Instruct.jinja", {},
-                  '{"name": "write_rows", "parameters": ARGS}'),
+                  '{"name": "write_rows", "parameters": @ARGS@}'),
     "mistral-nemo": ("mistralai-Mistral-Nemo-Instruct-2407.jinja", {},
-                     '[TOOL_CALLS][{"name": "write_rows", "arguments": ARGS, "id": "123456789"}]'),
+                     '[TOOL_CALLS][{"name": "write_rows", "arguments": @ARGS@, "id": "123456789"}]'),
     "mistral-small": ("Mistral-Small-3.2-24B-Instruct-2506.jinja", {},
-                      "[TOOL_CALLS]write_rows[CALL_ID]000000001[ARGS]ARGS"),
-    "functionary-v3.2": ("meetkai-functionary-medium-v3.2.jinja", {}, "write_rows\nARGS"),
+                      "[TOOL_CALLS]write_rows[CALL_ID]000000001[ARGS]@ARGS@"),
+    "functionary-v3.2": ("meetkai-functionary-medium-v3.2.jinja", {}, "write_rows\n@ARGS@"),
     "command-r7b": ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", {},
                     '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "write_rows", '
-                    '"parameters": ARGS}]<|END_ACTION|>'),
+                    '"parameters": @ARGS@}]<|END_ACTION|>'),
     "deepseek-r1": ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", {"enable_thinking": False},
                     f"{CALLS}<｜tool▁call▁begin｜>function<｜tool▁sep｜>write_rows\n```json\n"
-                    "ARGS```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+                    "@ARGS@```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
     "deepseek-v3.1": ("deepseek-ai-DeepSeek-V3.1.jinja", {"enable_thinking": False},
-                      f"{CALLS}<｜tool▁call▁begin｜>write_rows<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>"
+                      f"{CALLS}<｜tool▁call▁begin｜>write_rows<｜tool▁sep｜>@ARGS@<｜tool▁call▁end｜>"
                       "<｜tool▁calls▁end｜>"),
     "gpt-oss": ("openai-gpt-oss-120b.jinja", {},
                 "<|channel|>commentary to=functions.write_rows <|constrain|>json<|message|>"
-                "ARGS<|call|>"),
+                "@ARGS@<|call|>"),
     "granite": ("ibm-granite-granite-3.3-2B-Instruct.jinja", {},
-                '<|tool_call|>[{"name": "write_rows", "arguments": ARGS}]'),
+                '<|tool_call|>[{"name": "write_rows", "arguments": @ARGS@}]'),
 }
 
 
@@ -151,7 +152,7 @@ def main() -> None:
         assert fmt.name == name, (fmt.name, name)
         plan = fmt.plan(tmpl, [{"role": "user", "content": "rows"}], r)
         for tokens in a.tokens:
-            text = shape.replace("ARGS", args_of(tokens, a.args))
+            text = shape.replace("@ARGS@", args_of(tokens, a.args))
             cpu_after, out_after = run(ChatStream, fmt, plan, text)
             cpu_before, out_before = run(before, fmt, plan, text)
             assert same(out_before, out_after), f"{name}: the deltas differ"
