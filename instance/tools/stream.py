@@ -83,10 +83,16 @@ class ChatStream:
 
     @property
     def text(self) -> str:
-        """The answer so far."""
+        """The answer so far (settable: a whole answer parsed only at
+        :meth:`finish`, as a request that does not stream does)."""
         if len(self._parts) > 1:
             self._parts[:] = ["".join(self._parts)]
         return self._parts[0] if self._parts else ""
+
+    @text.setter
+    def text(self, value: str) -> None:
+        self._close_open()  # the text is replaced: read the next piece as a whole parse
+        self._parts[:] = [value]
 
     def feed(self, piece: str) -> list[dict]:
         """Deltas for ``piece``, more of the answer."""
