@@ -182,3 +182,16 @@ def test_a_reference_resolves_against_the_document_it_is_written_in():
     with pytest.raises(SchemaError, match="cannot resolve"):
         GrammarBuilder().add_schema("x", {"type": "object", "properties": {
             "a": {"$ref": "#/$defs/Missing"}}})
+
+
+def test_a_response_format_schema_with_defs_beside_tools_resolves_its_own_references(probe):
+    # tools and a response_format schema: the generic format puts the schema
+    # inside its answer's schema ({"response": ...}); its $refs are its own
+    fmt, p = plan("HuggingFaceTB-SmolLM2-135M-Instruct.jinja",
+                  [tool("special_function", Node.model_json_schema())], "auto",
+                  json_schema=Trip.model_json_schema())
+    assert fmt.name == "generic"
+    assert probe.accepts(p.grammar, json.dumps({"response": TRIP}))
+    assert not probe.accepts(p.grammar, json.dumps({"response": BAD_TRIP}))
+    assert probe.accepts(p.grammar, json.dumps(
+        {"tool_calls": [{"name": "special_function", "arguments": TREE}]}))

@@ -73,7 +73,9 @@ class GenericFormat(ToolFormat):
         else:
             schema = {"anyOf": [schema, {
                 "type": "object",
-                "properties": {"response": req.json_schema or {"type": "string"}},
+                # the response_format schema's #/... references are its own
+                "properties": {"response": Document(req.json_schema) if req.json_schema
+                               else {"type": "string"}},
                 "required": ["response"]}]}
             ask = ("Respond in JSON format, either with `tool_calls` (a request to call "
                    "tools) or with `response` reply to the user's request")
