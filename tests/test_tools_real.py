@@ -3,12 +3,15 @@ no tools) with the real ``openai`` SDK through a real ``ggmux serve``
 (issue 19, "done when" 2, the chat-completions part): ``tool_choice``
 auto, required and named, streamed and not, the round trip with a
 ``role: "tool"`` result; the arguments of every call parse and match the
-tool's schema (``jsonschema``)."""
+tool's schema (``jsonschema``). The OpenAI Agents SDK's ``function_tool``
+taking a nested pydantic model (``$defs``/``$ref`` in its parameters: issue
+31, item 2) is answered 200 with ``tool_choice: required``."""
 
 from __future__ import annotations
 
 import json
 
+import pydantic
 import pytest
 from conftest import Server, free_port
 
@@ -185,3 +188,40 @@ def test_apply_template_renders_the_tools_as_the_answer_will_see_them(smol):
     assert len(plain["prompt"]) < len(prompt)
     status, doc = smol.json("POST", "/apply-template", {"model": SMOL, "messages": []})
     assert status == 400 and doc["error"]["param"] == "messages"
+
+
+class City(pydantic.BaseModel):
+    """A nested model of a tool's parameters (module level: the SDK reads
+    the annotations by name)."""
+
+    name: str = pydantic.Field(max_length=12)
+
+
+def test_agents_sdk_function_tool_of_a_nested_pydantic_model_is_answered_with_a_valid_call(smol):
+    # its parameters hold "$defs" and "$ref": "#/$defs/City" (a 400 "cannot
+    # resolve $ref" before issue 31, item 2); the grammar forces valid arguments
+    sdk = pytest.importorskip("agents")
+    import asyncio
+
+    from openai import AsyncOpenAI
+
+    called: list[City] = []
+
+    @sdk.function_tool
+    def forecast(city: City) -> str:
+        """The weather forecast of a city."""
+        called.append(city)
+        return f"{city.name}: sunny"
+
+    assert "$defs" in json.dumps(forecast.params_json_schema)
+    sdk.set_tracing_disabled(True)
+    client = AsyncOpenAI(base_url=smol.base + "/v1", api_key="unused", max_retries=0,
+                         timeout=300)
+    model = sdk.OpenAIChatCompletionsModel(model=SMOL, openai_client=client)
+    agent = sdk.Agent(name="forecaster", instructions="Answer with the forecast tool.",
+                      tools=[forecast], model=model, tool_use_behavior="stop_on_first_tool",
+                      model_settings=sdk.ModelSettings(tool_choice="required", max_tokens=60,
+                                                       temperature=0))
+    result = asyncio.run(sdk.Runner.run(agent, "Weather in Oslo?", max_turns=2))
+    assert len(called) >= 1 and all(isinstance(c, City) for c in called), called
+    assert result.final_output == f"{called[0].name}: sunny"

@@ -18,7 +18,13 @@ write follows the same rules:
 * objects list their ``properties`` in the schema's order, required ones
   first; ``additionalProperties`` defaults to none when ``properties`` are
   given and to any value for a bare ``{"type": "object"}``;
-* ``$ref`` only inside the document (``#/...``), recursion allowed;
+* ``$ref`` only inside the document (``#/...``), recursion allowed; the
+  document is the schema given to :meth:`GrammarBuilder.add_schema`, or the
+  innermost :class:`Document` around the reference (a tool's parameters
+  wrapped inside a call's schema: issue 31, item 2), so ``$defs`` and
+  ``definitions`` (draft 7) resolve against the schema that holds them; a
+  cycle of references with nothing between them (``A -> B -> A``, ``#``
+  to itself) matches no JSON and is a :class:`SchemaError`;
   ``anyOf``/``oneOf``, ``allOf`` (objects merged, enums intersected), type
   lists, ``const``, ``enum``, ``prefixItems`` tuples, string ``format``
   ``date``/``time``/``date-time``/``uuid``; ``pattern`` when anchored with
@@ -31,6 +37,7 @@ Both raise :class:`SchemaError` for schemas llama.cpp refuses.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -82,6 +89,17 @@ class SchemaError(ValueError):
     outside the document, a bad count); ``str()`` says where."""
 
 
+class Document(dict):
+    """A schema that is a JSON document of its own inside a larger schema:
+    ``#/...`` references inside it resolve against it, not against the
+    schema it is wrapped in (a tool's ``parameters`` as the ``arguments``
+    of a tool call's schema, where pydantic v2 writes ``"$ref":
+    "#/$defs/City"`` for a nested model: issue 31, item 2). Behaves as the
+    dict it copies."""
+
+    __slots__ = ()
+
+
 class GrammarBuilder:
     """Rules of one grammar being built (llama.cpp's ``common_grammar_builder``).
 
@@ -95,7 +113,12 @@ class GrammarBuilder:
         self.dotall = dotall
         self.rules: dict[str, str] = {"space": SPACE_RULE}
         self._root: object = None
-        self._resolving: set[str] = set()
+        # (document, reference) -> its rule's name; documents by content, so
+        # one tool's parameters wrapped twice share their rules
+        self._refs: dict[tuple[str, str], str] = {}
+        self._ref_names: set[str] = set()
+        self._doc_keys: dict[int, tuple[object, str]] = {}
+        self._chain: list[tuple[str, str]] = []  # references being resolved, outermost first
         self.warnings: list[str] = []
 
     # ---- rules --------------------------------------------------------------
@@ -121,10 +144,16 @@ class GrammarBuilder:
                 self.add_primitive(dep, dep_spec)
         return n
 
-    def add_schema(self, name: str, schema) -> str:
-        if self._root is None:
-            self._root = schema
-        return self.visit(schema, "" if name == "root" else name, "#")
+    def add_schema(self, name: str, schema, document=None) -> str:
+        """The rule for ``schema``; its ``#/...`` references resolve against
+        ``document`` (default: ``schema`` itself, or a :class:`Document`
+        inside it)."""
+        outer = self._root
+        self._root = schema if document is None else document
+        try:
+            return self.visit(schema, "" if name == "root" else name, "#")
+        finally:
+            self._root = outer
 
     def format(self) -> str:
         return "".join(f"{k} ::= {v}\n" for k, v in sorted(self.rules.items()))
@@ -137,6 +166,13 @@ class GrammarBuilder:
             return self.add_rule(rule_name, self.add_primitive("value", PRIMITIVE_RULES["value"]))
         if not isinstance(schema, dict):
             raise SchemaError(f"JSON schema error at {path}: schema must be an object")
+        if isinstance(schema, Document) and schema is not self._root:
+            outer = self._root
+            self._root = schema
+            try:
+                return self.visit(schema, name, path)
+            finally:
+                self._root = outer
         if "$ref" in schema:
             return self.add_rule(rule_name, self._ref(schema["$ref"], path))
         for key in ("oneOf", "anyOf"):
@@ -221,15 +257,53 @@ class GrammarBuilder:
                                   f"{sel} not found")
         return target
 
+    def _doc_key(self) -> str:
+        root = self._root
+        got = self._doc_keys.get(id(root))
+        if got is None or got[0] is not root:
+            try:
+                key = json.dumps(root, sort_keys=True, default=repr)
+            except (TypeError, ValueError):
+                key = f"id:{id(root)}"
+            got = self._doc_keys[id(root)] = (root, key)  # holds root: its id stays its own
+        return got[1]
+
     def _ref(self, ref, path: str) -> str:
+        """The rule of the schema ``ref`` names in the current document. A
+        reference met again while it is being resolved (a recursive model)
+        is its rule's name; met again with only references in between, it
+        is a cycle that matches nothing (llama.cpp would take the grammar
+        and then refuse it as left recursion)."""
+        key = (self._doc_key(), ref)
+        if key in self._refs:
+            if key in self._chain:
+                loop = self._chain[self._chain.index(key):]
+                if all(self._bare_ref(k[1], path) for k in loop):
+                    raise SchemaError(
+                        f"JSON schema error at {path}: $ref cycle "
+                        f"{' -> '.join(r for _, r in loop)} -> {ref} with nothing between "
+                        "the references: it matches no JSON value")
+            return self._refs[key]
         target = self._target(ref, path)
         frag = ref.split("#", 1)[1] if "#" in ref else ref
-        ref_name = "ref" + _INVALID_RULE_CHARS.sub("-", frag)
-        if ref_name not in self.rules and ref not in self._resolving:
-            self._resolving.add(ref)
-            ref_name = self.visit(target, ref_name, ref)
-            self._resolving.discard(ref)
-        return ref_name
+        base = "ref" + _INVALID_RULE_CHARS.sub("-", frag)
+        ref_name, i = base, 0
+        while ref_name in self._ref_names or ref_name in self.rules:
+            ref_name, i = f"{base}{i}", i + 1
+        self._ref_names.add(ref_name)
+        self._refs[key] = ref_name
+        self._chain.append(key)
+        try:
+            got = self.visit(target, ref_name, ref)
+        finally:
+            self._chain.pop()
+        self._refs[key] = got  # a primitive's rule has the primitive's name
+        return got
+
+    def _bare_ref(self, ref: str, path: str) -> bool:
+        """Whether ``ref`` names a schema that is only a ``$ref``."""
+        t = self._target(ref, path)
+        return isinstance(t, dict) and "$ref" in t
 
     @staticmethod
     def _format(schema: dict, path: str) -> str:

@@ -8,7 +8,11 @@ grammar, its lazy triggers, preserved tokens and stop strings (llama.cpp's
 ``common_chat_params``); ``parse(text, partial, plan)`` turns the model's
 text so far into a :class:`ChatMsg` (content, reasoning, tool calls).
 Parsing a prefix (``partial``) never shows what could still turn out to be
-a marker: a stream built on it (:mod:`.stream`) only ever appends.
+a marker: a stream built on it (:mod:`.stream`) only ever appends. A
+partial parse that stops inside one growing field (a call's arguments, the
+content, the reasoning) says where, as the message's :class:`Tail`, so the
+stream can read what comes next without parsing the whole answer again
+(issue 31, item 8).
 """
 
 from __future__ import annotations
@@ -21,22 +25,50 @@ from ..template import JinjaTemplate
 
 
 @dataclass(slots=True)
+class Tail:
+    """Where a partial parse stopped: the one field still growing at the end
+    of the text, so that more text only adds to it until the stream sees
+    otherwise (:class:`~.stream.ChatStream`).
+
+    ``field``: ``content``, ``reasoning_content`` or ``arguments`` (of the
+    message's last call); ``start``: index in the parsed text where the
+    growing part begins; ``kind``: ``json`` (the raw text of an unfinished
+    JSON value, right-stripped: all of the field), ``string`` (an unfinished
+    JSON string decoded: all of the field) or ``text`` (plain text, the end
+    of the field, less an end that may begin one of ``markers``; ``strip``:
+    the field is the text stripped, all of it); ``guards``: texts whose
+    appearance anywhere after ``start`` changes the parse (``markers`` do
+    too)."""
+
+    field: str
+    start: int
+    kind: str
+    markers: tuple[str, ...] = ()
+    strip: bool = False
+    guards: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
 class ToolCall:
     """One call: ``arguments`` is JSON text (a prefix of it while streaming);
-    ``id`` as the model wrote it, '' when it wrote none."""
+    ``id`` as the model wrote it, '' when it wrote none; ``tail``: its
+    arguments are still growing (a :class:`Tail` for the parser)."""
 
     name: str
     arguments: str
     id: str = ""
+    tail: Tail | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(slots=True)
 class ChatMsg:
-    """A parsed assistant message."""
+    """A parsed assistant message; ``tail``: where a partial parse stopped
+    (:class:`Tail`), or None."""
 
     content: str = ""
     reasoning_content: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    tail: Tail | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(slots=True)
@@ -142,10 +174,22 @@ class ToolFormat:
         """``text`` (the whole answer so far) as a message."""
         msg = ChatMsg()
         rest = self.take_reasoning(text, partial, plan, msg)
+        thinking, msg.tail = msg.tail, None
         if plan.parse_tools:
             self.parse_body(rest, partial, plan, msg)
         else:
             msg.content = rest
+            if partial:
+                msg.tail = Tail("content", 0, "text")
+        if thinking is not None:  # an open reasoning block: all of the text so far
+            msg.tail = thinking
+        elif msg.tail is not None and rest is not text:
+            # the body's tail in the whole text's places; a body still empty
+            # starts where the whitespace after the reasoning ends: not yet known
+            if rest and text.endswith(rest):
+                msg.tail.start += len(text) - len(rest)
+            else:
+                msg.tail = None
         return msg
 
     def parse_body(self, text: str, partial: bool, plan: ChatPlan, msg: ChatMsg) -> None:
@@ -157,7 +201,7 @@ class ToolFormat:
         if not plan.reasoning or not self.think or not (self.thinking or plan.thinking_open):
             return text
         reasoning, rest = split_reasoning(text, partial, self.think[0], self.think[1],
-                                          plan.thinking_open)
+                                          plan.thinking_open, msg)
         msg.reasoning_content = reasoning
         return rest
 
@@ -191,7 +235,8 @@ def find_first(text: str, markers: tuple[str, ...] | list[str], start: int = 0
 
 def content_before(text: str, markers, partial: bool) -> tuple[str, int, str]:
     """Content up to the first marker: ``(content, marker index or -1,
-    marker)``; a partial parse holds back an end that may become a marker."""
+    marker)``; a partial parse holds back an end that may become a marker
+    (the content is then a ``text`` :class:`Tail` with these ``markers``)."""
     i, m = find_first(text, markers)
     if i >= 0:
         return text[:i], i, m
@@ -201,12 +246,13 @@ def content_before(text: str, markers, partial: bool) -> tuple[str, int, str]:
 
 
 def split_reasoning(text: str, partial: bool, start: str, end: str,
-                    forced_open: bool) -> tuple[str, str]:
+                    forced_open: bool, msg: ChatMsg | None = None) -> tuple[str, str]:
     """``(reasoning, rest)``: a ``start``...``end`` block at the beginning of
     ``text`` (after whitespace), or from the beginning when the prompt
-    opened it (``forced_open``). Unclosed: all of it is reasoning. The
-    reasoning is stripped of surrounding whitespace, the rest of leading
-    whitespace (llama.cpp ``try_parse_reasoning``)."""
+    opened it (``forced_open``). Unclosed: all of it is reasoning (with
+    ``msg``, a partial parse then sets ``msg.tail``). The reasoning is
+    stripped of surrounding whitespace, the rest of leading whitespace
+    (llama.cpp ``try_parse_reasoning``)."""
     body = text
     if not forced_open:
         s = text.lstrip()
@@ -220,6 +266,8 @@ def split_reasoning(text: str, partial: bool, start: str, end: str,
     if i >= 0:
         return body[:i].strip(), body[i + len(end):].lstrip()
     if partial:  # trailing whitespace waits: the final reasoning is stripped
+        if msg is not None:
+            msg.tail = Tail("reasoning_content", len(text) - len(body), "text", (end,), True)
         return body[:len(body) - held_prefix(body, (end,))].strip(), ""
     return body.strip(), ""
 

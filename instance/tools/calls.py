@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from .base import ToolCall
+from .base import Tail, ToolCall
 from .jsonscan import Incomplete, object_items, partial_string, value_end, ws
 
 NAME_KEYS = ("name", "function")
@@ -24,10 +24,11 @@ def read_call(text: str, i: int, name_keys=NAME_KEYS, arg_keys=ARG_KEYS, id_keys
               ) -> tuple[ToolCall | None, int | None]:
     """The call object at ``ws(text, i)``: ``(call, end)``; ``end`` None when
     the text ends inside it (``call`` then holds what is there: None until
-    the name is complete). Raises ValueError for what is not such an
-    object."""
+    the name is complete; its ``tail`` set when the text ends inside the
+    arguments). Raises ValueError for what is not such an object."""
     name: str | None = None
     args: str | None = None
+    tail: Tail | None = None  # the arguments are still growing
     cid = ""
     items = object_items(text, i)
     try:
@@ -43,12 +44,14 @@ def read_call(text: str, i: int, name_keys=NAME_KEYS, arg_keys=ARG_KEYS, id_keys
                     s, end = partial_string(text, start)
                     args = s
                     if end is None:
+                        tail = Tail("arguments", start, "string")
                         raise Incomplete
                 else:
                     try:
                         end = value_end(text, start)
                     except Incomplete:
                         args = text[start:].rstrip()
+                        tail = Tail("arguments", start, "json")
                         raise
                     args = text[start:end]
             elif key in id_keys and start < len(text) and text[start] == '"':
@@ -66,13 +69,14 @@ def read_call(text: str, i: int, name_keys=NAME_KEYS, arg_keys=ARG_KEYS, id_keys
     except Incomplete:
         if name is None:
             return None, None
-        return ToolCall(name, args or "", cid), None
+        return ToolCall(name, args or "", cid, tail), None
 
 
 def read_call_list(text: str, i: int, partial: bool, name_keys=NAME_KEYS, arg_keys=ARG_KEYS,
                    id_keys=("id",)) -> tuple[list[ToolCall], int | None]:
     """A JSON list of call objects at ``ws(text, i)``: ``(calls, end)``, end
-    None when the text ends inside the list."""
+    None when the text ends inside the list (the last call's ``tail`` says
+    whether it ends inside its arguments)."""
     i = ws(text, i)
     calls: list[ToolCall] = []
     if i >= len(text):
@@ -104,3 +108,9 @@ def code_arguments(code: str, partial: bool) -> str:
     its closing ``"}`` (so what streams is a prefix of the final text)."""
     text = json.dumps({"code": code}, ensure_ascii=False)
     return text[:-2] if partial else text
+
+
+def open_tail(calls: list[ToolCall]):
+    """The :class:`~.base.Tail` of a parse that stopped inside the last of
+    ``calls``' arguments, or None."""
+    return calls[-1].tail if calls else None

@@ -14,8 +14,17 @@ as llama.cpp's ``common_chat_params_init_command_r7b`` and its parser.
 from __future__ import annotations
 
 from ..template import JinjaTemplate
-from .base import ChatMsg, ChatPlan, ToolFormat, ToolRequest, content_before, split_reasoning
-from .calls import read_call_list
+from .base import (
+    ChatMsg,
+    ChatPlan,
+    Tail,
+    ToolFormat,
+    ToolRequest,
+    content_before,
+    split_reasoning,
+)
+from .calls import open_tail, read_call_list
+from .generic import parameters_document
 
 START_THINKING, END_THINKING = "<|START_THINKING|>", "<|END_THINKING|>"
 START_ACTION, END_ACTION = "<|START_ACTION|>", "<|END_ACTION|>"
@@ -49,7 +58,7 @@ class CommandR7BFormat(ToolFormat):
         schemas = [{"type": "object", "properties": {
             "tool_call_id": {"type": "string", "pattern": "^[0-9]{1,10}$"},
             "tool_name": {"type": "string", "const": t["function"]["name"]},
-            "parameters": t["function"].get("parameters") or {"type": "object"}},
+            "parameters": parameters_document(t)},
             "required": ["tool_call_id", "tool_name", "parameters"]} for t in req.tools]
         array = {"type": "array", "items": schemas[0] if len(schemas) == 1 else
                  {"anyOf": schemas}, "minItems": 1}
@@ -66,7 +75,7 @@ class CommandR7BFormat(ToolFormat):
 
     def take_reasoning(self, text: str, partial: bool, plan: ChatPlan, msg: ChatMsg) -> str:
         reasoning, rest = split_reasoning(text, partial, START_THINKING, END_THINKING,
-                                          plan.thinking_open)
+                                          plan.thinking_open, msg if plan.reasoning else None)
         if not plan.reasoning:  # reasoning_format none: inline, as the model wrote it
             if reasoning or text.lstrip().startswith(START_THINKING):
                 head = "" if plan.thinking_open else START_THINKING
@@ -75,10 +84,19 @@ class CommandR7BFormat(ToolFormat):
         msg.reasoning_content = reasoning
         return rest
 
+    def parse(self, text: str, partial: bool, plan: ChatPlan) -> ChatMsg:
+        msg = super().parse(text, partial, plan)
+        if not plan.reasoning and (plan.thinking_open or
+                                   text.lstrip().startswith(START_THINKING)):
+            msg.tail = None  # the reasoning is written into the content again: no tail
+        return msg
+
     def parse_body(self, text: str, partial: bool, plan: ChatPlan, msg: ChatMsg) -> None:
         before, at, marker = content_before(text, (START_ACTION, START_RESPONSE), partial)
         if at < 0:
             msg.content = before
+            if partial:
+                msg.tail = Tail("content", 0, "text", (START_ACTION, START_RESPONSE))
             return
         if marker == START_RESPONSE:
             body = text[at + len(START_RESPONSE):]
@@ -88,6 +106,8 @@ class CommandR7BFormat(ToolFormat):
             else:
                 msg.content, _, _ = content_before(body, (END_RESPONSE,), partial)
                 msg.content = before + msg.content
+                if partial:
+                    msg.tail = Tail("content", at + len(START_RESPONSE), "text", (END_RESPONSE,))
             return
         msg.content = before
         calls, end = read_call_list(text, at + len(START_ACTION), partial,
@@ -95,3 +115,5 @@ class CommandR7BFormat(ToolFormat):
         msg.tool_calls = calls
         if end is None and not partial:
             raise ValueError("an unfinished <|START_ACTION|> list")
+        if end is None:
+            msg.tail = open_tail(calls)

@@ -26,6 +26,7 @@ from ..template import JinjaTemplate
 from .base import (
     ChatMsg,
     ChatPlan,
+    Tail,
     ToolCall,
     ToolFormat,
     ToolRequest,
@@ -91,6 +92,8 @@ class DeepSeekR1Format(ToolFormat):
     def parse_body(self, text: str, partial: bool, plan: ChatPlan, msg: ChatMsg) -> None:
         msg.content, at, marker = content_before(text, BEGIN_SPELLINGS, partial)
         if at < 0:
+            if partial:
+                msg.tail = Tail("content", 0, "text", BEGIN_SPELLINGS)
             return
         i = at + len(marker)
         while True:
@@ -103,6 +106,7 @@ class DeepSeekR1Format(ToolFormat):
             if end is None:
                 if not partial:
                     raise ValueError("an unfinished tool call")
+                msg.tail = call.tail if call is not None else None
                 return
             i = end
 
@@ -135,7 +139,7 @@ class DeepSeekR1Format(ToolFormat):
         except Incomplete:
             if not partial:
                 raise ValueError(f"unfinished arguments of {name}") from None
-            return ToolCall(name, text[j:].rstrip()), None
+            return ToolCall(name, text[j:].rstrip(), tail=Tail("arguments", j, "json")), None
         call = ToolCall(name, text[j:end])
         k = ws(text, end)
         for tail in (close, CALL_END):

@@ -18,6 +18,7 @@ from ..template import JinjaTemplate
 from .base import (
     ChatMsg,
     ChatPlan,
+    Tail,
     ToolCall,
     ToolFormat,
     ToolRequest,
@@ -86,6 +87,8 @@ class FunctionaryFormat(ToolFormat):
                     piece = piece[:len(piece) - held_prefix(piece, (SEP,))]
                 content.append(piece)
                 if nxt < 0:
+                    if partial:
+                        msg.tail = Tail("content", body, "text", (SEP,))
                     break
                 i = nxt + len(SEP)
                 continue
@@ -105,6 +108,7 @@ class FunctionaryFormat(ToolFormat):
                     raise ValueError(f"unfinished arguments of {name}") from None
                 if j < len(text):
                     msg.tool_calls.append(ToolCall(name, text[j:].rstrip()))
+                    msg.tail = Tail("arguments", j, "json")
                 break
             msg.tool_calls.append(ToolCall(name, text[j:end]))
             k = ws(text, end)

@@ -21,18 +21,28 @@ single-call shape of older llama.cpp, is read too).
 
 from __future__ import annotations
 
+from ..grammar.json_grammar import Document
 from ..template import JinjaTemplate, add_system
-from .base import ChatMsg, ChatPlan, ToolFormat, ToolRequest
-from .calls import read_call, read_call_list
+from .base import ChatMsg, ChatPlan, Tail, ToolFormat, ToolRequest
+from .calls import open_tail, read_call, read_call_list
 from .jsonscan import Incomplete, object_items, partial_string, value_end, ws
 
 
+def parameters_document(tool: dict) -> Document:
+    """``tool``'s parameters schema (``{"type": "object"}`` when it gives
+    none) as a :class:`~ggmux.instance.grammar.json_grammar.Document`: its
+    ``#/$defs/...`` references resolve against it when it is wrapped inside
+    a call's schema (issue 31, item 2)."""
+    return Document(tool["function"].get("parameters") or {"type": "object"})
+
+
 def call_schema(tool: dict) -> dict:
-    """The JSON schema of one call of ``tool`` (name, then arguments)."""
+    """The JSON schema of one call of ``tool`` (name, then arguments; the
+    arguments a :func:`parameters_document`)."""
     f = tool["function"]
     schema = {"type": "object",
               "properties": {"name": {"type": "string", "const": f["name"]},
-                             "arguments": f.get("parameters") or {"type": "object"}},
+                             "arguments": parameters_document(tool)},
               "required": ["name", "arguments"]}
     if f.get("description"):
         schema["description"] = f["description"]
@@ -63,7 +73,9 @@ class GenericFormat(ToolFormat):
         else:
             schema = {"anyOf": [schema, {
                 "type": "object",
-                "properties": {"response": req.json_schema or {"type": "string"}},
+                # the response_format schema's #/... references are its own
+                "properties": {"response": Document(req.json_schema) if req.json_schema
+                               else {"type": "string"}},
                 "required": ["response"]}]}
             ask = ("Respond in JSON format, either with `tool_calls` (a request to call "
                    "tools) or with `response` reply to the user's request")
@@ -85,23 +97,27 @@ class GenericFormat(ToolFormat):
                     if start < len(text) and text[start] == '"':
                         msg.content, end = partial_string(text, start)
                         if end is None:
+                            msg.tail = Tail("content", start, "string")
                             return
                     else:  # a response_format schema: the JSON value is the content
                         try:
                             end = value_end(text, start)
                         except Incomplete:
                             msg.content = text[start:].rstrip()
+                            msg.tail = Tail("content", start, "json")
                             return
                         msg.content = text[start:end]
                 elif key == "tool_calls":
                     msg.tool_calls, end = read_call_list(text, start, partial)
                     if end is None:
+                        msg.tail = open_tail(msg.tool_calls)
                         return
                 elif key == "tool_call":
                     call, end = read_call(text, start)
                     if call is not None:
                         msg.tool_calls = [call]
                     if end is None:
+                        msg.tail = open_tail(msg.tool_calls)
                         return
                 else:
                     end = value_end(text, start)

@@ -24,7 +24,7 @@ import re
 
 from ..grammar.json_grammar import format_literal
 from ..template import JinjaTemplate
-from .base import ChatMsg, ChatPlan, ToolCall, ToolFormat, ToolRequest, held_prefix
+from .base import ChatMsg, ChatPlan, Tail, ToolCall, ToolFormat, ToolRequest, held_prefix
 from .jsonscan import Incomplete, value_end, ws
 
 MESSAGE, END, START, CHANNEL = "<|message|>", "<|end|>", "<|start|>", "<|channel|>"
@@ -82,6 +82,7 @@ class GptOssFormat(ToolFormat):
         content: list[str] = []
         reasoning: list[str] = []
         i = 0
+        tail = None
         while i < len(text):
             m = text.find(MESSAGE, i)
             if m < 0:  # a header still being written (or stray text at the end)
@@ -112,15 +113,23 @@ class GptOssFormat(ToolFormat):
                         msg.tool_calls.append(ToolCall(name, text[j:].rstrip()))
                     else:
                         msg.tool_calls.append(ToolCall(name, ""))
+                    if stop < 0:  # a stop inside the arguments would change the parse
+                        tail = Tail("arguments", j, "json", guards=STOPS)
             elif recipient and recipient != "assistant":
                 pass  # a built-in tool the request did not offer
             elif channel == "analysis":
                 if plan.reasoning:
                     reasoning.append(body)
+                    field = "reasoning_content"
                 else:
                     content.append(f"{CHANNEL}analysis{MESSAGE}{body}" + (END if stop >= 0 else ""))
+                    field = "content"
+                if stop < 0 and partial:
+                    tail = Tail(field, body_at, "text", STOPS)
             else:
                 content.append(body)
+                if stop < 0 and partial:
+                    tail = Tail("content", body_at, "text", STOPS)
             if stop < 0:
                 break
             i = stop
@@ -131,4 +140,5 @@ class GptOssFormat(ToolFormat):
                 i += len("assistant")
         msg.reasoning_content = "".join(reasoning)
         msg.content = "".join(content)
+        msg.tail = tail if partial else None
         return msg

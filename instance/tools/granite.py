@@ -15,8 +15,8 @@ parser. (Granite 4 templates write ``<tool_call>``: the Hermes format.)
 from __future__ import annotations
 
 from ..template import JinjaTemplate
-from .base import ChatMsg, ChatPlan, ToolFormat, ToolRequest, content_before
-from .calls import read_call_list
+from .base import ChatMsg, ChatPlan, Tail, ToolFormat, ToolRequest, content_before
+from .calls import open_tail, read_call_list
 from .generic import call_schema
 
 TOOL_CALL = "<|tool_call|>"
@@ -57,11 +57,15 @@ class GraniteFormat(ToolFormat):
     def parse_body(self, text: str, partial: bool, plan: ChatPlan, msg: ChatMsg) -> None:
         before, at, marker = content_before(text, (TOOL_CALL, "<response>"), partial)
         msg.content = before
+        if at < 0 and partial:
+            msg.tail = Tail("content", 0, "text", (TOOL_CALL, "<response>"))
         if marker == "<response>":
             body_at = at + len("<response>")
             inner, end, _ = content_before(text[body_at:], ("</response>",), partial)
             msg.content += inner
             if end < 0:
+                if partial:
+                    msg.tail = Tail("content", body_at, "text", ("</response>",))
                 return
             rest = body_at + end + len("</response>")
             at = text.find(TOOL_CALL, rest)
@@ -71,3 +75,5 @@ class GraniteFormat(ToolFormat):
         msg.tool_calls = calls
         if end is None and not partial:
             raise ValueError("an unfinished <|tool_call|> list")
+        if end is None:
+            msg.tail = open_tail(calls)

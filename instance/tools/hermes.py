@@ -24,6 +24,7 @@ from ..template import JinjaTemplate
 from .base import (
     ChatMsg,
     ChatPlan,
+    Tail,
     ToolCall,
     ToolFormat,
     ToolRequest,
@@ -31,7 +32,7 @@ from .base import (
     function_names,
     regex_escape,
 )
-from .calls import read_call
+from .calls import open_tail, read_call
 from .generic import call_schema
 from .jsonscan import Incomplete, value_end, ws
 
@@ -90,12 +91,19 @@ class HermesFormat(ToolFormat):
             if call is not None:
                 msg.tool_calls.append(call)
             if end is None:
+                msg.tail = open_tail(msg.tool_calls)
                 return
             i = end
         while True:
             before, at, marker = content_before(text[i:], (OPEN, FUNCTION), partial)
             content.append(before)
             if at < 0:
+                # more content, unless the answer is still only whitespace (a bare
+                # call may follow) or the content's start is not yet known
+                # (a "</function>" still being written would move its start)
+                if partial and bare < len(text) and i < len(text):
+                    msg.tail = Tail("content", i, "text", (OPEN, FUNCTION),
+                                    guards=("</function>",))
                 break
             start = i + at + len(marker)
             if marker == OPEN:
@@ -105,6 +113,7 @@ class HermesFormat(ToolFormat):
                 if end is None:
                     if not partial:
                         raise ValueError("an unfinished <tool_call>")
+                    msg.tail = open_tail(msg.tool_calls)
                     break
                 j = ws(text, end)
                 if text.startswith(CLOSE, j):
@@ -125,6 +134,7 @@ class HermesFormat(ToolFormat):
                     if not partial:
                         raise ValueError("an unfinished <function=...>") from None
                     msg.tool_calls.append(ToolCall(name, text[args_at:].rstrip()))
+                    msg.tail = Tail("arguments", args_at, "json")
                     break
                 msg.tool_calls.append(ToolCall(name, text[args_at:end]))
                 j = ws(text, end)

@@ -23,7 +23,7 @@ import re
 from ..grammar.json_grammar import format_literal
 from ..template import JinjaTemplate
 from .base import ChatMsg, ChatPlan, ToolCall, ToolFormat, ToolRequest
-from .calls import code_arguments, read_call
+from .calls import code_arguments, open_tail, read_call
 from .jsonscan import Incomplete, partial_string, value_end, ws
 
 PYTHON_TAG = "<|python_tag|>"
@@ -76,7 +76,7 @@ class Llama3Format(ToolFormat):
             if self.builtin and name in BUILTIN:
                 kv = []
                 for k, v in (params.get("properties") or {}).items():
-                    kv.append(f'{format_literal(k + "=")} {b.add_schema(name + "-" + k, v)}')
+                    kv.append(f'{format_literal(k + "=")} {b.add_schema(name + "-" + k, v, params)}')
                 rules.append(b.add_rule(
                     name + "-builtin",
                     f'"{PYTHON_TAG}" {format_literal(name + ".call(")} ' +
@@ -114,6 +114,9 @@ class Llama3Format(ToolFormat):
             if end is None:
                 if not partial:
                     raise ValueError("an unfinished tool call")
+                msg.tail = open_tail(msg.tool_calls)
+                if msg.tail is not None and self.builtin:  # a python tag later changes all
+                    msg.tail.guards = (PYTHON_TAG,)
                 return
             j = ws(text, end)
             if j < len(text) and text[j] in ",;":

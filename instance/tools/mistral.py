@@ -23,8 +23,8 @@ import re
 
 from ..grammar.json_grammar import format_literal
 from ..template import JinjaTemplate
-from .base import ChatMsg, ChatPlan, ToolCall, ToolFormat, ToolRequest, content_before
-from .calls import read_call_list
+from .base import ChatMsg, ChatPlan, Tail, ToolCall, ToolFormat, ToolRequest, content_before
+from .calls import open_tail, read_call_list
 from .generic import call_schema
 from .jsonscan import Incomplete, value_end, ws
 
@@ -101,12 +101,16 @@ class MistralFormat(ToolFormat):
     def parse_body(self, text: str, partial: bool, plan: ChatPlan, msg: ChatMsg) -> None:
         msg.content, at, _ = content_before(text, (TOOL_CALLS,), partial)
         if at < 0:
+            if partial:
+                msg.tail = Tail("content", 0, "text", (TOOL_CALLS,))
             return
         if not self.args_tag:
             calls, end = read_call_list(text, at + len(TOOL_CALLS), partial)
             msg.tool_calls = calls
             if end is None and not partial:
                 raise ValueError("an unfinished [TOOL_CALLS] list")
+            if end is None:
+                msg.tail = open_tail(calls)
             return
         i = at
         while text.startswith(TOOL_CALLS, i):
@@ -125,6 +129,7 @@ class MistralFormat(ToolFormat):
                 if not partial:
                     raise ValueError("unfinished arguments") from None
                 msg.tool_calls.append(ToolCall(name.strip(), text[start:].rstrip(), cid.strip()))
+                msg.tail = Tail("arguments", start, "json")
                 return
             msg.tool_calls.append(ToolCall(name.strip(), text[start:end], cid.strip()))
             i = ws(text, end)
