@@ -91,6 +91,19 @@ def _cached(doc: dict) -> int:
     return int(t.get("cache_n") or 0)
 
 
+def turn(model: str, k: int, words: int) -> tuple[str, dict]:
+    """The route and body of turn ``k``: Codex's first request
+    (:func:`codex_turn`) when ``words`` is 0, else a chat whose system
+    prompt is ``words`` words of tools text (about 2 tokens a word) and
+    whose user line is new each turn; one output token."""
+    if not words:
+        return "/v1/responses", codex_turn(model, k)
+    return "/v1/chat/completions", {
+        "model": model, "max_tokens": 1, "temperature": 0,
+        "messages": [{"role": "system", "content": tools_text("swap", words)},
+                     {"role": "user", "content": f"{QUESTIONS[k % len(QUESTIONS)]} ({k})"}]}
+
+
 def codex_turn(model: str, k: int) -> dict:
     """Codex's first request for ``model``, its last user line made new by
     ``k``, asking for one output token (the answer's time is the TTFT)."""
@@ -194,7 +207,7 @@ def tiers_args(mode: str, cache_dir: Path) -> list[str]:
     return ["--cache-ram", "2048", "--cache-disk", str(cache_dir)]
 
 
-def scenario_swap(work: Path, rounds: int, threads: int, modes: list[str]) -> dict:
+def scenario_swap(work: Path, rounds: int, threads: int, modes: list[str], words: int) -> dict:
     out: dict = {}
     models = ("smollm2-135m", "gemma3-270m")
     for mode in modes:
@@ -208,10 +221,11 @@ def scenario_swap(work: Path, rounds: int, threads: int, modes: list[str]) -> di
             for r in range(rounds + 1):
                 for m in models:
                     k += 1
-                    dt, doc = _request(srv.port, "/v1/responses", codex_turn(m, k))
+                    dt, doc = _request(srv.port, *turn(m, k, words))
+                    u = doc.get("usage") or {}
                     rows.append({"model": m, "turn": r, "seconds": round(dt, 3),
                                  "cached": _cached(doc),
-                                 "prompt": (doc.get("usage") or {}).get("input_tokens")})
+                                 "prompt": u.get("input_tokens") or u.get("prompt_tokens")})
                     print(f"swap {mode} {m} turn {r}: {dt:.2f} s cached {rows[-1]['cached']}",
                           flush=True)
         finally:
@@ -220,7 +234,7 @@ def scenario_swap(work: Path, rounds: int, threads: int, modes: list[str]) -> di
     return out
 
 
-def scenario_restart(work: Path, threads: int, modes: list[str]) -> dict:
+def scenario_restart(work: Path, threads: int, modes: list[str], words: int) -> dict:
     out: dict = {}
     for mode in modes:
         cache = work / f"restart-{mode}-cache"
@@ -231,7 +245,7 @@ def scenario_restart(work: Path, threads: int, modes: list[str]) -> dict:
             srv = Ggmux(work, f"restart-{mode}", tiers_args(mode, cache), 2, threads, 1, port)
             srv.start()
             try:
-                dt, doc = _request(srv.port, "/v1/responses", codex_turn("smollm2-135m", 1))
+                dt, doc = _request(srv.port, *turn("smollm2-135m", 1, words))
                 rows.append({"phase": phase, "seconds": round(dt, 3), "cached": _cached(doc)})
                 print(f"restart {mode} {phase}: {dt:.2f} s cached {rows[-1]['cached']}",
                       flush=True)
@@ -325,6 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenarios", default="swap,restart,sessions")
     p.add_argument("--modes", default="off,on", help="ggmux modes: off (no tiers), on")
     p.add_argument("--rounds", type=int, default=2, help="swapped-back turns per model")
+    p.add_argument("--swap-words", type=int, default=0,
+                   help="swap: a synthetic prefix of this many words (0: Codex's request)")
+    p.add_argument("--restart-words", type=int, default=0,
+                   help="restart: a synthetic prefix of this many words (0: Codex's request)")
+    p.add_argument("--restart-modes", help="modes of the restart scenario (default --modes)")
     p.add_argument("--sessions", type=int, default=12)
     p.add_argument("--session-words", type=int, default=900,
                    help="words of tools text per session (about 2 tokens a word)")
@@ -343,9 +362,12 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         sc = args.scenarios.split(",")
         if "swap" in sc:
-            report["swap"] = scenario_swap(work, args.rounds, args.threads, modes)
+            report["swap"] = scenario_swap(work, args.rounds, args.threads, modes,
+                                           args.swap_words)
         if "restart" in sc:
-            report["restart"] = scenario_restart(work, args.threads, modes)
+            report["restart"] = scenario_restart(
+                work, args.threads, (args.restart_modes or args.modes).split(","),
+                args.restart_words)
         if "sessions" in sc:
             smodes = modes + ([] if args.no_llama_server else ["llama-server"])
             report["sessions"] = scenario_sessions(work, args.threads, args.sessions,
