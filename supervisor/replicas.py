@@ -27,6 +27,7 @@ from ..proxy.auth import keys_pipe, new_secret
 from ..shm import layout as L
 from .children import Child, ChildSet, state_line
 from .memory import Amounts, fmt
+from .priority import give_back, lower, usable_nice
 from .probe import FIRST_INTERVAL_S, ProbeSet, next_interval
 from .registry import env_for_instance, instance_argv
 from .spares import Spares
@@ -63,6 +64,8 @@ class Replicas:
         self.probes = probes
         self.spares = Spares(state, children, on_line=self.on_line)
         self._key_dir = ""  # 0700 folder of cmd instances' key files, made when needed
+        # loads yield the CPU to serving replicas (issue 31, item 11); 0: off
+        self.load_nice = usable_nice(state.cfg.load_nice)
 
     # ---- state lines ---------------------------------------------------------
     def on_line(self, child: Child, line: bytes) -> None:
@@ -88,6 +91,8 @@ class Replicas:
                 rep.status = L.ReplicaStatus.LOADING
                 rep.started_ns = now
                 rep.held = dict(m.mem_min or rep.held)
+                if rep.nice is None:  # reading its weights back is a load too
+                    rep.nice = lower(rep.child.pid, self.load_nice)
             st.dirty = True
         elif state == "sleeping":
             if rep.stop_stage:
@@ -104,6 +109,9 @@ class Replicas:
                 return
             rep.status = L.ReplicaStatus.READY
             rep.ready_ns = now
+            if rep.nice is not None:
+                give_back(rep.child.pid, rep.nice)
+                rep.nice = None
             rep.progress = 1.0
             rep.sleep_sent = rep.wake_sent = False
             slots = msg.get("slots")
@@ -169,6 +177,7 @@ class Replicas:
             started_ns=now, deadline_ns=now + int(budget * NS),
             held=dict(st.models[model].mem_min or {}),
             kill_after=entry.stop_timeout, secret_hi=hi, secret_lo=lo,
+            nice=lower(child.pid, self.load_nice),
         )
         st.replicas[slot] = rep
         log.info("loading %s in slot %d (pid %d, port %d): %s", entry.name, slot, child.pid,
@@ -218,6 +227,7 @@ class Replicas:
             kind="cmd", probe_interval=FIRST_INTERVAL_S,
             next_probe_ns=now + int(FIRST_INTERVAL_S * NS),
             secret_hi=hi, secret_lo=lo, key_file=key_file,
+            nice=lower(child.pid, self.load_nice),
         )
         log.info("starting %s in slot %d (pid %d, port %d): %s: %s", entry.name, slot,
                  child.pid, port, reason, line)

@@ -63,6 +63,8 @@ class Replica:
     secret_lo: int = 0
     key_file: str = ""  # a cmd instance's ${API_KEY_FILE}, removed when it exits
     restart: bool = False  # killed as hung: load the model again once it is gone
+    # the nice value to give back once ready; None: not lowered (issue 31, item 11)
+    nice: int | None = None
 
 
 @dataclass(slots=True)
