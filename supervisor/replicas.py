@@ -65,7 +65,7 @@ class Replicas:
         self.spares = Spares(state, children, on_line=self.on_line)
         self._key_dir = ""  # 0700 folder of cmd instances' key files, made when needed
         # loads yield the CPU to serving replicas (issue 31, item 11); 0: off
-        self.load_nice = usable_nice(state.cfg.load_nice)
+        self.load_nice = self.spares.load_nice = usable_nice(state.cfg.load_nice)
 
     # ---- state lines ---------------------------------------------------------
     def on_line(self, child: Child, line: bytes) -> None:
@@ -160,6 +160,9 @@ class Replicas:
         taken = self.spares.take(entry, tag, slot, secret)
         if taken is not None:
             child, port = taken
+            nice = self.spares.nice.pop(child.pid, None)  # lowered since its start
+            if nice is None:
+                nice = lower(child.pid, self.load_nice)
         else:
             fd = keys_pipe({"secret": secret})
             argv = [*instance_argv(entry, -1, st.python), "--slot", str(slot),
@@ -170,14 +173,14 @@ class Replicas:
                     pass_fds=(fd,))
             finally:
                 os.close(fd)
+            nice = lower(child.pid, self.load_nice)
         now = time.monotonic_ns()
         budget = load_budget_s(entry.size_bytes, st.cfg.load_timeout)
         rep = Replica(
             slot=slot, model=model, child=child, incarnation=st.next_incarnation(), port=port,
             started_ns=now, deadline_ns=now + int(budget * NS),
             held=dict(st.models[model].mem_min or {}),
-            kill_after=entry.stop_timeout, secret_hi=hi, secret_lo=lo,
-            nice=lower(child.pid, self.load_nice),
+            kill_after=entry.stop_timeout, secret_hi=hi, secret_lo=lo, nice=nice,
         )
         st.replicas[slot] = rep
         log.info("loading %s in slot %d (pid %d, port %d): %s", entry.name, slot, child.pid,
