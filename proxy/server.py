@@ -71,7 +71,7 @@ from .http import (
     json_object,
 )
 from .http.pool import UpstreamPool
-from .listing import ModelEvents
+from .listing import ModelEvents, unknown_model
 from .operator.logs import LogTail
 from .operator.overview import overview
 from .operator.page import Page
@@ -518,7 +518,8 @@ class Proxy(Forwarding, RouterMode):
         if name is not None:
             m = self.names.get(name)
             if m is None:
-                conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
+                conn.send_error(req, 404, unknown_model(name, self.reg_models),
+                                code="model_not_found")
                 return
             name = self.reg_models[m]["name"]
         if req.path == b"/logs":
@@ -535,7 +536,8 @@ class Proxy(Forwarding, RouterMode):
         if name is not None:
             m = apis.resolve(self.names, name)
             if m is None:
-                conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
+                conn.send_error(req, 404, unknown_model(name, self.reg_models),
+                                code="model_not_found")
                 return
         view = self._request_view
         if req.path == b"/requests":
@@ -642,7 +644,7 @@ class Proxy(Forwarding, RouterMode):
         self.refresh()
         m = self.pick_model(name)  # the name, an alias, else --model-fallback's
         if m is None:
-            conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
+            conn.send_error(req, 404, unknown_model(name, self.reg_models), code="model_not_found")
         return m
 
     def command(self, cmd: dict) -> bool:

@@ -315,3 +315,19 @@ def test_ps_table_shows_idle_time_and_time_until_unload():
 def test_client_command_help_mentions_the_url_variable(args):
     r = ggmux(*args)
     assert r.returncode == 0 and "$GGMUX_URL" in r.stdout
+
+
+def test_ps_shows_no_memory_for_a_model_that_holds_none():
+    # issue 31, item 14: an unloaded model showed its measured minimum
+    doc = {"models": [
+        {"id": "a", "state": "unloaded", "replicas": [],
+         "memory": {"min": 200 << 20, "max": 300 << 20, "effective": 0}},
+        {"id": "b", "state": "loading", "progress": 0.5, "replicas": [{"state": "loading"}],
+         "memory": {"min": 200 << 20, "max": 300 << 20, "effective": 0}},
+        {"id": "c", "state": "loaded", "replicas": [{"state": "ready"}],
+         "memory": {"min": 200 << 20, "max": 300 << 20, "effective": 250 << 20}},
+    ]}
+    rows = {line.split()[0]: line.split() for line in ps_table(doc, every=True).splitlines()[1:]}
+    assert rows["a"][:4] == ["a", "unloaded", "-", "-"] and "MiB" not in rows["a"]
+    assert rows["b"][4:7] == ["200.0", "MiB", "min"]  # set aside for the load, said so
+    assert rows["c"][3:5] == ["250.0", "MiB"]
