@@ -4,12 +4,14 @@ A load competes with the replicas that serve: on 2 cores a 1-token request
 to a loaded model took 26 ms alone and up to 950 ms while another model
 loaded (the new process's interpreter start, imports, weight reading and
 repacking take whole cores, and a decode whose threads lose their core
-waits at every barrier). So a replica loads at a lower priority: its
-process's nice value is raised by ``--load-nice`` (default
-:data:`LOAD_NICE`) when it starts loading and given back when it is ready,
-as llama-swap or a shell's ``nice`` would do by hand, but only for the
-load. Linux keeps a nice value per thread; every thread of the process is
-set (threads started later inherit their creator's value).
+waits at every barrier). So a replica loads at a lower priority: its nice
+value is raised by ``--load-nice`` (default :data:`LOAD_NICE`) from its
+start (:meth:`~.children.ChildSet.start` raises it in the child before the
+exec, so what the child starts inherits it; an existing process, a spare
+taking a model or a replica waking, gets :func:`lower`), and is given back
+to it and to every process it started once it is ready (:func:`give_back`),
+as a shell's ``nice`` would do by hand, but only for the load. Linux keeps
+a nice value per thread: every thread is set.
 
 Giving a nice value back (lowering it) needs ``CAP_SYS_NICE`` or a
 ``RLIMIT_NICE`` that allows it (``ulimit -e``; ``LimitNICE=`` of a systemd
@@ -38,6 +40,26 @@ def _tasks(pid: int) -> list[int]:
         return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
     except (FileNotFoundError, ProcessLookupError, ValueError):
         return []
+
+
+def _family(pid: int) -> list[int]:
+    """``pid`` and every process descended from it (a ``cmd`` line that runs
+    a wrapper, whose server is its child: children inherit the value)."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    data = f.read()
+                parent[int(entry)] = int(data[data.rindex(b")") + 2:].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    family, grew = {pid}, True
+    while grew:
+        more = {p for p, pp in parent.items() if pp in family} - family
+        family |= more
+        grew = bool(more)
+    return sorted(family)
 
 
 def _has_cap_sys_nice() -> bool:
@@ -110,21 +132,22 @@ def lower(pid: int, by: int) -> int | None:
 
 
 def give_back(pid: int, nice: int) -> None:
-    """Set every thread of process ``pid`` back to ``nice`` (what
-    :func:`lower` returned); a process gone is no error, a refusal is
-    logged."""
+    """Set every thread of process ``pid`` and of its descendants whose nice
+    value is above ``nice`` (what :func:`lower` returned) back to ``nice``;
+    a process gone is no error, a refusal is logged."""
     for _ in range(3):  # until no thread started meanwhile kept the lowered value
         changed = False
-        for tid in _tasks(pid):
-            try:
-                if os.getpriority(os.PRIO_PROCESS, tid) != nice:
-                    os.setpriority(os.PRIO_PROCESS, tid, nice)
-                    changed = True
-            except ProcessLookupError:
-                pass
-            except PermissionError as e:
-                log.warning("cannot give pid %d its CPU priority back (nice %d): %s",
-                            pid, nice, e)
-                return
+        for proc in _family(pid):
+            for tid in _tasks(proc):
+                try:
+                    if os.getpriority(os.PRIO_PROCESS, tid) > nice:
+                        os.setpriority(os.PRIO_PROCESS, tid, nice)
+                        changed = True
+                except ProcessLookupError:
+                    pass
+                except PermissionError as e:
+                    log.warning("cannot give pid %d its CPU priority back (nice %d): %s",
+                                pid, nice, e)
+                    return
         if not changed:
             return

@@ -158,6 +158,7 @@ class Replicas:
         tag = f"{entry.name}#{slot}"
         secret, hi, lo = new_secret()
         taken = self.spares.take(entry, tag, slot, secret)
+        nice = None  # the nice value to give back once ready
         if taken is not None:
             child, port = taken
             nice = self.spares.nice.pop(child.pid, None)  # lowered since its start
@@ -170,10 +171,11 @@ class Replicas:
             try:
                 child, port = self.children.start_with_socket(
                     argv, tag, on_line=self.on_line, env=env_for_instance(entry),
-                    pass_fds=(fd,))
+                    pass_fds=(fd,), nice=self.load_nice)
             finally:
                 os.close(fd)
-            nice = lower(child.pid, self.load_nice)
+            if self.load_nice:
+                nice = os.getpriority(os.PRIO_PROCESS, 0)  # ours, which it had before
         now = time.monotonic_ns()
         budget = load_budget_s(entry.size_bytes, st.cfg.load_timeout)
         rep = Replica(
@@ -210,7 +212,7 @@ class Replicas:
             # stdin is a pipe we never write: a command that watches it sees EOF
             # when the supervisor dies (ggmux's own instance does)
             child = self.children.start(argv, f"{entry.name}#{slot}", on_line=self.on_line,
-                                        env=env_for_instance(entry))
+                                        env=env_for_instance(entry), nice=self.load_nice)
         except (OSError, ValueError) as e:
             m = st.models[model]
             m.failed, m.failures = True, m.failures + 1
@@ -230,7 +232,7 @@ class Replicas:
             kind="cmd", probe_interval=FIRST_INTERVAL_S,
             next_probe_ns=now + int(FIRST_INTERVAL_S * NS),
             secret_hi=hi, secret_lo=lo, key_file=key_file,
-            nice=lower(child.pid, self.load_nice),
+            nice=os.getpriority(os.PRIO_PROCESS, 0) if self.load_nice else None,
         )
         log.info("starting %s in slot %d (pid %d, port %d): %s: %s", entry.name, slot,
                  child.pid, port, reason, line)

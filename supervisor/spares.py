@@ -10,13 +10,13 @@ are load work done ahead), and keeps it until the load it takes is ready.
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import orjson
 
 from ..shm import layout as L
 from .children import Child, ChildSet, OnLine
-from .priority import lower
 from .registry import ModelEntry
 from .state import NS, State
 
@@ -80,11 +80,11 @@ class Spares:
         if not any(e.kind in ("llama", "fake") for e in st.registry.entries):
             return
         argv = [st.python, "-m", "ggmux.instance", "--spare", "--fd", "-1"]
-        child, port = self.children.start_with_socket(argv, "spare", on_line=self.on_line)
+        child, port = self.children.start_with_socket(argv, "spare", on_line=self.on_line,
+                                                      nice=self.load_nice)
         self.pool.append((child, port))
-        nice = lower(child.pid, self.load_nice)
-        if nice is not None:
-            self.nice[child.pid] = nice
+        if self.load_nice:
+            self.nice[child.pid] = os.getpriority(os.PRIO_PROCESS, 0)  # ours: its before
 
     def reap(self) -> None:
         """Forget spares that exited."""

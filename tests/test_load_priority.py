@@ -6,7 +6,9 @@ The speed it buys is measured in bench/load_isolation.py, not here."""
 from __future__ import annotations
 
 import os
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 from conftest import chat_body, wait_for
@@ -85,3 +87,35 @@ def test_load_nice_is_off_where_a_priority_could_not_be_given_back(monkeypatch):
     monkeypatch.setattr(priority, "can_give_back", lambda nice: True)
     assert priority.usable_nice(10) == 10
     assert priority.usable_nice(0) == 0
+
+
+@pytest.mark.skipif(not priority.can_give_back(os.getpriority(os.PRIO_PROCESS, 0)),
+                    reason="no CAP_SYS_NICE nor RLIMIT_NICE here: --load-nice is off")
+def test_a_cmd_replica_and_the_server_its_wrapper_started_get_their_priority_back(
+        serve, tmp_path):
+    # a cmd line whose server is a child of a shell: children inherit the
+    # lowered value, so it is given back to the whole family once ready
+    log = tmp_path / "cmd.jsonl"
+    log.touch()
+    recorder = Path(__file__).with_name("recorder.py")
+    cmd = f"sh -c '{sys.executable} {recorder} --port ${{PORT}} --log {log}; true'"
+    ini = tmp_path / "preset.ini"
+    ini.write_text(f"[c]\ncmd = {cmd}\n")
+    s = serve("--models-preset", str(ini), "--no-hf-cache", "--proxies", "1", "--spares", "0")
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert s.request("POST", CHAT, chat_body("c"), timeout=30)[0] == 200
+    server = wait_for(lambda: next((int(p) for p in os.listdir("/proc") if p.isdigit()
+                                    and str(log).encode() in _cmdline(p)
+                                    and _cmdline(p).startswith(sys.executable.encode())),
+                                   None),
+                      10, what="the recorder process (not its shell)")
+    nices = thread_nices(server)
+    assert nices and set(nices) == {base}, nices
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
