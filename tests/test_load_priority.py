@@ -71,7 +71,8 @@ def test_a_loading_replica_runs_at_a_raised_nice_value_until_ready(serve, fakes,
     t = threading.Thread(target=lambda: answer.update(r=s.request("POST", CHAT, chat_body("m"))))
     t.start()
     try:
-        pid = wait_for(lambda: child_titled(s.proc.pid, "ggmux: instance m"), 20, what="the instance of m")
+        pid = wait_for(lambda: child_titled(s.proc.pid, "ggmux: instance m"), 20,
+                       what="the instance of m")
         during = thread_nices(pid)
         assert during and set(during) == {low}, during
     finally:
