@@ -69,6 +69,26 @@ def models_list(reg_models: list[dict], model_rows: np.ndarray, errors: dict[str
     return {"object": "list", "data": data}
 
 
+NAMES_SHOWN = 5
+"""How many model names an unknown model's 404 lists (:func:`unknown_model`)."""
+
+
+def unknown_model(name: str, reg_models: list[dict], shown: int = NAMES_SHOWN) -> str:
+    """The 404 message for ``name``, which no model or alias has: it lists
+    the first ``shown`` names ``GET /v1/models`` lists (:func:`models_list`)
+    and how many more there are, so a new user sees a name that works
+    (issue 31, item 14). The caller passed the route's key check already,
+    and any key that passes it may ``GET /v1/models``: the message shows no
+    caller more than it may list."""
+    names = [m["name"] for m in reg_models if not m.get("removed") and not m.get("hidden")]
+    msg = f"model '{name}' not found"
+    if not names:
+        return msg + "; no model is configured"
+    more = len(names) - shown
+    return (f"{msg}; models here: {', '.join(names[:shown])}"
+            + (f" and {more} more (GET /v1/models)" if more > 0 else ""))
+
+
 class ModelEvents:
     """The ``GET /models/sse`` subscribers of one proxy.
 

@@ -30,7 +30,7 @@ from .. import __version__
 from ..shm import layout as L
 from .apis import resolve
 from .cluster import annotate_models, metrics_lines
-from .listing import models_list
+from .listing import models_list, unknown_model
 from .metrics import metrics_text, scrape_replicas
 
 if TYPE_CHECKING:
@@ -175,7 +175,7 @@ class RouterMode:
             name = self.reg_models[only]["name"]
         m = self.names.get(name)
         if m is None:
-            conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
+            conn.send_error(req, 404, unknown_model(name, self.reg_models), code="model_not_found")
         elif self._redacts(req, path):
             await self._redacted(conn, req, m, name, touch=False)
         else:

@@ -73,7 +73,7 @@ from .http import (
 )
 from .http.limits import tokenize_body_refusal
 from .http.pool import UpstreamPool
-from .listing import ModelEvents
+from .listing import ModelEvents, unknown_model
 from .operator.logs import LogTail
 from .operator.overview import overview
 from .operator.page import Page
@@ -528,7 +528,8 @@ class Proxy(Forwarding, RouterMode):
         if name is not None:
             m = self.names.get(name)
             if m is None:
-                conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
+                conn.send_error(req, 404, unknown_model(name, self.reg_models),
+                                code="model_not_found")
                 return
             name = self.reg_models[m]["name"]
         if req.path == b"/logs":
@@ -545,7 +546,8 @@ class Proxy(Forwarding, RouterMode):
         if name is not None:
             m = apis.resolve(self.names, name)
             if m is None:
-                conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
+                conn.send_error(req, 404, unknown_model(name, self.reg_models),
+                                code="model_not_found")
                 return
         view = self._request_view
         if req.path == b"/requests":
@@ -657,7 +659,7 @@ class Proxy(Forwarding, RouterMode):
         self.refresh()
         m = self.pick_model(name)  # the name, an alias, else --model-fallback's
         if m is None:
-            conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
+            conn.send_error(req, 404, unknown_model(name, self.reg_models), code="model_not_found")
         return m
 
     def command(self, cmd: dict) -> bool:

@@ -112,16 +112,17 @@ class ChildSet:
     def start(
         self, argv: list[str], tag: str, *, on_line: OnLine | None = None,
         env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = (),
-        log_stderr: bool = True,
+        log_stderr: bool = True, nice: int = 0,
     ) -> Child:
         """Start a child: stdin a pipe (commands; EOF when we die), stdout
         (and stderr, unless inherited) in the poll set, PR_SET_PDEATHSIG and
-        SIGINT/SIGHUP ignored (:func:`die_with_parent`). Raises ``OSError``
-        when it cannot be started."""
+        SIGINT/SIGHUP ignored (:func:`die_with_parent`), its nice value
+        raised by ``nice`` before it runs anything (a load's lower priority:
+        :mod:`.priority`). Raises ``OSError`` when it cannot be started."""
         proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE if log_stderr else None, env=env, pass_fds=pass_fds,
-            preexec_fn=die_with_parent,  # noqa: PLW1509 - no threads here
+            preexec_fn=_nicer(nice) if nice else die_with_parent,  # noqa: PLW1509 - no threads
         )
         child = Child(proc, tag, on_line)
         os.set_blocking(child.stdin_fd, False)
@@ -130,7 +131,7 @@ class ChildSet:
 
     def start_with_socket(
         self, argv: list[str], tag: str, *, on_line: OnLine | None = None,
-        env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = (),
+        env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = (), nice: int = 0,
     ) -> tuple[Child, int]:
         """Start an instance-protocol child with a listening socket bound here
         (127.0.0.1, port 0) and passed as ``--fd``, so no other process can
@@ -145,7 +146,7 @@ class ChildSet:
         argv[argv.index("--fd") + 1] = str(sock.fileno())
         try:
             child = self.start(argv, tag, on_line=on_line, env=env,
-                               pass_fds=(sock.fileno(), *pass_fds))
+                               pass_fds=(sock.fileno(), *pass_fds), nice=nice)
         finally:
             sock.close()
         return child, port
@@ -231,6 +232,15 @@ class ChildSet:
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _nicer(nice: int) -> Callable[[], None]:
+    """:func:`die_with_parent`, then the nice value raised by ``nice``."""
+    def run() -> None:
+        die_with_parent()
+        os.nice(nice)
+
+    return run
 
 
 def die_with_parent() -> None:

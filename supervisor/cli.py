@@ -224,6 +224,9 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                         "every preset")
     s.add_argument("--load-timeout", type=float, default=None,
                    help="load deadline, seconds (default: 300 + 20 per GiB, at most 6 h)")
+    s.add_argument("--load-nice", type=int, default=10, choices=range(0, 40), metavar="N",
+                   help="raise a loading replica's nice value by N until it is ready, so loads "
+                        "yield the CPU to serving replicas; 0: off (default: %(default)s)")
     s.add_argument("--load-wait", type=float, default=300.0,
                    help="seconds a request waits for its model to load before a 503")
     s.add_argument("--models-memory-margin", type=float, default=0.0, metavar="MiB",
@@ -610,6 +613,7 @@ def serve(args: argparse.Namespace) -> int:
         memory_margin=int(args.models_memory_margin * MiB),
         host_memory=int(args.host_memory * MiB) if args.host_memory else None,
         ttl=args.ttl, sleep_idle=args.sleep_idle_seconds, spares=max(0, args.spares),
+        load_nice=args.load_nice,
         log_ring_bytes=args.log_ring_bytes, requests_kept=args.requests_kept,
         request_excerpt=REQUEST_EXCERPT_BYTES if args.log_requests_bodies else 0,
         watch_paths=[*pristine.models_dir, *filter(None, (pristine.fake_models_dir,

@@ -217,12 +217,26 @@ def _cache_cell(cache) -> str:
     return f"{_bytes(ram) if ram else 0}/{_bytes(disk) if disk else 0}" if ram or disk else "-"
 
 
+def _memory_cell(state: str, mem: dict) -> str:
+    """The MEMORY cell: what the model's replicas hold; while it loads, the
+    minimum the ledger set aside for it, marked ``min``; ``-`` for a model
+    that holds nothing (issue 31, item 14: an unloaded model showed its
+    measured minimum, as if it held it)."""
+    held = number(mem.get("effective")) or 0
+    if held:
+        return _bytes(held)
+    low = number(mem.get("min")) or 0
+    if state == "loading" and low:
+        return _bytes(low) + " min"
+    return "-"
+
+
 def ps_table(doc: dict, every: bool = False) -> str:
     """The text of ``ggmux ps`` from a ``/ps`` document: NAME, STATE,
     (in cluster mode, when the document names this ``node``) NODE,
-    REPLICAS, MEMORY, CACHE (its KV tiers: RAM/disk, issue 29; ``-`` for
-    none), IN FLIGHT, WAITING, IDLE FOR, UNTIL UNLOAD; unloaded
-    models only with ``every``. NODE is the node that serves the model (as
+    REPLICAS, MEMORY (:func:`_memory_cell`), CACHE (its KV tiers: RAM/disk,
+    issue 29; ``-`` for none), IN FLIGHT, WAITING, IDLE FOR, UNTIL UNLOAD;
+    unloaded models only with ``every``. NODE is the node that serves the model (as
     ``ollama ps``'s PROCESSOR says where it runs), other nodes holding it
     after it. Each model has a string ``id`` and ``state`` (:func:`items`);
     another field of an unexpected type shows as ``-``. With no row to
@@ -247,9 +261,8 @@ def ps_table(doc: dict, every: bool = False) -> str:
         rows.append((
             m["id"], state, *((_node_cell(m),) if cluster else ()),
             f"{ready}/{len(reps)}" if reps else "-",
-            _bytes(number(mem.get("effective")) or number(mem.get("min")) or 0),
-            _cache_cell(m.get("cache")), str(m.get("in_flight", 0)), str(m.get("waiting", 0)),
-            _seconds(idle),
+            _memory_cell(m["state"], mem), _cache_cell(m.get("cache")),
+            str(m.get("in_flight", 0)), str(m.get("waiting", 0)), _seconds(idle),
             _seconds(until) if until is not None else ("never" if idle is not None else "-"),
         ))
     if len(rows) == 1:

@@ -37,6 +37,7 @@ class Config:
     measure_concurrency: int = 2
     spares: int = 1  # instance processes kept started and imported ahead of a load
     spare_delay: float = 3.0  # after a load, a new spare waits for idle, or this long
+    load_nice: int = 10  # a loading replica's nice value is raised this much until ready
     models_headroom: int = 64  # model rows kept free for models a reload adds
     unload_grace: float = 0.5  # a loading replica being unloaded: exit, then SIGKILL after this
     log_ring_bytes: int = 1 << 20  # recent log lines kept for GET /logs (the log ring)

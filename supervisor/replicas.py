@@ -30,6 +30,7 @@ from .jobs import Jobs
 from .kvcache import KvCache
 from .kvtiers import cmd_line, stop_budget
 from .memory import Amounts, fmt
+from .priority import give_back, lower, usable_nice
 from .probe import FIRST_INTERVAL_S, ProbeSet, next_interval
 from .registry import env_for_instance, instance_argv
 from .spares import Spares
@@ -69,6 +70,8 @@ class Replicas:
         self.kv = KvCache(state, self.jobs)  # the KV tiers' figures and jobs (issue 29)
         self.spares = Spares(state, children, on_line=self.on_line)
         self._key_dir = ""  # 0700 folder of cmd instances' key files, made when needed
+        # loads yield the CPU to serving replicas (issue 31, item 11); 0: off
+        self.load_nice = self.spares.load_nice = usable_nice(state.cfg.load_nice)
 
     # ---- state lines ---------------------------------------------------------
     def on_line(self, child: Child, line: bytes) -> None:
@@ -97,6 +100,8 @@ class Replicas:
                 rep.status = L.ReplicaStatus.LOADING
                 rep.started_ns = now
                 rep.held = dict(m.mem_min or rep.held)
+                if rep.nice is None:  # reading its weights back is a load too
+                    rep.nice = lower(rep.child.pid, self.load_nice)
             st.dirty = True
         elif state == "sleeping":
             if rep.stop_stage:
@@ -113,6 +118,9 @@ class Replicas:
                 return
             rep.status = L.ReplicaStatus.READY
             rep.ready_ns = now
+            if rep.nice is not None:
+                give_back(rep.child.pid, rep.nice)
+                rep.nice = None
             rep.progress = 1.0
             rep.sleep_sent = rep.wake_sent = False
             slots = msg.get("slots")
@@ -159,8 +167,12 @@ class Replicas:
         tag = f"{entry.name}#{slot}"
         secret, hi, lo = new_secret()
         taken = self.spares.take(entry, tag, slot, secret)
+        nice = None  # the nice value to give back once ready
         if taken is not None:
             child, port = taken
+            nice = self.spares.nice.pop(child.pid, None)  # lowered since its start
+            if nice is None:
+                nice = lower(child.pid, self.load_nice)
         else:
             fd = keys_pipe({"secret": secret})
             argv = [*instance_argv(entry, -1, st.python), "--slot", str(slot),
@@ -168,9 +180,11 @@ class Replicas:
             try:
                 child, port = self.children.start_with_socket(
                     argv, tag, on_line=self.on_line, env=env_for_instance(entry),
-                    pass_fds=(fd,))
+                    pass_fds=(fd,), nice=self.load_nice)
             finally:
                 os.close(fd)
+            if self.load_nice:
+                nice = os.getpriority(os.PRIO_PROCESS, 0)  # ours, which it had before
         now = time.monotonic_ns()
         budget = load_budget_s(entry.size_bytes, st.cfg.load_timeout)
         rep = Replica(
@@ -178,7 +192,7 @@ class Replicas:
             started_ns=now, deadline_ns=now + int(budget * NS),
             held=dict(st.models[model].mem_min or {}),
             # exit -> SIGTERM leaves the save of its slots to its disk tier its time
-            kill_after=stop_budget(entry), secret_hi=hi, secret_lo=lo,
+            kill_after=stop_budget(entry), secret_hi=hi, secret_lo=lo, nice=nice,
         )
         st.replicas[slot] = rep
         log.info("loading %s in slot %d (pid %d, port %d): %s", entry.name, slot, child.pid,
@@ -209,7 +223,7 @@ class Replicas:
             # stdin is a pipe we never write: a command that watches it sees EOF
             # when the supervisor dies (ggmux's own instance does)
             child = self.children.start(argv, f"{entry.name}#{slot}", on_line=self.on_line,
-                                        env=env_for_instance(entry))
+                                        env=env_for_instance(entry), nice=self.load_nice)
         except (OSError, ValueError) as e:
             m = st.models[model]
             m.failed, m.failures = True, m.failures + 1
@@ -229,6 +243,7 @@ class Replicas:
             kind="cmd", probe_interval=FIRST_INTERVAL_S,
             next_probe_ns=now + int(FIRST_INTERVAL_S * NS),
             secret_hi=hi, secret_lo=lo, key_file=key_file,
+            nice=os.getpriority(os.PRIO_PROCESS, 0) if self.load_nice else None,
         )
         log.info("starting %s in slot %d (pid %d, port %d): %s: %s", entry.name, slot,
                  child.pid, port, reason, line)

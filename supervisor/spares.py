@@ -2,12 +2,15 @@
 
 A spare is ``python -m ggmux.instance --spare`` with its listening socket;
 a load hands it the model with one ``load {json}`` line instead of
-starting a process (the imports take about half a second of CPU).
+starting a process (the imports take about half a second of CPU). A
+spare starts at the loads' lower CPU priority (``--load-nice``: its imports
+are load work done ahead), and keeps it until the load it takes is ready.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import orjson
@@ -23,13 +26,17 @@ log = logging.getLogger(__name__)
 class Spares:
     """The spare pool: ``pool`` holds ``(child, port)`` pairs waiting for a
     ``load``. Their stdout lines go to ``on_line`` (the replicas' handler,
-    which ignores a spare until it is a replica)."""
+    which ignores a spare until it is a replica). ``load_nice``: how much a
+    spare's nice value is raised at its start (0: not); ``nice``: pid ->
+    the nice value to give a spare back once the load it took is ready."""
 
     def __init__(self, state: State, children: ChildSet, on_line: OnLine) -> None:
         self.state = state
         self.children = children
         self.on_line = on_line
         self.pool: list[tuple[Child, int]] = []
+        self.load_nice = 0
+        self.nice: dict[int, int] = {}
 
     def take(self, entry: ModelEntry, tag: str, slot: int,
              secret: str = "") -> tuple[Child, int] | None:
@@ -73,8 +80,11 @@ class Spares:
         if not any(e.kind in ("llama", "fake") for e in st.registry.entries):
             return
         argv = [st.python, "-m", "ggmux.instance", "--spare", "--fd", "-1"]
-        child, port = self.children.start_with_socket(argv, "spare", on_line=self.on_line)
+        child, port = self.children.start_with_socket(argv, "spare", on_line=self.on_line,
+                                                      nice=self.load_nice)
         self.pool.append((child, port))
+        if self.load_nice:
+            self.nice[child.pid] = os.getpriority(os.PRIO_PROCESS, 0)  # ours: its before
 
     def reap(self) -> None:
         """Forget spares that exited."""
@@ -82,6 +92,7 @@ class Spares:
             code = self.children.reap(spare[0])
             if code is not None:
                 self.pool.remove(spare)
+                self.nice.pop(spare[0].pid, None)
                 if not self.state.stopping_all:
                     log.warning("spare instance exited with code %s", code)
 

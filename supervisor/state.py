@@ -69,6 +69,8 @@ class Replica:
     saving: bool = False
     restoring: bool = False
     restore_until_ns: int = 0  # ready anyway after this (the restore's bound)
+    # the nice value to give back once ready; None: not lowered (issue 31, item 11)
+    nice: int | None = None
 
 
 @dataclass(slots=True)

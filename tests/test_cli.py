@@ -342,3 +342,19 @@ def test_a_bad_url_is_one_line_and_exit_2_for_every_client_command(cmd, capsys, 
             assert out == "" and err.count("\n") == 1, (argv, url, err)
             assert err.startswith("ggmux: not an http:// URL: ") and repr(url) in err
             assert "\x1b" not in err and "Traceback" not in err
+
+
+def test_ps_shows_no_memory_for_a_model_that_holds_none():
+    # issue 31, item 14: an unloaded model showed its measured minimum
+    doc = {"models": [
+        {"id": "a", "state": "unloaded", "replicas": [],
+         "memory": {"min": 200 << 20, "max": 300 << 20, "effective": 0}},
+        {"id": "b", "state": "loading", "progress": 0.5, "replicas": [{"state": "loading"}],
+         "memory": {"min": 200 << 20, "max": 300 << 20, "effective": 0}},
+        {"id": "c", "state": "loaded", "replicas": [{"state": "ready"}],
+         "memory": {"min": 200 << 20, "max": 300 << 20, "effective": 250 << 20}},
+    ]}
+    rows = {line.split()[0]: line.split() for line in ps_table(doc, every=True).splitlines()[1:]}
+    assert rows["a"][:4] == ["a", "unloaded", "-", "-"] and "MiB" not in rows["a"]
+    assert rows["b"][4:7] == ["200.0", "MiB", "min"]  # set aside for the load, said so
+    assert rows["c"][3:5] == ["250.0", "MiB"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 
 import pytest
 from conftest import chat_body, wait_for
@@ -517,3 +518,135 @@ def test_a_head_the_proxy_accepts_is_never_refused_by_the_instance(serve, fakes,
         c.send(_head_at(limit or HttpLimits().max_header_bytes, body))
         r = c.response()
         assert r.status == 200, (r.status, r.body[:300])
+
+
+# ---------------------------------------------------------------------------
+# issue 31, item 7: connections that are mid-body cannot lock clients out
+
+
+def _mid_body(sock: socket.socket, path: str) -> None:
+    """Announce a 10^6-byte body and send 10 bytes of it (the issue's
+    reproduction)."""
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000\r\n\r\n"
+                 .encode() + b"0123456789")
+
+
+def _head_of(sock: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def test_stalled_bodies_at_the_per_address_cap_are_shed_stalled_longest_first(serve_core):
+    s = serve_core(max_connections_per_ip=14)
+    reg = s.limits.connections
+    stalled, fresh = [], []
+    try:
+        for i in range(14):
+            sock = connect_from(s.port, "127.0.0.1")
+            _mid_body(sock, f"/upload{i}")
+            stalled.append(sock)
+        # every one is past its head: none is idle, so none sheddable as idle
+        wait_for(lambda: s.lt.call(lambda: len(reg.receiving)) == 14, 5,
+                 what="14 connections receiving a body")
+        stalled[0].sendall(b"more bytes")  # progress: now the last to go
+        wait_for(lambda: s.lt.call(lambda: next(reversed(reg.receiving))._cur.url)
+                 == b"/upload0", 5, what="the first connection's progress")
+        held = Client(s.port)  # 127.0.0.1 too: at its cap, and kept busy
+        fresh.append(held)
+        held.send(get("/hold"))
+        wait_for(lambda: ("GET", "/hold") in s.app.executed, 5, what="the held request")
+        with Client(s.port) as c:  # the cap is full again
+            c.send(get("/new"))
+            r = c.response()
+            assert r.status == 200, (r.status, r.body)
+        # the shed ones were answered 408; the one that made progress stays
+        for sock in stalled[1:3]:
+            head = _head_of(sock)
+            assert head.startswith(b"HTTP/1.1 408 "), head
+        assert not closed_by_server(stalled[0], 0.3)
+        assert s.lt.call(lambda: reg.shed) == 2
+    finally:
+        for sock in stalled:
+            sock.close()
+        for c in fresh:
+            c.close()
+    assert not any(p.startswith("/upload") for _, p in s.app.executed)
+
+
+def test_a_stalled_body_gets_408_after_the_body_read_timeout(serve_core):
+    s = serve_core(body_read_timeout=0.5, body_timeout=60)
+    with Client(s.port) as bad:
+        bad.send(b"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\nonly part")
+        r = expect_error(bad, 408)
+        assert "--body-read-timeout" in r.json()["error"]["message"]
+    assert not s.app.executed
+
+
+def test_a_body_arriving_slower_than_the_read_timeout_in_all_is_served(serve_core):
+    # the read timeout is the gap between two reads (nginx's
+    # client_body_timeout), not the time the whole body takes
+    s = serve_core(body_read_timeout=1.0, body_timeout=60)
+    parts = [b"x" * 10] * 16
+    with Client(s.port) as c:
+        c.send(b"POST /slow HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n"
+               % sum(map(len, parts)))
+        for part in parts:  # 1.6 s in all, a read every 0.1 s
+            c.send(part)
+            time.sleep(0.1)
+        r = c.response()
+        assert r.status == 200, (r.status, r.body)
+    assert ("POST", "/slow") in s.app.executed
+
+
+def test_the_registry_sheds_the_longest_stalled_body_at_the_cap_and_never_a_busy_one():
+    shed = []
+
+    class Conn:
+        def __init__(self, name):
+            self.name = name
+            self.sheddable = False
+            self.receiving = True
+
+        def shed(self):
+            shed.append(self.name)
+            reg.leave(self, "a")
+
+    reg = ConnectionRegistry()
+    conns = [Conn(n) for n in ("first", "second", "answered", "busy")]
+    for c in conns:
+        assert reg.admit("a", 4, 0, 4) == 0
+        reg.progress(c, "a")
+    conns[2].receiving = False  # its body is in: being answered (a stale entry)
+    conns[3].receiving = False
+    reg.progress(conns[0], "a")  # bytes came: now the last to go
+    assert reg.admit("b", 4, 0, 4) == 0  # at the cap: the longest stalled goes
+    assert shed == ["second"]
+    assert reg.admit("b", 4, 0, 4) == 0
+    assert shed == ["second", "first"]
+    assert reg.admit("b", 4, 0, 4) == 503  # the rest are being answered
+    assert reg.count == 5  # the refused one stays counted until it closes
+
+
+def test_mid_body_connections_do_not_lock_local_clients_out_of_ggmux(serve, fakes):
+    # the issue's reproduction through ggmux serve: 14 connections announcing
+    # 10^6-byte bodies at a per-address cap of 14 made every other client of
+    # 127.0.0.1 get 429
+    fakes.add("m", tokens=2)
+    s = serve("--fake-models-dir", str(fakes), "--no-hf-cache", "--proxies", "1",
+              "--max-connections-per-ip", "14")
+    stalled = []
+    try:
+        for i in range(14):
+            sock = connect_from(s.port, "127.0.0.1")
+            _mid_body(sock, CHAT)
+            stalled.append(sock)
+        statuses = [s.request("POST", CHAT, chat_body("m"))[0] for _ in range(5)]
+        assert statuses == [200] * 5, statuses
+    finally:
+        for sock in stalled:
+            sock.close()

@@ -152,6 +152,38 @@ def test_a_narrow_window_keeps_the_load_and_unload_buttons_in_sight(serve, fakes
     assert page.errors == []
 
 
+def test_a_narrow_window_shows_the_ttft_digits_beside_the_buttons_not_under_them(
+        serve, fakes, browser_page, tmp_path):
+    # issue 31, item 14: the sticky button cell covered the TTFT digits
+    from playwright.sync_api import expect
+
+    name = "org-with-a-long-name_model-with-an-even-longer-name-Q4_K_M"
+    fakes.add(name, tokens=2, ttft_s=1.234)  # four TTFT digits: "1234 ms"
+    fakes.add("short", tokens=2, ttft_s=0.5)
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0")
+    for model in (name, "short"):
+        assert s.request("POST", "/v1/chat/completions", chat_body(model))[0] == 200
+    page = browser_page
+    page.set_viewport_size({"width": 420, "height": 800})
+    page.goto(s.base + "/")
+    for model in (name, "short"):
+        expect(row(page, model).locator("td.col-ttft")).to_contain_text(" ms", timeout=10_000)
+    page.screenshot(path=str(tmp_path / "narrow.png"), full_page=True)
+    for model in (name, "short"):
+        r = row(page, model)
+        r.scroll_into_view_if_needed()
+        # where the digits are drawn (the text, not its cell's padding) and
+        # where the sticky cell of the buttons is drawn: side by side
+        text = page.evaluate("""(td) => { const range = document.createRange();
+            range.selectNodeContents(td); const b = range.getBoundingClientRect();
+            return {left: b.left, right: b.right}; }""", r.locator("td.col-ttft").element_handle())
+        buttons = r.locator("td.col-actions").bounding_box()
+        assert text["right"] <= buttons["x"] + 0.5, (model, text, buttons)
+        assert 0 <= text["left"] and text["right"] <= 420, (model, text)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 420  # no sideways page
+    assert page.errors == []
+
+
 def test_ttft_p50_is_the_median_of_the_recent_requests(serve, fakes, browser_page):
     from playwright.sync_api import expect
 

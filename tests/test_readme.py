@@ -383,3 +383,127 @@ def test_the_one_machine_cluster_recipe(tmp_path):
         pid = shell.p.pid
         shell.close()
         assert not alive(pid)
+
+
+# ---- what README quotes --------------------------------------------------------------------
+FLAT = " ".join(README.split())  # README's text, its line breaks as spaces
+
+
+def quoted(start: str) -> str:
+    """The one backticked text of README.md that starts with ``start``."""
+    found = re.findall(r"`(" + re.escape(start) + r"[^`]*)`", FLAT)
+    assert len(found) == 1, f"{len(found)} quotes of README.md start with {start!r}"
+    return found[0]
+
+
+def as_pattern(quote: str, holes: dict[str, str]) -> re.Pattern:
+    """``quote`` as a regular expression, each key of ``holes`` (a
+    placeholder of the quote: ``URL``, ``N``, ``...``) standing for its
+    expression."""
+    pattern = re.escape(quote)
+    for hole, rx in holes.items():
+        assert re.escape(hole) in pattern, (hole, quote)
+        pattern = pattern.replace(re.escape(hole), rx)
+    return re.compile(pattern)
+
+
+class _Answers(threading.Thread):
+    """A server that answers ``GET /ps`` with ``body``, as a server that is
+    not ggmux (or a ggmux with nothing running) would."""
+
+    def __init__(self, body: bytes) -> None:
+        super().__init__(daemon=True)
+        from http.server import BaseHTTPRequestHandler, HTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.start()
+
+    def run(self) -> None:
+        self.httpd.serve_forever()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    r = subprocess.run([sys.executable, "-m", "ggmux", *args], capture_output=True, text=True,
+                       timeout=60, check=False)
+    return r.returncode, (r.stdout + r.stderr).strip()
+
+
+def test_the_cli_messages_readme_quotes_are_what_the_commands_print():
+    nothing = _Answers(json.dumps({"models": [{"id": "a", "state": "unloaded"}]}).encode())
+    stranger = _Answers(b"hello")
+    try:
+        cases = [  # (the quote's start, its placeholders, the command, its exit status)
+            ("no model is running", {"N known": r"\d+ known"}, ("--url", nothing.url, "ps"), 0),
+            ("ggmux: no usable answer", {"from URL": r"from \S+", "...": ".+"},
+             ("--url", stranger.url, "ps"), 3),
+            ("ggmux: no server answers", {"at URL": r"at \S+", "(...)": r"\(.+?\)"},
+             ("--url", f"http://127.0.0.1:{free_port()}", "ps"), 3),
+        ]
+        for start, holes, args, code in cases:
+            pattern = as_pattern(quoted(start), holes)
+            rc, out = _cli(*args)
+            assert rc == code and pattern.fullmatch(out), (quoted(start), rc, out)
+    finally:
+        nothing.stop()
+        stranger.stop()
+
+
+def test_the_log_lines_readme_quotes_are_what_ggmux_serve_logs(serve, fakes):
+    fakes.add("m", tokens=2)
+    s = serve("--fake-models-dir", str(fakes), "--no-hf-cache", "--proxies", "1")
+    # an empty prompt loads the model; keep_alive 0 unloads it (README's API table)
+    assert s.request("POST", "/api/generate", {"model": "m", "prompt": ""})[0] == 200
+    assert s.request("POST", "/api/generate", {"model": "m", "keep_alive": 0})[0] == 200
+    wait_for(lambda: "stopping m " in s.logs(), 30, what="the unload's log line")
+    logs = s.logs()
+    for start, holes in [
+        ("listening on http://", {"...": r"\S+"}),
+        ("stopping m (slot 0, ", {"...": r"[^)]*"}),
+    ]:
+        pattern = as_pattern(quoted(start), holes)
+        assert pattern.search(logs), (quoted(start), logs[-3000:])
+    # the first proxy's line and the instance's ([proxy-0] and [m#0] tag them)
+    compiled = as_pattern(quoted("hot path compiled"), {"N": r"\d+"})
+    pure = as_pattern(quoted("hot path runs pure Python"),
+                      {"N of M": r"\d+ of \d+", "(why)": r"\(.+\)", "...": ".+"})
+    for tag in ("[proxy-0]", "[m#0]"):
+        lines = [ln for ln in logs.splitlines() if tag in ln and "hot path" in ln]
+        assert len(lines) == 1 and (compiled.search(lines[0]) or pure.search(lines[0])), lines
+
+
+TEST_COUNT_SLACK = 0.1
+"""How far README's test counts may be from the suite's (a fraction): they
+are measurements of a suite that grows with every change, not promises."""
+
+
+def test_the_test_counts_readme_quotes_are_the_suites():
+    counts = re.findall(r"measured: \d+ s for (\d+) tests", FLAT)
+    assert len(counts) == 2, counts  # the whole suite, then the quick one
+    for marks, quote in ((None, counts[0]), ("not slow and not fuzz", counts[1])):
+        args = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0",
+                "-p", "no:cacheprovider", str(ROOT / "tests")]
+        if marks:
+            args += ["-m", marks]
+        r = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False,
+                           cwd=ROOT)
+        m = re.search(r"(\d+)(?:/\d+)? tests? collected", r.stdout) or re.search(
+            r"^(\d+) tests? collected", r.stdout, re.MULTILINE)
+        assert m, r.stdout[-2000:] + r.stderr[-2000:]
+        have = int(m.group(1))
+        assert abs(int(quote) - have) <= TEST_COUNT_SLACK * have, (marks, quote, have)

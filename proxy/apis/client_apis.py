@@ -51,7 +51,7 @@ import orjson
 from ...shm import layout as L
 from ..http import HttpConnection, Request
 from ..http.limits import tokenize_body_refusal
-from ..listing import model_object
+from ..listing import model_object, unknown_model
 from ..modelinfo import ModelFacts
 from .adapters import anthropic, ollama, openai, responses, tools
 from .adapters.common import MAX_DEPTH, Adapter, BadRequest, Translated, check_depth, encode_body
@@ -262,7 +262,7 @@ class ClientApis:
             return
         m = p.pick_model(name)  # the name, an alias, else --model-fallback's
         if m is None:
-            wrap.send_error(req, 404, f"model '{name}' not found")
+            wrap.send_error(req, 404, unknown_model(name, p.reg_models))
             return
         if native and p.reg_models[m].get("kind") in NATIVE_KINDS and not p.reg_models[m].get(
                 "translate"):
@@ -473,7 +473,7 @@ class ClientApis:
         p.refresh()
         m = resolve(p.names, name)
         if m is None:
-            send_error(conn, req, 404, f"model '{name}' not found")
+            send_error(conn, req, 404, unknown_model(name, p.reg_models))
             return
         mdl = p.reg_models[m]
         facts = await self._facts(mdl)
@@ -516,7 +516,7 @@ class ClientApis:
         name = unquote(req.path[11:].decode("latin-1"))
         m = resolve(p.names, name)
         if m is None or p.reg_models[m].get("removed"):
-            conn.send_error(req, 404, f"model '{name}' not found", code="model_not_found")
+            conn.send_error(req, 404, unknown_model(name, p.reg_models), code="model_not_found")
             return
         conn.send_json(req, 200, model_object(m, p.reg_models[m], p.model_rows[m], p.errors))
 

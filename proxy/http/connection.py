@@ -70,7 +70,7 @@ from .limits import (  # the limits' names, importable from here as before the s
     http_limit_argv,
     limits_from_args,
 )
-from .reading import _BODY, _HEAD, _IDLE, _LINGER, MAX_CHUNK_LINE, RequestReader
+from .reading import _HEAD, _IDLE, _LINGER, MAX_CHUNK_LINE, RequestReader
 from .request import Header, Request, json_object, new_request_id
 from .response import (
     CHUNKED,
@@ -139,6 +139,8 @@ class HttpConnection(RequestReader):
         # closing it loses nothing (idle, no whole head yet, lingering)
         self._idle = self._reg.sheddable
         self.sheddable = False  # closing it now loses nothing (the registry's flag)
+        self.receiving = False  # receiving a body, not answered (the registry's flag)
+        self._body_until = 0.0  # loop time by which the body being received must be in
         self._ip: str | None = None  # client address, when counted per address
         self._ip_idle: OrderedDict | None = None  # the registry's sheddable set of that address
         self._chunk_at = -1  # body bytes before the open chunk whose size is unchecked
@@ -175,13 +177,19 @@ class HttpConnection(RequestReader):
 
     def shed(self) -> None:
         """Close under pressure (:class:`~.connections.ConnectionRegistry`
-        chose this connection, idle or lingering, and forgot it already)."""
+        chose this connection, idle, lingering or with a stalled body, and
+        forgot it already). A stalled body's request is answered 408."""
         if self._counted:
             self._counted = False
             self._reg.leave(self, self._ip)
         if self._closed:  # lingering after an error: it was answered
             self._tkind = 0
             self.transport.abort()
+        elif self.receiving:  # issue 31, item 7
+            self.receiving = False
+            self._write_error(self._cur, 408, "request body stalled: the connection was closed "
+                                              "for a new one (at the connection limit)")
+            self.close()
         else:
             self.close()
 
@@ -336,7 +344,7 @@ class HttpConnection(RequestReader):
         else:
             if cur.expect_continue:
                 self._continue(cur)
-            self._set_timeout(_BODY, self.limits.body_timeout)
+            self._body_progress()
 
     # ---- errors, closing, timeouts -----------------------------------------
     def _reject(self, status: int, message: str) -> None:
@@ -363,6 +371,7 @@ class HttpConnection(RequestReader):
             return
         self.uncork()
         self._closed = self._discard = True
+        self.receiving = False
         if self._counted:  # answered: the first to go under pressure
             self.sheddable = True
             for idle in (self._idle, self._ip_idle):
@@ -389,7 +398,7 @@ class HttpConnection(RequestReader):
         if not self._closed and t is not None:
             self.uncork()
             self._closed = self._discard = True
-            self.sheddable = False
+            self.sheddable = self.receiving = False
             self._idle.pop(self, None)
             if self._ip_idle is not None:
                 self._ip_idle.pop(self, None)
@@ -428,10 +437,17 @@ class HttpConnection(RequestReader):
         elif kind == _IDLE:
             if self._cur is None:
                 self.close()
+        elif kind == _HEAD:
+            if self._cur is not None:
+                self._reject(408, f"request head not received within "
+                                  f"{self.limits.header_timeout:g} s")
         elif self._cur is not None:
-            what = "request head" if kind == _HEAD else "request body"
-            limit = self.limits.header_timeout if kind == _HEAD else self.limits.body_timeout
-            self._reject(408, f"{what} not received within {limit:g} s")
+            lim = self.limits
+            if self.loop.time() + 0.001 < self._body_until:
+                self._reject(408, f"no request body bytes for {lim.body_read_timeout:g} s "
+                                  f"(--body-read-timeout)")
+            else:
+                self._reject(408, f"request body not received within {lim.body_timeout:g} s")
 
     def _send_timeout(self) -> None:
         self._send_timer = None

@@ -38,7 +38,11 @@ class HttpLimits:
     request body, by Content-Length, by a chunk's announced size, or as
     chunks arrive (413); ``header_timeout``: time to receive a whole head
     once its first byte arrived (408); ``body_timeout``: time to receive the
-    body after the head (408); ``keepalive_timeout``: idle time before a
+    whole body after the head (408); ``body_read_timeout``: time between two
+    successive reads of a body that is still arriving, the head's end
+    counting as the first (408; nginx's ``client_body_timeout``, but 30 s,
+    as ``header_timeout``, where nginx waits 60: issue 31, item 7);
+    ``keepalive_timeout``: idle time before a
     keep-alive connection is closed; ``send_timeout``: time a client may
     leave the server's writes blocked (slow reader) before it is cut off;
     ``max_connections``: open connections of this server, one more is
@@ -46,7 +50,9 @@ class HttpLimits:
     from one client address, one more is answered 429 and closed (0: no
     cap); ``shed_idle_at``: above this fraction of ``max_connections``, each
     new connection closes the oldest idle one (idle keep-alive, or without a
-    whole request head yet: issue 11, finding 10); ``max_pipelined``: queued
+    whole request head yet: issue 11, finding 10); at either cap a
+    connection whose body stalled longest is closed (408) before a new one
+    is refused (issue 31, item 7); ``max_pipelined``: queued
     requests before reading pauses; ``linger_timeout``: how long unread
     input is drained after an error response before the socket is dropped;
     ``max_json_depth``: deepest nesting of a JSON body the client APIs
@@ -70,6 +76,7 @@ class HttpLimits:
     max_body_bytes: int = 64 * 1024 * 1024
     header_timeout: float = 30.0
     body_timeout: float = 300.0
+    body_read_timeout: float = 30.0
     keepalive_timeout: float = 75.0
     send_timeout: float = 300.0
     max_connections: int = 4096
@@ -96,6 +103,8 @@ _OPTION_HELP = {
     "max_body_bytes": "largest request body in bytes; 413 past it",
     "header_timeout": "seconds to receive a request head once it started; 408 past it",
     "body_timeout": "seconds to receive a request body after its head; 408 past it",
+    "body_read_timeout": "seconds between two reads of a request body that is still arriving "
+    "(nginx's client_body_timeout); 408 past it",
     "keepalive_timeout": "seconds an idle keep-alive connection stays open",
     "send_timeout": "seconds a client may leave a response unread before it is cut off",
     "max_connections": "open client connections per process; more are answered 503",
@@ -134,7 +143,7 @@ def add_http_limit_options(
 ) -> None:
     """Add one option per :class:`HttpLimits` field (``--max-header-bytes``,
     ``--max-body-bytes``, ``--header-timeout``, ``--body-timeout``,
-    ``--keepalive-timeout``, ``--send-timeout``, ``--max-connections``,
+    ``--body-read-timeout``, ``--keepalive-timeout``, ``--send-timeout``, ``--max-connections``,
     ``--max-connections-per-ip``, ``--shed-idle-at``, ``--max-pipelined``,
     ``--linger-timeout``, ``--max-json-depth``, ``--max-tokenize-bytes``,
     ``--max-detokenize-tokens``) in an "HTTP limits" group; ``defaults`` overrides

@@ -115,13 +115,31 @@ class RequestReader(ResponseWriter):
                           else (tail + data)[-MAX_CHUNK_LINE:])
         if self._cur is not None and self._active is None:
             # a request is partly here: its head (or body) clock runs from
-            # its first bytes, and more bytes do not restart it. Armed here
-            # rather than in the parser callbacks: a request that arrives
-            # whole (the common case) then costs no clock at all.
-            kind = _HEAD if self._in_head else _BODY
-            if self._tkind != kind:
-                self._set_timeout(kind, self.limits.header_timeout if kind == _HEAD
-                                  else self.limits.body_timeout)
+            # its first bytes, and more bytes do not restart it; a body's
+            # read clock restarts with each read. Armed here rather than in
+            # the parser callbacks: a request that arrives whole (the common
+            # case) then costs no clock at all.
+            if not self._in_head:
+                self._body_progress()
+            elif self._tkind != _HEAD:
+                self._set_timeout(_HEAD, self.limits.header_timeout)
+
+    def _body_progress(self) -> None:
+        """The body of ``_cur`` is arriving (bytes came, or its head ended)
+        and its request is not being answered: time it out after
+        ``body_read_timeout`` s without bytes or ``body_timeout`` s in all,
+        and make it the last to be shed for a stalled body (issue 31,
+        item 7; nginx's ``client_body_timeout``)."""
+        lim = self.limits
+        now = self.loop.time()
+        if self._tkind != _BODY:
+            self._body_until = now + lim.body_timeout
+        wait = lim.body_read_timeout
+        if now + wait > self._body_until:
+            wait = self._body_until - now
+        self._set_timeout(_BODY, wait)
+        self.receiving = True
+        self._reg.progress(self, self._ip)
 
     @cython.locals(cur=Request)
     def _check_chunk(self, data: bytes) -> None:
@@ -304,6 +322,7 @@ class RequestReader(ResponseWriter):
         self._cur = None
         self._in_head = True
         self._head_seen = 0
+        self.receiving = False
         if self._tail:
             self._tail = b""
         if not req.keep_alive:

@@ -64,6 +64,7 @@ ERROR_TYPES = {
     408: "timeout_error",
     413: "invalid_request_error",
     414: "invalid_request_error",
+    415: "invalid_request_error",  # issue 31, item 14: the API's own type, as every 4xx here
     417: "invalid_request_error",
     429: "rate_limit_error",
     431: "invalid_request_error",

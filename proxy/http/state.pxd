@@ -5,6 +5,7 @@ from .request cimport Request
 cdef class ConnectionState:
     cdef public Request _active
     cdef public bint _body_ok
+    cdef public double _body_until
     cdef public long long _chunk_at
     cdef public bint _chunked
     cdef public bint _closed
@@ -42,6 +43,7 @@ cdef class ConnectionState:
     cdef public object limits
     cdef public object loop
     cdef public object parser
+    cdef public bint receiving
     cdef public bint sheddable
     cdef public object transport
     cdef public bint write_paused

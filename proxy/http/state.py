@@ -20,6 +20,7 @@ class ConnectionState:
     __slots__ = (
         "_active",
         "_body_ok",
+        "_body_until",
         "_chunk_at",
         "_chunked",
         "_closed",
@@ -57,6 +58,7 @@ class ConnectionState:
         "limits",
         "loop",
         "parser",
+        "receiving",
         "sheddable",
         "transport",
         "write_paused",
