@@ -19,6 +19,7 @@ import numpy as np
 
 from .jobs import InvalidRequest
 from .sampling import DEFAULT_SEED
+from .spec_options import SpecConfig
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,9 @@ class EngineConfig:
     arrived (``engine.PREFILL_WAIT_SHARE``) and ends when nothing more
     comes; 0 starts at once (bench/RESULTS.md section 17: without it the
     first of 4 requests sent together was read alone, then stalled ~4 s
-    while the other three were read)."""
+    while the other three were read). ``spec``: speculative decoding's
+    options (:class:`~ggmux.instance.engine.spec_options.SpecConfig`,
+    llama-server's ``--spec-*``), None for none."""
 
     model_path: str
     ctx_size: int = 2048
@@ -84,6 +87,7 @@ class EngineConfig:
     kv_unified: bool | None = None
     cache_scope: str = "global"
     prefill_wait_ms: float = 50.0
+    spec: SpecConfig | None = None  # speculative decoding (issue 30); None: off
 
 
 class ModelContext:
@@ -170,6 +174,11 @@ class ModelContext:
         if cfg.pooling is not None:
             cp.pooling_type = cfg.pooling
         cp.no_perf = True
+        if cfg.spec is not None and cfg.spec.on:
+            # rejected drafts' cells are removed from the end of a sequence; a
+            # sliding-window cache may meanwhile have reused cells the accepted
+            # positions still attend to: keep the whole window (--swa-full)
+            cp.swa_full = True
         ctx = L.llama_init_from_model(model, cp)
         if not ctx:
             L.llama_model_free(model)

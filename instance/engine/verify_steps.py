@@ -1,0 +1,119 @@
+"""The engine's speculative steps (issue 30): before a generation batch is
+built, each generating slot may propose a draft (:mod:`.draft`); the batch
+carries its pending token and then the draft, with logits at every one of
+them, so the one ``llama_decode`` of the step verifies every slot's drafts
+together; after it, each drafting slot draws at its positions in order and
+keeps the longest accepted prefix.
+
+The acceptance rule is llama.cpp's ``common_sampler_sample_and_accept_n``
+(``common/sampling.cpp``, used by llama-server's ``update_slots``): at
+position ``i`` the slot's own sampler draws a token from the logits there
+and accepts it (penalties, DRY, mirostat state advance exactly as without a
+draft); when it equals draft token ``i`` the next position's logits are the
+ones the model gives after that token, so the draw goes on; at the first
+difference (or the end of the draft, one more draw) it stops. Each drawn
+token is handed on as any token is (stop strings, end of generation,
+``max_tokens``, log-probabilities, streaming in order), and a choice that
+ends stops the run. The KV cells past the slot's accepted tokens are
+removed (``llama_memory_seq_rm``), so the cache holds exactly the tokens
+it would hold without drafts. Greedy output is therefore the same token
+for token with speculation on or off (up to the floating-point sums of a
+bigger batch, measured equal on this CPU); with sampling, each drawn token
+has the distribution it would have without drafts (a draw, not llama.cpp's
+``--spec-draft-sampling probabilistic`` rejection sampling, which needs
+the draft's probabilities).
+
+A slot whose sampler has a grammar does not draft: its draw runs on a
+worker thread (:mod:`.sample_steps`), one token at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .sampling import greedy_tokens, logits_row
+from .slots import GENERATE, Slot
+
+log = logging.getLogger(__name__)
+
+
+class VerifySteps:
+    """Mixed into :class:`~ggmux.instance.engine.Engine`: uses its model
+    (``m``), llama bindings (``L``), ``drafter`` (None: no speculation),
+    ``stats`` and ``_took``."""
+
+    drafter = None
+
+    def _propose(self, gen: list[Slot], room: int) -> None:
+        """Set the draft of every slot of ``gen`` (generating slots) that
+        may draft: no grammar, not paused, room left for the answer
+        (llama-server's ``get_n_draft_max``: at most the tokens still to
+        generate less one, and two short of the context). ``room``: batch
+        tokens the drafts may take together."""
+        for s in gen:
+            s.draft = []
+        d = self.drafter
+        if d is None or room <= 0:
+            return
+        asks = []
+        for s in gen:
+            job = s.job
+            if job is None or s.sampler is None or s.sampler.grammar is not None:
+                continue
+            st = d.state(s)
+            if st.pause_left > 0:
+                st.pause_left -= 1
+                continue
+            n = min(job.max_gen - s.n_decoded - 1, self.m.n_ctx - len(s.tokens) - 2, st.cap)
+            if n > 0:
+                asks.append((s, n))
+        if not asks:
+            return
+        d.propose(asks)
+        for s, _ in asks:  # the batch's room, first come first served
+            if len(s.draft) > room:
+                del s.draft[room:]
+            room -= len(s.draft)
+
+    def _verify(self, s: Slot) -> None:
+        """Slot ``s`` decoded its pending token at batch index ``s.i_batch``
+        and its draft after it (the pending token already moved into
+        ``s.tokens``): draw, accept the longest matching prefix, hand the
+        drawn tokens on, remove the rejected cells."""
+        job = s.job
+        draft, s.draft = s.draft, []
+        k = len(draft)
+        base = s.i_batch
+        sampler = s.sampler
+        greedy = None
+        if sampler.greedy is not None:
+            greedy = greedy_tokens(self.L, self.m.ctx, list(range(base, base + k + 1)),
+                                   [sampler.greedy] * (k + 1), self.m.n_vocab)
+        want_row = job.request.logprobs is not None
+        end = len(s.tokens) + k  # the tokens' length with every draft token accepted
+        st = self.stats
+        job.n_drafted += k  # counted before the tokens: a choice may end the request
+        st["draft_tokens_total"] += k
+        st["draft_verifications_total"] += 1
+        accepted = 0
+        for i in range(k + 1):
+            idx = base + i
+            s.i_batch = idx
+            tok = greedy[i] if greedy is not None else sampler.sample(self.m.ctx, idx)
+            hit = i < k and tok == draft[i]
+            if hit:  # llama-server counts a matching token even where a stop ends the choice
+                accepted += 1
+                job.n_draft_accepted += 1
+                st["draft_accepted_total"] += 1
+            row = logits_row(self.L, self.m.ctx, idx, self.m.n_vocab) if want_row else None
+            self._took(s, tok, row)
+            if s.job is not job or s.state != GENERATE or not hit:
+                break  # the choice ended (stop string, end of generation, max_tokens) or a miss
+            s.tokens.append(tok)  # the draft's cell holds it: decoded
+            s.pending = -1
+        if len(s.tokens) < end:
+            self.L.llama_memory_seq_rm(self.m.mem, s.id, len(s.tokens), -1)
+        self.drafter.verified(s, k, accepted)
+
+
+__all__ = ["VerifySteps"]
