@@ -68,6 +68,7 @@ class SpecConfig:
     pause_after: int = 3
     pause_tokens: int = 16
     pause_max: int = 256
+    error: str = ""  # an option value that did not parse (reported by check)
 
     @property
     def on(self) -> bool:
@@ -78,6 +79,8 @@ class SpecConfig:
         """Raise :class:`SpecError` for a type llama.cpp does not know, one
         this engine does not draft with (naming :data:`SUPPORTED`), a size
         out of llama.cpp's range, or ``draft-simple`` without a model."""
+        if self.error:
+            raise SpecError(self.error)
         for t in self.types:
             if t not in LLAMA_TYPES:
                 raise SpecError(f"unknown --spec-type {t!r} (llama.cpp's types: "
@@ -130,4 +133,26 @@ OPTIONS = {
 24/48/64, is a flag handled there)."""
 
 
-__all__ = ["LLAMA_TYPES", "OPTIONS", "ORDER", "SUPPORTED", "SpecConfig", "SpecError"]
+def set_option(spec: SpecConfig, opt: str, value: str) -> None:
+    """Set llama-server option ``opt`` (a key of :data:`OPTIONS`) to
+    ``value`` on ``spec``; a value that does not parse is kept as
+    ``spec.error`` (the load fails with it, as llama-server refuses to
+    start)."""
+    field, conv = OPTIONS[opt]
+    try:
+        setattr(spec, field, conv(value))
+    except ValueError:
+        spec.error = spec.error or f"bad value for {opt}: {value!r}"
+
+
+def spec_default(spec: SpecConfig) -> None:
+    """llama-server's ``--spec-default``: ngram-mod with n-match 24, n-min
+    48, n-max 64 (``common/arg.cpp``)."""
+    if "ngram-mod" not in spec.types:
+        spec.types = (*spec.types, "ngram-mod")
+    spec.ngram_mod_n_match, spec.ngram_mod_n_min, spec.ngram_mod_n_max = 24, 48, 64
+
+
+
+__all__ = ["LLAMA_TYPES", "OPTIONS", "ORDER", "SUPPORTED", "SpecConfig", "SpecError",
+           "set_option", "spec_default"]

