@@ -9,6 +9,8 @@ everything. Orders and tokens are asserted, never times.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from ggmux.instance.engine.loop import Engine, EngineConfig, Generation, Sampling
 from ggmux.instance.engine.spec_options import SpecConfig, SpecError
@@ -165,3 +167,34 @@ def test_a_draft_model_of_another_vocabulary_is_refused_at_load_naming_both():
         assert draft.rsplit("/", 1)[-1] in msg and smollm2_path().rsplit("/", 1)[-1] in msg
     finally:
         e.close()
+
+
+def test_a_preset_turns_speculation_on_and_answers_and_metrics_report_the_drafts(tmp_path):
+    from conftest import Server, free_port
+
+    path = smollm2_path()
+    preset = tmp_path / "models.ini"
+    preset.write_text(f"version = 1\n\n[smol]\nmodel = {path}\nspec-type = ngram-simple\n"
+                      f"parallel = 1\nctx-size = 1024\n\n"
+                      f"[bad]\nmodel = {path}\nspec-type = ngram-cache\nctx-size = 256\n")
+    s = Server(["--models-preset", str(preset), "--no-hf-cache", "--models-max", "1",
+                "--proxies", "1"], free_port(), tmp_path / "server.log")
+    try:
+        s.wait_ready()
+        status, doc = s.json("POST", "/v1/completions", {"model": "smol", "prompt": EDIT,
+                                                          "max_tokens": 48, "temperature": 0})
+        assert status == 200, doc
+        t = doc["timings"]
+        assert t["draft_n"] > 0 and 0 < t["draft_n_accepted"] <= t["draft_n"]
+        status, _, body = s.request("GET", "/metrics")
+        text = body.decode()
+        drafted = [line for line in text.splitlines()
+                   if line.startswith("ggmux_model_draft_tokens_total") and 'smol' in line]
+        assert drafted and float(drafted[0].rsplit(" ", 1)[1]) >= t["draft_n"]
+        # a type the built-in engine does not draft with: the load fails, naming the supported
+        status, doc = s.json("POST", "/v1/completions", {"model": "bad", "prompt": "Hi",
+                                                          "max_tokens": 1})
+        assert status >= 500
+        assert "ngram-simple, ngram-mod, draft-simple" in json.dumps(doc) + s.logs()
+    finally:
+        s.stop()
