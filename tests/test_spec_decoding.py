@@ -1,10 +1,12 @@
 """Speculative decoding in the built-in engine (issue 30), on the real
 smollm2-135m GGUF with one thread: greedy answers are the same token for
 token with each spec type on or off, at 1 and 4 slots, with a stop string,
-a grammar and a grammar-forced tool call in the mix; rejected drafts leave
-no KV cells behind; unsupported types and a draft model of another
-vocabulary are refused at load; smollm2 drafting for itself accepts nearly
-everything. Orders and tokens are asserted, never times.
+a grammar, log-probabilities and a grammar-forced tool call in the mix;
+rejected drafts leave no KV cells behind; unsupported types and a draft
+model of another vocabulary are refused at load; smollm2 drafting for
+itself accepts nearly everything. The n-gram proposers answer as
+llama.cpp's (a reference written from ``common/ngram-map.cpp``), and the
+adaptive pause. Orders and tokens are asserted, never times.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def mix(e: Engine) -> list[Generation]:
     tok = e.tokenize
     return [
         Generation(tok(EDIT), GREEDY, max_tokens=48),
-        Generation(tok(STOP), GREEDY, max_tokens=40, stop=["the log. The cat"]),
+        Generation(tok(STOP), GREEDY, max_tokens=40, stop=["the log. The cat"], logprobs=2),
         Generation(tok(chat("Is the sky blue? Answer yes or no.")),
                    Sampling(temperature=0, grammar=YESNO), max_tokens=8),
         # a forced tool call (tool_choice "required": its grammar from the first token)
@@ -87,6 +89,7 @@ def test_greedy_answers_are_identical_with_speculation_on_and_off(kind, slots):
     assert edit.get("draft_n", 0) > 0, "the edit request never drafted: the test proves nothing"
     assert 0 < edit["draft_n_accepted"] <= edit["draft_n"]
     assert on[1]["choices"][0]["finish_reason"] == "stop"  # the stop string cut the copy
+    assert on[1]["choices"][0]["logprobs"]  # one entry per token, equal to those without drafts
     assert "draft_n" not in on[2]["timings"]  # a grammar-constrained slot does not draft
     assert on[3]["choices"][0]["text"].startswith("<tool_call>")
 
@@ -198,3 +201,81 @@ def test_a_preset_turns_speculation_on_and_answers_and_metrics_report_the_drafts
         assert "ngram-simple, ngram-mod, draft-simple" in json.dumps(doc) + s.logs()
     finally:
         s.stop()
+
+
+def reference_ngram_simple(tokens: list[int], sampled: int, n: int, m: int) -> list[int]:
+    """llama.cpp's ``common_ngram_simple_draft``, line by line (a backward search)."""
+    cur = len(tokens)
+    if cur <= n + m + 1:
+        return []
+    pattern = tokens[cur - n + 1:] + [sampled]
+    match = 0
+    for j in range(cur - n - 1, 0, -1):
+        if tokens[j:j + n] == pattern:
+            match = j
+            break
+    if match == 0:
+        return []
+    copy = min(m, cur - (match + n))
+    if copy < n:
+        return []
+    return tokens[match + n:match + n + copy]
+
+
+def test_ngram_simple_drafts_what_llama_cpps_backward_search_finds():
+    import random
+
+    from ggmux.instance.engine.draft import NgramSimple, SlotSpec
+
+    rng = random.Random(3)
+    for n, m in ((2, 3), (3, 8), (4, 6)):
+        spec = SpecConfig(types=("ngram-simple",), ngram_simple_size_n=n, ngram_simple_size_m=m)
+        prop, st = NgramSimple(spec), SlotSpec(spec)
+        tokens: list[int] = []
+        drafted = 0
+        for _ in range(400):  # a growing answer over a small alphabet: many repeats
+            sampled = rng.randrange(4)
+            got = prop.draft(st, tokens, sampled)
+            assert got == reference_ngram_simple(tokens, sampled, n, m)
+            drafted += bool(got)
+            tokens.append(sampled)
+        assert drafted > 50
+
+
+def test_ngram_mod_hashes_as_llama_cpp_and_chains_its_table():
+    from ggmux.instance.engine.draft import MOD_TABLE, NgramMod, SlotSpec
+
+    spec = SpecConfig(types=("ngram-mod",), ngram_mod_n_match=3, ngram_mod_n_min=2,
+                      ngram_mod_n_max=5)
+    mod, st = NgramMod(spec), SlotSpec(spec)
+    toks = [5, 6, 7, 8, 9, 10, 11, 5, 6]
+    res = 0
+    for t in (5, 6, 7):  # common_ngram_mod::idx: res = res * 6364136223846793005 + token
+        res = (res * 6364136223846793005 + t) % 2**64
+    assert mod._idx([5, 6, 7]) == res % MOD_TABLE
+    assert list(mod._hashes(__import__("numpy").array([5, 6, 7, 8]))) == \
+        [mod._idx([5, 6, 7]), mod._idx([6, 7, 8])]
+    mod.begin(st, toks)
+    # the last two tokens and the pending one (7) continue as in the prompt: 8 9 10 11 5
+    assert mod.draft(st, toks, 7) == [8, 9, 10, 11, 5]
+    assert mod.draft(st, toks, 99) == []  # an n-gram never seen: no draft
+
+
+def test_a_slot_whose_drafts_keep_failing_pauses_longer_each_time_until_one_is_accepted():
+    from ggmux.instance.engine.draft import SlotSpec
+
+    spec = SpecConfig(types=("ngram-simple",))
+    st = SlotSpec(spec)
+    for _ in range(spec.pause_after - 1):
+        st.record(spec, 8, 0)
+    assert st.pause_left == 0
+    st.record(spec, 8, 0)
+    assert st.pause_left == spec.pause_tokens
+    st.pause_left = 0
+    for _ in range(spec.pause_after):
+        st.record(spec, 2, 0)
+    assert st.pause_left == 2 * spec.pause_tokens  # doubled
+    assert st.cap == 2  # drafts shrank to the least size
+    st.pause_left = 0
+    st.record(spec, 2, 2)  # a draft accepted: the pauses start over, drafts grow
+    assert (st.fails, st.pause_next, st.cap) == (0, spec.pause_tokens, 4)
