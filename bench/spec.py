@@ -403,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
                         logger.info("round %d %-16s %-18s %5.1f tok/s ok %d failed %d %s",
                                     rnd + 1, key, t.name, r["tok_s"] or 0, r["ok"],
                                     r["failed"], r["errors"])
+                    if args.out:  # what is measured so far survives an interrupted run
+                        partial = {"runs": runs, "rounds_done": rnd, "cell": key}
+                        args.out.with_suffix(".partial.json").write_text(json.dumps(partial))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     commands = ctx.skipped.pop("_commands", {})
