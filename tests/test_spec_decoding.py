@@ -275,7 +275,25 @@ def test_a_slot_whose_drafts_keep_failing_pauses_longer_each_time_until_one_is_a
     for _ in range(spec.pause_after):
         st.record(spec, 2, 0)
     assert st.pause_left == 2 * spec.pause_tokens  # doubled
-    assert st.cap == 2  # drafts shrank to the least size
+    assert st.limit(spec, 48) == 1  # nothing accepted lately: the shortest draft
     st.pause_left = 0
-    st.record(spec, 2, 2)  # a draft accepted: the pauses start over, drafts grow
-    assert (st.fails, st.pause_next, st.cap) == (0, spec.pause_tokens, 4)
+    st.record(spec, 2, 2)  # a draft accepted: the pauses start over
+    assert (st.fails, st.pause_next) == (0, spec.pause_tokens)
+
+
+def test_drafts_grow_while_they_are_accepted_and_shrink_when_they_are_not():
+    from ggmux.instance.engine.draft import SlotSpec
+
+    spec = SpecConfig(types=("ngram-simple",))
+    st = SlotSpec(spec)
+    sizes = []
+    for _ in range(6):  # every draft accepted whole
+        k = st.limit(spec, 48)
+        sizes.append(k)
+        st.record(spec, k, k)
+    assert sizes == sorted(sizes) and sizes[-1] > 3 * sizes[0]
+    for _ in range(4):  # half of each rejected
+        k = st.limit(spec, 48)
+        st.record(spec, k, k // 2)
+    assert st.limit(spec, 48) < sizes[-1]
+    assert st.limit(SpecConfig(token_cost=0.0), 48) == 48  # free tokens: the longest draft

@@ -55,17 +55,28 @@ MOD_RESET_OCCUPANCY = 0.25
 MOD_LOW_ACCEPT = 0.25
 MOD_LOW_ROUNDS = 5
 MASK64 = (1 << 64) - 1
+PRIOR_HITS, PRIOR_TRIES = 4.0, 5.0  # a new request's drafts: 0.8 accepted per position
+RATE_DECAY = 0.7  # weight of the older verifications in the acceptance estimate
 
 
 class SlotSpec:
     """One slot's drafting state for its current request choice: the
-    n-gram index, the draft model's mirrored tokens, and the adaptive
-    rule's counters (``fails`` in a row, ``pause_left`` tokens not drafted,
-    ``pause_next``; ``cap``: the longest draft now, halved to what was
-    accepted after a partial acceptance, doubled after a full one)."""
+    n-gram index, ``ngram-mod``'s counters, and the adaptive rule's
+    (``fails`` in a row, ``pause_left`` tokens not drafted, ``pause_next``;
+    ``hits`` / ``tries``: decayed counts of draft positions accepted and
+    tested, whose ratio estimates the chance ``r`` that the next draft
+    token is accepted).
 
-    __slots__ = ("cap", "fails", "index", "indexed", "job", "mod_draft", "mod_last", "mod_low",
-                 "pause_left", "pause_next")
+    The draft length (:meth:`limit`) maximises the expected tokens a step
+    gives per unit of its cost: a draft of ``k`` tokens gives ``(1 -
+    r^(k+1)) / (1 - r)`` tokens (each accepted with chance ``r`` until the
+    first miss, plus the one drawn after) for a decode costing ``1 +
+    token_cost * k`` single-token decodes (``SpecConfig.token_cost``); with
+    ``r`` near 1 drafts grow long, with ``r`` low they shrink to one token,
+    and drafts that keep failing pause (:meth:`record`)."""
+
+    __slots__ = ("fails", "hits", "index", "indexed", "job", "mod_draft", "mod_last", "mod_low",
+                 "pause_left", "pause_next", "tries")
 
     def __init__(self, spec: SpecConfig) -> None:
         self.job = None
@@ -77,10 +88,13 @@ class SlotSpec:
         self.fails = 0
         self.pause_left = 0
         self.pause_next = spec.pause_tokens
-        self.cap = 1 << 30
+        self.hits, self.tries = PRIOR_HITS, PRIOR_TRIES
 
     def record(self, spec: SpecConfig, drafted: int, accepted: int) -> None:
         """A verification of ``drafted`` tokens accepted ``accepted``."""
+        tested = accepted + (accepted < drafted)  # positions up to the first miss
+        self.hits = RATE_DECAY * self.hits + accepted
+        self.tries = RATE_DECAY * self.tries + tested
         if accepted == 0:
             self.fails += 1
             if self.fails >= spec.pause_after:
@@ -90,7 +104,21 @@ class SlotSpec:
         else:
             self.fails = 0
             self.pause_next = spec.pause_tokens
-        self.cap = min(1 << 30, self.cap * 2) if accepted == drafted else max(2, 2 * accepted)
+
+    def limit(self, spec: SpecConfig, most: int) -> int:
+        """The draft length now, 1 .. ``most`` (see the class docstring)."""
+        r = min(self.hits / self.tries, 0.999) if self.tries > 0 else 0.0
+        c = spec.token_cost
+        best_k, best, gain, p = 1, 0.0, 1.0, 1.0
+        for k in range(1, most + 1):
+            p *= r
+            gain += p  # expected tokens of a k-token draft: 1 + r + ... + r^k
+            value = gain / (1.0 + c * k)
+            if value > best:
+                best_k, best = k, value
+            elif p < 1e-3:
+                break
+        return best_k
 
 
 class NgramSimple:

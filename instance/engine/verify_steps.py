@@ -36,6 +36,10 @@ from .slots import GENERATE, Slot
 
 log = logging.getLogger(__name__)
 
+MOST_DRAFT = 1024
+"""The longest draft a slot is asked for (llama.cpp's n-gram sizes are at
+most 1024); the proposers' own sizes and the adaptive length cut it."""
+
 
 class VerifySteps:
     """Mixed into :class:`~ggmux.instance.engine.Engine`: uses its model
@@ -64,9 +68,10 @@ class VerifySteps:
             if st.pause_left > 0:
                 st.pause_left -= 1
                 continue
-            n = min(job.max_gen - s.n_decoded - 1, self.m.n_ctx - len(s.tokens) - 2, st.cap)
+            n = min(job.max_gen - s.n_decoded - 1, self.m.n_ctx - len(s.tokens) - 2,
+                    MOST_DRAFT)
             if n > 0:
-                asks.append((s, n))
+                asks.append((s, st.limit(d.spec, n)))
         if not asks:
             return
         d.propose(asks)
