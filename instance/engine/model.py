@@ -174,11 +174,6 @@ class ModelContext:
         if cfg.pooling is not None:
             cp.pooling_type = cfg.pooling
         cp.no_perf = True
-        if cfg.spec is not None and cfg.spec.on:
-            # rejected drafts' cells are removed from the end of a sequence; a
-            # sliding-window cache may meanwhile have reused cells the accepted
-            # positions still attend to: keep the whole window (--swa-full)
-            cp.swa_full = True
         ctx = L.llama_init_from_model(model, cp)
         if not ctx:
             L.llama_model_free(model)
