@@ -26,8 +26,10 @@ EDIT = chat("Here is a Python file:\n\n```python\n" + CODE + "```\n\nRewrite the
     + "```python\n"
 STOP = chat("Copy this text exactly:\n\nThe cat sat on the mat. The dog sat on the log. "
             "The cat sat on the mat. The dog sat on the log. The cat sat on the mat.")
-TOOL = chat("Call the tool save_file with the content 'The cat sat on the mat. The dog sat "
-            "on the log.' Answer with <tool_call> then the JSON call.")
+QUOTE = ("The cat sat on the mat by the door. The dog slept on the log by the river. "
+         "The bird sang on the wire above the old red barn.")
+TOOL = chat(f"Call the tool save_file with the content '{QUOTE}' Answer with <tool_call> "
+            "then the JSON call.")
 TOOL_GRAMMAR = ('root ::= "<tool_call>" " "? "{\\"name\\": \\"save_file\\", \\"arguments\\": '
                 '{\\"content\\": \\"" [^"]* "\\"}}"')
 YESNO = 'root ::= ("yes" | "no") "."'
@@ -49,7 +51,7 @@ def mix(e: Engine) -> list[Generation]:
         Generation(tok(chat("Is the sky blue? Answer yes or no.")),
                    Sampling(temperature=0, grammar=YESNO), max_tokens=8),
         # a forced tool call (tool_choice "required": its grammar from the first token)
-        Generation(tok(TOOL), Sampling(temperature=0, grammar=TOOL_GRAMMAR), max_tokens=40),
+        Generation(tok(TOOL), Sampling(temperature=0, grammar=TOOL_GRAMMAR), max_tokens=80),
     ]
 
 
@@ -90,8 +92,9 @@ def test_greedy_answers_are_identical_with_speculation_on_and_off(kind, slots):
     assert 0 < edit["draft_n_accepted"] <= edit["draft_n"]
     assert on[1]["choices"][0]["finish_reason"] == "stop"  # the stop string cut the copy
     assert on[1]["choices"][0]["logprobs"]  # one entry per token, equal to those without drafts
-    assert "draft_n" not in on[2]["timings"]  # a grammar-constrained slot does not draft
     assert on[3]["choices"][0]["text"].startswith("<tool_call>")
+    # the tool call quotes its prompt: its grammar-constrained slot drafts too
+    assert on[3]["timings"].get("draft_n_accepted", 0) > 0
 
 
 def test_smollm2_drafting_for_itself_accepts_nearly_every_draft():

@@ -254,6 +254,8 @@ class DraftModel:
         self.m = ModelContext(llama_cpp, cfg, n_seq)
         self.batch: Batch | None = None
         self.dft: list[list[int]] = [[] for _ in range(n_seq)]
+        self.owner: list = [None] * n_seq  # the request each slot's last draft was for
+        self.base = [0] * n_seq  # its tokens then (known equal to the draft context's)
 
     def load(self, target: ModelContext) -> None:
         """Load the draft model; raise :class:`SpecError` when its
@@ -273,6 +275,7 @@ class DraftModel:
                             f" ({why}): --spec-draft-model needs the same vocabulary")
         self.batch = Batch(self.L, self.m.n_batch, self.m.n_seq)
         self.dft = [[] for _ in range(self.m.n_seq)]
+        self.owner = [None] * self.m.n_seq
 
     def free(self) -> None:
         self.m.free()
@@ -288,7 +291,13 @@ class DraftModel:
         todo = []
         for s, hist, sampled, _ in asks:
             have = self.dft[s.id]
-            keep = common_prefix(have, np.asarray(hist, np.int32)) if have else 0
+            # within a request the slot's tokens only grow: compare from where
+            # they were last time (O(draft) a step), all of them at a new one
+            base = self.base[s.id] if self.owner[s.id] is s.job else 0
+            base = min(base, len(have), len(hist))
+            keep = base + (common_prefix(have[base:], np.asarray(hist[base:], np.int32))
+                           if len(have) > base else 0)
+            self.owner[s.id], self.base[s.id] = s.job, len(hist)
             if keep < len(have):
                 if not L.llama_memory_seq_rm(m.mem, s.id, keep, -1):
                     L.llama_memory_seq_rm(m.mem, s.id, -1, -1)
@@ -363,6 +372,7 @@ class DraftModel:
         for s, *_ in asks:
             self.L.llama_memory_seq_rm(self.m.mem, s.id, -1, -1)
             self.dft[s.id] = []
+            self.owner[s.id] = None
         return {}
 
     def _best(self, rows: dict[int, int], active: dict) -> dict[int, int]:
