@@ -395,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
             for rnd in range(args.rounds):
                 for w, temp, level in cells:
                     key = f"{w} t={temp:g} x{level}"
-                    seed = 1000 * (rnd + 1) + 10 * level + int(temp * 10) + {"edit": 1, "tool": 2, "chat": 3}[w]
+                    seed = (1000 * (rnd + 1) + 10 * level + int(temp * 10)
+                            + {"edit": 1, "tool": 2, "chat": 3}[w])
                     for t in targets:
                         settle(ctx, t)
                         r = run_cell(t, w, temp, level, seed, args)
