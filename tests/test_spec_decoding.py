@@ -300,3 +300,35 @@ def test_drafts_grow_while_they_are_accepted_and_shrink_when_they_are_not():
         st.record(spec, k, k // 2)
     assert st.limit(spec, 48) < sizes[-1]
     assert st.limit(SpecConfig(token_cost=0.0), 48) == 48  # free tokens: the longest draft
+
+
+def test_two_seeded_choices_draft_each_and_answer_as_without_drafts():
+    answers = []
+    for spec in (None, SpecConfig(types=("ngram-simple",))):
+        e = Engine(EngineConfig(smollm2_path(), ctx_size=1024, parallel=2, n_threads=1,
+                                spec=spec))
+        e.load()
+        try:
+            g = Generation(e.tokenize(EDIT), Sampling(temperature=0.5, seed=11), max_tokens=40,
+                           n=2)
+            answers.append(e.submit(g).result(300))
+        finally:
+            e.close()
+    assert answers[1]["choices"] == answers[0]["choices"]
+    assert answers[0]["choices"][0]["text"] != answers[0]["choices"][1]["text"]
+    assert answers[1]["timings"].get("draft_n", 0) > 0
+
+
+def test_spec_options_arrive_from_llama_server_flags_and_a_bad_value_fails_the_load():
+    from ggmux.instance.llama_args import llama_kwargs
+
+    kw = llama_kwargs(["--spec-type", "ngram-simple,draft-simple", "-md", "/m/draft.gguf",
+                       "--spec-draft-n-max", "8", "--spec-ngram-simple-size-n", "6",
+                       "--draft-p-min", "0.5"])
+    spec = kw["spec"]
+    assert (spec.types, spec.draft_model, spec.draft_n_max, spec.ngram_simple_size_n,
+            spec.draft_p_min) == (("ngram-simple", "draft-simple"), "/m/draft.gguf", 8, 6, 0.5)
+    assert llama_kwargs(["--spec-default"])["spec"].types == ("ngram-mod",)
+    bad = llama_kwargs(["--spec-type", "ngram-simple", "--spec-draft-n-max", "many"])["spec"]
+    with pytest.raises(SpecError, match="--spec-draft-n-max"):
+        Engine(EngineConfig(smollm2_path(), spec=bad))
