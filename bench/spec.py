@@ -7,7 +7,8 @@ round's seed makes them):
 
 ``edit``
     a Python file of generated functions (``--edit-functions``, 300-800
-    tokens) to be written back with one change; ``/v1/completions`` on the
+    tokens; ``--edit-style area``: a regular one smollm2 copies without
+    slips) to be written back with one change; ``/v1/completions`` on the
     ChatML text with the assistant's answer opened by a code fence (the
     same tokens for every target): the answer copies the prompt, so n-gram
     drafts are accepted in long runs.
@@ -102,6 +103,19 @@ def chatml(user: str) -> str:
     return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
 
 
+def area_prompt(rng: random.Random, functions: int) -> tuple[str, str]:
+    """``--edit-style area``: a regular file (``PREFIX_area_0`` .. with
+    constants 0 ..; a random prefix per request) that smollm2-135m copies
+    back faithfully; the bench's default file it copies with slips."""
+    prefix = rng.choice(WORDS)
+    code = "".join(f"def {prefix}_area_{i}(width, height):\n    total = width * height + "
+                   f"{i}\n    return total\n\n" for i in range(functions))
+    text = chatml("Here is a Python file:\n\n```python\n" + code + "```\n\nRewrite the "
+                  f"whole file, unchanged except that {prefix}_area_3 returns total * 2. "
+                  "Output only the code.") + "```python\n"
+    return "/v1/completions", text
+
+
 def edit_prompt(rng: random.Random, functions: int) -> tuple[str, str]:
     names = [f"{rng.choice(WORDS)}_{rng.choice(WORDS)}_{i}" for i in range(functions)]
     code = "".join(
@@ -130,7 +144,8 @@ def tool_body(rng: random.Random) -> dict:
 
 def request_for(workload: str, rng: random.Random, args) -> tuple[str, dict]:
     if workload == "edit":
-        path, prompt = edit_prompt(rng, args.edit_functions)
+        make = area_prompt if getattr(args, "edit_style", "random") == "area" else edit_prompt
+        path, prompt = make(rng, args.edit_functions)
         return path, {"prompt": prompt}
     if workload == "chat":
         return "/v1/completions", {"prompt": chatml(
@@ -329,6 +344,46 @@ def format_header(report: dict) -> str:
             f"{report['load_after']} after\n{report['command']}")
 
 
+def in_process(args) -> int:
+    """``--in-process``: the engine alone (no HTTP), speculation off and on
+    in alternating rounds over the same prompts, one slot: decode tokens/s
+    of each answer (``predicted_n / predicted_ms``) and the drafts."""
+    from ggmux.instance.engine.loop import Engine, EngineConfig, Generation, Sampling
+    from ggmux.instance.engine.spec_options import SpecConfig
+
+    model = str(demo_model_paths()[args.model])
+    spec = shlex.split(args.spec)
+    types = tuple(spec[spec.index("--spec-type") + 1].split(","))
+    engines = {name: Engine(EngineConfig(model, ctx_size=CTX, parallel=1,
+                                         n_threads=args.threads, spec=sp))
+               for name, sp in (("off", None), ("spec", SpecConfig(types=types)))}
+    for e in engines.values():
+        e.load()
+    out: dict[str, list] = {name: [] for name in engines}
+    try:
+        for rnd in range(args.rounds):
+            rng = random.Random(rnd)
+            make = area_prompt if args.edit_style == "area" else edit_prompt
+            text = make(rng, args.edit_functions)[1]
+            for name, e in engines.items():
+                g = Generation(e.tokenize(text), Sampling(temperature=0), max_tokens=256)
+                t = e.submit(g).result(args.timeout)["timings"]
+                out[name].append(t)
+                logger.info("round %d %-4s %5.1f tok/s draft %s/%s", rnd + 1, name,
+                            1e3 * t["predicted_n"] / t["predicted_ms"], t.get("draft_n"),
+                            t.get("draft_n_accepted"))
+    finally:
+        for e in engines.values():
+            e.close()
+    for name, ts in out.items():
+        n = sum(t["predicted_n"] for t in ts)
+        ms = sum(t["predicted_ms"] for t in ts)
+        d, a = sum(t.get("draft_n", 0) for t in ts), sum(t.get("draft_n_accepted", 0) for t in ts)
+        print(f"{name:5} {1e3 * n / ms:6.1f} decode tok/s over {len(ts)} answers, "
+              f"drafts {a}/{d} accepted")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.spec", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m", help="smollm2-135m or gemma3-270m")
@@ -343,6 +398,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--edit-functions", type=int, default=16,
                    help="functions in an edit prompt (16: ~550 tokens)")
+    p.add_argument("--in-process", action="store_true",
+                   help="the engine alone, off vs on (edit workload, one slot)")
+    p.add_argument("--edit-style", choices=("random", "area"), default="random",
+                   help="edit prompts: the default random file, or PREFIX_area_0 .. _N")
     p.add_argument("--llama-server", help="the binary (default: bench.llama_server.find)")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--start-timeout", type=float, default=180.0)
@@ -355,6 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if args.in_process:
+        return in_process(args)
     if args.report:
         saved = json.loads(args.report.read_text())
         saved["figures"] = figures(saved["runs"])
