@@ -194,6 +194,9 @@ class LlamaBackend(Backend):
         from llama_cpp._internals import LlamaModel
 
         weights = sum(os.path.getsize(p) for p in model_parts(self.path))
+        spec = self._config().spec
+        if spec is not None and spec.on and spec.draft_model and os.path.isfile(spec.draft_model):
+            weights += os.path.getsize(spec.draft_model)  # a draft model (issue 30): its weights
         # the model alone, no context: a context on a vocab-only model warns
         # "n_ctx_seq (512) > n_ctx_train (0)" at every start (issue 15)
         params = llama_cpp.llama_model_default_params()

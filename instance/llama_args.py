@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 
+from .engine.spec_options import OPTIONS as SPEC_OPTIONS
+from .engine.spec_options import SpecConfig, set_option, spec_default
 from .settings import SAMPLING_OPTIONS, sampling_default
 
 log = logging.getLogger(__name__)
@@ -62,7 +64,9 @@ def llama_kwargs(argv: list[str]) -> dict:
     """Engine settings (:class:`~ggmux.instance.engine.model.EngineConfig` fields)
     and the backend's own (``chat_format``, ``chat_template_file``,
     ``jinja``, ``n_predict``, ``pooling``, ``verbose``, ``reasoning_format``,
-    ``sampling``: the requests' sampling defaults, field -> value) for
+    ``sampling``: the requests' sampling defaults, field -> value;
+    ``spec``: the ``--spec-*`` options as a
+    :class:`~ggmux.instance.engine.spec_options.SpecConfig`) for
     llama-server options a preset gave (``extra_args``); options the engine
     has no equivalent for are logged and ignored, as llama.cpp ignores
     unknown environment."""
@@ -70,6 +74,10 @@ def llama_kwargs(argv: list[str]) -> dict:
     i = 0
     while i < len(argv):
         opt = argv[i]
+        if opt == "--spec-default":
+            spec_default(kw.setdefault("spec", SpecConfig()))
+            i += 1
+            continue
         if opt in _LLAMA_FLAGS:
             k, v = _LLAMA_FLAGS[opt]
             kw[k] = v
@@ -82,6 +90,8 @@ def llama_kwargs(argv: list[str]) -> dict:
             breakers = sampling.setdefault("dry_sequence_breakers", [])
             if argv[i + 1] != "none":
                 breakers.append(argv[i + 1])
+        elif opt in SPEC_OPTIONS and has_value:  # speculative decoding (issue 30)
+            set_option(kw.setdefault("spec", SpecConfig()), opt, argv[i + 1])
         elif opt in SAMPLING_OPTIONS and has_value:
             try:
                 k, v = sampling_default(opt, argv[i + 1])

@@ -335,7 +335,9 @@ class InstanceApp:
                  "# TYPE ggmux_instance_in_flight gauge",
                  f"ggmux_instance_in_flight {self.in_flight}"]
         decodes = m.get("decode_calls_total")
-        spec = 0 if decodes is not None else None  # no speculative decoding: zeros
+        def spec(key: str):  # speculative decoding (issue 30): zeros when it is off
+            return None if decodes is None else m.get(key, 0)
+
         families = (  # llama-server's names and help (server-task.cpp, to_metrics)
             ("prompt_tokens_total", "counter", m.get("prompt_tokens_total"),
              "Number of prompt tokens processed, excluding cached tokens"),
@@ -350,11 +352,11 @@ class InstanceApp:
             ("n_decode_total", "counter", decodes, "Total number of llama_decode() calls"),
             ("n_tokens_max", "counter", m.get("tokens_max"),
              "Largest observed sequence length (prompt + generation)"),
-            ("spec_decode_num_draft_tokens_total", "counter", spec,
+            ("spec_decode_num_draft_tokens_total", "counter", spec("draft_tokens_total"),
              "Speculative: Total draft tokens generated"),
-            ("spec_decode_num_accepted_tokens_total", "counter", spec,
+            ("spec_decode_num_accepted_tokens_total", "counter", spec("draft_accepted_total"),
              "Speculative: Total draft tokens accepted by the target model"),
-            ("spec_decode_num_drafts_total", "counter", spec,
+            ("spec_decode_num_drafts_total", "counter", spec("draft_verifications_total"),
              "Speculative: Total speculative decoding verification steps"),
             ("decode_seconds_total", "counter", m.get("decode_seconds_total"),
              "Total time spent in llama_decode()"),

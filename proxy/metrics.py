@@ -47,6 +47,12 @@ REPLICA_FAMILIES = {
                                  "KV cache cells reserved or holding a slot's cache."),
     "llamacpp:kv_cache_size": ("ggmux_model_kv_cache_size", "gauge",
                                "KV cache cells of the ready replicas."),
+    "llamacpp:spec_decode_num_draft_tokens_total": (
+        "ggmux_model_draft_tokens_total", "counter",
+        "Speculative decoding: draft tokens the model's replicas verified."),
+    "llamacpp:spec_decode_num_accepted_tokens_total": (
+        "ggmux_model_draft_accepted_tokens_total", "counter",
+        "Speculative decoding: draft tokens accepted (accepted / drafted = acceptance rate)."),
 }
 
 

@@ -354,6 +354,24 @@ def _one_of(*words: str) -> Callable[[str], str]:
     return parse
 
 
+SPEC_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash",
+              "draft-dspark", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod",
+              "ngram-cache")
+"""llama.cpp b11434's ``--spec-type`` names (``common/speculative.cpp``); the
+built-in engine drafts with some of them and refuses the rest at load
+(``instance/engine/spec_options.py``)."""
+
+
+def _spec_types(v: str) -> str:
+    """``--spec-type``: a comma-separated list of llama.cpp's type names."""
+    names = [t.strip() for t in v.split(",") if t.strip()]
+    bad = [t for t in names if t not in SPEC_TYPES]
+    if not names or bad:
+        raise ValueError(f"bad value {v!r} (expected a comma-separated list of "
+                         f"{', '.join(SPEC_TYPES)})")
+    return ",".join(names)
+
+
 def _layers(v: str) -> str:
     return v.strip() if v.strip() in ("auto", "all") else _integer(v)
 
@@ -368,6 +386,10 @@ _INTEGERS = (
     "yarn-orig-ctx", "reasoning-budget", "draft-max", "draft-min", "ctx-size-draft",
     "image-min-tokens", "image-max-tokens", "sleep-idle-seconds", "seed", "prio", "poll",
     "prio-batch", "poll-batch", "spec-draft-n-max", "spec-draft-n-min",
+    "spec-ngram-mod-n-min", "spec-ngram-mod-n-max", "spec-ngram-mod-n-match",
+    "spec-ngram-simple-size-n", "spec-ngram-simple-size-m", "spec-ngram-simple-min-hits",
+    "spec-ngram-map-k-size-n", "spec-ngram-map-k-size-m", "spec-ngram-map-k-min-hits",
+    "spec-ngram-map-k4v-size-n", "spec-ngram-map-k4v-size-m", "spec-ngram-map-k4v-min-hits",
 )
 _DECIMALS = (
     "temp", "top-p", "min-p", "typical", "repeat-penalty", "presence-penalty",
@@ -387,6 +409,7 @@ _WORDS: dict[str, Callable[[str], str]] = {
     "cache-type-v-draft": _CACHE_TYPES,
     "numa": _one_of("distribute", "isolate", "numactl"),
     "n-gpu-layers-draft": _layers,
+    "spec-type": _spec_types,
 }
 
 

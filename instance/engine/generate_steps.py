@@ -22,19 +22,29 @@ left for the next generated tokens: llama-server's message and status (500,
 class GenerateSteps:
     """Mixed into :class:`~ggmux.instance.engine.Engine`: uses its model
     (``m``), llama bindings (``L``), batch (``_batch``), slots, ``stats``,
-    ``_timed``, ``_sample_all``, ``_clear`` and ``_fail``."""
+    ``_timed``, ``_sample_all``, ``_clear``, ``_fail`` and the speculative
+    steps (``drafter``, ``_propose``, ``_verify``: :mod:`.verify_steps`)."""
 
-    def _plan(self, prompt_budget: int) -> list[tuple[Slot, int]]:
-        """Fill the batch: every generating slot's pending token, then prompt
-        chunks (oldest request first) up to ``prompt_budget`` tokens.
-        Returns ``(slot, tokens added)``; nothing is committed yet."""
+    def _plan(self, prompt_budget: int, drafts: bool = True) -> list[tuple[Slot, int]]:
+        """Fill the batch: every generating slot's pending token and its
+        draft (``drafts``: speculation, :mod:`.verify_steps`; logits at
+        each), then prompt chunks (oldest request first) up to
+        ``prompt_budget`` tokens. Returns ``(slot, tokens added)``; nothing
+        is committed yet."""
         b = self._batch
         b.clear()
         plan = []
-        for s in self.slots:
-            if s.state == GENERATE:
-                s.i_batch = b.add(s.pending, len(s.tokens), s.id, True)
-                plan.append((s, 1))
+        gen = [s for s in self.slots if s.state == GENERATE]
+        if drafts and self.drafter is not None:
+            self._propose(gen, b.capacity - len(gen))
+        else:
+            for s in gen:
+                s.draft = []
+        for s in gen:
+            s.i_batch = b.add(s.pending, len(s.tokens), s.id, True)
+            if s.draft:
+                b.add_run(s.draft, len(s.tokens) + 1, s.id, "all")
+            plan.append((s, 1 + len(s.draft)))
         budget = min(prompt_budget, b.room)
         for s in sorted((s for s in self.slots if s.state == PROMPT), key=lambda s: s.job.id):
             if budget <= 0:
@@ -61,14 +71,20 @@ class GenerateSteps:
 
     def _generate(self) -> None:
         budget = self._batch.capacity
+        drafts = True
         while True:
-            plan = self._plan(budget)
+            plan = self._plan(budget, drafts)
             if not plan:
                 return
             ret, _ = self._decode()
             if ret == 0:
                 self.stats["busy_slots_total"] += len(plan)  # slots served by this decode
                 break
+            if ret == 1 and drafts and any(s.draft for s, _ in plan):
+                drafts = False  # no room for the drafts' cells: this step goes without
+                for s, _ in plan:
+                    self.L.llama_memory_seq_rm(self.m.mem, s.id, len(s.tokens), -1)
+                continue
             if ret == 1 and self._clear_idle_cells():
                 continue  # idle slots' prompt caches gave their cells (llama-server's order)
             if ret == 1 and budget > 0 and any(s.state == PROMPT for s, _ in plan):
@@ -86,11 +102,12 @@ class GenerateSteps:
                     self._fail(s.job, ReplicaFault(f"decode failed ({ret})"))
             return
         ready = []
+        verify = []
         for s, k in plan:
             if s.state == GENERATE:
                 s.tokens.append(s.pending)
                 s.pending = -1
-                ready.append(s)
+                (verify if s.draft else ready).append(s)
             else:
                 start = len(s.tokens)
                 s.tokens.extend(s.job.request.prompt[start:start + k])
@@ -114,6 +131,12 @@ class GenerateSteps:
                 draw.append(s)
         if draw:
             self._sample_all(draw)
+        for s in verify:
+            if s.job is not None and not s.job.ended:
+                self._verify(s)
+            else:  # ended meanwhile: its draft's cells go
+                s.draft = []
+                self.L.llama_memory_seq_rm(self.m.mem, s.id, len(s.tokens), -1)
 
     def _clear_idle_cells(self) -> bool:
         """Free the cells idle slots keep as prompt caches (a shared cache

@@ -134,6 +134,8 @@ class Job:
         self.max_gen = 0
         self.n_cached = 0
         self.n_decoded = 0
+        self.n_drafted = 0  # draft tokens verified (speculative decoding)
+        self.n_draft_accepted = 0  # of those, accepted
         self.t_submit = time.monotonic()
         self.t_start = 0.0
         self.t_first = 0.0
@@ -235,7 +237,9 @@ class Job:
         batches read so far and the time to the last of them, 0 before the
         first, as ``server_slot_stats``), ``cache_n``,
         ``predicted_n``/``predicted_ms`` (tokens generated, time after the
-        first)."""
+        first); with speculative decoding, ``draft_n`` and
+        ``draft_n_accepted`` (draft tokens verified, and accepted: llama-server's
+        ``server_slot_stats``, present once a draft was verified)."""
         started = self.t_start > 0
         out = {"queue_ms": _ms((self.t_start if started else now) - self.t_submit)}
         if isinstance(self.request, Embedding):
@@ -254,6 +258,8 @@ class Job:
                    predicted_ms=_ms(now - self.t_first) if first else 0.0)
         if self.cache_tier:
             out["cache_tier"] = self.cache_tier
+        if self.n_drafted:
+            out.update(draft_n=self.n_drafted, draft_n_accepted=self.n_draft_accepted)
         return out
 
 

@@ -76,6 +76,7 @@ from .sample_steps import SampleSteps
 from .sampling import SamplerError, Sampling, sampler_chain
 from .slots import EMBED, IDLE, PROMPT, SAMPLE, STATE_NAMES, WAIT, Slot, common_prefix
 from .stops import StopStrings, StopText
+from .verify_steps import VerifySteps
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ __all__ = ["Embedding", "Engine", "EngineAsleep", "EngineConfig", "EngineError",
            "EngineStopped", "Generation", "InvalidRequest", "Job", "Sampling"]
 
 
-class Engine(CacheSteps, EmbeddingSteps, GenerateSteps, SampleSteps):
+class Engine(CacheSteps, EmbeddingSteps, GenerateSteps, SampleSteps, VerifySteps):
     """Continuous batching over ``parallel`` slots of one llama context; see
     the module docstring. Life cycle: ``load()``, then ``submit`` from any
     thread, ``sleep()``/``wake()`` to free and restore the weights,
@@ -114,6 +115,7 @@ class Engine(CacheSteps, EmbeddingSteps, GenerateSteps, SampleSteps):
         self.cfg = config
         self.slots = [Slot(i) for i in range(max(1, config.parallel))]
         self.m = ModelContext(llama_cpp, config, len(self.slots), on_progress)
+        self.drafter = make_drafter(llama_cpp, config, len(self.slots))
         self._cond = threading.Condition()
         self._model_lock = threading.Lock()
         self._inbox: list[Job] = []
@@ -133,7 +135,8 @@ class Engine(CacheSteps, EmbeddingSteps, GenerateSteps, SampleSteps):
                       "cached_tokens_total": 0, "predicted_tokens_total": 0,
                       "predicted_seconds_total": 0.0, "decode_calls_total": 0,
                       "decode_seconds_total": 0.0, "batch_tokens_total": 0,
-                      "busy_slots_total": 0, "tokens_max": 0}
+                      "busy_slots_total": 0, "tokens_max": 0, "draft_tokens_total": 0,
+                      "draft_accepted_total": 0, "draft_verifications_total": 0}
 
     @property
     def n_ctx(self) -> int:
@@ -167,6 +170,12 @@ class Engine(CacheSteps, EmbeddingSteps, GenerateSteps, SampleSteps):
 
     def _load(self) -> None:
         self.m.load()
+        if self.drafter is not None:
+            try:
+                self.drafter.load(self.m)
+            except Exception:
+                self.m.free()
+                raise
         self._open_cache()
         self._batch = Batch(self.L, self.m.n_batch, len(self.slots))
         for s in self.slots:
@@ -175,6 +184,8 @@ class Engine(CacheSteps, EmbeddingSteps, GenerateSteps, SampleSteps):
         self._asleep = False
 
     def _free(self) -> None:
+        if self.drafter is not None:
+            self.drafter.free()
         self.m.free()
         for s in self.slots:
             s.tokens = []
@@ -658,3 +669,16 @@ class Engine(CacheSteps, EmbeddingSteps, GenerateSteps, SampleSteps):
 
 def _tenant(job: Job) -> str:
     return job.request.tenant
+
+
+def make_drafter(llama_cpp, config: EngineConfig, n_seq: int):
+    """The speculative proposers of ``config.spec``, None when it is off.
+    Raises :class:`~ggmux.instance.engine.spec_options.SpecError` (a
+    ValueError) for options the engine cannot use."""
+    if config.spec is None or not config.spec.on:
+        if config.spec is not None:
+            config.spec.check()
+        return None
+    from .draft import Drafter  # numpy tables and a second model only when asked for
+
+    return Drafter(llama_cpp, config.spec, config, n_seq)

@@ -20,6 +20,7 @@ import numpy as np
 from ..cache.tiers import CacheSettings
 from .jobs import InvalidRequest
 from .sampling import DEFAULT_SEED
+from .spec_options import SpecConfig
 
 ID_SLICE = 1 << 16
 """Ids listed or checked per GIL-holding call (:meth:`ModelContext.tokenize`,
@@ -66,7 +67,9 @@ class EngineConfig:
     while the other three were read). ``cache``: the KV tiers' options
     (``--cache-ram``, ``--cache-disk``, ``--cache-disk-max``,
     ``--cache-save-timeout``; :class:`~ggmux.instance.cache.CacheSettings`;
-    llama-server's default: 8192 MiB of host RAM, no disk)."""
+    llama-server's default: 8192 MiB of host RAM, no disk). ``spec``: speculative decoding's
+    options (:class:`~ggmux.instance.engine.spec_options.SpecConfig`,
+    llama-server's ``--spec-*``), None for none."""
 
     model_path: str
     ctx_size: int = 2048
@@ -93,6 +96,7 @@ class EngineConfig:
     cache_scope: str = "global"
     prefill_wait_ms: float = 50.0
     cache: CacheSettings = field(default_factory=CacheSettings)
+    spec: SpecConfig | None = None  # speculative decoding (issue 30); None: off
 
 
 class ModelContext:

@@ -96,14 +96,18 @@ class SampleSteps:
         """Draw ``s``'s token on a worker thread, from a copy of its logits
         (valid only until the next decode)."""
         row = logits_row(self.L, self.m.ctx, s.i_batch, self.m.n_vocab).copy()
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(len(self.slots), thread_name_prefix="sampler")
         s.state = SAMPLE
         job = s.job
         job.sampling += 1
         self._drawing += 1
         self._fresh += 1
-        self._pool.submit(self._sample_off, s, job, s.sampler, row)
+        self._workers().submit(self._sample_off, s, job, s.sampler, row)
+
+    def _workers(self) -> ThreadPoolExecutor:
+        """The worker threads, made at the first grammar draw."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(len(self.slots), thread_name_prefix="sampler")
+        return self._pool
 
     def _sample_off(self, s: Slot, job, sampler, row: np.ndarray) -> None:
         """A worker thread's draw; its result goes to the decode thread."""
@@ -138,6 +142,9 @@ class SampleSteps:
             if isinstance(tok, BaseException):
                 log.error("sampling failed: %s", tok)
                 self._fail(job, f"sampling failed: {tok}")
+                continue
+            if isinstance(tok, tuple):  # a draft verification's draws (verify_steps)
+                self._accept_drawn(s, tok, row)
                 continue
             self._took(s, tok, row)
 

@@ -25,6 +25,7 @@ class Slot:
         "children",
         "choice",
         "decoder",
+        "draft",
         "embed_i",
         "embed_pos",
         "embed_sum",
@@ -37,6 +38,7 @@ class Slot:
         "pending",
         "reserved",
         "sampler",
+        "spec",
         "state",
         "stop",
         "t_used",
@@ -63,6 +65,8 @@ class Slot:
         self.embed_sum = None
         self.n_cached = 0
         self.owner = ""  # the tenant whose request made the cached tokens
+        self.draft: list[int] = []  # tokens proposed after `pending` this step (issue 30)
+        self.spec = None  # its drafting state (draft.SlotSpec), made at its first draft
 
     def release(self) -> None:
         """Back to idle; the KV (``tokens``) stays as a prompt cache."""

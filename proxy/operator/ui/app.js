@@ -514,6 +514,7 @@ async function send(ev) {
   let last = 0;
   let tokens = 0;
   let usage = null;
+  let timings = null;
   let answer = "";
   try {
     const resp = await api(mode === "chat" ? "/v1/chat/completions" : "/v1/completions",
@@ -525,6 +526,7 @@ async function send(ev) {
       const chunk = JSON.parse(e.data);
       if (chunk.error) throw new Error(chunk.error.message || "error");
       if (chunk.usage) usage = chunk.usage;
+      if (chunk.timings) timings = chunk.timings;
       const choice = (chunk.choices || [])[0];
       const piece = choice ? (choice.delta ? choice.delta.content : choice.text) : "";
       if (piece) {
@@ -545,7 +547,10 @@ async function send(ev) {
     const secs = (last - first) / 1000;
     stats.textContent = n + " tokens"
       + (n > 1 && secs > 0 ? " · " + ((n - 1) / secs).toFixed(1) + " tokens/s" : "")
-      + (first ? " · TTFT " + Math.round(first - t0) + " ms" : "");
+      + (first ? " · TTFT " + Math.round(first - t0) + " ms" : "")
+      // speculative decoding: the share of draft tokens accepted (llama-server's timings)
+      + (timings && timings.draft_n ? " · drafts " + Math.round(100 * timings.draft_n_accepted
+        / timings.draft_n) + "% accepted" : "");
     if (mode === "chat") conversation.push({ role: "assistant", content: answer });
   } catch (err) {
     if (err.name === "AbortError") {

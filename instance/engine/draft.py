@@ -1,0 +1,478 @@
+"""Draft proposers for speculative decoding (issue 30): each generating slot
+may propose tokens that the next decode verifies
+(:mod:`ggmux.instance.engine.verify_steps`).
+
+The types are llama.cpp's (``common/speculative.cpp``, ``common/ngram-*.cpp``,
+build b11434), tried in its order of preference for each slot:
+
+* ``ngram-simple`` (:class:`NgramSimple`): the last ``size_n`` tokens (the
+  pending one included) looked up in the slot's own tokens (prompt and
+  answer); the most recent earlier occurrence's next ``size_m`` tokens are
+  the draft, none when fewer than ``size_n`` follow it
+  (``common_ngram_simple_draft``). llama.cpp searches backwards at every
+  token; here an index (n-gram -> latest start) is kept as tokens arrive,
+  the same answer at O(1) a token (issue 18: no request may make the
+  decode thread's work per token grow).
+* ``ngram-mod`` (:class:`NgramMod`): one hashed table shared by the slots,
+  ``hash(n_match tokens) -> next token``, fed with each request's prompt
+  and answer; drafts chain lookups, kept only when at least ``n_min`` long
+  (``common_ngram_mod``, ``common_speculative_impl_ngram_mod``: the same
+  hash, table size, reset at 25% occupancy and after 5 low-acceptance
+  rounds).
+* ``draft-simple`` (:class:`DraftModel`): a draft model of the same
+  vocabulary, loaded in this process with its own context (a sequence per
+  slot); its KV mirrors each slot's verified tokens, then it decodes the
+  pending token and drafts greedily, one batched ``llama_decode`` per draft
+  position for all drafting slots, stopping a slot's draft below
+  ``p_min`` (the top token's probability among its 10 best, as
+  llama.cpp's top-k 10 draft sampler) or at ``n_max``; drafts shorter than
+  ``n_min`` are dropped.
+
+:class:`SlotSpec` is a slot's drafting state, with ggmux's adaptive pause
+(:class:`~ggmux.instance.engine.spec_options.SpecConfig`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+
+import numpy as np
+
+from .batch import Batch
+from .model import EngineConfig, ModelContext
+from .slots import Slot, common_prefix
+from .spec_options import SpecConfig, SpecError
+
+log = logging.getLogger(__name__)
+
+VOCAB_MAX_SIZE_DIFFERENCE = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
+VOCAB_CHECK_START = 5  # SPEC_VOCAB_CHECK_START_TOKEN_ID
+MOD_TABLE = 4 * 1024 * 1024  # ngram-mod's entries (common_speculative_impl_ngram_mod)
+MOD_MULT = 6364136223846793005  # common_ngram_mod::idx
+MOD_RESET_OCCUPANCY = 0.25
+MOD_LOW_ACCEPT = 0.25
+MOD_LOW_ROUNDS = 5
+MASK64 = (1 << 64) - 1
+PRIOR_HITS, PRIOR_TRIES = 4.0, 5.0  # a new request's drafts: 0.8 accepted per position
+RATE_DECAY = 0.7  # weight of the older verifications in the acceptance estimate
+
+
+class SlotSpec:
+    """One slot's drafting state for its current request choice: the
+    n-gram index, ``ngram-mod``'s counters, and the adaptive rule's
+    (``fails`` in a row, ``pause_left`` tokens not drafted, ``pause_next``;
+    ``hits`` / ``tries``: decayed counts of draft positions accepted and
+    tested, whose ratio estimates the chance ``r`` that the next draft
+    token is accepted).
+
+    The draft length (:meth:`limit`) maximises the expected tokens a step
+    gives per unit of its cost: a draft of ``k`` tokens gives ``(1 -
+    r^(k+1)) / (1 - r)`` tokens (each accepted with chance ``r`` until the
+    first miss, plus the one drawn after) for a decode costing ``1 +
+    token_cost * k`` single-token decodes (``SpecConfig.token_cost``); with
+    ``r`` near 1 drafts grow long, with ``r`` low they shrink to one token,
+    and drafts that keep failing pause (:meth:`record`)."""
+
+    __slots__ = ("fails", "hits", "index", "indexed", "job", "mod_draft", "mod_last", "mod_low",
+                 "pause_left", "pause_next", "tries")
+
+    def __init__(self, spec: SpecConfig) -> None:
+        self.job = None
+        self.index: dict[tuple, int] = {}
+        self.indexed = 0
+        self.mod_last = 0
+        self.mod_draft = 0
+        self.mod_low = 0
+        self.fails = 0
+        self.pause_left = 0
+        self.pause_next = spec.pause_tokens
+        self.hits, self.tries = PRIOR_HITS, PRIOR_TRIES
+
+    def record(self, spec: SpecConfig, drafted: int, accepted: int) -> None:
+        """A verification of ``drafted`` tokens accepted ``accepted``."""
+        tested = accepted + (accepted < drafted)  # positions up to the first miss
+        self.hits = RATE_DECAY * self.hits + accepted
+        self.tries = RATE_DECAY * self.tries + tested
+        if accepted == 0:
+            self.fails += 1
+            if self.fails >= spec.pause_after:
+                self.pause_left = self.pause_next
+                self.pause_next = min(spec.pause_max, max(1, self.pause_next * 2))
+                self.fails = 0
+        else:
+            self.fails = 0
+            self.pause_next = spec.pause_tokens
+
+    def limit(self, spec: SpecConfig, most: int) -> int:
+        """The draft length now, 1 .. ``most`` (see the class docstring)."""
+        r = min(self.hits / self.tries, 0.999) if self.tries > 0 else 0.0
+        c = spec.token_cost
+        best_k, best, gain, p = 1, 0.0, 1.0, 1.0
+        for k in range(1, most + 1):
+            p *= r
+            gain += p  # expected tokens of a k-token draft: 1 + r + ... + r^k
+            value = gain / (1.0 + c * k)
+            if value > best:
+                best_k, best = k, value
+            elif p < 1e-3:
+                break
+        return best_k
+
+
+class NgramSimple:
+    """``ngram-simple`` over one slot's tokens (see the module docstring)."""
+
+    def __init__(self, spec: SpecConfig) -> None:
+        self.n = spec.ngram_simple_size_n
+        self.m = spec.ngram_simple_size_m
+
+    def draft(self, st: SlotSpec, hist: list[int], sampled: int) -> list[int]:
+        n, m = self.n, self.m
+        cur = len(hist)
+        if cur <= n + m + 1:
+            return []
+        index = st.index
+        # n-grams starting at j >= 1 with a token after them (llama.cpp's search range)
+        for j in range(max(1, st.indexed), cur - n):
+            index[tuple(hist[j:j + n])] = j
+        st.indexed = max(st.indexed, cur - n)
+        j = index.get((*hist[cur - n + 1:], sampled))
+        if j is None:
+            return []
+        copy = min(m, cur - (j + n))
+        if copy < n:
+            return []
+        return hist[j + n:j + n + copy]
+
+
+class NgramMod:
+    """``ngram-mod``: the table is shared by every slot (llama.cpp's)."""
+
+    def __init__(self, spec: SpecConfig) -> None:
+        self.n = spec.ngram_mod_n_match
+        self.n_max = spec.ngram_mod_n_max
+        self.n_min = spec.ngram_mod_n_min
+        self.table = np.full(MOD_TABLE, -1, np.int32)
+        self.used = 0
+
+    def _hashes(self, tokens: np.ndarray) -> np.ndarray:
+        """Table indices of every n-gram of ``tokens`` (uint64 wraps as C's size_t)."""
+        n = self.n
+        k = len(tokens) - n + 1
+        h = np.zeros(k, np.uint64)
+        t = tokens.astype(np.uint64)
+        mult = np.uint64(MOD_MULT)
+        with np.errstate(over="ignore"):
+            for i in range(n):
+                h = h * mult + t[i:i + k]
+        return (h % np.uint64(MOD_TABLE)).astype(np.int64)
+
+    def _idx(self, tokens) -> int:
+        res = 0
+        for t in tokens:
+            res = (res * MOD_MULT + t) & MASK64
+        return res % MOD_TABLE
+
+    def _add(self, hist: list[int], lo: int, hi: int) -> None:
+        """Add the n-grams starting at ``lo .. hi - 1`` (each with its next token)."""
+        if hi <= lo:
+            return
+        a = np.asarray(hist[lo:hi + self.n], np.int64)
+        idx = self._hashes(a[:-1])[: hi - lo]
+        nxt = a[self.n:self.n + hi - lo].astype(np.int32)
+        self.used += int(np.count_nonzero(self.table[idx] == -1))
+        self.table[idx] = nxt
+
+    def reset(self) -> None:
+        self.table.fill(-1)
+        self.used = 0
+
+    def begin(self, st: SlotSpec, prompt: list[int]) -> None:
+        st.mod_last = st.mod_draft = 0
+        n = self.n
+        if len(prompt) < n:
+            return
+        self._add(prompt, 0, len(prompt) - n)
+        st.mod_last = len(prompt) - n
+        if self.used / MOD_TABLE > MOD_RESET_OCCUPANCY:
+            log.warning("ngram-mod table %.2f full: reset", self.used / MOD_TABLE)
+            self.reset()
+
+    def draft(self, st: SlotSpec, hist: list[int], sampled: int) -> list[int]:
+        st.mod_draft = 0
+        n, cur = self.n, len(hist)
+        if cur < n:
+            return []
+        if st.mod_last + 32 < cur:  # new n-grams in chunks, as llama.cpp
+            self._add(hist, st.mod_last, cur - n)
+            st.mod_last = cur - n
+        key = [*hist[cur - n + 1:], sampled]
+        out: list[int] = []
+        table = self.table
+        for i in range(self.n_max):
+            tok = int(table[self._idx(key[i:i + n])])
+            if tok == -1:
+                if i < self.n_min:
+                    return []
+                break
+            key.append(tok)
+            out.append(tok)
+        st.mod_draft = len(out)
+        return out
+
+    def accepted(self, st: SlotSpec, n_accepted: int) -> None:
+        if st.mod_draft <= 0:
+            return
+        if n_accepted / st.mod_draft < MOD_LOW_ACCEPT:
+            st.mod_low += 1
+            if st.mod_low >= MOD_LOW_ROUNDS:
+                self.reset()
+                st.mod_low = 0
+                st.mod_last = 0
+        else:
+            st.mod_low = 0
+
+
+class DraftModel:
+    """``draft-simple``: a second model and context in this process (see
+    the module docstring). ``dft`` holds, per slot, the tokens whose KV its
+    sequence holds in the draft context."""
+
+    def __init__(self, llama_cpp, spec: SpecConfig, target: EngineConfig, n_seq: int) -> None:
+        self.L = llama_cpp
+        self.spec = spec
+        cfg = EngineConfig(spec.draft_model, ctx_size=target.ctx_size, parallel=n_seq,
+                           kv_size=target.kv_size, n_batch=target.n_batch,
+                           n_ubatch=target.n_ubatch, n_threads=target.n_threads,
+                           n_threads_batch=target.n_threads_batch,
+                           n_gpu_layers=target.n_gpu_layers if spec.draft_ngl is None
+                           else spec.draft_ngl, main_gpu=target.main_gpu,
+                           use_mmap=target.use_mmap, flash_attn=target.flash_attn,
+                           kv_unified=target.kv_unified, spec=spec)
+        self.m = ModelContext(llama_cpp, cfg, n_seq)
+        self.batch: Batch | None = None
+        self.dft: list[list[int]] = [[] for _ in range(n_seq)]
+        self.owner: list = [None] * n_seq  # the request each slot's last draft was for
+        self.base = [0] * n_seq  # its tokens then (known equal to the draft context's)
+
+    def load(self, target: ModelContext) -> None:
+        """Load the draft model; raise :class:`SpecError` when its
+        vocabulary is not the target's (llama.cpp's
+        ``common_speculative_are_compatible``), naming both files."""
+        if not os.path.exists(self.spec.draft_model):
+            raise SpecError(f"draft model file not found: {self.spec.draft_model}")
+        c = self.m.cfg  # the target's context shape, its cells per slot
+        c.ctx_size, c.kv_unified = target.n_ctx, target.unified
+        c.kv_size = target.kv_size if target.unified else 0
+        self.m.load()
+        why = vocab_mismatch(self.L, target, self.m)
+        if why:
+            self.free()
+            raise SpecError(f"the draft model {os.path.basename(self.spec.draft_model)} has "
+                            f"another vocabulary than {os.path.basename(target.cfg.model_path)}"
+                            f" ({why}): --spec-draft-model needs the same vocabulary")
+        self.batch = Batch(self.L, self.m.n_batch, self.m.n_seq)
+        self.dft = [[] for _ in range(self.m.n_seq)]
+        self.owner = [None] * self.m.n_seq
+
+    def free(self) -> None:
+        self.m.free()
+        self.batch = None
+
+    def draft(self, asks: list[tuple[Slot, list[int], int, int]]) -> dict[int, list[int]]:
+        """Drafts for ``(slot, tokens, pending, n_max)``: slot id -> draft."""
+        L, m, b = self.L, self.m, self.batch
+        spec = self.spec
+        out: dict[int, list[int]] = {}
+        b.clear()
+        # 1. the draft context catches up with each slot's verified tokens and the pending one
+        todo = []
+        for s, hist, sampled, _ in asks:
+            have = self.dft[s.id]
+            # within a request the slot's tokens only grow: compare from where
+            # they were last time (O(draft) a step), all of them at a new one
+            base = self.base[s.id] if self.owner[s.id] is s.job else 0
+            base = min(base, len(have), len(hist))
+            keep = base + (common_prefix(have[base:], np.asarray(hist[base:], np.int32))
+                           if len(have) > base else 0)
+            self.owner[s.id], self.base[s.id] = s.job, len(hist)
+            if keep < len(have):
+                if not L.llama_memory_seq_rm(m.mem, s.id, keep, -1):
+                    L.llama_memory_seq_rm(m.mem, s.id, -1, -1)
+                    keep = 0
+                del have[keep:]
+            todo.append([s, [*hist[keep:], sampled], keep])
+        # the tokens before each pending one first (no outputs), in as many
+        # batches as they need; then every pending token in one batch
+        # (logits hold only the last decode's rows)
+        for t in todo:
+            s, toks, pos = t
+            head = toks[:-1]
+            while head:
+                if b.room <= 0 or b.n and len(head) > b.room:
+                    if not self._decode():
+                        return self._reset(asks)
+                    b.clear()
+                k = min(len(head), b.room)
+                b.add_run(head[:k], pos, s.id, "last")
+                b.logits[b.n - 1] = 0
+                self.dft[s.id].extend(head[:k])
+                head, pos = head[k:], pos + k
+            t[1], t[2] = toks[-1:], pos
+        if b.n and b.n + len(todo) > b.capacity:
+            if not self._decode():
+                return self._reset(asks)
+            b.clear()
+        last: dict[int, int] = {}
+        for s, toks, pos in todo:
+            last[s.id] = b.add(toks[0], pos, s.id, True)
+            self.dft[s.id].append(toks[0])
+        if not self._decode():
+            return self._reset(asks)
+        # 2. greedy drafting, one decode per position for every drafting slot
+        active = {s.id: (s, n) for s, _, _, n in asks if n > 0}
+        for sid in active:
+            out[sid] = []
+        while active:
+            toks = self._best(last, active)
+            b.clear()
+            nxt: dict[int, int] = {}
+            for sid, tok in toks.items():
+                s, n = active[sid]
+                if tok < 0:
+                    del active[sid]
+                    continue
+                out[sid].append(tok)
+                if len(out[sid]) >= n:
+                    del active[sid]
+                    continue
+                nxt[sid] = b.add(tok, len(self.dft[sid]), sid, True)
+                self.dft[sid].append(tok)
+            if not nxt:
+                break
+            if L.llama_decode(m.ctx, b.ready()) != 0:
+                log.warning("draft model decode failed: drafts cut")
+                break
+            last = nxt
+        for sid, d in out.items():
+            if len(d) < spec.draft_n_min:
+                out[sid] = []
+        return out
+
+    def _decode(self) -> bool:
+        if self.L.llama_decode(self.m.ctx, self.batch.ready()) != 0:
+            log.warning("draft model decode failed: no drafts this step")
+            return False
+        return True
+
+    def _reset(self, asks) -> dict[int, list[int]]:
+        """After a failed decode: the draft context forgets those slots."""
+        for s, *_ in asks:
+            self.L.llama_memory_seq_rm(self.m.mem, s.id, -1, -1)
+            self.dft[s.id] = []
+            self.owner[s.id] = None
+        return {}
+
+    def _best(self, rows: dict[int, int], active: dict) -> dict[int, int]:
+        """The draft model's greedy token at each slot's output row, -1 where
+        its probability among the 10 best is below ``p_min``."""
+        L, m = self.L, self.m
+        out = {}
+        for sid in active:
+            ptr = L.llama_get_logits_ith(m.ctx, rows[sid])
+            row = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)),
+                                        shape=(m.n_vocab,))
+            tok = int(row.argmax())
+            if self.spec.draft_p_min > 0:
+                top = np.partition(row, -10)[-10:]
+                p = 1.0 / float(np.exp(top - row[tok]).sum())
+                if p < self.spec.draft_p_min:
+                    tok = -1
+            out[sid] = tok
+        return out
+
+
+def vocab_mismatch(L, a: ModelContext, b: ModelContext) -> str:
+    """Why ``b``'s vocabulary cannot draft for ``a``'s ('' when it can):
+    llama.cpp's ``common_speculative_are_compatible`` (type, BOS/EOS, size
+    within 128, token texts from id 5 on)."""
+    va, vb = a.vocab, b.vocab
+    if L.llama_vocab_type(va) != L.llama_vocab_type(vb):
+        return f"vocabulary types {L.llama_vocab_type(va)} and {L.llama_vocab_type(vb)}"
+    for what, add, tok in (("BOS", L.llama_vocab_get_add_bos, L.llama_vocab_bos),
+                           ("EOS", L.llama_vocab_get_add_eos, L.llama_vocab_eos)):
+        if add(va) != add(vb) or add(va) and tok(va) != tok(vb):
+            return f"{what} tokens {tok(va)} and {tok(vb)}"
+    if abs(a.n_vocab - b.n_vocab) > VOCAB_MAX_SIZE_DIFFERENCE:
+        return f"{a.n_vocab} and {b.n_vocab} tokens"
+    for i in range(VOCAB_CHECK_START, min(a.n_vocab, b.n_vocab)):
+        if L.llama_vocab_get_text(va, i) != L.llama_vocab_get_text(vb, i):
+            return f"token {i} differs"
+    return ""
+
+
+class Drafter:
+    """The engine's proposers for ``spec`` (:class:`SpecConfig`) over
+    ``n_seq`` slots: :meth:`propose` sets each asking slot's draft;
+    :meth:`verified` takes each verification's outcome."""
+
+    def __init__(self, llama_cpp, spec: SpecConfig, target: EngineConfig, n_seq: int) -> None:
+        spec.check()
+        self.spec = spec
+        types = spec.ordered()
+        self.simple = NgramSimple(spec) if "ngram-simple" in types else None
+        self.mod = NgramMod(spec) if "ngram-mod" in types else None
+        self.model = (DraftModel(llama_cpp, spec, target, n_seq) if "draft-simple" in types
+                      else None)
+
+    def load(self, target: ModelContext) -> None:
+        if self.model is not None:
+            self.model.load(target)
+
+    def free(self) -> None:
+        if self.model is not None:
+            self.model.free()
+
+    def state(self, s: Slot) -> SlotSpec:
+        """Slot ``s``'s drafting state, new for a new request choice."""
+        st = s.spec
+        if st is None or st.job is not s.job:
+            st = s.spec = SlotSpec(self.spec)
+            st.job = s.job
+            if self.mod is not None:
+                self.mod.begin(st, s.tokens)
+        return st
+
+    def propose(self, asks: list[tuple[Slot, int]]) -> None:
+        """Set ``s.draft`` (at most ``n`` tokens) for each ``(s, n)``."""
+        rest = []
+        for s, n in asks:
+            st = s.spec
+            d: list[int] = []
+            if self.simple is not None:
+                d = self.simple.draft(st, s.tokens, s.pending)
+            if not d and self.mod is not None:
+                d = self.mod.draft(st, s.tokens, s.pending)
+            if d:
+                s.draft = d[:n]
+            elif self.model is not None:
+                rest.append((s, s.tokens, s.pending, min(n, self.spec.draft_n_max)))
+        if rest:
+            for s, *_ in rest:
+                s.draft = []
+            for sid, d in self.model.draft(rest).items():
+                for s, *_ in rest:
+                    if s.id == sid:
+                        s.draft = d
+                        break
+
+    def verified(self, s: Slot, drafted: int, accepted: int) -> None:
+        st = s.spec
+        st.record(self.spec, drafted, accepted)
+        if self.mod is not None:
+            self.mod.accepted(st, accepted)
+
+
+__all__ = ["DraftModel", "Drafter", "NgramMod", "NgramSimple", "SlotSpec", "vocab_mismatch"]
