@@ -19,18 +19,11 @@ from . import protocol
 from .answers import Answer, Extras, embedding_answer
 from .backend import Backend, Sink
 from .builtin_templates import render_builtin
+from .cache.tiers import CacheSettings
 from .chat import ChatTemplate
 from .engine import Embedding, Engine, Generation, InvalidRequest
 from .engine.jobs import deliver
-from .llama_args import llama_kwargs
-from .messages import chat_messages as jinja_messages
-from .messages import refuse_media
-from .cache.tiers import CacheSettings
 from .engine.model import EngineConfig
-from .prefill import continuation
-from .prompts import Batch, embedding_forms, native_prompts
-from .reasoning import REASONING_FORMATS
-from .settings import default_sampling, generation_settings
 from .grammar.structured import (
     forced_tool,
     grammar_text,
@@ -38,6 +31,13 @@ from .grammar.structured import (
     schema_grammar,
     structured_output,
 )
+from .llama_args import llama_kwargs
+from .messages import chat_messages as jinja_messages
+from .messages import refuse_media
+from .prefill import continuation
+from .prompts import Batch, embedding_forms, native_prompts
+from .reasoning import REASONING_FORMATS
+from .settings import default_sampling, generation_settings
 from .tools.request import tool_request
 from .tools.stream import ChatStream
 from .validate import (

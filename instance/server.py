@@ -30,7 +30,6 @@ request's.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -51,8 +50,6 @@ from ..proxy.auth import authorized, read_keys
 from ..proxy.http import HttpConnection, Request, json_object
 from ..proxy.http.limits import (
     INSTANCE_LIMIT_NAMES,
-    add_http_limit_options,
-    instance_limits,
     limits_from_args,
 )
 from ..proxy.http.request import TENANT
@@ -61,11 +58,11 @@ from ..proxy.http.verdict import REPLICA_HEADER
 from ..shm.logring import log_to_stderr
 from . import protocol
 from .backend import Backend, ReplicaFault
-from .cache.options import add_cache_options
-from .cache.report import cache_metrics, report_cache
-from .reasoning import add_reasoning_option
+from .cache.report import report_cache
+from .metrics import metrics_text
+from .options import make_backend, parse_args, process_title
 from .token_routes import TOKEN_KINDS, TokenWork
-from .validate import CACHE_SCOPES, BadRequest, RequestLimits, add_request_limit_options
+from .validate import BadRequest, RequestLimits
 
 log = logging.getLogger("ggmux.instance")
 
@@ -326,69 +323,8 @@ class InstanceApp:
         return False
 
     def metrics_text(self) -> str:
-        """Prometheus text: requests, and the backend's figures (llama-server's
-        ``llamacpp:`` families: tokens and seconds, busy slots, deferred
-        requests, KV cache use)."""
-        m = self.backend.metrics()
-        lines = ["# TYPE ggmux_instance_requests_total counter",
-                 f"ggmux_instance_requests_total {self.requests}",
-                 "# TYPE ggmux_instance_in_flight gauge",
-                 f"ggmux_instance_in_flight {self.in_flight}"]
-        decodes = m.get("decode_calls_total")
-        def spec(key: str):  # speculative decoding (issue 30): zeros when it is off
-            return None if decodes is None else m.get(key, 0)
-
-        families = (  # llama-server's names and help (server-task.cpp, to_metrics)
-            ("prompt_tokens_total", "counter", m.get("prompt_tokens_total"),
-             "Number of prompt tokens processed, excluding cached tokens"),
-            ("prompt_tokens_cached_total", "counter", m.get("cached_tokens_total"),
-             "Number of prompt tokens reused from the cache"),
-            ("prompt_seconds_total", "counter", m.get("prompt_seconds_total"),
-             "Total time spent processing prompts"),
-            ("tokens_predicted_total", "counter", m.get("predicted_tokens_total"),
-             "Number of generation tokens processed"),
-            ("tokens_predicted_seconds_total", "counter", m.get("predicted_seconds_total"),
-             "Total time spent generating tokens"),
-            ("n_decode_total", "counter", decodes, "Total number of llama_decode() calls"),
-            ("n_tokens_max", "counter", m.get("tokens_max"),
-             "Largest observed sequence length (prompt + generation)"),
-            ("spec_decode_num_draft_tokens_total", "counter", spec("draft_tokens_total"),
-             "Speculative: Total draft tokens generated"),
-            ("spec_decode_num_accepted_tokens_total", "counter", spec("draft_accepted_total"),
-             "Speculative: Total draft tokens accepted by the target model"),
-            ("spec_decode_num_drafts_total", "counter", spec("draft_verifications_total"),
-             "Speculative: Total speculative decoding verification steps"),
-            ("decode_seconds_total", "counter", m.get("decode_seconds_total"),
-             "Total time spent in llama_decode()"),
-            ("requests_processing", "gauge", m.get("slots_busy"), "Number of requests processing"),
-            ("requests_deferred", "gauge", m.get("queue_depth"), "Number of requests deferred"),
-            ("n_busy_slots_per_decode", "gauge",
-             None if decodes is None else m.get("busy_slots_total", 0) / max(decodes, 1),
-             "Average number of busy slots per llama_decode() call"),
-            ("slots", "gauge", m.get("slots_total", self.backend.slots), "Number of slots"),
-            ("kv_cache_tokens", "gauge", m.get("kv_used"),
-             "KV cache cells reserved or holding a slot's cache"),
-            ("kv_cache_size", "gauge", m.get("kv_size"), "KV cache cells"),
-        )
-        for name, kind, v, what in families:
-            if v is not None:
-                lines += [f"# HELP llamacpp:{name} {what}", f"# TYPE llamacpp:{name} {kind}",
-                          f"llamacpp:{name} {v:g}"]
-        for name, tokens, seconds, what in (
-                ("prompt_tokens_seconds", "prompt_tokens_total", "prompt_seconds_total",
-                 "Average prompt throughput in tokens/s"),
-                ("predicted_tokens_seconds", "predicted_tokens_total",
-                 "predicted_seconds_total", "Average generation throughput in tokens/s")):
-            if tokens in m:  # llama-server's averages: tokens per second of a request
-                rate = m[tokens] / m[seconds] if m.get(seconds) else 0.0
-                lines += [f"# HELP llamacpp:{name} {what}", f"# TYPE llamacpp:{name} gauge",
-                          f"llamacpp:{name} {rate:.3f}"]
-        lines += cache_metrics(self.backend.cache_report())
-        if m.get("kv_size"):
-            lines += ["# HELP llamacpp:kv_cache_usage_ratio KV cache cells in use, of all",
-                      "# TYPE llamacpp:kv_cache_usage_ratio gauge",
-                      f"llamacpp:kv_cache_usage_ratio {m['kv_used'] / m['kv_size']:.6f}"]
-        return "\n".join(lines) + "\n"
+        """Prometheus text of this instance (:func:`~ggmux.instance.metrics.metrics_text`)."""
+        return metrics_text(self.backend, self.requests, self.in_flight)
 
     async def _generate(self, conn: HttpConnection, req: Request, kind: str, body: dict) -> None:
         loop = self.loop
@@ -479,68 +415,6 @@ class InstanceApp:
                 conn.close()  # no terminating chunk: the client cannot take it for a clean end
                 conn.finish(req)
                 return
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m ggmux.instance")
-    ap.add_argument("--model", default=None, help="GGUF file (or fake behaviour file)")
-    ap.add_argument("--spare", action="store_true",
-                    help="start, import everything, then wait for a 'load {json}' command")
-    ap.add_argument("--name", default=None, help="model name reported in responses")
-    ap.add_argument("--fd", type=int, default=None, help="listening socket from the supervisor")
-    ap.add_argument("--keys-fd", type=int, default=None,
-                    help='inherited pipe holding {"secret": HEX} as JSON (from the supervisor)')
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=0)
-    ap.add_argument("--ctx-size", type=int, default=2048,
-                    help="tokens one request may use, prompt and answer")
-    ap.add_argument("--kv-size", type=int, default=0,
-                    help="KV cache tokens for all slots together (0: ctx-size x --parallel, "
-                         "which comes in --llama-args)")
-    ap.add_argument("--stop-timeout", type=float, default=10.0,
-                    help="seconds the supervisor waits after 'exit' before SIGTERM; running "
-                         "requests get that less one second to finish")
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--n-gpu-layers", type=int, default=0)
-    ap.add_argument("--fake", action="store_true", help="use the fake backend (tests)")
-    ap.add_argument("--mmproj", default=None, help="multimodal projector (not used yet)")
-    ap.add_argument("--llama-args", type=json.loads, default=[],
-                    help="other llama.cpp options as a JSON list, e.g. "
-                         '\'["--batch-size", "256", "--flash-attn", "on"]\'')
-    ap.add_argument("--measure", action="store_true", help="report memory needs and exit")
-    add_request_limit_options(ap)
-    add_reasoning_option(ap)
-    ap.add_argument("--cache-scope", choices=CACHE_SCOPES, default="global",
-                    help="whose prompt cache a request may reuse: key (its own tenant's, "
-                         "from the proxy's x-ggmux-tenant), global (any), none")
-    ap.add_argument("--slot", type=int, default=None,
-                    help="the supervisor's replica slot, for the process title")
-    add_cache_options(ap)
-    # the supervisor passes the header and body limits that fit its proxies'
-    add_http_limit_options(ap, instance_limits())
-    return ap.parse_args(argv)
-
-
-def process_title(args: argparse.Namespace) -> str:
-    """What ``ps`` shows for this process: ``ggmux: instance NAME #SLOT``,
-    ``ggmux: measure NAME`` or ``ggmux: spare`` (issue 15: a spare that took
-    a model must not look like one)."""
-    if args.spare and not args.model:
-        return "ggmux: spare"
-    name = args.name or os.path.basename(args.model or "?")
-    if args.measure:
-        return f"ggmux: measure {name}"
-    return f"ggmux: instance {name}" + (f" #{args.slot}" if args.slot is not None else "")
-
-
-def make_backend(args: argparse.Namespace) -> Backend:
-    if args.fake:
-        from .fake import FakeBackend
-
-        return FakeBackend(args)
-    from .llama import LlamaBackend
-
-    return LlamaBackend(args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,14 +49,12 @@ import codecs
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 
-import numpy as np
-
 from ..backend import ReplicaFault
+from .admission import AdmissionSteps, tenant_of
 from .batch import Batch
-from .cache_steps import SAVE_KEEP_SHARE, CacheSteps
+from .cache_steps import CacheSteps
 from .embedding import EmbeddingSteps
 from .fairness import FairQueue
 from .generate_steps import GenerateSteps
@@ -74,8 +72,8 @@ from .jobs import (
 from .model import EngineConfig, ModelContext
 from .sample_steps import SampleSteps
 from .sampling import SamplerError, Sampling, sampler_chain
-from .slots import EMBED, IDLE, PROMPT, SAMPLE, STATE_NAMES, WAIT, Slot, common_prefix
-from .stops import StopStrings, StopText
+from .slots import EMBED, IDLE, SAMPLE, STATE_NAMES, Slot
+from .stops import StopStrings
 from .verify_steps import VerifySteps
 
 log = logging.getLogger(__name__)
@@ -90,7 +88,8 @@ __all__ = ["Embedding", "Engine", "EngineAsleep", "EngineConfig", "EngineError",
            "EngineStopped", "Generation", "InvalidRequest", "Job", "Sampling"]
 
 
-class Engine(CacheSteps, EmbeddingSteps, GenerateSteps, SampleSteps, VerifySteps):
+class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSteps,
+             VerifySteps):
     """Continuous batching over ``parallel`` slots of one llama context; see
     the module docstring. Life cycle: ``load()``, then ``submit`` from any
     thread, ``sleep()``/``wake()`` to free and restore the weights,
@@ -119,7 +118,7 @@ class Engine(CacheSteps, EmbeddingSteps, GenerateSteps, SampleSteps, VerifySteps
         self._cond = threading.Condition()
         self._model_lock = threading.Lock()
         self._inbox: list[Job] = []
-        self._waiting: FairQueue[Job] = FairQueue(_tenant)
+        self._waiting: FairQueue[Job] = FairQueue(tenant_of)
         self._kicked = False
         self._results: list = []  # tokens drawn on worker threads (sample_steps)
         self._outbox: list[tuple[Job, tuple]] = []  # this step's events (decode thread)
@@ -525,112 +524,11 @@ class Engine(CacheSteps, EmbeddingSteps, GenerateSteps, SampleSteps, VerifySteps
                 self._waiting.remove(j)
                 self._end_job(j, cancelled=True)
 
-    # -- admission
-    def _admit(self) -> None:
-        while self._waiting:
-            idle = [s for s in self.slots if s.state == IDLE]
-            if not idle:
-                return
-            held = Counter(_tenant(s.job) for s in self.slots
-                           if s.state != IDLE and s.job is not None)
-            job = self._waiting.next(held)
-            r = job.request
-            k = r.n if isinstance(r, Generation) else 1
-            if len(idle) < k:
-                return
-            chosen = self._choose(job, idle, k)
-            busy_kv = sum(s.reserved for s in self.slots if s.state != IDLE)
-            need = busy_kv + k * job.footprint
-            if need > self.kv_size:
-                return  # wait for running requests to end; never cut them
-            others = sorted((s for s in idle if s not in chosen), key=lambda s: s.t_used)
-            cached = sum(len(s.tokens) for s in others)
-            for s in others:  # make room by dropping the oldest idle caches
-                if need + cached <= self.kv_size:
-                    break
-                cached -= len(s.tokens)
-                self._clear(s)
-            self._waiting.take(job)
-            self._start(job, chosen)
-
-    def _choose(self, job: Job, idle: list[Slot], k: int) -> list[Slot]:
-        r = job.request
-        lru = sorted(idle, key=lambda s: s.t_used)
-        job.restore = None
-        if not isinstance(r, Generation) or not r.cache_prompt:
-            return lru[:k]
-        best, best_n = None, 0
-        for s in idle:
-            if s.tokens and self._may_reuse(s, r):
-                n = common_prefix(r.prompt, np.asarray(s.tokens, np.int32))
-                if n > best_n:
-                    best, best_n = s, n
-        job.restore = self._tier_lookup(job, best_n)  # a longer prefix in RAM or on disk
-        if job.restore is not None:
-            return lru[:k]
-        if best is None or best_n < self.cfg.slot_prompt_similarity * len(r.prompt):
-            return lru[:k]
-        return [best] + [s for s in lru if s is not best][: k - 1]
-
-    def _may_reuse(self, s: Slot, r: Generation) -> bool:
-        """Whether ``r`` may reuse the prompt cache of slot ``s``
-        (``cache_scope``: ``global`` any, ``key`` one its own tenant made,
-        ``none`` never)."""
-        scope = self.cfg.cache_scope
-        return scope == "global" or scope == "key" and s.owner == r.tenant
-
     def _clear(self, s: Slot) -> None:
         self._tier_save(s)  # an idle slot's cache about to go: into the KV tiers
         self.L.llama_memory_seq_rm(self.m.mem, s.id, -1, -1)
         s.tokens = []
         s.t_used = 0.0
-
-    def _start(self, job: Job, chosen: list[Slot]) -> None:
-        job.t_start = time.monotonic()
-        job.slots = chosen
-        self.stats["requests_total"] += 1
-        for i, s in enumerate(chosen):
-            s.job, s.choice, s.reserved, s.n_decoded = job, i, job.footprint, 0
-            s.children, s.pending, s.i_batch = [], -1, -1
-        first = chosen[0]
-        if isinstance(job.request, Embedding):
-            self._clear(first)
-            first.state, first.embed_i, first.embed_pos, first.embed_sum = EMBED, 0, 0, None
-            first.n_cached = 0
-            return
-        prompt = job.request.prompt
-        keep = 0
-        restored = None
-        if job.restore is not None:  # the slot's cache goes whole: saved, then replaced
-            self._tier_save(first)
-            restored = self._tier_restore(first, job.restore, job.request.tenant)
-        if job.request.cache_prompt and first.tokens and self._may_reuse(first, job.request):
-            keep = min(common_prefix(prompt, np.asarray(first.tokens, np.int32)), len(prompt) - 1)
-            if keep > 0 and self.m.n_swa > 0:
-                # the sliding-window cache forgets old positions; without them
-                # the prefix cannot be reused (llama-server's pos_min check)
-                pos_min = self.L.llama_memory_seq_pos_min(self.m.mem, first.id)
-                if pos_min > max(0, keep - self.m.n_swa):
-                    keep = 0
-        if first.tokens and keep < SAVE_KEEP_SHARE * len(first.tokens):
-            self._tier_save(first)  # most of the slot's cache goes (llama-server's f_keep)
-        self._tier_count(job, keep, restored)
-        if not self.L.llama_memory_seq_rm(self.m.mem, first.id, keep, -1):
-            self._clear(first)
-            keep = 0
-        del first.tokens[keep:]
-        job.n_cached = first.n_cached = keep
-        for i, s in enumerate(chosen):
-            s.owner = job.request.tenant  # the KV it holds from now on is this tenant's
-            s.sampler = job.samplers[i]
-            s.decoder = codecs.getincrementaldecoder("utf-8")("replace")
-            s.stop = StopText(job.stops)
-            if s is not first:
-                self._clear(s)
-                s.state, s.n_cached = WAIT, keep
-        first.children = chosen[1:]
-        first.state = PROMPT
-        job.progress(keep)
 
     # -- ends
     def _end_job(self, job: Job, cancelled: bool = False) -> None:
@@ -665,10 +563,6 @@ class Engine(CacheSteps, EmbeddingSteps, GenerateSteps, SampleSteps, VerifySteps
         job.ended = True
         self._free_samplers(job)
         job.emit(("error", message))
-
-
-def _tenant(job: Job) -> str:
-    return job.request.tenant
 
 
 def make_drafter(llama_cpp, config: EngineConfig, n_seq: int):

@@ -18,10 +18,10 @@ import re
 
 import orjson
 
+from ..validate import BadRequest, RequestLimits, is_int, shown
 from .gbnf import GrammarError, check_gbnf
 from .gbnf_rules import MAX_REPETITION_THRESHOLD
 from .json_grammar import SchemaError, schema_to_gbnf
-from ..validate import BadRequest, RequestLimits, is_int, shown
 
 # ---- grammars and JSON schemas ---------------------------------------------
 

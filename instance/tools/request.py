@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import re
 
-from ..reasoning import REASONING_FORMATS
 from ..grammar.structured import schema_grammar
+from ..reasoning import REASONING_FORMATS
 from ..validate import BadRequest, RequestLimits, shown
 from .base import ToolRequest
 
