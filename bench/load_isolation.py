@@ -177,7 +177,7 @@ def measure(server: Server, requests: int, loads: int) -> dict[str, list[float]]
                 load_s.append(time.perf_counter() - t0)
                 call(server.port, "POST", "/models/unload", {"model": LOADING})
                 wait_status(server.port, LOADING, "unloaded")
-        except BaseException as e:  # reported by the measuring thread
+        except BaseException as e:  # noqa: BLE001 - reported by the measuring thread
             errors.append(e)
         finally:
             done.set()

@@ -64,10 +64,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import itertools
 
 from bench import llama_server
 from bench.compare import (
@@ -191,7 +192,7 @@ def stream(base_url: str, path: str, body: dict, timeout: float) -> dict:
     tokens = (usage or {}).get("completion_tokens") or (timings or {}).get("predicted_n") \
         or len(times)
     return {"ok": True, "t0": t0, "ttft": times[0] - t0, "end": times[-1], "tokens": tokens,
-            "itl": [b - a for a, b in zip(times, times[1:])],
+            "itl": [b - a for a, b in itertools.pairwise(times)],
             "decode_tps": (tokens - 1) / (times[-1] - times[0]) if times[-1] > times[0] else None,
             "draft_n": (timings or {}).get("draft_n", 0),
             "draft_n_accepted": (timings or {}).get("draft_n_accepted", 0)}
@@ -241,8 +242,8 @@ def start_ggmux(ctx: Context, name: str, model: Path, spec: list[str], args) -> 
     (tmp / "models.ini").write_text("version = 1\n\n[m]\n" + "".join(f"{x}\n" for x in lines))
     port = free_port()
     exe = shutil.which("ggmux", path=str(Path(args.python).parent)) or shutil.which("ggmux")
-    launcher = [exe] if exe else [args.python, "-c", "import sys; from ggmux.supervisor.cli "
-                                  "import main; sys.exit(main())"]
+    launcher = [exe] if exe else [args.python, "-c", ("import sys; from ggmux.supervisor.cli "
+                                  "import main; sys.exit(main())")]
     cmd = [*launcher, "serve", "--host", "127.0.0.1", "--port", str(port), "--models-preset",
            str(tmp / "models.ini"), "--no-hf-cache", "--models-max", "1"]
     proc = ctx.procs.spawn(name, cmd, env=ctx.env, cleanup=lambda: remove_ggmux_ipc(port))

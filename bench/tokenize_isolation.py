@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import os
 import random
@@ -49,9 +50,7 @@ MODEL = "smollm2-135m"
 N_VOCAB = 49152
 DEFAULT_LIMIT = 8 * 1024 * 1024  # HttpLimits.max_tokenize_bytes
 DEFAULT_IDS = 262144  # HttpLimits.max_detokenize_tokens
-WORDS = ("the keeper climbed the tower every night to light the lamp for ships that "
-         "passed far out on the dark water while storms broke against the rocks below and "
-         "gulls slept under the eaves of the old stone house").split()
+WORDS = ["the", "keeper", "climbed", "the", "tower", "every", "night", "to", "light", "the", "lamp", "for", "ships", "that", "passed", "far", "out", "on", "the", "dark", "water", "while", "storms", "broke", "against", "the", "rocks", "below", "and", "gulls", "slept", "under", "the", "eaves", "of", "the", "old", "stone", "house"]
 
 
 def free_port() -> int:
@@ -85,7 +84,8 @@ def request(port: int, path: str, body: bytes, timeout: float = 600.0) -> tuple[
 class Server:
     def __init__(self, pkg: str, args: list[str]) -> None:
         self.port = free_port()
-        self.log = tempfile.NamedTemporaryFile(prefix="tokiso-", suffix=".log", delete=False)
+        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - the server's life
+            prefix="tokiso-", suffix=".log", delete=False)
         env = {**os.environ, "PYTHONPATH": pkg}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ggmux.supervisor", "serve", "--port", str(self.port),
@@ -177,7 +177,7 @@ def one_round(port: int, case: str, tokens: int, nbytes: int, bodies: dict) -> d
                    else f"{len(answer)} bytes")
         out["b_outlasted_a"] = None  # filled below
     b.join()
-    gaps = [b2 - b1 for b1, b2 in zip(times, times[1:])]
+    gaps = [b2 - b1 for b1, b2 in itertools.pairwise(times)]
     out["b_chunks"] = len(times)
     out["b_max_gap_ms"] = round(max(gaps) * 1000, 1) if gaps else None
     out["b_p50_gap_ms"] = round(statistics.median(gaps) * 1000, 1) if gaps else None

@@ -56,17 +56,17 @@ FORMATS = {
                       "[TOOL_CALLS]write_rows[CALL_ID]000000001[ARGS]@ARGS@"),
     "functionary-v3.2": ("meetkai-functionary-medium-v3.2.jinja", {}, "write_rows\n@ARGS@"),
     "command-r7b": ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", {},
-                    '<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "write_rows", '
-                    '"parameters": @ARGS@}]<|END_ACTION|>'),
+                    ('<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "write_rows", '
+                    '"parameters": @ARGS@}]<|END_ACTION|>')),
     "deepseek-r1": ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", {"enable_thinking": False},
-                    f"{CALLS}<｜tool▁call▁begin｜>function<｜tool▁sep｜>write_rows\n```json\n"
-                    "@ARGS@```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+                    (f"{CALLS}<｜tool▁call▁begin｜>function<｜tool▁sep｜>write_rows\n```json\n"
+                    "@ARGS@```<｜tool▁call▁end｜><｜tool▁calls▁end｜>")),
     "deepseek-v3.1": ("deepseek-ai-DeepSeek-V3.1.jinja", {"enable_thinking": False},
-                      f"{CALLS}<｜tool▁call▁begin｜>write_rows<｜tool▁sep｜>@ARGS@<｜tool▁call▁end｜>"
-                      "<｜tool▁calls▁end｜>"),
+                      (f"{CALLS}<｜tool▁call▁begin｜>write_rows<｜tool▁sep｜>@ARGS@<｜tool▁call▁end｜>"
+                      "<｜tool▁calls▁end｜>")),
     "gpt-oss": ("openai-gpt-oss-120b.jinja", {},
-                "<|channel|>commentary to=functions.write_rows <|constrain|>json<|message|>"
-                "@ARGS@<|call|>"),
+                ("<|channel|>commentary to=functions.write_rows <|constrain|>json<|message|>"
+                "@ARGS@<|call|>")),
     "granite": ("ibm-granite-granite-3.3-2B-Instruct.jinja", {},
                 '<|tool_call|>[{"name": "write_rows", "arguments": @ARGS@}]'),
 }

@@ -224,7 +224,7 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                         "every preset")
     s.add_argument("--load-timeout", type=float, default=None,
                    help="load deadline, seconds (default: 300 + 20 per GiB, at most 6 h)")
-    s.add_argument("--load-nice", type=int, default=10, choices=range(0, 40), metavar="N",
+    s.add_argument("--load-nice", type=int, default=10, choices=range(40), metavar="N",
                    help="raise a loading replica's nice value by N until it is ready, so loads "
                         "yield the CPU to serving replicas; 0: off (default: %(default)s)")
     s.add_argument("--load-wait", type=float, default=300.0,

@@ -61,7 +61,7 @@ def main() -> None:
             self.end_headers()
             self.wfile.write(data)
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             if self.path == "/health":
                 self._send(200, {"status": "ok"})
             elif self.path == "/slots":
@@ -71,7 +71,7 @@ def main() -> None:
             else:
                 self._send(404, {"error": {"message": "no route", "code": 404}})
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0))
                               or b"{}")
             path, _, query = self.path.partition("?")

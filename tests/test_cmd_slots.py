@@ -76,7 +76,7 @@ def test_a_cmd_replica_saves_its_slots_before_sigterm_and_restores_them_before_r
 
 def test_a_failed_save_or_restore_is_logged_and_the_replica_still_stops_and_serves(
         serve, tmp_path):
-    s, log, control, slots = stub(serve, tmp_path)
+    s, log, control, _slots = stub(serve, tmp_path)
     assert chat(s, "one two") == 200
     unload(s)
     control.write_text(json.dumps({"fail": "restore"}))

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ggmux.instance.engine.batch import Batch
 from ggmux.instance.engine import Engine, EngineConfig, Generation, Sampling
+from ggmux.instance.engine.batch import Batch
 from ggmux.instance.engine.jobs import deliver
 from ggmux.instance.engine.sampling import greedy_tokens, sampler_chain
 from test_engine import QUESTIONS, chat, smollm2_path

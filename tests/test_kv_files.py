@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import stat
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -62,7 +63,7 @@ def test_an_entry_file_reads_back_verified_and_is_named_by_a_hash_mode_0600(tmp_
 def test_a_damaged_or_foreign_entry_file_never_verifies(tmp_path, damage):
     tokens = toks(*range(5, 105))
     path, _ = write_entry(str(tmp_path), FP.hex, "", tokens, 0, payload(4096))
-    raw = bytearray(open(path, "rb").read())
+    raw = bytearray(Path(path).read_bytes())
     fp = FP.hex
     if damage == "torn":
         raw = raw[: len(raw) - 100]
@@ -74,7 +75,7 @@ def test_a_damaged_or_foreign_entry_file_never_verifies(tmp_path, damage):
         fp = OTHER_FP.hex
     elif damage == "garbage":
         raw = bytearray(b"not a kv entry at all" * 10)
-    open(path, "wb").write(raw)
+    Path(path).write_bytes(raw)
     if damage == "renamed":
         other = os.path.join(tmp_path, entry_key("", toks(1, 2, 3)) + ".kv")
         os.rename(path, other)

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -182,12 +183,12 @@ def test_a_torn_or_flipped_file_is_never_loaded_and_the_request_is_prefilled(col
     finally:
         a.close()
     (path,) = kv_files(tmp_path)
-    raw = bytearray(open(path, "rb").read())
+    raw = bytearray(Path(path).read_bytes())
     if damage == "torn":
         raw = raw[: len(raw) // 2]
     else:
         raw[-1000] ^= 0x40  # one bit of the KV payload
-    open(path, "wb").write(raw)
+    Path(path).write_bytes(raw)
     b = engine(str(tmp_path))
     try:
         got = ask(b, A)

@@ -104,7 +104,7 @@ def test_a_stuck_save_is_cut_at_stop_timeout_plus_save_timeout(serve, fakes, tmp
     ini = preset(tmp_path, {"m": {"model": f, "cache-disk": tmp_path / "kv", "stop-timeout": 1,
                                   "cache-save-timeout": 1}})
     s = serve("--models-preset", ini, "--no-hf-cache", "--proxies", "1")
-    st, _, b = s.request("POST", CHAT, body(0))
+    _st, _, b = s.request("POST", CHAT, body(0))
     pid = served_by(b)[1]
     assert s.json("POST", "/models/unload", {"model": "m"})[0] == 200
     wait_for(lambda: not alive(pid), 30, what="SIGTERM of the stuck save")

@@ -146,7 +146,7 @@ def test_pydantic_nested_list_optional_and_recursive_models_are_grammars_in_ever
 @pytest.mark.parametrize("template,family,shape", FORMATS, ids=[f[1] for f in FORMATS])
 def test_two_tools_with_the_same_defs_name_each_keep_their_own_definition(
         probe, template, family, shape):
-    fmt, p = plan(template, [tool("plan_trip", Trip.model_json_schema()),
+    _fmt, p = plan(template, [tool("plan_trip", Trip.model_json_schema()),
                              tool("special_function", parcel_schema())])
     # special_function's City is {"code": int}, plan_trip's {"name", "country"}
     assert probe.accepts(p.grammar, shape.replace("@ARGS@", '{"to": {"code": 5}}')), family

@@ -39,52 +39,52 @@ CALLS = "<｜tool▁calls▁begin｜>"
 FORMATS = [
     ("HuggingFaceTB-SmolLM2-135M-Instruct.jinja", {}, [
         '{"tool_calls": [{"name": "special_function", "arguments": @A@}]}',
-        '{"tool_calls": [{"name": "special_function", "arguments": @A@}, '
-        '{"arguments": @A@, "name": "special_function", "id": "x"}]}',
+        ('{"tool_calls": [{"name": "special_function", "arguments": @A@}, '
+        '{"arguments": @A@, "name": "special_function", "id": "x"}]}'),
         '{"tool_call": {"name": "special_function", "arguments": "@S@"}}',
         '{"response": "@S@"}']),
     ("Qwen-Qwen2.5-7B-Instruct.jinja", {}, [
-        'Let me see: @T@<tool_call>\n{"name": "special_function", "arguments": @A@}\n</tool_call>'
-        '\n<tool_call>{"name": "special_function", "arguments": @A@}</tool_call>@T@',
+        ('Let me see: @T@<tool_call>\n{"name": "special_function", "arguments": @A@}\n</tool_call>'
+        '\n<tool_call>{"name": "special_function", "arguments": @A@}</tool_call>@T@'),
         '{"name": "special_function", "arguments": @A@}',
         '<function=special_function>@A@</function>@T@']),
     ("Qwen-Qwen3-0.6B.jinja", {}, [
-        "<think>@T@</think>\n\n<tool_call>\n"
-        '{"name": "special_function", "arguments": @A@}\n</tool_call>',
+        ("<think>@T@</think>\n\n<tool_call>\n"
+        '{"name": "special_function", "arguments": @A@}\n</tool_call>'),
         "<think>\n@T@\n</think>@T@"]),
     ("meta-llama-Llama-3.1-8B-Instruct.jinja", {}, [
         '{"name": "special_function", "parameters": @A@}',
-        '{"type": "function", "name": "special_function", "parameters": @A@}; '
-        '{"name": "special_function", "parameters": @A@}']),
+        ('{"type": "function", "name": "special_function", "parameters": @A@}; '
+        '{"name": "special_function", "parameters": @A@}')]),
     ("mistralai-Mistral-Nemo-Instruct-2407.jinja", {}, [
         '@T@[TOOL_CALLS][{"name": "special_function", "arguments": @A@, "id": "123456789"}]']),
     ("Mistral-Small-3.2-24B-Instruct-2506.jinja", {}, [
-        "@T@[TOOL_CALLS]special_function[CALL_ID]000000001[ARGS]@A@[TOOL_CALLS]"
-        "special_function[ARGS]@A@"]),
+        ("@T@[TOOL_CALLS]special_function[CALL_ID]000000001[ARGS]@A@[TOOL_CALLS]"
+        "special_function[ARGS]@A@")]),
     ("meetkai-functionary-medium-v3.2.jinja", {}, [
         "all\n@T@>>>special_function\n@A@", "special_function\n@A@>>>all\n@T@"]),
     ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", {}, [
-        "<|START_THINKING|>@T@<|END_THINKING|><|START_ACTION|>[\n"
+        ("<|START_THINKING|>@T@<|END_THINKING|><|START_ACTION|>[\n"
         '  {"tool_call_id": "0", "tool_name": "special_function", "parameters": @A@}\n'
-        "]<|END_ACTION|>",
+        "]<|END_ACTION|>"),
         "<|START_RESPONSE|>@T@<|END_RESPONSE|>", "@T@"]),
     ("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", {"reasoning_format": "none"}, [
         "<|START_THINKING|>@T@<|END_THINKING|><|START_RESPONSE|>@T@<|END_RESPONSE|>"]),
     ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", {}, [
-        f"@T@</think>@T@{CALLS}<｜tool▁call▁begin｜>function<｜tool▁sep｜>special_function\n"
-        "```json\n@A@```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"]),
+        (f"@T@</think>@T@{CALLS}<｜tool▁call▁begin｜>function<｜tool▁sep｜>special_function\n"
+        "```json\n@A@```<｜tool▁call▁end｜><｜tool▁calls▁end｜>")]),
     ("deepseek-ai-DeepSeek-V3.1.jinja", {"enable_thinking": False}, [
-        f"@T@{CALLS}<｜tool▁call▁begin｜>special_function<｜tool▁sep｜>@A@<｜tool▁call▁end｜>"
+        (f"@T@{CALLS}<｜tool▁call▁begin｜>special_function<｜tool▁sep｜>@A@<｜tool▁call▁end｜>"
         "<｜tool▁call▁begin｜>special_function<｜tool▁sep｜>@A@<｜tool▁call▁end｜>"
-        "<｜tool▁calls▁end｜>"]),
+        "<｜tool▁calls▁end｜>")]),
     ("openai-gpt-oss-120b.jinja", {}, [
-        "<|channel|>analysis<|message|>@T@<|end|><|start|>assistant<|channel|>commentary "
-        "to=functions.special_function <|constrain|>json<|message|>@A@<|call|>",
-        "<|channel|>analysis<|message|>@T@<|end|><|start|>assistant<|channel|>final"
-        "<|message|>@T@"]),
+        ("<|channel|>analysis<|message|>@T@<|end|><|start|>assistant<|channel|>commentary "
+        "to=functions.special_function <|constrain|>json<|message|>@A@<|call|>"),
+        ("<|channel|>analysis<|message|>@T@<|end|><|start|>assistant<|channel|>final"
+        "<|message|>@T@")]),
     ("openai-gpt-oss-120b.jinja", {"reasoning_format": "none"}, [
-        "<|channel|>analysis<|message|>@T@<|end|><|start|>assistant<|channel|>final"
-        "<|message|>@T@"]),
+        ("<|channel|>analysis<|message|>@T@<|end|><|start|>assistant<|channel|>final"
+        "<|message|>@T@")]),
     ("ibm-granite-granite-3.3-2B-Instruct.jinja", {}, [
         '<think>@T@</think><|tool_call|>[{"name": "special_function", "arguments": @A@}]',
         "<think>@T@</think><response>@T@</response>", "@T@"]),

@@ -113,9 +113,9 @@ class ConnectionRegistry:
             elif (n > per_ip and not self._shed_first(self.sheddable_of[ip])
                     and not self._shed_stalled(self.receiving_of[ip])):
                 return 429
-        if self.count > shed_above or self.count > max_connections:
-            if not self.shed_one() and self.count > max_connections:
-                self._shed_stalled(self.receiving)
+        if ((self.count > shed_above or self.count > max_connections)
+                and not self.shed_one() and self.count > max_connections):
+            self._shed_stalled(self.receiving)
         if self.count > max_connections:
             return 503
         return ADMITTED
