@@ -69,9 +69,12 @@ class KvCache:
         m = st.models[rep.model]
         disk = _int(msg.get("disk_bytes"))
         if ram != rep.cache_ram or disk != m.cache_disk_bytes:
+            grew = ram != rep.cache_ram
             rep.cache_ram = ram
             m.cache_disk_bytes = disk
             st.dirty = True
+            if grew:  # the host-RAM tier is memory the replica holds (State.held)
+                st.calibrate()
         m.cache_disk_ns = time.monotonic_ns()
 
     def scan(self, *models: int) -> None:

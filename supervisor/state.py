@@ -199,10 +199,14 @@ class State:
         return counts, first
 
     def held(self) -> Amounts:
-        """Ledger bytes per device that the replicas hold."""
+        """Ledger bytes per device that the replicas hold: what each reported
+        at ready, and its host-RAM KV tier as its ``cache`` line says (issue
+        29: up to ``--cache-ram`` MiB each, grown after ready)."""
         held: Amounts = {}
         for r in self.replicas.values():
             held = add(held, r.held)
+            if r.cache_ram:
+                held = add(held, {"host": r.cache_ram})
         return held
 
     def calibrate(self) -> None:

@@ -50,8 +50,11 @@ def test_the_cache_line_and_the_disk_tier_show_in_the_models_table_with_or_witho
     ini = preset(tmp_path, {"m": {"model": f, "cache-ram": 1, "cache-disk": disk}})
     s = serve("--models-preset", ini, "--no-hf-cache", "--proxies", "1")
     assert s.request("POST", CHAT, body(0))[0] == 200
+    held = int(s.seg.devices[0][L.D_HELD])  # the host: what the replica reported at ready
     assert s.request("POST", CHAT, body(1))[0] == 200  # its one slot's text goes to RAM
     wait_for(lambda: row(s)[L.M_CACHE_RAM_BYTES] == 4096, 10, what="the cache line")
+    # the ledger counts the RAM tier as the replica's memory
+    wait_for(lambda: int(s.seg.devices[0][L.D_HELD]) == held + 4096, 10, what="the ledger")
     assert row(s)[L.M_CACHE_FLAGS] & L.CACHE_DISK and row(s)[L.M_CACHE_DISK_BYTES] == 0
     # back from RAM: the answer says where its cached tokens came from
     st, _, b = s.request("POST", CHAT, body(0, turn="again"))
