@@ -207,7 +207,24 @@ def tiers_args(mode: str, cache_dir: Path) -> list[str]:
     return ["--cache-ram", "2048", "--cache-disk", str(cache_dir)]
 
 
-def scenario_swap(work: Path, rounds: int, threads: int, modes: list[str], words: int) -> dict:
+def append_turn(model: str, k: int, words: int, history: list[dict]) -> tuple[str, dict]:
+    """Turn ``k`` of a growing conversation (``--swap-shape append``, an
+    agent's): the system prompt of ``words`` words, every earlier turn's
+    question and answer in ``history``, and a new question; one output
+    token. Each turn's prompt extends the last one's whole, which a
+    sliding-window model's saved state needs (it holds the last window
+    only: see README, KV tiers)."""
+    return "/v1/chat/completions", {
+        "model": model, "max_tokens": 1, "temperature": 0,
+        "messages": [{"role": "system", "content": tools_text("swap", words)}, *history,
+                     {"role": "user", "content": f"{QUESTIONS[k % len(QUESTIONS)]} ({k})"}]}
+
+
+def scenario_swap(work: Path, rounds: int, threads: int, modes: list[str], words: int,
+                  shape: str = "replace") -> dict:
+    """``shape`` ``replace``: every turn the same prefix and a new last user
+    line; ``append``: a conversation that grows by each turn's question and
+    answer (``words`` must be given)."""
     out: dict = {}
     models = ("smollm2-135m", "gemma3-270m")
     for mode in modes:
@@ -218,10 +235,17 @@ def scenario_swap(work: Path, rounds: int, threads: int, modes: list[str], words
         rows = []
         try:
             k = 0
+            history: dict[str, list[dict]] = {m: [] for m in models}
             for r in range(rounds + 1):
                 for m in models:
                     k += 1
-                    dt, doc = _request(srv.port, *turn(m, k, words))
+                    route = (append_turn(m, k, words, history[m]) if shape == "append"
+                             else turn(m, k, words))
+                    dt, doc = _request(srv.port, *route)
+                    if shape == "append":
+                        asked = route[1]["messages"][-1]
+                        said = doc["choices"][0]["message"].get("content") or ""
+                        history[m] += [asked, {"role": "assistant", "content": said}]
                     u = doc.get("usage") or {}
                     rows.append({"model": m, "turn": r, "seconds": round(dt, 3),
                                  "cached": _cached(doc),
@@ -339,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenarios", default="swap,restart,sessions")
     p.add_argument("--modes", default="off,on", help="ggmux modes: off (no tiers), on")
     p.add_argument("--rounds", type=int, default=2, help="swapped-back turns per model")
+    p.add_argument("--swap-shape", choices=("replace", "append"), default="replace",
+                   help="swap: the same prefix and a new last line, or a growing conversation")
     p.add_argument("--swap-words", type=int, default=0,
                    help="swap: a synthetic prefix of this many words (0: Codex's request)")
     p.add_argument("--restart-words", type=int, default=0,
@@ -363,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         sc = args.scenarios.split(",")
         if "swap" in sc:
             report["swap"] = scenario_swap(work, args.rounds, args.threads, modes,
-                                           args.swap_words)
+                                           args.swap_words, args.swap_shape)
         if "restart" in sc:
             report["restart"] = scenario_restart(
                 work, args.threads, (args.restart_modes or args.modes).split(","),
