@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,14 +37,13 @@ import time
 import urllib.request
 from pathlib import Path
 
+if __package__ in (None, ""):  # run as a script: make ``bench`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.prefix_routing import end_process, free_port
+
 SERVING, LOADING = "smollm2-135m", "gemma3-270m"
 SETTINGS = {"before": "0", "after": "10"}  # --load-nice
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def call(port: int, method: str, path: str, body: dict | None = None,
@@ -112,12 +110,7 @@ class Server:
         raise RuntimeError("the server did not get ready")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        end_process(self.proc)
         self.log.close()
 
 

@@ -113,13 +113,19 @@ class Server:
                 for r in sorted(m["replicas"], key=lambda r: r["slot"])]
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        end_process(self.proc)
         self.log.close()
+
+
+def end_process(proc: subprocess.Popen, grace: float = 60.0) -> None:
+    """SIGTERM ``proc``, and SIGKILL it when it has not exited after
+    ``grace`` seconds; returns once it has exited."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def start_servers(servers: dict[str, Server], modes: list[str], model_line: str, workdir: Path,

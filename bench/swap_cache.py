@@ -45,7 +45,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -63,6 +62,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 from bench import llama_server
 from bench.agentic import tools_text
 from bench.compare import demo_model_paths, free_port
+from bench.prefix_routing import end_process
 
 REPO = Path(__file__).resolve().parents[1]
 CODEX = REPO / "tests" / "agent_requests" / "codex_first.json"
@@ -156,12 +156,7 @@ class Ggmux:
     def stop(self) -> None:
         if self.proc is None:
             return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        end_process(self.proc, 120.0)
         self.proc = None
         self.log.close()
 
@@ -190,12 +185,7 @@ class LlamaServer:
         raise RuntimeError("llama-server did not answer /health")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        end_process(self.proc)
         self.log.close()
 
 

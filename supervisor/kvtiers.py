@@ -224,32 +224,40 @@ def _files(folder: str, keep: tuple[str, ...] = (MODEL_JSON,)) -> list[os.DirEnt
         return []
 
 
+def _use_of(entries) -> DiskUse:
+    """Count and bytes of the files ``entries`` (``os.DirEntry``)."""
+    use = DiskUse()
+    for e in entries:
+        try:
+            use.bytes += e.stat(follow_symlinks=False).st_size
+            use.entries += 1
+        except OSError:
+            continue
+    return use
+
+
+def _remove(entries) -> int:
+    """Remove the files ``entries`` (``os.DirEntry``); how many went."""
+    n = 0
+    for e in entries:
+        try:
+            os.unlink(e.path)
+            n += 1
+        except OSError as err:
+            log.warning("cannot remove %s: %s", e.path, err)
+    return n
+
+
 def disk_use(disk_dir: str, name: str) -> DiskUse:
     """Entries and bytes of model ``name`` in disk tier ``disk_dir`` (every
     file of its folders but ``model.json``)."""
-    use = DiskUse()
-    for folder in model_folders(disk_dir, name):
-        for e in _files(folder):
-            try:
-                use.bytes += e.stat(follow_symlinks=False).st_size
-                use.entries += 1
-            except OSError:
-                continue
-    return use
+    return _use_of(e for folder in model_folders(disk_dir, name) for e in _files(folder))
 
 
 def clear_disk(disk_dir: str, name: str) -> int:
     """Remove model ``name``'s entries from disk tier ``disk_dir`` (its
     ``model.json`` files stay); the number of files removed."""
-    n = 0
-    for folder in model_folders(disk_dir, name):
-        for e in _files(folder):
-            try:
-                os.unlink(e.path)
-                n += 1
-            except OSError as err:
-                log.warning("cannot remove %s: %s", e.path, err)
-    return n
+    return _remove(e for folder in model_folders(disk_dir, name) for e in _files(folder))
 
 
 # ---- a cmd llama-server's slots ---------------------------------------------
@@ -283,30 +291,14 @@ def slot_file(entry: ModelEntry, slot_id: int) -> str:
 
 def slot_use(slot_dir: str, entry: ModelEntry) -> DiskUse:
     """Slot files of ``entry`` in ``slot_dir`` (any config): count and bytes."""
-    use = DiskUse()
     prefix = slot_prefix(entry)
-    for e in _files(slot_dir, ()):
-        if e.name.startswith(prefix):
-            try:
-                use.bytes += e.stat(follow_symlinks=False).st_size
-                use.entries += 1
-            except OSError:
-                continue
-    return use
+    return _use_of(e for e in _files(slot_dir, ()) if e.name.startswith(prefix))
 
 
 def clear_slots(slot_dir: str, entry: ModelEntry) -> int:
     """Remove every slot file of ``entry`` from ``slot_dir``; how many."""
-    n = 0
     prefix = slot_prefix(entry)
-    for e in _files(slot_dir, ()):
-        if e.name.startswith(prefix):
-            try:
-                os.unlink(e.path)
-                n += 1
-            except OSError as err:
-                log.warning("cannot remove %s: %s", e.path, err)
-    return n
+    return _remove(e for e in _files(slot_dir, ()) if e.name.startswith(prefix))
 
 
 @dataclass(slots=True)
