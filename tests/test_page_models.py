@@ -212,7 +212,8 @@ def test_the_playground_uses_completion_mode_for_a_model_without_a_chat_template
     fakes.add("base", tokens=3, chat_template=False)
     fakes.add("chat", tokens=3)
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0")
-    wait_for(lambda: "has_chat_template" in s.models()["base"], 10, what="base measured")
+    wait_for(lambda: all("has_chat_template" in s.models()[m] for m in ("base", "chat")), 10,
+             what="both measured")
     assert s.models()["base"]["has_chat_template"] is False
     assert s.models()["chat"]["has_chat_template"] is True
     status, shown = s.json("POST", "/api/show", {"model": "base"})
