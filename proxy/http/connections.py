@@ -153,22 +153,22 @@ class ConnectionRegistry:
         return self._shed_first(self.sheddable)
 
     def _shed_first(self, sheddable: OrderedDict[Sheddable, None]) -> bool:
-        pop = sheddable.popitem
-        while sheddable:
-            conn, _ = pop(last=False)
-            if conn.sheddable:
-                self.shed += 1
-                conn.shed()  # leave() drops it from the other set
-                return True
-        return False
+        """Close the oldest connection of ``sheddable`` that is still idle."""
+        return self._shed_oldest(sheddable, "sheddable")
 
     def _shed_stalled(self, receiving: OrderedDict[Sheddable, None]) -> bool:
         """Close the connection of ``receiving`` whose body progressed least
         recently; False when none is receiving one."""
-        pop = receiving.popitem
-        while receiving:
+        return self._shed_oldest(receiving, "receiving")
+
+    def _shed_oldest(self, entries: OrderedDict[Sheddable, None], still: str) -> bool:
+        """Close the first connection of ``entries`` whose flag ``still``
+        (``sheddable`` or ``receiving``) holds; stale entries met on the way
+        are dropped. False when there is none."""
+        pop = entries.popitem
+        while entries:
             conn, _ = pop(last=False)
-            if conn.receiving:
+            if getattr(conn, still):
                 self.shed += 1
                 conn.shed()  # leave() drops it from the other set
                 return True
