@@ -36,19 +36,19 @@ import os
 import sys
 
 HOT_MODULES = (
-    "ggmux.proxy.http.request",
-    "ggmux.proxy.http.state",
-    "ggmux.proxy.http.reading",
-    "ggmux.proxy.http.response",
-    "ggmux.proxy.http.connection",
-    "ggmux.proxy.http.exchange",
-    "ggmux.proxy.http.upstream",
-    "ggmux.proxy.http.pool",
+    "ggmux.http1.request",
+    "ggmux.http1.state",
+    "ggmux.http1.reading",
+    "ggmux.http1.response",
+    "ggmux.http1.connection",
+    "ggmux.http1.exchange",
+    "ggmux.http1.upstream",
+    "ggmux.http1.pool",
     "ggmux.proxy.forward",
     "ggmux.proxy.balancer",
     "ggmux.proxy.passthrough",
     "ggmux.proxy.activity",
-    "ggmux.proxy.http.usage",
+    "ggmux.http1.usage",
     "ggmux.shm.requestring",
     "ggmux.shm.seqlock",
 )

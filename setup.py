@@ -33,7 +33,7 @@ def hot_modules() -> list[str]:
 
 
 def source(name: str) -> str:
-    """``ggmux.proxy.http.request`` -> ``proxy/http/request.py`` (setup.cfg
+    """``ggmux.http1.request`` -> ``http1/request.py`` (setup.cfg
     maps the package ggmux to the repository root)."""
     return "/".join(name.split(".")[1:]) + ".py"
 
@@ -75,7 +75,7 @@ class OptionalBuildExt(build_ext):
 
 def cython_include(names: list[str]) -> Path:
     """A folder where Cython finds the hot modules' ``.pxd`` declarations
-    under their import names (``ggmux/proxy/http/request.pxd``): the
+    under their import names (``ggmux/http1/request.pxd``): the
     repository root is the package ``ggmux`` only through setup.cfg's
     ``package_dir``, so its own folder name says nothing to Cython. Copies,
     not links: nothing that walks ``build/`` can loop."""

@@ -7,7 +7,7 @@ import argparse
 import json
 import os
 
-from ..proxy.http.limits import add_http_limit_options, instance_limits
+from ..http1.limits import add_http_limit_options, instance_limits
 from .backend import Backend
 from .cache.options import add_cache_options
 from .reasoning import add_reasoning_option

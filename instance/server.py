@@ -22,7 +22,7 @@ Issue 11: with a secret (from the supervisor's ``--keys-fd`` pipe, or a
 spare's ``load`` command) every route but ``/health`` needs it as the bearer
 token (401 otherwise), so no local user can go around ggmux's API key. An
 answer that did nothing for its request (stopping, asleep) is 503 marked
-``refused`` in :data:`~ggmux.proxy.http.verdict.REPLICA_HEADER` (the proxy may
+``refused`` in :data:`~ggmux.http1.verdict.REPLICA_HEADER` (the proxy may
 send it to another replica); a :class:`ReplicaFault` is answered 500 marked
 ``fault`` (it counts against the replica's circuit); any other error is the
 request's.
@@ -46,15 +46,15 @@ import orjson
 from setproctitle import setproctitle
 
 from .. import compiled
-from ..proxy.auth import authorized, read_keys
-from ..proxy.http import HttpConnection, Request, json_object
-from ..proxy.http.limits import (
+from ..http1.auth import authorized, read_keys
+from ..http1 import HttpConnection, Request, json_object
+from ..http1.limits import (
     INSTANCE_LIMIT_NAMES,
     limits_from_args,
 )
-from ..proxy.http.request import TENANT
-from ..proxy.http.usage import USAGE_HEADER, cache_tier, usage_line, usage_trailer
-from ..proxy.http.verdict import REPLICA_HEADER
+from ..http1.request import TENANT
+from ..http1.usage import USAGE_HEADER, cache_tier, usage_line, usage_trailer
+from ..http1.verdict import REPLICA_HEADER
 from ..shm.logring import log_to_stderr
 from . import protocol
 from .backend import Backend, ReplicaFault

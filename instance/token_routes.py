@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 
-from ..proxy.http import HttpConnection, Request, json_object
-from ..proxy.http.limits import HttpLimits, detokenize_refusal, tokenize_body_refusal
+from ..http1 import HttpConnection, Request, json_object
+from ..http1.limits import HttpLimits, detokenize_refusal, tokenize_body_refusal
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ answer ends (the forwarding's last step; ``GET /props|/slots|/metrics
 model, replica slot, the client's route (:data:`ROUTES`), status, token
 counts, waiting time, TTFT (the replica's, as ``/ps`` counts it),
 duration and bytes. Token counts come from the replica's usage line
-(:mod:`ggmux.proxy.http.usage`: a header or trailer, read without touching
+(:mod:`ggmux.http1.usage`: a header or trailer, read without touching
 the body), else from the end of its body (a ``usage`` object, llama-server's
 ``timings``), else the generated tokens are the stream's events as the
 proxy counted them. With ``--log-requests-bodies`` (the ring was made with
@@ -30,9 +30,9 @@ except ImportError:  # no Cython at run time: @cython.locals does nothing
     from ..compiled import cython
 
 from ..shm.requestring import F_STREAM, F_USAGE_COUNTED, F_USAGE_REPLICA, RequestRing
-from .http.exchange import Exchange
-from .http.request import Request
-from .http.usage import parse_usage, usage_from_tail
+from ..http1.exchange import Exchange
+from ..http1.request import Request
+from ..http1.usage import parse_usage, usage_from_tail
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ import time
 import orjson
 
 from ..shm import layout as L
-from .http import HttpConnection, Request
-from .http.exchange import UpstreamError
+from ..http1 import HttpConnection, Request
+from ..http1.exchange import UpstreamError
 
 log = logging.getLogger(__name__)
 

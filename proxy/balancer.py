@@ -75,7 +75,7 @@ from hashlib import blake2b
 import numpy as np
 
 from ..shm import layout as L
-from .http.verdict import GATEWAY_FAULTS, REPLICA_HEADER, replica_fault  # noqa: F401 (moved there)
+from ..http1.verdict import GATEWAY_FAULTS, REPLICA_HEADER, replica_fault  # noqa: F401 (moved there)
 
 log = logging.getLogger("ggmux.proxy.balancer")
 

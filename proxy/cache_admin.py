@@ -24,7 +24,7 @@ import os
 from collections.abc import Callable
 from typing import Protocol
 
-from .http import HttpConnection, Request, json_object
+from ..http1 import HttpConnection, Request, json_object
 
 CLEAR_WAIT_S = 30.0
 """How long the route waits for the supervisor's answer (each replica's

@@ -25,8 +25,8 @@ from __future__ import annotations
 import hmac
 import time
 
-from .http import HttpConnection, Request
-from .http.request import HOP, TOKEN
+from ..http1 import HttpConnection, Request
+from ..http1.request import HOP, TOKEN
 
 HOP_NONE = 0  # an ordinary request
 HOP_LOOP = 1  # forwarded by a node, no token configured: served locally, key still needed

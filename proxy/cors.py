@@ -31,7 +31,7 @@ from __future__ import annotations
 # Header names go out in their canonical case, as llama-server (and nginx)
 # write them: HTTP reads them in any case, but some clients, llama.cpp's own
 # test suite among them, look them up in a case-sensitive map.
-from .http import HttpConnection, Request
+from ..http1 import HttpConnection, Request
 
 ALLOW_METHODS = b"GET, POST, HEAD, DELETE, OPTIONS"  # DELETE: /models?model= (llama-server's)
 PREFLIGHT_METHODS = b"GET, POST, DELETE, OPTIONS"

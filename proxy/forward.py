@@ -1,6 +1,6 @@
 """Forwarding a request to a replica: the forwarding half of
 :class:`~ggmux.proxy.server.Proxy` (a mixin, as
-:class:`~ggmux.proxy.http.reading.RequestReader` is of the HTTP connection).
+:class:`~ggmux.http1.reading.RequestReader` is of the HTTP connection).
 
 Two paths: :meth:`Forwarding.fast` forwards, from the parser's callback and
 with no task or coroutine, a request for a model that one local replica
@@ -78,15 +78,15 @@ from ..shm.layout import (
     TTFT_RECENT,
 )
 from . import answers, passthrough
-from .auth import tenant
+from ..http1.auth import tenant
 from .balancer import CLOSED, candidates_from_shm, choose, open_until, session_key
 from .cluster import HOP_TRUSTED, hop_headers, judge_hop, loading_info
 from .cors import json_type, simple_type
-from .http import HttpConnection
-from .http.exchange import Exchange, UpstreamError
-from .http.limits import tokenize_body_refusal
-from .http.request import Request
-from .http.upstream import request_head
+from ..http1 import HttpConnection
+from ..http1.exchange import Exchange, UpstreamError
+from ..http1.limits import tokenize_body_refusal
+from ..http1.request import Request
+from ..http1.upstream import request_head
 from .prefix import GENERATION_PATHS, Prediction
 
 log = logging.getLogger(__name__)
@@ -587,7 +587,7 @@ class Forwarding:
         secret as the bearer token, a remote upstream its own ``api-key``
         (and its path prefix); neither ever gets the client's credentials.
         ``judged``: this is a half-open circuit's probe, judged at its head.
-        ``on_end``: see :meth:`~ggmux.proxy.http.pool.UpstreamPool.forward`."""
+        ``on_end``: see :meth:`~ggmux.http1.pool.UpstreamPool.forward`."""
         on_head = None
         if judged is not None:
             br = self.breakers[slot]

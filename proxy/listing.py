@@ -11,7 +11,7 @@ import orjson
 
 from ..shm import layout as L
 from .cluster import annotate_model
-from .http import HttpConnection, Request
+from ..http1 import HttpConnection, Request
 
 SSE_KEEPALIVE_S = 15.0
 

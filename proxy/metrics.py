@@ -23,7 +23,7 @@ import orjson
 from ..shm import layout as L
 from ..shm.segment import Segment
 from ..shm.seqlock import read_table
-from .auth import secret_header
+from ..http1.auth import secret_header
 
 log = logging.getLogger(__name__)
 

@@ -54,8 +54,8 @@ import orjson
 
 from ..shm import layout as L
 from ..shm.prefixtable import Found, PrefixTable, disk_salt, replica_salt
-from .http.exchange import Exchange
-from .http.usage import parse_tier, parse_usage, usage_from_tail
+from ..http1.exchange import Exchange
+from ..http1.usage import parse_tier, parse_usage, usage_from_tail
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +234,7 @@ class PrefixRouting:
     def learn(self, pred: Prediction, slot: int, incarnation: int, ex: Exchange,
               cnt: memoryview, mc: memoryview) -> None:
         """Replica ``slot`` (``incarnation``) answered the request of
-        ``pred`` with :class:`~ggmux.proxy.http.exchange.Exchange` ``ex``:
+        ``pred`` with :class:`~ggmux.http1.exchange.Exchange` ``ex``:
         judge the prediction by the counts it reports (its usage line, else
         the end of its body), take its prefill time per uncached token into
         its counters row ``cnt`` (``C_PREFILL_NS``), count the request in

@@ -34,7 +34,7 @@ from .listing import models_list, unknown_model
 from .metrics import metrics_text, scrape_replicas
 
 if TYPE_CHECKING:
-    from .http import HttpConnection, Request
+    from ..http1 import HttpConnection, Request
 
 # llama.cpp's build_info is b<build>-<commit>; ggmux's says which it is
 BUILD_INFO = f"b{__version__}-ggmux"

@@ -4,7 +4,7 @@ N identical workers bind the public address with ``SO_REUSEPORT``; the
 kernel spreads connections over them. A worker resolves the request's model
 through the registry blob, picks a replica from the shared-memory tables
 (:mod:`ggmux.proxy.balancer`) and forwards bytes
-(:mod:`ggmux.proxy.http.upstream`). It never decides to load or evict: for a
+(:mod:`ggmux.http1.upstream`). It never decides to load or evict: for a
 model with no ready replica it registers a waiter in its waiters row and
 asks the supervisor through the command queue, then waits to be woken (the
 supervisor writes a byte on the worker's stdin after every generation bump;
@@ -50,7 +50,7 @@ from ..shm.segment import Segment
 from . import answers, apis, passthrough, routes
 from .activity import Activity
 from .apis import ClientApis
-from .auth import authorized, secret_header
+from ..http1.auth import authorized, secret_header
 from .balancer import (
     BalancerConfig,
     Candidate,
@@ -66,13 +66,13 @@ from .cluster import (
 )
 from .cors import Cors, from_other_site, json_type, simple_type
 from .forward import NS, TOKEN_ROUTES, Forwarding
-from .http import (
+from ..http1 import (
     HttpConnection,
     Request,
     json_object,
 )
-from .http.limits import tokenize_body_refusal
-from .http.pool import UpstreamPool
+from ..http1.limits import tokenize_body_refusal
+from ..http1.pool import UpstreamPool
 from .listing import ModelEvents, unknown_model
 from .operator.logs import LogTail
 from .operator.overview import overview

@@ -20,7 +20,7 @@ import numpy as np
 import posix_ipc
 
 from ..shm import layout as L
-from .http import HttpConnection, Request
+from ..http1 import HttpConnection, Request
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """``ggmux`` command line: ``ggmux serve [options]``, the client commands
-(``ps``, ``load``, ``unload``, ``logs``, ``run``: :mod:`.client`) and
+(``ps``, ``load``, ``unload``, ``logs``, ``run``: :mod:`ggmux.client.commands`) and
 ``--version``; also ``python -m ggmux``.
 
 Every ``serve`` option can be given as ``GGMUX_<OPTION>`` in the environment
@@ -33,8 +33,8 @@ from ..instance.validate import (
     request_limit_argv,
     request_limits_from_args,
 )
-from ..proxy.auth import keys_pipe, read_keys, scrub_env
-from ..proxy.http.limits import (
+from ..http1.auth import keys_pipe, read_keys, scrub_env
+from ..http1.limits import (
     INSTANCE_LIMIT_NAMES,
     add_http_limit_options,
     http_limit_argv,
@@ -45,10 +45,10 @@ from ..proxy.http.limits import (
 from ..shm.logring import MAX_RECORD, log_to_stderr
 from ..shm.requestring import REQUEST_EXCERPT_BYTES
 from ..shm.segment import queue_name, segment_name
-from .client import add_client_commands, add_client_options, run_client
+from ..client.commands import add_client_commands, add_client_options, run_client
 from .cluster.options import add_cluster_options
 from .cluster.options import from_args as cluster_options
-from .kvtiers import tenant_secret
+from .kvtiers.files import tenant_secret
 from .logs import install as install_ring_handler
 from .main import Config, StartupError, Supervisor
 from .presets import command_line_layer, llama_args_layer, load_preset, resolve
@@ -334,7 +334,7 @@ def build_registry(args: argparse.Namespace) -> Registry:
     ``--ttl`` given is a default under every source too (a preset's ``ttl``
     wins). The request limits (``--max-embedding-inputs`` ...) and the
     header and body limits that fit the proxies' (``--max-header-bytes``
-    plus :data:`~ggmux.proxy.http.limits.FORWARD_HEADROOM`, ``--max-body-bytes``)
+    plus :data:`~ggmux.http1.limits.FORWARD_HEADROOM`, ``--max-body-bytes``)
     go to every built-in instance (``ModelEntry.instance_args``).
 
     With none of ``--models-dir``, ``--fake-models-dir``, ``--models-preset``:
@@ -435,7 +435,7 @@ def no_models_message(args: argparse.Namespace) -> str:
 def keys_from(args: argparse.Namespace) -> dict[str, str]:
     """``{"api_key", "admin_key"}`` given (``--api-key``, ``--admin-key``) or
     from ``$GGMUX_API_KEY`` / ``$GGMUX_ADMIN_KEY``, unset ones left out; every
-    secret variable (:func:`~ggmux.proxy.auth.scrub_env`: the keys, and the
+    secret variable (:func:`~ggmux.http1.auth.scrub_env`: the keys, and the
     cluster token and NATS credentials, which ``cluster_options`` read
     before) is then removed from this process's environment, so no child
     inherits them (issue 11)."""
@@ -607,7 +607,7 @@ def serve(args: argparse.Namespace) -> int:
                     *routing_argv(args, args.cache_scope),
                     *http_limit_argv(proxy_share(limits_from_args(args), args.proxies))],
         prefix_sizes=prefix_sizes(args),
-        # the tenant's hash key (proxy.auth.tenant): the same for every proxy, and
+        # the tenant's hash key (http1.auth.tenant): the same for every proxy, and
         # after a restart where a disk tier keeps it (entries saved per tenant)
         proxy_keys={**keys_from(args), "tenant_secret": tenant_secret(registry.entries)},
         memory_margin=int(args.models_memory_margin * MiB),

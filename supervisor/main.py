@@ -30,7 +30,7 @@ from collections.abc import Callable
 import orjson
 import posix_ipc
 
-from ..proxy.auth import keys_pipe
+from ..http1.auth import keys_pipe
 from ..shm import layout as L
 from ..shm.logring import log_ring_name
 from ..shm.requestring import RequestRing, RingShape, request_ring_name
@@ -383,7 +383,7 @@ class Supervisor:
     def _cache_clear(self, cmd: dict) -> None:
         """``POST /cache/clear`` (issue 29): empty the KV tiers of model
         ``cmd["model"]`` (None: every model); the answer is published under
-        ``cmd["id"]`` (:meth:`~.kvcache.KvCache.clear`)."""
+        ``cmd["id"]`` (:meth:`~.kvtiers.cache.KvCache.clear`)."""
         st = self.state
         m, rid = cmd.get("model"), cmd.get("id")
         if not isinstance(rid, str) or not rid:

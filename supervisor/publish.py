@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from ..shm import layout as L
 from ..shm.seqlock import write_fields
-from .kvtiers import tiers_of
+from .kvtiers.files import tiers_of
 from .state import NODE_PRIORITY, Replica, State
 
 

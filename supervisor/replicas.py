@@ -23,12 +23,12 @@ import subprocess
 import tempfile
 import time
 
-from ..proxy.auth import keys_pipe, new_secret
+from ..http1.auth import keys_pipe, new_secret
 from ..shm import layout as L
 from .children import Child, ChildSet, state_line
 from .jobs import Jobs
-from .kvcache import KvCache
-from .kvtiers import cmd_line, stop_budget
+from .kvtiers.cache import KvCache
+from .kvtiers.files import cmd_line, stop_budget
 from .memory import Amounts, fmt
 from .priority import give_back, lower, usable_nice
 from .probe import FIRST_INTERVAL_S, ProbeSet, next_interval

@@ -17,7 +17,7 @@ import argparse
 
 from ..shm.prefixtable import WAYS
 
-# the proxy's BalancerConfig defaults (supervisor/ may use only proxy/http and
+# the proxy's BalancerConfig defaults (supervisor/ may use only http1 and
 # proxy/auth of proxy/: DESIGN.md "Processes"; a test keeps the two equal)
 MODES = ("prefix", "load", "round-robin")
 DEFAULT_MODE = "prefix"

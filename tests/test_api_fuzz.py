@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import orjson
 import pytest
 from ggmux.proxy.apis import CHAT_WITH_USAGE, ClientApis
-from ggmux.proxy.http import Request
+from ggmux.http1 import Request
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -292,7 +292,7 @@ class Conn:
     """The client connection as the handler sees it: records its answer."""
 
     def __init__(self) -> None:
-        from ggmux.proxy.http import HttpLimits
+        from ggmux.http1 import HttpLimits
 
         self.answers: list[Answered] = []
         self.limits = HttpLimits()

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 from ggmux.supervisor.cli import build_parser, main
-from ggmux.supervisor.client import client_from_args
+from ggmux.client.commands import client_from_args
 from test_cli import ggmux
 
 Answer = Callable[[socket.socket, threading.Event], None]

@@ -1,4 +1,4 @@
-"""The HTTP/1.1 core (proxy/http/) and forwarding (proxy/http/upstream.py),
+"""The HTTP/1.1 core (http1/) and forwarding (http1/upstream.py),
 served by real uvloop servers in a background thread and driven by plain
 blocking sockets (issue 5: the complete HTTP surface, hardened).
 
@@ -23,7 +23,7 @@ from typing import Self
 import pytest
 import uvloop
 from conftest import wait_for
-from ggmux.proxy.http import (
+from ggmux.http1 import (
     HttpConnection,
     HttpLimits,
     Request,
@@ -33,9 +33,9 @@ from ggmux.proxy.http import (
     http_limit_argv,
     limits_from_args,
 )
-from ggmux.proxy.http.exchange import Exchange, UpstreamError
-from ggmux.proxy.http.pool import UpstreamPool
-from ggmux.proxy.http.upstream import request_head
+from ggmux.http1.exchange import Exchange, UpstreamError
+from ggmux.http1.pool import UpstreamPool
+from ggmux.http1.upstream import request_head
 
 # ---------------------------------------------------------------------------
 # harness: an event loop thread, servers in it, a strict blocking client

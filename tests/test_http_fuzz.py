@@ -16,7 +16,7 @@ from itertools import pairwise
 
 import pytest
 from conftest import wait_for
-from ggmux.proxy.http import HttpLimits, error_code
+from ggmux.http1 import HttpLimits, error_code
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from test_http_core import App, Client, LoopThread, assert_served, http_server

@@ -17,9 +17,9 @@ import time
 
 import pytest
 from conftest import chat_body, wait_for
-from ggmux.proxy.http import HttpConnection, HttpLimits
-from ggmux.proxy.http.connections import ConnectionRegistry
-from ggmux.proxy.http.limits import proxy_share
+from ggmux.http1 import HttpConnection, HttpLimits
+from ggmux.http1.connections import ConnectionRegistry
+from ggmux.http1.limits import proxy_share
 from test_http_core import App, Client, LoopThread, expect_error, get, http_server
 
 CHAT = "/v1/chat/completions"

@@ -221,7 +221,7 @@ def test_cache_clear_needs_the_admin_key(serve, fakes, tmp_path, capsys, monkeyp
 
 
 def test_tier_settings_stop_budget_and_the_disk_layout_by_model_json(tmp_path):
-    from ggmux.supervisor import kvtiers as T
+    from ggmux.supervisor.kvtiers import files as T
     from ggmux.supervisor.registry import ModelEntry
 
     disk = tmp_path / "kv"
@@ -250,7 +250,7 @@ def test_tier_settings_stop_budget_and_the_disk_layout_by_model_json(tmp_path):
 
 
 def test_a_cmd_models_slot_path_goes_to_its_command_and_slot_files_name_no_prompt(tmp_path):
-    from ggmux.supervisor import kvtiers as T
+    from ggmux.supervisor.kvtiers import files as T
     from ggmux.supervisor.registry import ModelEntry
 
     gguf = tmp_path / "secret-model-name.gguf"
@@ -295,7 +295,7 @@ def test_an_eviction_waits_for_the_save_because_the_ledger_counts_the_saving_ins
 
 
 def test_the_tenant_key_is_kept_beside_the_disk_tier_so_tenants_survive_a_restart(tmp_path):
-    from ggmux.supervisor import kvtiers as T
+    from ggmux.supervisor.kvtiers import files as T
     from ggmux.supervisor.registry import ModelEntry
 
     disk = tmp_path / "kv"

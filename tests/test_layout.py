@@ -1,6 +1,6 @@
 """The package's layering (DESIGN.md "Processes"; issue 21), read from the
 source with ``ast``: no import circle anywhere in supervisor/, proxy/,
-instance/ and shm/, ``proxy/http/`` imports nothing else of proxy/, and
+instance/ and shm/, ``http1/`` imports nothing else of proxy/, and
 instance/ and supervisor/ use only proxy's HTTP core (and its key helpers).
 
 Every ``import`` statement counts, those under ``if TYPE_CHECKING:`` and
@@ -14,9 +14,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("supervisor", "proxy", "instance", "shm")
-# what instance/ and supervisor/ may import of proxy/
-PROXY_FOR_OTHERS = ("ggmux.proxy.http", "ggmux.proxy.auth")
+PARTS = ("supervisor", "proxy", "instance", "shm", "http1", "client")
 
 
 def _modules() -> dict[str, Path]:
@@ -53,7 +51,7 @@ def _imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
         else:
             continue
         for t in targets:
-            # `import ggmux.proxy.http.limits` names the module itself
+            # `import ggmux.http1.limits` names the module itself
             while t and t not in mods and "." in t:
                 t = t.rpartition(".")[0]
             if t in mods and t != name:
@@ -104,9 +102,9 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_reader_sees_the_edges_it_must():
     """The graph is not empty by mistake: known edges are in it."""
     g = _graph()
-    assert "ggmux.proxy.http.connection" in g["ggmux.proxy.http"]
+    assert "ggmux.http1.connection" in g["ggmux.http1"]
     assert "ggmux.shm.layout" in g["ggmux.proxy.balancer"]
-    assert "ggmux.proxy.http" in g["ggmux.instance.server"]
+    assert "ggmux.http1" in g["ggmux.instance.server"]
 
 
 def test_circle_finder_finds_a_circle():
@@ -117,19 +115,35 @@ def test_no_import_circle_anywhere():
     assert _circles(_graph()) == []
 
 
-def test_http_core_imports_nothing_else_of_proxy():
+def test_http_core_imports_neither_the_proxy_nor_the_instance_nor_the_supervisor():
     bad = {(m, t) for m, targets in _graph().items()
-           if m == "ggmux.proxy.http" or m.startswith("ggmux.proxy.http.")
+           if m == "ggmux.http1" or m.startswith("ggmux.http1.")
            for t in targets
-           if t.startswith("ggmux.proxy") and not (t == "ggmux.proxy.http"
-                                                   or t.startswith("ggmux.proxy.http."))}
+           if t.startswith(("ggmux.proxy", "ggmux.instance", "ggmux.supervisor"))}
     assert bad == set()
 
 
-def test_instance_and_supervisor_use_only_the_http_core_of_proxy():
+def test_no_module_of_instance_imports_the_proxy():
     bad = {(m, t) for m, targets in _graph().items()
-           if m.startswith(("ggmux.instance", "ggmux.supervisor"))
+           if m.startswith("ggmux.instance")
+           for t in targets if t.startswith("ggmux.proxy")}
+    assert bad == set()
+
+
+def test_the_supervisor_imports_nothing_of_the_proxy():
+    """The supervisor starts proxies as processes; what both need (keys,
+    limits) is in the HTTP core."""
+    bad = {(m, t) for m, targets in _graph().items()
+           if m.startswith("ggmux.supervisor")
+           for t in targets if t.startswith("ggmux.proxy")}
+    assert bad == set()
+
+
+def test_the_command_line_client_is_a_client_of_the_http_api():
+    """``ggmux ps``/``load``/... talk to a server over HTTP like any SDK: they
+    import no part of the server (shm/'s log-line helpers aside)."""
+    bad = {(m, t) for m, targets in _graph().items()
+           if m.startswith("ggmux.client")
            for t in targets
-           if t.startswith("ggmux.proxy")
-           and not any(t == ok or t.startswith(ok + ".") for ok in PROXY_FOR_OTHERS)}
+           if t.startswith(("ggmux.proxy", "ggmux.instance", "ggmux.supervisor"))}
     assert bad == set()

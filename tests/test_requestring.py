@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from ggmux.proxy import activity, apis
 from ggmux.proxy.forward import INFERENCE
-from ggmux.proxy.http.usage import (
+from ggmux.http1.usage import (
     parse_usage,
     usage_from_tail,
     usage_line,

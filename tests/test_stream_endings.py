@@ -3,7 +3,7 @@ finding 11): exactly one error event, and "the server is stopping" with
 one code, ``shutting_down``, whichever path ends the stream.
 
 The relay runs on the harness of tests/test_http_core.py (a replica and a
-proxy of :class:`~ggmux.proxy.http.upstream.Upstream` on real sockets in a
+proxy of :class:`~ggmux.http1.upstream.Upstream` on real sockets in a
 loop thread); the first finding is also reproduced end to end on a fake
 model that is unloaded mid-stream.
 """
@@ -15,8 +15,8 @@ import json
 
 import pytest
 from conftest import chat_body, open_stream, wait_for
-from ggmux.proxy.http import HttpConnection, HttpLimits, Request
-from ggmux.proxy.http.pool import UpstreamPool
+from ggmux.http1 import HttpConnection, HttpLimits, Request
+from ggmux.http1.pool import UpstreamPool
 from test_http_core import Client, LoopThread, Proxy, get, http_server
 
 STOPPING = "the server is stopping"

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from conftest import chat_body, wait_for
 from ggmux.instance.engine.fairness import FairQueue
-from ggmux.proxy.auth import tenant
-from ggmux.proxy.http.request import Request
-from ggmux.proxy.http.upstream import request_head
+from ggmux.http1.auth import tenant
+from ggmux.http1.request import Request
+from ggmux.http1.upstream import request_head
 
 CHAT = "/v1/chat/completions"
 HEX16 = re.compile(r"[0-9a-f]{16}")

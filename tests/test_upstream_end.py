@@ -14,10 +14,10 @@ import sys
 
 import pytest
 from conftest import chat_body
-from ggmux.proxy.http import HttpConnection, HttpLimits, Request
-from ggmux.proxy.http.pool import UpstreamPool
-from ggmux.proxy.http.upstream import request_head
-from ggmux.proxy.http.usage import USAGE_HEADER, usage_trailer
+from ggmux.http1 import HttpConnection, HttpLimits, Request
+from ggmux.http1.pool import UpstreamPool
+from ggmux.http1.upstream import request_head
+from ggmux.http1.usage import USAGE_HEADER, usage_trailer
 from test_http_core import Client, LoopThread, get, http_server, wait_for
 
 USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}

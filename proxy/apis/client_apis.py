@@ -49,8 +49,8 @@ from urllib.parse import unquote
 import orjson
 
 from ...shm import layout as L
-from ..http import HttpConnection, Request
-from ..http.limits import tokenize_body_refusal
+from ...http1 import HttpConnection, Request
+from ...http1.limits import tokenize_body_refusal
 from ..listing import model_object, unknown_model
 from ..modelinfo import ModelFacts
 from .adapters import anthropic, ollama, openai, responses, tools
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ...shm.segment import Segment
-    from ..http.exchange import Exchange
+    from ...http1.exchange import Exchange
     from ..waiting import ModelWaiters
 
 log = logging.getLogger(__name__)

@@ -2,9 +2,9 @@
 answer, rewritten into the client's API as it streams.
 
 :class:`TranslatedConnection` stands in for the client's
-:class:`~ggmux.proxy.http.HttpConnection` wherever the forwarding code
+:class:`~ggmux.http1.HttpConnection` wherever the forwarding code
 writes a response (the proxy's ``_forward`` and the
-:class:`~ggmux.proxy.http.upstream.Upstream` relay), so that code has no branch
+:class:`~ggmux.http1.upstream.Upstream` relay), so that code has no branch
 for any API: it writes OpenAI's answer (a head, SSE or JSON body, an error
 envelope, a keep-alive comment while the model loads) and this object
 writes the adapter's translation to the real connection instead:
@@ -44,7 +44,7 @@ from collections.abc import Iterable
 
 import orjson
 
-from ..http import Header, HttpConnection, Request
+from ...http1 import Header, HttpConnection, Request
 from .adapters.common import (
     DROPPED_TOOLS_HEADER,
     UNTRANSLATABLE,

@@ -26,7 +26,7 @@ import orjson
 import posix_ipc
 
 from ...shm.logring import LogRing, format_line
-from ..http import HttpConnection, Request
+from ...http1 import HttpConnection, Request
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-from ..http import HttpConnection, Request
+from ...http1 import HttpConnection, Request
 
 UI_FILES = {
     "index.html": b"text/html; charset=utf-8",

@@ -42,7 +42,7 @@ import orjson
 from ...shm import requestring as Q
 from ...shm.requestring import RequestRing
 from ..activity import ROUTES
-from ..http import HttpConnection, Request
+from ...http1 import HttpConnection, Request
 from .logs import follow
 
 POLL_S = 0.2  # how often a proxy with /requests/stream subscribers looks for new records

@@ -3,15 +3,15 @@ envelope with string codes, and ``stream_options.include_usage`` for
 replicas that do not send the usage chunk themselves.
 
 Error codes (OpenAI's style, one string per status) are
-:data:`ggmux.proxy.http.ERROR_CODES`; llama.cpp's numeric ``code`` stays on
-llama.cpp's own routes (:data:`ggmux.proxy.http.LLAMA_CPP_ROUTES`).
+:data:`ggmux.http1.ERROR_CODES`; llama.cpp's numeric ``code`` stays on
+llama.cpp's own routes (:data:`ggmux.http1.LLAMA_CPP_ROUTES`).
 """
 
 from __future__ import annotations
 
 import orjson
 
-from ...http import ERROR_TYPES, error_code
+from ....http1 import ERROR_TYPES, error_code
 from .common import Adapter, StreamState, Translated, Usage, sse
 from .tools import delta
 

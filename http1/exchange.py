@@ -43,7 +43,7 @@ class Exchange:
     ``time.monotonic_ns()`` when the request was written and when the first
     body byte came back (0: none); ``bytes_out``: body bytes relayed;
     ``retried``: a stale pooled connection was replaced; ``fault``: the
-    outcome is the replica's fault (:func:`~ggmux.proxy.http.verdict.replica_fault`
+    outcome is the replica's fault (:func:`~ggmux.http1.verdict.replica_fault`
     of the head, or it died or went silent mid-body); ``timed_out``: the
     stream-idle timeout ended it; ``headers`` / ``body``: the response,
     when it was captured rather than relayed.

@@ -1,5 +1,5 @@
 """A small HTTP client of one ggmux server (stdlib ``http.client``), for
-the client commands (:mod:`.client`).
+the client commands (:mod:`.commands`).
 
 Every request has a deadline (:data:`DEFAULT_TIMEOUT_S`, ``--timeout``:
 to connect, for the head, and for the whole of a non-streamed answer; a

@@ -1,7 +1,7 @@
 """Forwarding one request to a replica and streaming its answer back.
 
 An :class:`Upstream` is a keep-alive connection to one replica, kept in a
-:class:`~ggmux.proxy.http.pool.UpstreamPool` between requests. Its httptools response-parser
+:class:`~ggmux.http1.pool.UpstreamPool` between requests. Its httptools response-parser
 callbacks write straight to the client's connection (no queue, no task per
 chunk):
 
@@ -38,7 +38,7 @@ chunk):
   after a chunked answer (within :data:`CLOSES_AFTER_STREAM_S`) is
   remembered (``UpstreamPool.closes_after_chunked``), and its connections
   are closed after a chunked answer instead of being pooled;
-* :meth:`~ggmux.proxy.http.pool.UpstreamPool.forward` retries once, on a fresh connection, when a
+* :meth:`~ggmux.http1.pool.UpstreamPool.forward` retries once, on a fresh connection, when a
   pooled connection turns out to have been closed by the replica before it
   got the request (the keep-alive race every pooling proxy has, or a
   replica that died while idle);
@@ -47,7 +47,7 @@ chunk):
   answered, ends the exchange (504, or an SSE error event mid-stream); one
   sweep a quarter second checks the exchanges in flight, so a request
   costs no timer;
-* the replica's verdict on itself: :data:`~ggmux.proxy.http.verdict.REPLICA_HEADER`
+* the replica's verdict on itself: :data:`~ggmux.http1.verdict.REPLICA_HEADER`
   (``fault``: its own failure; ``refused``: it is stopping or asleep and did
   not act on the request, which may go elsewhere), read from the head and
   not relayed.
@@ -68,7 +68,7 @@ import httptools
 try:
     import cython
 except ImportError:  # no Cython at run time: @cython.locals does nothing
-    from ...compiled import cython
+    from ..compiled import cython
 
 from .connection import (
     CHUNKED,
@@ -88,7 +88,7 @@ log = logging.getLogger(__name__)
 
 class Pool(Protocol):
     """What an :class:`Upstream` needs of the pool that holds it
-    (:class:`~ggmux.proxy.http.pool.UpstreamPool`): the connections with an
+    (:class:`~ggmux.http1.pool.UpstreamPool`): the connections with an
     exchange in flight (``active``), the replicas seen closing after a
     chunked answer, the stream-idle limit (ns; 0: none), why a cut stream
     ends while the proxy stops (``closing``; empty: it does not), whether
@@ -671,7 +671,7 @@ class Upstream:
         done(ex)
 
     def time_out(self) -> None:
-        """The exchange's deadline passed (see :class:`~ggmux.proxy.http.pool.UpstreamPool`):
+        """The exchange's deadline passed (see :class:`~ggmux.http1.pool.UpstreamPool`):
         before the response head, an :class:`UpstreamError` with
         ``timeout`` (the caller answers 504); mid-body, the body is cut with
         an SSE error event and the Exchange has status 504 and

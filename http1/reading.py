@@ -23,7 +23,7 @@ import httptools
 try:
     import cython
 except ImportError:  # no Cython at run time: @cython.locals does nothing
-    from ...compiled import cython
+    from ..compiled import cython
 
 from .request import HOP, TOKEN, Request
 from .response import ResponseWriter

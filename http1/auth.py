@@ -33,8 +33,8 @@ import secrets
 
 import orjson
 
-from .http import Request
-from .http.request import TENANT
+from . import Request
+from .request import TENANT
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ own answer (:mod:`.verdict`).
 
 Shared by the proxy, the built-in instance and the supervisor; it imports
 nothing else of ``ggmux.proxy``. The names below are those callers took
-from the one module ``proxy/http.py`` this was; the upstream client, the
+from the one module ``http1.py`` this was; the upstream client, the
 pool and the verdict are imported from their modules.
 """
 

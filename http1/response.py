@@ -22,7 +22,7 @@ import orjson
 try:
     import cython
 except ImportError:  # no Cython at run time: @cython.locals does nothing
-    from ...compiled import cython
+    from ..compiled import cython
 
 from .request import Header, Request, new_request_id
 from .state import ConnectionState

@@ -1,6 +1,6 @@
 """The connections a proxy keeps to its replicas, and the exchanges on them.
 
-:class:`UpstreamPool` holds idle keep-alive :class:`~ggmux.proxy.http.upstream.Upstream`
+:class:`UpstreamPool` holds idle keep-alive :class:`~ggmux.http1.upstream.Upstream`
 connections per replica, opens new ones, forwards one request with the
 keep-alive race's single retry (:meth:`UpstreamPool.forward`), and watches
 the exchanges in flight: their first-byte and stream-idle deadlines (issue

@@ -60,7 +60,7 @@ import httptools
 try:
     import cython
 except ImportError:  # no Cython at run time: @cython.locals does nothing
-    from ...compiled import cython
+    from ..compiled import cython
 
 from .connections import ADMITTED
 from .limits import (  # the limits' names, importable from here as before the split

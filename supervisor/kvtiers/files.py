@@ -44,7 +44,7 @@ import shlex
 import time
 from dataclasses import dataclass, field
 
-from .registry import ModelEntry
+from ..registry import ModelEntry
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ TENANT_KEY_FILE = "tenant.key"
 
 def tenant_secret(entries) -> str:
     """The key the proxies hash API keys into tenant ids with
-    (:func:`ggmux.proxy.auth.tenant`), 32 hex digits: random per start, but
+    (:func:`ggmux.http1.auth.tenant`), 32 hex digits: random per start, but
     kept in ``DIR/tenant.key`` (mode 0600) of the first disk tier of
     ``entries`` (registry entries) when there is one, so that under
     ``cache-scope key`` a key is the same tenant after a restart and the

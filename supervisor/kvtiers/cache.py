@@ -7,7 +7,7 @@ outside its slots, and the jobs around it.
   (``M_CACHE_RAM_BYTES``, ``M_CACHE_DISK_BYTES``, published by
   :mod:`.publish`).
 * While no replica of a model runs, its disk bytes come from a scan of its
-  folders (:func:`~.kvtiers.disk_use`, or its slot files for a ``cmd``
+  folders (:func:`~.files.disk_use`, or its slot files for a ``cmd``
   llama-server): at start and after its last replica exited.
 * A ``cmd`` llama-server with ``slot-save-path`` saves its slots before its
   SIGTERM (:meth:`KvCache.save`) and restores them before it is ready
@@ -30,11 +30,11 @@ import os
 import time
 from collections.abc import Callable
 
-from ..proxy.auth import secret_text
-from ..shm import layout as L
-from . import kvtiers as T
-from .jobs import Jobs
-from .state import NS, Replica, State
+from ...http1.auth import secret_text
+from ...shm import layout as L
+from . import files as T
+from ..jobs import Jobs
+from ..state import NS, Replica, State
 
 log = logging.getLogger(__name__)
 
