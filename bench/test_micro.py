@@ -17,11 +17,11 @@ import time
 import numpy as np
 import orjson
 import pytest
+from ggmux.http1 import HttpConnection, HttpLimits, Request
+from ggmux.http1.exchange import Exchange
 from ggmux.proxy.activity import Activity
 from ggmux.proxy.balancer import candidates_from_shm, choose
 from ggmux.proxy.forward import Forwarding
-from ggmux.http1 import HttpConnection, HttpLimits, Request
-from ggmux.http1.exchange import Exchange
 from ggmux.shm import layout as L
 from ggmux.shm.requestring import RequestRing, RingShape
 from ggmux.shm.segment import Segment

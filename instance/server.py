@@ -46,8 +46,8 @@ import orjson
 from setproctitle import setproctitle
 
 from .. import compiled
-from ..http1.auth import authorized, read_keys
 from ..http1 import HttpConnection, Request, json_object
+from ..http1.auth import authorized, read_keys
 from ..http1.limits import (
     INSTANCE_LIMIT_NAMES,
     limits_from_args,

@@ -17,10 +17,16 @@ import sys
 from setproctitle import setproctitle
 
 from .. import compiled
-from ..shm.logring import log_to_stderr
+from ..http1 import (
+    HttpConnection,
+    HttpLimits,
+    add_http_limit_options,
+    fit_fd_limit,
+    limits_from_args,
+)
 from ..http1.auth import read_keys
+from ..shm.logring import log_to_stderr
 from .balancer import DEFAULT_CONFIG, MODES, BalancerConfig
-from ..http1 import HttpConnection, HttpLimits, add_http_limit_options, fit_fd_limit, limits_from_args
 from .server import Proxy
 
 GC_GEN0_THRESHOLD = 10_000  # allocations between young collections (CPython's default: 700)

@@ -29,10 +29,10 @@ try:
 except ImportError:  # no Cython at run time: @cython.locals does nothing
     from ..compiled import cython
 
-from ..shm.requestring import F_STREAM, F_USAGE_COUNTED, F_USAGE_REPLICA, RequestRing
 from ..http1.exchange import Exchange
 from ..http1.request import Request
 from ..http1.usage import parse_usage, usage_from_tail
+from ..shm.requestring import F_STREAM, F_USAGE_COUNTED, F_USAGE_REPLICA, RequestRing
 
 log = logging.getLogger(__name__)
 

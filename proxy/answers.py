@@ -14,9 +14,9 @@ import time
 
 import orjson
 
-from ..shm import layout as L
 from ..http1 import HttpConnection, Request
 from ..http1.exchange import UpstreamError
+from ..shm import layout as L
 
 log = logging.getLogger(__name__)
 

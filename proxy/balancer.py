@@ -74,8 +74,8 @@ from hashlib import blake2b
 
 import numpy as np
 
-from ..shm import layout as L
 from ..http1.verdict import GATEWAY_FAULTS, REPLICA_HEADER, replica_fault  # noqa: F401 (moved there)
+from ..shm import layout as L
 
 log = logging.getLogger("ggmux.proxy.balancer")
 

@@ -54,6 +54,12 @@ except ImportError:  # no Cython at run time: @cython.locals does nothing
     from ..compiled import cython
 
 # the counter words by name, not L.X: compiled, a global costs less than a module attribute
+from ..http1 import HttpConnection
+from ..http1.auth import tenant
+from ..http1.exchange import Exchange, UpstreamError
+from ..http1.limits import tokenize_body_refusal
+from ..http1.request import Request
+from ..http1.upstream import request_head
 from ..shm import layout as L
 from ..shm.layout import (
     C_ANSWER_NS,
@@ -78,15 +84,9 @@ from ..shm.layout import (
     TTFT_RECENT,
 )
 from . import answers, passthrough
-from ..http1.auth import tenant
 from .balancer import CLOSED, candidates_from_shm, choose, open_until, session_key
 from .cluster import HOP_TRUSTED, hop_headers, judge_hop, loading_info
 from .cors import json_type, simple_type
-from ..http1 import HttpConnection
-from ..http1.exchange import Exchange, UpstreamError
-from ..http1.limits import tokenize_body_refusal
-from ..http1.request import Request
-from ..http1.upstream import request_head
 from .prefix import GENERATION_PATHS, Prediction
 
 log = logging.getLogger(__name__)

@@ -9,9 +9,9 @@ import asyncio
 import numpy as np
 import orjson
 
+from ..http1 import HttpConnection, Request
 from ..shm import layout as L
 from .cluster import annotate_model
-from ..http1 import HttpConnection, Request
 
 SSE_KEEPALIVE_S = 15.0
 

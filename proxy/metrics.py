@@ -20,10 +20,10 @@ import logging
 import numpy as np
 import orjson
 
+from ..http1.auth import secret_header
 from ..shm import layout as L
 from ..shm.segment import Segment
 from ..shm.seqlock import read_table
-from ..http1.auth import secret_header
 
 log = logging.getLogger(__name__)
 

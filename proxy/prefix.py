@@ -52,10 +52,10 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-from ..shm import layout as L
-from ..shm.prefixtable import Found, PrefixTable, disk_salt, replica_salt
 from ..http1.exchange import Exchange
 from ..http1.usage import parse_tier, parse_usage, usage_from_tail
+from ..shm import layout as L
+from ..shm.prefixtable import Found, PrefixTable, disk_salt, replica_salt
 
 log = logging.getLogger(__name__)
 

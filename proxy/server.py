@@ -42,6 +42,14 @@ import numpy as np
 import orjson
 import posix_ipc
 
+from ..http1 import (
+    HttpConnection,
+    Request,
+    json_object,
+)
+from ..http1.auth import authorized, secret_header
+from ..http1.limits import tokenize_body_refusal
+from ..http1.pool import UpstreamPool
 from ..shm import layout as L
 from ..shm.logring import log_ring_name
 from ..shm.prefixtable import PrefixTable
@@ -50,7 +58,6 @@ from ..shm.segment import Segment
 from . import answers, apis, passthrough, routes
 from .activity import Activity
 from .apis import ClientApis
-from ..http1.auth import authorized, secret_header
 from .balancer import (
     BalancerConfig,
     Candidate,
@@ -66,13 +73,6 @@ from .cluster import (
 )
 from .cors import Cors, from_other_site, json_type, simple_type
 from .forward import NS, TOKEN_ROUTES, Forwarding
-from ..http1 import (
-    HttpConnection,
-    Request,
-    json_object,
-)
-from ..http1.limits import tokenize_body_refusal
-from ..http1.pool import UpstreamPool
 from .listing import ModelEvents, unknown_model
 from .operator.logs import LogTail
 from .operator.overview import overview

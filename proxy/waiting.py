@@ -19,8 +19,8 @@ from collections.abc import Callable
 import numpy as np
 import posix_ipc
 
-from ..shm import layout as L
 from ..http1 import HttpConnection, Request
+from ..shm import layout as L
 
 log = logging.getLogger(__name__)
 

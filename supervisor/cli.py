@@ -26,13 +26,7 @@ import orjson
 from setproctitle import setproctitle
 
 from .. import __version__
-from ..instance.reasoning import add_reasoning_option, reasoning_argv
-from ..instance.validate import (
-    CACHE_SCOPES,
-    add_request_limit_options,
-    request_limit_argv,
-    request_limits_from_args,
-)
+from ..client.commands import add_client_commands, add_client_options, run_client
 from ..http1.auth import keys_pipe, read_keys, scrub_env
 from ..http1.limits import (
     INSTANCE_LIMIT_NAMES,
@@ -42,10 +36,16 @@ from ..http1.limits import (
     limits_from_args,
     proxy_share,
 )
+from ..instance.reasoning import add_reasoning_option, reasoning_argv
+from ..instance.validate import (
+    CACHE_SCOPES,
+    add_request_limit_options,
+    request_limit_argv,
+    request_limits_from_args,
+)
 from ..shm.logring import MAX_RECORD, log_to_stderr
 from ..shm.requestring import REQUEST_EXCERPT_BYTES
 from ..shm.segment import queue_name, segment_name
-from ..client.commands import add_client_commands, add_client_options, run_client
 from .cluster.options import add_cluster_options
 from .cluster.options import from_args as cluster_options
 from .kvtiers.files import tenant_secret

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 import orjson
 import pytest
-from ggmux.proxy.apis import CHAT_WITH_USAGE, ClientApis
 from ggmux.http1 import Request
+from ggmux.proxy.apis import CHAT_WITH_USAGE, ClientApis
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 

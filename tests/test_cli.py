@@ -18,9 +18,9 @@ from typing import ClassVar
 import pytest
 from conftest import chat_body, free_port, served_by, wait_for
 from ggmux import __version__
+from ggmux.client.commands import ps_table
 from ggmux.shm import layout as L
 from ggmux.supervisor.cli import build_parser, main
-from ggmux.client.commands import ps_table
 
 
 def ggmux(*args: str, url: str | None = None, stdin: str | None = None, env=None,

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
-from ggmux.supervisor.cli import build_parser, main
 from ggmux.client.commands import client_from_args
+from ggmux.supervisor.cli import build_parser, main
 from test_cli import ggmux
 
 Answer = Callable[[socket.socket, threading.Event], None]

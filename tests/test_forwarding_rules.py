@@ -8,10 +8,10 @@ import os
 
 import orjson
 import pytest
-from ggmux.proxy import passthrough
 from ggmux.http1.auth import keys_pipe, new_secret, read_keys, scrub_env, secret_header, secret_text
-from ggmux.proxy.balancer import OPEN, Candidate, open_until
 from ggmux.http1.verdict import replica_fault
+from ggmux.proxy import passthrough
+from ggmux.proxy.balancer import OPEN, Candidate, open_until
 from ggmux.shm import layout as L
 
 

@@ -17,9 +17,9 @@ from itertools import pairwise
 import pytest
 from conftest import wait_for
 from ggmux.http1 import HttpLimits, error_code
+from http_harness import App, Client, LoopThread, assert_served, http_server
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from test_http_core import App, Client, LoopThread, assert_served, http_server
 
 # short limits so that every stream ends quickly: a stalled head or body
 # times out in 0.3 s, an idle connection closes in 0.3 s

@@ -20,7 +20,7 @@ from conftest import chat_body, wait_for
 from ggmux.http1 import HttpConnection, HttpLimits
 from ggmux.http1.connections import ConnectionRegistry
 from ggmux.http1.limits import proxy_share
-from test_http_core import App, Client, LoopThread, expect_error, get, http_server
+from http_harness import App, Client, LoopThread, expect_error, get, http_server
 
 CHAT = "/v1/chat/completions"
 

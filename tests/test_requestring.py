@@ -10,14 +10,14 @@ import os
 
 import numpy as np
 import pytest
-from ggmux.proxy import activity, apis
-from ggmux.proxy.forward import INFERENCE
 from ggmux.http1.usage import (
     parse_usage,
     usage_from_tail,
     usage_line,
     usage_trailer,
 )
+from ggmux.proxy import activity, apis
+from ggmux.proxy.forward import INFERENCE
 from ggmux.shm import requestring as Q
 from ggmux.shm.requestring import RequestRing, RingShape
 

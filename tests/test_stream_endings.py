@@ -17,7 +17,7 @@ import pytest
 from conftest import chat_body, open_stream, wait_for
 from ggmux.http1 import HttpConnection, HttpLimits, Request
 from ggmux.http1.pool import UpstreamPool
-from test_http_core import Client, LoopThread, Proxy, get, http_server
+from http_harness import Client, LoopThread, Proxy, get, http_server
 
 STOPPING = "the server is stopping"
 INSTANCE_STOPPING = (b'data: {"error":{"message":"the instance is stopping",'

@@ -15,10 +15,10 @@ import threading
 from pathlib import Path
 
 from conftest import chat_body, wait_for
-from ggmux.instance.engine.fairness import FairQueue
 from ggmux.http1.auth import tenant
 from ggmux.http1.request import Request
 from ggmux.http1.upstream import request_head
+from ggmux.instance.engine.fairness import FairQueue
 
 CHAT = "/v1/chat/completions"
 HEX16 = re.compile(r"[0-9a-f]{16}")

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 from adapter_streams import chat_sse, events
+from ggmux.http1 import Request
 from ggmux.proxy.apis.adapters import anthropic, ollama
 from ggmux.proxy.apis.translate import TranslatedConnection
-from ggmux.http1 import Request
 
 HI = [{"role": "user", "content": "hi"}]
 

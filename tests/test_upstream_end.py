@@ -13,12 +13,12 @@ import subprocess
 import sys
 
 import pytest
-from conftest import chat_body
+from conftest import chat_body, wait_for
 from ggmux.http1 import HttpConnection, HttpLimits, Request
 from ggmux.http1.pool import UpstreamPool
 from ggmux.http1.upstream import request_head
 from ggmux.http1.usage import USAGE_HEADER, usage_trailer
-from test_http_core import Client, LoopThread, get, http_server, wait_for
+from http_harness import Client, LoopThread, get, http_server
 
 USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}
 

@@ -48,9 +48,9 @@ from urllib.parse import unquote
 
 import orjson
 
-from ...shm import layout as L
 from ...http1 import HttpConnection, Request
 from ...http1.limits import tokenize_body_refusal
+from ...shm import layout as L
 from ..listing import model_object, unknown_model
 from ..modelinfo import ModelFacts
 from .adapters import anthropic, ollama, openai, responses, tools
@@ -60,8 +60,8 @@ from .translate import ApiErrors, TranslatedConnection
 if TYPE_CHECKING:
     import numpy as np
 
-    from ...shm.segment import Segment
     from ...http1.exchange import Exchange
+    from ...shm.segment import Segment
     from ..waiting import ModelWaiters
 
 log = logging.getLogger(__name__)

@@ -25,8 +25,8 @@ from urllib.parse import parse_qs
 import orjson
 import posix_ipc
 
-from ...shm.logring import LogRing, format_line
 from ...http1 import HttpConnection, Request
+from ...shm.logring import LogRing, format_line
 
 log = logging.getLogger(__name__)
 

@@ -39,10 +39,10 @@ from urllib.parse import parse_qs
 import numpy as np
 import orjson
 
+from ...http1 import HttpConnection, Request
 from ...shm import requestring as Q
 from ...shm.requestring import RequestRing
 from ..activity import ROUTES
-from ...http1 import HttpConnection, Request
 from .logs import follow
 
 POLL_S = 0.2  # how often a proxy with /requests/stream subscribers looks for new records

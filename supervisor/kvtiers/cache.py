@@ -32,9 +32,9 @@ from collections.abc import Callable
 
 from ...http1.auth import secret_text
 from ...shm import layout as L
-from . import files as T
 from ..jobs import Jobs
 from ..state import NS, Replica, State
+from . import files as T
 
 log = logging.getLogger(__name__)
 
