@@ -43,6 +43,7 @@ HOT_MODULES = (
     "ggmux.http1.connection",
     "ggmux.http1.exchange",
     "ggmux.http1.upstream",
+    "ggmux.http1.heads",
     "ggmux.http1.pool",
     "ggmux.proxy.forward",
     "ggmux.proxy.balancer",

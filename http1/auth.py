@@ -19,7 +19,7 @@ Rules (issue 11, findings 6 and 7):
   go around ``--api-key`` by talking to an instance port directly. The
   proxies read it from the replicas table (the segment is mode 0600) and
   send it as the instance's bearer token (:func:`secret_header`); the
-  client's own credentials never reach a replica (``upstream.request_head``).
+  client's own credentials never reach a replica (``heads.request_head``).
 """
 
 from __future__ import annotations

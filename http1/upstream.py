@@ -21,13 +21,10 @@ chunk):
   the head it is an :class:`UpstreamError` (a 502 for the caller), which
   says whether the replica may have received the request (``delivered``:
   then it is never sent again, issue 11: a request that crashes its
-  replica must not crash the replacement too). The kernel tells: a
-  connection that ends with no answer was delivered when it ended with a
-  clean close (FIN) after the replica's TCP acknowledged every byte we
-  wrote (``TCP_INFO``'s ``bytes_acked``). A replica already dead or
-  closing acknowledges nothing and answers a write with a reset; one that
-  dies before reading what its TCP acknowledged resets the connection
-  (Linux closes a socket with unread data so): neither got the request.
+  replica must not crash the replacement too), as the kernel tells
+  (:mod:`~ggmux.http1.delivery`: a clean close after the replica's TCP
+  acknowledged every byte we wrote was delivered; a reset, or nothing
+  acknowledged, was not).
   A server that shuts its socket down with the request unread sends a FIN
   and then the reset (cpp-httplib does so after every streamed answer of
   llama-server: ``shutdown``, then ``close``), so a close with no answer
@@ -57,10 +54,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
-import struct
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Protocol
 
 import httptools
@@ -78,8 +73,10 @@ from .connection import (
     error_body,
     status_line,
 )
+from .delivery import bytes_acked, peer_reset
 from .exchange import Exchange, UpstreamError
-from .request import HOP, TENANT, TOKEN, Request
+from .heads import HOP_BY_HOP, RESPONSE_DROP, SSE_HEADERS, request_head
+from .request import Request
 from .usage import USAGE_HEADER
 from .verdict import REPLICA_HEADER, replica_fault
 
@@ -105,64 +102,12 @@ class Pool(Protocol):
 
     def forget(self, up: Upstream) -> None: ...
 
-# RFC 9110 7.6.1 connection-specific headers
-HOP_BY_HOP = frozenset(
-    (
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-    )
-)
-_TCPI_BYTES_ACKED = 120  # offset of tcpi_bytes_acked in Linux's struct tcp_info (u64)
-_TCP_CLOSE = 7  # tcpi_state (the struct's first byte) once a reset came
 EOF_SETTLE_S = 0.01  # after a close with no answer, how long a reset may take to follow
 CLOSES_AFTER_STREAM_S = 0.1  # an idle close this soon after a chunked answer: the server's habit
 STOPPING_CODE = "shutting_down"  # the error code of "the server is stopping", everywhere
 _ERROR_EVENT = b'data: {"error"'  # how an SSE error event begins (llama.cpp's, ggmux's)
 _ERROR_EVENT_LEN = len(_ERROR_EVENT)
 KEEP_BYTES = 64 << 10  # of an answer's body kept for the request ring's excerpt (when kept)
-
-
-def _reset(transport: asyncio.BaseTransport | None) -> bool:
-    """Whether the peer reset the connection (``tcpi_state`` is CLOSE);
-    False when the kernel does not say."""
-    try:
-        sock = transport.get_extra_info("socket")
-        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == _TCP_CLOSE
-    except (AttributeError, OSError, IndexError, ValueError):
-        return False
-
-
-def _bytes_acked(transport: asyncio.BaseTransport | None) -> int:
-    """Bytes of ours the peer's TCP acknowledged, counting the SYN as one;
-    -1 when the kernel does not say (not Linux, socket gone)."""
-    try:
-        sock = transport.get_extra_info("socket")
-        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCPI_BYTES_ACKED + 8)
-        return struct.unpack_from("Q", info, _TCPI_BYTES_ACKED)[0]
-    except (AttributeError, OSError, struct.error, ValueError):
-        return -1
-
-
-# never copied to the replica: framing, Host and request id are our own,
-# the core already answered any Expect, and the client's credentials are
-# for ggmux alone (issue 11: a local replica gets only its secret, an
-# upstream only its own api-key), and so are the cluster's hop header and
-# token (a forward to another node adds its own: proxy.cluster.hop_headers)
-_REQUEST_DROP = HOP_BY_HOP | {b"content-length", b"host", b"expect", b"x-request-id",
-                              b"authorization", b"x-api-key", HOP, TOKEN, TENANT}
-# never copied to the client: the client core sets framing and the id; the
-# replica's verdict on itself is for the proxy
-_RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"x-request-id", REPLICA_HEADER, USAGE_HEADER}
-# an SSE answer carries these whatever the replica sent, so a buffering
-# reverse proxy in front does not hold the stream back (issue 14)
-_SSE_HEADERS = ((b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"))
 
 
 class Upstream:
@@ -263,7 +208,7 @@ class Upstream:
     def eof_received(self) -> bool:
         # the socket is still open here: what did the replica acknowledge?
         if self.client is not None and not self.got_bytes:
-            self.acked = _bytes_acked(self.transport)
+            self.acked = bytes_acked(self.transport)
             # a reset may follow the FIN (the request was unread): keep the
             # socket a moment to see it (see the module docstring)
             self._settle = asyncio.get_running_loop().call_later(EOF_SETTLE_S, self._eof_settled)
@@ -289,7 +234,7 @@ class Upstream:
         self._settle = None
         if self.closed:
             return
-        reset = _reset(self.transport)
+        reset = peer_reset(self.transport)
         self.closed = True
         self.pool.forget(self)
         self._fail("replica closed the connection" + (" (reset: request unread)" if reset else ""),
@@ -309,7 +254,7 @@ class Upstream:
             self._complete()  # a close-delimited body ends here
         elif exc is None:
             if self.acked < 0 and not self.got_bytes:
-                self.acked = _bytes_acked(self.transport)
+                self.acked = bytes_acked(self.transport)
             self._fail("replica closed the connection")
         else:
             # a reset: the replica's socket was gone, or closed with our
@@ -476,7 +421,7 @@ class Upstream:
         tokens = self.conn_tokens
         out = []
         for k, v in self.headers:
-            if k in _RESPONSE_DROP:
+            if k in RESPONSE_DROP:
                 if k == b"content-length":
                     framing = b"content-length: %s\r\n" % v
                 elif k == b"transfer-encoding":
@@ -495,7 +440,7 @@ class Upstream:
         if self.sse:
             self.ex.sse = True
             names = {k for k, _ in out}
-            out += [h for h in _SSE_HEADERS if h[0] not in names]
+            out += [h for h in SSE_HEADERS if h[0] not in names]
         if status >= 500:
             if self.mark == b"refused":
                 # it did not act on the request (stopping, asleep): the
@@ -719,41 +664,6 @@ class Upstream:
             client.send_error(req, 503, why, code=STOPPING_CODE,
                               headers=[(b"retry-after", b"5")])
         done(self.ex)
-
-
-@cython.locals(req=Request)
-def request_head(
-    req: Request,
-    port: int,
-    body_len: int,
-    extra: Iterable[Header] = (),
-    host: bytes = b"127.0.0.1",
-    target: bytes | None = None,
-    auth: bytes = b"",
-    tenant: bytes = b"",
-) -> bytes:
-    """The request head sent to a replica: same method and target (or
-    ``target``), our own Host, Content-Length and ``x-request-id`` (the
-    client's id), hop-by-hop headers and the client's credentials
-    (``authorization``, ``x-api-key``) removed (the fixed list and those
-    the client's ``Connection`` header names), ``extra`` headers appended,
-    then ``auth``: whole header lines (``b"authorization: ...\\r\\n"``,
-    the replica's own credential) or nothing, and ``tenant`` as
-    ``x-ggmux-tenant`` when given (a client's own never passes)."""
-    url = req.url if target is None else target
-    parts = [b"%s %s HTTP/1.1\r\nhost: %s:%d\r\n" % (req.method, url, host, port)]
-    tokens = req.conn_tokens
-    for k, v in req.headers:
-        if k in _REQUEST_DROP or (tokens and k in tokens):
-            continue
-        parts.append(b"%s: %s\r\n" % (k, v))
-    for k, v in extra:
-        parts.append(b"%s: %s\r\n" % (k, v))
-    if tenant:
-        parts.append(b"%s: %s\r\n" % (TENANT, tenant))
-    parts.append(b"%sx-request-id: %s\r\ncontent-length: %d\r\n\r\n"
-                 % (auth, req.request_id, body_len))
-    return b"".join(parts)
 
 
 __all__ = [

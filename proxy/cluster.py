@@ -57,7 +57,7 @@ def judge_hop(req: Request, cluster: dict | None) -> int:
 def take_hop(req: Request, cluster: dict | None) -> int:
     """:func:`judge_hop`, then strip the hop header and token from
     ``req.headers`` (in cluster mode). No replica gets them either way:
-    ``upstream.request_head`` drops them; only a forward to another node
+    ``heads.request_head`` drops them; only a forward to another node
     adds them, from :func:`hop_headers`."""
     hop = judge_hop(req, cluster)
     if cluster is not None:

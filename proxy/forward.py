@@ -57,9 +57,9 @@ except ImportError:  # no Cython at run time: @cython.locals does nothing
 from ..http1 import HttpConnection
 from ..http1.auth import tenant
 from ..http1.exchange import Exchange, UpstreamError
+from ..http1.heads import request_head
 from ..http1.limits import tokenize_body_refusal
 from ..http1.request import Request
-from ..http1.upstream import request_head
 from ..shm import layout as L
 from ..shm.layout import (
     C_ANSWER_NS,
@@ -146,7 +146,7 @@ class Forwarding:
         answers those. A request forwarded by another node (hop header and
         cluster token) follows ``handle``'s hop rules: a trusted one needs
         no key, and the one local replica is what it may be served by;
-        neither header reaches the replica (``upstream.request_head`` drops
+        neither header reaches the replica (``heads.request_head`` drops
         them). A forward that fails before the replica got the request is
         handed to ``handle`` too, which retries as its own forwards do; one
         the replica got is answered here (502/504) and never sent again."""

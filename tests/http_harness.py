@@ -30,8 +30,8 @@ from ggmux.http1 import (
     error_code,
 )
 from ggmux.http1.exchange import Exchange, UpstreamError
+from ggmux.http1.heads import request_head
 from ggmux.http1.pool import UpstreamPool
-from ggmux.http1.upstream import request_head
 
 # ---------------------------------------------------------------------------
 # harness: an event loop thread, servers in it, a strict blocking client

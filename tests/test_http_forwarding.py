@@ -16,8 +16,8 @@ from ggmux.http1 import (
     HttpLimits,
 )
 from ggmux.http1.exchange import UpstreamError
+from ggmux.http1.heads import request_head
 from ggmux.http1.pool import UpstreamPool
-from ggmux.http1.upstream import request_head
 from http_harness import (  # noqa: F401 (fixtures: lt, proxied)
     Client,
     Proxy,

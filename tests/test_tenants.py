@@ -16,8 +16,8 @@ from pathlib import Path
 
 from conftest import chat_body, wait_for
 from ggmux.http1.auth import tenant
+from ggmux.http1.heads import request_head
 from ggmux.http1.request import Request
-from ggmux.http1.upstream import request_head
 from ggmux.instance.engine.fairness import FairQueue
 
 CHAT = "/v1/chat/completions"

@@ -15,8 +15,8 @@ import sys
 import pytest
 from conftest import chat_body, wait_for
 from ggmux.http1 import HttpConnection, HttpLimits, Request
+from ggmux.http1.heads import request_head
 from ggmux.http1.pool import UpstreamPool
-from ggmux.http1.upstream import request_head
 from ggmux.http1.usage import USAGE_HEADER, usage_trailer
 from http_harness import Client, LoopThread, get, http_server
 
