@@ -382,8 +382,11 @@ class Scheduler:
             d = next((r for r in draining if r.drain_for == m.index), draining[0])
             self.waits[m.index] = Wait(m.index, WaitReason.DRAINING, d.model)
             return
+        # an idle replica kept because its own model has waiters is about to
+        # serve them (just ready): draining it would only turn it over
         pool = [r for r in others if not r.pinned and r.model != m.index
-                and r.state in ("ready", "sleeping")]
+                and r.state in ("ready", "sleeping")
+                and (r.in_flight > 0 or _idle(r, wanted))]
         full = self.victim_set(pool, wanted, slots, need, soon)
         if full is None:
             loading = [r for r in others if r.state == "loading"]
@@ -393,11 +396,16 @@ class Scheduler:
             if releasing:
                 self.waits[m.index] = Wait(m.index, WaitReason.STOPPING)
                 return
+            unpinned = [r for r in others if not r.pinned and r.model != m.index]
             pinned = [r for r in others if r.pinned]
-            if pinned or not pool or len(pool) < slots:
+            if pinned and self.victim_set(unpinned, wanted, slots, need, soon) is None:
                 # nothing will ever make room until a pinned model unloads
-                self.waits[m.index] = Wait(m.index, WaitReason.PINNED,
-                                           pinned[0].model if pinned else -1)
+                self.waits[m.index] = Wait(m.index, WaitReason.PINNED, pinned[0].model)
+                return
+            if len(pool) < len(unpinned) or not pool or len(pool) < slots:
+                # a replica about to serve its own waiters: a candidate once busy
+                holder = next((r for r in unpinned if r not in pool), others[0])
+                self.waits[m.index] = Wait(m.index, WaitReason.SLICE, holder.model)
                 return
             full = pool  # all of them, and it still will not fit: loads with a warning
         bound_at = m.first_ns + m.max_wait_ns if m.max_wait_ns > 0 else 0

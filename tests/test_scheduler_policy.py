@@ -190,3 +190,10 @@ def test_a_loading_replica_is_neither_evicted_nor_drained():
     s = Scheduler(1)
     assert s.plan([want(1, 60.0)], [rep(0, 0, state="loading")], NOW) == []
     assert s.waits[1].reason == WaitReason.QUEUED
+
+
+def test_a_replica_just_ready_for_its_own_waiters_is_not_drained_before_it_serves_them():
+    s = Scheduler(1)
+    fresh = rep(0, 0, in_flight=0, ready=NOW - 1, min_residency_ns=0)
+    assert s.plan([want(0, 2.0), want(1, 30.0)], [fresh], NOW) == []
+    assert s.waits[1].reason == WaitReason.SLICE and s.waits[1].holder == 0
