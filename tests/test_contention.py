@@ -112,24 +112,31 @@ def test_a_model_waiting_past_its_bound_drains_the_busy_one_which_takes_no_new_r
     assert b'ggmux_wait_seconds_count{model="one"} 1' in metrics
 
 
-def test_the_queue_says_why_a_model_waits(serve, fakes):
+def test_the_queue_says_why_a_model_waits_and_the_503_after_load_wait_carries_it(
+        serve, fakes):
     fakes.add("hog", token_s=0.05, tokens=40, parallel=4, load_s=0.1)
     fakes.add("one", load_s=0.1)
     s = serve("--fake-models-dir", str(fakes), "--models-max", "1", "--proxies", "1",
-              "--max-wait", "60", "--load-wait", "120")
+              "--max-wait", "600", "--load-wait", "4")
     hog = Clients(s.port, "hog", n=2)
     try:
         wait_for(lambda: any(r[1] == 200 for r in hog.results), 60, 0.02, "hog serving")
-        sock = open_stream(s.port, chat_body("one"))
-        q = wait_for(lambda: s.models()["one"]["status"].get("queue"), 30, 0.02, "a queue")
-        assert q["waiters"] == 1 and q["holder"] == "hog" and q["reason"] == "slice"
-        assert q["why"].startswith("waiting for capacity held by hog, which drains in ")
-        _, ps = s.json("GET", "/ps")
-        one = next(m for m in ps["models"] if m["id"] == "one")
-        assert one["queue"]["holder"] == "hog"
-        sock.close()
+        with ThreadPoolExecutor(1) as ex:
+            fut = ex.submit(post, s.port, "one")
+            q = wait_for(lambda: s.models()["one"]["status"].get("queue"), 30, 0.02, "a queue")
+            assert q["waiters"] == 1 and q["holder"] == "hog" and q["reason"] == "slice"
+            assert q["why"].startswith("waiting for capacity held by hog, which drains in ")
+            _, ps = s.json("GET", "/ps")
+            one = next(m for m in ps["models"] if m["id"] == "one")
+            assert one["queue"]["holder"] == "hog"
+            _, status, headers, body = fut.result()
     finally:
         hog.stop()
+    assert status == 503 and headers["retry-after"]
+    err = json.loads(body)["error"]
+    assert "waited 4 s (--load-wait) for capacity: waiting for capacity held by hog" \
+        in err["message"]
+    assert err["loading"]["why"].startswith("waiting for capacity held by hog")
 
 
 def test_a_pinned_model_is_never_evicted_and_a_request_for_its_capacity_gets_503(
