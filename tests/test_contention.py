@@ -259,3 +259,31 @@ def test_two_busy_models_are_drained_together_when_the_memory_margin_needs_both(
     assert all(r[1] == 200 for r in ra + rb), [r[:2] for r in ra + rb if r[1] != 200]
     log = s.logs()
     assert "draining a" in log and "draining b" in log
+
+
+def test_ps_prints_why_each_waiting_model_waits_under_its_table():
+    from ggmux.client.commands import ps_table
+
+    q = {"waiters": 2, "oldest_wait_s": 12.0, "reason": "slice", "holder": "a", "eta_s": 4.0,
+         "why": "waiting for capacity held by a, which drains in 4 s"}
+    doc = {"models": [{"id": "a", "state": "loaded", "replicas": [
+        {"state": "ready", "draining": True}]}, {"id": "b", "state": "unloaded", "queue": q}]}
+    lines = ps_table(doc).splitlines()
+    assert lines[1].split()[:3] == ["a", "loaded", "(draining)"]
+    assert lines[-1] == "b: waiting for capacity held by a, which drains in 4 s (2 waiting, " \
+                        "oldest 12 s)"
+
+
+def test_the_queue_object_reads_the_schedulers_reason_from_the_models_row():
+    import numpy as np
+    from ggmux.proxy.contention import queue_status
+
+    row = np.zeros(L.M_WORDS, dtype=np.int64)
+    assert queue_status(row, str, 10**12) is None
+    row[[L.M_WAITERS, L.M_WAIT_FIRST_NS, L.M_WAIT_REASON, L.M_WAIT_HOLDER, L.M_WAIT_ETA_NS]] = (
+        3, 10**12 - 5 * 10**9, L.WaitReason.SLICE, 1 + 7, 10**12 + 4 * 10**9)
+    q = queue_status(row, lambda i: f"m{i}", 10**12)
+    assert q == {"waiters": 3, "oldest_wait_s": 5.0, "reason": "slice", "holder": "m7",
+                 "eta_s": 4.0, "why": "waiting for capacity held by m7, which drains in 4 s"}
+    row[L.M_WAIT_REASON] = L.WaitReason.PINNED
+    assert "pinned model m7" in queue_status(row, lambda i: f"m{i}", 10**12)["why"]
