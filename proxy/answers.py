@@ -51,11 +51,17 @@ def load_failed(conn: HttpConnection, req: Request, name: str, row, cause: str) 
 
 
 def still_loading(conn: HttpConnection, req: Request, name: str, row, load_wait: float,
-                  more: dict | None = None) -> None:
+                  more: dict | None = None, why: str = "") -> None:
     """503 with a ``loading`` object: the model did not become ready within
     ``--load-wait`` seconds; ``more`` joins the object (cluster mode: the
-    node and state of the model's cluster-wide load)."""
-    msg = f"model '{name}' is still loading after {load_wait:g} s (--load-wait)"
+    node and state of the model's cluster-wide load); ``why``: what it
+    waited for, when other models held its capacity (issue 34: the queue's
+    reason, also ``loading.why``)."""
+    if why and int(row[L.M_STATUS]) != L.ModelStatus.LOADING:
+        msg = f"model '{name}' waited {load_wait:g} s (--load-wait) for capacity: {why}"
+        more = {**(more or {}), "why": why}
+    else:
+        msg = f"model '{name}' is still loading after {load_wait:g} s (--load-wait)"
     if req.preheaded:
         sse_error(conn, req, msg, "unavailable_error", "model_loading")
         return
@@ -65,6 +71,19 @@ def still_loading(conn: HttpConnection, req: Request, name: str, row, load_wait:
                "eta_seconds": eta / 1000 if eta >= 0 else None, **(more or {})}
     conn.send_error(req, 503, msg, code="model_loading", headers=[(b"retry-after", b"5")],
                     loading=loading)
+
+
+def capacity_pinned(conn: HttpConnection, req: Request, name: str, row,
+                    model_name) -> None:
+    """503: only pinned models hold the capacity model ``name`` needs, so
+    nothing will free it (issue 34; llama.cpp's router answers an error
+    rather than break its limit when every loaded model is pinned).
+    ``row``: its models-table row; ``model_name(i)``: a model's name."""
+    holder = int(row[L.M_WAIT_HOLDER]) - 1
+    who = f"pinned model '{model_name(holder)}'" if holder >= 0 else "pinned models"
+    _error(conn, req, 503, f"model '{name}' cannot load: its capacity is held by {who} "
+           "(pin = true), which are never evicted; unload one or raise --models-max",
+           "capacity_pinned", "unavailable_error", headers=[(b"retry-after", b"30")])
 
 
 def stopping(conn: HttpConnection, req: Request) -> None:
@@ -106,5 +125,5 @@ def unreachable(conn: HttpConnection, req: Request, name: str, err: UpstreamErro
            "server_error")
 
 
-__all__ = ["circuit_open", "load_failed", "replica_failed", "sse_error", "still_loading",
+__all__ = ["capacity_pinned", "circuit_open", "load_failed", "replica_failed", "sse_error", "still_loading",
            "stopping", "unreachable"]
