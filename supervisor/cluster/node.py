@@ -39,10 +39,10 @@ import orjson
 
 from ...shm import layout as L
 from ..children import Child, ChildSet, state_line
+from ..contention import max_wait_s
 from ..registry import ModelEntry
 from ..state import NS, Remote, State
 from .options import ClusterOptions
-from ..contention import max_wait_s
 from .placement import Placement, node_view, place
 from .records import LOCAL_KINDS, own_record, proxy_doc, remote_wanted
 
