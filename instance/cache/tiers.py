@@ -8,7 +8,10 @@ it is there) and :meth:`KVTiers.save` (a slot's state about to be
 overwritten or dropped). RAM entries pushed out by the limit spill to disk
 on a writer thread, oldest last; :meth:`KVTiers.flush` writes what RAM
 holds that disk does not, most recent first, within a deadline (a stopping
-instance). The HTTP side reads :meth:`KVTiers.report` and calls
+instance). The writer thread also keeps the disk tier's index
+(:meth:`~.disk.DiskTier.refresh`, every :data:`~.disk.REFRESH_S`): the
+decode thread never lists the folder or reads a header (issue 37, item
+12). The HTTP side reads :meth:`KVTiers.report` and calls
 :meth:`KVTiers.clear`. No client-supplied value sizes a tier: the limits
 come from the instance's options.
 """
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import disk as disk_mod
 from .disk import DiskTier
 from .entry import Entry, common_prefix
 from .entry_file import entry_key
@@ -51,6 +55,7 @@ class CacheSettings:
     disk_dir: str | None = None
     disk_max_gib: float = 10.0
     save_timeout: float = 2.0
+    model_name: str = ""  # the registry's name, for model.json ("": the GGUF's file name)
 
     @property
     def enabled(self) -> bool:
@@ -109,8 +114,6 @@ class KVTiers:
         best: Hit | None = None
         with self.lock:
             ram = [*self.ram.entries.values(), *self._spill]
-        if self.disk is not None:
-            self.disk.refresh()
         for tier, entries in (("ram", ram),
                               ("disk", self.disk.candidates() if self.disk else ())):
             for e in entries:
@@ -198,12 +201,19 @@ class KVTiers:
     def _write_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._spill and not self._closed:
-                    self._cond.wait()
+                if not self._spill and not self._closed:
+                    self._cond.wait(disk_mod.REFRESH_S)
                 if self._closed:
                     return
-                e = self._spill[0]
-                self._writing.add(e.key)
+                e = self._spill[0] if self._spill else None
+                if e is not None:
+                    self._writing.add(e.key)
+            if e is None:  # nothing to write: look for what other processes wrote
+                try:
+                    self.disk.refresh()
+                except Exception:  # a bug must not stop the writer
+                    log.exception("KV disk tier: indexing failed")
+                continue
             self._write(e)
             with self._cond:
                 if self._spill and self._spill[0] is e:
@@ -283,18 +293,20 @@ class KVTiers:
 
 
 def open_tiers(settings: CacheSettings, limit_tokens: int, fp_factory: Callable[[], object],
-               model: str = "", model_path: str = "") -> KVTiers | None:
+               model: str = "", model_path: str = "", max_tokens: int = 0) -> KVTiers | None:
     """The tiers ``settings`` ask for, or None when both are off. The disk
     tier needs the model's fingerprint (``fp_factory()``, a
-    :class:`~.fingerprint.Fingerprint`); a directory that cannot be used
-    leaves only RAM (logged)."""
+    :class:`~.fingerprint.Fingerprint`); ``max_tokens``: the most tokens an
+    entry may hold (the context's size per request: a file claiming more is
+    refused before it is read). A directory that cannot be used leaves
+    only RAM (logged)."""
     if not settings.enabled:
         return None
     disk = None
     if settings.disk_dir:
         fp = fp_factory()
         d = DiskTier(settings.disk_dir, fp, int(settings.disk_max_gib * (1 << 30)), model,
-                     model_path)
+                     model_path, max_tokens=max_tokens)
         if d.open():
             disk = d
             log.info("KV disk tier: %s, %d entries (%.1f MiB) of this model, limit %.1f GiB",

@@ -52,7 +52,8 @@ class CacheSteps:
         if self.cache is not None or self.m.pooled or settings is None:
             return
         self.cache = open_tiers(settings, self.m.kv_size, self._fingerprint,
-                                os.path.basename(self.cfg.model_path), self.cfg.model_path)
+                                settings.model_name or os.path.basename(self.cfg.model_path),
+                                self.cfg.model_path, max_tokens=self.m.n_ctx)
 
     def _fingerprint(self):
         m, cfg, L = self.m, self.cfg, self.L
