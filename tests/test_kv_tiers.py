@@ -33,6 +33,7 @@ from conftest import free_port, wait_for
 from ggmux.instance.cache import disk as disk_mod
 from ggmux.instance.cache import entry_file
 from ggmux.instance.cache.entry_file import read_header, read_payload
+from ggmux.instance.cache.safe_files import mac_key
 from ggmux.instance.cache.tiers import CacheSettings
 from ggmux.instance.engine.loop import Engine, EngineConfig, Generation, Sampling
 from test_engine import smollm2_path
@@ -146,6 +147,7 @@ def test_another_engine_sharing_the_directory_restores_what_the_first_wrote(cold
     try:
         ask(a, A)
         assert a.persist(30) >= 1  # as a stopping replica does
+        wait_for(lambda: b.cache.disk.candidates(), 30, what="b's writer thread indexing it")
         got = ask(b, A)
         assert got["tier"] == "disk" and got["text"] == cold and got["cached"] > 80
     finally:
@@ -232,8 +234,9 @@ def test_a_tier_entry_serves_only_the_tenant_that_made_it_and_names_no_prompt(co
         e.persist(30)
         names = [os.path.basename(f) for f in kv_files(tmp_path)]
         assert names and all(len(n) == 67 and SECRET_WORD not in n for n in names)
-        assert {read_header(f, e.cache.disk.fp.hex).scope for f in kv_files(tmp_path)} <= {
-            "alice", "bob"}
+        d = e.cache.disk
+        assert {read_header(d.dir_fd, os.path.basename(f), d.fp.hex, d.key).scope
+                for f in kv_files(tmp_path)} <= {"alice", "bob"}
     finally:
         e.close()
 
@@ -327,8 +330,14 @@ def test_kill_9_during_a_save_never_leaves_a_file_that_loads_wrong(cold, tmp_pat
         first.proc.wait(10)
     finally:
         first.kill()
+    key = mac_key()
     for f in kv_files(tmp_path):  # what was renamed into place is whole
-        read_payload(f, read_header(f, os.path.basename(os.path.dirname(f))))
+        fd = os.open(os.path.dirname(f), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            name, fp = os.path.basename(f), os.path.basename(os.path.dirname(f))
+            read_payload(fd, name, read_header(fd, name, fp, key), key)
+        finally:
+            os.close(fd)
     (fp_dir,) = [d for d in tmp_path.iterdir() if d.is_dir()]
     torn = fp_dir / f".{'0' * 64}.12345.tmp"  # a write that kill -9 cut
     torn.write_bytes(b"GGMUXKV\0" + b"\1" * 1000)
