@@ -114,7 +114,7 @@ class FakeTiers:
     def _read_disk(self) -> None:
         files = []
         for e in os.scandir(self.dir):
-            if e.name.endswith(".entry"):
+            if e.name.endswith(".kv"):
                 files.append((e.stat().st_mtime_ns, e.path))
         for _, path in sorted(files):
             try:
@@ -129,8 +129,8 @@ class FakeTiers:
         """Write one entry (lock held)."""
         if not self.dir or key in self.disk:
             return
-        name = hashlib.blake2b(("\0".join(key)).encode(), digest_size=16).hexdigest()
-        path = os.path.join(self.dir, name + ".entry")
+        name = hashlib.blake2b(("\0".join(key)).encode(), digest_size=32).hexdigest()
+        path = os.path.join(self.dir, name + ".kv")
         data = json.dumps({"scope": key[0], "text": key[1]}).encode()
         try:
             self._write(path, data)

@@ -314,7 +314,7 @@ def test_after_exit_a_new_instance_process_restores_the_slot_from_disk(cold, tmp
         metrics = c.getresponse().read().decode()
         assert 'ggmux_kv_cache_hits_total{tier="disk"} 1' in metrics
         assert 'ggmux_kv_cache_entries{tier="disk"} 1' in metrics
-        assert second.call("POST", "/cache/clear")[1] == {"cleared": {"ram": 0, "disk": 1}}
+        assert second.call("POST", "/cache/clear")[1] == {"cleared": {"ram": 0, "disk": 1, "slots": 1}}
         assert kv_files(tmp_path) == []
     finally:
         second.kill()
@@ -410,3 +410,103 @@ def test_ggmux_serve_cache_disk_keeps_a_prefix_across_an_unload_and_reload(cold,
     assert st == 200 and again["choices"][0]["text"] == cold
     assert again["timings"]["cache_tier"] == "disk"
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 80
+
+
+# ---- cache clear (issue 37, items 5 and 6) ----------------------------------------
+def test_a_cache_clear_empties_the_slots_too_and_a_later_stop_writes_nothing_back(tmp_path):
+    """Restored from disk, cleared while running: the slot's copy goes as
+    well, the stop writes nothing, and the next process prefills."""
+    a = engine(str(tmp_path))
+    try:
+        ask(a, A)
+        assert a.persist(30) == 1
+    finally:
+        a.close()
+    b = engine(str(tmp_path))
+    try:
+        assert ask(b, A)["tier"] == "disk"
+        cleared = b.cache_clear()
+        assert cleared["disk"] == 1 and cleared["slots"] == 1
+        assert kv_files(tmp_path) == []
+        assert ask(b, A)["cached"] == 0  # not from the slot either
+        assert b.cache_clear()["slots"] == 1  # that request's own cache
+        assert b.persist(30) == 0 and kv_files(tmp_path) == []
+    finally:
+        b.close()
+    c = engine(str(tmp_path))
+    try:
+        got = ask(c, A)
+        assert got["cached"] == 0 and got["tier"] in (None, "")
+    finally:
+        c.close()
+
+
+def test_ggmux_cache_clear_of_a_stopped_model_removes_its_entries_and_nothing_else(
+        serve, tmp_path):
+    """The instance names the registry's model in model.json (it wrote the
+    GGUF's file name, which the supervisor never matched), and a clear
+    removes entry files only."""
+    preset = tmp_path / "p.ini"
+    preset.write_text(f"[smollm2-135m]\nmodel = {smollm2_path()}\nparallel = 1\n"
+                      "ctx-size = 1024\n")
+    kv = tmp_path / "kv"
+    s = serve("--models-preset", str(preset), "--no-hf-cache", "--cache-disk", str(kv))
+    body = {"model": "smollm2-135m", "prompt": A, "max_tokens": 4, "temperature": 0}
+    assert s.json("POST", "/v1/completions", body, timeout=300)[0] == 200
+    assert s.json("POST", "/models/unload", {"model": "smollm2-135m"})[0] == 200
+    wait_for(lambda: s.models()["smollm2-135m"]["status"]["value"] == "unloaded", 60,
+             what="smollm2 unloaded")
+    (entry,) = kv_files(kv)
+    folder = Path(entry).parent
+    assert json.loads((folder / "model.json").read_text())["model"] == "smollm2-135m"
+    (folder / "notes.txt").write_text("an operator's notes")
+    (folder / "backup").mkdir()
+    (folder / "backup" / "important.db").write_text("keep")
+    st, doc = s.json("POST", "/cache/clear", {"model": "smollm2-135m"})
+    assert st == 200 and doc["cleared"]["smollm2-135m"]["disk"] == 1, doc
+    assert kv_files(kv) == []
+    assert (folder / "notes.txt").exists() and (folder / "backup" / "important.db").exists()
+    st, again = s.json("POST", "/v1/completions", body, timeout=300)
+    assert st == 200 and again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_a_stop_while_a_long_prompt_is_read_still_saves_the_finished_slot(tmp_path):
+    """The save window (``persist``) is shorter than one step reading a
+    4,000-token prompt chunk: the decode is interrupted, the idle slot's
+    cache is written, and the long prompt is read on afterwards (issue 37,
+    item 17: it waited for the step and wrote nothing)."""
+    e = engine(str(tmp_path), parallel=2, ctx_size=4608, n_batch=4096, n_ubatch=4096,
+               cache={"save_timeout": 2.0})
+    try:
+        ask(e, A)  # finished: its slot holds A
+        long = e.tokenize("The quick brown fox jumps over the lazy dog. " * 400)[:4000]
+        job = e.submit(Generation(long, GREEDY, max_tokens=2))
+        wait_for(lambda: any(s["state"] != "idle" and s["n_past"] == 0 for s in e.slot_info()),
+                 60, what="the long prompt's step started")
+        assert e.persist() == 1
+        assert [os.path.basename(f) for f in kv_files(tmp_path)] == [
+            e.cache.disk.candidates()[0].key + ".kv"]
+        assert not job.ended  # the long prompt was interrupted, not finished first
+        r = job.result(600)  # and read on to the end afterwards
+        assert r["usage"]["prompt_tokens"] == 4000
+    finally:
+        e.close()
+
+
+def test_a_disk_restore_is_read_and_verified_off_the_decode_thread(cold, tmp_path, monkeypatch):
+    """Issue 37, item 12: the file's read and its MAC, which grow with the
+    entry, happen on a reader thread while the decode thread steps on."""
+    e = engine(str(tmp_path), ram_mib=0)
+    try:
+        ask(e, A)
+        ask(e, OTHER)
+        wait_for(lambda: e.cache_report()["disk"]["entries"] >= 1, 60, what="A on disk")
+        readers = []
+        real = disk_mod.DiskTier.load
+        monkeypatch.setattr(disk_mod.DiskTier, "load", lambda self, x: readers.append(
+            threading.current_thread().name) or real(self, x))
+        again = ask(e, A)
+        assert again["tier"] == "disk" and again["text"] == cold
+        assert readers == ["kv-read"]
+    finally:
+        e.close()

@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 KEEP_SHARE = 0.25
 """A tier entry is restored only when the prompt keeps at least this share
 of it (llama-server's prompt cache: "don't trash large prompts", f_keep)."""
+READS_KEPT = 4
+"""Disk entries read and verified ahead (:meth:`KVTiers.fetch`) kept for the
+request that asked, at most (file mappings: page cache, not fresh memory)."""
 SPILL_PENDING_MAX = 1 << 30
 """Bytes of states waiting for the disk writer; past it a spilled state is
 dropped (a disk slower than the slots' turnover)."""
@@ -95,6 +98,8 @@ class KVTiers:
         self._writing: set[str] = set()
         self._closed = False
         self._writer: threading.Thread | None = None
+        self._read: dict[str, memoryview | None] = {}  # key -> verified bytes (None: refused)
+        self._reading: set[str] = set()
         if disk is not None:
             self._writer = threading.Thread(target=self._write_loop, name="kv-disk",
                                             daemon=True)
@@ -128,16 +133,58 @@ class KVTiers:
                     best = Hit(e, tier, n)
         return best
 
+    def fetch(self, hit: Hit, wake: Callable[[], None]) -> bool:
+        """Whether ``hit``'s bytes are ready for :meth:`state` (a RAM entry,
+        or a disk entry read and verified); if not, read and verify it on a
+        thread of its own, off the decode thread (issue 37, item 12: a
+        large entry's read and MAC would stall every stream), and call
+        ``wake()`` when done. The caller asks again then."""
+        e = hit.entry
+        if e.data is not None or self.disk is None:
+            return True
+        with self.lock:
+            if e.key in self._read:
+                return True
+            if e.key in self._reading:
+                return False
+            self._reading.add(e.key)
+
+        def read() -> None:
+            try:
+                data = self.disk.load(e)
+            except Exception:  # a bug: the request is prefilled
+                log.exception("KV disk tier: reading an entry failed")
+                data = None
+            with self.lock:
+                self._reading.discard(e.key)
+                self._read[e.key] = data
+                while len(self._read) > READS_KEPT:
+                    self._read.pop(next(iter(self._read)))
+            wake()
+
+        threading.Thread(target=read, name="kv-read", daemon=True).start()
+        return False
+
+    @property
+    def reading(self) -> bool:
+        """Whether a :meth:`fetch` is in progress."""
+        return bool(self._reading)
+
     def state(self, hit: Hit) -> bytearray | memoryview | None:
-        """The bytes of ``hit``'s state (a disk entry read and verified), or
-        None when the file no longer verifies (counted in ``rejected``)."""
+        """The bytes of ``hit``'s state (a disk entry read and verified, by
+        :meth:`fetch` or here), or None when the file no longer verifies
+        (counted in ``rejected``)."""
         e = hit.entry
         if e.data is not None:
             with self.lock:
                 self.ram.touch(e.key)
                 e.t_used = time.monotonic()
             return e.data
-        data = self.disk.load(e) if self.disk is not None else None
+        with self.lock:
+            fetched = e.key in self._read
+            data = self._read.pop(e.key, None)
+        if not fetched:
+            data = self.disk.load(e) if self.disk is not None else None
         if data is None:
             self._changed()
         return data
@@ -256,12 +303,17 @@ class KVTiers:
             return False
 
     # ---- the HTTP side ----------------------------------------------------------
-    def clear(self) -> dict:
-        """Empty both tiers of this fingerprint: ``{"ram": n, "disk": n}``."""
-        with self.lock:
+    def clear(self, timeout: float = 10.0) -> dict:
+        """Empty both tiers of this fingerprint: ``{"ram": n, "disk": n}``.
+        A write in progress is waited for (at most ``timeout`` s) before the
+        files go, so it cannot put an entry back after the clear."""
+        with self._cond:
             n_ram = len(self.ram.take_all()) + len(self._spill)
             self._spill.clear()
             self._spill_bytes = 0
+            end = time.monotonic() + timeout
+            while self._writing and time.monotonic() < end:
+                self._cond.wait(max(0.0, end - time.monotonic()))
         n_disk = self.disk.clear() if self.disk is not None else 0
         self._changed()
         return {"ram": n_ram, "disk": n_disk}
