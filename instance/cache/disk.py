@@ -43,7 +43,16 @@ from .entry_file import (
     write_entry,
 )
 from .fingerprint import Fingerprint
-from .safe_files import UnsafeFile, create_new, mac_key, open_folder, open_root
+from .safe_files import (
+    MAC_KEY_FILE,
+    UnsafeFile,
+    create_new,
+    mac_key,
+    open_folder,
+    open_regular,
+    open_root,
+    state_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +99,14 @@ class DiskTier:
         ``model.json`` (:mod:`.safe_files`), load the MAC key, index the
         entries. Returns False (logged) when the folders cannot be used or
         are not safe; a read-only one that exists is still read."""
-        try:
-            if self.key is None:
+        if self.key is None:
+            try:
                 self.key = mac_key()
+            except OSError as e:
+                log.error("KV disk tier off: no key to authenticate its entries with (%s/%s): "
+                          "%s", state_dir(), MAC_KEY_FILE, e.strerror or e)
+                return False
+        try:
             root_fd = open_root(self.root)
             try:
                 self.dir = os.path.join(os.path.realpath(self.root), self.fp.hex)
@@ -114,8 +128,7 @@ class DiskTier:
         """``model.json``, when missing or naming another model (a folder an
         older ggmux made, which wrote the GGUF's file name)."""
         try:
-            with os.fdopen(os.open("model.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK,
-                                   dir_fd=self.dir_fd), "rb") as f:
+            with os.fdopen(open_regular("model.json", self.dir_fd), "rb") as f:
                 if orjson.loads(f.read(1 << 16)).get("model") == self.model:
                     return
         except (OSError, ValueError, AttributeError):
