@@ -12,9 +12,10 @@ built-in instance's, in ``--llama-args``:
   goes to the disk tier when there is one (without ``--cache-ram``, straight
   there).
 * ``--cache-disk DIR``: ``DIR/<fingerprint hex>/model.json`` (``{"model",
-  "path", "fingerprint"}``) and one file per entry, named by a hash of its
-  scope and text (never the text), mode 0600, written under a temporary
-  name and renamed; read back at load, so another replica, a reload or a
+  "path", "fingerprint"}``) and one file per entry, ``<64 hex>.kv`` (a
+  hash of its scope and text, never the text: named as the real entries),
+  mode 0600, written under a temporary name and renamed; read back at
+  load, so another replica, a reload or a
   restart finds them. ``--cache-disk-max GiB`` bounds it (oldest first);
   its bytes are the files' sizes.
 * ``--cache-save-timeout S`` (2): on ``exit`` the slots' texts are written
