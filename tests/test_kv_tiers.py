@@ -441,6 +441,22 @@ def test_a_cache_clear_empties_the_slots_too_and_a_later_stop_writes_nothing_bac
         c.close()
 
 
+def test_a_request_running_at_a_cache_clear_leaves_no_cache_behind(tmp_path):
+    """Its slot is marked at the clear: the answer goes out, then the slot's
+    KV is dropped, never saved by the stop, never reused."""
+    e = engine(str(tmp_path))
+    try:
+        job = e.submit(Generation(e.tokenize(A), GREEDY, max_tokens=24))
+        wait_for(lambda: any(s["state"] != "idle" for s in e.slot_info()), 60,
+                 what="the request running")
+        assert e.cache_clear()["slots"] == 1
+        assert job.result(300)["usage"]["completion_tokens"] > 0  # answered whole
+        assert e.persist(30) == 0 and kv_files(tmp_path) == []
+        assert ask(e, A)["cached"] == 0
+    finally:
+        e.close()
+
+
 def test_ggmux_cache_clear_of_a_stopped_model_removes_its_entries_and_nothing_else(
         serve, tmp_path):
     """The instance names the registry's model in model.json (it wrote the
