@@ -12,9 +12,10 @@ built-in instance's, in ``--llama-args``:
   goes to the disk tier when there is one (without ``--cache-ram``, straight
   there).
 * ``--cache-disk DIR``: ``DIR/<fingerprint hex>/model.json`` (``{"model",
-  "path", "fingerprint"}``) and one file per entry, named by a hash of its
-  scope and text (never the text), mode 0600, written under a temporary
-  name and renamed; read back at load, so another replica, a reload or a
+  "path", "fingerprint"}``) and one file per entry, ``<64 hex>.kv`` (a
+  hash of its scope and text, never the text: named as the real entries),
+  mode 0600, written under a temporary name and renamed; read back at
+  load, so another replica, a reload or a
   restart finds them. ``--cache-disk-max GiB`` bounds it (oldest first);
   its bytes are the files' sizes.
 * ``--cache-save-timeout S`` (2): on ``exit`` the slots' texts are written
@@ -114,7 +115,7 @@ class FakeTiers:
     def _read_disk(self) -> None:
         files = []
         for e in os.scandir(self.dir):
-            if e.name.endswith(".entry"):
+            if e.name.endswith(".kv"):
                 files.append((e.stat().st_mtime_ns, e.path))
         for _, path in sorted(files):
             try:
@@ -129,8 +130,8 @@ class FakeTiers:
         """Write one entry (lock held)."""
         if not self.dir or key in self.disk:
             return
-        name = hashlib.blake2b(("\0".join(key)).encode(), digest_size=16).hexdigest()
-        path = os.path.join(self.dir, name + ".entry")
+        name = hashlib.blake2b(("\0".join(key)).encode(), digest_size=32).hexdigest()
+        path = os.path.join(self.dir, name + ".kv")
         data = json.dumps({"scope": key[0], "text": key[1]}).encode()
         try:
             self._write(path, data)

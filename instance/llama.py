@@ -158,6 +158,7 @@ class LlamaBackend(Backend):
                            kv_size=getattr(self.args, "kv_size", 0) or 0,
                            cache_scope=getattr(self.args, "cache_scope", "global"),
                            cache=cache_settings(self.args, kw))
+        cfg.cache.model_name = self.name  # model.json names the registry's model (issue 37)
         if self.args.threads:
             cfg.n_threads = self.args.threads
         for k, v in kw.items():

@@ -6,6 +6,7 @@ fails if any of its child processes or its shared-memory segment is left.
 
 from __future__ import annotations
 
+import atexit
 import http.client
 import json
 import os
@@ -15,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from http.server import ThreadingHTTPServer
@@ -29,6 +31,14 @@ from pathlib import Path
 # every test module's asserts again in each worker (14 s of collection).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
+
+# The KV disk tier's MAC key (instance/cache/safe_files.py) lives in
+# $XDG_STATE_HOME/ggmux: the suite's servers and instances keep theirs in a
+# folder of its own, not in the user's home.
+if "GGMUX_TEST_STATE" not in os.environ:
+    os.environ["GGMUX_TEST_STATE"] = os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(
+        prefix="ggmux-test-state-")
+    atexit.register(shutil.rmtree, os.environ["GGMUX_TEST_STATE"], True)
 
 import posix_ipc
 import pytest

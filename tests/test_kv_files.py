@@ -28,6 +28,7 @@ from ggmux.instance.cache.fingerprint import fingerprint
 from ggmux.instance.cache.ram import RamTier
 from ggmux.instance.cache.tiers import CacheSettings, KVTiers
 
+KEY = b"k" * 32  # the entries' MAC key (a server's: safe_files.mac_key)
 FP = fingerprint({"size": 1, "mtime_ns": 2, "head_sha256": "ab"}, {"kv_size": 1024}, "test")
 OTHER_FP = fingerprint({"size": 1, "mtime_ns": 2, "head_sha256": "ab"}, {"kv_size": 512}, "test")
 
@@ -44,25 +45,38 @@ def entry(tokens: np.ndarray, nbytes: int, scope: str = "", t: float = 0.0) -> E
     return Entry(entry_key(scope, tokens), scope, tokens, 0, nbytes, t, data=payload(nbytes))
 
 
-def test_an_entry_file_reads_back_verified_and_is_named_by_a_hash_mode_0600(tmp_path):
+@pytest.fixture
+def folder(tmp_path):
+    """A descriptor of ``tmp_path`` (the entry functions work from one)."""
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    yield fd
+    os.close(fd)
+
+
+def disk(root, fp=FP, limit: int = 1 << 30, **kw) -> DiskTier:
+    return DiskTier(str(root), fp, limit, key=KEY, **kw)
+
+
+def test_an_entry_file_reads_back_verified_and_is_named_by_a_hash_mode_0600(tmp_path, folder):
     tokens = toks(*range(1, 300))
     data = payload(5000)
-    path, size = write_entry(str(tmp_path), FP.hex, "tenant-a", tokens, 3, data)
-    name = os.path.basename(path)
+    name, size = write_entry(folder, FP.hex, "tenant-a", tokens, 3, data, KEY)
+    path = os.path.join(tmp_path, name)
     assert name == entry_key("tenant-a", tokens) + ".kv" and len(name) == 64 + 3
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert size == os.path.getsize(path)
-    h = read_header(path, FP.hex)
+    h = read_header(folder, name, FP.hex, KEY)
     assert h.scope == "tenant-a" and h.pos_min == 3 and h.tokens.tolist() == tokens.tolist()
-    assert read_payload(path, h) == data
+    assert read_payload(folder, name, h, KEY) == data
     assert [n for n in os.listdir(tmp_path)] == [name]  # no temporary file left
 
 
 @pytest.mark.parametrize("damage", ["torn", "flipped_payload", "flipped_token", "foreign",
                                     "renamed", "garbage"])
-def test_a_damaged_or_foreign_entry_file_never_verifies(tmp_path, damage):
+def test_a_damaged_or_foreign_entry_file_never_verifies(tmp_path, folder, damage):
     tokens = toks(*range(5, 105))
-    path, _ = write_entry(str(tmp_path), FP.hex, "", tokens, 0, payload(4096))
+    name, _ = write_entry(folder, FP.hex, "", tokens, 0, payload(4096), KEY)
+    path = os.path.join(tmp_path, name)
     raw = bytearray(Path(path).read_bytes())
     fp = FP.hex
     if damage == "torn":
@@ -79,14 +93,14 @@ def test_a_damaged_or_foreign_entry_file_never_verifies(tmp_path, damage):
     if damage == "renamed":
         other = os.path.join(tmp_path, entry_key("", toks(1, 2, 3)) + ".kv")
         os.rename(path, other)
-        path = other
+        name = os.path.basename(other)
     with pytest.raises(EntryFileError):
-        read_payload(path, read_header(path, fp))
+        read_payload(folder, name, read_header(folder, name, fp, KEY), KEY)
 
 
-def test_a_write_past_its_deadline_leaves_no_file(tmp_path):
+def test_a_write_past_its_deadline_leaves_no_file(tmp_path, folder):
     with pytest.raises(SaveTimeout):
-        write_entry(str(tmp_path), FP.hex, "", toks(1, 2), 0, payload(64 << 20), deadline=0.0)
+        write_entry(folder, FP.hex, "", toks(1, 2), 0, payload(64 << 20), KEY, deadline=0.0)
     assert os.listdir(tmp_path) == []
 
 
@@ -119,7 +133,7 @@ def test_cache_ram_minus_one_bounds_the_tokens_by_the_context_as_llama_server():
 
 
 def test_the_disk_tier_never_grows_past_its_limit_and_evicts_the_least_recently_used(tmp_path):
-    d = DiskTier(str(tmp_path), FP, limit_bytes=3 * 11_000)
+    d = disk(tmp_path, limit=3 * 11_000)
     assert d.open()
     for i in range(6):
         assert d.write(entry(toks(200 + i, *range(50)), 10_000))
@@ -131,14 +145,14 @@ def test_the_disk_tier_never_grows_past_its_limit_and_evicts_the_least_recently_
 
 
 def test_a_second_process_indexes_entries_another_wrote_and_refuses_foreign_files(tmp_path):
-    a = DiskTier(str(tmp_path), FP, 1 << 30)
+    a = disk(tmp_path)
     a.open()
     a.write(entry(toks(1, 2, 3, 4), 2048))
-    b = DiskTier(str(tmp_path), FP, 1 << 30)
+    b = disk(tmp_path)
     b.open()
     assert [e.tokens.tolist() for e in b.candidates()] == [[1, 2, 3, 4]]
     # a file of another context size copied into this fingerprint's directory
-    c = DiskTier(str(tmp_path), OTHER_FP, 1 << 30)
+    c = disk(tmp_path, OTHER_FP)
     c.open()
     src = b.candidates()[0].path
     os.link(src, os.path.join(c.dir, os.path.basename(src)))
@@ -162,7 +176,7 @@ def test_a_lookup_finds_only_its_own_scope_and_the_longest_prefix(tmp_path):
 
 
 def test_ram_leavers_spill_to_disk_and_a_flush_writes_what_ram_holds(tmp_path):
-    d = DiskTier(str(tmp_path), FP, 1 << 30)
+    d = disk(tmp_path)
     d.open()
     tiers = KVTiers(CacheSettings(ram_mib=1, disk_dir=str(tmp_path)), 1 << 20, d)
     for i in range(3):

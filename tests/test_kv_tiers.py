@@ -33,6 +33,7 @@ from conftest import free_port, wait_for
 from ggmux.instance.cache import disk as disk_mod
 from ggmux.instance.cache import entry_file
 from ggmux.instance.cache.entry_file import read_header, read_payload
+from ggmux.instance.cache.safe_files import mac_key
 from ggmux.instance.cache.tiers import CacheSettings
 from ggmux.instance.engine.loop import Engine, EngineConfig, Generation, Sampling
 from test_engine import smollm2_path
@@ -146,6 +147,7 @@ def test_another_engine_sharing_the_directory_restores_what_the_first_wrote(cold
     try:
         ask(a, A)
         assert a.persist(30) >= 1  # as a stopping replica does
+        wait_for(lambda: b.cache.disk.candidates(), 30, what="b's writer thread indexing it")
         got = ask(b, A)
         assert got["tier"] == "disk" and got["text"] == cold and got["cached"] > 80
     finally:
@@ -232,8 +234,9 @@ def test_a_tier_entry_serves_only_the_tenant_that_made_it_and_names_no_prompt(co
         e.persist(30)
         names = [os.path.basename(f) for f in kv_files(tmp_path)]
         assert names and all(len(n) == 67 and SECRET_WORD not in n for n in names)
-        assert {read_header(f, e.cache.disk.fp.hex).scope for f in kv_files(tmp_path)} <= {
-            "alice", "bob"}
+        d = e.cache.disk
+        assert {read_header(d.dir_fd, os.path.basename(f), d.fp.hex, d.key).scope
+                for f in kv_files(tmp_path)} <= {"alice", "bob"}
     finally:
         e.close()
 
@@ -311,7 +314,7 @@ def test_after_exit_a_new_instance_process_restores_the_slot_from_disk(cold, tmp
         metrics = c.getresponse().read().decode()
         assert 'ggmux_kv_cache_hits_total{tier="disk"} 1' in metrics
         assert 'ggmux_kv_cache_entries{tier="disk"} 1' in metrics
-        assert second.call("POST", "/cache/clear")[1] == {"cleared": {"ram": 0, "disk": 1}}
+        assert second.call("POST", "/cache/clear")[1] == {"cleared": {"ram": 0, "disk": 1, "slots": 1}}
         assert kv_files(tmp_path) == []
     finally:
         second.kill()
@@ -327,8 +330,14 @@ def test_kill_9_during_a_save_never_leaves_a_file_that_loads_wrong(cold, tmp_pat
         first.proc.wait(10)
     finally:
         first.kill()
+    key = mac_key()
     for f in kv_files(tmp_path):  # what was renamed into place is whole
-        read_payload(f, read_header(f, os.path.basename(os.path.dirname(f))))
+        fd = os.open(os.path.dirname(f), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            name, fp = os.path.basename(f), os.path.basename(os.path.dirname(f))
+            read_payload(fd, name, read_header(fd, name, fp, key), key)
+        finally:
+            os.close(fd)
     (fp_dir,) = [d for d in tmp_path.iterdir() if d.is_dir()]
     torn = fp_dir / f".{'0' * 64}.12345.tmp"  # a write that kill -9 cut
     torn.write_bytes(b"GGMUXKV\0" + b"\1" * 1000)
@@ -401,3 +410,144 @@ def test_ggmux_serve_cache_disk_keeps_a_prefix_across_an_unload_and_reload(cold,
     assert st == 200 and again["choices"][0]["text"] == cold
     assert again["timings"]["cache_tier"] == "disk"
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 80
+
+
+# ---- cache clear (issue 37, items 5 and 6) ----------------------------------------
+def test_a_cache_clear_empties_the_slots_too_and_a_later_stop_writes_nothing_back(tmp_path):
+    """Restored from disk, cleared while running: the slot's copy goes as
+    well, the stop writes nothing, and the next process prefills."""
+    a = engine(str(tmp_path))
+    try:
+        ask(a, A)
+        assert a.persist(30) == 1
+    finally:
+        a.close()
+    b = engine(str(tmp_path))
+    try:
+        assert ask(b, A)["tier"] == "disk"
+        cleared = b.cache_clear()
+        assert cleared["disk"] == 1 and cleared["slots"] == 1
+        assert kv_files(tmp_path) == []
+        assert ask(b, A)["cached"] == 0  # not from the slot either
+        assert b.cache_clear()["slots"] == 1  # that request's own cache
+        assert b.persist(30) == 0 and kv_files(tmp_path) == []
+    finally:
+        b.close()
+    c = engine(str(tmp_path))
+    try:
+        got = ask(c, A)
+        assert got["cached"] == 0 and got["tier"] in (None, "")
+    finally:
+        c.close()
+
+
+def test_a_request_running_at_a_cache_clear_leaves_no_cache_behind(tmp_path):
+    """Its slot is marked at the clear: the answer goes out, then the slot's
+    KV is dropped, never saved by the stop, never reused."""
+    e = engine(str(tmp_path))
+    try:
+        job = e.submit(Generation(e.tokenize(A), GREEDY, max_tokens=24))
+        wait_for(lambda: any(s["state"] != "idle" for s in e.slot_info()), 60,
+                 what="the request running")
+        assert e.cache_clear()["slots"] == 1
+        assert job.result(300)["usage"]["completion_tokens"] > 0  # answered whole
+        assert e.persist(30) == 0 and kv_files(tmp_path) == []
+        assert ask(e, A)["cached"] == 0
+    finally:
+        e.close()
+
+
+def test_ggmux_cache_clear_of_a_stopped_model_removes_its_entries_and_nothing_else(
+        serve, tmp_path):
+    """The instance names the registry's model in model.json (it wrote the
+    GGUF's file name, which the supervisor never matched), and a clear
+    removes entry files only."""
+    preset = tmp_path / "p.ini"
+    preset.write_text(f"[smollm2-135m]\nmodel = {smollm2_path()}\nparallel = 1\n"
+                      "ctx-size = 1024\n")
+    kv = tmp_path / "kv"
+    s = serve("--models-preset", str(preset), "--no-hf-cache", "--cache-disk", str(kv))
+    body = {"model": "smollm2-135m", "prompt": A, "max_tokens": 4, "temperature": 0}
+    assert s.json("POST", "/v1/completions", body, timeout=300)[0] == 200
+    assert s.json("POST", "/models/unload", {"model": "smollm2-135m"})[0] == 200
+    wait_for(lambda: s.models()["smollm2-135m"]["status"]["value"] == "unloaded", 60,
+             what="smollm2 unloaded")
+    (entry,) = kv_files(kv)
+    folder = Path(entry).parent
+    assert json.loads((folder / "model.json").read_text())["model"] == "smollm2-135m"
+    (folder / "notes.txt").write_text("an operator's notes")
+    (folder / "backup").mkdir()
+    (folder / "backup" / "important.db").write_text("keep")
+    st, doc = s.json("POST", "/cache/clear", {"model": "smollm2-135m"})
+    assert st == 200 and doc["cleared"]["smollm2-135m"]["disk"] == 1, doc
+    assert kv_files(kv) == []
+    assert (folder / "notes.txt").exists() and (folder / "backup" / "important.db").exists()
+    st, again = s.json("POST", "/v1/completions", body, timeout=300)
+    assert st == 200 and again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_a_stop_while_a_long_prompt_is_read_still_saves_the_finished_slot(tmp_path):
+    """The save window (``persist``) is shorter than one step reading a
+    4,000-token prompt chunk: the decode is interrupted, the idle slot's
+    cache is written, and the engine goes on (issue 37, item 17: the save
+    waited for the step and wrote nothing)."""
+    e = engine(str(tmp_path), parallel=2, ctx_size=4608, n_batch=4096, n_ubatch=4096,
+               cache={"save_timeout": 2.0})
+    try:
+        ask(e, A)  # finished: its slot holds A
+        long = e.tokenize("The quick brown fox jumps over the lazy dog. " * 400)[:4000]
+        job = e.submit(Generation(long, GREEDY, max_tokens=2))
+        wait_for(lambda: any(s["state"] != "idle" and s["n_past"] == 0 for s in e.slot_info()),
+                 60, what="the long prompt's step started")
+        job.cancel()  # seen at the next step (reading it whole takes minutes on a loaded CPU)
+        assert e.persist() == 1
+        assert [os.path.basename(f) for f in kv_files(tmp_path)] == [
+            e.cache.disk.candidates()[0].key + ".kv"]
+        r = job.result(120)
+        # it never finished its prompt: the save came during the step, not after it
+        assert r["timings"].get("cancelled") and r["usage"]["completion_tokens"] == 0
+        again = ask(e, A)  # the engine goes on, the finished slot's cache intact
+        assert again["tier"] == "slot" and again["cached"] == again["prompt"] - 1
+    finally:
+        e.close()
+
+
+def test_a_disk_restore_is_read_and_verified_off_the_decode_thread(cold, tmp_path, monkeypatch):
+    """Issue 37, item 12: the file's read and its MAC, which grow with the
+    entry, happen on a reader thread while the decode thread steps on."""
+    e = engine(str(tmp_path), ram_mib=0)
+    try:
+        ask(e, A)
+        ask(e, OTHER)
+        wait_for(lambda: e.cache_report()["disk"]["entries"] >= 1, 60, what="A on disk")
+        readers = []
+        real = disk_mod.DiskTier.load
+        monkeypatch.setattr(disk_mod.DiskTier, "load", lambda self, x: readers.append(
+            threading.current_thread().name) or real(self, x))
+        again = ask(e, A)
+        assert again["tier"] == "disk" and again["text"] == cold
+        assert readers == ["kv-read"]
+    finally:
+        e.close()
+
+
+def test_concurrent_answers_restored_from_a_shared_directory_equal_the_cold_prefill(
+        cold, tmp_path):
+    """Issue 37, item 13: two engines on one directory, four answers at once
+    on the second, every one restored from the first's file, each equal to
+    the cold prefill. (What parted answers there was a slot's own prompt
+    cache, tiers off as well: README, KV tiers.)"""
+    a = engine(str(tmp_path), parallel=4)
+    try:
+        ask(a, A)
+        assert a.persist(30) == 1
+    finally:
+        a.close()
+    b = engine(str(tmp_path), parallel=4)
+    try:
+        jobs = [b.submit(Generation(b.tokenize(A), GREEDY, max_tokens=12)) for _ in range(4)]
+        got = [j.result(300) for j in jobs]
+        assert [r["timings"].get("cache_tier") for r in got] == ["disk"] * 4
+        assert [r["choices"][0]["text"] for r in got] == [cold] * 4
+    finally:
+        b.close()

@@ -40,7 +40,7 @@ def row(s, m: int = 0):
 
 
 def entry_files(disk) -> list[str]:
-    return [os.path.join(d, f) for d, _, fs in os.walk(disk) for f in fs if f.endswith(".entry")]
+    return [os.path.join(d, f) for d, _, fs in os.walk(disk) for f in fs if f.endswith(".kv")]
 
 
 def test_the_cache_line_and_the_disk_tier_show_in_the_models_table_with_or_without_a_replica(
@@ -220,6 +220,9 @@ def test_cache_clear_needs_the_admin_key(serve, fakes, tmp_path, capsys, monkeyp
     assert st == 200 and doc["cleared"]["n"]["disk"] == 1 and entry_files(disk) == []
 
 
+E1 = "e1" * 32 + ".kv"  # an entry's name: <sha256 hex>.kv
+
+
 def test_tier_settings_stop_budget_and_the_disk_layout_by_model_json(tmp_path):
     from ggmux.supervisor.kvtiers import files as T
     from ggmux.supervisor.registry import ModelEntry
@@ -236,16 +239,18 @@ def test_tier_settings_stop_budget_and_the_disk_layout_by_model_json(tmp_path):
     for name, model in (("aa", "org/m:q4"), ("bb", "org/m:q4"), ("cc", "other")):
         (disk / name).mkdir(parents=True)
         (disk / name / "model.json").write_text(json.dumps({"model": model, "path": "x"}))
-        (disk / name / "e1").write_bytes(b"x" * 100)
+        (disk / name / E1).write_bytes(b"x" * 100)
+        (disk / name / "notes.txt").write_text("an operator's: not an entry, never removed")
     (disk / "dd").mkdir()  # no model.json: not a model's
-    (disk / "dd" / "e1").write_bytes(b"x" * 7)
+    (disk / "dd" / E1).write_bytes(b"x" * 7)
     (disk / "ee").mkdir()
     (disk / "ee" / "model.json").write_text("{torn")
     use = T.disk_use(str(disk), "org/m:q4")
     assert (use.entries, use.bytes) == (2, 200)
     assert T.clear_disk(str(disk), "org/m:q4") == 2
     assert T.disk_use(str(disk), "org/m:q4").bytes == 0
-    assert (disk / "aa" / "model.json").exists() and (disk / "cc" / "e1").exists()
+    assert (disk / "aa" / "model.json").exists() and (disk / "cc" / E1).exists()
+    assert (disk / "aa" / "notes.txt").exists()
     assert T.disk_use(str(tmp_path / "missing"), "m").entries == 0
 
 

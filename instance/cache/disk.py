@@ -9,8 +9,16 @@ at start (:meth:`DiskTier.open`) and again when the directory changed, at
 most once a second (:meth:`DiskTier.refresh`), so entries another process
 wrote are found. A file that does not verify is never loaded: it is
 counted in ``rejected``, logged once per kind, and removed when it is
-torn or corrupt. A full or read-only disk is logged once and counted in
-``write_errors``; requests are served by prefill meanwhile.
+torn, corrupt or not a regular file. A full or read-only disk is logged
+once and counted in ``write_errors``; requests are served by prefill
+meanwhile.
+
+Every file is opened from the folder's verified descriptor, never through
+a link, regular files only (:mod:`.safe_files`); a ``DIR`` or fingerprint
+folder that another user owns or may write, or that is a link, turns the
+tier off with an error (issue 37, item 4). The index is kept by the tiers'
+writer thread (:meth:`DiskTier.refresh`), never by the decode thread,
+which only reads it and restores (item 12).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 
 import orjson
 
@@ -34,6 +43,16 @@ from .entry_file import (
     write_entry,
 )
 from .fingerprint import Fingerprint
+from .safe_files import (
+    MAC_KEY_FILE,
+    UnsafeFile,
+    create_new,
+    mac_key,
+    open_folder,
+    open_regular,
+    open_root,
+    state_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +64,25 @@ STALE_TMP_S = 60.0
 
 class DiskTier:
     """The entries of one fingerprint on disk. Thread-safe: the decode
-    thread looks up and reads, the writer thread writes, the HTTP side
-    reports and clears."""
+    thread looks up and reads, the writer thread indexes and writes, the
+    HTTP side reports and clears. ``model``: the name ``model.json``
+    records (the registry's name: the supervisor finds a stopped model's
+    folders by it); ``key``: the entries' MAC key (None: the server's,
+    :func:`~.safe_files.mac_key`); ``max_tokens``: the most token ids an
+    entry may hold (the context's size; 0: no bound)."""
 
     def __init__(self, root: str, fp: Fingerprint, limit_bytes: int, model: str = "",
-                 model_path: str = "") -> None:
+                 model_path: str = "", key: bytes | None = None, max_tokens: int = 0) -> None:
         self.root = root
         self.fp = fp
         self.dir = os.path.join(root, fp.hex)
+        self.dir_fd = -1
         self.limit_bytes = limit_bytes
         self.model, self.model_path = model, model_path
+        self.key = key
+        self.max_tokens = max_tokens
         self.lock = threading.Lock()
+        self._scan_lock = threading.Lock()
         self.entries: dict[str, Entry] = {}
         self.bytes = 0
         self.rejected = 0
@@ -68,74 +95,100 @@ class DiskTier:
 
     # ---- index ---------------------------------------------------------------
     def open(self) -> bool:
-        """Make the directory (0700) and its ``model.json``, index the
-        entries. Returns False (logged) when the directory cannot be used
-        at all; a read-only one that exists is still read."""
-        try:
-            os.makedirs(self.dir, mode=0o700, exist_ok=True)
-        except OSError as e:
-            log.error("KV disk tier off: cannot make %s: %s", self.dir, e)
-            return False
-        meta = os.path.join(self.dir, "model.json")
-        if not os.path.exists(meta):
-            body = orjson.dumps({"model": self.model, "path": self.model_path,
-                                 "fingerprint": self.fp.fields}, option=orjson.OPT_INDENT_2)
-            tmp = f"{meta}.{os.getpid()}{TMP_SUFFIX}"
+        """Check ``DIR`` and make the fingerprint's folder (0700) and its
+        ``model.json`` (:mod:`.safe_files`), load the MAC key, index the
+        entries. Returns False (logged) when the folders cannot be used or
+        are not safe; a read-only one that exists is still read."""
+        if self.key is None:
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(body)
-                os.replace(tmp, meta)
+                self.key = mac_key()
             except OSError as e:
-                self._write_failed(e, "model.json")
+                log.error("KV disk tier off: no key to authenticate its entries with (%s/%s): "
+                          "%s", state_dir(), MAC_KEY_FILE, e.strerror or e)
+                return False
+        try:
+            root_fd = open_root(self.root)
+            try:
+                self.dir = os.path.join(os.path.realpath(self.root), self.fp.hex)
+                self.dir_fd = open_folder(self.fp.hex, root_fd, make=True)
+            finally:
+                os.close(root_fd)
+        except UnsafeFile as e:
+            log.error("KV disk tier off: %s", e.strerror)
+            return False
+        except OSError as e:
+            log.error("KV disk tier off: cannot use %s: %s", self.dir, e)
+            return False
+        weakref.finalize(self, os.close, self.dir_fd)
+        self._write_meta()
         self.refresh(force=True)
         return True
 
+    def _write_meta(self) -> None:
+        """``model.json``, when missing or naming another model (a folder an
+        older ggmux made, which wrote the GGUF's file name)."""
+        try:
+            with os.fdopen(open_regular("model.json", self.dir_fd), "rb") as f:
+                if orjson.loads(f.read(1 << 16)).get("model") == self.model:
+                    return
+        except (OSError, ValueError, AttributeError):
+            pass
+        body = orjson.dumps({"model": self.model, "path": self.model_path,
+                             "fingerprint": self.fp.fields}, option=orjson.OPT_INDENT_2)
+        tmp = f".model.json.{os.getpid()}{TMP_SUFFIX}"
+        try:
+            fd = create_new(tmp, self.dir_fd)
+            with os.fdopen(fd, "wb") as f:
+                f.write(body)
+            os.replace(tmp, "model.json", src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+        except OSError as e:
+            self._write_failed(e, "model.json")
+
     def refresh(self, force: bool = False) -> None:
         """Index files other processes wrote or removed since the last look
-        (when the directory's mtime changed; at most every :data:`REFRESH_S`)."""
-        now = time.monotonic()
-        if not force and now - self._t_scan < REFRESH_S:
-            return
-        self._t_scan = now
-        try:
-            mtime = os.stat(self.dir).st_mtime_ns
-        except OSError:
-            return
-        if mtime == self._dir_mtime and not force:
-            return
-        self._dir_mtime = mtime
-        try:
-            names = os.listdir(self.dir)
-        except OSError as e:
-            self._once("list", "KV disk tier: cannot list %s: %s", self.dir, e)
-            return
-        present = set()
-        for name in names:
-            path = os.path.join(self.dir, name)
-            if name.endswith(TMP_SUFFIX):
-                self._remove_stale(path)
-                continue
-            if not name.endswith(SUFFIX) or name in self._bad:
-                continue
-            key = name[: -len(SUFFIX)]
-            present.add(key)
-            with self.lock:
-                if key in self.entries:
-                    continue
+        (when the directory's mtime changed; at most every :data:`REFRESH_S`).
+        Reads every new file's header: call it off the decode thread (the
+        tiers' writer thread does, :class:`~.tiers.KVTiers`)."""
+        with self._scan_lock:
+            now = time.monotonic()
+            if not force and now - self._t_scan < REFRESH_S:
+                return
+            self._t_scan = now
             try:
-                h = read_header(path, self.fp.hex)
-                st = os.stat(path)
-            except EntryFileError as e:
-                self._reject(path, e)
-                continue
+                mtime = os.fstat(self.dir_fd).st_mtime_ns
             except OSError:
-                continue
-            self._add(Entry(h.key, h.scope, h.tokens, h.pos_min, h.file_bytes, st.st_mtime,
-                            path=path, header=h))
-        with self.lock:
-            for key in [k for k in self.entries if k not in present]:
-                self.bytes -= self.entries.pop(key).nbytes
+                return
+            if mtime == self._dir_mtime and not force:
+                return
+            self._dir_mtime = mtime
+            try:
+                names = os.listdir(self.dir_fd)
+            except OSError as e:
+                self._once("list", "KV disk tier: cannot list %s: %s", self.dir, e)
+                return
+            present = set()
+            for name in names:
+                if name.endswith(TMP_SUFFIX):
+                    self._remove_stale(name)
+                    continue
+                if not name.endswith(SUFFIX) or name in self._bad:
+                    continue
+                key = name[: -len(SUFFIX)]
+                present.add(key)
+                with self.lock:
+                    if key in self.entries:
+                        continue
+                try:
+                    h = read_header(self.dir_fd, name, self.fp.hex, self.key, self.max_tokens)
+                except EntryFileError as e:
+                    if e.reason != "gone":
+                        self._reject(name, e)
+                    continue
+                self._add(Entry(h.key, h.scope, h.tokens, h.pos_min, h.file_bytes, h.mtime,
+                                path=os.path.join(self.dir, name), header=h))
+            with self.lock:
+                for key in [k for k in self.entries if k not in present]:
+                    self.bytes -= self.entries.pop(key).nbytes
 
     def _add(self, e: Entry) -> None:
         with self.lock:
@@ -145,11 +198,13 @@ class DiskTier:
             self.entries[e.key] = e
             self.bytes += e.nbytes
 
-    def _remove_stale(self, path: str) -> None:
+    def _remove_stale(self, name: str) -> None:
         try:
-            if time.time() - os.stat(path).st_mtime > STALE_TMP_S:
-                os.unlink(path)
-                log.info("KV disk tier: removed %s, a save that did not finish", path)
+            st = os.stat(name, dir_fd=self.dir_fd, follow_symlinks=False)
+            if time.time() - st.st_mtime > STALE_TMP_S:
+                os.unlink(name, dir_fd=self.dir_fd)
+                log.info("KV disk tier: removed %s in %s, a save that did not finish", name,
+                         self.dir)
         except OSError:
             pass
 
@@ -163,17 +218,18 @@ class DiskTier:
         """The verified state of entry ``e``, or None (the file is gone,
         torn, corrupt or unreadable: counted, logged once, left out of the
         index). Marks it used (mtime) for every process's LRU."""
+        name = e.key + SUFFIX
         try:
-            data = read_payload(e.path, e.header)
+            data = read_payload(self.dir_fd, name, e.header, self.key)
         except EntryFileError as x:
             self._forget(e)
             if x.reason != "gone":
-                self._reject(e.path, x)
+                self._reject(name, x)
             return None
         now = time.time()
         e.t_used = now
         try:
-            os.utime(e.path, (now, now))
+            os.utime(name, (now, now), dir_fd=self.dir_fd, follow_symlinks=False)
         except OSError:
             pass  # a read-only directory: its LRU is the writers' order
         return data
@@ -184,16 +240,15 @@ class DiskTier:
                 del self.entries[e.key]
                 self.bytes -= e.nbytes
 
-    def _reject(self, path: str, x: EntryFileError) -> None:
+    def _reject(self, name: str, x: EntryFileError) -> None:
         self.rejected += 1
-        name = os.path.basename(path)
         self._bad.add(name)
-        self._once("reject:" + x.reason, "KV disk tier: not loading %s (%s): %s; "
+        self._once("reject:" + x.reason, "KV disk tier: not loading %s in %s (%s): %s; "
                    "such files are counted in rejected, this is logged once", name,
-                   x.reason, x)
-        if x.reason in ("torn", "corrupt"):
+                   self.dir, x.reason, x)
+        if x.reason in ("torn", "corrupt", "unsafe"):  # a link or a FIFO: the name goes
             try:
-                os.unlink(path)
+                os.unlink(name, dir_fd=self.dir_fd)
                 self._bad.discard(name)
             except OSError:
                 pass
@@ -217,9 +272,9 @@ class DiskTier:
             return True
         self._make_room(e.nbytes)
         try:
-            path, size = write_entry(self.dir, self.fp.hex, e.scope, e.tokens, e.pos_min,
-                                     e.data, deadline)
-            h = read_header(path, self.fp.hex)
+            name, size = write_entry(self.dir_fd, self.fp.hex, e.scope, e.tokens, e.pos_min,
+                                     e.data, self.key, deadline)
+            h = read_header(self.dir_fd, name, self.fp.hex, self.key)
         except SaveTimeout:
             return False
         except EntryFileError as x:  # what we wrote does not read back: a broken disk
@@ -230,8 +285,8 @@ class DiskTier:
             self._write_failed(x, os.path.basename(e.key))
             return False
         self.written += 1
-        self._add(Entry(h.key, h.scope, h.tokens, h.pos_min, size, time.time(), path=path,
-                        header=h))
+        self._add(Entry(h.key, h.scope, h.tokens, h.pos_min, size, time.time(),
+                        path=os.path.join(self.dir, name), header=h))
         with self.lock:
             older = [o for o in self.entries.values() if o.key != h.key
                      and o.scope == h.scope and contains(h.tokens, o.tokens)]
@@ -253,7 +308,7 @@ class DiskTier:
     def _unlink(self, e: Entry) -> None:
         self._forget(e)
         try:
-            os.unlink(e.path)
+            os.unlink(e.key + SUFFIX, dir_fd=self.dir_fd)
         except FileNotFoundError:
             pass
         except OSError as x:
@@ -268,7 +323,8 @@ class DiskTier:
                    "requests are served by prefill; logged once", what, self.dir, kind, x)
 
     def clear(self) -> int:
-        """Remove every entry file of this fingerprint; returns how many."""
+        """Remove every entry file of this fingerprint (nothing else of the
+        folder); returns how many."""
         self.refresh(force=True)
         with self.lock:
             gone = list(self.entries.values())

@@ -1,27 +1,36 @@
 """One disk-tier entry as a file: a sequence's KV state and what it holds.
 
-Layout (little-endian; version 1)::
+Layout (little-endian; version 2)::
 
     magic    8 bytes   b"GGMUXKV\\0"
-    version  u32       1
+    version  u32       2
     hlen     u32       bytes of the header JSON
+    mac      32 bytes  HMAC-SHA256 over magic .. hlen, the header and the tokens
     header   hlen      JSON: fingerprint (hex), scope, n_tokens, pos_min,
-                       payload_bytes, tokens_xxh3, payload_xxh3 (xxh3_64 hex)
+                       payload_bytes, payload_mac (HMAC-SHA256 hex)
     tokens   4 x n     the token ids (int32) whose KV the payload holds
     payload  n bytes   llama_state_seq_get_data of one sequence
 
-The file is named ``<key>.kv``, ``key`` = sha256 of the scope and the token
-ids (:func:`entry_key`): the name tells nothing of the prompt. It is
-written to a temporary name beside it (``.<key>.<pid>.tmp``), mode 0600,
-and renamed (DESIGN.md "KV tiers", issue 29): a reader sees
-a whole file or none, and kill -9 mid-write leaves only a temporary file,
-which the next scan removes. :func:`read_header` and :func:`read_payload`
-refuse anything that does not verify (:class:`EntryFileError`).
+The MACs are keyed by the server's secret kept outside the folder
+(:func:`~.safe_files.mac_key`; issue 37, item 4): whoever can write the
+folder cannot make an entry that answers a tenant what they chose (an
+unkeyed checksum let them). The file is named ``<key>.kv``, ``key`` =
+sha256 of the scope and the token ids (:func:`entry_key`): the name tells
+nothing of the prompt. It is written to a temporary name beside it
+(``.<key>.<pid>.tmp``, created ``O_EXCL``, mode 0600) and renamed (DESIGN.md
+"KV tiers", issue 29): a reader sees a whole file or none, and kill -9
+mid-write leaves only a temporary file, which the next scan removes. Every
+file is opened from the folder's verified descriptor without following a
+link, and only a regular file is read (:mod:`.safe_files`).
+:func:`read_header` and :func:`read_payload` refuse anything that does not
+verify (:class:`EntryFileError`); :func:`read_header` refuses a token count
+over the context's before it reads or allocates anything (item 12).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import mmap
 import os
 import struct
@@ -30,11 +39,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import orjson
-import xxhash
+
+from .safe_files import UnsafeFile, create_new, open_regular
 
 MAGIC = b"GGMUXKV\0"
-VERSION = 1
+VERSION = 2
 _FIXED = struct.Struct("<8sII")
+MAC_BYTES = 32
+_HEAD_MAC = b"ggmux-kv-head\0"  # what each MAC covers, so one never passes for the other
+_PAYLOAD_MAC = b"ggmux-kv-payload\0"
 HEADER_MAX = 1 << 16
 """Largest header JSON read (bytes): a longer one is not ours."""
 SUFFIX = ".kv"
@@ -58,8 +71,9 @@ class SaveTimeout(TimeoutError):
 
 @dataclass(slots=True)
 class FileHeader:
-    """What an entry file says it holds; ``data_offset``: where its payload
-    starts (bytes), ``file_bytes``: its whole size."""
+    """What an entry file says it holds (its MAC verified); ``data_offset``:
+    where its payload starts (bytes), ``file_bytes``: its whole size,
+    ``mtime``: its modification time (s, the LRU's clock on disk)."""
 
     key: str
     fingerprint: str
@@ -67,9 +81,10 @@ class FileHeader:
     tokens: np.ndarray  # int32
     pos_min: int
     payload_bytes: int
-    payload_xxh3: str
+    payload_mac: str
     data_offset: int
     file_bytes: int
+    mtime: float = 0.0
 
 
 def entry_key(scope: str, tokens: np.ndarray) -> str:
@@ -81,17 +96,29 @@ def entry_key(scope: str, tokens: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def checksum(data) -> str:
-    """xxh3_64 of a bytes-like object, 16 hex digits (several GB/s: a
-    restore's check costs a small part of reading the bytes)."""
-    return xxhash.xxh3_64_hexdigest(data)
+def payload_mac(mac_key: bytes, data) -> str:
+    """HMAC-SHA256 hex of a payload (bytes-like; ~1 GB/s with the CPU's SHA
+    instructions, the GIL released: a restore's check costs about what
+    reading the bytes does)."""
+    m = hmac.new(mac_key, _PAYLOAD_MAC, "sha256")
+    m.update(data)
+    return m.hexdigest()
 
 
-def write_entry(directory: str, fingerprint: str, scope: str, tokens: np.ndarray, pos_min: int,
-                payload, deadline: float | None = None) -> tuple[str, int]:
-    """Write one entry file into ``directory`` (temporary name, 0600,
-    rename; no fsync: a file a power loss tore fails its checks); returns
-    ``(path, bytes)``. ``payload`` is bytes-like;
+def _head_mac(mac_key: bytes, fixed: bytes, header: bytes, tbytes) -> bytes:
+    m = hmac.new(mac_key, _HEAD_MAC, "sha256")
+    m.update(fixed)
+    m.update(header)
+    m.update(tbytes)
+    return m.digest()
+
+
+def write_entry(dir_fd: int, fingerprint: str, scope: str, tokens: np.ndarray, pos_min: int,
+                payload, mac_key: bytes, deadline: float | None = None) -> tuple[str, int]:
+    """Write one entry file into the folder ``dir_fd`` (a temporary name
+    created ``O_EXCL``, 0600, renamed; no fsync: a file a power loss tore
+    fails its checks); returns ``(name, bytes)``. ``payload`` is
+    bytes-like; ``mac_key`` authenticates it (:func:`~.safe_files.mac_key`);
     ``deadline`` (``time.monotonic()``) ends a write that passes it with
     :class:`SaveTimeout`. Raises OSError (a full or read-only disk) after
     removing the temporary file."""
@@ -101,12 +128,13 @@ def write_entry(directory: str, fingerprint: str, scope: str, tokens: np.ndarray
     view = memoryview(payload).cast("B")
     header = orjson.dumps({"fingerprint": fingerprint, "scope": scope,
                            "n_tokens": int(tokens.size), "pos_min": int(pos_min),
-                           "payload_bytes": len(view), "tokens_xxh3": checksum(tbytes),
-                           "payload_xxh3": checksum(view)})
-    head = _FIXED.pack(MAGIC, VERSION, len(header)) + header + tbytes
-    final = os.path.join(directory, key + SUFFIX)
-    tmp = os.path.join(directory, f".{key}.{os.getpid()}{TMP_SUFFIX}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                           "payload_bytes": len(view),
+                           "payload_mac": payload_mac(mac_key, view)})
+    fixed = _FIXED.pack(MAGIC, VERSION, len(header))
+    head = fixed + _head_mac(mac_key, fixed, header, tbytes) + header + tbytes
+    final = key + SUFFIX
+    tmp = f".{key}.{os.getpid()}{TMP_SUFFIX}"
+    fd = create_new(tmp, dir_fd)
     try:
         try:
             _write_all(fd, memoryview(head))
@@ -116,11 +144,10 @@ def write_entry(directory: str, fingerprint: str, scope: str, tokens: np.ndarray
                 _write_all(fd, view[i:i + WRITE_CHUNK])
         finally:
             os.close(fd)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, final)
+        os.replace(tmp, final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         try:
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
         except OSError:
             pass
         raise
@@ -133,77 +160,102 @@ def _write_all(fd: int, view: memoryview) -> None:
         view = view[n:]
 
 
-def read_header(path: str, fingerprint: str) -> FileHeader:
-    """The header of entry file ``path``, checked: magic, version, this
-    ``fingerprint``, the file's size, the token ids' checksum and the name
-    (the key of its scope and tokens). Raises :class:`EntryFileError`."""
+def _open(dir_fd: int, name: str) -> int:
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+        return open_regular(name, dir_fd)
+    except UnsafeFile as e:
+        raise EntryFileError("unsafe", f"{name}: {e.strerror}") from None
+    except FileNotFoundError:
+        raise EntryFileError("gone", f"{name}: removed") from None
+    except OSError as e:
+        raise EntryFileError("unreadable", f"{name}: {e}") from None
+
+
+def read_header(dir_fd: int, name: str, fingerprint: str, mac_key: bytes,
+                max_tokens: int = 0) -> FileHeader:
+    """The header of entry file ``name`` in folder ``dir_fd``, checked:
+    a regular file (:mod:`.safe_files`), magic, version, at most
+    ``max_tokens`` token ids (the context's size; 0: no bound) before any
+    is read, the file's size, the MAC over header and tokens, this
+    ``fingerprint`` and the name (the key of its scope and tokens). Raises
+    :class:`EntryFileError` (reason ``unsafe``, ``gone``, ``unreadable``,
+    ``torn``, ``foreign``, ``corrupt``)."""
+    fd = _open(dir_fd, name)
+    try:
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            size = st.st_size
             fixed = f.read(_FIXED.size)
-            if len(fixed) < _FIXED.size:
-                raise EntryFileError("torn", f"{path}: shorter than a header")
+            mac = f.read(MAC_BYTES)
+            if len(mac) < MAC_BYTES:
+                raise EntryFileError("torn", f"{name}: shorter than a header")
             magic, version, hlen = _FIXED.unpack(fixed)
             if magic != MAGIC:
-                raise EntryFileError("foreign", f"{path}: not a ggmux KV entry")
+                raise EntryFileError("foreign", f"{name}: not a ggmux KV entry")
             if version != VERSION:
-                raise EntryFileError("foreign", f"{path}: format version {version}, "
+                raise EntryFileError("foreign", f"{name}: format version {version}, "
                                                 f"not {VERSION}")
             if hlen > HEADER_MAX:
-                raise EntryFileError("corrupt", f"{path}: header of {hlen} bytes")
+                raise EntryFileError("corrupt", f"{name}: header of {hlen} bytes")
             raw = f.read(hlen)
             try:
                 h = orjson.loads(raw)
                 n, pbytes = int(h["n_tokens"]), int(h["payload_bytes"])
             except (ValueError, KeyError, TypeError):
                 raise EntryFileError("torn" if len(raw) < hlen else "corrupt",
-                                     f"{path}: unreadable header") from None
-            if h.get("fingerprint") != fingerprint:
-                raise EntryFileError("foreign", f"{path}: another model or context "
-                                                f"(fingerprint {str(h.get('fingerprint'))[:12]})")
-            offset = _FIXED.size + hlen + 4 * n
+                                     f"{name}: unreadable header") from None
+            if max_tokens and n > max_tokens:
+                raise EntryFileError("corrupt", f"{name}: {n} token ids, more than the "
+                                                f"context's {max_tokens}")
+            offset = _FIXED.size + MAC_BYTES + hlen + 4 * n
             if n <= 0 or pbytes <= 0 or size != offset + pbytes:
-                raise EntryFileError("torn", f"{path}: {size} bytes, the header says "
+                raise EntryFileError("torn", f"{name}: {size} bytes, the header says "
                                              f"{offset + pbytes}")
             tbytes = f.read(4 * n)
     except OSError as e:
-        raise EntryFileError("unreadable", f"{path}: {e}") from None
-    if checksum(tbytes) != h.get("tokens_xxh3"):
-        raise EntryFileError("corrupt", f"{path}: token ids do not match their checksum")
+        raise EntryFileError("unreadable", f"{name}: {e}") from None
+    if h.get("fingerprint") != fingerprint:
+        raise EntryFileError("foreign", f"{name}: another model or context "
+                                        f"(fingerprint {str(h.get('fingerprint'))[:12]})")
+    if not hmac.compare_digest(mac, _head_mac(mac_key, fixed, raw, tbytes)):
+        raise EntryFileError("corrupt", f"{name}: header and token ids do not match their "
+                                        f"MAC (damaged, forged, or written with another key)")
     tokens = np.frombuffer(tbytes, dtype="<i4").astype(np.int32)
     scope = str(h.get("scope", ""))
     key = entry_key(scope, tokens)
-    if os.path.basename(path) != key + SUFFIX:
-        raise EntryFileError("corrupt", f"{path}: its name is not its contents' key")
+    if name != key + SUFFIX:
+        raise EntryFileError("corrupt", f"{name}: its name is not its contents' key")
     return FileHeader(key, fingerprint, scope, tokens, int(h.get("pos_min", 0)), pbytes,
-                      str(h.get("payload_xxh3")), offset, size)
+                      str(h.get("payload_mac")), offset, size, st.st_mtime)
 
 
-def read_payload(path: str, header: FileHeader) -> memoryview:
-    """The payload of an entry whose header was read, verified against its
-    checksum: a read-only view of ``header.payload_bytes`` over a shared,
-    prefaulted mapping of the file (the page cache's own pages: no copy and
-    no fresh memory to fault in, which cost more than the read itself;
-    bench/RESULTS.md "KV tiers: restore"). Entry files are only ever
-    replaced by a rename, never rewritten in place, so the mapping stays
-    whole. Raises :class:`EntryFileError` (changed or shortened since,
-    corrupt, gone)."""
+def read_payload(dir_fd: int, name: str, header: FileHeader, mac_key: bytes) -> memoryview:
+    """The payload of entry ``name`` (folder ``dir_fd``) whose header was
+    read, verified against its MAC: a read-only view of
+    ``header.payload_bytes`` over a shared, prefaulted mapping of the file
+    (the page cache's own pages: no copy and no fresh memory to fault in,
+    which cost more than the read itself; bench/RESULTS.md "KV tiers:
+    restore"). Entry files are only ever replaced by a rename, never
+    rewritten in place, so the mapping stays whole. Raises
+    :class:`EntryFileError` (changed or shortened since, corrupt, forged,
+    gone, not a regular file)."""
+    fd = _open(dir_fd, name)
     try:
-        with open(path, "rb", buffering=0) as f:
-            if os.fstat(f.fileno()).st_size != header.file_bytes:
-                raise EntryFileError("torn", f"{path}: its size changed")
-            mm = mmap.mmap(f.fileno(), header.file_bytes,
-                           flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                           prot=mmap.PROT_READ)
-    except FileNotFoundError:
-        raise EntryFileError("gone", f"{path}: removed") from None
+        size = os.fstat(fd).st_size
+        mm = None if size != header.file_bytes else mmap.mmap(fd, header.file_bytes,
+                       flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                       prot=mmap.PROT_READ)
     except (OSError, ValueError) as e:
-        raise EntryFileError("unreadable", f"{path}: {e}") from None
+        raise EntryFileError("unreadable", f"{name}: {e}") from None
+    finally:
+        os.close(fd)
+    if mm is None:
+        raise EntryFileError("torn", f"{name}: its size changed")
     view = memoryview(mm)[header.data_offset:]
-    if checksum(view) != header.payload_xxh3:
-        raise EntryFileError("corrupt", f"{path}: payload does not match its checksum")
+    if not hmac.compare_digest(payload_mac(mac_key, view), header.payload_mac):
+        raise EntryFileError("corrupt", f"{name}: payload does not match its MAC")
     return view
 
 
-__all__ = ["EntryFileError", "FileHeader", "SaveTimeout", "checksum", "entry_key",
+__all__ = ["EntryFileError", "FileHeader", "SaveTimeout", "entry_key", "payload_mac",
            "read_header", "read_payload", "write_entry"]

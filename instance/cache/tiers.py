@@ -8,7 +8,10 @@ it is there) and :meth:`KVTiers.save` (a slot's state about to be
 overwritten or dropped). RAM entries pushed out by the limit spill to disk
 on a writer thread, oldest last; :meth:`KVTiers.flush` writes what RAM
 holds that disk does not, most recent first, within a deadline (a stopping
-instance). The HTTP side reads :meth:`KVTiers.report` and calls
+instance). The writer thread also keeps the disk tier's index
+(:meth:`~.disk.DiskTier.refresh`, every :data:`~.disk.REFRESH_S`): the
+decode thread never lists the folder or reads a header (issue 37, item
+12). The HTTP side reads :meth:`KVTiers.report` and calls
 :meth:`KVTiers.clear`. No client-supplied value sizes a tier: the limits
 come from the instance's options.
 """
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import disk as disk_mod
 from .disk import DiskTier
 from .entry import Entry, common_prefix
 from .entry_file import entry_key
@@ -34,6 +38,9 @@ log = logging.getLogger(__name__)
 KEEP_SHARE = 0.25
 """A tier entry is restored only when the prompt keeps at least this share
 of it (llama-server's prompt cache: "don't trash large prompts", f_keep)."""
+READS_KEPT = 4
+"""Disk entries read and verified ahead (:meth:`KVTiers.fetch`) kept for the
+request that asked, at most (file mappings: page cache, not fresh memory)."""
 SPILL_PENDING_MAX = 1 << 30
 """Bytes of states waiting for the disk writer; past it a spilled state is
 dropped (a disk slower than the slots' turnover)."""
@@ -51,6 +58,7 @@ class CacheSettings:
     disk_dir: str | None = None
     disk_max_gib: float = 10.0
     save_timeout: float = 2.0
+    model_name: str = ""  # the registry's name, for model.json ("": the GGUF's file name)
 
     @property
     def enabled(self) -> bool:
@@ -90,6 +98,8 @@ class KVTiers:
         self._writing: set[str] = set()
         self._closed = False
         self._writer: threading.Thread | None = None
+        self._read: dict[str, memoryview | None] = {}  # key -> verified bytes (None: refused)
+        self._reading: set[str] = set()
         if disk is not None:
             self._writer = threading.Thread(target=self._write_loop, name="kv-disk",
                                             daemon=True)
@@ -109,8 +119,6 @@ class KVTiers:
         best: Hit | None = None
         with self.lock:
             ram = [*self.ram.entries.values(), *self._spill]
-        if self.disk is not None:
-            self.disk.refresh()
         for tier, entries in (("ram", ram),
                               ("disk", self.disk.candidates() if self.disk else ())):
             for e in entries:
@@ -125,16 +133,58 @@ class KVTiers:
                     best = Hit(e, tier, n)
         return best
 
+    def fetch(self, hit: Hit, wake: Callable[[], None]) -> bool:
+        """Whether ``hit``'s bytes are ready for :meth:`state` (a RAM entry,
+        or a disk entry read and verified); if not, read and verify it on a
+        thread of its own, off the decode thread (issue 37, item 12: a
+        large entry's read and MAC would stall every stream), and call
+        ``wake()`` when done. The caller asks again then."""
+        e = hit.entry
+        if e.data is not None or self.disk is None:
+            return True
+        with self.lock:
+            if e.key in self._read:
+                return True
+            if e.key in self._reading:
+                return False
+            self._reading.add(e.key)
+
+        def read() -> None:
+            try:
+                data = self.disk.load(e)
+            except Exception:  # a bug: the request is prefilled
+                log.exception("KV disk tier: reading an entry failed")
+                data = None
+            with self.lock:
+                self._reading.discard(e.key)
+                self._read[e.key] = data
+                while len(self._read) > READS_KEPT:
+                    self._read.pop(next(iter(self._read)))
+            wake()
+
+        threading.Thread(target=read, name="kv-read", daemon=True).start()
+        return False
+
+    @property
+    def reading(self) -> bool:
+        """Whether a :meth:`fetch` is in progress."""
+        return bool(self._reading)
+
     def state(self, hit: Hit) -> bytearray | memoryview | None:
-        """The bytes of ``hit``'s state (a disk entry read and verified), or
-        None when the file no longer verifies (counted in ``rejected``)."""
+        """The bytes of ``hit``'s state (a disk entry read and verified, by
+        :meth:`fetch` or here), or None when the file no longer verifies
+        (counted in ``rejected``)."""
         e = hit.entry
         if e.data is not None:
             with self.lock:
                 self.ram.touch(e.key)
                 e.t_used = time.monotonic()
             return e.data
-        data = self.disk.load(e) if self.disk is not None else None
+        with self.lock:
+            fetched = e.key in self._read
+            data = self._read.pop(e.key, None)
+        if not fetched:
+            data = self.disk.load(e) if self.disk is not None else None
         if data is None:
             self._changed()
         return data
@@ -198,12 +248,19 @@ class KVTiers:
     def _write_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._spill and not self._closed:
-                    self._cond.wait()
+                if not self._spill and not self._closed:
+                    self._cond.wait(disk_mod.REFRESH_S)
                 if self._closed:
                     return
-                e = self._spill[0]
-                self._writing.add(e.key)
+                e = self._spill[0] if self._spill else None
+                if e is not None:
+                    self._writing.add(e.key)
+            if e is None:  # nothing to write: look for what other processes wrote
+                try:
+                    self.disk.refresh()
+                except Exception:  # a bug must not stop the writer
+                    log.exception("KV disk tier: indexing failed")
+                continue
             self._write(e)
             with self._cond:
                 if self._spill and self._spill[0] is e:
@@ -246,12 +303,17 @@ class KVTiers:
             return False
 
     # ---- the HTTP side ----------------------------------------------------------
-    def clear(self) -> dict:
-        """Empty both tiers of this fingerprint: ``{"ram": n, "disk": n}``."""
-        with self.lock:
+    def clear(self, timeout: float = 10.0) -> dict:
+        """Empty both tiers of this fingerprint: ``{"ram": n, "disk": n}``.
+        A write in progress is waited for (at most ``timeout`` s) before the
+        files go, so it cannot put an entry back after the clear."""
+        with self._cond:
             n_ram = len(self.ram.take_all()) + len(self._spill)
             self._spill.clear()
             self._spill_bytes = 0
+            end = time.monotonic() + timeout
+            while self._writing and time.monotonic() < end:
+                self._cond.wait(max(0.0, end - time.monotonic()))
         n_disk = self.disk.clear() if self.disk is not None else 0
         self._changed()
         return {"ram": n_ram, "disk": n_disk}
@@ -283,18 +345,20 @@ class KVTiers:
 
 
 def open_tiers(settings: CacheSettings, limit_tokens: int, fp_factory: Callable[[], object],
-               model: str = "", model_path: str = "") -> KVTiers | None:
+               model: str = "", model_path: str = "", max_tokens: int = 0) -> KVTiers | None:
     """The tiers ``settings`` ask for, or None when both are off. The disk
     tier needs the model's fingerprint (``fp_factory()``, a
-    :class:`~.fingerprint.Fingerprint`); a directory that cannot be used
-    leaves only RAM (logged)."""
+    :class:`~.fingerprint.Fingerprint`); ``max_tokens``: the most tokens an
+    entry may hold (the context's size per request: a file claiming more is
+    refused before it is read). A directory that cannot be used leaves
+    only RAM (logged)."""
     if not settings.enabled:
         return None
     disk = None
     if settings.disk_dir:
         fp = fp_factory()
         d = DiskTier(settings.disk_dir, fp, int(settings.disk_max_gib * (1 << 30)), model,
-                     model_path)
+                     model_path, max_tokens=max_tokens)
         if d.open():
             disk = d
             log.info("KV disk tier: %s, %d entries (%.1f MiB) of this model, limit %.1f GiB",

@@ -46,6 +46,8 @@ class AdmissionSteps:
             if len(idle) < k:
                 return
             chosen = self._choose(job, idle, k)
+            if job.restore is not None and not self.cache.fetch(job.restore, self._kick):
+                return  # its entry is being read off this thread; the reader kicks
             busy_kv = sum(s.reserved for s in self.slots if s.state != IDLE)
             need = busy_kv + k * job.footprint
             if need > self.kv_size:

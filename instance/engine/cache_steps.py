@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 SAVE_KEEP_SHARE = 0.5
 """A slot whose next request keeps less than this share of its cached
 tokens is saved first (llama-server: ``f_keep < 0.5``)."""
+CLEAR_WAIT_S = 5.0
+"""Most seconds ``POST /cache/clear`` waits for the decode thread to drop
+the slots' caches (it does so between two steps)."""
 
 
 class CacheSteps:
@@ -44,6 +47,8 @@ class CacheSteps:
 
     cache: KVTiers | None = None
     _persist_done: threading.Event | None = None
+    _clear_done: threading.Event | None = None
+    _cleared_slots = 0
 
     def _open_cache(self) -> None:
         """Make the tiers after the first load (they outlive sleep and wake:
@@ -52,7 +57,8 @@ class CacheSteps:
         if self.cache is not None or self.m.pooled or settings is None:
             return
         self.cache = open_tiers(settings, self.m.kv_size, self._fingerprint,
-                                os.path.basename(self.cfg.model_path), self.cfg.model_path)
+                                settings.model_name or os.path.basename(self.cfg.model_path),
+                                self.cfg.model_path, max_tokens=self.m.n_ctx)
 
     def _fingerprint(self):
         m, cfg, L = self.m, self.cfg, self.L
@@ -73,7 +79,7 @@ class CacheSteps:
     def _tier_save(self, s: Slot) -> None:
         """Keep slot ``s``'s cached tokens in the tiers before they go."""
         tiers = self.cache
-        if tiers is None or not s.tokens or s.state != IDLE:
+        if tiers is None or not s.tokens or s.state != IDLE or s.forget:
             return
         scope = self._cache_scope(s.owner)
         if scope is None:
@@ -173,6 +179,7 @@ class CacheSteps:
             running = self._thread is not None and self._close_reason is None
             if running:
                 self._persist_done = done
+                self._interrupt.set()  # a prompt step in progress ends now (item 17)
                 self._cond.notify()
         if running:
             done.wait(max(0.0, deadline - time.monotonic()))
@@ -184,6 +191,7 @@ class CacheSteps:
     def _do_persist(self) -> None:
         """On the decode thread: the idle slots' states into the tiers."""
         done, self._persist_done = self._persist_done, None
+        self._resume()
         try:
             if not self._asleep:
                 self._save_idle()
@@ -194,9 +202,63 @@ class CacheSteps:
         """``GET /cache`` (:meth:`~ggmux.instance.cache.KVTiers.report`)."""
         return self.cache.report() if self.cache is not None else empty_report()
 
-    def cache_clear(self) -> dict:
-        """``POST /cache/clear``: ``{"ram": n, "disk": n}`` entries removed."""
-        return self.cache.clear() if self.cache is not None else {"ram": 0, "disk": 0}
+    def cache_clear(self, timeout: float = CLEAR_WAIT_S) -> dict:
+        """``POST /cache/clear``: every tier emptied, the slots' own caches
+        included, so that no later request, save or stop brings back what
+        was cleared (issue 37, item 5): idle slots' KV is dropped by the
+        decode thread at its next step (waited for, at most ``timeout`` s),
+        a running request's slot when it ends; then RAM and disk. Returns
+        ``{"ram": n, "disk": n, "slots": n}`` (entries, and slots holding a
+        cache)."""
+        done = threading.Event()
+        with self._cond:
+            running = self._thread is not None and self._close_reason is None
+            if running:
+                self._clear_done = done
+                self._interrupt.set()
+                self._cond.notify()
+        if running and not done.wait(timeout):
+            log.warning("cache clear: the decode thread did not drop the slots' caches within "
+                        "%.0f s; it will at its next step", timeout)
+        out = self.cache.clear() if self.cache is not None else {"ram": 0, "disk": 0}
+        out["slots"] = self._cleared_slots
+        return out
+
+    def _do_clear(self) -> None:
+        """On the decode thread: drop every idle slot's KV; mark the busy
+        ones (:attr:`Slot.forget`: never saved, dropped when they end)."""
+        done, self._clear_done = self._clear_done, None
+        self._resume()
+        n = 0
+        try:
+            for s in self.slots:
+                if s.state != IDLE:
+                    s.forget = True
+                    n += 1
+                elif s.tokens:
+                    if not self._asleep:
+                        self.L.llama_memory_seq_rm(self.m.mem, s.id, -1, -1)
+                    s.tokens = []
+                    s.t_used = 0.0
+                    n += 1
+        finally:
+            self._cleared_slots = n
+            done.set()
+
+    def _resume(self) -> None:
+        """Let decodes run again after an interrupted step (unless closing)."""
+        with self._cond:
+            if self._close_reason is None:
+                self._interrupt.clear()
+
+    def _drop_forgotten(self) -> None:
+        """Drop the KV of slots that were busy at a cache clear and are idle now."""
+        for s in self.slots:
+            if s.forget and s.state == IDLE:
+                s.forget = False
+                self.L.llama_memory_seq_rm(self.m.mem, s.id, -1, -1)
+                s.tokens = []
+                s.t_used = 0.0
 
 
 __all__ = ["CacheSteps"]

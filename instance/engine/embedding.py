@@ -58,6 +58,10 @@ class EmbeddingSteps:
         finally:
             if not self.cfg.embedding:
                 L.llama_set_embeddings(self.m.ctx, False)
+        if ret == 2:  # interrupted (engine.interrupt): read again at a later step
+            for s, _, _ in plan:
+                L.llama_memory_seq_rm(self.m.mem, s.id, s.embed_pos, -1)
+            return
         if ret != 0:
             for s, _, _ in plan:
                 self._fail(s.job, ReplicaFault(f"embedding decode failed ({ret})"))

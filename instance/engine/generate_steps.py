@@ -80,6 +80,11 @@ class GenerateSteps:
             if ret == 0:
                 self.stats["busy_slots_total"] += len(plan)  # slots served by this decode
                 break
+            if ret == 2:  # interrupted (a save, a clear, a close): undone, planned again later
+                for s, _ in plan:
+                    self.L.llama_memory_seq_rm(self.m.mem, s.id, len(s.tokens), -1)
+                    s.draft = []
+                return
             if ret == 1 and drafts and any(s.draft for s, _ in plan):
                 drafts = False  # no room for the drafts' cells: this step goes without
                 for s, _ in plan:

@@ -58,6 +58,7 @@ from .cache_steps import CacheSteps
 from .embedding import EmbeddingSteps
 from .fairness import FairQueue
 from .generate_steps import GenerateSteps
+from .interrupt import Interrupt
 from .jobs import (
     ContextExceeded,
     Embedding,
@@ -130,6 +131,7 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
         self._thread: threading.Thread | None = None
         self._next_id = 0
         self._batch: Batch | None = None
+        self._interrupt = Interrupt()  # stops a decode for a save, a clear, a close
         self.stats = {"requests_total": 0, "prompt_tokens_total": 0, "prompt_seconds_total": 0.0,
                       "cached_tokens_total": 0, "predicted_tokens_total": 0,
                       "predicted_seconds_total": 0.0, "decode_calls_total": 0,
@@ -169,6 +171,7 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
 
     def _load(self) -> None:
         self.m.load()
+        self._interrupt.arm(self.L, self.m.ctx)
         if self.drafter is not None:
             try:
                 self.drafter.load(self.m)
@@ -219,6 +222,7 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
         with self._cond:
             if self._close_reason is None:
                 self._close_reason = reason
+            self._interrupt.set()  # a long prompt step ends now, not at its end
             self._cond.notify()
         t = self._thread
         if t is not None and t is not threading.current_thread():
@@ -396,7 +400,8 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
                 free = True
             elif s.state != SAMPLE:
                 return True
-        return free and bool(self._waiting)
+        # a disk entry being read for the next request: its reader kicks when done
+        return free and bool(self._waiting) and not (self.cache and self.cache.reading)
 
     def _idle(self) -> bool:
         """Whether no slot holds a request (nothing is read or generated)."""
@@ -433,7 +438,8 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
                     while not (self._inbox or self._kicked or self._close_reason is not None
                                or self._sleep_done is not None or self._refuse is not None
                                or self._results or self._runnable()
-                               or self._persist_done is not None):
+                               or self._persist_done is not None
+                               or self._clear_done is not None):
                         self._cond.wait()
                     if self._inbox and not self._waiting and self._idle():
                         self._gather()
@@ -448,6 +454,8 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
                     return
                 while refuse is not None and self._waiting:
                     self._fail(self._waiting.popleft(), refuse)
+                if self._clear_done is not None:
+                    self._do_clear()
                 if self._persist_done is not None:
                     self._do_persist()
                 if self._sleep_done is not None and not self._busy():
@@ -509,6 +517,7 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
     def _step(self, kicked: bool = True) -> None:
         self._collect()
         self._reap(kicked)
+        self._drop_forgotten()  # a cache clear's slots that ran then (issue 37)
         self._admit()
         self._generate()
         self._flush()  # the tokens go out before an embedding batch decodes

@@ -29,6 +29,7 @@ class Slot:
         "embed_i",
         "embed_pos",
         "embed_sum",
+        "forget",
         "i_batch",
         "id",
         "job",
@@ -67,6 +68,7 @@ class Slot:
         self.owner = ""  # the tenant whose request made the cached tokens
         self.draft: list[int] = []  # tokens proposed after `pending` this step (issue 30)
         self.spec = None  # its drafting state (draft.SlotSpec), made at its first draft
+        self.forget = False  # a cache clear came while it ran: its KV goes when it ends
 
     def release(self) -> None:
         """Back to idle; the KV (``tokens``) stays as a prompt cache."""

@@ -44,6 +44,13 @@ import shlex
 import time
 from dataclasses import dataclass, field
 
+from ...instance.cache.safe_files import (
+    make_secret,
+    open_folder,
+    open_regular,
+    open_root,
+    read_secret,
+)
 from ..registry import ModelEntry
 
 log = logging.getLogger(__name__)
@@ -151,33 +158,33 @@ def tenant_secret(entries) -> str:
     ``entries`` (registry entries) when there is one, so that under
     ``cache-scope key`` a key is the same tenant after a restart and the
     entries it saved to disk are restored for it (and for no one else).
-    Servers sharing the folder share the key (created with ``O_EXCL``)."""
+    Servers sharing the folder share the key (made once, linked into
+    place). The disk tier's rules hold (:mod:`~ggmux.instance.cache.safe_files`,
+    issue 37): a ``DIR`` another user owns or may write, and a
+    ``tenant.key`` that is a link, a FIFO, another's or readable by
+    others, are not used (logged; a random key instead)."""
     dirs = sorted({t.disk_dir for e in entries if (t := tiers_of(e)).disk_dir})
     for d in dirs:
         path = os.path.join(d, TENANT_KEY_FILE)
         try:
-            os.makedirs(d, mode=0o700, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            try:
-                with open(path) as f:
-                    key = f.read().strip()
-            except OSError as e:
-                log.warning("cannot read %s: %s", path, e)
-                continue
-            if re.fullmatch(r"[0-9a-f]{32}", key):
-                return key
-            log.warning("%s is not 32 hex digits: not used", path)
-            continue
+            fd = open_root(d)
         except OSError as e:
-            log.warning("cannot keep the tenant key in %s: %s", d, e)
+            log.error("not keeping the tenant key in %s: %s", d, e.strerror or e)
             continue
-        key = secrets.token_hex(16)
         try:
-            os.write(fd, key.encode() + b"\n")
+            try:
+                raw = read_secret(TENANT_KEY_FILE, fd)
+            except FileNotFoundError:
+                raw = make_secret(TENANT_KEY_FILE, (secrets.token_hex(16) + "\n").encode(), fd)
+        except OSError as e:
+            log.error("%s not used: %s", path, e.strerror or e)
+            continue
         finally:
             os.close(fd)
-        return key
+        key = raw.decode("ascii", "replace").strip()
+        if re.fullmatch(r"[0-9a-f]{32}", key):
+            return key
+        log.warning("%s is not 32 hex digits: not used", path)
     return secrets.token_hex(16)
 
 
@@ -192,31 +199,104 @@ class DiskUse:
     bytes: int = 0
 
 
-def model_folders(disk_dir: str, name: str) -> list[str]:
-    """The folders of ``disk_dir`` whose ``model.json`` names model ``name``
-    (a missing directory has none; an unreadable or foreign model.json is
-    skipped)."""
+ENTRY_RE = re.compile(r"\.?[0-9a-f]{64}(\.kv|\.[0-9]+\.tmp)")
+"""An entry's file name (``<sha256>.kv``) or a save's temporary one
+(``.<sha256>.<pid>.tmp``): the only files a clear removes (issue 37, item 6:
+an operator's notes in the folder stay)."""
+
+
+def _model_folders(disk_dir: str, name: str, fn) -> list:
+    """``fn(fd, path)`` for each folder of ``disk_dir`` whose ``model.json``
+    names model ``name``, ``fd`` its descriptor (opened without following a
+    link, checked as the instance checks it); their results. A missing or
+    unsafe directory has none (an unsafe one is logged); an unreadable or
+    foreign model.json is skipped."""
     out = []
     try:
-        with os.scandir(disk_dir) as it:
-            subs = [e.path for e in it if e.is_dir(follow_symlinks=False)]
-    except OSError:
+        root = open_folder(os.path.realpath(disk_dir))
+    except FileNotFoundError:
         return out
-    for sub in sorted(subs):
-        path = os.path.join(sub, MODEL_JSON)
-        try:
-            if os.path.getsize(path) > MODEL_JSON_MAX:
-                continue
-            with open(path, "rb") as f:
-                doc = json.loads(f.read())
-        except (OSError, ValueError):
-            continue
-        if isinstance(doc, dict) and doc.get("model") == name:
-            out.append(sub)
+    except OSError as e:
+        log.error("KV disk tier %s not used: %s", disk_dir, e.strerror or e)
+        return out
+    try:
+        subs = sorted(n for n in os.listdir(root) if not n.startswith("."))
+        for sub in subs:
+            try:
+                fd = open_folder(sub, root)
+            except OSError:
+                continue  # a file, a link, another's: not a folder of ours
+            try:
+                try:
+                    mfd = open_regular(MODEL_JSON, fd)
+                    with os.fdopen(mfd, "rb") as f:
+                        doc = json.loads(f.read(MODEL_JSON_MAX + 1)[:MODEL_JSON_MAX])
+                except (OSError, ValueError):
+                    continue
+                if isinstance(doc, dict) and doc.get("model") == name:
+                    out.append(fn(fd, os.path.join(disk_dir, sub)))
+            finally:
+                os.close(fd)
+    finally:
+        os.close(root)
     return out
 
 
-def _files(folder: str, keep: tuple[str, ...] = (MODEL_JSON,)) -> list[os.DirEntry]:
+def model_folders(disk_dir: str, name: str) -> list[str]:
+    """The folders of ``disk_dir`` whose ``model.json`` names model ``name``."""
+    return _model_folders(disk_dir, name, lambda fd, path: path)
+
+
+def _entries(fd: int) -> list[str]:
+    try:
+        return [n for n in os.listdir(fd) if ENTRY_RE.fullmatch(n)]
+    except OSError:
+        return []
+
+
+def _use_in(fd: int, path: str) -> DiskUse:
+    use = DiskUse()
+    for n in _entries(fd):
+        try:
+            use.bytes += os.stat(n, dir_fd=fd, follow_symlinks=False).st_size
+            use.entries += 1
+        except OSError:
+            continue
+    return use
+
+
+def _clear_in(fd: int, path: str) -> int:
+    n = 0
+    for name in _entries(fd):
+        try:
+            os.unlink(name, dir_fd=fd)
+            n += 1
+        except OSError as err:
+            log.warning("cannot remove %s in %s: %s", name, path, err)
+    return n
+
+
+def disk_use(disk_dir: str, name: str) -> DiskUse:
+    """Entries and bytes of model ``name`` in disk tier ``disk_dir`` (the
+    entry files of its folders)."""
+    use = DiskUse()
+    for u in _model_folders(disk_dir, name, _use_in):
+        use.entries += u.entries
+        use.bytes += u.bytes
+    return use
+
+
+def clear_disk(disk_dir: str, name: str) -> int:
+    """Remove model ``name``'s entries from disk tier ``disk_dir`` (entry
+    files only: its ``model.json`` and whatever else an operator keeps
+    there stay); the number of files removed."""
+    return sum(_model_folders(disk_dir, name, _clear_in))
+
+
+# ---- a cmd llama-server's slots ---------------------------------------------
+
+
+def _files(folder: str, keep: tuple[str, ...] = ()) -> list[os.DirEntry]:
     try:
         with os.scandir(folder) as it:
             return [e for e in it if e.name not in keep and e.is_file(follow_symlinks=False)]
@@ -247,20 +327,6 @@ def _remove(entries) -> int:
             log.warning("cannot remove %s: %s", e.path, err)
     return n
 
-
-def disk_use(disk_dir: str, name: str) -> DiskUse:
-    """Entries and bytes of model ``name`` in disk tier ``disk_dir`` (every
-    file of its folders but ``model.json``)."""
-    return _use_of(e for folder in model_folders(disk_dir, name) for e in _files(folder))
-
-
-def clear_disk(disk_dir: str, name: str) -> int:
-    """Remove model ``name``'s entries from disk tier ``disk_dir`` (its
-    ``model.json`` files stay); the number of files removed."""
-    return _remove(e for folder in model_folders(disk_dir, name) for e in _files(folder))
-
-
-# ---- a cmd llama-server's slots ---------------------------------------------
 
 
 def _digest(*parts: str) -> str:
