@@ -32,8 +32,10 @@ Prefix-aware routing (issue 20) happens only where there is a choice: a
 request to a model with several ready replicas and no session key has its
 prompt's chain looked up in the prefix index before :func:`choose`, and
 recorded for the replica that answered it (with that replica's count of
-cached tokens as the judge of the prediction); the fast path and a model
-with one replica never hash anything.
+cached tokens as the judge of the prediction). A request that had no choice
+(the fast path, a model with one replica, a session key) has its prompt
+recorded after the answer all the same (issue 37, item 18: a second
+replica coming up must find the first one's prefixes).
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ from ..shm.layout import (
 )
 from . import answers, passthrough
 from ..http1.auth import tenant
-from .balancer import CLOSED, candidates_from_shm, choose, open_until, session_key
+from .balancer import CLOSED, Candidate, candidates_from_shm, choose, open_until, session_key
 from .cluster import HOP_TRUSTED, hop_headers, judge_hop, loading_info
 from .cors import json_type, simple_type
 from ..http1 import HttpConnection
@@ -171,13 +173,15 @@ class Forwarding:
                 return False
             target = req.url
         elif path[:10] == b"/upstream/":
-            if req.body and req.method == b"POST" and simple_type(req.content_type):
-                return False
+            if req.method == b"POST" and simple_type(req.content_type) and (
+                    req.body or req.origin is not None or req.header(b"sec-fetch-site")):
+                return False  # handle answers (415, or 403 from another site)
             try:
                 route = passthrough.quick_route(path, req.query, self._slashed)
             except passthrough.BadPath:
                 return False
-            if route is None or route[1].split(b"?", 1)[0] in passthrough.REDACTED_PATHS:
+            if (route is None or route[1].split(b"?", 1)[0] in passthrough.REDACTED_PATHS
+                    or passthrough.admin_target(route[1], req.method)):
                 return False
             name, target = route
         else:
@@ -242,7 +246,19 @@ class Forwarding:
             return
         self._verdict(slot, r, now)
         self._account(cw, m, r)
+        if self.prefix is not None and r.status == 200 and not r.fault:
+            self._learn_alone(req, m, None, slot, inc, r, cw)
         self.activity.record(req, m, slot, r, 0)
+
+    def _learn_alone(self, req: Request, m: int, body: dict | None, slot: int, inc: int,
+                     ex: Exchange, cnt) -> None:
+        """Record ``req``'s prompt for replica ``slot`` (``inc``), which
+        answered it without a choice (the fast path, the one-replica shortcut,
+        a session key): issue 37, item 18, a second replica coming up found
+        nothing recorded and took the warm replica's prefixes cold."""
+        pred = self._predict(req, m, body, (Candidate(slot=slot, port=0, incarnation=inc),))
+        if pred is not None:
+            self.prefix.learn(pred, slot, inc, ex, cnt, self.mcw[m])
 
     def _fast_habit(self, conn: HttpConnection, req: Request, m: int, slot: int,
                     r: UpstreamError) -> None:
@@ -523,8 +539,11 @@ class Forwarding:
                 self._verdict(slot, ex, time.monotonic_ns(), judged)
                 if touch:  # ?model= calls are neither use nor traffic for the metrics
                     self._account(cnt, m, ex)
-                if pfx and ex.status == 200 and not ex.fault:
-                    self.prefix.learn(pfx, slot, inc, ex, cnt, self.mcw[m])
+                if self.prefix is not None and ex.status == 200 and not ex.fault:
+                    if pfx:
+                        self.prefix.learn(pfx, slot, inc, ex, cnt, self.mcw[m])
+                    elif pfx is False or skey:  # no choice was weighed: record it all the same
+                        self._learn_alone(req, m, body, slot, inc, ex, cnt)
                 if not recorded:
                     recorded = True
                     self.activity.record(req, m, slot, ex, 0)
@@ -542,14 +561,14 @@ class Forwarding:
     def _predict(self, req: Request, m: int, body: dict | None, cands) -> Prediction | None:
         """The prefix index's view of ``req``'s prompt among ``cands``
         (:meth:`~ggmux.proxy.prefix.PrefixRouting.predict`), or None: mode
-        not ``prefix``, one candidate, not a generation route, no JSON
+        not ``prefix``, not a generation route, no JSON
         body, or the model's cache scope ``none``. The body is the one the
         replica gets (a translated request's chat completion). The scope is
         the model's (preset ``cache-scope``) or ``--cache-scope``; under
         ``key`` the caller's tenant seeds the chain, so no prefix routes
         another tenant's request. A model with a disk tier (issue 29) has its
         disk rows looked up too, for the local candidates."""
-        if self.prefix is None or len(cands) < 2 or req.path not in GENERATION_PATHS:
+        if self.prefix is None or req.path not in GENERATION_PATHS:
             return None
         src = req.body_json if req.body_json is not None else body
         if type(src) is not dict:
