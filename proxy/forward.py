@@ -247,18 +247,18 @@ class Forwarding:
         self._verdict(slot, r, now)
         self._account(cw, m, r)
         if self.prefix is not None and r.status == 200 and not r.fault:
-            self._learn_alone(req, m, None, slot, inc, r, cw)
+            self._learn_alone(req, m, None, slot, inc, r)
         self.activity.record(req, m, slot, r, 0)
 
     def _learn_alone(self, req: Request, m: int, body: dict | None, slot: int, inc: int,
-                     ex: Exchange, cnt) -> None:
+                     ex: Exchange) -> None:
         """Record ``req``'s prompt for replica ``slot`` (``inc``), which
         answered it without a choice (the fast path, the one-replica shortcut,
         a session key): issue 37, item 18, a second replica coming up found
         nothing recorded and took the warm replica's prefixes cold."""
         pred = self._predict(req, m, body, (Candidate(slot=slot, port=0, incarnation=inc),))
         if pred is not None:
-            self.prefix.learn(pred, slot, inc, ex, cnt, self.mcw[m])
+            self.prefix.record(pred, slot, inc, ex)
 
     def _fast_habit(self, conn: HttpConnection, req: Request, m: int, slot: int,
                     r: UpstreamError) -> None:
@@ -543,7 +543,7 @@ class Forwarding:
                     if pfx:
                         self.prefix.learn(pfx, slot, inc, ex, cnt, self.mcw[m])
                     elif pfx is False or skey:  # no choice was weighed: record it all the same
-                        self._learn_alone(req, m, body, slot, inc, ex, cnt)
+                        self._learn_alone(req, m, body, slot, inc, ex)
                 if not recorded:
                     recorded = True
                     self.activity.record(req, m, slot, ex, 0)
