@@ -81,6 +81,7 @@ from ..shm.layout import (
 )
 from . import answers, passthrough
 from ..http1.auth import tenant
+from .bodies import item_refusal
 from .balancer import CLOSED, Candidate, candidates_from_shm, choose, open_until, session_key
 from .cluster import HOP_TRUSTED, hop_headers, judge_hop, loading_info
 from .cors import json_type, simple_type
@@ -161,12 +162,14 @@ class Forwarding:
             if path in TOKEN_ROUTES and tokenize_body_refusal(conn.limits, req.body,
                                                               path == b"/detokenize"):
                 return False  # handle answers 413
+            if len(req.body) > conn.limits.offloop_body_bytes:
+                return False  # parsed off the loop by handle (issue 37, item 11)
             try:
                 body = orjson.loads(req.body)
             except orjson.JSONDecodeError:
                 return False
-            if type(body) is not dict:
-                return False
+            if type(body) is not dict or item_refusal(conn.limits, body) is not None:
+                return False  # handle answers 400 or 413
             req.body_json = body
             name = body.get("model")
             if type(name) is not str or "stream_options" in body:  # usage may need adding

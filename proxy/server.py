@@ -47,7 +47,7 @@ from ..shm.logring import log_ring_name
 from ..shm.prefixtable import PrefixTable
 from ..shm.requestring import request_ring_name
 from ..shm.segment import Segment
-from . import answers, apis, passthrough, routes
+from . import answers, apis, bodies, passthrough, routes
 from .activity import Activity
 from .apis import ClientApis
 from ..http1.auth import authorized, secret_header
@@ -584,9 +584,12 @@ class Proxy(Forwarding, RouterMode):
             if refusal is not None:
                 conn.send_error(req, 413, refusal)
                 return
-        if body is None:
-            body = json_object(conn, req)
-        if body is None:
+        if body is None:  # parsed off the loop when large, items bounded (issue 37, item 11)
+            body = await bodies.read_object(conn, req)
+            if body is None:
+                return
+        elif (why := bodies.item_refusal(conn.limits, body)) is not None:
+            conn.send_error(req, 413, why)
             return
         name = body.get("model")
         if name is None:
