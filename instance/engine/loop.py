@@ -75,7 +75,7 @@ from .sample_steps import SampleSteps
 from .sampling import SamplerError, Sampling, sampler_chain
 from .slots import EMBED, IDLE, SAMPLE, STATE_NAMES, Slot
 from .stops import StopStrings
-from .tokenizing import TooManyTokens
+from .tokenizing import TooManyTokens, read_facts_soon
 from .verify_steps import VerifySteps
 
 log = logging.getLogger(__name__)
@@ -185,6 +185,7 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
             s.tokens = []
             s.t_used = 0.0
         self._asleep = False
+        read_facts_soon(self._model_lock.shared, lambda: self.m.tokenizer)
 
     def _free(self) -> None:
         if self.drafter is not None:
@@ -253,11 +254,9 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
 
     def tokenize_prompt(self, text: str | bytes, add_special: bool = True,
                         parse_special: bool = True) -> list[int]:
-        """:meth:`tokenize` for a prompt, which must be shorter than
-        ``n_ctx``: a longer one is refused as soon as that is known, by
-        the text's size or while it is tokenized in pieces (issue 37, item
-        1: a 1 MB chat of 30,000 messages took 124 s to be refused).
-        Raises ContextExceeded (llama-server's ``exceed_context_size_error``)."""
+        """:meth:`tokenize` for a prompt, which must be shorter than ``n_ctx``:
+        a longer one raises ContextExceeded as soon as that is known (by its
+        size, or a few pieces in: :mod:`.tokenizing`; issue 37, item 1)."""
         raw = text.encode("utf-8") if isinstance(text, str) else text
         with self._model_lock.shared():
             self._check_loaded()

@@ -25,9 +25,11 @@ Two bounds, both exact (the ids are those of one ``llama_tokenize`` call):
   ``add_special``'s BOS and EOS are added by hand, as ``llama_tokenize``
   adds them (``llama_vocab_get_add_bos``/``_eos``).
 
-The facts of the vocabulary are read once, on the first long text
-(``llama_token_to_piece`` and ``llama_vocab_get_attr`` of every token:
-0.1-1 s for 49,152 tokens), without any lock of the engine's.
+The facts of the vocabulary are read once per load, on a thread of their
+own (:func:`read_facts_soon`; ``llama_token_to_piece`` and
+``llama_vocab_get_attr`` of every token: 0.1-1 s for 49,152 tokens, 10 s
+for gemma3's 262,144 on a machine at load 19), or on the first long text
+if that comes first.
 """
 
 from __future__ import annotations
@@ -241,5 +243,25 @@ class Tokenizer:
         return n
 
 
+def read_facts_soon(shared, current) -> None:
+    """Read the loaded vocabulary's :class:`VocabFacts` on a thread of its
+    own now, so the first long prompt does not wait for them (0.1-1 s,
+    more for a vocabulary of 262,144 tokens). ``shared``: the engine's
+    model lock's ``shared`` (held meanwhile: the weights are not freed under
+    it); ``current()``: the model's :class:`Tokenizer` now (None, or another,
+    once the model was freed or loaded again: then nothing is read)."""
+    tok = current()
+
+    def run() -> None:
+        try:
+            with shared():
+                if tok is not None and current() is tok:
+                    tok.facts()
+        except Exception:  # the facts are read again on first use
+            log.exception("reading the vocabulary's facts failed")
+
+    threading.Thread(target=run, name="vocab-facts", daemon=True).start()
+
+
 __all__ = ["ESTIMATE_SLACK", "PIECE_BYTES", "Tokenizer", "TooManyTokens", "VocabFacts",
-           "pieces", "read_facts"]
+           "pieces", "read_facts", "read_facts_soon"]
