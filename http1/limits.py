@@ -66,7 +66,16 @@ class HttpLimits:
     ``/detokenize`` (413 past it, counted before the body is parsed: a
     JSON list of ids costs ten times a string's bytes to decode, and
     ``orjson`` holds the GIL while it does; 262,144 is the largest context
-    of common models).
+    of common models); ``max_messages``, ``max_input_items``,
+    ``max_token_ids``: items of one request body the proxy routes or
+    translates: ``messages`` (Anthropic's own limit is 100,000), ``input``
+    items (Responses, embeddings), token ids in ``prompt``/``input``/
+    ``tokens`` (four times the largest common context), 413 past any of them,
+    checked before the body is translated or forwarded (issue 37, item 11: a
+    51.5 MB Responses body of 1.59 M items stopped other tenants' streams
+    15-19 s); ``offloop_body_bytes``: a body larger than this is parsed, checked
+    and translated on the proxy's worker thread, not on the event loop that
+    writes every stream.
 
     One object is shared by all connections of one server: ``connections``
     is their registry (not an option), ``open_connections`` their count.
@@ -87,6 +96,10 @@ class HttpLimits:
     max_json_depth: int = 128
     max_tokenize_bytes: int = 8 * 1024 * 1024
     max_detokenize_tokens: int = 262144
+    max_messages: int = 100_000
+    max_input_items: int = 100_000
+    max_token_ids: int = 1_048_576
+    offloop_body_bytes: int = 1024 * 1024
     connections: ConnectionRegistry = field(
         default_factory=ConnectionRegistry, init=False, repr=False, compare=False
     )
@@ -119,6 +132,11 @@ _OPTION_HELP = {
     "max_tokenize_bytes": "largest request body of /tokenize, /detokenize, /apply-template, "
     "input_tokens and Anthropic's count_tokens, bytes; 413 past it",
     "max_detokenize_tokens": "most token ids of one /detokenize; 413 past it",
+    "max_messages": "most messages of one request (chat, Anthropic, Ollama); 413 past it",
+    "max_input_items": "most input items of one request (Responses, embeddings); 413 past it",
+    "max_token_ids": "most token ids in one request's prompt or input; 413 past it",
+    "offloop_body_bytes": "request bodies larger than this (bytes) are parsed and translated "
+    "on a worker thread, off the loop that writes every stream",
 }
 _MAY_BE_ZERO = frozenset({"max_connections_per_ip"})
 

@@ -279,7 +279,9 @@ class LlamaBackend(Backend):
             self.engine.deliver = hand_off
 
     def _raw_tokenize(self, raw: bytes, add_special: bool, parse_special: bool) -> list[int]:
-        return self.engine.tokenize(raw.decode("utf-8", "replace"), add_special, parse_special)
+        # what a chat template renders: a prompt, bounded by the context (issue 37, item 1)
+        return self.engine.tokenize_prompt(raw.decode("utf-8", "replace"), add_special,
+                                           parse_special)
 
     def sleep(self) -> None:
         if self.engine is not None:
@@ -320,7 +322,7 @@ class LlamaBackend(Backend):
         """llama.cpp's ``/completion``: each of its prompts (:mod:`.prompts`)
         a generation of its own; several are answered as a list."""
         prompts = native_prompts(body.get("prompt", body.get("content")),
-                                 lambda t, special: self.engine.tokenize(t, special, True),
+                                 lambda t, special: self.engine.tokenize_prompt(t, special, True),
                                  self.engine.n_vocab)
         if len(prompts) == 1:
             return self._generation("completion", body, sink, request_id, tenant, prompts[0])
@@ -381,7 +383,7 @@ class LlamaBackend(Backend):
         else:
             gbnf = structured_output(body, self.limits)
             p = completion_prompt(body, n_vocab)
-            prompt = self.engine.tokenize(p) if isinstance(p, str) else p
+            prompt = self.engine.tokenize_prompt(p) if isinstance(p, str) else p
             stops = []
             if body.get("echo"):
                 echo = p if isinstance(p, str) else self.engine.detokenize(p, special=False)

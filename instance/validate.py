@@ -189,9 +189,15 @@ _NUMBERS = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
             "repeat_penalty": (0.0, 10.0), "typical_p": (0.0, 1.0), "tfs_z": (0.0, 1.0),
             "mirostat_tau": (0.0, 100.0), "mirostat_eta": (0.0, 1.0),
             "dry_multiplier": (0.0, 100.0), "dry_base": (0.0, 100.0)}
+MAX_TOP_LOGPROBS = 20
+"""Most alternatives per token a request may ask for, ``top_logprobs``
+(OpenAI's own limit) and llama.cpp's ``n_probs`` alike (issue 37, item 10:
+``n_probs: 100000`` sent the whole 49,152-token vocabulary per token,
+150 MB for 32 tokens, and slowed another tenant's stream 4x)."""
 # field -> (low, high or None)
 _INTEGERS = {"max_tokens": (0, None), "max_completion_tokens": (0, None), "top_k": (0, 2**31 - 1),
-             "seed": (-(2**63), 2**64 - 1), "top_logprobs": (0, 20), "n": (1, None),
+             "seed": (-(2**63), 2**64 - 1), "top_logprobs": (0, MAX_TOP_LOGPROBS),
+             "n_probs": (0, MAX_TOP_LOGPROBS), "n": (1, None),
              "mirostat": (0, 2), "mirostat_mode": (0, 2), "n_predict": (-1, None),
              "repeat_last_n": (-1, None), "dry_allowed_length": (0, 2**31 - 1),
              "dry_penalty_last_n": (-1, None)}

@@ -32,8 +32,10 @@ Prefix-aware routing (issue 20) happens only where there is a choice: a
 request to a model with several ready replicas and no session key has its
 prompt's chain looked up in the prefix index before :func:`choose`, and
 recorded for the replica that answered it (with that replica's count of
-cached tokens as the judge of the prediction); the fast path and a model
-with one replica never hash anything.
+cached tokens as the judge of the prediction). A request that had no choice
+(the fast path, a model with one replica, a session key) has its prompt
+recorded after the answer all the same (issue 37, item 18: a second
+replica coming up must find the first one's prefixes).
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ from ..shm.layout import (
     TTFT_RECENT,
 )
 from . import answers, passthrough
-from .balancer import CLOSED, candidates_from_shm, choose, open_until, session_key
+from .balancer import CLOSED, Candidate, candidates_from_shm, choose, open_until, session_key
+from .bodies import item_refusal
 from .cluster import HOP_TRUSTED, hop_headers, judge_hop, loading_info
 from .contention import queue_status
 from .cors import json_type, simple_type
@@ -165,25 +168,29 @@ class Forwarding:
             if path in TOKEN_ROUTES and tokenize_body_refusal(conn.limits, req.body,
                                                               path == b"/detokenize"):
                 return False  # handle answers 413
+            if len(req.body) > conn.limits.offloop_body_bytes:
+                return False  # parsed off the loop by handle (issue 37, item 11)
             try:
                 body = orjson.loads(req.body)
             except orjson.JSONDecodeError:
                 return False
-            if type(body) is not dict:
-                return False
+            if type(body) is not dict or item_refusal(conn.limits, body) is not None:
+                return False  # handle answers 400 or 413
             req.body_json = body
             name = body.get("model")
             if type(name) is not str or "stream_options" in body:  # usage may need adding
                 return False
             target = req.url
         elif path[:10] == b"/upstream/":
-            if req.body and req.method == b"POST" and simple_type(req.content_type):
-                return False
+            if req.method == b"POST" and simple_type(req.content_type) and (
+                    req.body or req.origin is not None or req.header(b"sec-fetch-site")):
+                return False  # handle answers (415, or 403 from another site)
             try:
                 route = passthrough.quick_route(path, req.query, self._slashed)
             except passthrough.BadPath:
                 return False
-            if route is None or route[1].split(b"?", 1)[0] in passthrough.REDACTED_PATHS:
+            if (route is None or route[1].split(b"?", 1)[0] in passthrough.REDACTED_PATHS
+                    or passthrough.admin_target(route[1], req.method)):
                 return False
             name, target = route
         else:
@@ -248,7 +255,19 @@ class Forwarding:
             return
         self._verdict(slot, r, now)
         self._account(cw, m, r)
+        if self.prefix is not None and r.status == 200 and not r.fault:
+            self._learn_alone(req, m, None, slot, inc, r)
         self.activity.record(req, m, slot, r, 0)
+
+    def _learn_alone(self, req: Request, m: int, body: dict | None, slot: int, inc: int,
+                     ex: Exchange) -> None:
+        """Record ``req``'s prompt for replica ``slot`` (``inc``), which
+        answered it without a choice (the fast path, the one-replica shortcut,
+        a session key): issue 37, item 18, a second replica coming up found
+        nothing recorded and took the warm replica's prefixes cold."""
+        pred = self._predict(req, m, body, (Candidate(slot=slot, port=0, incarnation=inc),))
+        if pred is not None:
+            self.prefix.record(pred, slot, inc, ex)
 
     def _fast_habit(self, conn: HttpConnection, req: Request, m: int, slot: int,
                     r: UpstreamError) -> None:
@@ -538,8 +557,11 @@ class Forwarding:
                 self._verdict(slot, ex, time.monotonic_ns(), judged)
                 if touch:  # ?model= calls are neither use nor traffic for the metrics
                     self._account(cnt, m, ex)
-                if pfx and ex.status == 200 and not ex.fault:
-                    self.prefix.learn(pfx, slot, inc, ex, cnt, self.mcw[m])
+                if self.prefix is not None and ex.status == 200 and not ex.fault:
+                    if pfx:
+                        self.prefix.learn(pfx, slot, inc, ex, cnt, self.mcw[m])
+                    elif pfx is False or skey:  # no choice was weighed: record it all the same
+                        self._learn_alone(req, m, body, slot, inc, ex)
                 if not recorded:
                     recorded = True
                     self.activity.record(req, m, slot, ex, 0)
@@ -557,14 +579,14 @@ class Forwarding:
     def _predict(self, req: Request, m: int, body: dict | None, cands) -> Prediction | None:
         """The prefix index's view of ``req``'s prompt among ``cands``
         (:meth:`~ggmux.proxy.prefix.PrefixRouting.predict`), or None: mode
-        not ``prefix``, one candidate, not a generation route, no JSON
+        not ``prefix``, not a generation route, no JSON
         body, or the model's cache scope ``none``. The body is the one the
         replica gets (a translated request's chat completion). The scope is
         the model's (preset ``cache-scope``) or ``--cache-scope``; under
         ``key`` the caller's tenant seeds the chain, so no prefix routes
         another tenant's request. A model with a disk tier (issue 29) has its
         disk rows looked up too, for the local candidates."""
-        if self.prefix is None or len(cands) < 2 or req.path not in GENERATION_PATHS:
+        if self.prefix is None or req.path not in GENERATION_PATHS:
             return None
         src = req.body_json if req.body_json is not None else body
         if type(src) is not dict:

@@ -17,6 +17,16 @@ Pure functions, no I/O (the proxy forwards). Two rules from issue 11:
   :func:`redact_slots` drops what a ``/slots`` answer says about other
   clients' requests (issue 18, finding 6: any key holder read every
   client's ``x-request-id`` there).
+
+Issue 37, item 3: a replica's own admin routes (:func:`admin_target`: the
+built-in instance's KV tiers ``/cache`` and ``/cache/clear``,
+llama-server's slot actions ``/slots/<id>?action=save|restore|erase``, its
+``POST /props``, ``POST /lora-adapters``, router-mode ``/models/load`` and
+``/models/unload``) change or show what every tenant of the replica shares:
+with only an API key, ``POST /upstream/<model>/cache/clear`` emptied every
+tenant's KV tiers and ``GET .../cache`` showed the disk path and every
+tenant's counters. They are served only to the admin key (ggmux's own
+``/cache`` routes and ``ggmux cache`` do the same work with ggmux's rules).
 """
 
 from __future__ import annotations
@@ -33,6 +43,31 @@ PREFIX = b"/upstream/"
 
 # replica routes whose JSON answers may carry a model file's path
 REDACTED_PATHS = frozenset((b"/props", b"/v1/models", b"/models", b"/slots"))
+
+
+# a replica's routes that change or show what all its tenants share (module docstring)
+ADMIN_PATHS = frozenset((b"/cache", b"/cache/clear", b"/models/load", b"/models/unload"))
+ADMIN_PREFIXES = (b"/slots/", b"/cache/")
+# routes that only read on GET but change the whole replica on any other method
+ADMIN_WRITES = frozenset((b"/props", b"/lora-adapters", b"/slots"))
+
+
+def admin_target(target: bytes, method: bytes) -> bool:
+    """Whether ``target`` (a normalized pass-through target, query and
+    all) with ``method`` is one of a replica's admin routes (module
+    docstring). The path is compared as a server would route it: percent
+    escapes decoded (cpp-httplib decodes them), runs of ``/`` and a final
+    ``/`` ignored, so no spelling of a route slips past."""
+    path = target.split(b"?", 1)[0]
+    if path.find(b"%") >= 0:
+        path = unquote(path.decode("latin-1"), encoding="latin-1").encode("latin-1")
+    while path.find(b"//") >= 0:
+        path = path.replace(b"//", b"/")
+    if len(path) > 1:
+        path = path.rstrip(b"/") or b"/"
+    if path in ADMIN_PATHS or path.startswith(ADMIN_PREFIXES):
+        return True
+    return path in ADMIN_WRITES and method not in (b"GET", b"HEAD")
 
 
 class BadPath(ValueError):
@@ -157,5 +192,5 @@ def redact_paths(body: bytes) -> bytes:
     return orjson.dumps(_redact(doc))
 
 
-__all__ = ["REDACTED_PATHS", "BadPath", "normalize", "quick_route", "redact_paths",
+__all__ = ["ADMIN_PATHS", "REDACTED_PATHS", "BadPath", "admin_target", "normalize", "quick_route", "redact_paths",
            "redact_slots", "route", "target"]

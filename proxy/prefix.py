@@ -269,6 +269,17 @@ class PrefixRouting:
         if pred.model >= 0 and ex.usage is not None and parse_tier(ex.usage) == "disk":
             self.table.record_disk(pred.chain, pred.model, pred.epoch, now)
 
+    def record(self, pred: Prediction, slot: int, incarnation: int, ex: Exchange) -> None:
+        """Replica ``slot`` (``incarnation``) answered the request of
+        ``pred`` without the index having chosen it (one candidate, the fast
+        path, a session key): record the chain for it, and on the disk rows
+        when its usage line says ``disk``; no prediction is judged and no
+        routed request counted (issue 37, item 18)."""
+        now = time.monotonic_ns()
+        self.table.record(pred.chain, slot, incarnation, now)
+        if pred.model >= 0 and ex.usage is not None and parse_tier(ex.usage) == "disk":
+            self.table.record_disk(pred.chain, pred.model, pred.epoch, now)
+
     def retire(self, old: np.ndarray, new: np.ndarray, models: np.ndarray, remote) -> int:
         """The replicas table changed from ``old`` to ``new`` (rows of
         ``(replicas, R_WORDS)``): each local replica that is gone (its slot

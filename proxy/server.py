@@ -55,7 +55,7 @@ from ..shm.logring import log_ring_name
 from ..shm.prefixtable import PrefixTable
 from ..shm.requestring import request_ring_name
 from ..shm.segment import Segment
-from . import answers, apis, passthrough, routes
+from . import answers, apis, bodies, passthrough, routes
 from .activity import Activity
 from .apis import ClientApis
 from .balancer import (
@@ -432,6 +432,14 @@ class Proxy(Forwarding, RouterMode):
                                                 and not simple_type(req.content_type))):
             self._unsupported_type(conn, req, route)
             return
+        if (route.handler == "_passthrough" and req.method == b"POST" and not req.body
+                and simple_type(req.content_type) and self._other_site(req)):
+            # issue 37, item 3: a page of any origin can POST with no body and
+            # no preflight; a replica's route that takes one changes state
+            conn.send_error(req, 403, "a POST with no body from a page of another origin "
+                            "does not reach a replica (--cors-origins names the origins "
+                            "that may)", code="forbidden")
+            return
         await getattr(self, route.handler)(conn, req)
 
     def _unsupported_type(self, conn: HttpConnection, req: Request, route: routes.Route) -> None:
@@ -584,9 +592,12 @@ class Proxy(Forwarding, RouterMode):
             if refusal is not None:
                 conn.send_error(req, 413, refusal)
                 return
-        if body is None:
-            body = json_object(conn, req)
-        if body is None:
+        if body is None:  # parsed off the loop when large, items bounded (issue 37, item 11)
+            body = await bodies.read_object(conn, req)
+            if body is None:
+                return
+        elif (why := bodies.item_refusal(conn.limits, body)) is not None:
+            conn.send_error(req, 413, why)
             return
         name = body.get("model")
         if name is None:
@@ -622,10 +633,28 @@ class Proxy(Forwarding, RouterMode):
             return
         name, req.url = route
         m = self.names[name]
+        if passthrough.admin_target(req.url, req.method) and not self._admin_passthrough(req):
+            conn.send_error(req, 403, f"{req.url.split(b'?', 1)[0].decode('latin-1')} is a "
+                            "replica's admin route: it changes or shows what every tenant of "
+                            "the replica shares, so it is served only to the admin key "
+                            "(--admin-key; ggmux's own /cache routes and `ggmux cache` do "
+                            "this work)", code="forbidden")
+            return
         if self._redacts(req, req.url):
             await self._redacted(conn, req, m, name, touch=True)
             return
         await self._forward(conn, req, m, name, None)
+
+    def _other_site(self, req: Request) -> bool:
+        """:func:`~.cors.from_other_site` under this server's ``--cors-origins``."""
+        return from_other_site(req, self.cors.listed if self.cors is not None else frozenset())
+
+    def _admin_passthrough(self, req: Request) -> bool:
+        """Whether ``req`` may reach a replica's admin route
+        (:func:`~ggmux.proxy.passthrough.admin_target`): it presents the
+        admin key (so one must be set) and passes :meth:`admin_refusal`
+        (not forwarded by another node, not from another origin's page)."""
+        return self._is_admin(req) and self.admin_refusal(req) is None
 
     def _redacts(self, req: Request, target: bytes) -> bool:
         """Whether the replica's answer to ``target`` must lose its model

@@ -492,3 +492,30 @@ def test_a_hosted_tool_offered_with_tool_choice_auto_is_left_out_and_named():
                               {"name": "f", "input_schema": {"type": "object"}}]))
     assert [x["function"]["name"] for x in t.body["tools"]] == ["f"]
     assert t.dropped == ["web_search"]
+
+
+def test_anthropic_call_cut_by_max_tokens_is_max_tokens_never_a_502():
+    """Issue 37, item 7: ``max_tokens: 24`` cut a ``tool_use`` at ``{`` and the
+    whole answer was a 502 (arguments not JSON), a replica fault for the
+    client's own limit. Whole: the cut call is left out (complete ones
+    stay), ``stop_reason`` ``max_tokens``; streamed (and a whole answer
+    played as a stream): the partial block as Anthropic streams it."""
+    from ggmux.proxy.apis.translate import _as_chunk
+
+    cut = ("call_2", "get_weather", "{")
+    whole = A.from_chat(chat_answer("Sure.", (CALLS[0], cut), finish="length"), "smol")
+    assert whole["stop_reason"] == "max_tokens"
+    assert [b["type"] for b in whole["content"]] == ["text", "tool_use"]
+    assert whole["content"][1]["input"] == {"city": "Paris"}
+    alone = A.from_chat(chat_answer(None, (cut,), finish="length"), "smol")
+    assert alone["stop_reason"] == "max_tokens" and alone["content"] == [
+        {"type": "text", "text": ""}]
+    anthropic = pytest.importorskip("anthropic")
+    anthropic.types.Message.model_validate(alone)
+    with pytest.raises(BadReply):  # not cut: no JSON is still the replica's fault
+        A.from_chat(chat_answer(None, (cut,)), "smol")
+    state = A.MessagesStream("smol")
+    evs = events(state.chunk(_as_chunk(chat_answer(None, (cut,), finish="length"))) + state.end())
+    assert not state.failed
+    assert [d["delta"]["stop_reason"] for n, d in evs if n == "message_delta"] == ["max_tokens"]
+    assert [d["delta"]["partial_json"] for n, d in evs if n == "content_block_delta"] == ["{"]

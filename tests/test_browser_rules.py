@@ -162,3 +162,38 @@ def test_listed_origins_may_do_admin_actions_and_read_the_answer(serve, fakes):
     status, h, _ = s.request("GET", "/logs", headers={"origin": ok})
     assert status == 200 and h["access-control-allow-credentials"] == "true"
     assert s.request("GET", "/logs", headers={"origin": EVIL})[0] == 403  # "*" is not enough
+
+
+def test_a_replicas_admin_routes_are_not_reached_through_the_pass_through(open_server):
+    """Issue 37, item 3: on a keyless server a page of any origin emptied
+    every tenant's KV tiers with a body-less ``POST /upstream/m/cache/clear``
+    (no preflight), and anyone read ``GET /upstream/m/cache``."""
+    s = open_server
+    page = {"origin": EVIL, "sec-fetch-site": "cross-site"}
+    for path in ("/upstream/m/cache/clear", "/upstream/m/v1/chat/completions"):
+        status, _, body = post(s, path, b"", None, page)  # what a page's fetch() sends
+        assert status == 403 and "another origin" in json.loads(body)["error"]["message"], body
+    # no admin key set: nobody reaches them, whatever the spelling
+    for path in ("/upstream/m/cache/clear", "/upstream/m/cache", "/upstream/m//cache/clear/",
+                 "/upstream/m/cach%65/clear", "/upstream/m/x/../cache"):
+        status, _, body = s.request("POST" if "clear" in path else "GET", path)
+        assert status == 403 and "admin route" in json.loads(body)["error"]["message"], (
+            path, body)
+    assert s.request("GET", "/upstream/m/v1/models")[0] == 200  # the rest passes as before
+
+
+def test_only_the_admin_key_reaches_a_replicas_admin_routes(serve, fakes):
+    fakes.add("m", tokens=2)
+    s = serve("--fake-models-dir", str(fakes), "--no-hf-cache", "--proxies", "1",
+              "--api-key", "k", "--admin-key", "a")
+    api, admin = {"authorization": "Bearer k"}, {"authorization": "Bearer a"}
+    assert s.request("POST", "/v1/chat/completions", chat_body("m"), headers=api)[0] == 200
+    for method, path in (("POST", "/upstream/m/cache/clear"), ("GET", "/upstream/m/cache"),
+                         ("POST", "/upstream/m/slots/0?action=erase"),
+                         ("POST", "/upstream/m/props")):
+        status, _, body = s.request(method, path, b"{}" if method == "POST" else None,
+                                    headers=api)
+        assert status == 403, (path, status, body)
+    status, _, body = s.request("POST", "/upstream/m/cache/clear", b"{}", headers=admin)
+    assert status == 200 and "cleared" in json.loads(body), body
+    assert s.request("GET", "/upstream/m/props", headers=api)[0] == 200

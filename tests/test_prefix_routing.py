@@ -363,3 +363,20 @@ def test_a_prefix_learned_for_one_key_never_steers_another_keys_request(serve, f
             assert mc(s, L.MC_PREFIX_PREDICTED, idx) == p0 + 1 and cached(b) == 0
         else:  # scope global: shared as llama-server shares it
             assert mc(s, L.MC_PREFIX_PREDICTED, idx) == p0 + 2 and cached(b) > 0
+
+
+def test_a_model_with_one_replica_records_every_prompt_on_every_forwarding_path(
+        serve, fakes, tmp_path):
+    """Issue 37, item 18: the one-replica shortcut (and the fast path) never
+    recorded a prompt, so when a second replica came up a warm prefix went
+    to it cold. Now every answered request is recorded for its replica."""
+    s = start(serve, fakes, tmp_path, "--proxies", "1", replicas=1)
+    known = np.count_nonzero(s.seg.prefix[..., L.X_KEY])
+    blocks = len(canonical(long_body(0))) // s.seg.sizes.prefix_block
+    for i in range(4):  # the first on a new pooled connection, the next ones on the fast path
+        st, _, b = s.request("POST", CHAT, long_body(i))
+        assert st == 200, b
+        # recorded after the answer went out: wait for it
+        wait_for(lambda i=i: np.count_nonzero(s.seg.prefix[..., L.X_KEY]) >= known + (
+            i + 1) * blocks, 10, what=f"prompt {i} recorded")
+    assert mc(s, L.MC_PREFIX_ROUTED) == 0  # recorded, not routed by the index

@@ -444,6 +444,28 @@ def test_a_prompt_over_the_context_is_exceed_context_size_error(smol):
     served_once(smol)
 
 
+def test_a_chat_of_many_tiny_messages_is_refused_beside_another_tenants_request(smol):
+    """Issue 37, item 1: 30,000 ``hi`` messages (1 MB) took 124 s to get their
+    400 while another tenant's small request timed out: the engine tokenized
+    the whole rendered chat (a quadratic partition) under the lock every
+    request needs. Now the tokenization stops once past the context, and
+    shares that lock: both answers come, in any order."""
+    big = {"model": SMOL, "messages": [{"role": "user", "content": "hi"}] * 30000}
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.update(big=smol.json(
+        "POST", "/v1/chat/completions", big, timeout=100)))
+    t.start()
+    status, doc = smol.json("POST", "/v1/chat/completions", {
+        "model": SMOL, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]},
+        timeout=100)
+    t.join(110)
+    assert status == 200, doc
+    status, doc = out["big"]
+    assert status == 400 and doc["error"]["type"] == "exceed_context_size_error", doc
+    assert doc["error"]["n_prompt_tokens"] > smol.n_ctx
+    served_once(smol)
+
+
 def test_an_assistant_message_at_the_end_is_continued_as_llama_server_does(smol):
     # test_chat_template_assistant_prefill, ..._continue_final_message_*,
     # test_invalid_chat_completion_req[messages7]

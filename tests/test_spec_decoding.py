@@ -332,3 +332,37 @@ def test_spec_options_arrive_from_llama_server_flags_and_a_bad_value_fails_the_l
     bad = llama_kwargs(["--spec-type", "ngram-simple", "--spec-draft-n-max", "many"])["spec"]
     with pytest.raises(SpecError, match="--spec-draft-n-max"):
         Engine(EngineConfig(smollm2_path(), spec=bad))
+
+
+def drafted_after(e: Engine, prompt: list[int], forced: int, tenant: str) -> int:
+    """``timings.draft_n`` of ``prompt`` whose first token ``logit_bias`` forces."""
+    ask = Sampling(temperature=0, logit_bias={forced: 100.0})
+    r = e.submit(Generation(prompt, ask, max_tokens=6, tenant=tenant,
+                            cache_prompt=False)).result(300)
+    return r["timings"].get("draft_n", 0)
+
+
+def test_ngram_mod_drafts_never_tell_one_tenant_another_tenants_text():
+    """Issue 37, item 2, the attack as described: tenant a's prompt holds a
+    secret; tenant b sends a's text up to the secret, forces its first token
+    with ``logit_bias`` to a guess, and reads ``timings.draft_n``: with one
+    table for every tenant, a right guess drafted a's next tokens. Under
+    ``cache_scope`` ``key`` the table is the tenant's own: b's right guess
+    drafts nothing, while a (the control, so the test can fail) does."""
+    spec = SpecConfig(types=("ngram-mod",), ngram_mod_n_match=4, ngram_mod_n_min=1,
+                      ngram_mod_n_max=8)
+    for scope, leaks in (("global", True), ("key", False)):
+        e = Engine(EngineConfig(smollm2_path(), ctx_size=512, parallel=2, n_threads=1,
+                                spec=spec, cache_scope=scope))
+        e.load()
+        try:
+            secret = e.tokenize("Note to self: the vault code is 4 8 1 5 9 2 6 3 7 and the "
+                                "spare key is under the third stone by the gate.")
+            assert e.submit(Generation(secret, GREEDY, max_tokens=8, tenant="a",
+                                       ignore_eos=True)).result(300)
+            k = len(e.tokenize("Note to self: the vault code is 4 8"))  # guess what follows
+            assert (drafted_after(e, secret[:k], secret[k], "b") > 0) is leaks, scope
+            assert drafted_after(e, secret[:k], secret[k], "a") > 0, \
+                "the owner drafts its own text: the attack could succeed"
+        finally:
+            e.close()

@@ -219,3 +219,15 @@ def test_stop_strings_are_bounded_in_number_and_bytes():
     assert param_of(lambda b: V.stop_strings(b, lim), {"stop": ["a", "ééé"]}) == "stop[1]"
     assert param_of(lambda b: V.stop_strings(b, lim), {"stop": [1]}) == "stop"
     assert V.RequestLimits().max_stops == 64 and V.RequestLimits().max_stop_bytes == 256
+
+
+def test_n_probs_is_capped_as_top_logprobs_is():
+    """Issue 37, item 10: ``n_probs: 100000`` on ``/completion`` sent the whole
+    vocabulary per token; it is refused past the same named limit as
+    ``top_logprobs``."""
+    from ggmux.instance.server import native_request
+
+    V.check_sampling(native_request({"prompt": "x", "n_probs": V.MAX_TOP_LOGPROBS}))
+    for n in (V.MAX_TOP_LOGPROBS + 1, 100000, "5"):
+        assert param_of(V.check_sampling, native_request({"prompt": "x", "n_probs": n})) == "n_probs"
+    assert param_of(V.check_sampling, {"top_logprobs": V.MAX_TOP_LOGPROBS + 1}) == "top_logprobs"

@@ -13,12 +13,17 @@ build b11434), tried in its order of preference for each slot:
   token; here an index (n-gram -> latest start) is kept as tokens arrive,
   the same answer at O(1) a token (issue 18: no request may make the
   decode thread's work per token grow).
-* ``ngram-mod`` (:class:`NgramMod`): one hashed table shared by the slots,
+* ``ngram-mod`` (:class:`NgramMod`): a hashed table,
   ``hash(n_match tokens) -> next token``, fed with each request's prompt
   and answer; drafts chain lookups, kept only when at least ``n_min`` long
   (``common_ngram_mod``, ``common_speculative_impl_ngram_mod``: the same
   hash, table size, reset at 25% occupancy and after 5 low-acceptance
-  rounds).
+  rounds). llama.cpp keeps one table for every slot; here a table is
+  scoped like every cache (:class:`ModTables`, issue 37, item 2: fed by
+  every tenant, it let a caller who forced a token with ``logit_bias`` read
+  another tenant's next tokens from ``timings.draft_n``, digit by digit):
+  one table under ``--cache-scope global``, one per tenant under ``key``,
+  one per request under ``none``.
 * ``draft-simple`` (:class:`DraftModel`): a draft model of the same
   vocabulary, loaded in this process with its own context (a sequence per
   slot); its KV mirrors each slot's verified tokens, then it decodes the
@@ -75,11 +80,12 @@ class SlotSpec:
     ``r`` near 1 drafts grow long, with ``r`` low they shrink to one token,
     and drafts that keep failing pause (:meth:`record`)."""
 
-    __slots__ = ("fails", "hits", "index", "indexed", "job", "mod_draft", "mod_last", "mod_low",
-                 "pause_left", "pause_next", "tries")
+    __slots__ = ("fails", "hits", "index", "indexed", "job", "mod", "mod_draft", "mod_last",
+                 "mod_low", "pause_left", "pause_next", "tries")
 
     def __init__(self, spec: SpecConfig) -> None:
         self.job = None
+        self.mod: NgramMod | None = None  # its request's ngram-mod table (ModTables)
         self.index: dict[tuple, int] = {}
         self.indexed = 0
         self.mod_last = 0
@@ -148,7 +154,8 @@ class NgramSimple:
 
 
 class NgramMod:
-    """``ngram-mod``: the table is shared by every slot (llama.cpp's)."""
+    """``ngram-mod``'s table (llama.cpp's, shared by every slot there); here
+    one per cache scope (:class:`ModTables`)."""
 
     def __init__(self, spec: SpecConfig) -> None:
         self.n = spec.ngram_mod_n_match
@@ -233,6 +240,50 @@ class NgramMod:
                 st.mod_last = 0
         else:
             st.mod_low = 0
+
+
+class ModTables:
+    """The ``ngram-mod`` tables of one engine, one per cache scope (issue
+    37, item 2): ``scope`` is the engine's ``cache_scope``: ``global``, one
+    table every request reads and feeds (llama.cpp's); ``key``, one per
+    tenant (``Generation.tenant``), so no draft, and no ``draft_n``, comes
+    from another tenant's text; ``none``, a request's own (the slot's
+    table, emptied when a request begins). At most ``n_seq`` tables
+    (16 MiB each, llama.cpp's size) are kept: a tenant that holds no slot
+    loses its table first, so the memory is bounded by the slot count."""
+
+    def __init__(self, spec: SpecConfig, scope: str, n_seq: int) -> None:
+        self.spec = spec
+        self.scope = scope
+        self.most = max(1, n_seq)
+        self.tables: dict[str, NgramMod] = {}
+        self.held: dict[int, str] = {}  # slot id -> the key of its request's table
+
+    def key(self, s: Slot) -> str:
+        """The table key of slot ``s``'s request."""
+        if self.scope == "global":
+            return ""
+        if self.scope == "key":
+            return "t:" + s.job.request.tenant
+        return f"s:{s.id}"
+
+    def table(self, s: Slot) -> NgramMod:
+        """The table of slot ``s``'s (new) request: its scope's, made (and
+        an unheld one dropped) when missing; emptied for scope ``none``."""
+        k = self.key(s)
+        self.held[s.id] = k
+        t = self.tables.get(k)
+        if t is None:
+            if len(self.tables) >= self.most:
+                live = set(self.held.values())
+                for old in [x for x in self.tables if x not in live]:
+                    del self.tables[old]
+                    if len(self.tables) < self.most:
+                        break
+            t = self.tables[k] = NgramMod(self.spec)
+        elif self.scope == "none":
+            t.reset()
+        return t
 
 
 class DraftModel:
@@ -423,7 +474,8 @@ class Drafter:
         self.spec = spec
         types = spec.ordered()
         self.simple = NgramSimple(spec) if "ngram-simple" in types else None
-        self.mod = NgramMod(spec) if "ngram-mod" in types else None
+        self.mod = (ModTables(spec, target.cache_scope, n_seq) if "ngram-mod" in types
+                    else None)
         self.model = (DraftModel(llama_cpp, spec, target, n_seq) if "draft-simple" in types
                       else None)
 
@@ -442,7 +494,8 @@ class Drafter:
             st = s.spec = SlotSpec(self.spec)
             st.job = s.job
             if self.mod is not None:
-                self.mod.begin(st, s.tokens)
+                st.mod = self.mod.table(s)
+                st.mod.begin(st, s.tokens)
         return st
 
     def propose(self, asks: list[tuple[Slot, int]]) -> None:
@@ -453,8 +506,8 @@ class Drafter:
             d: list[int] = []
             if self.simple is not None:
                 d = self.simple.draft(st, s.tokens, s.pending)
-            if not d and self.mod is not None:
-                d = self.mod.draft(st, s.tokens, s.pending)
+            if not d and st.mod is not None:
+                d = st.mod.draft(st, s.tokens, s.pending)
             if d:
                 s.draft = d[:n]
             elif self.model is not None:
@@ -471,8 +524,8 @@ class Drafter:
     def verified(self, s: Slot, drafted: int, accepted: int) -> None:
         st = s.spec
         st.record(self.spec, drafted, accepted)
-        if self.mod is not None:
-            self.mod.accepted(st, accepted)
+        if st.mod is not None:
+            st.mod.accepted(st, accepted)
 
 
-__all__ = ["DraftModel", "Drafter", "NgramMod", "NgramSimple", "SlotSpec", "vocab_mismatch"]
+__all__ = ["DraftModel", "Drafter", "ModTables", "NgramMod", "NgramSimple", "SlotSpec", "vocab_mismatch"]

@@ -71,10 +71,12 @@ from .jobs import (
     deliver,
 )
 from .model import EngineConfig, ModelContext
+from .model_lock import ModelLock
 from .sample_steps import SampleSteps
 from .sampling import SamplerError, Sampling, sampler_chain
 from .slots import EMBED, IDLE, SAMPLE, STATE_NAMES, Slot
 from .stops import StopStrings
+from .tokenizing import TooManyTokens, read_facts_soon
 from .verify_steps import VerifySteps
 
 log = logging.getLogger(__name__)
@@ -117,7 +119,9 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
         self.m = ModelContext(llama_cpp, config, len(self.slots), on_progress)
         self.drafter = make_drafter(llama_cpp, config, len(self.slots))
         self._cond = threading.Condition()
-        self._model_lock = threading.Lock()
+        # shared by readers (tokenizing, submit), exclusive for load/free (issue 37, item 1)
+        self._model_lock = ModelLock()
+        self._submitting = threading.Lock()  # submit's own state (_next_id)
         self._inbox: list[Job] = []
         self._waiting: FairQueue[Job] = FairQueue(tenant_of)
         self._kicked = False
@@ -158,7 +162,7 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
         """Load the weights and create the context (caller's thread), start
         the decode thread. Returns ``{"n_ctx", "kv_size", "slots"}``. Raises
         RuntimeError when llama.cpp cannot load the file or make the context."""
-        with self._model_lock:
+        with self._model_lock.exclusive():
             self._load()
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
@@ -184,6 +188,7 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
             s.tokens = []
             s.t_used = 0.0
         self._asleep = False
+        read_facts_soon(self._model_lock.shared, lambda: self.m.tokenizer)
 
     def _free(self) -> None:
         if self.drafter is not None:
@@ -206,7 +211,7 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
 
     def wake(self) -> dict:
         """Load the weights again after :meth:`sleep`; as :meth:`load`."""
-        with self._model_lock:
+        with self._model_lock.exclusive():
             if self._asleep:
                 self._load()
         return self.info()
@@ -228,7 +233,7 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
         if t is not None and t is not threading.current_thread():
             t.join(timeout)
         elif t is None:
-            with self._model_lock:
+            with self._model_lock.exclusive():
                 self._closed = True
                 self._free()
 
@@ -244,16 +249,34 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of ``text`` (``add_special``: the model's BOS/EOS rule;
         ``parse_special``: ``<|im_start|>`` and the like become their
-        tokens). Any thread. Raises EngineAsleep while asleep."""
-        with self._model_lock:
+        tokens). Any thread, beside any other reader (the lock is shared:
+        a long text never holds a ``submit``). Raises EngineAsleep while
+        asleep."""
+        with self._model_lock.shared():
             self._check_loaded()
             return self.m.tokenize(text.encode("utf-8"), add_special, parse_special)
+
+    def tokenize_prompt(self, text: str | bytes, add_special: bool = True,
+                        parse_special: bool = True) -> list[int]:
+        """:meth:`tokenize` for a prompt, which must be shorter than ``n_ctx``:
+        a longer one raises ContextExceeded as soon as that is known (by its
+        size, or a few pieces in: :mod:`.tokenizing`; issue 37, item 1)."""
+        raw = text.encode("utf-8") if isinstance(text, str) else text
+        with self._model_lock.shared():
+            self._check_loaded()
+            try:
+                return self.m.tokenize(raw, add_special, parse_special, self.n_ctx - 1)
+            except TooManyTokens as e:
+                raise ContextExceeded(
+                    f"the request exceeds the available context size: the prompt has at least "
+                    f"{e.at_least} tokens; this model's context (ctx-size) is {self.n_ctx} "
+                    f"tokens per request", e.at_least, self.n_ctx) from None
 
     def count_tokens(self, text: str, add_special: bool = True,
                      parse_special: bool = True) -> int:
         """How many tokens ``text`` is (as :meth:`tokenize`, listing none).
         Any thread. Raises EngineAsleep while asleep."""
-        with self._model_lock:
+        with self._model_lock.shared():
             self._check_loaded()
             return self.m.count(text.encode("utf-8"), add_special, parse_special)
 
@@ -261,7 +284,7 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
         """Text of ``tokens``; InvalidRequest names an id outside the
         vocabulary. Megabytes of it are decoded a slice at a time (one
         ``decode`` of 10 MB holds the GIL 60 ms; issue 31, item 1)."""
-        with self._model_lock:
+        with self._model_lock.shared():
             self._check_loaded()
             self.m.check_tokens(tokens, "tokens")
             raw = self.m.pieces(tokens, special)
@@ -276,13 +299,13 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
 
     def token_text(self, token: int) -> str:
         """The vocabulary's text of one token (``<|im_end|>``), '' for -1."""
-        with self._model_lock:
+        with self._model_lock.shared():
             self._check_loaded()
             return self.m.token_text(token)
 
     def special_tokens(self) -> dict[str, int]:
         """``{"bos", "eos"}`` token ids (-1 where the model has none)."""
-        with self._model_lock:
+        with self._model_lock.shared():
             self._check_loaded()
             return {"bos": self.L.llama_vocab_bos(self.m.vocab),
                     "eos": self.L.llama_vocab_eos(self.m.vocab)}
@@ -305,7 +328,7 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
         given, EngineAsleep / EngineStopped when nothing is served."""
         # the stop strings' automaton: on the caller's thread, before the lock
         stops = StopStrings(request.stop) if isinstance(request, Generation) else None
-        with self._model_lock:
+        with self._model_lock.shared(), self._submitting:
             self._check_loaded()
             job = Job(request, on_event, self._next_id, self._kick, self._outbox)
             job.stops = stops
@@ -486,7 +509,7 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
             log.exception("handing %d events on failed", len(batch))
 
     def _do_sleep(self) -> None:
-        with self._model_lock:
+        with self._model_lock.exclusive():
             with self._cond:
                 if self._inbox:  # a request came in: serve it first
                     return
@@ -499,7 +522,7 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
         done.set()
 
     def _shutdown(self, reason: str) -> None:
-        with self._model_lock:
+        with self._model_lock.exclusive():
             with self._cond:
                 self._waiting.extend(self._inbox)
                 self._inbox = []

@@ -21,6 +21,7 @@ from ..cache.tiers import CacheSettings
 from .jobs import InvalidRequest
 from .sampling import DEFAULT_SEED
 from .spec_options import SpecConfig
+from .tokenizing import Tokenizer
 
 ID_SLICE = 1 << 16
 """Ids listed or checked per GIL-holding call (:meth:`ModelContext.tokenize`,
@@ -120,6 +121,7 @@ class ModelContext:
         self.metadata: dict[str, str] = {}
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
+        self.tokenizer: Tokenizer | None = None
 
     @property
     def loaded(self) -> bool:
@@ -198,6 +200,8 @@ class ModelContext:
         self.n_batch = cp.n_batch
         self.n_swa = L.llama_model_n_swa(model)
         self.pooled = L.llama_pooling_type(ctx) != L.LLAMA_POOLING_TYPE_NONE
+        self.tokenizer = Tokenizer(L, self.vocab, self.n_vocab, self._tokenize_once,
+                                   self._count_once)
         self.metadata = self._read_metadata()
         self._pieces = {}
         self._eog = {}
@@ -214,6 +218,7 @@ class ModelContext:
             self.L.llama_model_free(self.model)
             self.model = None
         self.vocab = self.mem = None
+        self.tokenizer = None
 
     def _read_metadata(self) -> dict[str, str]:
         L, out = self.L, {}
@@ -247,11 +252,20 @@ class ModelContext:
                                      shape=(self.n_embd,)).astype(np.float64)
 
     # ---- vocabulary ---------------------------------------------------------
-    def tokenize(self, raw: bytes, add_special: bool, parse_special: bool) -> list[int]:
-        """Token ids of UTF-8 ``raw``. ``llama_tokenize`` runs without the
-        GIL (ctypes); the list is built a slice of :data:`ID_SLICE` at a
-        time, so a thread doing this for megabytes of text leaves the GIL
-        to the event loop between slices (issue 31, item 1)."""
+    def tokenize(self, raw: bytes, add_special: bool, parse_special: bool,
+                 limit: int | None = None) -> list[int]:
+        """Token ids of UTF-8 ``raw``, with bounded work
+        (:class:`~ggmux.instance.engine.tokenizing.Tokenizer`: a long text
+        in pieces; with ``limit``, :class:`~.tokenizing.TooManyTokens` as
+        soon as it is known to be longer, issue 37 item 1)."""
+        return self.tokenizer.tokenize(raw, add_special, parse_special, limit)
+
+    def _tokenize_once(self, raw: bytes, add_special: bool, parse_special: bool) -> list[int]:
+        """Token ids of UTF-8 ``raw`` in one ``llama_tokenize``, which runs
+        without the GIL (ctypes); the list is built a slice of
+        :data:`ID_SLICE` at a time, so a thread doing this for megabytes of
+        text leaves the GIL to the event loop between slices (issue 31,
+        item 1)."""
         L = self.L
         cap = len(raw) + 8
         buf = (L.llama_token * cap)()
@@ -266,8 +280,13 @@ class ModelContext:
         return out
 
     def count(self, raw: bytes, add_special: bool, parse_special: bool) -> int:
-        """How many tokens UTF-8 ``raw`` is, without listing them
-        (``llama_tokenize`` into no room answers minus the count)."""
+        """How many tokens UTF-8 ``raw`` is, without listing them, with
+        bounded work (:meth:`~.tokenizing.Tokenizer.count`)."""
+        return self.tokenizer.count(raw, add_special, parse_special)
+
+    def _count_once(self, raw: bytes, add_special: bool, parse_special: bool) -> int:
+        """:meth:`count` in one ``llama_tokenize`` (into no room: it answers
+        minus the count)."""
         L = self.L
         buf = (L.llama_token * 1)()
         n = L.llama_tokenize(self.vocab, raw, len(raw), buf, 0, add_special, parse_special)

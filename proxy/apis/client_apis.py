@@ -51,6 +51,7 @@ import orjson
 from ...http1 import HttpConnection, Request
 from ...http1.limits import tokenize_body_refusal
 from ...shm import layout as L
+from ..bodies import BodyError, is_large, off_loop, parse_object
 from ..listing import model_object, unknown_model
 from ..modelinfo import ModelFacts
 from .adapters import anthropic, ollama, openai, responses, tools
@@ -241,14 +242,12 @@ class ClientApis:
             if refusal is not None:  # before parsing it (issue 31, item 1)
                 wrap.send_error(req, 413, refusal)
                 return
+        large = is_large(conn.limits, req.body)  # parsed and translated off the loop
         if body is None:
             try:
-                body = orjson.loads(req.body)
-            except orjson.JSONDecodeError as e:
-                wrap.send_error(req, 400, f"request body is not valid JSON: {e}")
-                return
-            if not isinstance(body, dict):
-                wrap.send_error(req, 400, "request body must be a JSON object")
+                body = await off_loop(large, parse_object, conn.limits, req.body)
+            except BodyError as e:  # not JSON (400), too many items (413): issue 37, item 11
+                wrap.send_error(req, e.status, str(e))
                 return
         name = body.get("model")
         p.refresh()
@@ -272,7 +271,7 @@ class ClientApis:
         keep = None
         order = Order(f"{req.method.decode()} {req.path.decode('latin-1')}")
         try:
-            check_depth(body, min(conn.limits.max_json_depth, MAX_DEPTH))
+            await off_loop(large, check_depth, body, min(conn.limits.max_json_depth, MAX_DEPTH))
             if adapter.name == "ollama":
                 keep = ollama.keep_alive_seconds(body.get("keep_alive"))
                 if keep is not None:
@@ -289,7 +288,7 @@ class ClientApis:
                 if t is None:
                     return
             else:
-                t = adapter.request(body)
+                t = await off_loop(large, adapter.request, body)
                 if t.dropped:  # issue 31 item 13: Codex's web_search by default
                     log.info("%s %s: left out the hosted tools %s (tool_choice auto; nothing "
                              "here runs them)", name, req.path.decode("latin-1"),
@@ -303,7 +302,7 @@ class ClientApis:
                     t.body["return_progress"] = True
             if name not in p.names:  # NAME:latest: the replica gets the registered name
                 t.body["model"] = p.reg_models[m]["name"]
-            data = encode_body(t.body)
+            data = await off_loop(large, encode_body, t.body)
         except BadRequest as e:  # encode_body's too: a body orjson cannot write
             wrap.send_error(req, e.status, str(e))
             return

@@ -382,18 +382,34 @@ def to_chat(body: dict) -> Translated:
 
 def from_chat(obj: dict, model: str) -> dict:
     """A chat completion -> a Messages ``message`` answer; raises
-    :class:`BadReply` for tool-call arguments that are not a JSON object."""
+    :class:`BadReply` for tool-call arguments that are not a JSON object,
+    but for an answer cut by ``max_tokens`` (finish ``length``): there a
+    call whose arguments were cut (not a JSON object) is left out and
+    ``stop_reason`` is ``max_tokens`` (issue 37, item 7: it was a 502, a
+    replica fault for the client's own limit). Left out, not kept with a
+    made-up ``input``: a whole answer's ``tool_use`` promises an input
+    object a client may run the tool on, and Anthropic's advice for a
+    ``max_tokens`` stop with an incomplete ``tool_use`` is to ask again with
+    a higher ``max_tokens``. A stream shows the partial block as Anthropic
+    streams one (:meth:`MessagesStream.end`)."""
     r = reply(obj)
     usage = Usage()
     usage.take(obj.get("usage"))
+    calls: list[dict] = []
+    for c in r.calls:
+        try:
+            args = arguments_object(c.arguments, c.name)
+        except BadReply:
+            if r.finish == "length":
+                continue  # cut by the client's max_tokens: incomplete, left out
+            raise
+        calls.append({"type": "tool_use", "id": c.id, "name": c.name, "input": args})
     blocks: list[dict] = []
     if r.reasoning:
         blocks.append({"type": "thinking", "thinking": r.reasoning, "signature": ""})
-    if r.text or not r.calls:
+    if r.text or not calls:
         blocks.append({"type": "text", "text": r.text})
-    for c in r.calls:
-        blocks.append({"type": "tool_use", "id": c.id, "name": c.name,
-                       "input": arguments_object(c.arguments, c.name)})
+    blocks += calls
     rid = obj.get("id")
     stop = stop_reason(r.finish, bool(r.calls))
     return {
