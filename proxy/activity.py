@@ -218,4 +218,5 @@ class Activity:
         ring.write(self.index, (
             time.time_ns() - (now - started), m, slot, route_index(req.path), status,
             prompt, cached, gen, wait // 1000, ttft, (now - started) // 1000, flags, size,
-            len(ptext), len(atext), req.request_id[:16]), ptext, atext)
+            len(ptext), len(atext), req.request_id[:16],
+            -1), ptext, atext)  # Q_KEY: the key table's row, set by the keys' admission

@@ -48,3 +48,6 @@ class Config:
     cluster: ClusterOptions | None = None  # --cluster: join a cluster (supervisor/cluster/)
     drain_timeout: float = 120.0  # cluster mode: a drain stops waiting for requests after this
     log_level: str = "INFO"
+    # --- usage ledger (issue 36) ---
+    ledger: str = ""  # --ledger resolved: "" off, a SQLite file's path, postgresql://...
+    ledger_buffer: int = 100_000  # --ledger-buffer: rows kept while the store fails
