@@ -48,7 +48,7 @@ MAGIC = 0x47474D5558524551  # "GGMUXREQ"
 VERSION = 2  # 2: Q_KEY (issue 36)
 
 H_MAGIC = 0
-H_VERSION = 2  # 2: Q_KEY (issue 36)
+H_VERSION = 1
 H_PROXIES = 2
 H_ROWS = 3  # records kept per proxy
 H_EXCERPT = 4  # bytes of each text field per record, 0: none kept
