@@ -75,7 +75,7 @@ def pg_or_skip() -> tuple[PgServer | None, str]:
     try:
         import psycopg  # noqa: F401
     except ImportError:
-        return None, "no psycopg (pip install 'ggmux[postgresql]')"
+        return None, "no psycopg (pip install 'psycopg[binary]')"
     bin_dir = _bin_dir()
     if bin_dir is None:
         return None, "no PostgreSQL server binaries (apt-get install postgresql)"

@@ -18,7 +18,8 @@ from ggmux.supervisor.jobs import Jobs
 from ggmux.supervisor.ledger import ledger as ledger_mod
 from ggmux.supervisor.ledger.ledger import UsageLedger
 from ggmux.supervisor.ledger.records import RowContext, cost_of
-from ggmux.supervisor.ledger.store import StoreError, open_store
+from ggmux.supervisor.ledger.store import StoreError
+from ggmux.supervisor.ledger.stores import open_store
 from pgserver import pg_or_skip
 
 PRICES = {"paid": (2.0, 0.5, 8.0)}  # per million: input, cached input, output

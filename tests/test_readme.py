@@ -104,7 +104,8 @@ def shell_env(tmp: Path, **extra: str) -> dict[str, str]:
     empty.mkdir(exist_ok=True)
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     return {**os.environ, "PATH": path, "HF_HUB_CACHE": str(empty), "LLAMA_CACHE": str(empty),
-            "HF_HOME": str(empty), "GGMUX_THREADS": "1", **extra}
+            "HF_HOME": str(empty), "GGMUX_THREADS": "1",
+            "GGMUX_STATE_DIR": str(tmp / "state"), **extra}  # (the usage ledger's file)
 
 
 def sh(line: str, env: dict, timeout: float = 120, typed: bytes = b"") -> tuple[int, str]:

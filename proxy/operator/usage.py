@@ -43,7 +43,8 @@ import posix_ipc
 
 from ...http1 import HttpConnection, Request
 from ...shm.usagestatus import UsageStatus, usage_status_name
-from ...supervisor.ledger.store import DEFAULT_GROUP, GROUPS, StoreError, open_store
+from ...supervisor.ledger.store import DEFAULT_GROUP, GROUPS, StoreError
+from ...supervisor.ledger.stores import open_store
 
 _AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

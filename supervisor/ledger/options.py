@@ -7,7 +7,7 @@ import argparse
 import os
 
 from .ledger import DEFAULT_BUFFER
-from .store import SQLITE_FILE
+from .stores import SQLITE_FILE
 
 
 def default_state_dir() -> str:
@@ -41,14 +41,14 @@ def ledger_refusal(args: argparse.Namespace) -> str | None:
         import importlib.util
 
         if importlib.util.find_spec("psycopg") is None:
-            return ("--ledger postgresql://... needs the psycopg package: "
-                    "pip install 'ggmux[postgresql]'")
+            return ("--ledger postgresql://... needs the psycopg package: pip install "
+                    "'psycopg[binary]' (or pip install -e '.[postgresql]' in ggmux's checkout)")
     return None
 
 
 def ledger_spec(args: argparse.Namespace, state_dir: str) -> str:
     """``--ledger`` resolved: "" (off), a PostgreSQL URL, or a SQLite file's
-    absolute path (``sqlite``: :data:`~.store.SQLITE_FILE` in ``state_dir``)."""
+    absolute path (``sqlite``: :data:`~.stores.SQLITE_FILE` in ``state_dir``)."""
     spec = args.ledger.strip()
     if spec.lower() in ("off", "none", ""):
         return ""

@@ -30,7 +30,7 @@ def redact(url: str) -> str:
 
 class PostgresStore(SqlStore):
     """The ledger in the PostgreSQL database ``url``. Raises ``ValueError``
-    when psycopg is not installed (``pip install 'ggmux[postgresql]'``)."""
+    when psycopg is not installed (``pip install 'psycopg[binary]'``)."""
 
     P = "%s"
     DAY = "to_char(to_timestamp(time) AT TIME ZONE 'UTC', 'YYYY-MM-DD')"
@@ -43,7 +43,7 @@ class PostgresStore(SqlStore):
             import psycopg
         except ImportError as e:
             raise ValueError("--ledger postgresql://... needs the psycopg package "
-                             "(pip install 'ggmux[postgresql]')") from e
+                             "(pip install 'psycopg[binary]')") from e
         self.psycopg = psycopg
         self.ERRORS = (psycopg.Error, OSError)
         self.url = url

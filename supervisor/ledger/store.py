@@ -13,7 +13,6 @@ is down or full" from a bug without knowing the driver.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,10 +23,6 @@ GROUPS = ("key", "model", "day", "hour", "node", "replica", "status")
 ``day`` and ``hour`` are UTC, as ``2026-12-03`` and ``2026-12-03T19``."""
 
 DEFAULT_GROUP = ("key", "model", "day")
-
-SQLITE_FILE = "usage.sqlite3"
-"""The SQLite ledger's file name in the state directory."""
-
 
 class StoreError(Exception):
     """The store refused or failed (down, full, unreachable): the driver's text."""
@@ -160,19 +155,3 @@ class SqlStore:
 
     def close(self) -> None:
         self._drop()
-
-
-def open_store(spec: str, state_dir: str) -> SqlStore:
-    """The store ``--ledger`` names: ``postgresql://...`` (or
-    ``postgres://``) PostgreSQL, ``sqlite`` (the default) the file
-    :data:`SQLITE_FILE` in ``state_dir``, anything else a SQLite file's
-    path. Opens nothing yet (the first call connects). Raises
-    ``ValueError`` for PostgreSQL without the ``psycopg`` package."""
-    if spec.startswith(("postgresql://", "postgres://")):
-        from .postgres import PostgresStore
-
-        return PostgresStore(spec)
-    from .sqlite import SqliteStore
-
-    path = os.path.join(state_dir, SQLITE_FILE) if spec in ("", "sqlite") else spec
-    return SqliteStore(os.path.abspath(os.path.expanduser(path)))

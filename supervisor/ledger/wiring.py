@@ -13,7 +13,7 @@ from ..jobs import Jobs
 from ..state import State
 from .ledger import UsageLedger
 from .records import KeyName, PricesOf, RowContext
-from .store import open_store
+from .stores import open_store
 
 log = logging.getLogger(__name__)
 
