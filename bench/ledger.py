@@ -15,8 +15,8 @@ to PostgreSQL, and serving throughput while the ledger writes.
 
 Usage, from the repository root::
 
-    python -m bench.ledger                       # both parts
-    python -m bench.ledger --rounds 3 --duration 10 --conns 16 --proxies 2
+    python -m ggmux.bench.ledger                       # both parts
+    python -m ggmux.bench.ledger --rounds 3 --duration 10 --conns 16 --proxies 2
 """
 
 from __future__ import annotations

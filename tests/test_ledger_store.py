@@ -214,3 +214,13 @@ def test_costs_and_times():
         parse_time("yesterday", 0)
     with pytest.raises(ValueError):
         open_store("sqlite", "/nonexistent").usage(0, 1, ["colour"])
+
+
+def test_a_postgresql_password_is_a_secret_and_never_shown():
+    from ggmux.supervisor.cli import build_parser, secret_values
+    from ggmux.supervisor.ledger.postgres import redact
+
+    url = "postgresql://ggmux:pa55word@db.example:5433/usage"
+    args = build_parser({}).parse_args(["serve", "--ledger", url])
+    assert "pa55word" in secret_values(args)  # hidden from ps like --api-key
+    assert redact(url) == "postgresql://ggmux:***@db.example:5433/usage"
