@@ -13,6 +13,7 @@ import time
 import pytest
 from conftest import wait_for
 from ggmux.proxy.operator.usage import parse_time, usage_csv, usage_metrics
+from ggmux.shm import requestring as Q
 from ggmux.shm.requestring import RequestRing, RingShape
 from ggmux.supervisor.jobs import Jobs
 from ggmux.supervisor.ledger import ledger as ledger_mod
@@ -64,9 +65,10 @@ def ctx() -> RowContext:
 
 
 def record(ring: RequestRing, proxy: int, t: float, model: int = 0, key: int = -1,
-           prompt: int = 10, cached: int = 2, gen: int = 5, status: int = 200) -> None:
+           prompt: int = 10, cached: int = 2, gen: int = 5, status: int = 200,
+           flags: int = 0) -> None:
     ring.write(proxy, (int(t * 1e9), model, 3, 1, status, prompt, cached, gen, 0,
-                       1500, 9000, 0, 100, 0, 0, f"r{t}".encode(), key))
+                       1500, 9000, flags, 100, 0, 0, f"r{t}".encode(), key))
 
 
 class Flaky:
@@ -190,6 +192,17 @@ def test_a_ring_that_laps_before_it_is_read_counts_what_it_lost(store, ring):
     assert led.read() == 9
     assert led.lost == 3
     assert "ggmux_ledger_rows_lost_total 3" in usage_metrics(led.status()).decode()
+    led.close()
+
+
+def test_another_nodes_forwarded_request_is_left_to_that_nodes_row(store, ring):
+    jobs = Jobs()
+    led = UsageLedger(store, ring, ctx(), jobs)
+    now = time.time()
+    record(ring, 0, now, flags=Q.F_FORWARDED)  # served here for another node
+    record(ring, 0, now + 1)
+    assert led.read() == 1
+    assert [r.time for r in led.pending] == [now + 1]
     led.close()
 
 

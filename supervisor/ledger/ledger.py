@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ...shm.requestring import Q_WALL_NS, RequestRing
+from ...shm.requestring import F_FORWARDED, Q_FLAGS, Q_WALL_NS, RequestRing
 from ..jobs import Jobs
 from .records import RowContext, Totals, UsageRow
 from .store import SqlStore, StoreError
@@ -115,7 +115,10 @@ class UsageLedger:
             self.publish(self.status())
 
     def read(self) -> int:
-        """Move the ring's new records into the buffer; the rows added."""
+        """Move the ring's new records into the buffer; the rows added. A
+        request another cluster node forwarded here (``F_FORWARDED``) is
+        left out: the node the client asked has its row (with this node
+        as its replica), so a shared PostgreSQL ledger counts it once."""
         ring = self.ring
         if np.array_equal(ring.written(), self.cursor):
             return 0
@@ -129,7 +132,11 @@ class UsageLedger:
                             "ring before they were read (raise --requests-kept)", missed)
             self.lost += missed
         found.sort(key=lambda r: int(r[1][Q_WALL_NS]))  # by arrival
+        added = 0
         for _, rec, _, _ in found:
+            if int(rec[Q_FLAGS]) & F_FORWARDED:
+                continue  # (another node's request: that node's row counts it, once)
+            added += 1
             row = self.ctx.row(rec)
             self.pending.append(row)
             tot = self.counters.get(row.key)
@@ -138,7 +145,7 @@ class UsageLedger:
             tot.add(row)
         self._bound()
         self._status_dirty = True
-        return len(found)
+        return added
 
     def _bound(self) -> None:
         held = len(self.pending) + (len(self.writing) if self.writing else 0)
