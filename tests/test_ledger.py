@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import chat_body, wait_for
+from conftest import chat_body, wait_for, write_fake
 from pgserver import pg_or_skip
 
 ADMIN = "adm-secret"
@@ -174,3 +174,32 @@ def test_postgresql_ledger_survives_the_database_going_down_and_a_restart(serve,
     ask(s2, 1)
     wait_for(lambda: total(s2) == 11, 30, 0.1, "11 rows after the restart")
     assert {r["node"] for r in usage(s2, "?group=node")} == {os.uname().nodename}
+
+
+@pytest.mark.slow
+def test_a_request_forwarded_to_another_node_is_one_row_of_a_shared_ledger(
+        nats_server, serve, pg, tmp_path):
+    """Two cluster nodes share a PostgreSQL ledger: a request node a forwards
+    to node b is a's row (its replica: b), not b's too."""
+    ns = nats_server()
+
+    def node(name: str, model: str):
+        d = tmp_path / f"models-{name}"
+        write_fake(d, model, tokens=2)
+        return serve("--fake-models-dir", str(d), "--no-hf-cache", "--proxies", "1",
+                     "--cluster", ns.url, "--node-name", name, "--heartbeat", "0.5",
+                     "--node-stale", "1.5", "--cluster-token", "tok", "--admin-key", ADMIN,
+                     "--ledger", pg.url)
+
+    a = node("a", "onlya")
+    b = node("b", "onlyb")
+    wait_for(lambda: "onlyb" in a.models(), 15, 0.05, "onlyb registered on a")
+    assert a.request("POST", "/v1/chat/completions", chat_body("onlyb"),
+                     headers=AUTH)[0] == 200
+    # then one at b itself: b's ledger has read the forwarded record before it
+    assert b.request("POST", "/v1/chat/completions", chat_body("onlyb"),
+                     headers=AUTH)[0] == 200
+    wait_for(lambda: total(a) >= 2, 30, 0.1, "two rows")
+    got = {(r["node"], r["replica"]): r["requests"] for r in usage(a, "?group=node,replica")}
+    assert got[("a", "b")] == 1, got
+    assert [n for n, rep in got if n == "b"] == ["b"] and sum(got.values()) == 2, got
