@@ -40,6 +40,7 @@ from .http_client import (
     number,
     parse_json,
 )
+from .usage import add_usage_command
 
 NO_ANSWER = NO_SERVER = 3
 # `ggmux run --completion` without --max-tokens: a base model (no end of
@@ -143,6 +144,7 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:
                    help="plain text completion (/v1/completions): for base models without "
                         "a chat template")
     p.set_defaults(func=cmd_run, default_timeout=RUN_TIMEOUT_S)
+    add_usage_command(sub, common)  # the usage ledger (issue 36): .usage
 
 
 def run_client(args: argparse.Namespace) -> int:

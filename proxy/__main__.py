@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                                 prefix_load_threshold=args.prefix_load_threshold),
         cache_scope=args.cache_scope,
     )
+    proxy.usage.spec = keys.get("ledger") or ""  # the usage ledger's store (issue 36)
     del keys
     limits: HttpLimits = fit_fd_limit(limits_from_args(args))
     server = loop.run_until_complete(

@@ -32,7 +32,13 @@ except ImportError:  # no Cython at run time: @cython.locals does nothing
 from ..http1.exchange import Exchange
 from ..http1.request import Request
 from ..http1.usage import parse_usage, usage_from_tail
-from ..shm.requestring import F_STREAM, F_USAGE_COUNTED, F_USAGE_REPLICA, RequestRing
+from ..shm.requestring import (
+    F_FORWARDED,
+    F_STREAM,
+    F_USAGE_COUNTED,
+    F_USAGE_REPLICA,
+    RequestRing,
+)
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +216,8 @@ class Activity:
             elif ex.sse and ex.events:
                 gen = max(0, ex.events - 1)  # one event a token, but [DONE]
                 flags |= F_USAGE_COUNTED
+        if req.hop:
+            flags |= F_FORWARDED  # the node the client asked records it for the ledger
         ptext = atext = b""
         if self.excerpt:
             ptext = _cut(prompt_excerpt(req.body), self.excerpt)
@@ -218,4 +226,5 @@ class Activity:
         ring.write(self.index, (
             time.time_ns() - (now - started), m, slot, route_index(req.path), status,
             prompt, cached, gen, wait // 1000, ttft, (now - started) // 1000, flags, size,
-            len(ptext), len(atext), req.request_id[:16]), ptext, atext)
+            len(ptext), len(atext), req.request_id[:16],
+            -1), ptext, atext)  # Q_KEY: the key table's row, set by the keys' admission

@@ -32,6 +32,7 @@ from .apis import resolve
 from .cluster import annotate_models, metrics_lines
 from .listing import models_list, unknown_model
 from .metrics import metrics_text, scrape_replicas
+from .operator.usage import usage_metrics
 
 if TYPE_CHECKING:
     from ..http1 import HttpConnection, Request
@@ -202,6 +203,7 @@ class RouterMode:
         text = metrics_text(self.seg, self.reg_models, self.model_rows, self.replica_rows,
                             replicas)
         text += "".join(metrics_lines(self.cluster)).encode()
+        text += usage_metrics(self.usage.status())  # per key name, the ledger (issue 36)
         headers: list[tuple[bytes, bytes]] = []
         if only is not None and only in self.ready:
             ex = await self._forward(conn, req, only, self.reg_models[only]["name"], None,

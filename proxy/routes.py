@@ -93,6 +93,7 @@ ROUTES: tuple[Route, ...] = (
     Route(b"/logs/stream", "_operator", (b"GET",), admin=True),
     Route(b"/requests", "_requests", GET, admin=True),
     Route(b"/requests/stream", "_requests", (b"GET",), admin=True),
+    Route(b"/usage", "_usage", GET, admin=True),  # the usage ledger (issue 36)
     Route(b"/cluster", "_cluster", GET, refuse=True, guard="_in_cluster"),
     Route(b"/cluster/drain", "_cluster_drain", POST, refuse=True, admin=True,
           guard="_in_cluster"),

@@ -78,6 +78,7 @@ from .operator.logs import LogTail
 from .operator.overview import overview
 from .operator.page import Page
 from .operator.requests import RequestLog
+from .operator.usage import UsageView
 from .prefix import PrefixRouting
 from .router_mode import RouterMode
 from .waiting import ModelWaiters
@@ -194,6 +195,7 @@ class Proxy(Forwarding, RouterMode):
         self.activity = Activity(request_ring_name(shm), index)
         self.pool.keep_bodies = self.activity.excerpt > 0  # --log-requests-bodies
         self.requests = RequestLog(self.loop, self.activity.ring)
+        self.usage = UsageView(self.loop, "", shm)  # GET /usage (issue 36); __main__ sets its store
         self.refresh()
 
     # ---- shared-memory snapshot ------------------------------------------
@@ -570,6 +572,10 @@ class Proxy(Forwarding, RouterMode):
             self.requests.list(conn, req, view, m)
         else:
             await self.requests.stream(conn, req, view, m)
+
+    async def _usage(self, conn: HttpConnection, req: Request) -> None:
+        """``GET /usage``: the usage ledger's totals (:mod:`.operator.usage`)."""
+        await self.usage.answer(conn, req)
 
     def _request_view(self) -> tuple[list[dict], dict[int, dict]]:
         self.refresh()

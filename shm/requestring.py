@@ -45,7 +45,7 @@ except ImportError:  # no Cython at run time: @cython.locals does nothing
     from ..compiled import cython
 
 MAGIC = 0x47474D5558524551  # "GGMUXREQ"
-VERSION = 1
+VERSION = 2  # 2: Q_KEY (issue 36)
 
 H_MAGIC = 0
 H_VERSION = 1
@@ -74,7 +74,8 @@ Q_BYTES = 13  # answer body bytes relayed
 Q_PROMPT_LEN = 14  # bytes of the prompt excerpt
 Q_ANSWER_LEN = 15  # bytes of the answer excerpt
 Q_RID = 16  # the request id, 16 bytes (2 words), NUL-padded
-Q_WORDS = 18
+Q_KEY = 18  # the admitting key's row of the key table, -1: no policy key (issue 36)
+Q_WORDS = 20  # (word 19 spare, so a record stays 8-word aligned at 160 bytes)
 
 REQUEST_EXCERPT_BYTES = 1024
 """Bytes of each text excerpt (prompt, answer) a record keeps with
@@ -83,10 +84,11 @@ REQUEST_EXCERPT_BYTES = 1024
 F_STREAM = 1  # the answer was streamed (SSE)
 F_USAGE_REPLICA = 2  # token counts from the replica (its usage)
 F_USAGE_COUNTED = 4  # generated tokens counted by the proxy (stream events)
+F_FORWARDED = 8  # came from another cluster node, whose own record is the usage ledger's
 
-FIELDS = struct.Struct("<" + "q" * (Q_WORDS - 3) + "16s")
-"""Words ``Q_WALL_NS`` .. ``Q_ANSWER_LEN`` then the request id: one record's
-body after its sequence word, written in one call."""
+FIELDS = struct.Struct("<" + "q" * (Q_RID - 1) + "16s" + "q")
+"""Words ``Q_WALL_NS`` .. ``Q_ANSWER_LEN``, the request id, then ``Q_KEY``:
+one record's body after its sequence word, written in one call."""
 _pack_into = FIELDS.pack_into
 
 
@@ -196,8 +198,8 @@ class RequestRing:
                    pos=cython.Py_ssize_t, at=cython.Py_ssize_t)
     def write(self, proxy: int, values: tuple, prompt: bytes = b"", answer: bytes = b"") -> None:
         """Append one record to ``proxy``'s region: ``values`` are the
-        fields :data:`FIELDS` packs (``Q_WALL_NS`` .. ``Q_ANSWER_LEN`` and
-        the request id as bytes); ``prompt`` / ``answer`` the excerpts
+        fields :data:`FIELDS` packs (``Q_WALL_NS`` .. ``Q_ANSWER_LEN``, the
+        request id as bytes, ``Q_KEY``); ``prompt`` / ``answer`` the excerpts
         (cut to the ring's excerpt size; the caller sets their lengths in
         ``values``). Only the proxy that owns the region may call this.
         (Once per request on the forwarding path: a few word stores and

@@ -49,6 +49,7 @@ from ..shm.segment import queue_name, segment_name
 from .cluster.options import add_cluster_options
 from .cluster.options import from_args as cluster_options
 from .kvtiers.files import tenant_secret
+from .ledger.options import add_ledger_options, default_state_dir, ledger_refusal, ledger_spec
 from .logs import install as install_ring_handler
 from .main import Config, StartupError, Supervisor
 from .presets import command_line_layer, llama_args_layer, load_preset, resolve
@@ -325,6 +326,9 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     add_request_limit_options(s)
     add_reasoning_option(s)
     add_cluster_options(s)
+    # --- usage ledger (issue 36): --ledger, --ledger-buffer, --state-dir ---
+    add_ledger_options(s)
+    # --- end usage ledger ---
     s.add_argument("--node-drain-timeout", type=float, default=120.0,
                    help="cluster mode: a drain (SIGTERM, POST /cluster/drain) waits at most "
                         "this many seconds for the requests in flight before the node leaves")
@@ -467,6 +471,9 @@ def secret_values(args: argparse.Namespace) -> list[str]:
         credential = u.password if u.password is not None else u.username
         if credential:
             out.append(credential)
+    ledger = getattr(args, "ledger", None) or ""  # --ledger postgresql://USER:PASS@...
+    if "://" in ledger and (password := urlsplit(ledger).password):
+        out.append(password)
     return out
 
 
@@ -597,6 +604,11 @@ def serve(args: argparse.Namespace) -> int:
               "(or pip install -e '.[cluster]' in ggmux's checkout)",
               file=sys.stderr)
         return 2
+    # --- usage ledger (issue 36) ---
+    if (why := ledger_refusal(args)) is not None:
+        print(f"ggmux: {why}", file=sys.stderr)
+        return 2
+    # --- end usage ledger ---
     if cluster is not None and not cluster.cluster_token:
         log.warning("cluster: no --cluster-token: requests forwarded between nodes are not "
                     "authenticated (the hop header is trusted from anyone, never as an API key)")
@@ -629,7 +641,13 @@ def serve(args: argparse.Namespace) -> int:
                                                           pristine.models_preset))]
         if args.watch_config else [],
         cluster=cluster, drain_timeout=args.node_drain_timeout, log_level=args.log_level,
+        # --- usage ledger (issue 36) ---
+        ledger=ledger_spec(args, args.state_dir or default_state_dir()),
+        ledger_buffer=args.ledger_buffer,
+        # --- end usage ledger ---
     )
+    if cfg.ledger:  # the proxies' GET /usage reads it too (a password: through the pipe)
+        cfg.proxy_keys["ledger"] = cfg.ledger
     if cluster is not None:  # rows and slots for the models and replicas of other nodes
         cfg.models_headroom += CLUSTER_MODEL_ROWS
         cfg.replica_slots = max(8, 2 * args.models_max + 4) + CLUSTER_REMOTE_SLOTS

@@ -52,3 +52,6 @@ class Config:
     min_residency: float | None = None
     drain_timeout: float = 120.0  # cluster mode: a drain stops waiting for requests after this
     log_level: str = "INFO"
+    # --- usage ledger (issue 36) ---
+    ledger: str = ""  # --ledger resolved: "" off, a SQLite file's path, postgresql://...
+    ledger_buffer: int = 100_000  # --ledger-buffer: rows kept while the store fails

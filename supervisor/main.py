@@ -39,6 +39,7 @@ from .children import Child, ChildSet
 from .cluster.node import ClusterNode
 from .config import Config
 from .jobs import Jobs
+from .ledger.wiring import close_ledger, open_ledger
 from .logs import install as install_ring_handler
 from .measure import Measurer
 from .probe import ProbeSet
@@ -126,6 +127,7 @@ class Supervisor:
         self.startup_failed = False
         self.mq: posix_ipc.MessageQueue | None = None
         self.request_ring: RequestRing | None = None
+        self.usage = None  # the usage ledger (issue 36; .ledger), None: --ledger off
         self._sig_r = self._sig_w = -1
 
     # ---- setup / teardown ------------------------------------------------
@@ -145,6 +147,15 @@ class Supervisor:
         self.request_ring = RequestRing.create(
             request_ring_name(cfg.shm_name),
             RingShape(cfg.proxies, max(1, cfg.requests_kept), cfg.request_excerpt))
+        # --- usage ledger (issue 36): rows from the ring, key names and prices from the keys
+        try:
+            self.usage = open_ledger(
+                st, self.request_ring, self.jobs,
+                key_name=lambda row: k.name_of(row) if (k := getattr(self, "keys", None)) else None,
+                prices_of=lambda model: (0.0, 0.0, 0.0))
+        except ValueError as e:
+            raise StartupError(f"--ledger: {e}") from None
+        # --- end usage ledger ---
         st.seg.header[L.H_SUPERVISOR_PID] = os.getpid()
         st.seg.header[L.H_MODELS_MAX] = cfg.models_max
         self.publisher.registry()
@@ -215,6 +226,9 @@ class Supervisor:
             if self._children_left():
                 self._poll_once(20)
         self.replicas.close()
+        if self.usage is not None:  # the proxies are gone: the ring's last records
+            close_ledger(self.usage)
+            self.usage = None
         if st.seg is not None:
             st.seg.unlink()
             st.seg = None
@@ -272,6 +286,8 @@ class Supervisor:
         self._drain_signals()
         self._drain_queue()
         self.jobs.step()
+        if self.usage is not None:
+            self.usage.step()
         self._reap()
         now = time.monotonic_ns()
         self.replicas.escalate(now)

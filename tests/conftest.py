@@ -146,6 +146,8 @@ class Server:
         empty.mkdir(exist_ok=True)
         env = {**os.environ, "HF_HUB_CACHE": str(empty), "LLAMA_CACHE": str(empty),
                "HF_HOME": str(empty)}
+        # the usage ledger's SQLite file in the test's directory, not ~/.local/state
+        env.setdefault("GGMUX_STATE_DIR", str(log_path.parent / "state"))
         # one llama.cpp thread per instance unless the test says otherwise:
         # ggml's threads spin at each barrier, so two threads on two cores
         # that the test, the proxies and the supervisor share wait out each
@@ -236,6 +238,7 @@ class Server:
         assert not segment_exists(self.port), "shared-memory segment left behind"
         assert not segment_exists(self.port, "-log"), "log ring left behind"
         assert not segment_exists(self.port, "-req"), "request ring left behind"
+        assert not segment_exists(self.port, "-use"), "usage status left behind"
         try:
             posix_ipc.MessageQueue(queue_name(self.port)).close()
             raise AssertionError("command queue left behind")

@@ -243,3 +243,38 @@ def test_a_page_of_another_origin_cannot_unload_nor_read_the_logs(serve, fakes, 
     row(page, "alpha").locator("button.load").click()
     expect(row(page, "alpha").locator(".state")).to_have_text("loaded", timeout=30_000)
     assert page.errors == []
+
+
+def test_the_usage_view_charts_each_key_and_model_with_their_totals(
+        serve, fakes, browser_page, tmp_path):
+    """The usage view (issue 36): a row per key and model with its chart and
+    totals from ``GET /usage``, after the admin key; the store it reads."""
+    from playwright.sync_api import expect
+
+    fakes.add("alpha", tokens=3)
+    fakes.add("beta", tokens=2)
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--admin-key", "adm",
+              "--state-dir", str(tmp_path / "st"))
+    for model in ("alpha", "alpha", "beta"):
+        assert s.request("POST", "/v1/chat/completions", {
+            "model": model, "messages": [{"role": "user", "content": "hi"}]},
+            headers={"authorization": "Bearer adm"})[0] == 200
+    wait_for(lambda: sum(r["requests"] for r in s.json(
+        "GET", "/usage", headers={"authorization": "Bearer adm"})[1]["data"]) == 3,
+        20, 0.1, "3 rows")
+    page = browser_page
+    page.goto(s.base + "/")
+    expect(page.locator("#usage-admin")).to_be_visible(timeout=10_000)
+    page.click("#usage-admin")
+    page.fill("#key-input", "adm")
+    page.click("#key-ok")
+    alpha = page.locator('#usage tr[data-usage-model="alpha"]')
+    expect(alpha).to_be_visible(timeout=15_000)
+    expect(alpha.locator(".col-requests")).to_have_text("2")
+    expect(alpha.locator(".col-completion_tokens")).to_have_text("6")
+    expect(alpha.locator("svg.usage-chart rect.bar-completion")).to_have_count(1)
+    expect(page.locator('#usage tr[data-usage-model="beta"] .col-requests')).to_have_text("1")
+    expect(page.locator("#usage-state")).to_contain_text("sqlite")
+    page.select_option("#usage-range", "7d")
+    expect(alpha.locator(".col-requests")).to_have_text("2")
+    assert page.errors == []

@@ -60,6 +60,9 @@ SH_BLOCKS: dict[str, str | None] = {
         "Codex line on the fake instance",
     "--node-name gpu1":
         "several machines (gpu1, cpu1, nats-host); the one-machine recipe runs instead",
+    "/usage?from=7d&group=key,model,day":
+        "needs $ADMIN, an admin key the demo server has not: tests/test_ledger.py asks /usage "
+        "with ranges, groups and CSV, and runs ggmux usage",
     "curl -sN http://127.0.0.1:8080/models/sse": None,  # test_the_use_it_curl_lines
     "ggmux ps --all": None,  # test_the_command_line_block
     "nats-server -js -a 127.0.0.1 -p 4222": None,  # test_the_one_machine_cluster_recipe
@@ -104,7 +107,8 @@ def shell_env(tmp: Path, **extra: str) -> dict[str, str]:
     empty.mkdir(exist_ok=True)
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     return {**os.environ, "PATH": path, "HF_HUB_CACHE": str(empty), "LLAMA_CACHE": str(empty),
-            "HF_HOME": str(empty), "GGMUX_THREADS": "1", **extra}
+            "HF_HOME": str(empty), "GGMUX_THREADS": "1",
+            "GGMUX_STATE_DIR": str(tmp / "state"), **extra}  # (the usage ledger's file)
 
 
 def sh(line: str, env: dict, timeout: float = 120, typed: bytes = b"") -> tuple[int, str]:

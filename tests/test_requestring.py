@@ -32,9 +32,9 @@ def ring():
 
 
 def values(wall: int, model: int = 0, status: int = 200, prompt: bytes = b"",
-           answer: bytes = b"", rid: bytes = b"r") -> tuple:
+           answer: bytes = b"", rid: bytes = b"r", key: int = -1) -> tuple:
     return (wall, model, 0, 1, status, 5, 1, 7, 10, 20, 300, Q.F_STREAM, 99,
-            len(prompt), len(answer), rid)
+            len(prompt), len(answer), rid, key)
 
 
 def test_each_proxy_writes_its_region_and_a_read_merges_them(ring):

@@ -18,6 +18,7 @@ UI_FILES = {
     "app.js": b"text/javascript; charset=utf-8",
     "logs.js": b"text/javascript; charset=utf-8",
     "requests.js": b"text/javascript; charset=utf-8",
+    "usage.js": b"text/javascript; charset=utf-8",
     "style.css": b"text/css; charset=utf-8",
 }
 

@@ -597,6 +597,8 @@ function start() {
   $("#logs-admin").onclick = () => askKey("admin", "The log tail needs the admin key (--admin-key).");
   $("#req-admin").onclick = () => askKey("admin", "The requests need the admin key (--admin-key).");
   $("#req-model").onchange = restartRequests;
+  $("#usage-range").onchange = refreshUsage; // the usage view (usage.js)
+  $("#usage-admin").onclick = () => askKey("admin", "Usage needs the admin key (--admin-key).");
   $("#key-button").onclick = async () => {
     if (await askKey("api", "API key (--api-key); empty for none.")) {
       loadList();
@@ -608,6 +610,7 @@ function start() {
     followStatus();
     restartLogs();
     restartRequests();
+    refreshUsage();
   });
   refreshPs();
   setInterval(refreshPs, PS_INTERVAL_MS);

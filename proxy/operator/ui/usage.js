@@ -1,0 +1,114 @@
+// ggmux's operator page: the usage ledger (GET /usage, admin key): tokens
+// per key and model over time, one small chart each (SVG bars, no library),
+// their totals, and the ledger's health (a store that fails, rows waiting,
+// rows lost). Refreshed every USAGE_INTERVAL_MS. Loaded before app.js, whose
+// helpers ($, el, api, errorText, keys, keyWaiters) it uses once the page starts.
+"use strict";
+
+const USAGE_INTERVAL_MS = 10000;
+const USAGE_RANGES = { "24h": ["24h", "hour", 24, 3600], "7d": ["7d", "day", 7, 86400],
+                       "30d": ["30d", "day", 30, 86400] };
+const SVG_NS = "http://www.w3.org/2000/svg";
+let usageTimer = null;
+
+function svg(tag, attrs) {
+  const e = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  return e;
+}
+
+// bucket label ("2026-12-03" or "2026-12-03T19") -> Unix seconds (UTC)
+function bucketTime(label) {
+  return Date.parse(label.length === 10 ? label + "T00:00:00Z" : label + ":00:00Z") / 1000;
+}
+
+// one chart: bars of prompt (lower) and completion tokens per bucket
+function usageChart(points, start, count, step) {
+  const w = 240, h = 48;
+  const s = svg("svg", { viewBox: `0 0 ${w} ${h}`, width: w, height: h, class: "usage-chart",
+                         role: "img" });
+  const byT = new Map(points.map((p) => [bucketTime(p.bucket), p]));
+  let max = 1;
+  for (const p of points) max = Math.max(max, p.prompt_tokens + p.completion_tokens);
+  const bw = w / count;
+  for (let i = 0; i < count; i++) {
+    const p = byT.get(start + i * step);
+    if (!p) continue;
+    const hp = (p.prompt_tokens / max) * (h - 2), hc = (p.completion_tokens / max) * (h - 2);
+    s.appendChild(svg("rect", { x: i * bw + 0.5, y: h - hp, width: Math.max(1, bw - 1),
+                                height: hp, class: "bar-prompt" }));
+    s.appendChild(svg("rect", { x: i * bw + 0.5, y: h - hp - hc, width: Math.max(1, bw - 1),
+                                height: hc, class: "bar-completion" }));
+  }
+  const t = svg("title");
+  t.textContent = `tokens per ${step === 3600 ? "hour" : "day"} (prompt below, completion above), most ${max}`;
+  s.appendChild(t);
+  return s;
+}
+
+function ledgerLine(st) {
+  if (!st) return "the usage ledger is off";
+  let text = st.store + (st.ok ? "" : " FAILING: " + st.error);
+  if (st.pending) text += `, ${st.pending} rows waiting`;
+  if (st.lost) text += `, ${st.lost} requests missed (request ring lapped)`;
+  if (st.dropped) text += `, ${st.dropped} rows dropped (buffer full)`;
+  return text;
+}
+
+async function refreshUsage() {
+  clearTimeout(usageTimer);
+  usageTimer = setTimeout(refreshUsage, USAGE_INTERVAL_MS);
+  const [from, group, count, step] = USAGE_RANGES[$("#usage-range").value] || USAGE_RANGES["24h"];
+  const state = $("#usage-state");
+  let resp;
+  try {
+    resp = await api(`/usage?from=${from}&group=key,model,${group}`, { admin: true, ask: false });
+  } catch {
+    state.textContent = "no answer";
+    return;
+  }
+  if (resp.status === 401) {
+    state.textContent = keys.admin ? "the admin key was refused" : "usage needs the admin key";
+    $("#usage-admin").hidden = false;
+    keyWaiters.add(refreshUsage);
+    return;
+  }
+  keyWaiters.delete(refreshUsage);
+  $("#usage-admin").hidden = true;
+  if (!resp.ok) {
+    state.textContent = await errorText(resp);
+    state.classList.add("failed");
+    return;
+  }
+  const doc = await resp.json();
+  state.textContent = ledgerLine(doc.ledger);
+  state.classList.toggle("failed", !!(doc.ledger && !doc.ledger.ok));
+  const series = new Map(); // "key\0model" -> rows
+  for (const r of doc.data) {
+    const id = r.key + "\0" + r.model;
+    if (!series.has(id)) series.set(id, []);
+    series.get(id).push({ ...r, bucket: r[group] });
+  }
+  const now = Date.now() / 1000;
+  const start = Math.floor(now / step) * step - (count - 1) * step;
+  const body = $("#usage tbody");
+  body.textContent = "";
+  for (const [id, points] of [...series.entries()].sort()) {
+    const [key, model] = id.split("\0");
+    const sum = (f) => points.reduce((a, p) => a + (p[f] || 0), 0);
+    const tr = el("tr");
+    tr.dataset.usageKey = key;
+    tr.dataset.usageModel = model;
+    tr.appendChild(el("td", "col-key", key || "(no key)"));
+    tr.appendChild(el("td", "col-model", model));
+    const chart = el("td", "col-chart");
+    chart.appendChild(usageChart(points, start, count, step));
+    tr.appendChild(chart);
+    for (const f of ["requests", "prompt_tokens", "cached_tokens", "completion_tokens"]) {
+      tr.appendChild(el("td", "num col-" + f, String(sum(f))));
+    }
+    tr.appendChild(el("td", "num col-cost", sum("cost") ? sum("cost").toFixed(4) : ""));
+    body.appendChild(tr);
+  }
+  $("#usage-empty").hidden = series.size > 0;
+}

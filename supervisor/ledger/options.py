@@ -1,0 +1,59 @@
+"""``ggmux serve``'s usage-ledger options (issue 36): ``--ledger``,
+``--ledger-buffer``, ``--state-dir``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from .ledger import DEFAULT_BUFFER
+from .stores import SQLITE_FILE
+
+
+def default_state_dir() -> str:
+    """Where ggmux keeps what outlives a run: ``$XDG_STATE_HOME/ggmux``, else
+    ``~/.local/state/ggmux`` (the XDG base directory rule)."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "ggmux")
+
+
+def add_ledger_options(s: argparse.ArgumentParser) -> None:
+    """Add the options to ``serve``'s parser ``s``."""
+    s.add_argument("--ledger", default="sqlite", metavar="STORE",
+                   help="the usage ledger, one row per finished request: 'sqlite' (a file in "
+                        "--state-dir), a SQLite file's path, postgresql://USER:PASS@HOST/DB "
+                        "(one ledger for a cluster; needs psycopg), or 'off'")
+    s.add_argument("--ledger-buffer", type=int, default=DEFAULT_BUFFER, metavar="N",
+                   help="usage rows kept in memory while the ledger cannot be written (a "
+                        "database down, a full disk); beyond, the oldest are dropped and counted")
+    s.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="where ggmux keeps state that outlives a run, such as the SQLite "
+                        "ledger (default: $XDG_STATE_HOME/ggmux or ~/.local/state/ggmux)")
+
+
+def ledger_refusal(args: argparse.Namespace) -> str | None:
+    """Why the ledger options cannot be used (None: they can)."""
+    if args.ledger_buffer < 1:
+        return "--ledger-buffer must be at least 1"
+    spec = args.ledger.strip()
+    if spec.startswith(("postgresql://", "postgres://")):
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg") is None:
+            return ("--ledger postgresql://... needs the psycopg package: pip install "
+                    "'psycopg[binary]' (or pip install -e '.[postgresql]' in ggmux's checkout)")
+    return None
+
+
+def ledger_spec(args: argparse.Namespace, state_dir: str) -> str:
+    """``--ledger`` resolved: "" (off), a PostgreSQL URL, or a SQLite file's
+    absolute path (``sqlite``: :data:`~.stores.SQLITE_FILE` in ``state_dir``)."""
+    spec = args.ledger.strip()
+    if spec.lower() in ("off", "none", ""):
+        return ""
+    if spec.startswith(("postgresql://", "postgres://")):
+        return spec
+    if spec == "sqlite":
+        spec = os.path.join(state_dir, SQLITE_FILE)
+    return os.path.abspath(os.path.expanduser(spec))

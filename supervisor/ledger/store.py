@@ -1,0 +1,157 @@
+"""Where the usage rows go: the store's interface, its SQL, and the choice
+of store from ``--ledger``.
+
+Both stores (:mod:`.sqlite`, :mod:`.postgres`) hold one table, ``usage``
+(:data:`~.records.COLUMNS`, an index on ``time``), and share the SQL here;
+they differ in the driver, the placeholder and the day / hour expressions.
+A store is used by one thread at a time (the writer job, or a proxy's
+``/usage`` query thread); every driver error is raised as
+:class:`StoreError` with the driver's text, so the caller tells "the store
+is down or full" from a bug without knowing the driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+from .records import COLUMNS, Totals, UsageRow
+
+GROUPS = ("key", "model", "day", "hour", "node", "replica", "status")
+"""What usage can be grouped by (``GET /usage?group=key,model,day``);
+``day`` and ``hour`` are UTC, as ``2026-12-03`` and ``2026-12-03T19``."""
+
+DEFAULT_GROUP = ("key", "model", "day")
+
+class StoreError(Exception):
+    """The store refused or failed (down, full, unreachable): the driver's text."""
+
+
+class SqlStore:
+    """The SQL both stores share. Subclasses set :attr:`P` (the
+    placeholder), :attr:`DAY` / :attr:`HOUR` (SQL of a row's UTC day and
+    hour from ``time``), :attr:`ID` (the id column's type), :attr:`ERRORS`
+    (the driver's error classes) and :meth:`_connect`."""
+
+    P = "?"
+    DAY = HOUR = ""
+    ID = "INTEGER PRIMARY KEY"
+    ERRORS: tuple[type[BaseException], ...] = ()
+    where = ""  # what the store is, for logs and the page (no password in it)
+
+    def __init__(self) -> None:
+        self.conn: Any = None
+
+    # ---- connection --------------------------------------------------------
+    def _connect(self) -> Any:
+        raise NotImplementedError
+
+    def _conn(self) -> Any:
+        if self.conn is None:
+            self.conn = self._connect()
+        return self.conn
+
+    def _drop(self) -> None:
+        """Forget a connection that failed (the next call opens a new one)."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):  # closing a broken connection
+                conn.close()
+
+    def _transaction(self, conn: Any) -> Any:
+        """A context manager around one transaction (sqlite3: the connection)."""
+        return conn
+
+    def _run(self, fn) -> Any:
+        """``fn(conn)`` in one transaction; driver errors -> :class:`StoreError`
+        (and the connection dropped: the next call reconnects)."""
+        try:
+            conn = self._conn()
+            with self._transaction(conn):  # commit, or roll back on an error
+                return fn(conn)
+        except self.ERRORS as e:
+            self._drop()
+            raise StoreError(str(e).strip() or type(e).__name__) from e
+
+    def schema(self) -> None:
+        """Create the table and its index when missing. Raises :class:`StoreError`."""
+        cols = ", ".join(f"{c} {t}" for c, t in zip(COLUMNS, (
+            "DOUBLE PRECISION NOT NULL", "TEXT", "TEXT NOT NULL", "TEXT NOT NULL", "TEXT",
+            "TEXT", "INTEGER", "BIGINT", "BIGINT", "BIGINT", "DOUBLE PRECISION",
+            "DOUBLE PRECISION", "DOUBLE PRECISION")))
+
+        def create(conn) -> None:
+            cur = conn.cursor()
+            cur.execute(f"CREATE TABLE IF NOT EXISTS usage (id {self.ID}, {cols})")
+            cur.execute("CREATE INDEX IF NOT EXISTS usage_time ON usage (time)")
+
+        self._run(create)
+
+    # ---- writing -----------------------------------------------------------
+    def write(self, rows: Sequence[UsageRow]) -> None:
+        """Insert ``rows`` in one transaction: all or none. Raises
+        :class:`StoreError` (then none was written)."""
+        sql = (f"INSERT INTO usage ({', '.join(COLUMNS)}) VALUES "
+               f"({', '.join([self.P] * len(COLUMNS))})")
+        values = [r.values() for r in rows]
+        self._run(lambda conn: conn.cursor().executemany(sql, values))
+
+    # ---- reading -----------------------------------------------------------
+    def totals_since(self, since_s: float) -> dict[str, Totals]:
+        """Key name -> :class:`Totals` of the rows at or after ``since_s``
+        (Unix seconds). Raises :class:`StoreError`."""
+        sql = ("SELECT key, COUNT(*), COALESCE(SUM(prompt_tokens), 0), "
+               "COALESCE(SUM(cached_tokens), 0), COALESCE(SUM(completion_tokens), 0), "
+               f"COALESCE(SUM(cost), 0) FROM usage WHERE time >= {self.P} GROUP BY key")
+
+        def read(conn):
+            cur = conn.cursor()
+            cur.execute(sql, (since_s,))
+            return cur.fetchall()
+
+        return {k: Totals(int(n), int(p), int(c), int(g), float(cost))
+                for k, n, p, c, g, cost in self._run(read)}
+
+    def usage(self, since_s: float, until_s: float,
+              group: Sequence[str] = DEFAULT_GROUP) -> list[dict]:
+        """Totals of the rows with ``since_s <= time < until_s``, grouped by
+        ``group`` (names of :data:`GROUPS`), ordered by them: one dict per
+        group with its names' values, ``requests``, ``errors`` (status >=
+        400), ``prompt_tokens``, ``cached_tokens``, ``completion_tokens``,
+        ``cost`` and ``ttft_ms_avg`` (None when no request had one).
+        Raises ``ValueError`` for an unknown group name, :class:`StoreError`."""
+        exprs = []
+        for g in group:
+            if g not in GROUPS:
+                raise ValueError(f"unknown group {g!r} (one of {', '.join(GROUPS)})")
+            exprs.append(self.DAY if g == "day" else self.HOUR if g == "hour" else g)
+        sel = "".join(f"{e} AS g{i}, " for i, e in enumerate(exprs))
+        by = f" GROUP BY {', '.join(f'g{i}' for i in range(len(exprs)))}" if exprs else ""
+        order = f" ORDER BY {', '.join(f'g{i}' for i in range(len(exprs)))}" if exprs else ""
+        sql = (f"SELECT {sel}COUNT(*), SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END), "
+               "COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(cached_tokens), 0), "
+               "COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cost), 0), AVG(ttft_ms) "
+               f"FROM usage WHERE time >= {self.P} AND time < {self.P}{by}{order}")
+
+        def read(conn):
+            cur = conn.cursor()
+            cur.execute(sql, (since_s, until_s))
+            return cur.fetchall()
+
+        out = []
+        for rec in self._run(read):
+            n = len(group)
+            doc = dict(zip(group, rec[:n]))
+            reqs, errs, p, c, g, cost, ttft = rec[n:]
+            if not reqs:
+                continue  # (no group: an empty range's one row)
+            doc.update(requests=int(reqs), errors=int(errs or 0), prompt_tokens=int(p),
+                       cached_tokens=int(c), completion_tokens=int(g),
+                       cost=round(float(cost), 9),
+                       ttft_ms_avg=None if ttft is None else round(float(ttft), 1))
+            out.append(doc)
+        return out
+
+    def close(self) -> None:
+        self._drop()

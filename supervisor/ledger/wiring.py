@@ -1,0 +1,66 @@
+"""The usage ledger as the supervisor opens and closes it: the store from
+``--ledger``, the record -> row lookups over the supervisor's state, and
+the status blob the proxies read."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+from ...shm.requestring import RequestRing
+from ...shm.usagestatus import UsageStatus, usage_status_name
+from ..jobs import Jobs
+from ..state import State
+from .ledger import UsageLedger
+from .records import KeyName, PricesOf, RowContext
+from .stores import open_store
+
+log = logging.getLogger(__name__)
+
+
+def _replica_name(state: State, slot: int) -> str:
+    """``local/<slot>`` for this node's replicas, an upstream's ``host:port``,
+    another node's name (cluster mode)."""
+    rm = state.remotes.get(slot)
+    if rm is not None:
+        return rm.node or f"{rm.host}:{rm.port}"
+    return f"local/{slot}"
+
+
+def _model_name(state: State, m: int) -> str:
+    entries = state.registry.entries
+    return entries[m].name if 0 <= m < len(entries) else f"#{m}"
+
+
+def open_ledger(state: State, ring: RequestRing, jobs: Jobs, key_name: KeyName,
+                prices_of: PricesOf) -> UsageLedger | None:
+    """The ledger of ``state.cfg`` (None when ``--ledger off``), its status
+    blob made. Raises ``ValueError`` for a store that cannot be used at all
+    (PostgreSQL without psycopg); a store that is down is not an error here
+    (its rows wait, the failure is shown)."""
+    cfg = state.cfg
+    if not cfg.ledger:
+        return None
+    store = open_store(cfg.ledger, "")
+    node = cfg.cluster.node if cfg.cluster is not None else socket.gethostname()
+    ctx = RowContext(model_name=lambda m: _model_name(state, m),
+                     replica_name=lambda slot: _replica_name(state, slot),
+                     key_name=key_name, prices_of=prices_of, node=node)
+    blob = UsageStatus.create(usage_status_name(cfg.shm_name))
+    ledger = UsageLedger(store, ring, ctx, jobs, cfg.ledger_buffer, publish=blob.write)
+    ledger.blob = blob
+    blob.write(ledger.status())
+    log.info("usage ledger: %s", store.where)
+    return ledger
+
+
+def close_ledger(ledger: UsageLedger) -> None:
+    """Write what is left (bounded), then remove the status blob."""
+    try:
+        ledger.close()
+    finally:
+        blob = ledger.blob
+        if blob is not None:
+            blob.unlink()
+            blob.close()
+            ledger.blob = None

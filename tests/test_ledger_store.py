@@ -1,0 +1,239 @@
+"""The usage ledger in-process (issue 36): request-ring records become rows
+in the store, with key names and costs; a failing store (a full disk: a
+store that raises ENOSPC's error, or a database that is down) keeps rows in
+the bounded buffer and writing resumes; a lapped ring and a full buffer are
+counted; ``totals_since`` (the keys' windows after a restart) and the
+``/usage`` totals. On SQLite and on a real PostgreSQL server (tests/pgserver.py)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from conftest import wait_for
+from ggmux.proxy.operator.usage import parse_time, usage_csv, usage_metrics
+from ggmux.shm import requestring as Q
+from ggmux.shm.requestring import RequestRing, RingShape
+from ggmux.supervisor.jobs import Jobs
+from ggmux.supervisor.ledger import ledger as ledger_mod
+from ggmux.supervisor.ledger.ledger import UsageLedger
+from ggmux.supervisor.ledger.records import RowContext, cost_of
+from ggmux.supervisor.ledger.store import StoreError
+from ggmux.supervisor.ledger.stores import open_store
+from pgserver import pg_or_skip
+
+PRICES = {"paid": (2.0, 0.5, 8.0)}  # per million: input, cached input, output
+KEYS = {0: "alice", 1: "bob"}
+
+
+@pytest.fixture(scope="module")
+def pg():
+    srv, why = pg_or_skip()
+    if srv is None:
+        pytest.skip(f"PostgreSQL: {why}")
+    yield srv
+    srv.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request, tmp_path):
+    if request.param == "sqlite":
+        s = open_store(str(tmp_path / "usage.sqlite3"), "")
+    else:
+        pg = request.getfixturevalue("pg")
+        s = open_store(pg.url, "")
+        s.schema()
+        s._run(lambda conn: conn.cursor().execute("DELETE FROM usage"))
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def ring():
+    r = RequestRing.create(f"/ggmux-test-ledger-{os.getpid()}", RingShape(proxies=2, rows=8))
+    yield r
+    r.unlink()
+    r.close()
+
+
+def ctx() -> RowContext:
+    return RowContext(model_name=lambda m: ("free", "paid")[m],
+                      replica_name=lambda slot: f"local/{slot}",
+                      key_name=KEYS.get, prices_of=lambda m: PRICES.get(m, (0.0, 0.0, 0.0)),
+                      node="n1")
+
+
+def record(ring: RequestRing, proxy: int, t: float, model: int = 0, key: int = -1,
+           prompt: int = 10, cached: int = 2, gen: int = 5, status: int = 200,
+           flags: int = 0) -> None:
+    ring.write(proxy, (int(t * 1e9), model, 3, 1, status, prompt, cached, gen, 0,
+                       1500, 9000, flags, 100, 0, 0, f"r{t}".encode(), key))
+
+
+class Flaky:
+    """A store that fails like a full disk while ``failing``."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.failing = False
+        self.where = "flaky " + inner.where
+
+    def schema(self) -> None:
+        self.inner.schema()
+
+    def write(self, rows) -> None:
+        if self.failing:
+            raise StoreError("[Errno 28] No space left on device")
+        self.inner.write(rows)
+
+    def totals_since(self, since_s):
+        if self.failing:
+            raise StoreError("[Errno 28] No space left on device")
+        return self.inner.totals_since(since_s)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def run_until(led: UsageLedger, jobs: Jobs, cond, what: str, timeout: float = 20.0):
+    def turn():
+        jobs.step()
+        led.step()
+        return cond()
+
+    return wait_for(turn, timeout, 0.02, what)
+
+
+def test_ring_records_become_rows_with_key_names_and_costs(store, ring):
+    jobs = Jobs()
+    led = UsageLedger(store, ring, ctx(), jobs)
+    now = time.time()
+    record(ring, 0, now - 1, model=1, key=0, prompt=1000, cached=400, gen=100)
+    record(ring, 1, now - 0.5, model=0, key=1)
+    record(ring, 0, now, model=0, key=-1, status=503, prompt=-1, cached=-1, gen=-1)
+    run_until(led, jobs, lambda: led.written == 3, "3 rows written")
+    got = store.usage(0, now + 10, ["key", "model"])
+    by = {(r["key"], r["model"]): r for r in got}
+    assert set(by) == {("alice", "paid"), ("bob", "free"), ("", "free")}
+    alice = by["alice", "paid"]
+    assert (alice["requests"], alice["prompt_tokens"], alice["cached_tokens"],
+            alice["completion_tokens"], alice["errors"]) == (1, 1000, 400, 100, 0)
+    # 600 uncached at 2, 400 cached at 0.5, 100 out at 8, per million
+    assert alice["cost"] == pytest.approx((600 * 2 + 400 * 0.5 + 100 * 8) / 1e6)
+    assert alice["ttft_ms_avg"] == 1.5
+    assert by["", "free"]["errors"] == 1 and by["", "free"]["prompt_tokens"] == 0
+    day = time.strftime("%Y-%m-%d", time.gmtime(now))
+    assert {r["day"] for r in store.usage(0, now + 10, ["day"])} == {day}
+    assert [r["requests"] for r in store.usage(0, now + 10, [])] == [3]
+    assert store.usage(now + 5, now + 10, ["key"]) == []
+    csv = usage_csv(["key", "model"], got).decode().splitlines()
+    assert csv[0] == ("key,model,requests,errors,prompt_tokens,cached_tokens,"
+                      "completion_tokens,cost,ttft_ms_avg")
+    assert len(csv) == 4
+    tot = led.totals_since(now - 0.75)
+    assert set(tot) == {"bob", ""} and tot["bob"].prompt_tokens == 10
+    st = led.status()
+    assert (st["ok"], st["written"], st["lost"], st["pending"]) == (True, 3, 0, 0)
+    assert st["keys"]["alice"][:4] == [1, 1000, 400, 100]
+    text = usage_metrics(st).decode()
+    assert 'ggmux_key_requests_total{key="alice"} 1' in text
+    assert "ggmux_ledger_up 1" in text
+    led.close()
+
+
+def test_a_failing_store_keeps_rows_in_memory_and_writing_resumes(store, ring, monkeypatch):
+    monkeypatch.setattr(ledger_mod, "RETRY_S", 0.05)
+    jobs = Jobs()
+    flaky = Flaky(store)
+    flaky.failing = True
+    led = UsageLedger(flaky, ring, ctx(), jobs, buffer=100)
+    now = time.time()
+    for i in range(5):
+        record(ring, i % 2, now + i / 10, key=0)
+    run_until(led, jobs, lambda: led.error is not None, "the failure seen")
+    assert "No space left" in led.status()["error"] and not led.status()["ok"]
+    assert "ggmux_ledger_up 0" in usage_metrics(led.status()).decode()
+    # served meanwhile: more rows wait, none written, none lost
+    record(ring, 0, now + 1, key=1)
+    run_until(led, jobs, lambda: led.status()["pending"] == 6, "6 rows waiting")
+    assert led.written == 0
+    # totals read while the store fails: what memory holds
+    assert led.totals_since(0)["alice"].requests == 5
+    flaky.failing = False
+    run_until(led, jobs, lambda: led.written == 6, "every row written once the store works")
+    assert led.error is None and led.dropped == 0 and led.lost == 0
+    assert sum(r["requests"] for r in store.usage(0, now + 10, ["key"])) == 6
+    led.close()
+
+
+def test_a_full_buffer_drops_the_oldest_rows_and_counts_them(store, ring):
+    jobs = Jobs()
+    flaky = Flaky(store)
+    flaky.failing = True
+    led = UsageLedger(flaky, ring, ctx(), jobs, buffer=3)
+    now = time.time()
+    for i in range(5):
+        record(ring, 0, now + i, gen=i)
+    led.read()
+    assert (len(led.pending), led.dropped) == (3, 2)
+    assert [r.completion_tokens for r in led.pending] == [2, 3, 4]  # the newest kept
+    assert led.status()["dropped"] == 2
+    led.close(timeout=0.2)
+
+
+def test_a_ring_that_laps_before_it_is_read_counts_what_it_lost(store, ring):
+    jobs = Jobs()
+    led = UsageLedger(store, ring, ctx(), jobs)
+    now = time.time()
+    for i in range(11):  # 8 rows per proxy
+        record(ring, 0, now + i)
+    record(ring, 1, now)
+    assert led.read() == 9
+    assert led.lost == 3
+    assert "ggmux_ledger_rows_lost_total 3" in usage_metrics(led.status()).decode()
+    led.close()
+
+
+def test_another_nodes_forwarded_request_is_left_to_that_nodes_row(store, ring):
+    jobs = Jobs()
+    led = UsageLedger(store, ring, ctx(), jobs)
+    now = time.time()
+    record(ring, 0, now, flags=Q.F_FORWARDED)  # served here for another node
+    record(ring, 0, now + 1)
+    assert led.read() == 1
+    assert [r.time for r in led.pending] == [now + 1]
+    led.close()
+
+
+def test_close_writes_what_is_left(store, ring):
+    jobs = Jobs()
+    led = UsageLedger(store, ring, ctx(), jobs)
+    now = time.time()
+    record(ring, 0, now)
+    record(ring, 1, now)
+    led.close()
+    assert store.usage(0, now + 10, [])[0]["requests"] == 2
+
+
+def test_costs_and_times():
+    assert cost_of((0.0, 0.0, 0.0), 100, 0, 100) == 0.0
+    assert cost_of((1.0, 1.0, 1.0), None, None, None) == 0.0
+    assert cost_of((1e6, 0.0, 0.0), 10, 20, 0) == 0.0  # cached over prompt: capped
+    assert parse_time("24h", 100000.0) == 100000.0 - 86400
+    assert parse_time("2026-12-03", 0) == parse_time("2026-12-03T00:00:00Z", 0)
+    assert parse_time("1733011200", 0) == 1733011200.0
+    with pytest.raises(ValueError):
+        parse_time("yesterday", 0)
+    with pytest.raises(ValueError):
+        open_store("sqlite", "/nonexistent").usage(0, 1, ["colour"])
+
+
+def test_a_postgresql_password_is_a_secret_and_never_shown():
+    from ggmux.supervisor.cli import build_parser, secret_values
+    from ggmux.supervisor.ledger.postgres import redact
+
+    url = "postgresql://ggmux:pa55word@db.example:5433/usage"
+    args = build_parser({}).parse_args(["serve", "--ledger", url])
+    assert "pa55word" in secret_values(args)  # hidden from ps like --api-key
+    assert redact(url) == "postgresql://ggmux:***@db.example:5433/usage"
