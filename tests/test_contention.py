@@ -154,6 +154,11 @@ def test_a_pinned_model_is_never_evicted_and_a_request_for_its_capacity_gets_503
     assert st == 503 and headers["retry-after"]
     err = json.loads(body)["error"]
     assert err["code"] == "capacity_pinned" and "'p'" in err["message"]
+    # in the client API's own envelope: Anthropic's here
+    st, _, body = s.request("POST", "/v1/messages", {
+        "model": "q", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+    doc = json.loads(body)
+    assert st == 503 and doc["type"] == "error" and "pin = true" in doc["error"]["message"]
     st, _, body = s.request("POST", CHAT, chat_body("p"))
     assert st == 200 and served_by(body)[1] == pid  # the same process: never evicted
 
