@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import http.client
 import json
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from conftest import chat_body, open_stream, served_by, wait_for
@@ -292,3 +294,26 @@ def test_the_queue_object_reads_the_schedulers_reason_from_the_models_row():
                  "eta_s": 4.0, "why": "waiting for capacity held by m7, which drains in 4 s"}
     row[L.M_WAIT_REASON] = L.WaitReason.PINNED
     assert "pinned model m7" in queue_status(row, lambda i: f"m{i}", 10**12)["why"]
+
+
+def test_a_busy_cmd_replica_drains_like_an_instance(serve, fakes, tmp_path):
+    log = tmp_path / "cmd.jsonl"
+    log.touch()
+    recorder = Path(__file__).with_name("recorder.py")
+    ini = tmp_path / "p.ini"
+    ini.write_text(f"[c]\ncmd = {sys.executable} {recorder} --port ${{PORT}} --log {log} "
+                   "--delay 0.5\n")
+    fakes.add("one", load_s=0.1)
+    s = serve("--fake-models-dir", str(fakes), "--models-preset", str(ini), "--no-hf-cache",
+              "--models-max", "1", "--proxies", "2", "--max-wait", "1", "--min-residency", "0",
+              "--load-wait", "120")
+    busy = Clients(s.port, "c")
+    try:
+        wait_for(lambda: any(r[1] == 200 for r in busy.results), 60, 0.02, "c serving")
+        _, status, _, body = post(s.port, "one")
+        assert status == 200 and served_by(body)[0] == "one"
+        assert not busy.done.is_set()
+    finally:
+        results = busy.stop()
+    assert results and all(r[1] == 200 for r in results), [r[:2] for r in results]
+    assert "draining c" in s.logs()
