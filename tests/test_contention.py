@@ -317,3 +317,30 @@ def test_a_busy_cmd_replica_drains_like_an_instance(serve, fakes, tmp_path):
         results = busy.stop()
     assert results and all(r[1] == 200 for r in results), [r[:2] for r in results]
     assert "draining c" in s.logs()
+
+
+def test_one_of_two_busy_replicas_drains_and_the_other_keeps_serving_its_model(
+        serve, fakes, tmp_path):
+    fakes.add("two", token_s=0.05, tokens=20, parallel=4, load_s=0.1)
+    fakes.add("one", load_s=0.1)
+    ini = tmp_path / "p.ini"
+    ini.write_text("[two]\nreplicas = 2\n")
+    s = serve("--fake-models-dir", str(fakes), "--models-preset", str(ini), "--no-hf-cache",
+              "--models-max", "2", "--proxies", "2", "--max-wait", "1", "--min-residency", "0",
+              "--load-wait", "120")
+    busy = Clients(s.port, "two", n=4)
+    try:
+        t = index(s, "two")
+        wait_for(lambda: s.seg.models[t, L.M_REPLICAS] == 2 and all(
+            s.seg.counters[:, slot, L.C_IN_FLIGHT].sum() > 0
+            for slot in range(len(s.seg.replicas)) if s.seg.replicas[slot, L.R_MODEL] == t),
+            60, 0.02, "both replicas of two busy")
+        _, status, _, body = post(s.port, "one")
+        assert status == 200 and served_by(body)[0] == "one"
+        n = len(busy.results)
+        wait_for(lambda: len(busy.results) >= n + 2, 60, 0.02, "two to serve on")
+    finally:
+        results = busy.stop()
+    assert all(r[1] == 200 for r in results), [r[:2] for r in results]
+    log = s.logs()
+    assert log.count("draining two") == 1  # one replica made room; the other served on
