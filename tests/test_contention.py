@@ -296,6 +296,7 @@ def test_the_queue_object_reads_the_schedulers_reason_from_the_models_row():
     assert "pinned model m7" in queue_status(row, lambda i: f"m{i}", 10**12)["why"]
 
 
+@pytest.mark.slow
 def test_a_busy_cmd_replica_drains_like_an_instance(serve, fakes, tmp_path):
     log = tmp_path / "cmd.jsonl"
     log.touch()
@@ -319,6 +320,7 @@ def test_a_busy_cmd_replica_drains_like_an_instance(serve, fakes, tmp_path):
     assert "draining c" in s.logs()
 
 
+@pytest.mark.slow
 def test_one_of_two_busy_replicas_drains_and_the_other_keeps_serving_its_model(
         serve, fakes, tmp_path):
     fakes.add("two", token_s=0.05, tokens=20, parallel=4, load_s=0.1)
