@@ -134,7 +134,8 @@ def test_the_queue_says_why_a_model_waits_and_the_503_after_load_wait_carries_it
             _, status, headers, body = fut.result()
     finally:
         hog.stop()
-    assert status == 503 and headers["retry-after"]
+    # Retry-After: when the holder is drained for it (its bound of 600 s)
+    assert status == 503 and int(headers["retry-after"]) > 500
     err = json.loads(body)["error"]
     assert "waited 4 s (--load-wait) for capacity: waiting for capacity held by hog" \
         in err["message"]
