@@ -181,7 +181,8 @@ def test_the_lowest_eviction_priority_is_evicted_first(serve, fakes, tmp_path):
 
 
 def test_a_burst_of_interleaved_requests_is_served_grouped_by_model(serve, fakes):
-    fakes.add("a", load_s=0.3, token_s=0.02, tokens=10, parallel=8)
+    # a loads long enough for the whole burst to arrive meanwhile, even on a loaded machine
+    fakes.add("a", load_s=2.0, token_s=0.02, tokens=10, parallel=8)
     fakes.add("b", load_s=0.3, token_s=0.02, tokens=10, parallel=8)
     s = serve("--fake-models-dir", str(fakes), "--models-max", "1", "--proxies", "2")
     order = ["a", "a", "b", "a", "b", "a", "b", "b", "a", "b"]
@@ -228,8 +229,8 @@ def test_a_client_that_leaves_while_waiting_is_neither_served_nor_counted(serve,
 
 
 def test_a_draining_replica_that_crashes_mid_drain_still_makes_room(serve, fakes):
-    # hog dies 3 s after it is ready, while its long answers drain
-    fakes.add("hog", token_s=0.05, tokens=200, parallel=4, load_s=0.1, crash_after_s=3)
+    # hog dies 5 s after it is ready, while its long answers (10 s) drain
+    fakes.add("hog", token_s=0.05, tokens=200, parallel=4, load_s=0.1, crash_after_s=5)
     fakes.add("one", load_s=0.1)
     s = serve("--fake-models-dir", str(fakes), "--models-max", "1", "--proxies", "2",
               "--max-wait", "1", "--min-residency", "0", "--load-wait", "120")
