@@ -57,9 +57,13 @@ def still_loading(conn: HttpConnection, req: Request, name: str, row, load_wait:
     node and state of the model's cluster-wide load); ``why``: what it
     waited for, when other models held its capacity (issue 34: the queue's
     reason, also ``loading.why``)."""
+    retry = b"5"
     if why and int(row[L.M_STATUS]) != L.ModelStatus.LOADING:
         msg = f"model '{name}' waited {load_wait:g} s (--load-wait) for capacity: {why}"
         more = {**(more or {}), "why": why}
+        eta = int(row[L.M_WAIT_ETA_NS])  # the capacity frees then: try again after
+        if eta:
+            retry = str(max(1, -(-(eta - time.monotonic_ns()) // NS))).encode()
     else:
         msg = f"model '{name}' is still loading after {load_wait:g} s (--load-wait)"
     if req.preheaded:
@@ -69,7 +73,7 @@ def still_loading(conn: HttpConnection, req: Request, name: str, row, load_wait:
     eta = int(row[L.M_ETA_MS])
     loading = {"model": name, "state": status, "progress": int(row[L.M_PROGRESS]) / 1000,
                "eta_seconds": eta / 1000 if eta >= 0 else None, **(more or {})}
-    conn.send_error(req, 503, msg, code="model_loading", headers=[(b"retry-after", b"5")],
+    conn.send_error(req, 503, msg, code="model_loading", headers=[(b"retry-after", retry)],
                     loading=loading)
 
 
