@@ -29,10 +29,10 @@ try:
 except ImportError:  # no Cython at run time: @cython.locals does nothing
     from ..compiled import cython
 
-from ..shm.requestring import F_STREAM, F_USAGE_COUNTED, F_USAGE_REPLICA, RequestRing
 from ..http1.exchange import Exchange
 from ..http1.request import Request
 from ..http1.usage import parse_usage, usage_from_tail
+from ..shm.requestring import F_STREAM, F_USAGE_COUNTED, F_USAGE_REPLICA, RequestRing
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +170,9 @@ class Activity:
         except (OSError, ValueError, posix_ipc.Error) as e:
             log.warning("request ring %s unavailable (no request is recorded): %s", ring_name, e)
         self.excerpt = self.ring.shape.excerpt if self.ring is not None else 0
+        # called with (req, m, slot, prompt, cached, generated) as each request
+        # ends (the keys' settlement and the spend of priced replicas: proxy.keyed)
+        self.on_end = None
 
     @cython.locals(req=Request, ex=Exchange, now=cython.longlong, started=cython.longlong,
                    prompt=cython.longlong, cached=cython.longlong, gen=cython.longlong,
@@ -183,7 +186,7 @@ class Activity:
         with ``status`` (``slot`` -1, ``ex`` None: a load that failed, every
         replica busy, the client gone while waiting)."""
         ring = self.ring
-        if ring is None:
+        if ring is None and self.on_end is None:
             return
         now = time.monotonic_ns()
         started = req.started_ns or now
@@ -210,6 +213,10 @@ class Activity:
             elif ex.sse and ex.events:
                 gen = max(0, ex.events - 1)  # one event a token, but [DONE]
                 flags |= F_USAGE_COUNTED
+        if self.on_end is not None:
+            self.on_end(req, m, slot, prompt, cached, gen)
+        if ring is None:
+            return
         ptext = atext = b""
         if self.excerpt:
             ptext = _cut(prompt_excerpt(req.body), self.excerpt)

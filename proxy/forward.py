@@ -54,6 +54,12 @@ except ImportError:  # no Cython at run time: @cython.locals does nothing
     from ..compiled import cython
 
 # the counter words by name, not L.X: compiled, a global costs less than a module attribute
+from ..http1 import HttpConnection
+from ..http1.auth import tenant
+from ..http1.exchange import Exchange, UpstreamError
+from ..http1.limits import tokenize_body_refusal
+from ..http1.request import Request
+from ..http1.upstream import request_head
 from ..shm import layout as L
 from ..shm.layout import (
     C_ANSWER_NS,
@@ -78,15 +84,9 @@ from ..shm.layout import (
     TTFT_RECENT,
 )
 from . import answers, passthrough
-from ..http1.auth import tenant
 from .balancer import CLOSED, candidates_from_shm, choose, open_until, session_key
 from .cluster import HOP_TRUSTED, hop_headers, judge_hop, loading_info
 from .cors import json_type, simple_type
-from ..http1 import HttpConnection
-from ..http1.exchange import Exchange, UpstreamError
-from ..http1.limits import tokenize_body_refusal
-from ..http1.request import Request
-from ..http1.upstream import request_head
 from .prefix import GENERATION_PATHS, Prediction
 
 log = logging.getLogger(__name__)
@@ -188,9 +188,11 @@ class Forwarding:
             if self.cluster is None:
                 self.refresh()
             req.hop = judge_hop(req, self.cluster)
-        if (self.api_key is not None and req.hop != HOP_TRUSTED
+        if ((self.api_key is not None or self.keys is not None) and req.hop != HOP_TRUSTED
                 and not self._authorized(req)):
             return False
+        if req.key_row >= 0:
+            return False  # a key with limits: handle admits it (.keyed)
         self.refresh()
         m = self.names.get(name)
         if m is None:
@@ -352,6 +354,20 @@ class Forwarding:
         attempt = 0  # forwards that failed before the request reached a replica
         skey: str | None | bool = False  # the session key, read only when there is a choice
         pfx: Prediction | None | bool = False  # the prompt's prefix, looked up likewise
+        budget = None  # a spending budget the model's priced replicas spent (.keyed)
+        if self.keys is not None:
+            if req.key_row >= 0 and not self._key_admit(conn, req, m, name, body,
+                                                         not recorded):
+                if not recorded:
+                    self.activity.record(req, m, -1, None, req.status or 429)
+                return None
+            budget = self._over_budget(m)
+            if budget is not None and self.reg_models[m].get("kind") in ("cmd", "upstream"):
+                conn.send_error(req, budget.status, budget.message, code=budget.code,
+                                headers=budget.headers())
+                if not recorded:
+                    self.activity.record(req, m, -1, None, budget.status)
+                return None
         try:
             while attempt < MAX_ATTEMPTS:
                 if self.stopping:
@@ -402,9 +418,16 @@ class Forwarding:
                     continue
                 now = time.monotonic_ns()
                 c = self.single.get(m)  # the common case: one local replica, no limits
-                if c is None or c.slot in tried or self.cw[c.slot][C_CIRCUIT] != CLOSED:
+                if (c is None or c.slot in tried or self.cw[c.slot][C_CIRCUIT] != CLOSED
+                        or budget is not None):
                     cands = candidates_from_shm(self.replica_rows, self.seg.counters, m,
                                                 self.index, now, self.balancer)
+                    if budget is not None:  # skipped as an open circuit is: the next tier serves
+                        cands = [c for c in cands if not self._priced(m, c.slot)]
+                        if not cands:
+                            conn.send_error(req, budget.status, budget.message,
+                                            code=budget.code, headers=budget.headers())
+                            return None
                     if req.hop and self.hop_slots:
                         cands = [c for c in cands if c.slot not in self.hop_slots]
                     if skey is False:

@@ -42,6 +42,14 @@ import numpy as np
 import orjson
 import posix_ipc
 
+from ..http1 import (
+    HttpConnection,
+    Request,
+    json_object,
+)
+from ..http1.auth import authorized, secret_header
+from ..http1.limits import tokenize_body_refusal
+from ..http1.pool import UpstreamPool
 from ..shm import layout as L
 from ..shm.logring import log_ring_name
 from ..shm.prefixtable import PrefixTable
@@ -49,8 +57,8 @@ from ..shm.requestring import request_ring_name
 from ..shm.segment import Segment
 from . import answers, apis, passthrough, routes
 from .activity import Activity
+from .admission import KeyAdmission
 from .apis import ClientApis
-from ..http1.auth import authorized, secret_header
 from .balancer import (
     BalancerConfig,
     Candidate,
@@ -66,13 +74,7 @@ from .cluster import (
 )
 from .cors import Cors, from_other_site, json_type, simple_type
 from .forward import NS, TOKEN_ROUTES, Forwarding
-from ..http1 import (
-    HttpConnection,
-    Request,
-    json_object,
-)
-from ..http1.limits import tokenize_body_refusal
-from ..http1.pool import UpstreamPool
+from .keyed import KeyedProxy
 from .listing import ModelEvents, unknown_model
 from .operator.logs import LogTail
 from .operator.overview import overview
@@ -93,7 +95,7 @@ STOPPING = "the server is stopping"
 HEALTH_LOADING = b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
 
 
-class Proxy(Forwarding, RouterMode):
+class Proxy(Forwarding, RouterMode, KeyedProxy):
     """State of one worker; ``handle`` is the HTTP handler, :class:`~.forward.Forwarding`
     the forwarding (the fast path, waiting, balancing, retries, accounting)."""
 
@@ -115,6 +117,7 @@ class Proxy(Forwarding, RouterMode):
         tenant_secret: str | None = None,
         balancer: BalancerConfig | None = None,
         cache_scope: str = "global",
+        key_table: str | None = None,
     ) -> None:
         self.index = index
         self.cors = Cors(cors_origins) if cors_origins else None
@@ -194,6 +197,10 @@ class Proxy(Forwarding, RouterMode):
         self.activity = Activity(request_ring_name(shm), index)
         self.pool.keep_bodies = self.activity.excerpt > 0  # --log-requests-bodies
         self.requests = RequestLog(self.loop, self.activity.ring)
+        # --keys (issue 36): the key table's policies, window counters and spend rows
+        self.keys = KeyAdmission(key_table, index) if key_table else None
+        if self.keys is not None:
+            self.activity.on_end = self._request_ended
         self.refresh()
 
     # ---- shared-memory snapshot ------------------------------------------
@@ -341,12 +348,16 @@ class Proxy(Forwarding, RouterMode):
         finding 1)."""
         if admin and self.admin_key:
             return authorized(req, self.admin_key)
-        if self.api_key is None:
+        if self.api_key is None and self.keys is None:
             return True
         ok = False
         for key in self.api_keys:
             ok |= authorized(req, key)
-        return ok or self._is_admin(req)
+        if ok or self._is_admin(req):
+            return True
+        # a key of the keys file (issue 36): usable unless disabled or expired
+        return (self.keys is not None and self._key_row(req) >= 0
+                and self.keys.unusable(req.key_row) is None)
 
     def _is_admin(self, req: Request) -> bool:
         """Whether the request presents the admin key (one must be set)."""
@@ -363,6 +374,8 @@ class Proxy(Forwarding, RouterMode):
         ``--cors-origins`` does not name (:func:`~.cors.from_other_site`)."""
         if self.admin_key is not None and not authorized(req, self.admin_key):
             return "needs the admin key (--admin-key)"
+        if req.key_row >= 0:  # issue 36: a keys-file key is never an admin
+            return "needs the admin key, or an --api-key key (not a key of the keys file)"
         if req.hop == HOP_TRUSTED:
             return "is not taken from another node"
         if from_other_site(req, self.cors.listed if self.cors is not None else frozenset()):
@@ -399,7 +412,8 @@ class Proxy(Forwarding, RouterMode):
         if (not (req.hop == HOP_TRUSTED and not admin) and not self._authorized(req, admin)
                 and not (path in QUERY_ROUTED and self._is_admin(req))):
             why = ("this route needs the admin key (--admin-key)"
-                   if admin and self.admin_key else "invalid or missing API key")
+                   if admin and self.admin_key else
+                   self._key_unusable(req) or "invalid or missing API key")
             if route is not None and route.foreign:
                 apis.send_error(conn, req, 401, why, headers=[(b"www-authenticate", b"Bearer")])
                 return

@@ -48,3 +48,6 @@ class Config:
     cluster: ClusterOptions | None = None  # --cluster: join a cluster (supervisor/cluster/)
     drain_timeout: float = 120.0  # cluster mode: a drain stops waiting for requests after this
     log_level: str = "INFO"
+    # --- keys with limits (issue 36) ---
+    keys_file: str | None = None  # --keys: the keys file (supervisor/keys.py)
+    keys_max: int = 256  # --keys-max: rows of the key table

@@ -94,6 +94,8 @@ class Proxy(Protocol):
 
     def admin_refusal(self, req: Request) -> str | None: ...
 
+    def _key_allows(self, req: Request, mdl: dict) -> bool: ...
+
     async def _forward(
         self, conn: HttpConnection, req: Request, m: int, name: str, body: dict | None,
         touch: bool = True, stream: bool = False, capture: bool = False,
@@ -212,7 +214,8 @@ class ClientApis:
         elif path == b"/api/tags" and get:
             p.refresh()
             models = [(mdl, await self._facts(mdl)) for mdl in p.reg_models
-                      if not mdl.get("removed") and not mdl.get("hidden")]  # as /v1/models
+                      if not mdl.get("removed") and not mdl.get("hidden")  # as /v1/models
+                      and p._key_allows(req, mdl)]  # the key's models (issue 36)
             conn.send_json(req, 200, ollama.tags(models))
         elif path == b"/api/ps" and get:
             await self._ps(conn, req)
