@@ -373,6 +373,11 @@ class Forwarding:
                 if self.stopping:
                     answers.stopping(conn, req)
                     return None
+                if budget is not None and m in self.ready and not self._unpriced_ready(m):
+                    # its priced replicas spent their budget: a local one serves, once loaded
+                    if not await self._local_for_budget(conn, req, m, budget):
+                        return None
+                    continue
                 if m not in (self.ready_local if req.hop else self.ready):
                     # forwarded by another node: served here (woken, loaded) or not at
                     # all, never forwarded again

@@ -28,10 +28,12 @@ import logging
 import os
 import secrets
 
+import numpy as np
 import orjson
 
 from ..http1 import HttpConnection, Request, json_object
 from ..http1.auth import given_key
+from ..shm import layout as L
 from .admission import KeyAdmission, cost_nano
 
 log = logging.getLogger(__name__)
@@ -83,7 +85,12 @@ class KeyedProxy:
             return False
         if not counted or req.key_hold is not None:
             return True
-        src = body if body is not None else req.body_json
+        src = req.body_json  # the client's own JSON: max_tokens in its API's name
+        if src is None and req.body:
+            try:
+                src = orjson.loads(req.body)
+            except orjson.JSONDecodeError:
+                src = body
         got = self.keys.admit(req.key_row, src, len(req.body))
         if hasattr(got, "retry_after"):
             conn.send_error(req, got.status, got.message, code=got.code, headers=got.headers())
@@ -112,6 +119,35 @@ class KeyedProxy:
                                      or mdl.get("spend_per_month")):
             return None
         return self.keys.over_budget(m, mdl)
+
+    def _unpriced_ready(self, m: int) -> bool:
+        """Whether model ``m`` has a ready replica that is not priced."""
+        rows = self.replica_rows
+        for s in np.flatnonzero((rows[:, L.R_MODEL] == m)
+                                & (rows[:, L.R_STATUS] == L.ReplicaStatus.READY)):
+            if not self._priced(m, int(s)):
+                return True
+        return False
+
+    async def _local_for_budget(self, conn: HttpConnection, req: Request, m: int,
+                                budget) -> bool:
+        """Model ``m``'s priced replicas are over budget and no other replica
+        is ready: ask for a local one and wait for it (``--load-wait``);
+        False after answering (the budget's 429 when none came in time, or
+        the client left)."""
+        deadline = self.loop.time() + self.load_wait
+        self.command({"op": "load", "model": m, "route": "an upstream over its spending budget"})
+        while not self._unpriced_ready(m):
+            if req.disconnected:
+                conn.finish(req)
+                return False
+            if self.loop.time() > deadline:
+                conn.send_error(req, budget.status, budget.message, code=budget.code,
+                                headers=budget.headers())
+                return False
+            await asyncio.sleep(0.02)
+            self.refresh()
+        return True
 
     def _request_ended(self, req: Request, m: int, slot: int, prompt: int, cached: int,
                        gen: int) -> None:

@@ -36,8 +36,9 @@ counter rows.
 The clock: window ids come from :func:`periods` of :meth:`KeyTable.now`,
 wall-clock seconds since the epoch, run ``clock_scale`` times faster from
 the table's creation when the supervisor is started with
-``GGMUX_KEYS_CLOCK_SCALE`` (tests roll a day in two seconds; never set in
-production).
+``GGMUX_LIMITS_CLOCK_SCALE`` (tests roll a day in seconds; never set in
+production; not ``*KEY*``: such variables are secrets, scrubbed from the
+supervisor's environment).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ NANO = 1_000_000_000
 
 DEFAULT_ROWS = 256
 DEFAULT_BLOB = 1 << 20
-CLOCK_ENV = "GGMUX_KEYS_CLOCK_SCALE"
+CLOCK_ENV = "GGMUX_LIMITS_CLOCK_SCALE"
 
 
 def key_table_name(shm_name: str) -> str:
