@@ -110,12 +110,19 @@ def _days(y: int, m: int) -> int:
     return era * 146097 + doe - 719468
 
 
+_day_ids = [None, (0, 0)]  # the last day seen and its (week, month): one per request
+
+
 def periods(t: float) -> tuple[int, int, int, int]:
     """Window ids of time ``t`` (seconds since the epoch, UTC): (minute,
     day, ISO week (Monday first), month as ``year * 12 + month - 1``)."""
     day = int(t // 86400)
-    y, m = _civil(day)
-    return int(t // 60), day, (day + 3) // 7, y * 12 + m - 1
+    if _day_ids[0] != day:
+        y, m = _civil(day)
+        _day_ids[1] = ((day + 3) // 7, y * 12 + m - 1)
+        _day_ids[0] = day
+    wk, mo = _day_ids[1]
+    return int(t // 60), day, wk, mo
 
 
 def period_end(kind: str, pid: int) -> float:
