@@ -446,6 +446,20 @@ def _section(lines: list[str], name: str) -> tuple[int, int] | None:
     return (start, len(lines)) if start is not None else None
 
 
+def model_prices(registry, name: str) -> tuple[float, float, float]:
+    """``(input, cached input, output)`` prices per million tokens of model
+    ``name`` of ``registry`` (a :class:`~.registry.Registry`); zeros for an
+    unknown or unpriced model (the ledger's ``prices_of``). Only a ``cmd``
+    model's and an ``upstream``'s answers are priced (a built-in replica of a
+    model that also has upstreams is free): the caller that knows the replica
+    should check that; this gives the model's prices."""
+    i = registry.by_name.get(name)
+    if i is None:
+        return 0.0, 0.0, 0.0
+    e = registry.entries[i]
+    return e.price_input, e.price_cached_input, e.price_output
+
+
 def weighed(p: KeyPolicy, prompt: int, cached: int, completion: int) -> int:
     """Tokens a request counts against ``p``'s budgets (:func:`~ggmux.shm.keytable.weighed`)."""
     return _weighed(p.input_weight, p.cached_weight, p.output_weight, prompt, cached, completion)
@@ -457,6 +471,7 @@ __all__ = [
     "KeyRegistry",
     "TableShape",
     "hash_secret",
+    "model_prices",
     "new_secret",
     "parse_expires",
     "read_keys_file",
