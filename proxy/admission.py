@@ -177,6 +177,7 @@ class KeyAdmission:
         self.done: dict[str, str | None] = {}  # admin edits by id -> their error
         # the key rows as int64 memoryviews: a word costs a fifth of a numpy scalar's
         self.rows = [memoryview(r) for r in self.table.keys]
+        self.held = memoryview(self.table.held[index])  # our requests in flight per key
         self.refresh()
 
     def refresh(self) -> None:
@@ -280,6 +281,7 @@ class KeyAdmission:
                 return why
             r[K_REQS] += 1
             r[K_IN_FLIGHT] += 1
+            self.held[row] += 1
             r[K_TOKENS] += raw
             r[K_TOK_DAY] += w
             r[K_TOK_WEEK] += w
@@ -305,8 +307,10 @@ class KeyAdmission:
         t.lock(hold.row)
         try:
             r = self.rows[hold.row]
-            if r[K_IN_FLIGHT] > 0:
-                r[K_IN_FLIGHT] -= 1
+            if self.held[hold.row] > 0:  # else the supervisor gave it back already
+                self.held[hold.row] -= 1
+                if r[K_IN_FLIGHT] > 0:
+                    r[K_IN_FLIGHT] -= 1
             if r[K_MINUTE] == hold.ids[0]:
                 r[K_TOKENS] = max(0, r[K_TOKENS] + raw - hold.tokens)
             for word, tok, pid in ((K_DAY, K_TOK_DAY, hold.ids[1]), (K_WEEK, K_TOK_WEEK, hold.ids[2]),

@@ -72,6 +72,13 @@ class KeyedProxy:
         return req.key_row < 0 or self.keys.may_use(req.key_row,
                                                     (mdl["name"], *mdl.get("aliases", ())))
 
+    def _listed(self, req: Request) -> list[dict]:
+        """The models ``req``'s caller may see (an unknown model's 404 lists
+        some): all, or its key's."""
+        if req.key_row < 0:
+            return self.reg_models
+        return [e for e in self.reg_models if self._key_allows(req, e)]
+
     def _key_admit(self, conn: HttpConnection, req: Request, m: int, name: str,
                    body: dict | None, counted: bool) -> bool:
         """The key's policy for a request of model ``m``: False after

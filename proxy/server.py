@@ -673,7 +673,8 @@ class Proxy(Forwarding, RouterMode, KeyedProxy):
         self.refresh()
         m = self.pick_model(name)  # the name, an alias, else --model-fallback's
         if m is None:
-            conn.send_error(req, 404, unknown_model(name, self.reg_models), code="model_not_found")
+            conn.send_error(req, 404, unknown_model(name, self._listed(req)),
+                            code="model_not_found")
         return m
 
     def command(self, cmd: dict) -> bool:

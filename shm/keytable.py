@@ -16,6 +16,10 @@ int64 words::
                                     in-flight count
     spend    proxies x models x S_WORDS   per proxy and model: the cost of
                                     its priced replicas' answers per period
+    held     proxies x rows          per proxy and key: its requests in
+                                    flight (their sum is the key's
+                                    ``K_IN_FLIGHT``), so that a dead proxy's
+                                    share is given back (:meth:`KeyTable.proxy_gone`)
 
 Writers. The supervisor alone writes the header and the blob (seqlocked:
 :meth:`KeyTable.publish`, :meth:`KeyTable.policies`). A key's row is written
@@ -200,6 +204,8 @@ class KeyTable:
         self.keys = np.ndarray((rows, K_WORDS), np.int64, self.map, off)
         off += rows * K_WORDS * 8
         self.spend = np.ndarray((proxies, models, S_WORDS), np.int64, self.map, off)
+        off += proxies * models * S_WORDS * 8
+        self.held = np.ndarray((proxies, rows), np.int64, self.map, off)
         self.scale = int(h[H_SCALE_MILLI]) / 1000.0 or 1.0
         self.anchor = float(h[H_ANCHOR_S])
 
@@ -208,7 +214,7 @@ class KeyTable:
         """Bytes of a table of ``shape``."""
         cap = (shape.blob_cap + 7) // 8 * 8
         return (HEADER_WORDS * 8 + cap + shape.rows * K_WORDS * 8
-                + shape.proxies * shape.models * S_WORDS * 8)
+                + shape.proxies * shape.models * S_WORDS * 8 + shape.proxies * shape.rows * 8)
 
     @classmethod
     def create(cls, name: str, shape: TableShape, clock_scale: float | None = None) -> KeyTable:
@@ -248,7 +254,7 @@ class KeyTable:
 
     def close(self) -> None:
         """Unmap (and, for the creator, remove) the table."""
-        self.header = self.keys = self.spend = None
+        self.header = self.keys = self.spend = self.held = None
         try:
             self.map.close()
         except BufferError:  # a view still exported: the mapping goes with the process
@@ -325,6 +331,15 @@ class KeyTable:
 
     def unlock(self, row: int) -> None:
         fcntl.lockf(self.fd, fcntl.LOCK_UN, K_WORDS * 8, self.keys_off + row * K_WORDS * 8)
+
+    def proxy_gone(self, proxy: int) -> None:
+        """Proxy ``proxy`` died (its replacement is not started yet): its
+        requests in flight no longer count against their keys, and its spend
+        rows stay (the spend happened)."""
+        for row in np.flatnonzero(self.held[proxy]):
+            with self.locked(int(row)) as r:
+                r[K_IN_FLIGHT] = max(0, int(r[K_IN_FLIGHT]) - int(self.held[proxy, row]))
+                self.held[proxy, row] = 0
 
     def clear_row(self, row: int) -> None:
         """Zero key ``row`` (a new key in a row no key held)."""

@@ -573,6 +573,8 @@ class Supervisor:
         seg.prefix[idx] = 0  # its part of the prefix index too (issue 20)
         seg.prefix_forget[idx] = 0
         seg.prefix_forget_disk[idx] = 0
+        if self.keys is not None and self.keys.table is not None:
+            self.keys.table.proxy_gone(idx)  # its requests in flight no longer hold their keys
         cfg = self.cfg
         argv = [
             st.python, "-m", "ggmux.proxy", "--index", str(idx), "--shm", cfg.shm_name,

@@ -7,7 +7,7 @@ import hashlib
 import os
 import re
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,7 @@ README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
 
 def test_readme_keys_example_reads(tmp_path, monkeypatch):
-    block = next(b for b in re.findall(r"^```ini\n(.*?)^```$", README, re.M | re.S)
+    block = next(b for b in re.findall(r"^```ini\n(.*?)^```$", README, re.MULTILINE | re.DOTALL)
                  if "[alice]" in b)
     monkeypatch.setenv("CI_KEY", "sk-ci")
     f = tmp_path / "keys.ini"
@@ -28,7 +28,7 @@ def test_readme_keys_example_reads(tmp_path, monkeypatch):
     alice, ci = read_keys_file(str(f))
     assert (alice.name, alice.rpm, alice.tpm, alice.max_parallel) == ("alice", 100, 20000, 4)
     assert alice.models == ("smollm2-135m", "gemma3-*") and alice.cached_weight == 0.1
-    assert alice.expires == datetime(2027, 1, 1, tzinfo=timezone.utc).timestamp()
+    assert alice.expires == datetime(2027, 1, 1, tzinfo=UTC).timestamp()
     assert ci.sha256 == hash_secret("sk-ci") and ci.rpm == 60  # [*]'s default
 
 
@@ -50,16 +50,16 @@ def test_bad_keys_files_name_the_line_and_never_the_secret(tmp_path, text, why):
 
 
 def test_periods_and_their_ends_are_calendar_windows_utc():
-    t = datetime(2026, 12, 31, 23, 59, 30, tzinfo=timezone.utc).timestamp()
+    t = datetime(2026, 12, 31, 23, 59, 30, tzinfo=UTC).timestamp()
     minute, day, week, month = periods(t)
     assert period_end("minute", minute) == t + 30
     assert period_end("day", day) == t + 30
     assert period_end("month", month) == t + 30  # January 2027 begins
-    assert datetime.fromtimestamp(period_end("week", week), timezone.utc).weekday() == 0
+    assert datetime.fromtimestamp(period_end("week", week), UTC).weekday() == 0
     assert periods(t + 31)[3] == month + 1
-    feb = datetime(2028, 2, 10, tzinfo=timezone.utc).timestamp()
+    feb = datetime(2028, 2, 10, tzinfo=UTC).timestamp()
     assert period_end("month", periods(feb)[3]) == datetime(
-        2028, 3, 1, tzinfo=timezone.utc).timestamp()
+        2028, 3, 1, tzinfo=UTC).timestamp()
 
 
 @pytest.fixture
@@ -123,3 +123,18 @@ def test_row_lock_is_released_when_its_holder_dies(table):
     with table.locked(3) as row:
         row[0] += 1
     assert time.monotonic() - start < 5
+
+
+def test_a_dead_proxys_requests_in_flight_are_given_back(table, tmp_path):
+    f = tmp_path / "k.ini"
+    f.write_text("[a]\nkey = sk-a\nmax-parallel = 2\n")
+    assert KeyRegistry(str(f), table).load() is None
+    dead, alive = KeyAdmission(table.name, 1), KeyAdmission(table.name, 0)
+    held = [dead.admit(0, None, 0), dead.admit(0, None, 0)]
+    assert isinstance(alive.admit(0, None, 0), Refusal)  # max-parallel 2 reached
+    table.proxy_gone(1)  # the supervisor, before proxy 1's replacement starts
+    h = alive.admit(0, None, 0)
+    assert not isinstance(h, Refusal) and alive.usage(0)["in_flight"] == 1
+    for x in held:  # a late settle of the dead proxy's requests takes nothing back
+        dead.settle(x, 1, 0, 1, 0)
+    assert alive.usage(0)["in_flight"] == 1

@@ -96,6 +96,8 @@ class Proxy(Protocol):
 
     def _key_allows(self, req: Request, mdl: dict) -> bool: ...
 
+    def _listed(self, req: Request) -> list[dict]: ...
+
     async def _forward(
         self, conn: HttpConnection, req: Request, m: int, name: str, body: dict | None,
         touch: bool = True, stream: bool = False, capture: bool = False,
@@ -265,7 +267,7 @@ class ClientApis:
             return
         m = p.pick_model(name)  # the name, an alias, else --model-fallback's
         if m is None:
-            wrap.send_error(req, 404, unknown_model(name, p.reg_models))
+            wrap.send_error(req, 404, unknown_model(name, p._listed(req)))
             return
         if native and p.reg_models[m].get("kind") in NATIVE_KINDS and not p.reg_models[m].get(
                 "translate"):
