@@ -98,7 +98,8 @@ class Server:
         fakes = tmp / "fakes"
         fakes.mkdir(exist_ok=True)
         (fakes / "m.json").write_text(json.dumps({"ttft_s": 0, "token_s": 0, "tokens": 100}))
-        self.log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - the server's life
+        self.log_path = tmp / f"{name}.log"
+        self.log = open(self.log_path, "wb")  # noqa: SIM115 - the server's life
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ggmux.supervisor", "serve", "--fake-models-dir", str(fakes),
              "--no-hf-cache", "--port", str(self.port), "--spares", "0", "--threads", "1",
@@ -110,7 +111,9 @@ class Server:
                     break
             except OSError:
                 if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"{name} did not start") from None
+                    self.close()
+                    raise RuntimeError(f"{name} did not start: "
+                                       f"{self.log_path.read_text()[-2000:]}") from None
                 time.sleep(0.1)
 
     def close(self) -> None:

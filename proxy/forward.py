@@ -191,8 +191,6 @@ class Forwarding:
         if ((self.api_key is not None or self.keys is not None) and req.hop != HOP_TRUSTED
                 and not self._authorized(req)):
             return False
-        if req.key_row >= 0:
-            return False  # a key with limits: handle admits it (.keyed)
         self.refresh()
         m = self.names.get(name)
         if m is None:
@@ -205,6 +203,8 @@ class Forwarding:
         inc = c.incarnation
         if cw[C_INCARNATION] != inc or cw[C_CIRCUIT] != CLOSED:
             return False
+        if req.key_row >= 0 and not self._key_fast(req, m):
+            return False  # a key's refusal, or a spending budget: handle answers (.keyed)
         up = self.pool.take_idle(c.port)
         if up is None:
             return False

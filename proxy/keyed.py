@@ -90,7 +90,13 @@ class KeyedProxy:
             conn.send_error(req, 403, f"key '{self.keys.name(req.key_row)}' may not use model "
                             f"'{name}' (the key's models setting)", code="model_not_allowed")
             return False
-        if not counted or req.key_hold is not None:
+        hold = req.key_hold
+        if hold is not None and hasattr(hold, "retry_after"):  # refused on the fast path
+            req.key_hold = None
+            conn.send_error(req, hold.status, hold.message, code=hold.code,
+                            headers=hold.headers())
+            return False
+        if not counted or hold is not None:
             return True
         src = req.body_json  # the client's own JSON: max_tokens in its API's name
         if src is None and req.body:
@@ -104,6 +110,19 @@ class KeyedProxy:
             return False
         req.key_hold = got
         return True
+
+    def _key_fast(self, req: Request, m: int) -> bool:
+        """The key's policy on the fast path (:meth:`~.forward.Forwarding.fast`):
+        True when the request is admitted (``req.key_hold``); False leaves it
+        to the handler: a model the key may not use, a model with a spending
+        budget, or a refusal (kept in ``req.key_hold``, answered there)."""
+        mdl = self.reg_models[m]
+        if not self._key_allows(req, mdl) or (
+                mdl.get("spend_per_day") or mdl.get("spend_per_week")
+                or mdl.get("spend_per_month")):
+            return False
+        req.key_hold = self.keys.admit(req.key_row, req.body_json, len(req.body))
+        return not hasattr(req.key_hold, "retry_after")
 
     def _priced(self, m: int, slot: int) -> bool:
         """Whether replica ``slot`` of model ``m`` is priced: a ``cmd`` model's
