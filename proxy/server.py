@@ -22,7 +22,8 @@ query (they neither load a model nor refresh its last use); ``/v1/models``,
 ``/models`` (``?reload=1`` rescans the sources); ``POST /models/load``,
 ``/models/unload``; ``GET /models/sse``; ``GET /health``; ``GET /metrics``
 (Prometheus, whole server); ``GET /requests`` and ``/requests/stream`` (the
-request ring); ``/upstream/<model>/<path>`` pass-through; the
+request ring); ``/keys`` (keys with limits, :mod:`.keyed`); ``/upstream/<model>/<path>``
+pass-through; the
 other client APIs (Anthropic, Responses, Ollama, ``GET /v1/models/{id}``)
 in :mod:`ggmux.proxy.apis`; CORS (:mod:`ggmux.proxy.cors`) on every answer.
 The routes are one table, :data:`ggmux.proxy.routes.ROUTES`.
