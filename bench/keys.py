@@ -14,8 +14,9 @@ Three parts (``--parts micro,latency,accuracy``):
   load of 1 and 64 connections of non-streamed chat requests, rounds
   alternating off/on; requests/s and latency p50/p99 (ms).
 * ``accuracy``: one server with 4 proxies, a key with ``rpm`` 100 and
-  ``tpm`` 20000, a client at 3x the limit (300 requests a window, over 16
-  keep-alive connections spread over the proxies) for 3 windows, on the key
+  ``tpm`` 20000, a client at 3x the rpm (300 requests a window, over 16
+  keep-alive connections spread over the proxies) for 3 windows, answers of
+  100 completion tokens (rpm binds) then 300 (tpm binds), on the key
   table's clock run ``--clock-scale`` times faster (a window of 60/scale
   s). Per window: requests admitted, their tokens (the answers' usage), and
   the allowed (100 requests; 20000 tokens).
@@ -93,11 +94,12 @@ def micro(n: int = 20000, rounds: int = 5) -> dict:
 class Server:
     """One ``ggmux serve`` on the fake instance."""
 
-    def __init__(self, tmp: Path, name: str, args: list[str], env: dict | None = None) -> None:
+    def __init__(self, tmp: Path, name: str, args: list[str], env: dict | None = None,
+                 tokens: int = 100) -> None:
         self.port = _free_port()
-        fakes = tmp / "fakes"
+        fakes = tmp / f"fakes-{name}"
         fakes.mkdir(exist_ok=True)
-        (fakes / "m.json").write_text(json.dumps({"ttft_s": 0, "token_s": 0, "tokens": 100}))
+        (fakes / "m.json").write_text(json.dumps({"ttft_s": 0, "token_s": 0, "tokens": tokens}))
         self.log_path = tmp / f"{name}.log"
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - the server's life
         self.proc = subprocess.Popen(
@@ -187,14 +189,14 @@ def latency(tmp: Path, rounds: int, seconds: float, conns: list[int]) -> dict:
     return out
 
 
-def accuracy(tmp: Path, scale: float, windows: int) -> dict:
+def accuracy(tmp: Path, scale: float, windows: int, tokens: int = 100) -> dict:
     from ggmux.shm.keytable import H_ANCHOR_S, KeyTable, key_table_name
     from ggmux.shm.segment import segment_name
 
     (tmp / "acc.ini").write_text("[k]\nkey = sk-acc\nrpm = 100\ntpm = 20000\n")
-    s = Server(tmp, "accuracy", ["--proxies", "4", "--keys", str(tmp / "acc.ini"),
-                                 "--admin-key", "adm"],
-               env={"GGMUX_LIMITS_CLOCK_SCALE": str(scale)})
+    s = Server(tmp, f"accuracy-{tokens}", ["--proxies", "4", "--keys", str(tmp / "acc.ini"),
+                                           "--admin-key", "adm"],
+               env={"GGMUX_LIMITS_CLOCK_SCALE": str(scale)}, tokens=tokens)
     results: list[tuple[float, float, int, int]] = []  # sent, received (table time), status, tokens
     try:
         t = KeyTable.attach(key_table_name(segment_name(s.port)))
@@ -209,7 +211,7 @@ def accuracy(tmp: Path, scale: float, windows: int) -> dict:
             time.sleep(0.01)
         per_window = 300
         gap = window / scale / per_window  # real seconds between requests: 3x the rpm
-        req = _request("sk-acc", max_tokens=100)
+        req = _request("sk-acc", max_tokens=tokens)
 
         async def run() -> None:
             conns = [await asyncio.open_connection("127.0.0.1", s.port) for _ in range(16)]
@@ -257,7 +259,7 @@ def accuracy(tmp: Path, scale: float, windows: int) -> dict:
                     "refused_429": sum(1 for x in inside if x[2] == 429),
                     "allowed_requests": 100, "allowed_tokens": 20000})
         print(f"accuracy window {i}: {out[-1]}", file=sys.stderr)
-    return {"windows": out, "clock_scale": scale}
+    return {"windows": out, "clock_scale": scale, "completion_tokens": tokens}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clock-scale", type=float, default=6.0,
                     help="the key table's clock speed-up in the accuracy part")
     ap.add_argument("--windows", type=int, default=3)
+    ap.add_argument("--accuracy-tokens", default="100,300",
+                    help="completion tokens per answer (and max_tokens) of each accuracy run: "
+                         "100 makes rpm the binding limit, 300 tpm")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     parts = args.parts.split(",")
@@ -284,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
             res["latency"] = latency(tmp, args.rounds, args.seconds,
                                      [int(c) for c in args.conns.split(",")])
         if "accuracy" in parts:
-            res["accuracy"] = accuracy(tmp, args.clock_scale, args.windows)
+            res["accuracy"] = [accuracy(tmp, args.clock_scale, args.windows, int(n))
+                               for n in args.accuracy_tokens.split(",")]
     res["load_after"] = os.getloadavg()
     text = json.dumps(res, indent=1)
     if args.out:
