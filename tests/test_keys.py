@@ -119,6 +119,7 @@ def test_max_parallel_counts_streams_in_flight(serve, fakes, tmp_path):
     wait_for(lambda: usage_of(s, "p")["in_flight"] == 0, 30, 0.05, "streams ended")
 
 
+@pytest.mark.slow  # waits for the next day of a 10000x clock
 def test_streamed_answer_is_counted_and_day_budget_rolls_over(serve, fakes, tmp_path,
                                                             monkeypatch):
     # a day of 8.64 s (the key table's clock, 10000x)
@@ -155,6 +156,7 @@ def test_streamed_answer_is_counted_and_day_budget_rolls_over(serve, fakes, tmp_
     wait_for(lambda: stream_tokens()[0] == 200, 60, 0.2, "the next day")
 
 
+@pytest.mark.slow  # waits 20 s for a key to expire
 def test_allowed_models_listing_expiry_and_disabled(serve, fakes, tmp_path):
     fakes.add("alpha", tokens=1)
     fakes.add("beta", tokens=1)
