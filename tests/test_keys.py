@@ -174,6 +174,11 @@ def test_allowed_models_listing_expiry_and_disabled(serve, fakes, tmp_path):
     assert [m["name"] for m in doc["models"]] == ["alpha:latest"]
     st, doc = s.json("GET", "/v1/models", headers=ADMIN)
     assert sorted(m["id"] for m in doc["data"]) == ["alpha", "beta"]
+    assert s.json("GET", "/v1/models/beta", headers=bearer("sk-a"))[0] == 403
+    assert s.json("GET", "/v1/models/alpha", headers=bearer("sk-a"))[0] == 200
+    assert s.json("POST", "/api/show", {"model": "beta"}, headers=bearer("sk-a"))[0] == 403
+    st, _, body = s.request("POST", CHAT, chat_body("gamma"), headers=bearer("sk-a"))
+    assert st == 404 and "beta" not in body.decode()  # the 404 lists only the key's models
     st, _, body = s.request("POST", "/api/chat", {"model": "beta", "stream": False, "messages": [
         {"role": "user", "content": "hi"}]}, headers=bearer("sk-a"))
     assert st == 403 and "may not use" in json.loads(body)["error"]

@@ -478,9 +478,12 @@ class ClientApis:
         p.refresh()
         m = resolve(p.names, name)
         if m is None:
-            send_error(conn, req, 404, unknown_model(name, p.reg_models))
+            send_error(conn, req, 404, unknown_model(name, p._listed(req)))
             return
         mdl = p.reg_models[m]
+        if not p._key_allows(req, mdl):  # a key's models (issue 36: proxy.keyed)
+            send_error(conn, req, 403, f"this key may not use model '{name}'")
+            return
         facts = await self._facts(mdl)
         doc = ollama.show(mdl, facts)
         # whether chat requests have a template (measured, else the file's
@@ -521,7 +524,12 @@ class ClientApis:
         name = unquote(req.path[11:].decode("latin-1"))
         m = resolve(p.names, name)
         if m is None or p.reg_models[m].get("removed"):
-            conn.send_error(req, 404, unknown_model(name, p.reg_models), code="model_not_found")
+            conn.send_error(req, 404, unknown_model(name, p._listed(req)),
+                            code="model_not_found")
+            return
+        if not p._key_allows(req, p.reg_models[m]):  # a key's models (issue 36)
+            conn.send_error(req, 403, f"this key may not use model '{name}'",
+                            code="model_not_allowed")
             return
         conn.send_json(req, 200, model_object(m, p.reg_models[m], p.model_rows[m], p.errors))
 
