@@ -94,6 +94,7 @@ class Policy:
     reserve: int
     expires: float
     disabled: bool
+    budgeted: bool = False  # any of tok_day, tok_week, tok_month
 
 
 @dataclass(slots=True)
@@ -131,7 +132,8 @@ def _policy(d: dict) -> Policy:
                   d["tokens_per_day"], d["tokens_per_week"], d["tokens_per_month"],
                   d["input_weight"], d["cached_weight"], d["output_weight"],
                   int(d["spend_per_month"] * NANO), d["reserve_tokens"],
-                  float(d["expires"] or 0), bool(d["disabled"]))
+                  float(d["expires"] or 0), bool(d["disabled"]),
+                  bool(d["tokens_per_day"] or d["tokens_per_week"] or d["tokens_per_month"]))
 
 
 def _reset(kind: str, pid: int, now: float) -> float:
@@ -238,11 +240,13 @@ class KeyAdmission:
         if gen is None:
             gen = p.reserve
         raw = est + gen
-        w = weighed(p.w_in, p.w_cached, p.w_out, est, 0, gen)
+        w = round(est * p.w_in + gen * p.w_out)  # weighed(), nothing cached yet
         t.lock(row)
         try:
             r = self.rows[row]
-            roll(r, ids)
+            if (r[K_MINUTE] != ids[0] or r[K_DAY] != ids[1] or r[K_WEEK] != ids[2]
+                    or r[K_MONTH] != ids[3]):
+                roll(r, ids)
             why = None
             if p.max_parallel and r[K_IN_FLIGHT] >= p.max_parallel:
                 why = Refusal(429, "rate_limit_exceeded",
@@ -260,7 +264,7 @@ class KeyAdmission:
                               f"({int(r[K_TOKENS])} used, this request reserves {raw}: prompt "
                               f"and max_tokens); resets in {_in(s / t.scale)}",
                               t.real_seconds(s))
-            else:
+            elif p.budgeted:
                 for kind, cap, word, pid in (("day", p.tok_day, K_TOK_DAY, ids[1]),
                                              ("week", p.tok_week, K_TOK_WEEK, ids[2]),
                                              ("month", p.tok_month, K_TOK_MONTH, ids[3])):
@@ -271,11 +275,11 @@ class KeyAdmission:
                                       f"({int(r[word])} used, this request reserves {w}); "
                                       f"resets in {_in(s / t.scale)}", t.real_seconds(s))
                         break
-                if why is None and p.spend_nano and r[K_SPEND_MONTH_NANO] >= p.spend_nano:
-                    s = _reset("month", ids[3], now)
-                    why = Refusal(429, "insufficient_quota",
-                                  f"key '{p.name}': spend-per-month {p.spend_nano / NANO:g} "
-                                  f"spent; resets in {_in(s / t.scale)}", t.real_seconds(s))
+            if why is None and p.spend_nano and r[K_SPEND_MONTH_NANO] >= p.spend_nano:
+                s = _reset("month", ids[3], now)
+                why = Refusal(429, "insufficient_quota",
+                              f"key '{p.name}': spend-per-month {p.spend_nano / NANO:g} "
+                              f"spent; resets in {_in(s / t.scale)}", t.real_seconds(s))
             if why is not None:
                 r[K_REFUSED] += 1
                 return why
@@ -311,15 +315,18 @@ class KeyAdmission:
                 self.held[hold.row] -= 1
                 if r[K_IN_FLIGHT] > 0:
                     r[K_IN_FLIGHT] -= 1
-            if r[K_MINUTE] == hold.ids[0]:
+            ids = hold.ids
+            if r[K_MINUTE] == ids[0]:
                 r[K_TOKENS] = max(0, r[K_TOKENS] + raw - hold.tokens)
-            for word, tok, pid in ((K_DAY, K_TOK_DAY, hold.ids[1]), (K_WEEK, K_TOK_WEEK, hold.ids[2]),
-                                   (K_MONTH, K_TOK_MONTH, hold.ids[3])):
-                if r[word] == pid:
-                    r[tok] = max(0, r[tok] + w - hold.weighed)
+            d = w - hold.weighed
+            if r[K_DAY] == ids[1]:
+                r[K_TOK_DAY] = max(0, r[K_TOK_DAY] + d)
+            if r[K_WEEK] == ids[2]:
+                r[K_TOK_WEEK] = max(0, r[K_TOK_WEEK] + d)
+            if r[K_MONTH] == ids[3]:
+                r[K_TOK_MONTH] = max(0, r[K_TOK_MONTH] + d)
             if cost_nano:
-                ids = periods(t.now())
-                roll(r, ids)
+                roll(r, periods(t.now()))
                 r[K_SPEND_MONTH_NANO] += cost_nano
         finally:
             t.unlock(hold.row)
