@@ -51,7 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     default=DEFAULT_CONFIG.prefix_load_threshold)
     ap.add_argument("--cache-scope", choices=("key", "global", "none"), default="global")
     ap.add_argument("--key-table", default=None,
-                    help="the key table's segment (ggmux serve --keys)")
+                    help="the key table's segment (keys' windows, priced replicas' spend)")
+    ap.add_argument("--keyed", action="store_true",
+                    help="a keys file is set (ggmux serve --keys): its keys open the routes")
     ap.add_argument("--log-level", default="INFO")
     add_http_limit_options(ap)
     return ap.parse_args(argv)
@@ -82,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                                 prefix_disk_weight=args.prefix_disk_weight,
                                 prefix_load_threshold=args.prefix_load_threshold),
         cache_scope=args.cache_scope, key_table=args.key_table,
+        keyed=args.keyed,
     )
     del keys
     limits: HttpLimits = fit_fd_limit(limits_from_args(args))

@@ -188,7 +188,7 @@ class Forwarding:
             if self.cluster is None:
                 self.refresh()
             req.hop = judge_hop(req, self.cluster)
-        if ((self.api_key is not None or self.keys is not None) and req.hop != HOP_TRUSTED
+        if ((self.api_key is not None or self.keyed) and req.hop != HOP_TRUSTED
                 and not self._authorized(req)):
             return False
         self.refresh()

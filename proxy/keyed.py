@@ -46,8 +46,9 @@ SETTINGS = ("models", "rpm", "tpm", "max-parallel", "tokens-per-day", "tokens-pe
 
 class KeyedProxy:
     """The keys half of :class:`~ggmux.proxy.server.Proxy` (module docstring);
-    ``self.keys`` is its :class:`~.admission.KeyAdmission` (None without
-    ``--keys``)."""
+    ``self.keys`` is its :class:`~.admission.KeyAdmission` (the key table:
+    the windows of ``--keys``' keys and the spend of priced replicas), and
+    ``self.keyed`` whether a keys file is set."""
 
     keys: KeyAdmission | None
 
@@ -62,7 +63,7 @@ class KeyedProxy:
     def _key_unusable(self, req: Request) -> str | None:
         """Why the keys-file key ``req`` presents opens nothing (disabled,
         expired), or None."""
-        if self.keys is None:
+        if not self.keyed:
             return None
         given = given_key(req)
         row = self.keys.row_of(given) if given else -1
@@ -201,7 +202,7 @@ class KeyedProxy:
 
     # ---- /keys --------------------------------------------------------------------------
     async def _keys_route(self, conn: HttpConnection, req: Request) -> None:
-        if self.keys is None:
+        if not self.keyed:
             conn.send_error(req, 404, "this server has no keys file (ggmux serve --keys FILE)",
                             code="no_keys_file")
             return

@@ -119,6 +119,7 @@ class Proxy(Forwarding, RouterMode, KeyedProxy):
         balancer: BalancerConfig | None = None,
         cache_scope: str = "global",
         key_table: str | None = None,
+        keyed: bool = False,
     ) -> None:
         self.index = index
         self.cors = Cors(cors_origins) if cors_origins else None
@@ -198,7 +199,9 @@ class Proxy(Forwarding, RouterMode, KeyedProxy):
         self.activity = Activity(request_ring_name(shm), index)
         self.pool.keep_bodies = self.activity.excerpt > 0  # --log-requests-bodies
         self.requests = RequestLog(self.loop, self.activity.ring)
-        # --keys (issue 36): the key table's policies, window counters and spend rows
+        # the key table (issue 36): --keys' policies and windows (keyed), and the
+        # spend of priced replicas (every server)
+        self.keyed = keyed and bool(key_table)
         self.keys = KeyAdmission(key_table, index) if key_table else None
         if self.keys is not None:
             self.activity.on_end = self._request_ended
@@ -349,7 +352,7 @@ class Proxy(Forwarding, RouterMode, KeyedProxy):
         finding 1)."""
         if admin and self.admin_key:
             return authorized(req, self.admin_key)
-        if self.api_key is None and self.keys is None:
+        if self.api_key is None and not self.keyed:
             return True
         ok = False
         for key in self.api_keys:
@@ -357,7 +360,7 @@ class Proxy(Forwarding, RouterMode, KeyedProxy):
         if ok or self._is_admin(req):
             return True
         # a key of the keys file (issue 36): usable unless disabled or expired
-        return (self.keys is not None and self._key_row(req) >= 0
+        return (self.keyed and self._key_row(req) >= 0
                 and self.keys.unusable(req.key_row) is None)
 
     def _is_admin(self, req: Request) -> bool:

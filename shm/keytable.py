@@ -79,6 +79,7 @@ NANO = 1_000_000_000
 
 DEFAULT_ROWS = 256
 DEFAULT_BLOB = 1 << 20
+NO_KEYS_BLOB = 4096  # a server without a keys file: the table holds only the spend rows
 CLOCK_ENV = "GGMUX_LIMITS_CLOCK_SCALE"
 
 

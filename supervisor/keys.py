@@ -227,13 +227,14 @@ class KeyRegistry:
         self.done: dict[str, str | None] = {}  # admin edits by id -> error, the last ones
 
     @classmethod
-    def open(cls, path: str, table_name: str, shape: TableShape) -> KeyRegistry:
-        """The registry of keys file ``path`` with a fresh key table
+    def open(cls, path: str | None, table_name: str, shape: TableShape) -> KeyRegistry:
+        """The registry of keys file ``path`` (None: no keys, the table holds
+        only the spend of priced replicas) with a fresh key table
         ``table_name``; raises ``ValueError`` (the file's error) or
         ``OSError``, after removing the table."""
         table = KeyTable.create(table_name, shape)
         reg = cls(path, table)
-        err = reg.load()
+        err = reg.load() if path else reg.publish()
         if err is not None:
             table.close()
             raise ValueError(err)

@@ -32,7 +32,7 @@ import posix_ipc
 
 from ..http1.auth import keys_pipe
 from ..shm import layout as L
-from ..shm.keytable import TableShape, key_table_name
+from ..shm.keytable import NO_KEYS_BLOB, TableShape, key_table_name
 from ..shm.logring import log_ring_name
 from ..shm.requestring import RequestRing, RingShape, request_ring_name
 from ..shm.segment import Segment
@@ -142,13 +142,15 @@ class Supervisor:
         cfg, st = self.cfg, self.state
         _check_port_free(cfg.host, cfg.port)
         _check_no_live_owner(cfg.shm_name)
-        if cfg.keys_file:  # the key table, before any proxy attaches it
-            try:
-                self.keys = KeyRegistry.open(cfg.keys_file, key_table_name(cfg.shm_name),
-                                             TableShape(cfg.keys_max, cfg.proxies,
-                                                        st.sizes.models))
-            except (OSError, ValueError) as e:
-                raise StartupError(f"--keys: {e}") from None
+        # the key table, before any proxy attaches it: the keys' windows (--keys)
+        # and every server's priced replicas' spend
+        try:
+            self.keys = KeyRegistry.open(
+                cfg.keys_file, key_table_name(cfg.shm_name),
+                TableShape(cfg.keys_max, cfg.proxies, st.sizes.models) if cfg.keys_file
+                else TableShape(1, cfg.proxies, st.sizes.models, NO_KEYS_BLOB))
+        except (OSError, ValueError) as e:
+            raise StartupError(f"--keys: {e}") from None
         st.seg = Segment.create(cfg.shm_name, st.sizes)
         install_ring_handler().open(log_ring_name(cfg.shm_name), cfg.log_ring_bytes)
         # the proxies' record of their requests: they write it, we only make and remove it
@@ -581,6 +583,7 @@ class Supervisor:
             "--mq", cfg.mq_name, "--host", cfg.host, "--port", str(cfg.port),
             "--load-wait", str(cfg.load_wait), *cfg.proxy_args,
             *(("--key-table", key_table_name(cfg.shm_name)) if self.keys is not None else ()),
+            *(("--keyed",) if cfg.keys_file else ()),
         ]
         # the keys through a pipe: no key on a command line or in an
         # environment (issue 11); stdout says "ready"; stderr lines are

@@ -270,12 +270,14 @@ def remote(fakes, tmp_path):
 def test_upstream_over_its_spend_quota_is_skipped_and_the_local_replica_serves(
         serve, fakes, remote, tmp_path):
     local = fakes.add("m", tokens=8)
-    s = keyed(serve, fakes, tmp_path,
-              "[k]\nkey = sk-k\nspend-per-month = 0.05\n[free]\nkey = sk-free\n",
-              preset=f"[m]\nmodel = {local}\nupstream = http://127.0.0.1:{remote}\n"
-                     "price-input = 100\nprice-output = 1000\nspend-per-day = 0.02\n"
-                     f"[free-remote]\nupstream = http://127.0.0.1:{remote}\n"
-                     "spend-per-day = 0.000001\n")
+    p = tmp_path / "models.ini"
+    p.write_text(f"[m]\nmodel = {local}\nupstream = http://127.0.0.1:{remote}\n"
+                 "price-input = 100\nprice-output = 1000\nspend-per-day = 0.02\n"
+                 f"[free-remote]\nupstream = http://127.0.0.1:{remote}\n"
+                 "spend-per-day = 0.000001\n")
+    # no keys file: spending budgets hold on any server
+    s = serve("--models-preset", str(p), "--no-hf-cache", "--proxies", "2",
+              "--api-key", "sk-free")
     # the upstream answers until its day's budget (0.02: 8 tokens at 1000 per
     # million and the prompt at 100 are ~0.009 a request) is spent
     seen = []
