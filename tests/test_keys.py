@@ -309,3 +309,14 @@ def test_key_spend_per_month_refuses_once_spent(serve, fakes, remote, tmp_path):
     assert st == 429 and err["code"] == "insufficient_quota"
     assert "spend-per-month" in err["message"] and int(hdr["retry-after"]) > 0
     assert abs(usage_of(s, "k")["spend_this_month"] - 0.016) < 1e-9
+    # the same refusal in Anthropic's and Ollama's envelopes
+    st, hdr, body = s.request("POST", "/v1/messages", {
+        "model": "up", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+        headers={"x-api-key": "sk-k"})
+    doc = json.loads(body)
+    assert st == 429 and hdr["retry-after"] and doc["error"]["type"] == "rate_limit_error"
+    assert "spend-per-month" in doc["error"]["message"]
+    st, hdr, body = s.request("POST", "/api/chat", {
+        "model": "up", "stream": False, "messages": [{"role": "user", "content": "hi"}]},
+        headers=bearer("sk-k"))
+    assert st == 429 and hdr["retry-after"] and "spend-per-month" in json.loads(body)["error"]
