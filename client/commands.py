@@ -40,6 +40,7 @@ from .http_client import (
     number,
     parse_json,
 )
+from .keys import add_keys_command
 from .usage import add_usage_command
 
 NO_ANSWER = NO_SERVER = 3
@@ -118,6 +119,7 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:
                         help="empty the KV tiers of MODEL, or of every model (admin key)")
     c.add_argument("name", nargs="?", help="the model (default: every model)")
     c.set_defaults(func=cmd_cache_clear)
+    add_keys_command(sub, common)  # issue 36: .keys
     p = sub.add_parser("logs", parents=[common],
                        help="recent log lines of the server and its models (--requests: "
                             "its requests)")

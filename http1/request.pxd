@@ -20,6 +20,8 @@ cdef class Request:
     cdef public object host
     cdef public bint http10
     cdef public bint keep_alive
+    cdef public object key_hold
+    cdef public long long key_row
     cdef public object method
     cdef public object on_disconnect
     cdef public object origin

@@ -71,6 +71,8 @@ class Request:
         "host",
         "http10",
         "keep_alive",
+        "key_hold",
+        "key_row",
         "method",
         "on_disconnect",
         "origin",
@@ -112,6 +114,8 @@ class Request:
         self.extra_head = b""
         self.hop = 0  # cluster mode: forwarded by another node (proxy.cluster.HOP_*)
         self.hop_marked = False
+        self.key_row = -1  # its key's row of the key table (-1: no key of the keys file)
+        self.key_hold = None  # what its key's limits counted it for (proxy.admission.Hold)
 
     def header(self, name: bytes, default: bytes | None = None) -> bytes | None:
         """First value of header ``name`` (lower-case bytes)."""

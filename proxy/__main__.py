@@ -56,6 +56,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--prefix-load-threshold", type=float,
                     default=DEFAULT_CONFIG.prefix_load_threshold)
     ap.add_argument("--cache-scope", choices=("key", "global", "none"), default="global")
+    ap.add_argument("--key-table", default=None,
+                    help="the key table's segment (keys' windows, priced replicas' spend)")
+    ap.add_argument("--keyed", action="store_true",
+                    help="a keys file is set (ggmux serve --keys): its keys open the routes")
     ap.add_argument("--log-level", default="INFO")
     add_http_limit_options(ap)
     return ap.parse_args(argv)
@@ -85,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         balancer=BalancerConfig(mode=args.balance, prefix_weight=args.prefix_weight,
                                 prefix_disk_weight=args.prefix_disk_weight,
                                 prefix_load_threshold=args.prefix_load_threshold),
-        cache_scope=args.cache_scope,
+        cache_scope=args.cache_scope, key_table=args.key_table,
+        keyed=args.keyed,
     )
     proxy.usage.spec = keys.get("ledger") or ""  # the usage ledger's store (issue 36)
     del keys

@@ -176,6 +176,9 @@ class Activity:
         except (OSError, ValueError, posix_ipc.Error) as e:
             log.warning("request ring %s unavailable (no request is recorded): %s", ring_name, e)
         self.excerpt = self.ring.shape.excerpt if self.ring is not None else 0
+        # called with (req, m, slot, prompt, cached, generated) as each request
+        # ends (the keys' settlement and the spend of priced replicas: proxy.keyed)
+        self.on_end = None
 
     @cython.locals(req=Request, ex=Exchange, now=cython.longlong, started=cython.longlong,
                    prompt=cython.longlong, cached=cython.longlong, gen=cython.longlong,
@@ -189,7 +192,7 @@ class Activity:
         with ``status`` (``slot`` -1, ``ex`` None: a load that failed, every
         replica busy, the client gone while waiting)."""
         ring = self.ring
-        if ring is None:
+        if ring is None and self.on_end is None:
             return
         now = time.monotonic_ns()
         started = req.started_ns or now
@@ -216,6 +219,10 @@ class Activity:
             elif ex.sse and ex.events:
                 gen = max(0, ex.events - 1)  # one event a token, but [DONE]
                 flags |= F_USAGE_COUNTED
+        if self.on_end is not None:
+            self.on_end(req, m, slot, prompt, cached, gen)
+        if ring is None:
+            return
         if req.hop:
             flags |= F_FORWARDED  # the node the client asked records it for the ledger
         ptext = atext = b""
@@ -227,4 +234,4 @@ class Activity:
             time.time_ns() - (now - started), m, slot, route_index(req.path), status,
             prompt, cached, gen, wait // 1000, ttft, (now - started) // 1000, flags, size,
             len(ptext), len(atext), req.request_id[:16],
-            -1), ptext, atext)  # Q_KEY: the key table's row, set by the keys' admission
+            req.key_row), ptext, atext)  # Q_KEY: the key table's row (-1: no keys-file key)

@@ -201,7 +201,7 @@ class Forwarding:
             if self.cluster is None:
                 self.refresh()
             req.hop = judge_hop(req, self.cluster)
-        if (self.api_key is not None and req.hop != HOP_TRUSTED
+        if ((self.api_key is not None or self.keyed) and req.hop != HOP_TRUSTED
                 and not self._authorized(req)):
             return False
         self.refresh()
@@ -216,6 +216,8 @@ class Forwarding:
         inc = c.incarnation
         if cw[C_INCARNATION] != inc or cw[C_CIRCUIT] != CLOSED:
             return False
+        if req.key_row >= 0 and not self._key_fast(req, m):
+            return False  # a key's refusal, or a spending budget: handle answers (.keyed)
         up = self.pool.take_idle(c.port)
         if up is None:
             return False
@@ -378,11 +380,30 @@ class Forwarding:
         attempt = 0  # forwards that failed before the request reached a replica
         skey: str | None | bool = False  # the session key, read only when there is a choice
         pfx: Prediction | None | bool = False  # the prompt's prefix, looked up likewise
+        budget = None  # a spending budget the model's priced replicas spent (.keyed)
+        if self.keys is not None:
+            if req.key_row >= 0 and not self._key_admit(conn, req, m, name, body,
+                                                         not recorded):
+                if not recorded:
+                    self.activity.record(req, m, -1, None, req.status or 429)
+                return None
+            budget = self._over_budget(m)
+            if budget is not None and self.reg_models[m].get("kind") in ("cmd", "upstream"):
+                conn.send_error(req, budget.status, budget.message, code=budget.code,
+                                headers=budget.headers())
+                if not recorded:
+                    self.activity.record(req, m, -1, None, budget.status)
+                return None
         try:
             while attempt < MAX_ATTEMPTS:
                 if self.stopping:
                     answers.stopping(conn, req)
                     return None
+                if budget is not None and m in self.ready and not self._unpriced_ready(m):
+                    # its priced replicas spent their budget: a local one serves, once loaded
+                    if not await self._local_for_budget(conn, req, m, budget):
+                        return None
+                    continue
                 if m not in (self.ready_local if req.hop else self.ready):
                     # forwarded by another node: served here (woken, loaded) or not at
                     # all, never forwarded again
@@ -435,9 +456,16 @@ class Forwarding:
                     continue
                 now = time.monotonic_ns()
                 c = self.single.get(m)  # the common case: one local replica, no limits
-                if c is None or c.slot in tried or self.cw[c.slot][C_CIRCUIT] != CLOSED:
+                if (c is None or c.slot in tried or self.cw[c.slot][C_CIRCUIT] != CLOSED
+                        or budget is not None):
                     cands = candidates_from_shm(self.replica_rows, self.seg.counters, m,
                                                 self.index, now, self.balancer)
+                    if budget is not None:  # skipped as an open circuit is: the next tier serves
+                        cands = [c for c in cands if not self._priced(m, c.slot)]
+                        if not cands:
+                            conn.send_error(req, budget.status, budget.message,
+                                            code=budget.code, headers=budget.headers())
+                            return None
                     if req.hop and self.hop_slots:
                         cands = [c for c in cands if c.slot not in self.hop_slots]
                     if skey is False:

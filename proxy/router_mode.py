@@ -110,8 +110,10 @@ class RouterMode:
             if reload and not await self._reload(conn, req):
                 return
             self.refresh()
-            conn.send_json(req, 200, annotate_models(
-                models_list(self.reg_models, self.model_rows, self.errors), self.cluster))
+            listed = models_list(self.reg_models, self.model_rows, self.errors)
+            if req.key_row >= 0:  # only the models the key may use (issue 36)
+                listed["data"] = self._key_models(req, listed["data"])
+            conn.send_json(req, 200, annotate_models(listed, self.cluster))
         elif method == b"DELETE" and req.path == b"/models":
             self._delete_model(conn, req)
         elif method == b"POST" and req.path == b"/models":

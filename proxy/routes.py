@@ -94,6 +94,9 @@ ROUTES: tuple[Route, ...] = (
     Route(b"/requests", "_requests", GET, admin=True),
     Route(b"/requests/stream", "_requests", (b"GET",), admin=True),
     Route(b"/usage", "_usage", GET, admin=True),  # the usage ledger (issue 36)
+    # keys with limits (issue 36; .keyed)
+    Route(b"/keys", "_keys_route", admin=True),
+    Route(b"/keys/", "_keys_route", admin=True, prefix=True),
     Route(b"/cluster", "_cluster", GET, refuse=True, guard="_in_cluster"),
     Route(b"/cluster/drain", "_cluster_drain", POST, refuse=True, admin=True,
           guard="_in_cluster"),

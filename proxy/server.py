@@ -22,7 +22,8 @@ query (they neither load a model nor refresh its last use); ``/v1/models``,
 ``/models`` (``?reload=1`` rescans the sources); ``POST /models/load``,
 ``/models/unload``; ``GET /models/sse``; ``GET /health``; ``GET /metrics``
 (Prometheus, whole server); ``GET /requests`` and ``/requests/stream`` (the
-request ring); ``/upstream/<model>/<path>`` pass-through; the
+request ring); ``/keys`` (keys with limits, :mod:`.keyed`); ``/upstream/<model>/<path>``
+pass-through; the
 other client APIs (Anthropic, Responses, Ollama, ``GET /v1/models/{id}``)
 in :mod:`ggmux.proxy.apis`; CORS (:mod:`ggmux.proxy.cors`) on every answer.
 The routes are one table, :data:`ggmux.proxy.routes.ROUTES`.
@@ -57,6 +58,7 @@ from ..shm.requestring import request_ring_name
 from ..shm.segment import Segment
 from . import answers, apis, bodies, passthrough, routes
 from .activity import Activity
+from .admission import KeyAdmission
 from .apis import ClientApis
 from .balancer import (
     BalancerConfig,
@@ -73,6 +75,7 @@ from .cluster import (
 )
 from .cors import Cors, from_other_site, json_type, simple_type
 from .forward import NS, TOKEN_ROUTES, Forwarding
+from .keyed import KeyedProxy
 from .listing import ModelEvents, unknown_model
 from .operator.logs import LogTail
 from .operator.overview import overview
@@ -94,7 +97,7 @@ STOPPING = "the server is stopping"
 HEALTH_LOADING = b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
 
 
-class Proxy(Forwarding, RouterMode):
+class Proxy(Forwarding, RouterMode, KeyedProxy):
     """State of one worker; ``handle`` is the HTTP handler, :class:`~.forward.Forwarding`
     the forwarding (the fast path, waiting, balancing, retries, accounting)."""
 
@@ -116,6 +119,8 @@ class Proxy(Forwarding, RouterMode):
         tenant_secret: str | None = None,
         balancer: BalancerConfig | None = None,
         cache_scope: str = "global",
+        key_table: str | None = None,
+        keyed: bool = False,
     ) -> None:
         self.index = index
         self.cors = Cors(cors_origins) if cors_origins else None
@@ -196,6 +201,12 @@ class Proxy(Forwarding, RouterMode):
         self.pool.keep_bodies = self.activity.excerpt > 0  # --log-requests-bodies
         self.requests = RequestLog(self.loop, self.activity.ring)
         self.usage = UsageView(self.loop, "", shm)  # GET /usage (issue 36); __main__ sets its store
+        # the key table (issue 36): --keys' policies and windows (keyed), and the
+        # spend of priced replicas (every server)
+        self.keyed = keyed and bool(key_table)
+        self.keys = KeyAdmission(key_table, index) if key_table else None
+        if self.keys is not None:
+            self.activity.on_end = self._request_ended
         self.refresh()
 
     # ---- shared-memory snapshot ------------------------------------------
@@ -351,12 +362,16 @@ class Proxy(Forwarding, RouterMode):
         finding 1)."""
         if admin and self.admin_key:
             return authorized(req, self.admin_key)
-        if self.api_key is None:
+        if self.api_key is None and not self.keyed:
             return True
         ok = False
         for key in self.api_keys:
             ok |= authorized(req, key)
-        return ok or self._is_admin(req)
+        if ok or self._is_admin(req):
+            return True
+        # a key of the keys file (issue 36): usable unless disabled or expired
+        return (self.keyed and self._key_row(req) >= 0
+                and self.keys.unusable(req.key_row) is None)
 
     def _is_admin(self, req: Request) -> bool:
         """Whether the request presents the admin key (one must be set)."""
@@ -373,6 +388,8 @@ class Proxy(Forwarding, RouterMode):
         ``--cors-origins`` does not name (:func:`~.cors.from_other_site`)."""
         if self.admin_key is not None and not authorized(req, self.admin_key):
             return "needs the admin key (--admin-key)"
+        if req.key_row >= 0:  # issue 36: a keys-file key is never an admin
+            return "needs the admin key, or an --api-key key (not a key of the keys file)"
         if req.hop == HOP_TRUSTED:
             return "is not taken from another node"
         if from_other_site(req, self.cors.listed if self.cors is not None else frozenset()):
@@ -409,7 +426,8 @@ class Proxy(Forwarding, RouterMode):
         if (not (req.hop == HOP_TRUSTED and not admin) and not self._authorized(req, admin)
                 and not (path in QUERY_ROUTED and self._is_admin(req))):
             why = ("this route needs the admin key (--admin-key)"
-                   if admin and self.admin_key else "invalid or missing API key")
+                   if admin and self.admin_key else
+                   self._key_unusable(req) or "invalid or missing API key")
             if route is not None and route.foreign:
                 apis.send_error(conn, req, 401, why, headers=[(b"www-authenticate", b"Bearer")])
                 return
@@ -702,7 +720,8 @@ class Proxy(Forwarding, RouterMode):
         self.refresh()
         m = self.pick_model(name)  # the name, an alias, else --model-fallback's
         if m is None:
-            conn.send_error(req, 404, unknown_model(name, self.reg_models), code="model_not_found")
+            conn.send_error(req, 404, unknown_model(name, self._listed(req)),
+                            code="model_not_found")
         return m
 
     def command(self, cmd: dict) -> bool:

@@ -48,6 +48,7 @@ from ..shm.requestring import REQUEST_EXCERPT_BYTES
 from ..shm.segment import queue_name, segment_name
 from .cluster.options import add_cluster_options
 from .cluster.options import from_args as cluster_options
+from .keys import read_keys_file
 from .kvtiers.files import tenant_secret
 from .ledger.options import add_ledger_options, default_state_dir, ledger_refusal, ledger_spec
 from .logs import install as install_ring_handler
@@ -283,6 +284,15 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                         "(only one made with the same API key), global (anyone's, as "
                         "llama-server), none; default: key when --api-key or --admin-key is "
                         "set, else global (a preset's cache-scope wins)")
+    # --- keys with limits (issue 36: supervisor/keys.py) ---
+    s.add_argument("--keys", default=None, metavar="FILE",
+                   help="keys file (INI, one section per key name: key or key-sha256, models, "
+                        "rpm, tpm, max-parallel, tokens-per-day|week|month, spend-per-month, "
+                        "expires, disabled; README 'Keys with limits'); read at start and on "
+                        "reload; --api-key keys stay keys without limits")
+    s.add_argument("--keys-max", type=int, default=256, metavar="N",
+                   help="keys the key table holds (a key keeps its row for the server's life)")
+    # --- end of keys with limits ---
     add_routing_options(s)
     s.add_argument("--queue-timeout", type=float, default=30.0,
                    help="seconds a request waits for a replica below its max-concurrency "
@@ -612,6 +622,15 @@ def serve(args: argparse.Namespace) -> int:
     if cluster is not None and not cluster.cluster_token:
         log.warning("cluster: no --cluster-token: requests forwarded between nodes are not "
                     "authenticated (the hop header is trusted from anyone, never as an API key)")
+    if args.keys:  # --- keys with limits (issue 36) ---
+        try:
+            read_keys_file(args.keys)
+        except (OSError, ValueError) as e:
+            print(f"ggmux: --keys: {e}", file=sys.stderr)
+            return 2
+        if args.keys_max < 1:
+            print("ggmux: --keys-max must be at least 1", file=sys.stderr)
+            return 2
     cfg = Config(
         host=args.host, port=args.port, proxies=args.proxies, models_max=args.models_max,
         models_autoload=args.models_autoload, model_fallback=args.model_fallback or None,
@@ -645,9 +664,12 @@ def serve(args: argparse.Namespace) -> int:
         ledger=ledger_spec(args, args.state_dir or default_state_dir()),
         ledger_buffer=args.ledger_buffer,
         # --- end usage ledger ---
+        keys_file=os.path.abspath(args.keys) if args.keys else None, keys_max=args.keys_max,
     )
     if cfg.ledger:  # the proxies' GET /usage reads it too (a password: through the pipe)
         cfg.proxy_keys["ledger"] = cfg.ledger
+    if args.keys and args.watch_config:
+        cfg.watch_paths.append(cfg.keys_file)
     if cluster is not None:  # rows and slots for the models and replicas of other nodes
         cfg.models_headroom += CLUSTER_MODEL_ROWS
         cfg.replica_slots = max(8, 2 * args.models_max + 4) + CLUSTER_REMOTE_SLOTS

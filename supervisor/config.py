@@ -55,3 +55,6 @@ class Config:
     # --- usage ledger (issue 36) ---
     ledger: str = ""  # --ledger resolved: "" off, a SQLite file's path, postgresql://...
     ledger_buffer: int = 100_000  # --ledger-buffer: rows kept while the store fails
+    # --- keys with limits (issue 36) ---
+    keys_file: str | None = None  # --keys: the keys file (supervisor/keys.py)
+    keys_max: int = 256  # --keys-max: rows of the key table

@@ -32,6 +32,7 @@ import posix_ipc
 
 from ..http1.auth import keys_pipe
 from ..shm import layout as L
+from ..shm.keytable import NO_KEYS_BLOB, TableShape, key_table_name
 from ..shm.logring import log_ring_name
 from ..shm.requestring import RequestRing, RingShape, request_ring_name
 from ..shm.segment import Segment
@@ -39,6 +40,7 @@ from .children import Child, ChildSet
 from .cluster.node import ClusterNode
 from .config import Config
 from .jobs import Jobs
+from .keys import KeyRegistry, model_prices
 from .ledger.wiring import close_ledger, open_ledger
 from .logs import install as install_ring_handler
 from .measure import Measurer
@@ -128,6 +130,7 @@ class Supervisor:
         self.mq: posix_ipc.MessageQueue | None = None
         self.request_ring: RequestRing | None = None
         self.usage = None  # the usage ledger (issue 36; .ledger), None: --ledger off
+        self.keys: KeyRegistry | None = None  # --keys (issue 36)
         self._sig_r = self._sig_w = -1
 
     # ---- setup / teardown ------------------------------------------------
@@ -141,6 +144,15 @@ class Supervisor:
         cfg, st = self.cfg, self.state
         _check_port_free(cfg.host, cfg.port)
         _check_no_live_owner(cfg.shm_name)
+        # the key table, before any proxy attaches it: the keys' windows (--keys)
+        # and every server's priced replicas' spend
+        try:
+            self.keys = KeyRegistry.open(
+                cfg.keys_file, key_table_name(cfg.shm_name),
+                TableShape(cfg.keys_max, cfg.proxies, st.sizes.models) if cfg.keys_file
+                else TableShape(1, cfg.proxies, st.sizes.models, NO_KEYS_BLOB))
+        except (OSError, ValueError) as e:
+            raise StartupError(f"--keys: {e}") from None
         st.seg = Segment.create(cfg.shm_name, st.sizes)
         install_ring_handler().open(log_ring_name(cfg.shm_name), cfg.log_ring_bytes)
         # the proxies' record of their requests: they write it, we only make and remove it
@@ -152,9 +164,11 @@ class Supervisor:
             self.usage = open_ledger(
                 st, self.request_ring, self.jobs,
                 key_name=lambda row: k.name_of(row) if (k := getattr(self, "keys", None)) else None,
-                prices_of=lambda model: (0.0, 0.0, 0.0))
+                prices_of=lambda model: model_prices(st.registry, model))
         except ValueError as e:
             raise StartupError(f"--ledger: {e}") from None
+        if self.usage is not None and self.keys is not None:
+            self.keys.seed(self.usage.totals_since)  # a restart keeps the day/week/month windows
         # --- end usage ledger ---
         st.seg.header[L.H_SUPERVISOR_PID] = os.getpid()
         st.seg.header[L.H_MODELS_MAX] = cfg.models_max
@@ -232,6 +246,9 @@ class Supervisor:
         if st.seg is not None:
             st.seg.unlink()
             st.seg = None
+        if self.keys is not None:
+            self.keys.close()
+            self.keys = None
         if self.request_ring is not None:
             self.request_ring.unlink()
             self.request_ring.close()
@@ -370,6 +387,10 @@ class Supervisor:
         if op == "reload":
             self.reload(route or "GET /models?reload=1", cmd.get("id"))
             return
+        if op == "keys":
+            if self.keys is not None:
+                self.keys.command(cmd)
+            return
         if op == "unload_idle":
             self.unload_idle(f"requested by {route or 'POST /models/unload *'}")
             return
@@ -450,6 +471,8 @@ class Supervisor:
         (``reload_errors``), so ``GET /models?reload=1`` answers with the
         list it produced or says why there is none (issue 23)."""
         st = self.state
+        if self.keys is not None and (err := self.keys.load()) is not None:
+            log.error("%s: the keys file did not reload, keeping the current keys: %s", why, err)
         error = self._reload(why)
         if rid is not None:
             st.reload_ids.append(str(rid))
@@ -570,11 +593,15 @@ class Supervisor:
         seg.prefix[idx] = 0  # its part of the prefix index too (issue 20)
         seg.prefix_forget[idx] = 0
         seg.prefix_forget_disk[idx] = 0
+        if self.keys is not None and self.keys.table is not None:
+            self.keys.table.proxy_gone(idx)  # its requests in flight no longer hold their keys
         cfg = self.cfg
         argv = [
             st.python, "-m", "ggmux.proxy", "--index", str(idx), "--shm", cfg.shm_name,
             "--mq", cfg.mq_name, "--host", cfg.host, "--port", str(cfg.port),
             "--load-wait", str(cfg.load_wait), *cfg.proxy_args,
+            *(("--key-table", key_table_name(cfg.shm_name)) if self.keys is not None else ()),
+            *(("--keyed",) if cfg.keys_file else ()),
         ]
         # the keys through a pipe: no key on a command line or in an
         # environment (issue 11); stdout says "ready"; stderr lines are

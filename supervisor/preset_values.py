@@ -229,6 +229,14 @@ FIELDS: dict[str, Callable[[str], object]] = {
     # ggmux's limits and scopes of a built-in instance (issue 18)
     "max-tokens-limit": _int(0),
     "cache-scope": _cache_scope,
+    # prices of a cmd model's or an upstream's answers (currency per million
+    # tokens) and the spending budget of those replicas (issue 36)
+    "price-input": _float(0),
+    "price-cached-input": _float(0),
+    "price-output": _float(0),
+    "spend-per-day": _float(0),
+    "spend-per-week": _float(0),
+    "spend-per-month": _float(0),
     # ggmux's engine settings, passed on to the built-in instance as options
     "prefill-wait-ms": _float(0),
     # the KV tiers' disk side (issue 29; cache-ram is llama-server's own option)
@@ -236,6 +244,10 @@ FIELDS: dict[str, Callable[[str], object]] = {
     "cache-disk-max": _float(0),
     "cache-save-timeout": _float(0),
 }
+
+PRICE_KEYS = frozenset({"price-input", "price-cached-input", "price-output", "spend-per-day",
+                        "spend-per-week", "spend-per-month"})
+"""Prices and spending budgets of priced replicas (issue 36: proxy/admission.py)."""
 
 ENGINE_KEYS = frozenset({"prefill-wait-ms", "cache-disk", "cache-disk-max",
                          "cache-save-timeout"})

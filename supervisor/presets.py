@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .llama_options import LLAMA_OPTIONS, LLAMA_VALUES, LlamaOption
-from .preset_values import DOWNLOADS, ENGINE_KEYS, FIELDS, RESERVED, parse_bool
+from .preset_values import DOWNLOADS, ENGINE_KEYS, FIELDS, PRICE_KEYS, RESERVED, parse_bool
 from .registry import ModelEntry, demo_path, gguf_name, gguf_parts, hf_cache_lookup, size_of
 
 log = logging.getLogger(__name__)
@@ -618,5 +618,7 @@ def _apply_field(e: ModelEntry, key: str, v: object) -> None:
         e.max_wait = float(v)
     elif key == "min-residency":
         e.min_residency = float(v)
+    elif key in PRICE_KEYS:
+        setattr(e, key.replace("-", "_"), float(v))
     else:  # pragma: no cover - FIELDS and this switch are kept in step
         raise AssertionError(key)

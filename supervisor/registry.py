@@ -82,6 +82,9 @@ class ModelEntry:
     instance (None: ``--max-tokens-limit``; 0: up to the context);
     ``cache_scope`` whose prompt cache a request may reuse there (``key``,
     ``global``, ``none``; None: ``--cache-scope``) (issue 18);
+    ``price_input``, ``price_cached_input``, ``price_output`` currency per
+    million tokens of a ``cmd`` model's or an ``upstream``'s answers, and
+    ``spend_per_day|week|month`` those replicas' budget (0: none; issue 36);
     ``source`` where the entry came from: ``"hf-cache"``, ``"dir:PATH"``,
     ``"preset:FILE:LINE"``, ``"demo"``; ``hidden`` a cache entry that a
     preset's ``dedup-cache-models`` hides: served by its name, left out of
@@ -123,6 +126,12 @@ class ModelEntry:
     translate: bool = False
     max_tokens_limit: int | None = None
     cache_scope: str | None = None
+    price_input: float = 0.0
+    price_cached_input: float = 0.0
+    price_output: float = 0.0
+    spend_per_day: float = 0.0
+    spend_per_week: float = 0.0
+    spend_per_month: float = 0.0
     source: str = ""
     hidden: bool = False
     pin: bool = False
@@ -156,6 +165,12 @@ class ModelEntry:
             "cache_scope": self.cache_scope,
             "pin": self.pin,
             "eviction_priority": self.eviction_priority,
+            "price_input": self.price_input,
+            "price_cached_input": self.price_cached_input,
+            "price_output": self.price_output,
+            "spend_per_day": self.spend_per_day,
+            "spend_per_week": self.spend_per_week,
+            "spend_per_month": self.spend_per_month,
             "created": self.created(),
         }
 

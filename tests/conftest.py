@@ -239,6 +239,7 @@ class Server:
         assert not segment_exists(self.port, "-log"), "log ring left behind"
         assert not segment_exists(self.port, "-req"), "request ring left behind"
         assert not segment_exists(self.port, "-use"), "usage status left behind"
+        assert not segment_exists(self.port, "-keys"), "key table left behind"
         try:
             posix_ipc.MessageQueue(queue_name(self.port)).close()
             raise AssertionError("command queue left behind")

@@ -75,7 +75,7 @@ def test_route_table_names_real_handlers_and_never_depends_on_its_order():
     assert routes.match(b"/nope") is None
     assert [r.path for r in routes.ROUTES if r.needs_admin(b"")] == [
         b"/models/load", b"/models/unload", b"/cache/clear", b"/logs", b"/logs/stream",
-        b"/requests", b"/requests/stream", b"/usage", b"/cluster/drain"]
+        b"/requests", b"/requests/stream", b"/usage", b"/keys", b"/keys/", b"/cluster/drain"]
     assert routes.match(b"/models").needs_admin(b"reload=1")
 
 

@@ -95,6 +95,10 @@ class Proxy(Protocol):
 
     def admin_refusal(self, req: Request) -> str | None: ...
 
+    def _key_allows(self, req: Request, mdl: dict) -> bool: ...
+
+    def _listed(self, req: Request) -> list[dict]: ...
+
     async def _forward(
         self, conn: HttpConnection, req: Request, m: int, name: str, body: dict | None,
         touch: bool = True, stream: bool = False, capture: bool = False,
@@ -213,7 +217,8 @@ class ClientApis:
         elif path == b"/api/tags" and get:
             p.refresh()
             models = [(mdl, await self._facts(mdl)) for mdl in p.reg_models
-                      if not mdl.get("removed") and not mdl.get("hidden")]  # as /v1/models
+                      if not mdl.get("removed") and not mdl.get("hidden")  # as /v1/models
+                      and p._key_allows(req, mdl)]  # the key's models (issue 36)
             conn.send_json(req, 200, ollama.tags(models))
         elif path == b"/api/ps" and get:
             await self._ps(conn, req)
@@ -261,7 +266,7 @@ class ClientApis:
             return
         m = p.pick_model(name)  # the name, an alias, else --model-fallback's
         if m is None:
-            wrap.send_error(req, 404, unknown_model(name, p.reg_models))
+            wrap.send_error(req, 404, unknown_model(name, p._listed(req)))
             return
         if native and p.reg_models[m].get("kind") in NATIVE_KINDS and not p.reg_models[m].get(
                 "translate"):
@@ -472,9 +477,12 @@ class ClientApis:
         p.refresh()
         m = resolve(p.names, name)
         if m is None:
-            send_error(conn, req, 404, unknown_model(name, p.reg_models))
+            send_error(conn, req, 404, unknown_model(name, p._listed(req)))
             return
         mdl = p.reg_models[m]
+        if not p._key_allows(req, mdl):  # a key's models (issue 36: proxy.keyed)
+            send_error(conn, req, 403, f"this key may not use model '{name}'")
+            return
         facts = await self._facts(mdl)
         doc = ollama.show(mdl, facts)
         # whether chat requests have a template (measured, else the file's
@@ -515,7 +523,12 @@ class ClientApis:
         name = unquote(req.path[11:].decode("latin-1"))
         m = resolve(p.names, name)
         if m is None or p.reg_models[m].get("removed"):
-            conn.send_error(req, 404, unknown_model(name, p.reg_models), code="model_not_found")
+            conn.send_error(req, 404, unknown_model(name, p._listed(req)),
+                            code="model_not_found")
+            return
+        if not p._key_allows(req, p.reg_models[m]):  # a key's models (issue 36)
+            conn.send_error(req, 403, f"this key may not use model '{name}'",
+                            code="model_not_allowed")
             return
         conn.send_json(req, 200, model_object(m, p.reg_models[m], p.model_rows[m], p.errors))
 

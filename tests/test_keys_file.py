@@ -1,0 +1,140 @@
+"""The keys file, the key table's windows and its row lock (issue 36),
+without a server."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from ggmux.proxy.admission import KeyAdmission, Refusal
+from ggmux.shm.keytable import KeyTable, TableShape, period_end, periods
+from ggmux.supervisor.keys import KeyRegistry, hash_secret, read_keys_file
+from ggmux.supervisor.presets import PresetError
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+def test_readme_keys_example_reads(tmp_path, monkeypatch):
+    block = next(b for b in re.findall(r"^```ini\n(.*?)^```$", README, re.MULTILINE | re.DOTALL)
+                 if "[alice]" in b)
+    monkeypatch.setenv("CI_KEY", "sk-ci")
+    f = tmp_path / "keys.ini"
+    f.write_text(block)
+    alice, ci = read_keys_file(str(f))
+    assert (alice.name, alice.rpm, alice.tpm, alice.max_parallel) == ("alice", 100, 20000, 4)
+    assert alice.models == ("smollm2-135m", "gemma3-*") and alice.cached_weight == 0.1
+    assert alice.expires == datetime(2027, 1, 1, tzinfo=UTC).timestamp()
+    assert ci.sha256 == hash_secret("sk-ci") and ci.rpm == 60  # [*]'s default
+
+
+@pytest.mark.parametrize("text, why", [
+    ("[a]\nrpm = 1\n", "has no key"),
+    ("[a]\nkey = x\nrpm = -1\n", "rpm: must be 0"),
+    ("[a]\nkey = x\nbogus = 1\n", "unknown key 'bogus'"),
+    ("[a]\nkey = x\n[b]\nkey = x\n", "same secret"),
+    ("[a b]\nkey = x\n", "bad key name"),
+    ("[a]\nkey-sha256 = abc\n", "64 hex digits"),
+    ("[*]\nkey = x\n", "defaults, not a secret"),
+])
+def test_bad_keys_files_name_the_line_and_never_the_secret(tmp_path, text, why):
+    f = tmp_path / "k.ini"
+    f.write_text(text.replace("key = x", "key = sk-secret-x"))
+    with pytest.raises(PresetError) as e:
+        read_keys_file(str(f))
+    assert why in str(e.value) and "sk-secret-x" not in str(e.value)
+
+
+def test_periods_and_their_ends_are_calendar_windows_utc():
+    t = datetime(2026, 12, 31, 23, 59, 30, tzinfo=UTC).timestamp()
+    minute, day, week, month = periods(t)
+    assert period_end("minute", minute) == t + 30
+    assert period_end("day", day) == t + 30
+    assert period_end("month", month) == t + 30  # January 2027 begins
+    assert datetime.fromtimestamp(period_end("week", week), UTC).weekday() == 0
+    assert periods(t + 31)[3] == month + 1
+    feb = datetime(2028, 2, 10, tzinfo=UTC).timestamp()
+    assert period_end("month", periods(feb)[3]) == datetime(
+        2028, 3, 1, tzinfo=UTC).timestamp()
+
+
+@pytest.fixture
+def table(tmp_path):
+    t = KeyTable.create(f"/ggmux-test-keys-{os.getpid()}", TableShape(8, 2, 4))
+    yield t
+    t.close()
+
+
+def test_registry_keeps_rows_and_admission_counts_exactly(table, tmp_path):
+    f = tmp_path / "k.ini"
+    f.write_text("[a]\nkey = sk-a\nrpm = 2\n[b]\nkey = sk-b\n")
+    reg = KeyRegistry(str(f), table)
+    assert reg.load() is None
+    ka = KeyAdmission(table.name, 0)
+    row = ka.row_of(b"sk-a")
+    assert row == 0 and ka.row_of(b"sk-b") == 1 and ka.row_of(b"nope") == -1
+    holds = [ka.admit(row, {"max_tokens": 4}, 40) for _ in range(3)]
+    assert [isinstance(h, Refusal) for h in holds] == [False, False, True]
+    assert holds[2].code == "rate_limit_exceeded" and holds[2].retry_after >= 1
+    for h in holds[:2]:
+        ka.settle(h, 10, 0, 4, 0)
+    u = ka.usage(row)
+    if u["requests_this_minute"]:  # unless the minute turned meanwhile
+        assert u["tokens_this_minute"] == 28 and u["in_flight"] == 0
+    # a reload that drops b and adds c keeps a's row; b's row is not reused
+    f.write_text("[c]\nkey = sk-c\n[a]\nkey = sk-a\nrpm = 5\n")
+    assert reg.load() is None
+    assert ka.row_of(b"sk-a") == 0 and ka.row_of(b"sk-c") == 2 and ka.row_of(b"sk-b") == -1
+    assert reg.name_of(2) == "c"
+    assert hashlib.sha256(b"sk-c").hexdigest() not in str(ka.usage(2))
+
+
+def test_admin_edits_keep_the_files_comments(table, tmp_path):
+    f = tmp_path / "k.ini"
+    f.write_text("; team keys\n[a]\nkey = sk-a ; alice\n")
+    reg = KeyRegistry(str(f), table)
+    assert reg.load() is None
+    assert reg.edit("create", "b", hash_secret("sk-b"), {"rpm": "3"}) is None
+    assert reg.edit("create", "b", hash_secret("sk-b2")) is not None  # exists
+    assert reg.edit("disable", "a") is None
+    assert reg.edit("rotate", "a", hash_secret("sk-a2")) is None
+    text = f.read_text()
+    assert text.startswith("; team keys\n") and "sk-a" not in text.replace("sk-a2", "")
+    assert reg.keys["a"].disabled and reg.keys["a"].sha256 == hash_secret("sk-a2")
+    assert reg.keys["b"].rpm == 3
+    assert reg.edit("delete", "b") is None and "b" not in reg.keys
+    assert reg.edit("disable", "zed", None) == f"no key 'zed' in {f.name}"
+
+
+def test_row_lock_is_released_when_its_holder_dies(table):
+    """A proxy killed inside the critical section blocks nobody (the
+    kernel drops its fcntl lock), unlike a semaphore held forever."""
+    pid = os.fork()
+    if pid == 0:  # the child takes row 3's lock and dies holding it
+        t = KeyTable.attach(table.name)
+        t.lock(3)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    start = time.monotonic()
+    with table.locked(3) as row:
+        row[0] += 1
+    assert time.monotonic() - start < 5
+
+
+def test_a_dead_proxys_requests_in_flight_are_given_back(table, tmp_path):
+    f = tmp_path / "k.ini"
+    f.write_text("[a]\nkey = sk-a\nmax-parallel = 2\n")
+    assert KeyRegistry(str(f), table).load() is None
+    dead, alive = KeyAdmission(table.name, 1), KeyAdmission(table.name, 0)
+    held = [dead.admit(0, None, 0), dead.admit(0, None, 0)]
+    assert isinstance(alive.admit(0, None, 0), Refusal)  # max-parallel 2 reached
+    table.proxy_gone(1)  # the supervisor, before proxy 1's replacement starts
+    h = alive.admit(0, None, 0)
+    assert not isinstance(h, Refusal) and alive.usage(0)["in_flight"] == 1
+    for x in held:  # a late settle of the dead proxy's requests takes nothing back
+        dead.settle(x, 1, 0, 1, 0)
+    assert alive.usage(0)["in_flight"] == 1
