@@ -369,6 +369,9 @@ class Replicas:
             elif rep.stop_stage == 1 and now - rep.stop_ns > rep.kill_after * NS:
                 log.warning("%s did not exit within %.1f s of 'exit': SIGTERM",
                             rep.child.tag, rep.kill_after)
+                # an instance ignores SIGTERM (a group-wide one must not cut
+                # its streams: issue 37, item 9); `term` is ours
+                rep.child.send(b"term\n")
                 rep.child.kill(signal.SIGTERM)
                 rep.stop_stage = 2
             elif rep.stop_stage == 2 and (
