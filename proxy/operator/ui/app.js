@@ -130,6 +130,12 @@ function fmtBytes(n) {
   while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
   return (i ? n.toFixed(n < 10 ? 2 : n < 100 ? 1 : 0) : n) + " " + units[i];
 }
+// one format for every duration of the page (TTFT, durations): ms below
+// 10 s, else seconds with one decimal (issue 37: "87038 ms" beside "17.6 s")
+function fmtMs(v) {
+  if (v === null || v === undefined) return "";
+  return v < 10000 ? Math.round(v) + " ms" : (v / 1000).toFixed(1) + " s";
+}
 function fmtSeconds(s) {
   if (s === null || s === undefined) return "";
   if (s < 60) return Math.round(s) + " s";
@@ -215,7 +221,7 @@ function render(id) {
     : "");
   setText(c.inflight, ps.in_flight ? String(ps.in_flight) : "0");
   setText(c.waiting, ps.waiting ? String(ps.waiting) : "0");
-  setText(c.ttft, ps.ttft_p50_ms === null || ps.ttft_p50_ms === undefined ? "" : Math.round(ps.ttft_p50_ms) + " ms");
+  setText(c.ttft, fmtMs(ps.ttft_p50_ms));
   const mem = ps.memory || {};
   setText(c.memory, fmtBytes(mem.effective || mem.min));
   c.memory.title = mem.min ? "measured min " + fmtBytes(mem.min) + ", max " + fmtBytes(mem.max) : "";
@@ -540,14 +546,14 @@ async function send(ev) {
         const n = tokens - 1;
         stats.textContent = tokens + " tokens"
           + (n > 0 && last > first ? " · " + ((1000 * n) / (last - first)).toFixed(1) + " tokens/s" : "")
-          + " · TTFT " + Math.round(first - t0) + " ms";
+          + " · TTFT " + fmtMs(first - t0);
       }
     }
     const n = usage && usage.completion_tokens ? usage.completion_tokens : tokens;
     const secs = (last - first) / 1000;
     stats.textContent = n + " tokens"
       + (n > 1 && secs > 0 ? " · " + ((n - 1) / secs).toFixed(1) + " tokens/s" : "")
-      + (first ? " · TTFT " + Math.round(first - t0) + " ms" : "")
+      + (first ? " · TTFT " + fmtMs(first - t0) : "")
       // speculative decoding: the share of draft tokens accepted (llama-server's timings)
       + (timings && timings.draft_n ? " · drafts " + Math.round(100 * timings.draft_n_accepted
         / timings.draft_n) + "% accepted" : "");
