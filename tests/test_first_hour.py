@@ -61,3 +61,34 @@ def test_readme_no_longer_lists_speculative_decoding_among_what_the_instance_lac
     text = " ".join((ROOT / "README.md").read_text().split())
     lacks = text[text.index("The built-in instance has no"):][:200]
     assert "speculative" not in lacks, lacks
+
+
+class _Client:
+    write_paused = False
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def send_chunk(self, body: bytes) -> None:
+        self.sent.append(body)
+
+
+def test_prompt_progress_chunks_are_neither_the_first_token_nor_tokens():
+    """The requests log of a translated stream (the proxy asks the built-in
+    instance for return_progress): TTFT is the first token's, and only
+    token events are counted (a Codex turn that decoded nothing in 297 s
+    showed a TTFT of 30 s and 10 tokens)."""
+    from ggmux.http1.exchange import Exchange
+    from ggmux.http1.upstream import Upstream
+
+    up = Upstream(None, 0)
+    up.client = _Client()
+    up.sse = True
+    up.ex = Exchange()
+    progress = b'data: {"choices":[],"prompt_progress":{"total":9000,"processed":512}}\n\n'
+    up.on_body(progress)
+    up.on_body(progress + progress)
+    assert up.ex.first_byte_ns == 0 and up.ex.events == 0
+    up.on_body(b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n')
+    assert up.ex.first_byte_ns > 0 and up.ex.events == 1
+    assert len(up.client.sent) == 3  # every byte still goes to the client
