@@ -76,8 +76,9 @@ from ..http1.drain import DRAIN_FLUSH_S, DRAIN_TIMEOUT_S, drain_budget
 from ..http1.limits import tokenize_body_refusal
 from ..http1.pool import UpstreamPool
 from .listing import ModelEvents, unknown_model
+from .metrics import scrape_replicas
 from .operator.logs import LogTail
-from .operator.overview import overview
+from .operator.overview import add_drafts, drafting_models, overview
 from .operator.page import Page
 from .operator.requests import RequestLog
 from .prefix import PrefixRouting
@@ -92,6 +93,8 @@ QUERY_ROUTED = frozenset((b"/props", b"/metrics", b"/slots"))
 RELOAD_WAIT_S = 30.0  # ?reload=1 waits this long for the rescan (a cache of many models is slow)
 STOPPING = "the server is stopping"
 # llama-server's /health while its model loads (tools/server/server.cpp)
+DRAFT_SCRAPE_S = 0.5
+"""Seconds ``/ps`` waits for a drafting replica's counters (a busy one is left out)."""
 HEALTH_LOADING = b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
 
 
@@ -554,9 +557,13 @@ class Proxy(Forwarding, RouterMode):
         ``/logs/stream`` (:mod:`.operator.logs`; ``?model=`` a name or alias)."""
         self.refresh()
         if req.path == b"/ps":
-            conn.send_json(req, 200, overview(self.seg, self.reg_models, self.model_rows,
-                                              self.replica_rows, self.remotes, self.errors,
-                                              cluster=self.cluster))
+            doc = overview(self.seg, self.reg_models, self.model_rows, self.replica_rows,
+                           self.remotes, self.errors, cluster=self.cluster)
+            spec = drafting_models(self.reg_models)
+            if spec:  # their replicas' draft counters: speculation's acceptance
+                rows = self.replica_rows[np.isin(self.replica_rows[:, L.R_MODEL], list(spec))]
+                add_drafts(doc, self.reg_models, await scrape_replicas(rows, DRAFT_SCRAPE_S))
+            conn.send_json(req, 200, doc)
             return
         name = self._query_model(req)
         if name is not None:

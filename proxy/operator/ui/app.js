@@ -216,9 +216,12 @@ function render(id) {
   setText(c.node, [st.node, ...others].filter(Boolean).join(", "));
   c.node.title = (m.nodes || []).map((n) => n.node + ": " + n.state).join("\n");
   const reps = ps.replicas || [];
-  setText(c.replicas, reps.length
+  // speculative decoding's acceptance beside the replicas, when the model drafts
+  const dr = ps.drafts;
+  setText(c.replicas, (reps.length
     ? reps.map((r) => r.state + (r.where !== "local" ? " @" + r.where : "")).join(", ")
-    : "");
+    : "") + (dr ? " · drafts " + (dr.drafted
+      ? Math.round(100 * dr.accepted / dr.drafted) + "% of " + dr.drafted : "0") : ""));
   setText(c.inflight, ps.in_flight ? String(ps.in_flight) : "0");
   setText(c.waiting, ps.waiting ? String(ps.waiting) : "0");
   setText(c.ttft, fmtMs(ps.ttft_p50_ms));
