@@ -49,6 +49,8 @@ from ..http1 import (
     json_object,
 )
 from ..http1.auth import authorized, secret_header
+from ..http1.connections import ConnectionRegistry
+from ..http1.drain import DRAIN_FLUSH_S, DRAIN_TIMEOUT_S, drain_budget
 from ..http1.limits import tokenize_body_refusal
 from ..http1.pool import UpstreamPool
 from ..shm import layout as L
@@ -77,14 +79,15 @@ from .cors import Cors, from_other_site, json_type, simple_type
 from .forward import NS, TOKEN_ROUTES, Forwarding
 from .keyed import KeyedProxy
 from .listing import ModelEvents, unknown_model
+from .metrics import scrape_replicas
 from .operator.logs import LogTail
-from .operator.overview import overview
+from .operator.overview import add_drafts, drafting_models, overview
 from .operator.page import Page
 from .operator.requests import RequestLog
 from .operator.usage import UsageView
 from .prefix import PrefixRouting
 from .router_mode import RouterMode
-from .waiting import ModelWaiters
+from .waiting import MAX_WAITERS, ModelWaiters
 
 log = logging.getLogger("ggmux.proxy")
 
@@ -94,6 +97,8 @@ QUERY_ROUTED = frozenset((b"/props", b"/metrics", b"/slots"))
 RELOAD_WAIT_S = 30.0  # ?reload=1 waits this long for the rescan (a cache of many models is slow)
 STOPPING = "the server is stopping"
 # llama-server's /health while its model loads (tools/server/server.cpp)
+DRAFT_SCRAPE_S = 0.5
+"""Seconds ``/ps`` waits for a drafting replica's counters (a busy one is left out)."""
 HEALTH_LOADING = b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
 
 
@@ -112,7 +117,7 @@ class Proxy(Forwarding, RouterMode, KeyedProxy):
         api_key: str | None = None,
         admin_key: str | None = None,
         stream_keepalive: float = 5.0,
-        drain_timeout: float = 10.0,
+        drain_timeout: float = DRAIN_TIMEOUT_S,
         first_byte_timeout: float = 600.0,
         stream_idle_timeout: float = 300.0,
         cors_origins: str = "*",
@@ -126,6 +131,9 @@ class Proxy(Forwarding, RouterMode, KeyedProxy):
         self.cors = Cors(cors_origins) if cors_origins else None
         self.apis = ClientApis(self)
         self.drain_timeout = drain_timeout
+        # the HTTP server's connection registry (set by __main__): a drain
+        # ends once every connection is settled
+        self.connections: ConnectionRegistry | None = None
         self.stopping = False  # draining: new requests get 503
         # first-byte timeout, ns: the default, and per model (preset key)
         self.first_byte_ns = int(first_byte_timeout * NS)
@@ -320,9 +328,8 @@ class Proxy(Forwarding, RouterMode, KeyedProxy):
 
     def drain(self) -> None:
         """Stdin EOF (the supervisor is stopping, or gone): stop accepting,
-        let the requests being answered finish, for ``drain_timeout``
-        seconds at most (instances finish their generation on ``exit``
-        too), then answer whatever is left and stop.
+        let the requests being answered finish, then answer whatever is
+        left and stop.
 
         Nothing accepted is dropped without an answer (issue 11): requests
         waiting for a load or a replica get 503 ``shutting_down`` at once,
@@ -330,7 +337,19 @@ class Proxy(Forwarding, RouterMode, KeyedProxy):
         connection; at the deadline each exchange still in flight ends with
         that 503, or mid-stream with an SSE error event saying the server
         is stopping. A supervisor killed outright takes its instances with
-        it, so their requests fail fast and this is quick."""
+        it, so their requests fail fast and this is quick.
+
+        The order (issue 37, item 8): the deadline is the longest
+        ``stop-timeout`` of the models plus ``DRAIN_SLACK_S`` (at least
+        ``drain_timeout``), so an instance, which ends its own streams one
+        second before its stop-timeout, ends them first, with its own final
+        event, and this proxy's abort is only the backstop; and the loop
+        stops only once every connection is settled (the last bytes of each
+        answer written out, :meth:`ConnectionRegistry.unsettled`), not when
+        the requests stop counting in flight, which they do before their
+        last bytes leave; at most ``DRAIN_FLUSH_S`` after the deadline."""
+        if self.stopping:
+            return  # a SIGTERM with the supervisor gone, then stdin's EOF
         log.info("proxy %d: draining %d request(s), then exiting", self.index,
                  int(self.cnt[:, L.C_IN_FLIGHT].sum()))
         self.stopping = True
@@ -338,20 +357,38 @@ class Proxy(Forwarding, RouterMode, KeyedProxy):
         if self.server is not None:
             self.server.close()
         self.waiters.shutdown()  # no load will come now
-        deadline = self.loop.time() + self.drain_timeout
+        budget = self.drain_budget()
+        deadline = self.loop.time() + budget
+        aborted = [False]
 
         def check() -> None:
-            if self.cnt[:, L.C_IN_FLIGHT].sum() <= 0 and not self.waiters:
+            inflight = self.cnt[:, L.C_IN_FLIGHT]  # a corrupt cell (< 0, huge) is not a request
+            busy = bool(((inflight > 0) & (inflight <= MAX_WAITERS)).any()) or bool(self.waiters)
+            unsettled = self.connections.unsettled() if self.connections is not None else 0
+            now = self.loop.time()
+            if not busy and not unsettled:
                 self.loop.stop()
-            elif self.loop.time() > deadline:
+            elif now > deadline + DRAIN_FLUSH_S:
+                log.warning("proxy %d: %d connection(s) still unsettled %g s after the drain's "
+                            "end: closing", self.index, unsettled, DRAIN_FLUSH_S)
+                self.loop.stop()
+            elif now > deadline and not aborted[0]:
+                aborted[0] = True
                 n = self.pool.abort_all(STOPPING)
                 log.warning("proxy %d: %d request(s) still running after %g s: ended with "
-                            "'%s'", self.index, n, self.drain_timeout, STOPPING)
-                self.loop.call_later(0.1, self.loop.stop)  # the answers leave first
+                            "'%s'", self.index, n, budget, STOPPING)
+                self.loop.call_later(0.05, check)
             else:
                 self.loop.call_later(0.05, check)
 
         check()
+
+    def drain_budget(self) -> float:
+        """Seconds a drain lets running requests go on (see :meth:`drain`
+        and :func:`~ggmux.http1.drain.drain_budget`)."""
+        return drain_budget((t for e in self.reg_models
+                             if isinstance(t := e.get("stop_timeout"), (int, float))),
+                            self.drain_timeout)
 
     # ---- HTTP ------------------------------------------------------------------------
     def _authorized(self, req: Request, admin: bool = False) -> bool:
@@ -556,9 +593,13 @@ class Proxy(Forwarding, RouterMode, KeyedProxy):
         ``/logs/stream`` (:mod:`.operator.logs`; ``?model=`` a name or alias)."""
         self.refresh()
         if req.path == b"/ps":
-            conn.send_json(req, 200, overview(self.seg, self.reg_models, self.model_rows,
-                                              self.replica_rows, self.remotes, self.errors,
-                                              cluster=self.cluster))
+            doc = overview(self.seg, self.reg_models, self.model_rows, self.replica_rows,
+                           self.remotes, self.errors, cluster=self.cluster)
+            spec = drafting_models(self.reg_models)
+            if spec:  # their replicas' draft counters: speculation's acceptance
+                rows = self.replica_rows[np.isin(self.replica_rows[:, L.R_MODEL], list(spec))]
+                add_drafts(doc, self.reg_models, await scrape_replicas(rows, DRAFT_SCRAPE_S))
+            conn.send_json(req, 200, doc)
             return
         name = self._query_model(req)
         if name is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import os
 import random
 import re
@@ -184,26 +185,32 @@ def test_hammering_a_model_that_cannot_load_spawns_little_and_others_keep_servin
     fakes.add("bad", load_s=0.05, fail_load="no such tensor")
     fakes.add("good")
     s = serve("--fake-models-dir", str(fakes), "--proxies", "2")
-    stop_at = time.monotonic() + 4.0
+    # a storm of WANTED answers, however long it takes on a loaded machine
+    # (issue 37, item 15: a fixed 4 s gave 20 answers at load 6-9, not 40)
+    wanted, deadline = 60, time.monotonic() + 240.0
     statuses: list[int] = []
     retry_after: list[str | None] = []
 
     def hammer() -> None:
-        while time.monotonic() < stop_at:
+        while len(statuses) < wanted and time.monotonic() < deadline:
             st, headers, body = s.request("POST", CHAT, chat_body("bad"))
             statuses.append(st)
             retry_after.append(headers.get("retry-after"))
             assert b"no such tensor" in body
 
+    t0 = time.monotonic()
     with ThreadPoolExecutor(21) as ex:
         futs = [ex.submit(hammer) for _ in range(20)]
         good = [s.request("POST", CHAT, chat_body("good")) for _ in range(10)]
         for f in futs:
             f.result()
+    elapsed = time.monotonic() - t0
+    assert len(statuses) >= wanted, f"{len(statuses)} answers in {elapsed:.0f} s"
     assert set(statuses) == {503} and all(retry_after)
-    assert len(statuses) > 40
     spawns = s.logs().count("loading bad in slot")
-    assert 1 <= spawns <= 4  # backoff 1 s, 2 s, 4 s within 4 s, not one per request
+    # backoff 1 s, 2 s, 4 s, ...: k loads take 2**(k-1) - 1 s of backoff at
+    # least, so however long the storm, not one load per request
+    assert 1 <= spawns <= 2 + math.log2(elapsed + 1), (spawns, elapsed)
     assert all(g[0] == 200 and served_by(g[2])[0] == "good" for g in good)
 
 
