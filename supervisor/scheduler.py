@@ -360,6 +360,13 @@ class Scheduler:
                         self.waits[m.index] = Wait(m.index, WaitReason.STOPPING,
                                                    victims[0].model if victims else -1)
                         break
+            elif need and Ledger.deficit(need, headroom):
+                # fits only once the replicas already stopping have exited (an
+                # evicted one saving its KV tiers holds its memory until then):
+                # loading now would overcommit the device
+                blocked = m.index
+                self.waits[m.index] = Wait(m.index, WaitReason.STOPPING)
+                break
             if need:
                 headroom = add(headroom, need, -1)
             actions.append(Spawn(m.index, f"{m.waiters} waiting", warning))

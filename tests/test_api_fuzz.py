@@ -404,6 +404,12 @@ class StubProxy:
     def admin_refusal(self, req: Request) -> str | None:
         return None  # the admin: keep_alive 0 unloads (the orders are checked below)
 
+    def _listed(self, req: Request) -> list[dict]:
+        return self.reg_models  # no keys file: every model
+
+    def _key_allows(self, req: Request, mdl: dict) -> bool:
+        return True
+
     async def _forward(self, conn, req, m, name, body, touch=True, stream=False, capture=False):
         """Record what reaches the replica and play the replica's answer
         into ``conn`` as the relay does (the answer's translation runs)."""

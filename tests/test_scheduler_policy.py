@@ -214,3 +214,15 @@ def test_nothing_loaded_and_short_of_memory_loads_anyway():
     mem = MemoryView(headroom={"host": GiB}, need={5: {"host": 2 * GiB}})
     acts = s.plan([want(5, 0.1)], [], NOW, mem)
     assert kinds(acts) == [("spawn", 5)] and acts[0].warning
+
+
+def test_a_model_that_fits_only_after_a_stopping_replica_exits_waits_for_the_exit():
+    """An evicted replica saving its KV tiers holds its memory until it
+    exits: with a free slot and no victim needed, the load still waits."""
+    s = Scheduler(2)
+    stopping = rep(0, 0, state="stopping", held={"host": 600 << 20})
+    mem = MemoryView(headroom={"host": 424 << 20}, need={1: {"host": 600 << 20}})
+    assert s.plan([want(1, 0.1)], [stopping], NOW, mem) == []
+    assert s.waits[1].reason == WaitReason.STOPPING
+    mem = MemoryView(headroom={"host": 1024 << 20}, need={1: {"host": 600 << 20}})
+    assert kinds(s.plan([want(1, 0.2)], [], NOW, mem)) == [("spawn", 1)]
