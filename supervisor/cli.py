@@ -48,20 +48,15 @@ from ..shm.requestring import REQUEST_EXCERPT_BYTES
 from ..shm.segment import queue_name, segment_name
 from .cluster.options import add_cluster_options
 from .cluster.options import from_args as cluster_options
+from .demo import demo_models
+from .hf_cache import hf_cache_dir, scan_hf_cache
 from .keys import read_keys_file
 from .kvtiers.files import tenant_secret
 from .ledger.options import add_ledger_options, default_state_dir, ledger_refusal, ledger_spec
 from .logs import install as install_ring_handler
 from .main import Config, StartupError, Supervisor
 from .presets import command_line_layer, llama_args_layer, load_preset, resolve
-from .registry import (
-    ModelEntry,
-    Registry,
-    demo_models,
-    hf_cache_dir,
-    scan_hf_cache,
-    scan_models_dir,
-)
+from .registry import ModelEntry, Registry, scan_models_dir
 from .routing import add_routing_options, prefix_sizes, routing_argv
 from .routing import check as check_routing
 
