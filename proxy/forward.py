@@ -15,7 +15,7 @@ row in this proxy's counters) from just before it is forwarded until its
 response ended; a waiter is removed only after its request counts as in
 flight, so a freshly loaded model is never without either and cannot be
 evicted before it serves the request that loaded it. A breaker's verdict
-(:meth:`Forwarding._verdict`, :meth:`Forwarding._forward_failed`) and the
+(:meth:`Forwarding._verdict`, :meth:`~.replica_failures.ReplicaFailures._forward_failed`) and the
 request, error and TTFT counters (:meth:`Forwarding._account`) follow each
 response.
 
@@ -91,6 +91,7 @@ from .bodies import item_refusal
 from .cluster import HOP_TRUSTED, hop_headers, judge_hop, loading_info
 from .contention import queue_status
 from .cors import json_type, simple_type
+from .inference_paths import INFERENCE, TOKEN_ROUTES
 from .prefix import GENERATION_PATHS, Prediction
 
 log = logging.getLogger(__name__)
@@ -99,34 +100,6 @@ log = logging.getLogger(__name__)
 HABIT_CHECK_S = 0.02
 
 NS = 1_000_000_000
-
-# routed by the JSON body's "model" (llama.cpp router's list)
-INFERENCE = frozenset(
-    (
-        b"/v1/chat/completions",
-        b"/chat/completions",
-        b"/v1/completions",
-        b"/completions",
-        b"/v1/embeddings",
-        b"/embeddings",
-        b"/embedding",
-        b"/completion",
-        b"/tokenize",
-        b"/detokenize",
-        b"/infill",
-        b"/rerank",
-        b"/v1/rerank",
-        b"/reranking",
-        b"/apply-template",
-        b"/v1/chat/completions/input_tokens",  # llama-server's prompt token count
-        b"/chat/completions/input_tokens",
-    )
-)  # /v1/messages, /v1/responses, /api/*: apis.ROUTES
-# the token routes: a body over HttpLimits.max_tokenize_bytes gets 413
-# before it is parsed (issue 31, item 1: their JSON, megabytes of text or
-# millions of ids, is decoded on the loop that writes other tenants' streams)
-TOKEN_ROUTES = frozenset((b"/tokenize", b"/detokenize", b"/apply-template",
-                          b"/v1/chat/completions/input_tokens", b"/chat/completions/input_tokens"))
 
 TTFT_ALPHA = 0.2  # EWMA weight of the newest sample
 MAX_ATTEMPTS = 6  # forwards of one request that failed before reaching a replica
@@ -270,65 +243,6 @@ class Forwarding:
         pred = self._predict(req, m, body, (Candidate(slot=slot, port=0, incarnation=inc),))
         if pred is not None:
             self.prefix.record(pred, slot, inc, ex)
-
-    def _fast_habit(self, conn: HttpConnection, req: Request, m: int, slot: int,
-                    r: UpstreamError) -> None:
-        """A fast forward lost on a connection the replica closes after
-        chunked answers: the slow path sends it again if the replica lives
-        on, else it is the replica's death (502, never sent again)."""
-        if self.stopping:
-            answers.stopping(conn, req)
-        elif self._alive(slot):
-            log.info("proxy %d: %s just after a streamed answer, and the replica lives on: "
-                     "sending the request again", self.index, r)
-            conn.run_handler(req)
-        else:
-            self._forward_failed(slot, m, r, 1)
-            answers.replica_failed(conn, req, self.reg_models[m]["name"], r)
-            self.activity.record(req, m, slot, None, req.status)
-
-    async def _lived_on(self, slot: int) -> bool:
-        """:meth:`_alive` :data:`HABIT_CHECK_S` from now (a replica that died
-        with the request has exited by then)."""
-        await asyncio.sleep(HABIT_CHECK_S)
-        return self._alive(slot)
-
-    def _alive(self, slot: int) -> bool:
-        """Whether the local process of replica ``slot`` is still running
-        (not gone, not a zombie); False for a remote one (no pid)."""
-        pid = int(self.replica_rows[slot, L.R_PID])
-        if pid <= 0:
-            return False
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return False
-        return state not in (b"Z", b"X", b"x")
-
-    def _forward_failed(self, slot: int, m: int, err: UpstreamError, attempt: int) -> None:
-        """A forward to ``slot`` failed before anything reached the client:
-        a fault for its breaker (and, for a timeout, the hung-replica clock)
-        and the error counters; the tables are re-read, since the replica
-        may be gone."""
-        now = time.monotonic_ns()
-        cw = self.cw[slot]
-        self.breakers[slot].record(False, now)
-        if err.timeout:
-            cw[C_TIMEOUT_NS] = now
-            # its TTFT was at least the timeout: a sample that steers the
-            # balancer to the other replicas at once (the circuit needs
-            # three faults), until the replica has been left alone for
-            # ttft_forget_s and is tried again
-            us = self.model_first_byte_ns[m] // 1000
-            old = cw[C_TTFT_EWMA_US]
-            cw[C_TTFT_EWMA_US] = us if old == 0 else int(old + TTFT_ALPHA * (us - old))
-            cw[C_TTFT_COUNT] += 1
-        cw[C_ERRORS] += 1
-        self.mcw[m][MC_ERRORS] += 1
-        log.warning("proxy %d: %s (attempt %d)", self.index, err, attempt)
-        self.gen = -1
-        self.refresh()
 
     @cython.locals(ex=Exchange, cw=cython.long[:])
     def _verdict(self, slot: int, ex: Exchange, now: int, judged: list | None = None) -> None:

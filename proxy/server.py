@@ -73,7 +73,8 @@ from .cluster import (
     take_hop,
 )
 from .cors import Cors, from_other_site, json_type, simple_type
-from .forward import NS, TOKEN_ROUTES, Forwarding
+from .forward import NS, Forwarding
+from .inference_paths import TOKEN_ROUTES
 from .keyed import KeyedProxy
 from .listing import ModelEvents, unknown_model
 from .operator.logs import LogTail
@@ -82,6 +83,7 @@ from .operator.requests import RequestLog
 from .operator.usage import UsageView
 from .passthrough_route import PassthroughRoute
 from .prefix import PrefixRouting
+from .replica_failures import ReplicaFailures
 from .router_mode import RouterMode
 from .waiting import ModelWaiters
 
@@ -95,7 +97,8 @@ STOPPING = "the server is stopping"
 HEALTH_LOADING = b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
 
 
-class Proxy(Forwarding, RouterMode, KeyedProxy, AdminRoutes, PassthroughRoute):
+class Proxy(Forwarding, ReplicaFailures, RouterMode, KeyedProxy, AdminRoutes,
+            PassthroughRoute):
     """State of one worker; ``handle`` is the HTTP handler, :class:`~.forward.Forwarding`
     the forwarding (the fast path, waiting, balancing, retries, accounting)."""
 
