@@ -20,7 +20,8 @@ from ..http1.request import Request
 from ..shm import layout as L
 from ..shm.layout import C_ERRORS, C_TIMEOUT_NS, C_TTFT_COUNT, C_TTFT_EWMA_US, MC_ERRORS
 from . import answers
-from .forward import HABIT_CHECK_S, TTFT_ALPHA
+from .accounting import TTFT_ALPHA
+from .forward import HABIT_CHECK_S
 
 log = logging.getLogger("ggmux.proxy.forward")
 

@@ -58,6 +58,7 @@ from ..shm.prefixtable import PrefixTable
 from ..shm.requestring import request_ring_name
 from ..shm.segment import Segment
 from . import answers, apis, bodies, routes
+from .accounting import Accounting
 from .activity import Activity
 from .admin_routes import AdminRoutes
 from .admission import KeyAdmission
@@ -97,7 +98,7 @@ STOPPING = "the server is stopping"
 HEALTH_LOADING = b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
 
 
-class Proxy(Forwarding, ReplicaFailures, RouterMode, KeyedProxy, AdminRoutes,
+class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, AdminRoutes,
             PassthroughRoute):
     """State of one worker; ``handle`` is the HTTP handler, :class:`~.forward.Forwarding`
     the forwarding (the fast path, waiting, balancing, retries, accounting)."""
