@@ -221,6 +221,18 @@ def _cache_cell(cache) -> str:
     return f"{_bytes(ram) if ram else 0}/{_bytes(disk) if disk else 0}" if ram or disk else "-"
 
 
+def _drafts_cell(d) -> str:
+    """The DRAFTS cell: the share of draft tokens accepted and how many
+    were drafted (``83% of 120``), ``0 drafted`` when speculation is on and
+    nothing was drafted yet, ``-`` for a model that does not draft."""
+    if not isinstance(d, dict):
+        return "-"
+    drafted, accepted = number(d.get("drafted")) or 0, number(d.get("accepted")) or 0
+    if not drafted:
+        return "0 drafted"
+    return f"{accepted / drafted:.0%} of {int(drafted)}"
+
+
 def _memory_cell(state: str, mem: dict) -> str:
     """The MEMORY cell: what the model's replicas hold; while it loads, the
     minimum the ledger set aside for it, marked ``min``; ``-`` for a model
@@ -239,7 +251,8 @@ def ps_table(doc: dict, every: bool = False) -> str:
     """The text of ``ggmux ps`` from a ``/ps`` document: NAME, STATE,
     (in cluster mode, when the document names this ``node``) NODE,
     REPLICAS, MEMORY (:func:`_memory_cell`), CACHE (its KV tiers: RAM/disk,
-    issue 29; ``-`` for none), IN FLIGHT, WAITING, IDLE FOR, UNTIL UNLOAD, then
+    issue 29; ``-`` for none), DRAFTS (when a model drafts:
+    :func:`_drafts_cell`), IN FLIGHT, WAITING, IDLE FOR, UNTIL UNLOAD, then
     one line per model whose requests wait saying why (issue 34);
     unloaded models only with ``every``. NODE is the node that serves the model (as
     ``ollama ps``'s PROCESSOR says where it runs), other nodes holding it
@@ -247,9 +260,12 @@ def ps_table(doc: dict, every: bool = False) -> str:
     another field of an unexpected type shows as ``-``. With no row to
     show, one line that says so (and that ``--all`` lists every model)."""
     cluster = isinstance(doc.get("node"), str)
-    rows = [("NAME", "STATE", *(("NODE",) if cluster else ()), "REPLICAS", "MEMORY",
-             "CACHE", "IN FLIGHT", "WAITING", "IDLE FOR", "UNTIL UNLOAD")]
     models = doc.get("models") or []
+    # speculative decoding's acceptance, when a model drafts (its `drafts`)
+    drafts = any(isinstance(m.get("drafts"), dict) for m in models)
+    rows = [("NAME", "STATE", *(("NODE",) if cluster else ()), "REPLICAS", "MEMORY",
+             "CACHE", *(("DRAFTS",) if drafts else ()), "IN FLIGHT", "WAITING", "IDLE FOR",
+             "UNTIL UNLOAD")]
     for m in models:
         failed = bool(m.get("failed"))
         if not every and m["state"] == "unloaded" and not failed:
@@ -270,6 +286,7 @@ def ps_table(doc: dict, every: bool = False) -> str:
             m["id"], state, *((_node_cell(m),) if cluster else ()),
             f"{ready}/{len(reps)}" if reps else "-",
             _memory_cell(m["state"], mem), _cache_cell(m.get("cache")),
+            *((_drafts_cell(m.get("drafts")),) if drafts else ()),
             str(m.get("in_flight", 0)), str(m.get("waiting", 0)), _seconds(idle),
             _seconds(until) if until is not None else ("never" if idle is not None else "-"),
         ))

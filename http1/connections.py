@@ -146,6 +146,21 @@ class ConnectionRegistry:
                 self.sheddable_of.pop(ip, None)
                 self.receiving_of.pop(ip, None)
 
+    def unsettled(self) -> int:
+        """Open connections that would lose bytes if the process ended now:
+        all counted ones but those idle between requests (``sheddable``)
+        with nothing left in their transport's write buffer. A stopping
+        server exits only at 0 (issue 37, item 8: the proxy stopped its loop
+        once its requests no longer counted in flight, which happens before
+        a stream's last bytes leave, and cut them). O(connections)."""
+        settled = 0
+        for conn in self.sheddable:
+            if conn.sheddable:
+                t = getattr(conn, "transport", None)
+                if t is None or not t.get_write_buffer_size():
+                    settled += 1
+        return self.count - settled
+
     def shed_one(self) -> bool:
         """Close the first sheddable connection; False when there is none.
         Stale entries met on the way are dropped (each once per busy

@@ -499,15 +499,26 @@ class Upstream:
             self.err_body += body
             return
         ex = self.ex
-        if not ex.first_byte_ns:
+        if self.sse:
+            # llama-server's prompt_progress chunks (return_progress, which the
+            # proxy asks of the built-in instance for a translated stream) are
+            # neither a first token nor a token: TTFT and the counted tokens
+            # skip them (issue 37: the requests log showed 30 s of TTFT and 10
+            # tokens for a request that decoded none in 297 s)
+            n = body.count(b"data: ")
+            if n:
+                n -= body.count(b'"prompt_progress"')
+                if n > 0:
+                    ex.events += n
+                    if not ex.first_byte_ns:
+                        ex.first_byte_ns = time.monotonic_ns()
+            if not self.sse_error:
+                self._watch_errors(body)
+        elif not ex.first_byte_ns:
             ex.first_byte_ns = time.monotonic_ns()
-        if self.sse and not self.sse_error:
-            self._watch_errors(body)
         client.send_chunk(body)
         ex.bytes_out += len(body)
         ex.tail = body  # the usage, when the replica sends no usage line
-        if self.sse:
-            ex.events += body.count(b"data: ")
         kept = ex.kept
         if kept is not None and len(kept) < KEEP_BYTES:
             kept += body

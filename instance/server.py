@@ -39,6 +39,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
 
@@ -417,6 +418,30 @@ class InstanceApp:
                 return
 
 
+def _on_sigterm(supervised: bool) -> Callable[..., None]:
+    """The SIGTERM handler: an instance the supervisor runs (``--fd``)
+    ignores SIGTERM (logged once). Such a SIGTERM is a group-wide one
+    (systemd's ``KillMode=control-group``, ``kill 0``) that reached the
+    supervisor too, which drains every stream and then sends ``exit``
+    (issue 37, item 9: instances that ``_exit`` on it cut their streams with
+    no error event and saved no slot). The supervisor's own escalation past
+    the stop-timeout is the ``term`` command (exit 143 at once), then
+    SIGTERM, then SIGKILL; a dead supervisor still ends the instance (stdin
+    EOF, PR_SET_PDEATHSIG). Run by hand, SIGTERM ends it at once (143).
+    Python runs the handler when the main thread next runs, so "SIGTERM
+    before ``exit``" cannot be told apart reliably: hence the command."""
+    told: list[bool] = []
+
+    def on_term(*_) -> None:
+        if not supervised:
+            os._exit(143)
+        if not told:
+            told.append(True)
+            log.info("SIGTERM ignored: the supervisor stops this instance once its requests "
+                     "are answered")
+
+    return on_term
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m ggmux.instance``; returns the exit code."""
     # one line per record, control characters escaped: the supervisor reads
@@ -451,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
                 os._exit(2)
             state["load_event"].set()
             return
+        if cmd == "term":  # the supervisor's escalation: what SIGTERM was
+            os._exit(143)
         if cmd == "exit":
             if state["loading"]:
                 os._exit(0)  # nothing served yet: nothing to finish
@@ -462,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
             log.warning("unknown command %r", cmd)
 
     protocol.watch_stdin(on_command)
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
+    signal.signal(signal.SIGTERM, _on_sigterm(supervised=args.fd is not None))
     if args.spare:
         # A spare: pay for the interpreter and the imports now, so that a cold
         # load later costs only the model's own load (the supervisor keeps one

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 
 from setproctitle import setproctitle
 
@@ -28,6 +29,8 @@ from ..http1.auth import read_keys
 from ..shm.logring import log_to_stderr
 from .balancer import DEFAULT_CONFIG, MODES, BalancerConfig
 from .server import Proxy
+
+log = logging.getLogger(__name__)
 
 GC_GEN0_THRESHOLD = 10_000  # allocations between young collections (CPython's default: 700)
 
@@ -63,6 +66,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--log-level", default="INFO")
     add_http_limit_options(ap)
     return ap.parse_args(argv)
+
+
+def _on_sigterm(proxy: Proxy, supervisor_pid: int) -> Callable[[], None]:
+    """The SIGTERM handler: while the supervisor lives the proxy leaves its
+    stop to it (issue 37, item 9: a group-wide SIGTERM, systemd's
+    ``KillMode=control-group``, stopped every proxy's loop at once and cut
+    the streams it relayed); the supervisor closes our stdin when its own
+    drain starts, and :meth:`Proxy.drain` answers everything accepted. With
+    the supervisor gone, SIGTERM starts that drain itself."""
+    told: list[bool] = []
+
+    def on_term() -> None:
+        if os.getppid() != supervisor_pid and not proxy.stopping:
+            proxy.drain()
+        elif not told:
+            told.append(True)
+            log.info("proxy %d: SIGTERM ignored, the supervisor drains the server",
+                     proxy.index)
+
+    return on_term
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     proxy.server = server
+    proxy.connections = limits.connections
     os.set_blocking(0, False)
     loop.add_reader(0, proxy.on_notify)
-    loop.add_signal_handler(signal.SIGTERM, loop.stop)
+    loop.add_signal_handler(signal.SIGTERM, _on_sigterm(proxy, os.getppid()))
     # the objects of start-up live as long as the process: out of the
     # collector's sight (gc.freeze), and young collections rarer, since a
     # request's objects die by reference count and few survive to be scanned

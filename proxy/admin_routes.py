@@ -12,17 +12,23 @@ import asyncio
 import os
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..http1 import json_object
+from ..shm import layout as L
 from . import apis
 from .cache_admin import clear_route
 from .cluster import cluster_view, drain_route
 from .listing import unknown_model
-from .operator.overview import overview
+from .metrics import scrape_replicas
+from .operator.overview import add_drafts, drafting_models, overview
 
 if TYPE_CHECKING:
     from ..http1 import HttpConnection, Request
 
 RELOAD_WAIT_S = 30.0  # ?reload=1 waits this long for the rescan (a cache of many models is slow)
+DRAFT_SCRAPE_S = 0.5
+"""Seconds ``/ps`` waits for a drafting replica's counters (a busy one is left out)."""
 
 
 class AdminRoutes:
@@ -101,9 +107,13 @@ class AdminRoutes:
         ``/logs/stream`` (:mod:`.operator.logs`; ``?model=`` a name or alias)."""
         self.refresh()
         if req.path == b"/ps":
-            conn.send_json(req, 200, overview(self.seg, self.reg_models, self.model_rows,
-                                              self.replica_rows, self.remotes, self.errors,
-                                              cluster=self.cluster))
+            doc = overview(self.seg, self.reg_models, self.model_rows, self.replica_rows,
+                           self.remotes, self.errors, cluster=self.cluster)
+            spec = drafting_models(self.reg_models)
+            if spec:  # their replicas' draft counters: speculation's acceptance
+                rows = self.replica_rows[np.isin(self.replica_rows[:, L.R_MODEL], list(spec))]
+                add_drafts(doc, self.reg_models, await scrape_replicas(rows, DRAFT_SCRAPE_S))
+            conn.send_json(req, 200, doc)
             return
         name = self._query_model(req)
         if name is not None:

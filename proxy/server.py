@@ -50,6 +50,8 @@ from ..http1 import (
     Request,
 )
 from ..http1.auth import authorized, secret_header
+from ..http1.connections import ConnectionRegistry
+from ..http1.drain import DRAIN_FLUSH_S, DRAIN_TIMEOUT_S, drain_budget
 from ..http1.limits import tokenize_body_refusal
 from ..http1.pool import UpstreamPool
 from ..shm import layout as L
@@ -86,7 +88,7 @@ from .passthrough_route import PassthroughRoute
 from .prefix import PrefixRouting
 from .replica_failures import ReplicaFailures
 from .router_mode import RouterMode
-from .waiting import ModelWaiters
+from .waiting import MAX_WAITERS, ModelWaiters
 
 log = logging.getLogger("ggmux.proxy")
 
@@ -114,7 +116,7 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
         api_key: str | None = None,
         admin_key: str | None = None,
         stream_keepalive: float = 5.0,
-        drain_timeout: float = 10.0,
+        drain_timeout: float = DRAIN_TIMEOUT_S,
         first_byte_timeout: float = 600.0,
         stream_idle_timeout: float = 300.0,
         cors_origins: str = "*",
@@ -128,6 +130,9 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
         self.cors = Cors(cors_origins) if cors_origins else None
         self.apis = ClientApis(self)
         self.drain_timeout = drain_timeout
+        # the HTTP server's connection registry (set by __main__): a drain
+        # ends once every connection is settled
+        self.connections: ConnectionRegistry | None = None
         self.stopping = False  # draining: new requests get 503
         # first-byte timeout, ns: the default, and per model (preset key)
         self.first_byte_ns = int(first_byte_timeout * NS)
@@ -322,9 +327,8 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
 
     def drain(self) -> None:
         """Stdin EOF (the supervisor is stopping, or gone): stop accepting,
-        let the requests being answered finish, for ``drain_timeout``
-        seconds at most (instances finish their generation on ``exit``
-        too), then answer whatever is left and stop.
+        let the requests being answered finish, then answer whatever is
+        left and stop.
 
         Nothing accepted is dropped without an answer (issue 11): requests
         waiting for a load or a replica get 503 ``shutting_down`` at once,
@@ -332,7 +336,19 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
         connection; at the deadline each exchange still in flight ends with
         that 503, or mid-stream with an SSE error event saying the server
         is stopping. A supervisor killed outright takes its instances with
-        it, so their requests fail fast and this is quick."""
+        it, so their requests fail fast and this is quick.
+
+        The order (issue 37, item 8): the deadline is the longest
+        ``stop-timeout`` of the models plus ``DRAIN_SLACK_S`` (at least
+        ``drain_timeout``), so an instance, which ends its own streams one
+        second before its stop-timeout, ends them first, with its own final
+        event, and this proxy's abort is only the backstop; and the loop
+        stops only once every connection is settled (the last bytes of each
+        answer written out, :meth:`ConnectionRegistry.unsettled`), not when
+        the requests stop counting in flight, which they do before their
+        last bytes leave; at most ``DRAIN_FLUSH_S`` after the deadline."""
+        if self.stopping:
+            return  # a SIGTERM with the supervisor gone, then stdin's EOF
         log.info("proxy %d: draining %d request(s), then exiting", self.index,
                  int(self.cnt[:, L.C_IN_FLIGHT].sum()))
         self.stopping = True
@@ -340,20 +356,38 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
         if self.server is not None:
             self.server.close()
         self.waiters.shutdown()  # no load will come now
-        deadline = self.loop.time() + self.drain_timeout
+        budget = self.drain_budget()
+        deadline = self.loop.time() + budget
+        aborted = [False]
 
         def check() -> None:
-            if self.cnt[:, L.C_IN_FLIGHT].sum() <= 0 and not self.waiters:
+            inflight = self.cnt[:, L.C_IN_FLIGHT]  # a corrupt cell (< 0, huge) is not a request
+            busy = bool(((inflight > 0) & (inflight <= MAX_WAITERS)).any()) or bool(self.waiters)
+            unsettled = self.connections.unsettled() if self.connections is not None else 0
+            now = self.loop.time()
+            if not busy and not unsettled:
                 self.loop.stop()
-            elif self.loop.time() > deadline:
+            elif now > deadline + DRAIN_FLUSH_S:
+                log.warning("proxy %d: %d connection(s) still unsettled %g s after the drain's "
+                            "end: closing", self.index, unsettled, DRAIN_FLUSH_S)
+                self.loop.stop()
+            elif now > deadline and not aborted[0]:
+                aborted[0] = True
                 n = self.pool.abort_all(STOPPING)
                 log.warning("proxy %d: %d request(s) still running after %g s: ended with "
-                            "'%s'", self.index, n, self.drain_timeout, STOPPING)
-                self.loop.call_later(0.1, self.loop.stop)  # the answers leave first
+                            "'%s'", self.index, n, budget, STOPPING)
+                self.loop.call_later(0.05, check)
             else:
                 self.loop.call_later(0.05, check)
 
         check()
+
+    def drain_budget(self) -> float:
+        """Seconds a drain lets running requests go on (see :meth:`drain`
+        and :func:`~ggmux.http1.drain.drain_budget`)."""
+        return drain_budget((t for e in self.reg_models
+                             if isinstance(t := e.get("stop_timeout"), (int, float))),
+                            self.drain_timeout)
 
     # ---- HTTP ------------------------------------------------------------------------
     def _authorized(self, req: Request, admin: bool = False) -> bool:

@@ -25,6 +25,10 @@ from ..shm import layout as L
 
 log = logging.getLogger(__name__)
 
+MAX_WAITERS = 1 << 24
+"""The most waiters one cell may count (the supervisor's
+``proxy_rows.MAX_COUNT``): more is a corrupt cell."""
+
 
 class ModelWaiters:
     """The waiting requests of one proxy.
@@ -52,9 +56,16 @@ class ModelWaiters:
     def join(self, m: int) -> None:
         """Count one more request waiting for model ``m`` and tell the supervisor."""
         w = self.row
-        if w[m, L.W_COUNT] == 0:
-            w[m, L.W_FIRST_NS] = time.monotonic_ns()
-        w[m, L.W_COUNT] += 1
+        now = time.monotonic_ns()
+        count, first = int(w[m, L.W_COUNT]), int(w[m, L.W_FIRST_NS])
+        if not 0 <= count <= MAX_WAITERS or count and not 0 < first <= now:
+            # a corrupt cell (a bug, or a write over the segment): the
+            # supervisor ignores it (issue 37, item 14), so start it again
+            log.warning("waiters row of model %d held %d, %d: reset", m, count, first)
+            count = 0
+        if count == 0:
+            w[m, L.W_FIRST_NS] = now
+        w[m, L.W_COUNT] = count + 1
         try:
             self.mq.send(b'{"op":"want","model":%d}' % m, timeout=0)
         except posix_ipc.BusyError:

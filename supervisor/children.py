@@ -44,15 +44,18 @@ class Child:
     ``None`` drops them.
     """
 
-    __slots__ = ("err", "on_line", "out", "proc", "stdin_fd", "tag")
+    __slots__ = ("err", "group", "on_line", "out", "proc", "stdin_fd", "tag")
 
-    def __init__(self, proc: subprocess.Popen, tag: str, on_line: OnLine | None = None) -> None:
+    def __init__(self, proc: subprocess.Popen, tag: str, on_line: OnLine | None = None,
+                 group: bool = False) -> None:
         self.proc = proc
         self.tag = tag
         self.on_line = on_line
         self.out = b""
         self.err = b""
         self.stdin_fd = proc.stdin.fileno() if proc.stdin is not None else -1
+        # it leads its own process group, and signals go to the whole group
+        self.group = group
 
     @property
     def pid(self) -> int:
@@ -78,11 +81,29 @@ class Child:
         self.stdin_fd = -1
 
     def kill(self, sig: int) -> None:
-        """Send ``sig``; a child already gone is no error."""
+        """Send ``sig`` (to its whole process group when it leads one); a
+        child already gone is no error."""
+        if self.group:
+            try:
+                os.killpg(self.proc.pid, sig)
+                return
+            except (ProcessLookupError, PermissionError, OSError):
+                if self.proc.poll() is not None:
+                    return
         try:
             self.proc.send_signal(sig)
         except (ProcessLookupError, OSError):
             pass
+
+    def kill_leftovers(self) -> None:
+        """SIGKILL what is left of its process group once it exited (the
+        server a wrapper shell started, which outlived the shell: issue 37,
+        a ``tests/recorder.py`` left running after the suite)."""
+        if self.group:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError, OSError):
+                pass
 
 
 def state_line(child: Child, line: bytes) -> dict | None:
@@ -112,7 +133,7 @@ class ChildSet:
     def start(
         self, argv: list[str], tag: str, *, on_line: OnLine | None = None,
         env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = (),
-        log_stderr: bool = True, nice: int = 0,
+        log_stderr: bool = True, nice: int = 0, group: bool = False,
     ) -> Child:
         """Start a child: stdin a pipe (commands; EOF when we die), stdout
         (and stderr, unless inherited) in the poll set, PR_SET_PDEATHSIG and
@@ -122,9 +143,9 @@ class ChildSet:
         proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE if log_stderr else None, env=env, pass_fds=pass_fds,
-            preexec_fn=_nicer(nice) if nice else die_with_parent,  # noqa: PLW1509 - no threads
+            preexec_fn=_nicer(nice, group),  # noqa: PLW1509 - no threads
         )
-        child = Child(proc, tag, on_line)
+        child = Child(proc, tag, on_line, group)
         os.set_blocking(child.stdin_fd, False)
         self._register(child, stdout=True, stderr=log_stderr)
         return child
@@ -234,11 +255,16 @@ class ChildSet:
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _nicer(nice: int) -> Callable[[], None]:
-    """:func:`die_with_parent`, then the nice value raised by ``nice``."""
+def _nicer(nice: int, group: bool = False) -> Callable[[], None]:
+    """:func:`die_with_parent`, then the nice value raised by ``nice``, and
+    with ``group`` a process group of its own (a ``cmd`` replica: a wrapper
+    shell's server is signalled with it, and SIGKILLed once it exits)."""
     def run() -> None:
         die_with_parent()
-        os.nice(nice)
+        if group:
+            os.setpgid(0, 0)
+        if nice:
+            os.nice(nice)
 
     return run
 

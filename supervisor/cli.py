@@ -42,6 +42,7 @@ from ..instance.validate import (
 from ..shm.logring import MAX_RECORD, log_to_stderr
 from ..shm.requestring import REQUEST_EXCERPT_BYTES
 from ..shm.segment import queue_name, segment_name
+from .arg_hints import subparser, unknown_options_message
 from .cluster.options import from_args as cluster_options
 from .demo import demo_models
 from .hf_cache import hf_cache_dir, scan_hf_cache
@@ -435,7 +436,8 @@ def main(argv: list[str] | None = None) -> int:
         # an option to no positional (the prompt's nargs="*" matched none)
         args.prompt = [*args.prompt, *extra]
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        sub = subparser(parser, args.command)
+        sub.error(unknown_options_message(sub, extra, args.command))
     if args.command == "serve":
         given = [o for o in ("url", "timeout", "max_answer_bytes")
                  if getattr(args, o, None) is not None]

@@ -30,6 +30,7 @@ from collections.abc import Callable
 import orjson
 import posix_ipc
 
+from ..http1.drain import DRAIN_FLUSH_S, drain_budget
 from ..shm import layout as L
 from ..shm.keytable import NO_KEYS_BLOB, TableShape, key_table_name
 from ..shm.logring import log_ring_name
@@ -223,7 +224,10 @@ class Supervisor(ProxyChildren):
             self.cluster.close()
         # each replica's exit -> SIGTERM (its save to the disk tier, or a cmd
         # llama-server's slot save first, included: issue 29), then SIGTERM -> SIGKILL
-        budget = max([self.cfg.stop_timeout, *(
+        # and the proxies' drain (issue 37, item 8): never SIGKILL a proxy
+        # still writing the last bytes of an answer
+        proxies = drain_budget(e.stop_timeout for e in st.registry.entries) + DRAIN_FLUSH_S
+        budget = max([self.cfg.stop_timeout, proxies, *(
             r.kill_after + self.replicas.kv.save_bound(r) for r in st.replicas.values())])
         deadline = time.monotonic() + budget + self.cfg.term_timeout
         while self._children_left():
@@ -566,7 +570,7 @@ class Supervisor(ProxyChildren):
         request in flight, no request waiting for it (``POST /models/unload``
         of ``"*"``, ``ggmux unload --all``). A busy model keeps serving."""
         st = self.state
-        inflight = st.seg.counters[:, :, L.C_IN_FLIGHT].sum(axis=0)
+        inflight = st.in_flight()
         waiting, _ = st.demand()
         busy = {r.model for r in st.replicas.values() if inflight[r.slot] > 0}
         for m in sorted({r.model for r in st.replicas.values() if r.stop_stage == 0}):

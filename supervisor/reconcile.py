@@ -50,10 +50,9 @@ class Reconciler:
             if rt.requested_ns:  # an explicit load counts as one waiter
                 counts[i] += 1
                 first[i] = min(int(first[i]), rt.requested_ns)
-        c = st.seg.counters
-        inflight = c[:, :, L.C_IN_FLIGHT].sum(axis=0)
-        last_used = c[:, :, L.C_LAST_USED_NS].max(axis=0)
-        for i in range(len(st.registry)):
+        inflight = st.in_flight()
+        last_used = st.last_used(now)
+        for i in range(min(len(st.registry), len(counts))):
             if int(counts[i]) != int(st.seg.models[i, L.M_WAITERS]):
                 st.dirty = True
                 break
@@ -84,7 +83,8 @@ class Reconciler:
                       int(NS * max_wait_s(st.registry.entries[i].max_wait, cfg.max_wait,
                                           st.models[i].loads, st.models[i].load_ns_total)))
             for i in np.flatnonzero(wanted > 0)
-            if st.registry.entries[i].kind not in ("upstream", "cluster")
+            if i < len(st.registry.entries)
+            and st.registry.entries[i].kind not in ("upstream", "cluster")
             and (self.gate is None or self.gate(int(i)))
             and (st.models[i].measure in ("done", "failed")
                  or st.registry.entries[i].kind not in ("llama", "fake"))

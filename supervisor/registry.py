@@ -158,6 +158,7 @@ class ModelEntry:
             "priority": self.priority,
             "max_concurrency": self.max_concurrency,
             "first_byte_timeout": self.first_byte_timeout,
+            "stop_timeout": self.stop_timeout,
             "check_endpoint": self.check_endpoint,
             "upstream": [_without_userinfo(u) for u in self.upstream],
             "translate": self.translate,

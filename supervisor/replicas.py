@@ -223,7 +223,8 @@ class Replicas:
             # stdin is a pipe we never write: a command that watches it sees EOF
             # when the supervisor dies (ggmux's own instance does)
             child = self.children.start(argv, f"{entry.name}#{slot}", on_line=self.on_line,
-                                        env=env_for_instance(entry), nice=self.load_nice)
+                                        env=env_for_instance(entry), nice=self.load_nice,
+                                        group=True)
         except (OSError, ValueError) as e:
             m = st.models[model]
             m.failed, m.failures = True, m.failures + 1
@@ -369,6 +370,9 @@ class Replicas:
             elif rep.stop_stage == 1 and now - rep.stop_ns > rep.kill_after * NS:
                 log.warning("%s did not exit within %.1f s of 'exit': SIGTERM",
                             rep.child.tag, rep.kill_after)
+                # an instance ignores SIGTERM (a group-wide one must not cut
+                # its streams: issue 37, item 9); `term` is ours
+                rep.child.send(b"term\n")
                 rep.child.kill(signal.SIGTERM)
                 rep.stop_stage = 2
             elif rep.stop_stage == 2 and (
@@ -432,6 +436,7 @@ class Replicas:
             code = self.children.reap(rep.child)
             if code is None:
                 continue
+            rep.child.kill_leftovers()  # a cmd's server that outlived its wrapper shell
             del st.replicas[slot]
             _remove(rep.key_file)
             self._on_exit(rep, code)

@@ -74,7 +74,7 @@ class Spares:
         # the load among them): a spare's imports (~0.5 s of CPU) would delay
         # their first tokens
         since = time.monotonic_ns() - max((m.last_ready_ns for m in st.models), default=0)
-        busy = bool(st.seg.counters[:, :, L.C_IN_FLIGHT].any())
+        busy = bool(st.in_flight().any())
         if since < st.cfg.spare_delay * NS and (busy or since < NS // 4):
             return
         if not any(e.kind in ("llama", "fake") for e in st.registry.entries):

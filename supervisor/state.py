@@ -16,6 +16,7 @@ import numpy as np
 
 from ..shm import layout as L
 from ..shm.segment import Segment
+from . import proxy_rows
 from .children import Child
 from .config import Config
 from .memory import Amounts, Ledger, add, rss_of
@@ -192,7 +193,7 @@ class State:
     def free_slot(self) -> int | None:
         """The lowest replica slot with no replica, no remote and no request
         still counted in flight on it; ``None`` when all are taken."""
-        inflight = self.seg.counters[:, :, L.C_IN_FLIGHT].sum(axis=0)
+        inflight = self.in_flight()
         for s in range(self.sizes.replicas):
             if s not in self.replicas and s not in self.remotes and inflight[s] <= 0:
                 return s
@@ -200,17 +201,23 @@ class State:
 
     def any_waiters(self) -> bool:
         """Whether any proxy has a request waiting for a load."""
-        return bool(self.seg is not None and self.seg.waiters[:, :, L.W_COUNT].any())
+        return self.seg is not None and bool(self.demand()[0].any())
 
     def demand(self) -> tuple[np.ndarray, np.ndarray]:
         """Waiting requests per model, summed over the proxies, and the
-        earliest wait start per model (monotonic ns; int64 max when none)."""
-        w = self.seg.waiters
-        counts = w[:, :, L.W_COUNT].sum(axis=0)
-        firsts = w[:, :, L.W_FIRST_NS]
-        big = np.iinfo(np.int64).max
-        first = np.where(firsts > 0, firsts, big).min(axis=0)
-        return counts, first
+        earliest wait start per model (monotonic ns; int64 max when none),
+        both indexed like ``models``; the proxies' bad cells are ignored
+        (:func:`.proxy_rows.demand`)."""
+        return proxy_rows.demand(self.seg.waiters, len(self.models))
+
+    def in_flight(self) -> np.ndarray:
+        """Requests in flight per replica slot (:func:`.proxy_rows.in_flight`)."""
+        return proxy_rows.in_flight(self.seg.counters)
+
+    def last_used(self, now_ns: int | None = None) -> np.ndarray:
+        """When each replica slot was last used, monotonic ns
+        (:func:`.proxy_rows.last_used`)."""
+        return proxy_rows.last_used(self.seg.counters, now_ns)
 
     def held(self) -> Amounts:
         """Ledger bytes per device that the replicas hold: what each reported

@@ -165,8 +165,10 @@ def test_readmes_codex_line_runs_in_a_fresh_folder(tmp_path):
         s.wait_ready()
         home = tmp_path / "home"
         home.mkdir()
-        cmd = [codex, *[a.replace("127.0.0.1:8080", f"127.0.0.1:{s.port}") for a in argv[1:]],
-               "--dangerously-bypass-approvals-and-sandbox"]
+        # as README writes it: its -s workspace-write lets the task write the
+        # file (the default read-only sandbox could not: issue 37)
+        assert "-s" in argv and argv[argv.index("-s") + 1] == "workspace-write"
+        cmd = [codex, *[a.replace("127.0.0.1:8080", f"127.0.0.1:{s.port}") for a in argv[1:]]]
         env = {"PATH": os.environ["PATH"], "HOME": str(home), "CODEX_HOME": str(home)}
         out = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True,
                              timeout=300, stdin=subprocess.DEVNULL, check=False)

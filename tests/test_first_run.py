@@ -69,7 +69,7 @@ def test_reload_answers_with_the_new_list(serve, fakes):
     assert [m["id"] for m in doc["data"]] == ["alpha"]
 
 
-def test_watch_config_picks_up_an_edited_preset_within_2_s(serve, fakes, tmp_path):
+def test_watch_config_picks_up_an_edited_preset(serve, fakes, tmp_path):
     alpha = fakes.add("alpha")
     preset = tmp_path / "presets.ini"
     preset.write_text(f"[alpha]\nmodel = {alpha}\nalias = a1\n")
@@ -77,12 +77,13 @@ def test_watch_config_picks_up_an_edited_preset_within_2_s(serve, fakes, tmp_pat
               "--watch-config")
     assert s.models()["alpha"]["aliases"] == ["a1"]
     preset.write_text(f"[alpha]\nmodel = {alpha}\nalias = a2\n")
-    wait_for(lambda: s.models()["alpha"]["aliases"] == ["a2"], 2.0, 0.02,
-             what="the edited alias within 2 s")
+    # deadlines that hold at 4x slower than an idle machine (issue 37, item 15)
+    wait_for(lambda: s.models()["alpha"]["aliases"] == ["a2"], 10.0, 0.02,
+             what="the edited alias")
     assert "changed (--watch-config)" in s.logs()
     beta = fakes.add("beta")
     preset.write_text(preset.read_text() + f"[beta]\nmodel = {beta}\n")
-    wait_for(lambda: "beta" in s.models(), 2.0, 0.02, what="a new section within 2 s")
+    wait_for(lambda: "beta" in s.models(), 10.0, 0.02, what="a new section")
 
 
 def test_watch_config_sees_a_new_file_in_a_models_dir(serve, fakes):
@@ -90,7 +91,7 @@ def test_watch_config_sees_a_new_file_in_a_models_dir(serve, fakes):
     s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--spares", "0",
               "--watch-config")
     fakes.add("beta")
-    wait_for(lambda: "beta" in s.models(), 2.0, 0.02, what="a new model file within 2 s")
+    wait_for(lambda: "beta" in s.models(), 10.0, 0.02, what="a new model file")
 
 
 def test_unload_star_unloads_every_idle_model_and_no_busy_one(serve, fakes):

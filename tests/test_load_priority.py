@@ -120,3 +120,24 @@ def _cmdline(pid: str) -> bytes:
             return f.read()
     except OSError:
         return b""
+
+
+def test_the_server_a_cmd_wrapper_shell_started_stops_with_the_model(serve, tmp_path):
+    """A cmd replica leads its own process group: the stop reaches the
+    server that its wrapper shell started, which the shell's death left
+    running before (issue 37: a tests/recorder.py outlived the suite)."""
+    log = tmp_path / "cmd.jsonl"
+    log.touch()
+    recorder = Path(__file__).with_name("recorder.py")
+    ini = tmp_path / "preset.ini"
+    ini.write_text(f"[c]\ncmd = sh -c '{sys.executable} {recorder} --port ${{PORT}} --log {log}; "
+                   "true'\n")
+    s = serve("--models-preset", str(ini), "--no-hf-cache", "--proxies", "1", "--spares", "0")
+    assert s.request("POST", CHAT, chat_body("c"), timeout=30)[0] == 200
+    server = wait_for(lambda: next((int(p) for p in os.listdir("/proc") if p.isdigit()
+                                    and str(log).encode() in _cmdline(p)
+                                    and _cmdline(p).startswith(sys.executable.encode())),
+                                   None),
+                      10, what="the recorder process (not its shell)")
+    assert s.json("POST", "/models/unload", {"model": "c"})[0] == 200
+    wait_for(lambda: not _cmdline(str(server)), 30, what="the wrapper's server gone")

@@ -441,6 +441,8 @@ def test_a_prompt_over_the_context_is_exceed_context_size_error(smol):
         err = doc["error"]
         assert err["type"] == "exceed_context_size_error" and err["n_ctx"] == smol.n_ctx, err
         assert err["n_prompt_tokens"] > smol.n_ctx, err
+        # and how to raise it (issue 37, the first hour)
+        assert "ctx-size = N" in err["message"] and "--ctx-size N" in err["message"], err
     served_once(smol)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import os
 import random
 import re
@@ -184,26 +185,32 @@ def test_hammering_a_model_that_cannot_load_spawns_little_and_others_keep_servin
     fakes.add("bad", load_s=0.05, fail_load="no such tensor")
     fakes.add("good")
     s = serve("--fake-models-dir", str(fakes), "--proxies", "2")
-    stop_at = time.monotonic() + 4.0
+    # a storm of WANTED answers, however long it takes on a loaded machine
+    # (issue 37, item 15: a fixed 4 s gave 20 answers at load 6-9, not 40)
+    wanted, deadline = 60, time.monotonic() + 240.0
     statuses: list[int] = []
     retry_after: list[str | None] = []
 
     def hammer() -> None:
-        while time.monotonic() < stop_at:
+        while len(statuses) < wanted and time.monotonic() < deadline:
             st, headers, body = s.request("POST", CHAT, chat_body("bad"))
             statuses.append(st)
             retry_after.append(headers.get("retry-after"))
             assert b"no such tensor" in body
 
+    t0 = time.monotonic()
     with ThreadPoolExecutor(21) as ex:
         futs = [ex.submit(hammer) for _ in range(20)]
         good = [s.request("POST", CHAT, chat_body("good")) for _ in range(10)]
         for f in futs:
             f.result()
+    elapsed = time.monotonic() - t0
+    assert len(statuses) >= wanted, f"{len(statuses)} answers in {elapsed:.0f} s"
     assert set(statuses) == {503} and all(retry_after)
-    assert len(statuses) > 40
     spawns = s.logs().count("loading bad in slot")
-    assert 1 <= spawns <= 4  # backoff 1 s, 2 s, 4 s within 4 s, not one per request
+    # backoff 1 s, 2 s, 4 s, ...: k loads take 2**(k-1) - 1 s of backoff at
+    # least, so however long the storm, not one load per request
+    assert 1 <= spawns <= 2 + math.log2(elapsed + 1), (spawns, elapsed)
     assert all(g[0] == 200 and served_by(g[2])[0] == "good" for g in good)
 
 
@@ -278,13 +285,20 @@ def test_invariants_hold_under_random_concurrent_demand(serve, fakes):
         fakes.add(n, load_s=0.05, token_s=0.005, tokens=random.randint(2, 20))
     s = serve("--fake-models-dir", str(fakes), "--proxies", "2", "--models-max", "2")
     seg = s.seg
-    stop_at = time.monotonic() + 15.0  # hundreds of loads and evictions of five models
+    # hundreds of loads and evictions of five models: 15 s, and on a loaded
+    # machine on until 31 answers came (a deadline, not a count of what fits)
+    stop_at = time.monotonic() + 15.0
+    hard_stop = stop_at + 120.0
     violations: list[str] = []
     errors: list[tuple[int, bytes]] = []
     ok = [0]
 
+    def going() -> bool:
+        now = time.monotonic()
+        return now < stop_at or (ok[0] <= 30 and now < hard_stop)
+
     def sample() -> None:
-        while time.monotonic() < stop_at:
+        while going():
             _, (reps,) = seg.snapshot("replicas")  # one whole publish, not a mix of two
             running = int(np.isin(reps[:, L.R_STATUS], RUNNING).sum())
             if running > 2:
@@ -295,7 +309,7 @@ def test_invariants_hold_under_random_concurrent_demand(serve, fakes):
 
     def client(seed: int) -> None:
         rnd = random.Random(seed)
-        while time.monotonic() < stop_at:
+        while going():
             st, _, body = s.request("POST", CHAT, chat_body(rnd.choice(names),
                                                             stream=rnd.random() < 0.5))
             if st != 200:

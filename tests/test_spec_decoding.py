@@ -197,6 +197,18 @@ def test_a_preset_turns_speculation_on_and_answers_and_metrics_report_the_drafts
         drafted = [line for line in text.splitlines()
                    if line.startswith("ggmux_model_draft_tokens_total") and 'smol' in line]
         assert drafted and float(drafted[0].rsplit(" ", 1)[1]) >= t["draft_n"]
+        # issue 37: it says it is on (a log line), draft_n is there when nothing was
+        # drafted, and /ps (ggmux ps, the page) shows the acceptance
+        assert "speculative decoding: on, ngram-simple" in s.logs()
+        status, doc = s.json("POST", "/v1/completions", {"model": "smol", "prompt": "Hi",
+                                                          "max_tokens": 1, "temperature": 0})
+        assert status == 200 and doc["timings"]["draft_n"] == 0, doc
+        status, ps = s.json("GET", "/ps")
+        d = next(m for m in ps["models"] if m["id"] == "smol")["drafts"]
+        assert d["drafted"] >= t["draft_n"] and 0 < d["accepted"] <= d["drafted"], d
+        from ggmux.client.commands import ps_table
+        line = next(x for x in ps_table(ps).splitlines() if x.startswith("smol "))
+        assert f"{d['accepted'] / d['drafted']:.0%} of {d['drafted']}" in line, line
         # a type the built-in engine does not draft with: the load fails, naming the supported
         status, doc = s.json("POST", "/v1/completions", {"model": "bad", "prompt": "Hi",
                                                           "max_tokens": 1})

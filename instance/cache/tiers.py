@@ -361,11 +361,20 @@ def open_tiers(settings: CacheSettings, limit_tokens: int, fp_factory: Callable[
                      model_path, max_tokens=max_tokens)
         if d.open():
             disk = d
-            log.info("KV disk tier: %s, %d entries (%.1f MiB) of this model, limit %.1f GiB",
-                     d.dir, len(d.entries), d.bytes / (1 << 20), settings.disk_max_gib)
+            log.info("KV disk tier: %s, %d entries (%.1f MiB) of this model, limit %s",
+                     d.dir, len(d.entries), d.bytes / (1 << 20), size_text(settings.disk_max_gib))
     if settings.ram_mib == 0 and disk is None:
         return None
     return KVTiers(settings, limit_tokens, disk)
+
+
+def size_text(gib: float) -> str:
+    """``gib`` GiB as a log shows it, with the digits it was given: ``50 MiB``
+    below 1 GiB (issue 37, item 16: ``--cache-disk-max 0.05`` was logged as
+    "limit 0.1 GiB"), else ``10 GiB``, ``1.5 GiB``."""
+    if gib < 1:
+        return f"{gib * 1024:.4g} MiB"
+    return f"{gib:.4g} GiB"
 
 
 __all__ = ["CacheSettings", "Hit", "KVTiers", "open_tiers"]

@@ -135,6 +135,7 @@ class Job:
         self.n_cached = 0
         self.n_decoded = 0
         self.n_drafted = 0  # draft tokens verified (speculative decoding)
+        self.drafts = False  # speculative decoding is on: draft_n is reported, 0 included
         self.n_draft_accepted = 0  # of those, accepted
         self.t_submit = time.monotonic()
         self.t_start = 0.0
@@ -239,7 +240,8 @@ class Job:
         ``predicted_n``/``predicted_ms`` (tokens generated, time after the
         first); with speculative decoding, ``draft_n`` and
         ``draft_n_accepted`` (draft tokens verified, and accepted: llama-server's
-        ``server_slot_stats``, present once a draft was verified)."""
+        ``server_slot_stats``; 0 and 0 when speculation is on and nothing was
+        drafted)."""
         started = self.t_start > 0
         out = {"queue_ms": _ms((self.t_start if started else now) - self.t_submit)}
         if isinstance(self.request, Embedding):
@@ -258,7 +260,9 @@ class Job:
                    predicted_ms=_ms(now - self.t_first) if first else 0.0)
         if self.cache_tier:
             out["cache_tier"] = self.cache_tier
-        if self.n_drafted:
+        if self.n_drafted or self.drafts:
+            # 0 when nothing was drafted: a user checking that speculation is
+            # on sees it is, and that it drafted nothing (issue 37)
             out.update(draft_n=self.n_drafted, draft_n_accepted=self.n_draft_accepted)
         return out
 

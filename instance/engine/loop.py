@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import codecs
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -182,6 +183,7 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
             except Exception:
                 self.m.free()
                 raise
+            log.info("speculative decoding: %s", spec_summary(self.cfg.spec))
         self._open_cache()
         self._batch = Batch(self.L, self.m.n_batch, len(self.slots))
         for s in self.slots:
@@ -332,6 +334,7 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
             self._check_loaded()
             job = Job(request, on_event, self._next_id, self._kick, self._outbox)
             job.stops = stops
+            job.drafts = self.drafter is not None and isinstance(request, Generation)
             self._next_id += 1
             if isinstance(request, Generation):
                 self._prepare_generation(job, request)
@@ -354,8 +357,10 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
         if room < 1:
             raise ContextExceeded(f"the request exceeds the available context size: the prompt "
                                   f"has {len(r.prompt)} tokens; this model's context (ctx-size) "
-                                  f"is {self.n_ctx} tokens per request", len(r.prompt),
-                                  self.n_ctx)
+                                  f"is {self.n_ctx} tokens per request; raise it with "
+                                  f"'ctx-size = N' in the model's preset section or "
+                                  f"'ggmux serve --ctx-size N' (0: the model's own)",
+                                  len(r.prompt), self.n_ctx)
         self.m.check_tokens(list(r.sampling.logit_bias), "logit_bias")
         job.max_gen = room if r.max_tokens is None or r.max_tokens <= 0 else min(r.max_tokens, room)
         job.footprint = len(r.prompt) + job.max_gen
@@ -595,6 +600,26 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
         job.ended = True
         self._free_samplers(job)
         job.emit(("error", message))
+
+
+def spec_summary(spec) -> str:
+    """One line saying what drafts (issue 37: a user had no sign that
+    speculation was on): the types in the order tried, with their sizes."""
+    parts = []
+    for t in spec.ordered():
+        if t == "ngram-simple":
+            parts.append(f"ngram-simple (n {spec.ngram_simple_size_n}, "
+                         f"up to {spec.ngram_simple_size_m} tokens)")
+        elif t == "ngram-mod":
+            parts.append(f"ngram-mod (n {spec.ngram_mod_n_match}, {spec.ngram_mod_n_min} to "
+                         f"{spec.ngram_mod_n_max} tokens)")
+        elif t == "draft-simple":
+            parts.append(f"draft-simple ({os.path.basename(spec.draft_model)}, up to "
+                         f"{spec.draft_n_max} tokens)")
+        else:
+            parts.append(t)
+    return ("on, " + ", ".join(parts) + "; acceptance in timings.draft_n_accepted/draft_n, "
+            "`ggmux ps` and the page")
 
 
 def make_drafter(llama_cpp, config: EngineConfig, n_seq: int):

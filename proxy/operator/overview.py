@@ -158,3 +158,39 @@ def overview(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
     if cluster is not None:
         out["node"] = cluster.get("node")
     return out
+
+
+DRAFT_FAMILIES = ("llamacpp:spec_decode_num_draft_tokens_total",
+                  "llamacpp:spec_decode_num_accepted_tokens_total")
+
+
+def drafting_models(reg_models: list[dict]) -> set[int]:
+    """Indices of the models whose arguments turn speculative decoding on
+    (``--spec-type`` other than ``none``)."""
+    out = set()
+    for i, mdl in enumerate(reg_models):
+        args = mdl.get("args") or []
+        for k, a in enumerate(args):
+            if a == "--spec-type" and k + 1 < len(args) and args[k + 1] != "none":
+                out.add(i)
+    return out
+
+
+def add_drafts(doc: dict, reg_models: list[dict], sums: dict[int, dict]) -> None:
+    """Give each model of ``doc`` (``/ps``) whose replicas reported drafts
+    (``sums``: per model index, the replicas' metric families summed, as
+    :func:`~ggmux.proxy.metrics.scrape_replicas` gives them) a ``drafts``
+    object: ``drafted`` and ``accepted`` tokens since its replicas started,
+    and ``acceptance`` (accepted / drafted, None before any draft). So
+    ``ggmux ps`` and the page show that speculation is on and what it
+    accepts (issue 37: only ``/metrics`` did)."""
+    by_name = {mdl.get("name"): i for i, mdl in enumerate(reg_models)}
+    for m in doc.get("models", []):
+        got = sums.get(by_name.get(m.get("id"), -1))
+        if not got or DRAFT_FAMILIES[0] not in got:
+            continue
+        drafted = int(got.get(DRAFT_FAMILIES[0], 0))
+        accepted = int(got.get(DRAFT_FAMILIES[1], 0))
+        m["drafts"] = {"drafted": drafted, "accepted": accepted,
+                       "acceptance": round(accepted / drafted, 3) if drafted else None}
+

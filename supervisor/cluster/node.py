@@ -559,9 +559,8 @@ class ClusterNode:
 
     def _drain_step(self, now: int) -> None:
         st = self.state
-        c = st.seg.counters
-        local = [r.slot for r in st.replicas.values()]
-        busy = int(c[:, local, L.C_IN_FLIGHT].sum()) if local else 0
+        inflight = st.in_flight()
+        busy = int(sum(int(inflight[r.slot]) for r in st.replicas.values()))
         waiting = st.any_waiters()
         announced = now - self.drain_since_ns >= int(self.o.heartbeat * NS)
         late = now - self.drain_since_ns > int(self.drain_timeout * NS)

@@ -27,9 +27,8 @@ def held_models(st: State, now_ns: int) -> dict[str, dict]:
     """This node's models with a local replica: ``state`` (the best of its
     replicas), ``in_flight``, ``idle_s`` (since the last request began or
     ended, or since ready), ``held`` bytes per device, ``replicas``."""
-    c = st.seg.counters
-    inflight = c[:, :, L.C_IN_FLIGHT].sum(axis=0)
-    last_used = c[:, :, L.C_LAST_USED_NS].max(axis=0)
+    inflight = st.in_flight()
+    last_used = st.last_used(now_ns)
     out: dict[str, dict] = {}
     for r in st.replicas.values():
         name = st.name(r.model)

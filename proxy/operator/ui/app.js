@@ -130,6 +130,12 @@ function fmtBytes(n) {
   while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
   return (i ? n.toFixed(n < 10 ? 2 : n < 100 ? 1 : 0) : n) + " " + units[i];
 }
+// one format for every duration of the page (TTFT, durations): ms below
+// 10 s, else seconds with one decimal (issue 37: "87038 ms" beside "17.6 s")
+function fmtMs(v) {
+  if (v === null || v === undefined) return "";
+  return v < 10000 ? Math.round(v) + " ms" : (v / 1000).toFixed(1) + " s";
+}
 function fmtSeconds(s) {
   if (s === null || s === undefined) return "";
   if (s < 60) return Math.round(s) + " s";
@@ -210,9 +216,12 @@ function render(id) {
   setText(c.node, [st.node, ...others].filter(Boolean).join(", "));
   c.node.title = (m.nodes || []).map((n) => n.node + ": " + n.state).join("\n");
   const reps = ps.replicas || [];
-  setText(c.replicas, reps.length
+  // speculative decoding's acceptance beside the replicas, when the model drafts
+  const dr = ps.drafts;
+  setText(c.replicas, (reps.length
     ? reps.map((r) => r.state + (r.where !== "local" ? " @" + r.where : "")).join(", ")
-    : "");
+    : "") + (dr ? " · drafts " + (dr.drafted
+      ? Math.round(100 * dr.accepted / dr.drafted) + "% of " + dr.drafted : "0") : ""));
   setText(c.inflight, ps.in_flight ? String(ps.in_flight) : "0");
   // why its requests wait (issue 34): "waiting for capacity held by b, which drains in 4 s"
   const q = st.queue || ps.queue;
@@ -221,7 +230,7 @@ function render(id) {
   c.waiting.title = q && q.why ? q.why + " (oldest " + fmtSeconds(q.oldest_wait_s) + ")" : "";
   const draining = reps.some((r) => r.draining);
   if (draining) setText(badge, label + " (draining)");
-  setText(c.ttft, ps.ttft_p50_ms === null || ps.ttft_p50_ms === undefined ? "" : Math.round(ps.ttft_p50_ms) + " ms");
+  setText(c.ttft, fmtMs(ps.ttft_p50_ms));
   const mem = ps.memory || {};
   setText(c.memory, fmtBytes(mem.effective || mem.min));
   c.memory.title = mem.min ? "measured min " + fmtBytes(mem.min) + ", max " + fmtBytes(mem.max) : "";
@@ -546,14 +555,14 @@ async function send(ev) {
         const n = tokens - 1;
         stats.textContent = tokens + " tokens"
           + (n > 0 && last > first ? " · " + ((1000 * n) / (last - first)).toFixed(1) + " tokens/s" : "")
-          + " · TTFT " + Math.round(first - t0) + " ms";
+          + " · TTFT " + fmtMs(first - t0);
       }
     }
     const n = usage && usage.completion_tokens ? usage.completion_tokens : tokens;
     const secs = (last - first) / 1000;
     stats.textContent = n + " tokens"
       + (n > 1 && secs > 0 ? " · " + ((n - 1) / secs).toFixed(1) + " tokens/s" : "")
-      + (first ? " · TTFT " + Math.round(first - t0) + " ms" : "")
+      + (first ? " · TTFT " + fmtMs(first - t0) : "")
       // speculative decoding: the share of draft tokens accepted (llama-server's timings)
       + (timings && timings.draft_n ? " · drafts " + Math.round(100 * timings.draft_n_accepted
         / timings.draft_n) + "% accepted" : "");

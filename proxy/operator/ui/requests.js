@@ -7,11 +7,6 @@
 const REQUEST_ROWS_KEPT = 200;
 let reqAbort = null;
 
-function fmtMs(v) {
-  if (v === null || v === undefined) return "";
-  return v < 10000 ? Math.round(v) + " ms" : (v / 1000).toFixed(1) + " s";
-}
-
 function requestRow(r) {
   const tr = el("tr");
   tr.dataset.requestOf = r.model || ""; // (data-model is a models-table row)
