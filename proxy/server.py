@@ -28,7 +28,7 @@ other client APIs (Anthropic, Responses, Ollama, ``GET /v1/models/{id}``)
 in :mod:`ggmux.proxy.apis`; CORS (:mod:`ggmux.proxy.cors`) on every answer.
 The routes are one table, :data:`ggmux.proxy.routes.ROUTES`; the admin
 routes' handlers are :mod:`.admin_routes`, the pass-through's
-:mod:`.passthrough_route`.
+:mod:`.passthrough_route`; the graceful stop is :mod:`.draining`.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from ..http1 import (
 )
 from ..http1.auth import authorized, secret_header
 from ..http1.connections import ConnectionRegistry
-from ..http1.drain import DRAIN_FLUSH_S, DRAIN_TIMEOUT_S, drain_budget
+from ..http1.drain import DRAIN_TIMEOUT_S
 from ..http1.limits import tokenize_body_refusal
 from ..http1.pool import UpstreamPool
 from ..shm import layout as L
@@ -76,6 +76,7 @@ from .cluster import (
     take_hop,
 )
 from .cors import Cors, from_other_site, json_type, simple_type
+from .draining import Draining
 from .forward import NS, Forwarding
 from .inference_paths import TOKEN_ROUTES
 from .keyed import KeyedProxy
@@ -88,20 +89,19 @@ from .passthrough_route import PassthroughRoute
 from .prefix import PrefixRouting
 from .replica_failures import ReplicaFailures
 from .router_mode import RouterMode
-from .waiting import MAX_WAITERS, ModelWaiters
+from .waiting import ModelWaiters
 
 log = logging.getLogger("ggmux.proxy")
 
 # routed by ?model=; the admin key may read them too (their answers show more to it)
 QUERY_ROUTED = frozenset((b"/props", b"/metrics", b"/slots"))
 
-STOPPING = "the server is stopping"
 # llama-server's /health while its model loads (tools/server/server.cpp)
 HEALTH_LOADING = b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
 
 
 class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, AdminRoutes,
-            PassthroughRoute):
+            PassthroughRoute, Draining):
     """State of one worker; ``handle`` is the HTTP handler, :class:`~.forward.Forwarding`
     the forwarding (the fast path, waiting, balancing, retries, accounting)."""
 
@@ -324,70 +324,6 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
             self.drain()
             return
         self.refresh()
-
-    def drain(self) -> None:
-        """Stdin EOF (the supervisor is stopping, or gone): stop accepting,
-        let the requests being answered finish, then answer whatever is
-        left and stop.
-
-        Nothing accepted is dropped without an answer (issue 11): requests
-        waiting for a load or a replica get 503 ``shutting_down`` at once,
-        and so does a request that arrives meanwhile on a kept-alive
-        connection; at the deadline each exchange still in flight ends with
-        that 503, or mid-stream with an SSE error event saying the server
-        is stopping. A supervisor killed outright takes its instances with
-        it, so their requests fail fast and this is quick.
-
-        The order (issue 37, item 8): the deadline is the longest
-        ``stop-timeout`` of the models plus ``DRAIN_SLACK_S`` (at least
-        ``drain_timeout``), so an instance, which ends its own streams one
-        second before its stop-timeout, ends them first, with its own final
-        event, and this proxy's abort is only the backstop; and the loop
-        stops only once every connection is settled (the last bytes of each
-        answer written out, :meth:`ConnectionRegistry.unsettled`), not when
-        the requests stop counting in flight, which they do before their
-        last bytes leave; at most ``DRAIN_FLUSH_S`` after the deadline."""
-        if self.stopping:
-            return  # a SIGTERM with the supervisor gone, then stdin's EOF
-        log.info("proxy %d: draining %d request(s), then exiting", self.index,
-                 int(self.cnt[:, L.C_IN_FLIGHT].sum()))
-        self.stopping = True
-        self.pool.closing = STOPPING
-        if self.server is not None:
-            self.server.close()
-        self.waiters.shutdown()  # no load will come now
-        budget = self.drain_budget()
-        deadline = self.loop.time() + budget
-        aborted = [False]
-
-        def check() -> None:
-            inflight = self.cnt[:, L.C_IN_FLIGHT]  # a corrupt cell (< 0, huge) is not a request
-            busy = bool(((inflight > 0) & (inflight <= MAX_WAITERS)).any()) or bool(self.waiters)
-            unsettled = self.connections.unsettled() if self.connections is not None else 0
-            now = self.loop.time()
-            if not busy and not unsettled:
-                self.loop.stop()
-            elif now > deadline + DRAIN_FLUSH_S:
-                log.warning("proxy %d: %d connection(s) still unsettled %g s after the drain's "
-                            "end: closing", self.index, unsettled, DRAIN_FLUSH_S)
-                self.loop.stop()
-            elif now > deadline and not aborted[0]:
-                aborted[0] = True
-                n = self.pool.abort_all(STOPPING)
-                log.warning("proxy %d: %d request(s) still running after %g s: ended with "
-                            "'%s'", self.index, n, budget, STOPPING)
-                self.loop.call_later(0.05, check)
-            else:
-                self.loop.call_later(0.05, check)
-
-        check()
-
-    def drain_budget(self) -> float:
-        """Seconds a drain lets running requests go on (see :meth:`drain`
-        and :func:`~ggmux.http1.drain.drain_budget`)."""
-        return drain_budget((t for e in self.reg_models
-                             if isinstance(t := e.get("stop_timeout"), (int, float))),
-                            self.drain_timeout)
 
     # ---- HTTP ------------------------------------------------------------------------
     def _authorized(self, req: Request, admin: bool = False) -> bool:
