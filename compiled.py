@@ -2,7 +2,7 @@
 
 The request path's modules (:data:`HOT_MODULES`: the HTTP core's request
 reading and validation after httptools, its response writer, the upstream
-relay with its chunked and SSE handling, the forward path's header rewrite,
+relay with its chunked and SSE handling, the forward path's header rewrite and its accounting,
 the balancer's choice and the seqlocked shm row reads) are plain Python
 sources that ``setup.py`` also compiles with Cython (pure-Python mode: the
 ``.py`` file is the source, no ``.pyx``) when Cython and a C compiler are
@@ -46,6 +46,7 @@ HOT_MODULES = (
     "ggmux.http1.heads",
     "ggmux.http1.pool",
     "ggmux.proxy.forward",
+    "ggmux.proxy.accounting",
     "ggmux.proxy.balancer",
     "ggmux.proxy.passthrough",
     "ggmux.proxy.activity",

@@ -54,7 +54,7 @@ from ggmux.proxy.balancer import BalancerConfig, Candidate, candidates_from_shm,
 from ggmux.shm import layout as L
 
 NS = 1_000_000_000
-TTFT_ALPHA = 0.2  # as proxy/forward.py
+TTFT_ALPHA = 0.2  # as proxy/accounting.py
 
 ARRIVE, FIRST, DONE = 0, 1, 2
 

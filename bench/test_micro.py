@@ -19,9 +19,9 @@ import orjson
 import pytest
 from ggmux.http1 import HttpConnection, HttpLimits, Request
 from ggmux.http1.exchange import Exchange
+from ggmux.proxy.accounting import Accounting
 from ggmux.proxy.activity import Activity
 from ggmux.proxy.balancer import candidates_from_shm, choose
-from ggmux.proxy.forward import Forwarding
 from ggmux.shm import layout as L
 from ggmux.shm.requestring import RequestRing, RingShape
 from ggmux.shm.segment import Segment
@@ -132,8 +132,8 @@ def test_request_parse_and_body_model(benchmark):
 
 
 # ---- the end of a forwarded request: its counters and its record (issue 22) ----
-class _Accounting(Forwarding):
-    """Just what ``Forwarding._account`` reads: this proxy's model rows."""
+class _Accounting(Accounting):
+    """Just what ``Accounting._account`` reads: this proxy's model rows."""
 
     def __init__(self, seg: Segment) -> None:
         self.mcw = [memoryview(row) for row in seg.mcounters[0]]

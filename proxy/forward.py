@@ -15,8 +15,9 @@ row in this proxy's counters) from just before it is forwarded until its
 response ended; a waiter is removed only after its request counts as in
 flight, so a freshly loaded model is never without either and cannot be
 evicted before it serves the request that loaded it. A breaker's verdict
-(:meth:`Forwarding._verdict`, :meth:`Forwarding._forward_failed`) and the
-request, error and TTFT counters (:meth:`Forwarding._account`) follow each
+(:meth:`~.accounting.Accounting._verdict`,
+:meth:`~.replica_failures.ReplicaFailures._forward_failed`) and the
+request, error and TTFT counters (:meth:`~.accounting.Accounting._account`) follow each
 response.
 
 The state it reads is the proxy's (:meth:`~ggmux.proxy.server.Proxy.refresh`
@@ -43,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from bisect import bisect_left
 from collections.abc import Callable
 from functools import partial
 
@@ -64,26 +64,10 @@ from ..http1.limits import tokenize_body_refusal
 from ..http1.request import Request
 from ..shm import layout as L
 from ..shm.layout import (
-    C_ANSWER_NS,
     C_CIRCUIT,
-    C_ERRORS,
     C_IN_FLIGHT,
     C_INCARNATION,
     C_LAST_USED_NS,
-    C_REQUESTS,
-    C_TIMEOUT_NS,
-    C_TTFT_COUNT,
-    C_TTFT_EWMA_US,
-    C_TTFT_LAST_US,
-    C_TTFT_SUM_US,
-    MC_BUCKET0,
-    MC_ERRORS,
-    MC_RECENT0,
-    MC_RECENT_N,
-    MC_REQUESTS,
-    MC_TTFT_COUNT,
-    MC_TTFT_SUM_US,
-    TTFT_RECENT,
 )
 from . import answers, passthrough
 from .balancer import CLOSED, Candidate, candidates_from_shm, choose, open_until, session_key
@@ -91,6 +75,7 @@ from .bodies import item_refusal
 from .cluster import HOP_TRUSTED, hop_headers, judge_hop, loading_info
 from .contention import queue_status
 from .cors import json_type, simple_type
+from .inference_paths import INFERENCE, TOKEN_ROUTES
 from .prefix import GENERATION_PATHS, Prediction
 
 log = logging.getLogger(__name__)
@@ -100,43 +85,7 @@ HABIT_CHECK_S = 0.02
 
 NS = 1_000_000_000
 
-# routed by the JSON body's "model" (llama.cpp router's list)
-INFERENCE = frozenset(
-    (
-        b"/v1/chat/completions",
-        b"/chat/completions",
-        b"/v1/completions",
-        b"/completions",
-        b"/v1/embeddings",
-        b"/embeddings",
-        b"/embedding",
-        b"/completion",
-        b"/tokenize",
-        b"/detokenize",
-        b"/infill",
-        b"/rerank",
-        b"/v1/rerank",
-        b"/reranking",
-        b"/apply-template",
-        b"/v1/chat/completions/input_tokens",  # llama-server's prompt token count
-        b"/chat/completions/input_tokens",
-    )
-)  # /v1/messages, /v1/responses, /api/*: apis.ROUTES
-# the token routes: a body over HttpLimits.max_tokenize_bytes gets 413
-# before it is parsed (issue 31, item 1: their JSON, megabytes of text or
-# millions of ids, is decoded on the loop that writes other tenants' streams)
-TOKEN_ROUTES = frozenset((b"/tokenize", b"/detokenize", b"/apply-template",
-                          b"/v1/chat/completions/input_tokens", b"/chat/completions/input_tokens"))
-
-TTFT_ALPHA = 0.2  # EWMA weight of the newest sample
 MAX_ATTEMPTS = 6  # forwards of one request that failed before reaching a replica
-# bucket bounds in microseconds; an index past the last is the +Inf bucket
-_TTFT_BUCKETS_US = tuple(b * 1000 for b in L.TTFT_BUCKETS_MS)
-_WAIT_BUCKETS_US = tuple(int(b * 1_000_000) for b in L.WAIT_BUCKETS_S)
-WAIT_HEADER = b"x-ggmux-wait-ms"
-"""Response header: how long the request waited for its model's capacity
-or load before a replica took it, milliseconds (issue 34); only on a request
-that waited."""
 
 
 class Forwarding:
@@ -270,88 +219,6 @@ class Forwarding:
         pred = self._predict(req, m, body, (Candidate(slot=slot, port=0, incarnation=inc),))
         if pred is not None:
             self.prefix.record(pred, slot, inc, ex)
-
-    def _fast_habit(self, conn: HttpConnection, req: Request, m: int, slot: int,
-                    r: UpstreamError) -> None:
-        """A fast forward lost on a connection the replica closes after
-        chunked answers: the slow path sends it again if the replica lives
-        on, else it is the replica's death (502, never sent again)."""
-        if self.stopping:
-            answers.stopping(conn, req)
-        elif self._alive(slot):
-            log.info("proxy %d: %s just after a streamed answer, and the replica lives on: "
-                     "sending the request again", self.index, r)
-            conn.run_handler(req)
-        else:
-            self._forward_failed(slot, m, r, 1)
-            answers.replica_failed(conn, req, self.reg_models[m]["name"], r)
-            self.activity.record(req, m, slot, None, req.status)
-
-    async def _lived_on(self, slot: int) -> bool:
-        """:meth:`_alive` :data:`HABIT_CHECK_S` from now (a replica that died
-        with the request has exited by then)."""
-        await asyncio.sleep(HABIT_CHECK_S)
-        return self._alive(slot)
-
-    def _alive(self, slot: int) -> bool:
-        """Whether the local process of replica ``slot`` is still running
-        (not gone, not a zombie); False for a remote one (no pid)."""
-        pid = int(self.replica_rows[slot, L.R_PID])
-        if pid <= 0:
-            return False
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return False
-        return state not in (b"Z", b"X", b"x")
-
-    def _forward_failed(self, slot: int, m: int, err: UpstreamError, attempt: int) -> None:
-        """A forward to ``slot`` failed before anything reached the client:
-        a fault for its breaker (and, for a timeout, the hung-replica clock)
-        and the error counters; the tables are re-read, since the replica
-        may be gone."""
-        now = time.monotonic_ns()
-        cw = self.cw[slot]
-        self.breakers[slot].record(False, now)
-        if err.timeout:
-            cw[C_TIMEOUT_NS] = now
-            # its TTFT was at least the timeout: a sample that steers the
-            # balancer to the other replicas at once (the circuit needs
-            # three faults), until the replica has been left alone for
-            # ttft_forget_s and is tried again
-            us = self.model_first_byte_ns[m] // 1000
-            old = cw[C_TTFT_EWMA_US]
-            cw[C_TTFT_EWMA_US] = us if old == 0 else int(old + TTFT_ALPHA * (us - old))
-            cw[C_TTFT_COUNT] += 1
-        cw[C_ERRORS] += 1
-        self.mcw[m][MC_ERRORS] += 1
-        log.warning("proxy %d: %s (attempt %d)", self.index, err, attempt)
-        self.gen = -1
-        self.refresh()
-
-    @cython.locals(ex=Exchange, cw=cython.long[:])
-    def _verdict(self, slot: int, ex: Exchange, now: int, judged: list | None = None) -> None:
-        """The breaker's verdict on a relayed response: a fault
-        (:func:`~ggmux.proxy.balancer.replica_fault`, a replica that died or
-        went silent mid-body) fails, anything else succeeds, and a client
-        that left before the first byte gives none (the probe slot is only
-        released). ``judged``: the probe's head already gave its verdict
-        (the list holds it); only a fault after that still counts. Also
-        stamps the replica's last answer or timeout (hung-replica restarts)."""
-        br = self.breakers[slot]
-        cw = self.cw[slot]
-        if ex.timed_out:
-            cw[C_TIMEOUT_NS] = now
-        elif ex.status != 499:
-            cw[C_ANSWER_NS] = now
-        if judged:
-            if ex.fault and not judged[0]:
-                br.record(False, now)
-        elif ex.status == 499 and not ex.first_byte_ns:
-            br.release()
-        else:
-            br.record(not ex.fault, now)
 
     async def _forward(
         self, conn: HttpConnection, req: Request, m: int, name: str, body: dict | None,
@@ -684,19 +551,6 @@ class Forwarding:
         return await self.pool.forward(port, conn, req, head + body, host, first_byte_ns=fb,
                                        on_head=on_head, capture=capture, on_end=on_end)
 
-    def _waited(self, m: int, req: Request, ns: int) -> None:
-        """A request that waited ``ns`` for model ``m`` is taken by a
-        replica: count the wait in the model's histogram
-        (:data:`~ggmux.shm.layout.WAIT_BUCKETS_S`) and tell the client in
-        :data:`WAIT_HEADER` (issue 34). Requests that left or gave up while
-        waiting never get here."""
-        us = max(0, ns) // 1000
-        mc = self.mcw[m]
-        mc[L.MC_WAIT_COUNT] += 1
-        mc[L.MC_WAIT_SUM_US] += us
-        mc[L.MC_WAIT_BUCKET0 + bisect_left(_WAIT_BUCKETS_US, us)] += 1
-        req.extra_head = bytes(req.extra_head) + b"%s: %d\r\n" % (WAIT_HEADER, us // 1000)
-
     def _model_name(self, m: int) -> str:
         """Model ``m``'s name, for messages ("" when unknown)."""
         return self.reg_models[m].get("name", "") if 0 <= m < len(self.reg_models) else ""
@@ -708,32 +562,3 @@ class Forwarding:
         if self.reg_models[m].get("kind") not in ("llama", "fake"):
             return b""
         return tenant(req, self.tenant_secret, req.hop == HOP_TRUSTED)
-
-    @cython.locals(cnt=cython.long[:], mc=cython.long[:], ex=Exchange,
-                   us=cython.longlong, old=cython.longlong, k=cython.longlong)
-    def _account(self, cnt: memoryview, m: int, ex: Exchange) -> None:
-        """Count one forwarded request: requests, errors, TTFT (EWMA, last,
-        sum, count; microseconds) per replica, and per model the TTFT
-        histogram in :data:`~ggmux.shm.layout.TTFT_BUCKETS_MS` and the ring
-        of its :data:`~ggmux.shm.layout.TTFT_RECENT` last samples."""
-        cnt[C_REQUESTS] += 1
-        mc = self.mcw[m]
-        mc[MC_REQUESTS] += 1
-        if ex.status >= 500:
-            cnt[C_ERRORS] += 1
-            mc[MC_ERRORS] += 1
-        if ex.first_byte_ns and ex.sent_ns:
-            us = (ex.first_byte_ns - ex.sent_ns) // 1000
-            if us > 0:
-                old = cnt[C_TTFT_EWMA_US]
-                cnt[C_TTFT_EWMA_US] = us if old == 0 else int(old + TTFT_ALPHA * (us - old))
-                cnt[C_TTFT_LAST_US] = us
-                cnt[C_TTFT_SUM_US] += us
-                cnt[C_TTFT_COUNT] += 1
-                mc[MC_TTFT_COUNT] += 1
-                mc[MC_TTFT_SUM_US] += us
-                # bucket i counts TTFT <= TTFT_BUCKETS_MS[i] ms (and above the one before)
-                mc[MC_BUCKET0 + bisect_left(_TTFT_BUCKETS_US, us)] += 1
-                k = mc[MC_RECENT_N]  # the recent samples' ring (/ps's p50)
-                mc[MC_RECENT0 + k % TTFT_RECENT] = us
-                mc[MC_RECENT_N] = k + 1

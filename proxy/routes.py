@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import apis, passthrough
-from .forward import INFERENCE
+from .inference_paths import INFERENCE
 
 GET = (b"GET", b"HEAD")
 POST = (b"POST",)

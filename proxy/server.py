@@ -26,7 +26,9 @@ request ring); ``/keys`` (keys with limits, :mod:`.keyed`); ``/upstream/<model>/
 pass-through; the
 other client APIs (Anthropic, Responses, Ollama, ``GET /v1/models/{id}``)
 in :mod:`ggmux.proxy.apis`; CORS (:mod:`ggmux.proxy.cors`) on every answer.
-The routes are one table, :data:`ggmux.proxy.routes.ROUTES`.
+The routes are one table, :data:`ggmux.proxy.routes.ROUTES`; the admin
+routes' handlers are :mod:`.admin_routes`, the pass-through's
+:mod:`.passthrough_route`; the graceful stop is :mod:`.draining`.
 """
 
 from __future__ import annotations
@@ -46,11 +48,10 @@ import posix_ipc
 from ..http1 import (
     HttpConnection,
     Request,
-    json_object,
 )
 from ..http1.auth import authorized, secret_header
 from ..http1.connections import ConnectionRegistry
-from ..http1.drain import DRAIN_FLUSH_S, DRAIN_TIMEOUT_S, drain_budget
+from ..http1.drain import DRAIN_TIMEOUT_S
 from ..http1.limits import tokenize_body_refusal
 from ..http1.pool import UpstreamPool
 from ..shm import layout as L
@@ -58,8 +59,10 @@ from ..shm.logring import log_ring_name
 from ..shm.prefixtable import PrefixTable
 from ..shm.requestring import request_ring_name
 from ..shm.segment import Segment
-from . import answers, apis, bodies, passthrough, routes
+from . import answers, apis, bodies, routes
+from .accounting import Accounting
 from .activity import Activity
+from .admin_routes import AdminRoutes
 from .admission import KeyAdmission
 from .apis import ClientApis
 from .balancer import (
@@ -67,42 +70,38 @@ from .balancer import (
     Candidate,
     CircuitBreaker,
 )
-from .cache_admin import clear_route
 from .cluster import (
     HOP,
     HOP_TRUSTED,
-    cluster_view,
-    drain_route,
     take_hop,
 )
 from .cors import Cors, from_other_site, json_type, simple_type
-from .forward import NS, TOKEN_ROUTES, Forwarding
+from .draining import Draining
+from .forward import NS, Forwarding
+from .inference_paths import TOKEN_ROUTES
 from .keyed import KeyedProxy
 from .listing import ModelEvents, unknown_model
-from .metrics import scrape_replicas
 from .operator.logs import LogTail
-from .operator.overview import add_drafts, drafting_models, overview
 from .operator.page import Page
 from .operator.requests import RequestLog
 from .operator.usage import UsageView
+from .passthrough_route import PassthroughRoute
 from .prefix import PrefixRouting
+from .replica_failures import ReplicaFailures
 from .router_mode import RouterMode
-from .waiting import MAX_WAITERS, ModelWaiters
+from .waiting import ModelWaiters
 
 log = logging.getLogger("ggmux.proxy")
 
 # routed by ?model=; the admin key may read them too (their answers show more to it)
 QUERY_ROUTED = frozenset((b"/props", b"/metrics", b"/slots"))
 
-RELOAD_WAIT_S = 30.0  # ?reload=1 waits this long for the rescan (a cache of many models is slow)
-STOPPING = "the server is stopping"
 # llama-server's /health while its model loads (tools/server/server.cpp)
-DRAFT_SCRAPE_S = 0.5
-"""Seconds ``/ps`` waits for a drafting replica's counters (a busy one is left out)."""
 HEALTH_LOADING = b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
 
 
-class Proxy(Forwarding, RouterMode, KeyedProxy):
+class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, AdminRoutes,
+            PassthroughRoute, Draining):
     """State of one worker; ``handle`` is the HTTP handler, :class:`~.forward.Forwarding`
     the forwarding (the fast path, waiting, balancing, retries, accounting)."""
 
@@ -326,70 +325,6 @@ class Proxy(Forwarding, RouterMode, KeyedProxy):
             return
         self.refresh()
 
-    def drain(self) -> None:
-        """Stdin EOF (the supervisor is stopping, or gone): stop accepting,
-        let the requests being answered finish, then answer whatever is
-        left and stop.
-
-        Nothing accepted is dropped without an answer (issue 11): requests
-        waiting for a load or a replica get 503 ``shutting_down`` at once,
-        and so does a request that arrives meanwhile on a kept-alive
-        connection; at the deadline each exchange still in flight ends with
-        that 503, or mid-stream with an SSE error event saying the server
-        is stopping. A supervisor killed outright takes its instances with
-        it, so their requests fail fast and this is quick.
-
-        The order (issue 37, item 8): the deadline is the longest
-        ``stop-timeout`` of the models plus ``DRAIN_SLACK_S`` (at least
-        ``drain_timeout``), so an instance, which ends its own streams one
-        second before its stop-timeout, ends them first, with its own final
-        event, and this proxy's abort is only the backstop; and the loop
-        stops only once every connection is settled (the last bytes of each
-        answer written out, :meth:`ConnectionRegistry.unsettled`), not when
-        the requests stop counting in flight, which they do before their
-        last bytes leave; at most ``DRAIN_FLUSH_S`` after the deadline."""
-        if self.stopping:
-            return  # a SIGTERM with the supervisor gone, then stdin's EOF
-        log.info("proxy %d: draining %d request(s), then exiting", self.index,
-                 int(self.cnt[:, L.C_IN_FLIGHT].sum()))
-        self.stopping = True
-        self.pool.closing = STOPPING
-        if self.server is not None:
-            self.server.close()
-        self.waiters.shutdown()  # no load will come now
-        budget = self.drain_budget()
-        deadline = self.loop.time() + budget
-        aborted = [False]
-
-        def check() -> None:
-            inflight = self.cnt[:, L.C_IN_FLIGHT]  # a corrupt cell (< 0, huge) is not a request
-            busy = bool(((inflight > 0) & (inflight <= MAX_WAITERS)).any()) or bool(self.waiters)
-            unsettled = self.connections.unsettled() if self.connections is not None else 0
-            now = self.loop.time()
-            if not busy and not unsettled:
-                self.loop.stop()
-            elif now > deadline + DRAIN_FLUSH_S:
-                log.warning("proxy %d: %d connection(s) still unsettled %g s after the drain's "
-                            "end: closing", self.index, unsettled, DRAIN_FLUSH_S)
-                self.loop.stop()
-            elif now > deadline and not aborted[0]:
-                aborted[0] = True
-                n = self.pool.abort_all(STOPPING)
-                log.warning("proxy %d: %d request(s) still running after %g s: ended with "
-                            "'%s'", self.index, n, budget, STOPPING)
-                self.loop.call_later(0.05, check)
-            else:
-                self.loop.call_later(0.05, check)
-
-        check()
-
-    def drain_budget(self) -> float:
-        """Seconds a drain lets running requests go on (see :meth:`drain`
-        and :func:`~ggmux.http1.drain.drain_budget`)."""
-        return drain_budget((t for e in self.reg_models
-                             if isinstance(t := e.get("stop_timeout"), (int, float))),
-                            self.drain_timeout)
-
     # ---- HTTP ------------------------------------------------------------------------
     def _authorized(self, req: Request, admin: bool = False) -> bool:
         """``Authorization: Bearer KEY`` or ``x-api-key: KEY``, compared in
@@ -544,105 +479,9 @@ class Proxy(Forwarding, RouterMode, KeyedProxy):
     async def _client_api(self, conn: HttpConnection, req: Request) -> None:
         await self.apis.handle(conn, req)
 
-    async def _load_or_unload(self, conn: HttpConnection, req: Request) -> None:
-        self._load_unload(conn, req, req.path.rsplit(b"/", 1)[1].decode())
-
     async def _models_sse(self, conn: HttpConnection, req: Request) -> None:
         self.refresh()
         await self.events.subscribe(conn, req)
-
-    async def _cache_clear(self, conn: HttpConnection, req: Request) -> None:
-        await clear_route(self, conn, req, lambda m: self.reg_models[m]["name"])
-
-    async def _cluster(self, conn: HttpConnection, req: Request) -> None:
-        conn.send_json(req, 200, cluster_view(self.cluster))
-
-    async def _cluster_drain(self, conn: HttpConnection, req: Request) -> None:
-        drain_route(conn, req, self._command)
-
-    async def _reload(self, conn: HttpConnection, req: Request) -> bool:
-        """Ask the supervisor to rescan every source and wait until the
-        registry it publishes says this reload ran (its id in
-        ``reload_ids``), so ``?reload=1`` answers with the new list (issue
-        15). False after answering 503 when the queue is full or no answer
-        came within :data:`RELOAD_WAIT_S`, or 500 when the reload failed and
-        changed nothing (as llama-server's router answers the exception of a
-        reload: ``ex_wrapper``, ``server_error``; issue 23)."""
-        self.reload_seq += 1
-        rid = f"{os.getpid()}-{self.reload_seq}"
-        if not self._command(conn, req, {"op": "reload", "id": rid,
-                                         "route": f"GET {req.path.decode()}?reload=1"}):
-            return False
-        deadline = self.loop.time() + RELOAD_WAIT_S
-        while rid not in self.reload_ids:
-            if self.loop.time() > deadline or req.disconnected:
-                conn.send_error(req, 503, f"the reload did not finish within {RELOAD_WAIT_S:g} s",
-                                headers=[(b"retry-after", b"1")])
-                return False
-            await asyncio.sleep(0.01)
-            self.refresh()
-        error = self.reload_errors.get(rid)
-        if error is not None:
-            conn.send_error(req, 500, f"reload failed, the models are unchanged: {error}",
-                            code="reload_failed")
-            return False
-        return True
-
-    async def _operator(self, conn: HttpConnection, req: Request) -> None:
-        """``GET /ps`` (:mod:`.operator.overview`), ``GET /logs`` and
-        ``/logs/stream`` (:mod:`.operator.logs`; ``?model=`` a name or alias)."""
-        self.refresh()
-        if req.path == b"/ps":
-            doc = overview(self.seg, self.reg_models, self.model_rows, self.replica_rows,
-                           self.remotes, self.errors, cluster=self.cluster)
-            spec = drafting_models(self.reg_models)
-            if spec:  # their replicas' draft counters: speculation's acceptance
-                rows = self.replica_rows[np.isin(self.replica_rows[:, L.R_MODEL], list(spec))]
-                add_drafts(doc, self.reg_models, await scrape_replicas(rows, DRAFT_SCRAPE_S))
-            conn.send_json(req, 200, doc)
-            return
-        name = self._query_model(req)
-        if name is not None:
-            m = self.names.get(name)
-            if m is None:
-                conn.send_error(req, 404, unknown_model(name, self.reg_models),
-                                code="model_not_found")
-                return
-            name = self.reg_models[m]["name"]
-        if req.path == b"/logs":
-            self.logtail.text(conn, req, name)
-        else:
-            await self.logtail.stream(conn, req, name)
-
-    async def _requests(self, conn: HttpConnection, req: Request) -> None:
-        """``GET /requests`` and ``/requests/stream`` (:mod:`.operator.requests`;
-        ``?model=`` a name or alias)."""
-        self.refresh()
-        m = None
-        name = self._query_model(req)
-        if name is not None:
-            m = apis.resolve(self.names, name)
-            if m is None:
-                conn.send_error(req, 404, unknown_model(name, self.reg_models),
-                                code="model_not_found")
-                return
-        view = self._request_view
-        if req.path == b"/requests":
-            self.requests.list(conn, req, view, m)
-        else:
-            await self.requests.stream(conn, req, view, m)
-
-    async def _usage(self, conn: HttpConnection, req: Request) -> None:
-        """``GET /usage``: the usage ledger's totals (:mod:`.operator.usage`)."""
-        await self.usage.answer(conn, req)
-
-    def _request_view(self) -> tuple[list[dict], dict[int, dict]]:
-        self.refresh()
-        return self.reg_models, self.remotes
-
-    def _in_cluster(self) -> bool:
-        self.refresh()
-        return self.cluster is not None
 
     def _query_model(self, req: Request) -> str | None:
         if not req.query:
@@ -681,76 +520,6 @@ class Proxy(Forwarding, RouterMode, KeyedProxy):
             return
         await self._forward(conn, req, m, name, body, stream=body.get("stream") is True)
 
-    async def _passthrough(self, conn: HttpConnection, req: Request) -> None:
-        """``/upstream/<model>/<path>``: the request, unchanged but for the
-        target, to one replica of the model (:mod:`ggmux.proxy.passthrough`:
-        names may contain ``/``, the longest registered name wins; dot
-        segments are resolved, so no path leaves the upstream's prefix)."""
-        self.refresh()
-        try:
-            route = passthrough.route(req.path, req.query, self.names, self._slashed)
-        except passthrough.BadPath as e:
-            conn.send_error(req, 400, str(e))
-            return
-        if route is None:
-            rest = req.path[len(passthrough.PREFIX):].decode("latin-1")
-            conn.send_error(req, 404, f"no model in '/upstream/{rest}'", code="model_not_found")
-            return
-        name, req.url = route
-        m = self.names[name]
-        if passthrough.admin_target(req.url, req.method) and not self._admin_passthrough(req):
-            conn.send_error(req, 403, f"{req.url.split(b'?', 1)[0].decode('latin-1')} is a "
-                            "replica's admin route: it changes or shows what every tenant of "
-                            "the replica shares, so it is served only to the admin key "
-                            "(--admin-key; ggmux's own /cache routes and `ggmux cache` do "
-                            "this work)", code="forbidden")
-            return
-        if self._redacts(req, req.url):
-            await self._redacted(conn, req, m, name, touch=True)
-            return
-        await self._forward(conn, req, m, name, None)
-
-    def _other_site(self, req: Request) -> bool:
-        """:func:`~.cors.from_other_site` under this server's ``--cors-origins``."""
-        return from_other_site(req, self.cors.listed if self.cors is not None else frozenset())
-
-    def _admin_passthrough(self, req: Request) -> bool:
-        """Whether ``req`` may reach a replica's admin route
-        (:func:`~ggmux.proxy.passthrough.admin_target`): it presents the
-        admin key (so one must be set) and passes :meth:`admin_refusal`
-        (not forwarded by another node, not from another origin's page)."""
-        return self._is_admin(req) and self.admin_refusal(req) is None
-
-    def _redacts(self, req: Request, target: bytes) -> bool:
-        """Whether the replica's answer to ``target`` must lose its model
-        file paths (and, for ``/slots``, other clients' request ids): a GET
-        of :data:`~ggmux.proxy.passthrough.REDACTED_PATHS` by a caller
-        without the admin key (issue 11; issue 18, finding 6)."""
-        if req.method not in (b"GET", b"HEAD"):
-            return False
-        return target.split(b"?", 1)[0] in passthrough.REDACTED_PATHS and not self._is_admin(req)
-
-    async def _redacted(self, conn: HttpConnection, req: Request, m: int, name: str,
-                        touch: bool) -> None:
-        """Forward, capture the answer, and relay it with every model file
-        path reduced to its base name (:func:`~ggmux.proxy.passthrough.redact_paths`)."""
-        ex = await self._forward(conn, req, m, name, None, touch=touch, capture=True)
-        if ex is None or ex.status == 499:
-            if ex is not None:
-                conn.finish(req)
-            return
-        ctype = b"application/json"
-        headers = []
-        for k, v in ex.headers or ():
-            if k == b"content-type":
-                ctype = v
-            else:
-                headers.append((k, v))
-        body = passthrough.redact_paths(ex.body)
-        if req.url.split(b"?", 1)[0] == b"/slots":
-            body = passthrough.redact_slots(body)
-        conn.send_response(req, ex.status, body, ctype, headers)
-
     def _model(self, conn: HttpConnection, req: Request, name) -> int | None:
         """Index of the model a request names, or None after answering
         400 (not a string) or 404 (unknown; names resolve only through the
@@ -780,26 +549,3 @@ class Proxy(Forwarding, RouterMode, KeyedProxy):
         conn.send_error(req, 503, "supervisor queue is full, try again",
                         headers=[(b"retry-after", b"1")])
         return False
-
-    def _load_unload(self, conn: HttpConnection, req: Request, op: str) -> None:
-        """``POST /models/load`` / ``/models/unload`` with ``{"model": name}``:
-        asks the supervisor and returns at once (llama.cpp router's
-        ``{"success": true}``); progress shows in ``/v1/models``. Unload of
-        ``"*"`` unloads every model that is idle (no request in flight, none
-        waiting)."""
-        body = json_object(conn, req)
-        if body is None:
-            return
-        name = body.get("model")
-        if not isinstance(name, str):
-            conn.send_error(req, 400, 'body must be {"model": "<name>"}')
-            return
-        if name == "*" and op == "unload":  # every idle model (ggmux unload --all)
-            if self._command(conn, req, {"op": "unload_idle"}):
-                conn.send_json(req, 200, {"success": True, "model": "*", "op": op})
-            return
-        m = self._model(conn, req, name)
-        if m is None:
-            return
-        if self._command(conn, req, {"op": op, "model": m}):
-            conn.send_json(req, 200, {"success": True, "model": name, "op": op})

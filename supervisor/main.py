@@ -8,8 +8,8 @@ deadlines past due), probes, ``schedule`` (desired vs actual: loads and
 evictions, :mod:`.reconcile`), ``publish`` (shared memory, generation,
 proxy wake-ups, :mod:`.publish`). No threads.
 
-This module holds the loop, setup and teardown, signals, commands, reloads
-and the proxies. What it drives lives beside it: :mod:`.state` (the shared
+This module holds the loop, setup and teardown, signals, commands and
+reloads; the proxies are :mod:`.proxies`. What it drives lives beside it: :mod:`.state` (the shared
 books and records), :mod:`.children` (processes and their pipes),
 :mod:`.replicas` (instances and ``cmd`` replicas, stop and escalation),
 :mod:`.spares`, :mod:`.remotes` (``upstream`` replicas), :mod:`.measure`,
@@ -30,14 +30,13 @@ from collections.abc import Callable
 import orjson
 import posix_ipc
 
-from ..http1.auth import keys_pipe
 from ..http1.drain import DRAIN_FLUSH_S, drain_budget
 from ..shm import layout as L
 from ..shm.keytable import NO_KEYS_BLOB, TableShape, key_table_name
 from ..shm.logring import log_ring_name
 from ..shm.requestring import RequestRing, RingShape, request_ring_name
 from ..shm.segment import Segment
-from .children import Child, ChildSet
+from .children import ChildSet
 from .cluster.node import ClusterNode
 from .config import Config
 from .jobs import Jobs
@@ -46,6 +45,7 @@ from .ledger.wiring import close_ledger, open_ledger
 from .logs import install as install_ring_handler
 from .measure import Measurer
 from .probe import ProbeSet
+from .proxies import ProxyChildren
 from .publish import Publisher
 from .reconcile import Reconciler
 from .registry import Registry
@@ -95,7 +95,7 @@ def _check_no_live_owner(name: str) -> None:
         raise StartupError(f"shared memory {name} belongs to a running ggmux (pid {pid})")
 
 
-class Supervisor:
+class Supervisor(ProxyChildren):
     """See the module docstring. ``run()`` returns the process exit code.
 
     ``rebuild`` rescans every source (SIGHUP, ``GET /models?reload=1``);
@@ -587,73 +587,6 @@ class Supervisor:
             if r.model == m and r.stop_stage == 0:
                 loading = r.status == L.ReplicaStatus.LOADING
                 self.replicas.stop(r, why, self.cfg.unload_grace if loading else None)
-
-    # ---- proxies -------------------------------------------------------------
-    def _spawn_proxy(self, idx: int) -> None:
-        st = self.state
-        seg = st.seg
-        seg.counters[idx] = 0  # a dead proxy's rows are zeroed before its replacement starts
-        seg.waiters[idx] = 0
-        seg.prefix[idx] = 0  # its part of the prefix index too (issue 20)
-        seg.prefix_forget[idx] = 0
-        seg.prefix_forget_disk[idx] = 0
-        if self.keys is not None and self.keys.table is not None:
-            self.keys.table.proxy_gone(idx)  # its requests in flight no longer hold their keys
-        cfg = self.cfg
-        argv = [
-            st.python, "-m", "ggmux.proxy", "--index", str(idx), "--shm", cfg.shm_name,
-            "--mq", cfg.mq_name, "--host", cfg.host, "--port", str(cfg.port),
-            "--load-wait", str(cfg.load_wait), *cfg.proxy_args,
-            *(("--key-table", key_table_name(cfg.shm_name)) if self.keys is not None else ()),
-            *(("--keyed",) if cfg.keys_file else ()),
-        ]
-        # the keys through a pipe: no key on a command line or in an
-        # environment (issue 11); stdout says "ready"; stderr lines are
-        # logged (and kept in the log ring) here
-        fd = keys_pipe(cfg.proxy_keys)
-        try:
-            child = self.children.start([*argv, "--keys-fd", str(fd)], f"proxy-{idx}",
-                                        on_line=self._on_proxy_line, pass_fds=(fd,))
-        finally:
-            os.close(fd)
-        st.proxies[idx] = child
-        log.debug("started proxy %d (pid %d)", idx, child.pid)
-
-    def _on_proxy_line(self, child: Child, line: bytes) -> None:
-        if line.strip() == b"ready":
-            idx = int(child.tag.split("-", 1)[1])
-            self.proxy_ready.add(idx)
-
-    def wait_proxies_ready(self, timeout: float = 30.0) -> bool:
-        """Block (polling) until every proxy listens; False on timeout, on a
-        proxy that exited before listening (``startup_failed``) and on a
-        stop asked meanwhile (``state.stopping_all`` without
-        ``startup_failed``: :meth:`run` exits 0, issue 31 item 10)."""
-        deadline = time.monotonic() + timeout
-        while len(self.proxy_ready) < self.cfg.proxies and time.monotonic() < deadline:
-            self._poll_once(50)
-            self.step()
-            if self.state.stopping_all:
-                return False
-        return len(self.proxy_ready) >= self.cfg.proxies
-
-    def _reap_proxies(self) -> None:
-        st = self.state
-        for idx, child in list(st.proxies.items()):
-            code = self.children.reap(child)
-            if code is None:
-                continue
-            del st.proxies[idx]
-            self.proxy_ready.discard(idx)
-            if not st.stopping_all:
-                if idx not in self.proxy_ready and not self._serving:
-                    # it never listened: a configuration problem, not a crash
-                    log.error("proxy %d exited with code %s before listening", idx, code)
-                    st.stopping_all = True
-                    self.startup_failed = True
-                    continue
-                log.error("proxy %d exited with code %s: restarting", idx, code)
-                self._spawn_proxy(idx)
 
 
 def _noop(signum, frame) -> None:

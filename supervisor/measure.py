@@ -19,8 +19,9 @@ import os
 from dataclasses import dataclass
 
 from .children import Child, ChildSet, state_line
+from .gguf_files import gguf_parts
 from .memory import Amounts, fmt
-from .registry import ModelEntry, env_for_instance, gguf_parts, instance_argv
+from .registry import ModelEntry, env_for_instance, instance_argv
 from .state import ModelRuntime, State
 
 log = logging.getLogger(__name__)

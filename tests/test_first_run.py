@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import chat_body, children_of, open_stream, served_by, wait_for
-from ggmux.supervisor.registry import demo_models
+from ggmux.supervisor.demo import demo_models
 
 ROOT = Path(__file__).resolve().parent.parent
 

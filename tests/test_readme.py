@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Server, alive, free_port, segment_exists, wait_for
-from ggmux.supervisor.registry import demo_models
+from ggmux.supervisor.demo import demo_models
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

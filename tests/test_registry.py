@@ -11,16 +11,11 @@ from pathlib import Path
 import pytest
 from ggmux.supervisor import cli as cli_mod
 from ggmux.supervisor.cli import build_parser, build_registry
+from ggmux.supervisor.demo import demo_models
+from ggmux.supervisor.gguf_files import gguf_name
+from ggmux.supervisor.hf_cache import hf_cache_dir, scan_hf_cache
 from ggmux.supervisor.presets import PresetError, load_preset, read_ini, resolve
-from ggmux.supervisor.registry import (
-    ModelEntry,
-    Registry,
-    demo_models,
-    gguf_name,
-    hf_cache_dir,
-    scan_hf_cache,
-    scan_models_dir,
-)
+from ggmux.supervisor.registry import ModelEntry, Registry, scan_models_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 REV = "0123456789abcdef0123456789abcdef01234567"

@@ -17,7 +17,7 @@ from ggmux.http1.usage import (
     usage_trailer,
 )
 from ggmux.proxy import activity, apis
-from ggmux.proxy.forward import INFERENCE
+from ggmux.proxy.inference_paths import INFERENCE
 from ggmux.shm import requestring as Q
 from ggmux.shm.requestring import RequestRing, RingShape
 

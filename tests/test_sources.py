@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import chat_body, served_by, wait_for
-from ggmux.supervisor.registry import demo_models
+from ggmux.supervisor.demo import demo_models
 
 CHAT = "/v1/chat/completions"
 

