@@ -235,7 +235,8 @@ def ps_table(doc: dict, every: bool = False) -> str:
     """The text of ``ggmux ps`` from a ``/ps`` document: NAME, STATE,
     (in cluster mode, when the document names this ``node``) NODE,
     REPLICAS, MEMORY (:func:`_memory_cell`), CACHE (its KV tiers: RAM/disk,
-    issue 29; ``-`` for none), IN FLIGHT, WAITING, IDLE FOR, UNTIL UNLOAD;
+    issue 29; ``-`` for none), IN FLIGHT, WAITING, IDLE FOR, UNTIL UNLOAD, then
+    one line per model whose requests wait saying why (issue 34);
     unloaded models only with ``every``. NODE is the node that serves the model (as
     ``ollama ps``'s PROCESSOR says where it runs), other nodes holding it
     after it. Each model has a string ``id`` and ``state`` (:func:`items`);
@@ -250,6 +251,9 @@ def ps_table(doc: dict, every: bool = False) -> str:
         if not every and m["state"] == "unloaded" and not failed:
             continue
         state = m["state"] + (" (failed)" if failed else "")
+        if any(isinstance(r, dict) and r.get("draining") is True
+               for r in (m.get("replicas") if isinstance(m.get("replicas"), list) else [])):
+            state += " (draining)"
         progress = number(m.get("progress"))
         if m["state"] == "loading" and progress is not None:
             state += f" {progress:.0%}"
@@ -271,8 +275,13 @@ def ps_table(doc: dict, every: bool = False) -> str:
         return (f"no model is running ({len(models)} known; ggmux ps --all lists every "
                 "model)\n")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    # why requests wait (issue 34), one line per waiting model under the table
+    why = [f"{m['id']}: {q['why']} ({q.get('waiters', 0)} waiting, oldest "
+           f"{_seconds(number(q.get('oldest_wait_s')))})"
+           for m in models if isinstance(q := m.get("queue"), dict)
+           and isinstance(q.get("why"), str) and q["why"]]
     return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
-                     for r in rows) + "\n"
+                     for r in rows) + "\n" + "".join(w + "\n" for w in why)
 
 
 def cmd_ps(client: Client, args: argparse.Namespace) -> int:

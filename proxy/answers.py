@@ -67,6 +67,19 @@ def still_loading(conn: HttpConnection, req: Request, name: str, row, load_wait:
                     loading=loading)
 
 
+def capacity_pinned(conn: HttpConnection, req: Request, name: str, row,
+                    model_name) -> None:
+    """503: only pinned models hold the capacity model ``name`` needs, so
+    nothing will free it (issue 34; llama.cpp's router answers an error
+    rather than break its limit when every loaded model is pinned).
+    ``row``: its models-table row; ``model_name(i)``: a model's name."""
+    holder = int(row[L.M_WAIT_HOLDER]) - 1
+    who = f"pinned model '{model_name(holder)}'" if holder >= 0 else "pinned models"
+    _error(conn, req, 503, f"model '{name}' cannot load: its capacity is held by {who} "
+           "(pin = true), which are never evicted; unload one or raise --models-max",
+           "capacity_pinned", "unavailable_error", headers=[(b"retry-after", b"30")])
+
+
 def stopping(conn: HttpConnection, req: Request) -> None:
     """503 ``shutting_down``: the server stops and takes no new work (issue
     11: an accepted request gets an answer, never a bare close)."""
@@ -106,5 +119,5 @@ def unreachable(conn: HttpConnection, req: Request, name: str, err: UpstreamErro
            "server_error")
 
 
-__all__ = ["circuit_open", "load_failed", "replica_failed", "sse_error", "still_loading",
+__all__ = ["capacity_pinned", "circuit_open", "load_failed", "replica_failed", "sse_error", "still_loading",
            "stopping", "unreachable"]

@@ -487,7 +487,8 @@ def candidates_from_shm(
     now_ns: int | None = None,
     config: BalancerConfig = DEFAULT_CONFIG,
 ) -> list[Candidate]:
-    """Candidates for ``model``: its READY replicas, in slot order.
+    """Candidates for ``model``: its READY replicas that are not draining,
+    in slot order.
 
     ``replica_rows``: a consistent copy of the replicas table, 2-D int64
     ``(replicas, R_WORDS)`` (:func:`ggmux.shm.seqlock.read_table`);
@@ -522,6 +523,7 @@ def candidates_from_shm(
     rows = replica_rows
     slots = np.flatnonzero(
         (rows[:, L.R_MODEL] == model) & (rows[:, L.R_STATUS] == L.ReplicaStatus.READY)
+        & (rows[:, L.R_DRAINING] == 0)  # a draining replica takes no new request (issue 34)
     )
     if slots.size == 0:
         return []

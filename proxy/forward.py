@@ -128,6 +128,11 @@ TTFT_ALPHA = 0.2  # EWMA weight of the newest sample
 MAX_ATTEMPTS = 6  # forwards of one request that failed before reaching a replica
 # bucket bounds in microseconds; an index past the last is the +Inf bucket
 _TTFT_BUCKETS_US = tuple(b * 1000 for b in L.TTFT_BUCKETS_MS)
+_WAIT_BUCKETS_US = tuple(int(b * 1_000_000) for b in L.WAIT_BUCKETS_S)
+WAIT_HEADER = b"x-ggmux-wait-ms"
+"""Response header: how long the request waited for its model's capacity
+or load before a replica took it, milliseconds (issue 34); only on a request
+that waited."""
 
 
 class Forwarding:
@@ -348,6 +353,7 @@ class Forwarding:
         recorded = not touch or capture  # (not a request of the model's, for the ring)
         last_slot = -1
         waited = False  # a waiter registered by us is still counted
+        wait_from = 0  # when it began waiting for its model (monotonic ns)
         queued_since = 0
         attempt = 0  # forwards that failed before the request reached a replica
         skey: str | None | bool = False  # the session key, read only when there is a choice
@@ -385,10 +391,15 @@ class Forwarding:
                     if not waited:
                         self.waiters.join(m)
                         waited = True
+                        if not wait_from:
+                            wait_from = time.monotonic_ns()
                     outcome = await self.waiters.wait(m, req, conn if stream else None, name)
                     if outcome != "ready":
                         if outcome == "gone":
                             conn.finish(req)
+                        elif outcome == "pinned":
+                            answers.capacity_pinned(conn, req, name, self.model_rows[m],
+                                                    self._model_name)
                         elif outcome == "shutdown":
                             answers.stopping(conn, req)
                         elif outcome == "failed":
@@ -469,6 +480,7 @@ class Forwarding:
                 if waited:
                     self.waiters.leave(m)  # only now: the request already counts as in flight
                     waited = False
+                    self._waited(m, req, now - wait_from)
                 held = [True]  # it counts as in flight; ended() takes it out, once
 
                 def ended(_ex: Exchange | None, cnt=cnt, inc=inc, held=held) -> None:
@@ -618,6 +630,23 @@ class Forwarding:
                             target=prefix + req.url if prefix else None, tenant=who)
         return await self.pool.forward(port, conn, req, head + body, host, first_byte_ns=fb,
                                        on_head=on_head, capture=capture, on_end=on_end)
+
+    def _waited(self, m: int, req: Request, ns: int) -> None:
+        """A request that waited ``ns`` for model ``m`` is taken by a
+        replica: count the wait in the model's histogram
+        (:data:`~ggmux.shm.layout.WAIT_BUCKETS_S`) and tell the client in
+        :data:`WAIT_HEADER` (issue 34). Requests that left or gave up while
+        waiting never get here."""
+        us = max(0, ns) // 1000
+        mc = self.mcw[m]
+        mc[L.MC_WAIT_COUNT] += 1
+        mc[L.MC_WAIT_SUM_US] += us
+        mc[L.MC_WAIT_BUCKET0 + bisect_left(_WAIT_BUCKETS_US, us)] += 1
+        req.extra_head = bytes(req.extra_head) + b"%s: %d\r\n" % (WAIT_HEADER, us // 1000)
+
+    def _model_name(self, m: int) -> str:
+        """Model ``m``'s name, for messages ("" when unknown)."""
+        return self.reg_models[m].get("name", "") if 0 <= m < len(self.reg_models) else ""
 
     def _tenant(self, req: Request, m: int) -> bytes:
         """``x-ggmux-tenant`` for a local replica of model ``m``: only a

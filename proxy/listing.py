@@ -11,18 +11,23 @@ import orjson
 
 from ..shm import layout as L
 from .cluster import annotate_model
+from .contention import queue_status
 from ..http1 import HttpConnection, Request
 
 SSE_KEEPALIVE_S = 15.0
 
 
-def model_status(i: int, row: np.ndarray, mdl: dict, errors: dict[str, str]) -> dict:
+def model_status(i: int, row: np.ndarray, mdl: dict, errors: dict[str, str],
+                 names: list[dict] | None = None) -> dict:
     """llama.cpp router's ``status`` object of model ``i`` from its models-table
     ``row``: ``value`` (unloaded, loading, loaded, sleeping, stopping),
     ``args``; ``failed``, ``exit_code`` and ``error`` after a crash;
     ``progress`` (0..1) while loading; ``cache`` (``ram_bytes``, its
     running replicas' host-RAM tiers, and ``disk_bytes``, its disk tier on
-    this node) for a model with a KV tier (issue 29)."""
+    this node) for a model with a KV tier (issue 29); ``queue`` while
+    requests wait for it (issue 34, :func:`~.contention.queue_status`: waiters,
+    the oldest wait, and why; ``names``: the registry's models, for the
+    holder's name)."""
     st = int(row[L.M_STATUS])
     status: dict = {"value": L.ModelStatus.NAMES[st], "args": mdl.get("args", [])}
     ram, disk = int(row[L.M_CACHE_RAM_BYTES]), int(row[L.M_CACHE_DISK_BYTES])
@@ -35,10 +40,21 @@ def model_status(i: int, row: np.ndarray, mdl: dict, errors: dict[str, str]) -> 
             status["error"] = errors[str(i)]
     if st == L.ModelStatus.LOADING:
         status["progress"] = int(row[L.M_PROGRESS]) / 1000
+    q = queue_status(row, lambda h: _name(names, h))
+    if q is not None:
+        status["queue"] = q
     return status
 
 
-def model_object(i: int, mdl: dict, row: np.ndarray, errors: dict[str, str]) -> dict:
+def _name(models: list[dict] | None, i: int) -> str:
+    """Model ``i``'s name in the registry's ``models`` ("" when unknown)."""
+    if models is None or not 0 <= i < len(models):
+        return ""
+    return models[i].get("name", "")
+
+
+def model_object(i: int, mdl: dict, row: np.ndarray, errors: dict[str, str],
+                 names: list[dict] | None = None) -> dict:
     """OpenAI's model object for model ``i`` (``created``: its file's
     modification time) with llama.cpp router's ``status`` and ggmux's
     ``aliases`` and, once the model is measured, ``has_chat_template``
@@ -51,7 +67,7 @@ def model_object(i: int, mdl: dict, row: np.ndarray, errors: dict[str, str]) -> 
         "created": mdl.get("created", 0),
         "owned_by": "ggmux",
         "aliases": mdl.get("aliases", []),
-        "status": model_status(i, row, mdl, errors),
+        "status": model_status(i, row, mdl, errors, names),
     }
     if isinstance(mdl.get("chat_template"), bool):
         out["has_chat_template"] = mdl["chat_template"]
@@ -63,7 +79,7 @@ def models_list(reg_models: list[dict], model_rows: np.ndarray, errors: dict[str
     :func:`model_object`; models a reload removed are left out, and so are
     cache entries a preset's ``dedup-cache-models`` hides (still served by
     name, as llama-server's router skips ``meta.hidden`` in its list)."""
-    data = [model_object(i, mdl, model_rows[i], errors)
+    data = [model_object(i, mdl, model_rows[i], errors, reg_models)
             for i, mdl in enumerate(reg_models)
             if not mdl.get("removed") and not mdl.get("hidden")]
     return {"object": "list", "data": data}
@@ -116,7 +132,7 @@ class ModelEvents:
     def _event(self, i: int) -> bytes:
         reg_models, rows, errors, cluster = self.state()
         mdl = reg_models[i]
-        ev = {"id": mdl["name"], "status": model_status(i, rows[i], mdl, errors)}
+        ev = {"id": mdl["name"], "status": model_status(i, rows[i], mdl, errors, reg_models)}
         if isinstance(mdl.get("chat_template"), bool):  # known once measured: an event then
             ev["has_chat_template"] = mdl["chat_template"]
         data = orjson.dumps(annotate_model(ev, cluster))

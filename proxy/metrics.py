@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import numpy as np
 import orjson
@@ -211,6 +212,40 @@ def metrics_text(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
         out.append(f'ggmux_ttft_seconds_sum{{model="{n}"}} '
                    f'{int(mc[i, L.MC_TTFT_SUM_US]) / 1e6:.6f}\n')
         out.append(f'ggmux_ttft_seconds_count{{model="{n}"}} {int(mc[i, L.MC_TTFT_COUNT])}\n')
+    # contention (issue 34): the queue's oldest wait and its reason, swaps,
+    # drains, and how long served requests waited for their model
+    now = time.monotonic_ns()
+    first = rows[:, L.M_WAIT_FIRST_NS]
+    per_model("ggmux_model_oldest_wait_seconds", "gauge",
+              "How long the model's oldest waiting request has waited.",
+              np.where(first > 0, np.maximum(0, now - first), 0) / 1e9, "{:.3f}")
+    fam("ggmux_model_wait_reason", "gauge",
+        "1 for the reason the model's requests wait (none while none wait).")
+    for i, n in models:
+        r = int(rows[i, L.M_WAIT_REASON])
+        name = L.WaitReason.NAMES[r] if 0 <= r < len(L.WaitReason.NAMES) else "none"
+        out.append(f'ggmux_model_wait_reason{{model="{n}",reason="{name}"}} 1\n')
+    per_model("ggmux_model_swaps_total", "counter",
+              "Loads of the model that stopped or drained another model to make room.",
+              rows[:, L.M_SWAPS])
+    per_model("ggmux_model_drains_total", "counter",
+              "Times a replica of the model was drained for a model waiting past its bound.",
+              rows[:, L.M_DRAINS])
+    fam("ggmux_swaps_total", "counter", "Loads that stopped or drained another model.")
+    out.append(f"ggmux_swaps_total {int(sum(int(rows[i, L.M_SWAPS]) for i, _ in models))}\n")
+    fam("ggmux_wait_seconds", "histogram",
+        "How long requests waited for their model's capacity or load before a replica "
+        "took them (those that left or gave up are not counted).")
+    for i, n in models:
+        acc = 0
+        for b, le in enumerate(L.WAIT_BUCKETS_S):
+            acc += int(mc[i, L.MC_WAIT_BUCKET0 + b])
+            out.append(f'ggmux_wait_seconds_bucket{{model="{n}",le="{le:g}"}} {acc}\n')
+        acc += int(mc[i, L.MC_WAIT_BUCKET_INF])
+        out.append(f'ggmux_wait_seconds_bucket{{model="{n}",le="+Inf"}} {acc}\n')
+        out.append(f'ggmux_wait_seconds_sum{{model="{n}"}} '
+                   f'{int(mc[i, L.MC_WAIT_SUM_US]) / 1e6:.6f}\n')
+        out.append(f'ggmux_wait_seconds_count{{model="{n}"}} {int(mc[i, L.MC_WAIT_COUNT])}\n')
     per_model("ggmux_model_loads_total", "counter", "Completed loads.", rows[:, L.M_LOADS])
     per_model("ggmux_model_evictions_total", "counter",
               "Replicas stopped to make room or idle.", rows[:, L.M_EVICTIONS])

@@ -242,11 +242,13 @@ class Proxy(Forwarding, RouterMode):
         if self.prefix is not None:  # stopped replicas leave their prefixes to disk (issue 29)
             self.prefix.retire(self.replica_rows, reps, self.model_rows, self.remotes)
         self.replica_rows = reps
-        ready_rows = reps[reps[:, L.R_STATUS] == L.ReplicaStatus.READY]
+        # a draining replica (issue 34) takes no new request: its model's
+        # requests wait as its waiters, in the same queue, like an unloaded one's
+        serving = (reps[:, L.R_STATUS] == L.ReplicaStatus.READY) & (reps[:, L.R_DRAINING] == 0)
+        ready_rows = reps[serving]
         self.ready = {int(m) for m in ready_rows[:, L.R_MODEL]}
         self.ready_local = self.ready if not self.hop_slots else {
-            int(reps[s, L.R_MODEL]) for s in np.flatnonzero(reps[:, L.R_STATUS] ==
-                                                            L.ReplicaStatus.READY)
+            int(reps[s, L.R_MODEL]) for s in np.flatnonzero(serving)
             if int(s) not in self.hop_slots}
         if self.cluster is not None:
             held = np.isin(reps[:, L.R_STATUS], (L.ReplicaStatus.LOADING, L.ReplicaStatus.READY,
@@ -256,7 +258,7 @@ class Proxy(Forwarding, RouterMode):
         # models served by exactly one local replica without a concurrency
         # limit need no balancing: skip building candidates per request
         per_model: dict[int, list[int]] = {}
-        for slot in np.flatnonzero(reps[:, L.R_STATUS] == L.ReplicaStatus.READY):
+        for slot in np.flatnonzero(serving):
             per_model.setdefault(int(reps[slot, L.R_MODEL]), []).append(int(slot))
         single = {}
         for m, slots in per_model.items():
@@ -269,16 +271,22 @@ class Proxy(Forwarding, RouterMode):
             int(slot): secret_header(int(reps[slot, L.R_SECRET_HI]), int(reps[slot, L.R_SECRET_LO]))
             for slot in np.flatnonzero(reps[:, L.R_SECRET_HI] | reps[:, L.R_SECRET_LO])}
         self.gen = g  # the view of generation g is whole
-        alive = {int(p) for p in ready_rows[:, L.R_PORT]}
+        alive = {int(p) for p in reps[reps[:, L.R_STATUS] == L.ReplicaStatus.READY][:, L.R_PORT]}
         for port in list(self.pool.idle):
             if port not in alive:
                 self.pool.drop_port(port)
         if self.waiters:
             now = time.monotonic_ns()
             self.waiters.wake(lambda m: "ready" if m in self.ready else
-                              "failed" if self._in_backoff(m, now) else None)
+                              "failed" if self._in_backoff(m, now) else
+                              "pinned" if self._pinned_out(m) else None)
         if self.events:
             self.events.publish()
+
+    def _pinned_out(self, m: int) -> bool:
+        """Only pinned models hold the capacity model ``m`` waits for
+        (issue 34): its waiters get 503 with the cause instead of waiting."""
+        return int(self.model_rows[m][L.M_WAIT_REASON]) == L.WaitReason.PINNED
 
     def _in_backoff(self, m: int, now: int) -> bool:
         row = self.model_rows[m]

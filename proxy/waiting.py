@@ -5,7 +5,8 @@ A waiting request is counted in this proxy's row of the ``waiters`` table
 announced once on the command queue (``want``; a lost message costs a poll
 timeout, never correctness), and parked on a future that the proxy's
 table refresh resolves: ``"ready"`` when the model has a ready replica,
-``"failed"`` when its load failed and it is in backoff, ``"shutdown"`` when
+``"failed"`` when its load failed and it is in backoff, ``"pinned"`` when
+only pinned models hold the capacity it needs (issue 34), ``"shutdown"`` when
 the proxy stops (:meth:`ModelWaiters.shutdown`).
 """
 

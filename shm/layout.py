@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAGIC = 0x47474D5558534D31  # "GGMUXSM1"
-VERSION = 7
+VERSION = 8  # 8: drains and wait reasons (issue 34)
 
 # ---- header: int64 words -------------------------------------------------
 H_MAGIC = 0
@@ -71,7 +71,18 @@ M_CACHE_DISK_BYTES = 19
 M_CACHE_FLAGS = 20  # CACHE_DISK: the model has a disk tier (--cache-disk, slot-save-path)
 M_CACHE_EPOCH = 21  # bumped when its tiers are emptied (POST /cache/clear): disk rows of
 # the prefix index written in an older epoch are void
-M_WORDS = 24
+# contention (issue 34): why the model's waiters wait (WaitReason), the model
+# holding the capacity they need (its index + 1; 0: none), when that capacity
+# is expected to free (monotonic ns; 0: unknown), the oldest waiter's arrival
+# (monotonic ns; 0: none waits), the loads of this model that stopped or
+# drained another to make room (swaps), and the times it was drained
+M_WAIT_REASON = 24
+M_WAIT_HOLDER = 25
+M_WAIT_ETA_NS = 26
+M_WAIT_FIRST_NS = 27
+M_SWAPS = 28
+M_DRAINS = 29
+M_WORDS = 32
 CACHE_DISK = 1  # M_CACHE_FLAGS bit
 
 # ---- replicas: one row per instance slot, written by the supervisor -------
@@ -91,7 +102,13 @@ R_SLOTS = 11  # requests the replica serves at once (its `ready` line's slots); 
 # (issue 11: no way around the API key on the same host); 0, 0 = none
 R_SECRET_HI = 14
 R_SECRET_LO = 15
-R_WORDS = 16
+# a drain (issue 34): 1 while the replica takes no new request (every proxy
+# reads it before it picks one), finishes those in flight, then stops; the
+# model it makes room for, and since when (monotonic ns)
+R_DRAINING = 16
+R_DRAIN_FOR = 17
+R_DRAIN_NS = 18
+R_WORDS = 24
 
 # ---- counters: [proxy, replica, word], each [proxy] row written by that proxy
 C_IN_FLIGHT = 0  # req_count: requests forwarded and not yet finished
@@ -142,7 +159,16 @@ TTFT_RECENT = 32
 MC_PREFIX_ROUTED = MC_RECENT0 + TTFT_RECENT  # 50
 MC_PREFIX_PREDICTED = 51
 MC_PREFIX_MISSED = 52
-MC_WORDS = MC_PREFIX_MISSED + 1  # 53
+# contention (issue 34): requests that waited for their model's capacity or
+# load and then were served (not those that gave up or left), the sum of
+# their waits (microseconds), and a histogram of the waits: MC_WAIT_BUCKET0 + i
+# counts waits <= WAIT_BUCKETS_S[i] (and > the previous)
+MC_WAIT_COUNT = 53
+MC_WAIT_SUM_US = 54
+MC_WAIT_BUCKET0 = 55
+WAIT_BUCKETS_S = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+MC_WAIT_BUCKET_INF = MC_WAIT_BUCKET0 + len(WAIT_BUCKETS_S)
+MC_WORDS = MC_WAIT_BUCKET_INF + 1  # 67
 
 # ---- waiters: [proxy, model, word], each [proxy] row written by that proxy --
 W_COUNT = 0  # requests waiting for the model in this proxy
@@ -187,6 +213,19 @@ class ModelStatus:
     MEASURING = 5
 
     NAMES = ("unloaded", "loading", "loaded", "sleeping", "stopping", "measuring")
+
+
+class WaitReason:
+    """Why a model's waiters wait (``M_WAIT_REASON``; issue 34)."""
+
+    NONE = 0  # nobody waits, or the model loads
+    QUEUED = 1  # behind the head of the queue (holder), or a load under way
+    SLICE = 2  # busy replicas of holder keep the capacity until the bound (eta)
+    DRAINING = 3  # holder drains: no new request; it stops once its requests end
+    STOPPING = 4  # victims are exiting; the load starts once their memory is free
+    PINNED = 5  # only pinned models hold the capacity: nothing will free it
+
+    NAMES = ("none", "queued", "slice", "draining", "stopping", "pinned")
 
 
 class CircuitState:

@@ -229,6 +229,15 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                         "yield the CPU to serving replicas; 0: off (default: %(default)s)")
     s.add_argument("--load-wait", type=float, default=300.0,
                    help="seconds a request waits for its model to load before a 503")
+    s.add_argument("--max-wait", type=float, default=None, metavar="S",
+                   help="a request waits at most this long for capacity other models hold: "
+                        "past it a busy model is drained (no new request, its requests "
+                        "finish) and the waiting one loads; 0: no bound (not given: 4 x the "
+                        "model's load time, at least 30 s; a preset's max-wait wins)")
+    s.add_argument("--min-residency", type=float, default=None, metavar="S",
+                   help="a model swapped in keeps its capacity this long while it has "
+                        "demand (not given: 3 x its load time, so loading stays under a "
+                        "quarter of the time; a preset's min-residency wins)")
     s.add_argument("--models-memory-margin", type=float, default=0.0, metavar="MiB",
                    help="memory (MiB) that must stay free on every device after a load, "
                         "judged against the model's measured minimum")
@@ -613,7 +622,7 @@ def serve(args: argparse.Namespace) -> int:
         memory_margin=int(args.models_memory_margin * MiB),
         host_memory=int(args.host_memory * MiB) if args.host_memory else None,
         ttl=args.ttl, sleep_idle=args.sleep_idle_seconds, spares=max(0, args.spares),
-        load_nice=args.load_nice,
+        load_nice=args.load_nice, max_wait=args.max_wait, min_residency=args.min_residency,
         log_ring_bytes=args.log_ring_bytes, requests_kept=args.requests_kept,
         request_excerpt=REQUEST_EXCERPT_BYTES if args.log_requests_bodies else 0,
         watch_paths=[*pristine.models_dir, *filter(None, (pristine.fake_models_dir,

@@ -46,5 +46,9 @@ class Config:
     watch_paths: list[str] = field(default_factory=list)  # --watch-config: preset file, dirs
     watch_interval: float = 0.5  # seconds between two looks at watch_paths
     cluster: ClusterOptions | None = None  # --cluster: join a cluster (supervisor/cluster/)
+    # contention (issue 34), seconds; None: derived from the model's measured
+    # load time (supervisor/contention.py); a preset's max-wait / min-residency wins
+    max_wait: float | None = None
+    min_residency: float | None = None
     drain_timeout: float = 120.0  # cluster mode: a drain stops waiting for requests after this
     log_level: str = "INFO"

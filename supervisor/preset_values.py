@@ -220,6 +220,12 @@ FIELDS: dict[str, Callable[[str], object]] = {
     "check-endpoint": _endpoint,
     "upstream": _upstreams,
     "translate": parse_bool,
+    # contention (issue 34): llama.cpp router's pin (PR #18373), an eviction
+    # priority (llama-swap PR #611), the bounded wait and the time slice
+    "pin": parse_bool,
+    "eviction-priority": _int(),
+    "max-wait": _float(0),
+    "min-residency": _float(0),
     # ggmux's limits and scopes of a built-in instance (issue 18)
     "max-tokens-limit": _int(0),
     "cache-scope": _cache_scope,

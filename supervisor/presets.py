@@ -610,5 +610,13 @@ def _apply_field(e: ModelEntry, key: str, v: object) -> None:
         e.max_tokens_limit = int(v)
     elif key == "cache-scope":
         e.cache_scope = str(v)
+    elif key == "pin":
+        e.pin = bool(v)
+    elif key == "eviction-priority":
+        e.eviction_priority = int(v)
+    elif key == "max-wait":
+        e.max_wait = float(v)
+    elif key == "min-residency":
+        e.min_residency = float(v)
     else:  # pragma: no cover - FIELDS and this switch are kept in step
         raise AssertionError(key)

@@ -101,7 +101,7 @@ class Publisher:
                     L.R_WEIGHT: round(entry.weight * 1000),
                     L.R_PRIORITY: entry.priority + (NODE_PRIORITY if rm.node else 0),
                     L.R_MAX_CONCURRENCY: entry.max_concurrency,
-                    L.R_SECRET_HI: 0, L.R_SECRET_LO: 0,
+                    L.R_SECRET_HI: 0, L.R_SECRET_LO: 0, L.R_DRAINING: 0,
                 })
                 continue
             if r is None:
@@ -109,7 +109,7 @@ class Publisher:
                     write_fields(seg.replicas, slot, {
                         L.R_MODEL: -1, L.R_STATUS: L.ReplicaStatus.FREE, L.R_PORT: 0,
                         L.R_PID: 0, L.R_INCARNATION: 0, L.R_READY_NS: 0,
-                        L.R_SECRET_HI: 0, L.R_SECRET_LO: 0,
+                        L.R_SECRET_HI: 0, L.R_SECRET_LO: 0, L.R_DRAINING: 0,
                     })
                 continue
             entry = st.registry.entries[r.model]
@@ -120,6 +120,8 @@ class Publisher:
                 L.R_WEIGHT: round(entry.weight * 1000), L.R_PRIORITY: entry.priority,
                 L.R_MAX_CONCURRENCY: entry.max_concurrency, L.R_SLOTS: r.slots,
                 L.R_SECRET_HI: r.secret_hi, L.R_SECRET_LO: r.secret_lo,
+                L.R_DRAINING: int(r.draining), L.R_DRAIN_FOR: r.drain_for,
+                L.R_DRAIN_NS: r.drain_ns,
             })
         healthy_remote = {rm.model for rm in st.remotes.values() if rm.healthy}
         flags = self._cache_flags()
@@ -164,6 +166,12 @@ class Publisher:
                 L.M_CACHE_DISK_BYTES: m.cache_disk_bytes,
                 L.M_CACHE_FLAGS: flags[i] if i < len(flags) else 0,
                 L.M_CACHE_EPOCH: m.cache_epoch,
+                L.M_WAIT_REASON: m.wait_reason,
+                L.M_WAIT_HOLDER: m.wait_holder + 1,
+                L.M_WAIT_ETA_NS: m.wait_eta_ns,
+                L.M_WAIT_FIRST_NS: m.wait_first_ns,
+                L.M_SWAPS: m.swaps,
+                L.M_DRAINS: m.drains,
             })
         for k, d in enumerate(st.ledger.devices):
             write_fields(seg.devices, k, {

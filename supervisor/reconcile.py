@@ -13,9 +13,10 @@ from collections.abc import Callable
 import numpy as np
 
 from ..shm import layout as L
+from .contention import max_wait_s, min_residency_s
 from .measure import Measurer
 from .replicas import Replicas
-from .scheduler import MemoryView, ModelView, ReplicaView, Scheduler, Spawn, Stop
+from .scheduler import Drain, MemoryView, ModelView, ReplicaView, Scheduler, Spawn, Stop, Undrain
 from .state import NS, State
 
 log = logging.getLogger(__name__)
@@ -72,38 +73,91 @@ class Reconciler:
             for i, rt in enumerate(st.models):
                 if rt.requested_ns:
                     wanted[i] = counts[i]
+        cfg = st.cfg
         # a model is loaded only once measured (or found unmeasurable)
         models = [
             ModelView(int(i), int(wanted[i]), int(first[i]), st.models[i].retry_at_ns,
-                      st.registry.entries[i].replicas)
+                      st.registry.entries[i].replicas,
+                      int(NS * max_wait_s(st.registry.entries[i].max_wait, cfg.max_wait,
+                                          st.models[i].loads, st.models[i].load_ns_total)))
             for i in np.flatnonzero(wanted > 0)
             if st.registry.entries[i].kind not in ("upstream", "cluster")
             and (self.gate is None or self.gate(int(i)))
             and (st.models[i].measure in ("done", "failed")
                  or st.registry.entries[i].kind not in ("llama", "fake"))
         ]
-        replicas = [
-            ReplicaView(r.slot, r.model, _STATUS_NAMES[r.status], int(inflight[r.slot]),
-                        max(int(last_used[r.slot]), r.ready_ns), r.held)
-            for r in st.replicas.values()
-        ]
+        replicas = [self._view(r, int(inflight[r.slot]), int(last_used[r.slot]))
+                    for r in st.replicas.values()]
         mem = MemoryView(
             headroom=st.ledger.headroom(st.held()),
             need={i: rt.mem_min for i, rt in enumerate(st.models) if rt.mem_min},
         )
+        made_room: set[int] = set()  # models whose load stopped or drained another
         for act in self.scheduler.plan(models, replicas, now, mem):
             if isinstance(act, Stop):
                 rep = st.replicas[act.slot]
                 idle_s = (now - max(rep.ready_ns, int(last_used[act.slot]))) / NS
-                self.replicas.stop(rep, f"{act.reason}, idle {idle_s:.1f} s, to make room for "
-                                        f"{st.name(act.for_model)} "
-                                        f"(models_max {st.cfg.models_max})")
+                if act.drained:
+                    why = (f"{act.reason}, drained {(now - rep.drain_ns) / NS:.1f} s, to make "
+                           f"room for {st.name(act.for_model)}")
+                else:
+                    why = f"{act.reason}, idle {idle_s:.1f} s, to make room for " \
+                          f"{st.name(act.for_model)}"
+                self.replicas.stop(rep, f"{why} (models_max {cfg.models_max})")
+                made_room.add(act.for_model)
+            elif isinstance(act, Drain):
+                rep = st.replicas[act.slot]
+                rep.draining, rep.drain_for, rep.drain_ns = True, act.for_model, now
+                st.models[act.model].drains += 1
+                st.dirty = True
+                log.info("draining %s (slot %d, %d in flight) for %s: %s", st.name(act.model),
+                         act.slot, int(inflight[act.slot]), st.name(act.for_model), act.reason)
+            elif isinstance(act, Undrain):
+                rep = st.replicas[act.slot]
+                rep.draining, rep.drain_for, rep.drain_ns = False, -1, 0
+                st.dirty = True
+                log.info("%s (slot %d) takes requests again: %s", st.name(act.model), act.slot,
+                         act.reason)
             elif isinstance(act, Spawn):
                 if act.warning:
                     log.warning("loading %s: %s", st.name(act.model), act.warning)
+                if act.model in made_room:
+                    st.models[act.model].swaps += 1
                 self.replicas.spawn(act.model, act.reason)
+        self._publish_waits(counts, first)
         self._idle_step(now, counts, inflight, last_used)
         self.replicas.spares.step()
+
+    def _view(self, r, inflight: int, last_used: int) -> ReplicaView:
+        """The scheduler's view of replica ``r`` (its model's pin, eviction
+        priority and minimum residency, from its own load time)."""
+        st = self.state
+        e = st.registry.entries[r.model]
+        load_s = (r.ready_ns - r.started_ns) / NS if r.ready_ns and r.started_ns else 0.0
+        stopping = r.stop_stage or r.status == L.ReplicaStatus.STOPPING
+        return ReplicaView(
+            r.slot, r.model, "stopping" if stopping else _STATUS_NAMES[r.status], inflight,
+            max(last_used, r.ready_ns), r.held, ready_ns=r.ready_ns, draining=r.draining,
+            drain_for=r.drain_for, pinned=e.pin, eviction_priority=e.eviction_priority,
+            min_residency_ns=int(NS * min_residency_s(e.min_residency, st.cfg.min_residency,
+                                                      load_s)))
+
+    def _publish_waits(self, counts, first) -> None:
+        """Copy the scheduler's reasons to the models' runtime (published to
+        the models table: ``ps``, ``/v1/models``, ``/metrics``)."""
+        st = self.state
+        waits = self.scheduler.waits
+        for i, rt in enumerate(st.models):
+            if i >= len(counts):
+                break
+            w = waits.get(i)
+            reason, holder, eta = (w.reason, w.holder, w.eta_ns) if w else (0, -1, 0)
+            f = int(first[i]) if counts[i] > 0 else 0
+            if (rt.wait_reason, rt.wait_holder, rt.wait_eta_ns, rt.wait_first_ns) != \
+                    (reason, holder, eta, f):
+                rt.wait_reason, rt.wait_holder, rt.wait_eta_ns, rt.wait_first_ns = \
+                    reason, holder, eta, f
+                st.dirty = True
 
     def _idle_step(self, now: int, counts, inflight, last_used) -> None:
         """ttl: unload a replica idle that long since its last request ended;

@@ -85,7 +85,13 @@ class ModelEntry:
     ``source`` where the entry came from: ``"hf-cache"``, ``"dir:PATH"``,
     ``"preset:FILE:LINE"``, ``"demo"``; ``hidden`` a cache entry that a
     preset's ``dedup-cache-models`` hides: served by its name, left out of
-    the model lists (llama.cpp).
+    the model lists (llama.cpp);
+    ``pin`` never a victim of an eviction or a drain (llama.cpp's router
+    ``pin``, PR #18373); ``eviction_priority`` victims are taken lowest
+    first (llama-swap's model priority, PR #611); ``max_wait`` seconds its
+    waiters wait for capacity other models hold before one is drained for
+    it; ``min_residency`` seconds it keeps its capacity while it has demand
+    once loaded (None for both: derived from its load time, issue 34).
     """
 
     name: str
@@ -119,6 +125,10 @@ class ModelEntry:
     cache_scope: str | None = None
     source: str = ""
     hidden: bool = False
+    pin: bool = False
+    eviction_priority: int = 0
+    max_wait: float | None = None
+    min_residency: float | None = None
 
     def public(self) -> dict:
         """The JSON the proxies see in the registry blob (and clients in
@@ -144,6 +154,8 @@ class ModelEntry:
             "translate": self.translate,
             "hidden": self.hidden,
             "cache_scope": self.cache_scope,
+            "pin": self.pin,
+            "eviction_priority": self.eviction_priority,
             "created": self.created(),
         }
 

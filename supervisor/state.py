@@ -71,6 +71,10 @@ class Replica:
     restore_until_ns: int = 0  # ready anyway after this (the restore's bound)
     # the nice value to give back once ready; None: not lowered (issue 31, item 11)
     nice: int | None = None
+    # a drain (issue 34): no new request, stop once idle; for which model, since when
+    draining: bool = False
+    drain_for: int = -1
+    drain_ns: int = 0
 
 
 @dataclass(slots=True)
@@ -122,6 +126,16 @@ class ModelRuntime:
     cache_disk_bytes: int = 0
     cache_disk_ns: int = 0
     cache_epoch: int = 0
+    # contention (issue 34): why its waiters wait (WaitReason), the model that
+    # holds the capacity (-1: none), when it frees (monotonic ns, 0: unknown),
+    # the oldest waiter's arrival; loads that stopped or drained another model
+    # to make room (swaps), and the times it was drained
+    wait_reason: int = 0
+    wait_holder: int = -1
+    wait_eta_ns: int = 0
+    wait_first_ns: int = 0
+    swaps: int = 0
+    drains: int = 0
 
 
 class State:

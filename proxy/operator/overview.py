@@ -15,6 +15,7 @@ from ...shm import layout as L
 from ...shm.segment import Segment
 from ...shm.seqlock import read_table
 from ..cluster import annotate_model
+from ..contention import queue_status
 
 NS = 1_000_000_000
 
@@ -56,7 +57,9 @@ def overview(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
     ``kind``, ``state``, ``failed``/``error``, ``progress`` (0..1) while
     loading, ``replicas`` (a list: ``slot``, ``state``, ``pid``, ``where``
     ("local" or the upstream's ``host:port``), ``in_flight``, ``requests``,
-    ``ttft_ms`` (EWMA)), ``in_flight``, ``waiting``, ``requests``,
+    ``ttft_ms`` (EWMA), ``draining``), ``in_flight``, ``waiting``, ``queue``
+    (issue 34: why its requests wait, :func:`~ggmux.proxy.contention.queue_status`;
+    None when none waits), ``swaps`` and ``drains``, ``requests``,
     ``errors``, ``ttft_p50_ms`` (the median of the recent samples:
     :func:`ttft_p50_ms`),
     ``memory`` (bytes: ``min``, ``max``, ``effective``), ``cache`` (bytes
@@ -100,6 +103,7 @@ def overview(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
                 "in_flight": max(0, int(mine[:, L.C_IN_FLIGHT].sum())),
                 "requests": int(mine[:, L.C_REQUESTS].sum()),
                 "ttft_ms": round(float(ewma.mean()) / 1000, 1) if len(ewma) else None,
+                "draining": bool(r[L.R_DRAINING]),
             })
             if remote is None and rs in (L.ReplicaStatus.READY, L.ReplicaStatus.SLEEPING):
                 last_used = max(last_used, int(mine[:, L.C_LAST_USED_NS].max(initial=0)))
@@ -131,6 +135,9 @@ def overview(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
             "unload_in_s": (round(max(0.0, ttl - idle), 1)
                             if idle is not None and ttl and ttl > 0 else None),
         }
+        doc["queue"] = queue_status(row, lambda h: (reg_models[h]["name"]
+                                                    if 0 <= h < len(reg_models) else ""), now)
+        doc["swaps"], doc["drains"] = int(row[L.M_SWAPS]), int(row[L.M_DRAINS])
         if row[L.M_FAILED] and str(i) in errors:
             doc["error"] = errors[str(i)]
         if st == L.ModelStatus.LOADING:

@@ -1,0 +1,254 @@
+"""More demand than capacity (issue 34), end to end on fake instances: the
+bounded wait drains a busy model, drains lose nothing in flight and take
+nothing new, pins and eviction priorities hold, bursts are grouped, a
+waiter that leaves is neither served nor counted, a drain that crashes
+still makes room, and a memory margin gets a victim set."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import chat_body, open_stream, served_by, wait_for
+from ggmux.shm import layout as L
+from ggmux.shm.seqlock import read_table
+
+CHAT = "/v1/chat/completions"
+MiB = 1 << 20
+
+
+def post(port: int, model: str, timeout: float = 120.0, **extra):
+    """One chat request: ``(send time, status, headers, body)``."""
+    t = time.monotonic()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("POST", CHAT, body=json.dumps(chat_body(model, **extra)),
+                     headers={"content-type": "application/json"})
+        r = conn.getresponse()
+        return t, r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+class Clients:
+    """``n`` clients that keep model ``model`` busy (one request after the
+    other each) until :meth:`stop`; ``results``: every answer of
+    :func:`post`."""
+
+    def __init__(self, port: int, model: str, n: int = 3, **extra) -> None:
+        self.port, self.model, self.extra = port, model, extra
+        self.results: list[tuple] = []
+        self.done = threading.Event()
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self) -> None:
+        while not self.done.is_set():
+            self.results.append(post(self.port, self.model, **self.extra))
+
+    def stop(self) -> list[tuple]:
+        self.done.set()
+        for t in self.threads:
+            t.join(120)
+        return self.results
+
+
+def index(s, name: str) -> int:
+    return s.seg.read_registry()[1]["names"][name]
+
+
+def draining_slot(s) -> tuple[int, int] | None:
+    """``(slot, pid)`` of a draining replica, read once the supervisor's
+    publish is whole (generation even), so every proxy's next request sees
+    it too (a proxy checks the generation before each pick)."""
+    g = s.seg.generation
+    if g % 2:
+        return None
+    rows = read_table(s.seg.replicas)
+    hit = [(int(i), int(r[L.R_PID])) for i, r in enumerate(rows) if r[L.R_DRAINING]]
+    return hit[0] if hit and s.seg.generation == g else None
+
+
+@pytest.mark.parametrize("proxies", [pytest.param("1", marks=pytest.mark.slow), "2"])
+def test_a_model_waiting_past_its_bound_drains_the_busy_one_which_takes_no_new_request_and_cuts_none(
+        serve, fakes, proxies):
+    # three clients keep hog busy (each answer about 1 s); today a request
+    # for one would wait as long as they keep at it (issue 34: 40 s of 40)
+    fakes.add("hog", token_s=0.05, tokens=20, parallel=4, load_s=0.2)
+    fakes.add("one", load_s=0.2)
+    s = serve("--fake-models-dir", str(fakes), "--models-max", "1", "--proxies", proxies,
+              "--max-wait", "1.5", "--min-residency", "0", "--load-wait", "120")
+    hog = Clients(s.port, "hog")
+    try:
+        wait_for(lambda: any(r[1] == 200 for r in hog.results), 60, 0.02, "hog serving")
+        old_pid = served_by(hog.results[0][3])[1]
+        with ThreadPoolExecutor(1) as ex:
+            fut = ex.submit(post, s.port, "one")
+            seen = wait_for(lambda: draining_slot(s), 60, 0.005, "hog to drain")
+            seen_at = time.monotonic()
+            assert seen[1] == old_pid
+            _, status, headers, body = fut.result()
+        # served while hog's clients still kept it busy: the bound, not their end
+        assert not hog.done.is_set()
+        assert status == 200 and served_by(body)[0] == "one"
+        assert int(headers["x-ggmux-wait-ms"]) >= 1500  # it waited out its bound first
+    finally:
+        results = hog.stop()
+    # none of hog's requests was cut, and none sent after the drain went to it
+    assert results and all(r[1] == 200 and b"[hog:" in r[3] for r in results), \
+        [r[:2] for r in results if r[1] != 200]
+    late = [r for r in results if r[0] > seen_at]
+    assert late and all(served_by(r[3])[1] != old_pid for r in late)
+    log = s.logs()
+    assert "draining hog" in log and "drained (its requests finished)" in log
+    rows = read_table(s.seg.models)
+    assert rows[index(s, "hog"), L.M_DRAINS] == 1 and rows[index(s, "one"), L.M_SWAPS] == 1
+    _, _, metrics = s.request("GET", "/metrics")
+    assert b'ggmux_wait_seconds_count{model="one"} 1' in metrics
+
+
+def test_the_queue_says_why_a_model_waits(serve, fakes):
+    fakes.add("hog", token_s=0.05, tokens=40, parallel=4, load_s=0.1)
+    fakes.add("one", load_s=0.1)
+    s = serve("--fake-models-dir", str(fakes), "--models-max", "1", "--proxies", "1",
+              "--max-wait", "60", "--load-wait", "120")
+    hog = Clients(s.port, "hog", n=2)
+    try:
+        wait_for(lambda: any(r[1] == 200 for r in hog.results), 60, 0.02, "hog serving")
+        sock = open_stream(s.port, chat_body("one"))
+        q = wait_for(lambda: s.models()["one"]["status"].get("queue"), 30, 0.02, "a queue")
+        assert q["waiters"] == 1 and q["holder"] == "hog" and q["reason"] == "slice"
+        assert q["why"].startswith("waiting for capacity held by hog, which drains in ")
+        _, ps = s.json("GET", "/ps")
+        one = next(m for m in ps["models"] if m["id"] == "one")
+        assert one["queue"]["holder"] == "hog"
+        sock.close()
+    finally:
+        hog.stop()
+
+
+def test_a_pinned_model_is_never_evicted_and_a_request_for_its_capacity_gets_503(
+        serve, fakes, tmp_path):
+    fakes.add("p", load_s=0.1)
+    fakes.add("q", load_s=0.1)
+    ini = tmp_path / "p.ini"
+    ini.write_text("[p]\npin = true\n")
+    s = serve("--fake-models-dir", str(fakes), "--models-preset", str(ini), "--no-hf-cache",
+              "--models-max", "1", "--proxies", "1", "--max-wait", "0.5")
+    st, _, body = s.request("POST", CHAT, chat_body("p"))
+    assert st == 200
+    pid = served_by(body)[1]
+    st, headers, body = s.request("POST", CHAT, chat_body("q"))
+    assert st == 503 and headers["retry-after"]
+    err = json.loads(body)["error"]
+    assert err["code"] == "capacity_pinned" and "'p'" in err["message"]
+    st, _, body = s.request("POST", CHAT, chat_body("p"))
+    assert st == 200 and served_by(body)[1] == pid  # the same process: never evicted
+
+
+def test_the_lowest_eviction_priority_is_evicted_first(serve, fakes, tmp_path):
+    for n in "abc":
+        fakes.add(n, load_s=0.05)
+    ini = tmp_path / "p.ini"
+    ini.write_text("[a]\neviction-priority = 5\n")
+    s = serve("--fake-models-dir", str(fakes), "--models-preset", str(ini), "--no-hf-cache",
+              "--models-max", "2", "--proxies", "1")
+    for n in "abc":  # a is the least recently used when c comes: LRU alone would evict it
+        assert s.request("POST", CHAT, chat_body(n))[0] == 200
+    loaded = {k for k, v in s.models().items() if v["status"]["value"] == "loaded"}
+    assert loaded == {"a", "c"}
+    assert "stopping b" in s.logs()
+
+
+def test_a_burst_of_interleaved_requests_is_served_grouped_by_model(serve, fakes):
+    fakes.add("a", load_s=0.3, token_s=0.02, tokens=10, parallel=8)
+    fakes.add("b", load_s=0.3, token_s=0.02, tokens=10, parallel=8)
+    s = serve("--fake-models-dir", str(fakes), "--models-max", "1", "--proxies", "2")
+    order = ["a", "a", "b", "a", "b", "a", "b", "b", "a", "b"]
+    with ThreadPoolExecutor(len(order)) as ex:
+        futs = []
+        for n in order:
+            futs.append(ex.submit(post, s.port, n))
+            # each request reaches a proxy before the next leaves (the burst's order)
+            k = len(futs)
+            wait_for(lambda k=k: int(s.seg.waiters[:, :, L.W_COUNT].sum())
+                     + int(s.seg.counters[:, :, L.C_IN_FLIGHT].sum())
+                     + int(s.seg.mcounters[:, :, L.MC_REQUESTS].sum()) >= k, 30, 0.002,
+                     "the request to arrive")
+        rs = [f.result() for f in futs]
+    assert all(r[1] == 200 for r in rs)
+    log = s.logs()
+    # five requests each, one load each: the waiters of a model are served together
+    assert log.count("loading a in slot") == 1 and log.count("loading b in slot") == 1
+
+
+def test_a_client_that_leaves_while_waiting_is_neither_served_nor_counted(serve, fakes):
+    fakes.add("hog", token_s=0.05, tokens=40, parallel=4, load_s=0.1)
+    fakes.add("gone", load_s=0.1)
+    s = serve("--fake-models-dir", str(fakes), "--models-max", "1", "--proxies", "1",
+              "--max-wait", "1", "--min-residency", "0")
+    hog = Clients(s.port, "hog", n=2)
+    try:
+        wait_for(lambda: any(r[1] == 200 for r in hog.results), 60, 0.02, "hog serving")
+        g = index(s, "gone")
+        sock = open_stream(s.port, chat_body("gone"))
+        wait_for(lambda: s.seg.waiters[:, g, L.W_COUNT].sum() == 1, 30, 0.005, "a waiter")
+        sock.close()
+        wait_for(lambda: s.seg.waiters[:, g, L.W_COUNT].sum() == 0, 30, 0.005, "it to leave")
+        # past the bound it would have had: nothing drains for a model nobody waits for
+        n = len(hog.results)
+        wait_for(lambda: len(hog.results) >= n + 4, 60, 0.02, "hog to serve on")
+    finally:
+        hog.stop()
+    rows = read_table(s.seg.models)
+    assert rows[g, L.M_LOADS] == 0 and rows[g, L.M_STATUS] == L.ModelStatus.UNLOADED
+    assert "draining hog" not in s.logs()
+    assert s.seg.mcounters[:, g, L.MC_WAIT_COUNT].sum() == 0
+    assert s.seg.mcounters[:, g, L.MC_REQUESTS].sum() == 0
+
+
+def test_a_draining_replica_that_crashes_mid_drain_still_makes_room(serve, fakes):
+    # hog dies 3 s after it is ready, while its long answers drain
+    fakes.add("hog", token_s=0.05, tokens=200, parallel=4, load_s=0.1, crash_after_s=3)
+    fakes.add("one", load_s=0.1)
+    s = serve("--fake-models-dir", str(fakes), "--models-max", "1", "--proxies", "2",
+              "--max-wait", "1", "--min-residency", "0", "--load-wait", "120")
+    hog = Clients(s.port, "hog", n=2)
+    try:
+        wait_for(lambda: s.seg.counters[:, :, L.C_IN_FLIGHT].sum() >= 2, 60, 0.01, "hog busy")
+        _, status, _, body = post(s.port, "one")
+        assert status == 200 and served_by(body)[0] == "one"
+    finally:
+        hog.stop()
+    log = s.logs()
+    assert "draining hog" in log and "hog crashed" in log
+    assert s.request("GET", "/health")[0] == 200
+
+
+def test_two_busy_models_are_drained_together_when_the_memory_margin_needs_both(
+        serve, fakes):
+    for n in "ab":
+        fakes.add(n, min_bytes=400 * MiB, max_bytes=400 * MiB, mem_bytes=400 * MiB,
+                  token_s=0.05, tokens=30, parallel=4, load_s=0.1)
+    fakes.add("big", min_bytes=800 * MiB, max_bytes=800 * MiB, mem_bytes=800 * MiB,
+              load_s=0.1)
+    s = serve("--fake-models-dir", str(fakes), "--models-max", "2", "--proxies", "2",
+              "--host-memory", "1024", "--models-memory-margin", "100",
+              "--max-wait", "1", "--min-residency", "0", "--load-wait", "120")
+    ca, cb = Clients(s.port, "a", n=2), Clients(s.port, "b", n=2)
+    try:
+        wait_for(lambda: any(r[1] == 200 for r in ca.results)
+                 and any(r[1] == 200 for r in cb.results), 60, 0.02, "a and b serving")
+        _, status, _, body = post(s.port, "big")
+        assert status == 200 and served_by(body)[0] == "big"
+        assert not ca.done.is_set()
+    finally:
+        ra, rb = ca.stop(), cb.stop()
+    assert all(r[1] == 200 for r in ra + rb), [r[:2] for r in ra + rb if r[1] != 200]
+    log = s.logs()
+    assert "draining a" in log and "draining b" in log
