@@ -10,9 +10,10 @@ order rotated each round), each on a fresh server per run:
 
 ``new``
     ``ggmux serve`` from ``--new`` (default: this checkout), with
-    ``--new-args`` (``--quick`` adds ``--max-wait 8`` when that checkout
-    has the option: the default bound, 4 loads and at least 30 s, is longer
-    than the quick hog).
+    ``--new-args`` (``--quick`` adds ``--max-wait 5 --min-residency 3``
+    when that checkout has the options: the default bound, 4 loads and at
+    least 30 s, is longer than the quick hog, and the default residency, 3
+    loads, longer than that bound on this machine's slow loads).
 ``today``
     ``ggmux serve`` from ``--today``, a checkout of the policy before issue
     34 (``--today-ref REV`` makes it with ``git worktree add`` when the
@@ -82,7 +83,7 @@ FAKE_MODELS = ["a", "b", "c"]
 REAL_CTX = 2048  # tokens per request (ggmux's ctx-size; llama-server's is x slots)
 REAL_SLOTS = 4
 DEFAULT_BOUND_LOADS, DEFAULT_BOUND_MIN_S = 4, 30.0  # the new policy's default --max-wait
-QUICK_NEW_ARGS = "--max-wait 8"
+QUICK_NEW_ARGS = "--max-wait 5 --min-residency 3"
 SPAWN_LINE = re.compile(rb"spawning server instance with name=")
 
 
