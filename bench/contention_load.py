@@ -83,9 +83,11 @@ def workloads(kind: str, quick: bool, models: list[str]) -> dict[str, Workload]:
     tok = 16 if fake else 8
     two = models[:2]
     return {
-        "hog": Workload("hog", kind, two, 1, tok, params={
+        # the hog's answers are 3x longer than others, so its three
+        # staggered clients are never all between two requests at once
+        "hog": Workload("hog", kind, two, 1, 3 * tok, params={
             "clients": 3, "hog_s": 20.0 if q else 60.0, "one_at": 2.0,
-            "stagger_s": 0.3 if fake else 0.6}),
+            "stagger_s": 0.8 if fake else 2.0}),
         "roundrobin": Workload("roundrobin", kind, models, 1, tok, params={
             "clients": 3, "requests": 4 if q else 12 if fake else 6}),
         "bursts": Workload("bursts", kind, two, 1, tok // 2, params={
@@ -115,6 +117,7 @@ class Sender:
             base_url=base_url, stream=True, temperature=0.0, timeout=timeout, progress=False,
             ignore_eos=w.kind == "real", extra_body={"stream_options": {"include_usage": True}})
         self.records: list[RequestResult] = []
+        self.lanes: dict[int, Client] = {}
         self.t0 = 0.0
 
     def start(self) -> None:
@@ -123,14 +126,21 @@ class Sender:
     def now(self) -> float:
         return asyncio.get_running_loop().time() - self.t0
 
-    async def send(self, model: str, messages: list[dict[str, Any]] | None = None) -> RequestResult:
+    async def send(self, model: str, messages: list[dict[str, Any]] | None = None,
+                   lane: int | None = None) -> RequestResult:
         """One streamed request for ``model``: a fresh short prompt, or
-        ``messages`` when given. One client (connection pool) per request,
-        so a request never waits for another's connection."""
+        ``messages`` when given. A ``lane`` (one closed-loop client) keeps
+        its keep-alive connection from one request to its next, as an SDK
+        client does; without one, each request has a connection of its own."""
         config = self.config
         if messages is not None:
             config = replace(config, extra_body={**config.extra_body, "messages": messages})
-        client = Client(config)
+        client = self.lanes.get(lane) if lane is not None else None
+        if client is None:
+            client = Client(config)
+            if lane is not None:
+                self.lanes[lane] = client
+        client.config = config
         spec = RequestSpec(len(self.records), self.now(), model,
                            make_prompt(self.rng, self.w.prompt_words), self.w.max_tokens)
         result = RequestResult(spec.index, model, spec.at)
@@ -138,8 +148,14 @@ class Sender:
         try:
             await client.send(spec, result)
         finally:
-            await client.pool.close()
+            if lane is None:
+                await client.pool.close()
         return result
+
+    async def close(self) -> None:
+        """Close the lanes' connections."""
+        for client in self.lanes.values():
+            await client.pool.close()
 
 
 async def drive(w: Workload, base_url: str, seed: int = 0, timeout: float = 900.0
@@ -148,7 +164,10 @@ async def drive(w: Workload, base_url: str, seed: int = 0, timeout: float = 900.
     (seconds from the first request to the end of the last)."""
     s = Sender(base_url, w, timeout, seed)
     s.start()
-    await DRIVERS[w.name](s, w)
+    try:
+        await DRIVERS[w.name](s, w)
+    finally:
+        await s.close()
     return s.records, s.now()
 
 
@@ -164,7 +183,7 @@ async def _hog(s: Sender, w: Workload) -> None:
         # the model busy)
         await asyncio.sleep(i * p["stagger_s"])
         while s.now() < p["hog_s"]:
-            await s.send(hog)
+            await s.send(hog, lane=i)
             serving.set()
 
     async def one() -> None:
@@ -183,7 +202,7 @@ async def _roundrobin(s: Sender, w: Workload) -> None:
 
     async def client(i: int) -> None:
         for k in range(int(p["requests"])):
-            await s.send(m[(i + k) % len(m)])
+            await s.send(m[(i + k) % len(m)], lane=i)
 
     await asyncio.gather(*(client(i) for i in range(int(p["clients"]))))
 
@@ -216,7 +235,7 @@ async def _agents(s: Sender, w: Workload) -> None:
             {"role": "system", "content": tools_text(f"agent{n}", int(p["words"]))}]
         for t in range(int(p["turns"])):
             history.append({"role": "user", "content": f"{QUESTIONS[t % len(QUESTIONS)]} ({t})"})
-            await s.send(model, list(history))
+            await s.send(model, list(history), lane=n)
             # the answer's text is not kept: a fixed one holds the history's shape
             history.append({"role": "assistant", "content": f"Answer {t}."})
             await asyncio.sleep(p["think_s"])
