@@ -8,7 +8,7 @@ models it adds the prompt's prefill (small but for ``agents``). The four:
 
 ``hog``
     Three clients keep the first model busy (closed loop, ``hog_s``
-    seconds, started ``stagger_s`` apart); ``one_at`` seconds after its first answer, one request for
+    seconds, started ``stagger_s`` apart after its first answer); ``one_at`` seconds after its first answer, one request for
     the second model.
     Its wait is the figure (issue 34: 40.1 s on today's policy).
 ``roundrobin``
@@ -181,7 +181,9 @@ async def _hog(s: Sender, w: Workload) -> None:
         # a replica with nothing in flight for an instant is idle to both
         # policies, and synchronised clients let it go (issue 34's hog keeps
         # the model busy)
-        await asyncio.sleep(i * p["stagger_s"])
+        if i:  # from the first answer on: waiting out the first load lines them up
+            await serving.wait()
+            await asyncio.sleep(i * p["stagger_s"])
         while s.now() < p["hog_s"]:
             await s.send(hog, lane=i)
             serving.set()
