@@ -13,9 +13,11 @@ models it adds the prompt's prefill (small but for ``agents``). The four:
     Its wait is the figure (issue 34: 40.1 s on today's policy).
 ``roundrobin``
     ``clients`` clients each send ``requests`` requests one after the
-    other, client ``i``'s ``k``-th to model ``(i + k) % M``: every client
-    cycles over all M models (M > ``--models-max``), the order LRU swaps
-    on most.
+    other, client ``i``'s ``k``-th to model ``(i + k) % M``, with a think
+    time of 0 to ``think_s`` seconds (seeded) after each answer: every
+    client cycles over all M models (M > ``--models-max``), the order LRU
+    swaps on most. (Without the think time the clients fall into step,
+    all waiting for the same model, and each load serves all three.)
 ``bursts``
     ``bursts`` bursts, one every ``gap_s`` seconds, each of 10 to 20
     requests (seeded) for one model drawn at random, arriving over
@@ -89,7 +91,8 @@ def workloads(kind: str, quick: bool, models: list[str]) -> dict[str, Workload]:
             "clients": 3, "hog_s": 20.0 if q else 60.0, "one_at": 2.0,
             "stagger_s": 0.8 if fake else 2.0}),
         "roundrobin": Workload("roundrobin", kind, models, 1, tok, params={
-            "clients": 3, "requests": 4 if q else 12 if fake else 6}),
+            "clients": 3, "requests": 4 if q else 12 if fake else 6,
+            "think_s": 1.0 if fake else 2.0}),
         "bursts": Workload("bursts", kind, two, 1, tok // 2, params={
             "bursts": 4 if q else 16 if fake else 8, "gap_s": 2.0 if fake else 8.0,
             "spread_s": 3.0 if fake else 12.0}),
@@ -203,8 +206,10 @@ async def _roundrobin(s: Sender, w: Workload) -> None:
     p, m = w.params, w.models
 
     async def client(i: int) -> None:
+        rng = random.Random(i)
         for k in range(int(p["requests"])):
             await s.send(m[(i + k) % len(m)], lane=i)
+            await asyncio.sleep(rng.uniform(0, p["think_s"]))
 
     await asyncio.gather(*(client(i) for i in range(int(p["clients"]))))
 
