@@ -51,11 +51,17 @@ def load_failed(conn: HttpConnection, req: Request, name: str, row, cause: str) 
 
 
 def still_loading(conn: HttpConnection, req: Request, name: str, row, load_wait: float,
-                  more: dict | None = None) -> None:
+                  more: dict | None = None, why: str = "") -> None:
     """503 with a ``loading`` object: the model did not become ready within
     ``--load-wait`` seconds; ``more`` joins the object (cluster mode: the
-    node and state of the model's cluster-wide load)."""
-    msg = f"model '{name}' is still loading after {load_wait:g} s (--load-wait)"
+    node and state of the model's cluster-wide load); ``why``: what it
+    waited for, when other models held its capacity (issue 34: the queue's
+    reason, also ``loading.why``)."""
+    if why and int(row[L.M_STATUS]) != L.ModelStatus.LOADING:
+        msg = f"model '{name}' waited {load_wait:g} s (--load-wait) for capacity: {why}"
+        more = {**(more or {}), "why": why}
+    else:
+        msg = f"model '{name}' is still loading after {load_wait:g} s (--load-wait)"
     if req.preheaded:
         sse_error(conn, req, msg, "unavailable_error", "model_loading")
         return

@@ -81,6 +81,7 @@ from . import answers, passthrough
 from ..http1.auth import tenant
 from .balancer import CLOSED, candidates_from_shm, choose, open_until, session_key
 from .cluster import HOP_TRUSTED, hop_headers, judge_hop, loading_info
+from .contention import queue_status
 from .cors import json_type, simple_type
 from ..http1 import HttpConnection
 from ..http1.exchange import Exchange, UpstreamError
@@ -406,9 +407,11 @@ class Forwarding:
                             answers.load_failed(conn, req, name, self.model_rows[m],
                                                 self.errors.get(str(m), "load failed"))
                         else:
+                            q = queue_status(self.model_rows[m], self._model_name)
                             answers.still_loading(conn, req, name, self.model_rows[m],
                                                   self.load_wait,
-                                                  loading_info(self.cluster, name))
+                                                  loading_info(self.cluster, name),
+                                                  q["why"] if q else "")
                         return None
                     continue
                 now = time.monotonic_ns()

@@ -36,6 +36,9 @@ class Reconciler:
         self.scheduler = Scheduler(state.cfg.models_max)
         # cluster mode: may this model load here? (ClusterNode.allows)
         self.gate: Callable[[int], bool] | None = None
+        # models for which a replica was stopped (evicted or drained) and that have
+        # not loaded since: their next load is a swap (issue 34's counter)
+        self.made_room: set[int] = set()
 
     def step(self, now: int) -> None:
         """Desired vs actual: measures, wakes, loads, evictions, idle stops
@@ -92,7 +95,7 @@ class Reconciler:
             headroom=st.ledger.headroom(st.held()),
             need={i: rt.mem_min for i, rt in enumerate(st.models) if rt.mem_min},
         )
-        made_room: set[int] = set()  # models whose load stopped or drained another
+        made_room = self.made_room  # models for which another was stopped: a swap when they load
         for act in self.scheduler.plan(models, replicas, now, mem):
             if isinstance(act, Stop):
                 rep = st.replicas[act.slot]
@@ -122,6 +125,7 @@ class Reconciler:
                 if act.warning:
                     log.warning("loading %s: %s", st.name(act.model), act.warning)
                 if act.model in made_room:
+                    made_room.discard(act.model)
                     st.models[act.model].swaps += 1
                 self.replicas.spawn(act.model, act.reason)
         self._publish_waits(counts, first)

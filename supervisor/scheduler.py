@@ -320,13 +320,12 @@ class Scheduler:
             victims: list[ReplicaView] = []
             warning = ""
             if slots or short:
-                idle = [r for r in running if _idle(r, wanted) and r.slot not in evicted]
+                others = [r for r in running if r.slot not in evicted]
+                idle = [r for r in others if _idle(r, wanted)]
                 found = self.victim_set(idle, wanted, slots, need, soon)
-                if found is None and len(idle) == len(running) - len(evicted) and idle \
-                        and len(idle) >= slots:
+                if found is None and idle and len(idle) == len(others) and len(idle) >= slots:
                     found = idle  # everything else goes, and it still does not fit
                 if found is None:
-                    others = [r for r in running if r.slot not in evicted]
                     if others:
                         blocked = m.index
                         self._drain(m, others, wanted, slots, need, soon, bool(releasing),
@@ -347,6 +346,11 @@ class Scheduler:
                     soon = add(soon, v.held)
                 if need:
                     left = Ledger.deficit(need, soon)
+                    if left and (victims or releasing):
+                        blocked = m.index  # all of it goes first: then it loads anyway
+                        self.waits[m.index] = Wait(m.index, WaitReason.STOPPING,
+                                                   victims[0].model if victims else -1)
+                        break
                     if left:
                         warning = (f"projected short by {fmt(left)} with nothing else loaded; "
                                    "loading anyway")

@@ -7,6 +7,7 @@ is appended to FILE as one JSON line ``{"method", "path", "headers"}``
 or a ``/props``-like object for ``GET .../props``. With ``--api-key-file``
 it acts like llama-server's ``--api-key-file``: every route but ``/health``
 needs ``Authorization: Bearer <the file's first line>`` (401 otherwise).
+``--delay S``: each answer (but ``/health``, ``/props``) takes S seconds.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-def make_handler(log_path: str, key: str | None):
+def make_handler(log_path: str, key: str | None, delay: float = 0.0):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -47,6 +49,8 @@ def make_handler(log_path: str, key: str | None):
                 self._answer(200, {"model_path": "/srv/models/secret-dir/rec.gguf",
                                    "n_ctx": 512})
                 return
+            if delay:
+                time.sleep(delay)  # a busy replica (tests of contention)
             self._answer(200, {"object": "chat.completion", "choices": [
                 {"index": 0, "message": {"role": "assistant", "content": "[rec:0] ok"},
                  "finish_reason": "stop"}]})
@@ -64,12 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--log", required=True)
     ap.add_argument("--api-key-file", default=None)
+    ap.add_argument("--delay", type=float, default=0.0)
     args = ap.parse_args(argv)
     key = None
     if args.api_key_file:
         with open(args.api_key_file) as f:
             key = f.readline().strip()
-    srv = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(args.log, key))
+    srv = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(args.log, key, args.delay))
     try:
         srv.serve_forever()
     except KeyboardInterrupt:

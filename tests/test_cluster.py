@@ -557,3 +557,32 @@ def test_a_model_asleep_on_another_node_is_woken_there_by_a_forwarded_request(cl
     assert status == 200, body
     assert served_on(body, a, b) == "b"
     assert loads([a, b], "rb") == 1
+
+
+@pytest.mark.slow
+def test_a_cold_model_waiting_past_its_bound_on_a_busy_cluster_drains_a_model_on_its_node(
+        cluster):
+    # issue 34: both nodes' one replica busy; a cold model waits its bound
+    # (1 s here), then loads on the node that asked, where its busy model drains
+    slow = {"tokens": 100, "token_s": 0.03}  # a stream lasts ~3 s
+    common = ("--models-max", "1", "--load-wait", "60", "--max-wait", "1",
+              "--min-residency", "0")
+    a = cluster("a", *common, models={"ia": slow, "cold": {}})
+    b = cluster("b", *common, models={"ib": slow, "cold": {}})
+    converge(a, b)
+    for s, model in ((a, "ia"), (b, "ib")):
+        assert ask(s, model)[0] == 200
+    socks = [open_stream(a.port, chat_body("ia", stream=True)),
+             open_stream(b.port, chat_body("ib", stream=True))]
+    try:
+        wait_for(lambda: all(_busy_entry(n) for n in view(a)["nodes"]), 10, 0.02,
+                 "a sees every node busy")
+        status, body = ask(a, "cold")
+        assert status == 200, body
+        assert served_on(body, a, b) == "a"
+        got = [read_stream(k) for k in socks]
+    finally:
+        for k in socks:
+            k.close()
+    assert all(b"data: [DONE]" in g for g in got)  # the drained stream was not cut
+    assert "past its bound" in a.logs() and "draining ia" in a.logs()

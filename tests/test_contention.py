@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import http.client
 import json
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from conftest import chat_body, open_stream, served_by, wait_for
@@ -112,24 +114,31 @@ def test_a_model_waiting_past_its_bound_drains_the_busy_one_which_takes_no_new_r
     assert b'ggmux_wait_seconds_count{model="one"} 1' in metrics
 
 
-def test_the_queue_says_why_a_model_waits(serve, fakes):
+def test_the_queue_says_why_a_model_waits_and_the_503_after_load_wait_carries_it(
+        serve, fakes):
     fakes.add("hog", token_s=0.05, tokens=40, parallel=4, load_s=0.1)
     fakes.add("one", load_s=0.1)
     s = serve("--fake-models-dir", str(fakes), "--models-max", "1", "--proxies", "1",
-              "--max-wait", "60", "--load-wait", "120")
+              "--max-wait", "600", "--load-wait", "4")
     hog = Clients(s.port, "hog", n=2)
     try:
         wait_for(lambda: any(r[1] == 200 for r in hog.results), 60, 0.02, "hog serving")
-        sock = open_stream(s.port, chat_body("one"))
-        q = wait_for(lambda: s.models()["one"]["status"].get("queue"), 30, 0.02, "a queue")
-        assert q["waiters"] == 1 and q["holder"] == "hog" and q["reason"] == "slice"
-        assert q["why"].startswith("waiting for capacity held by hog, which drains in ")
-        _, ps = s.json("GET", "/ps")
-        one = next(m for m in ps["models"] if m["id"] == "one")
-        assert one["queue"]["holder"] == "hog"
-        sock.close()
+        with ThreadPoolExecutor(1) as ex:
+            fut = ex.submit(post, s.port, "one")
+            q = wait_for(lambda: s.models()["one"]["status"].get("queue"), 30, 0.02, "a queue")
+            assert q["waiters"] == 1 and q["holder"] == "hog" and q["reason"] == "slice"
+            assert q["why"].startswith("waiting for capacity held by hog, which drains in ")
+            _, ps = s.json("GET", "/ps")
+            one = next(m for m in ps["models"] if m["id"] == "one")
+            assert one["queue"]["holder"] == "hog"
+            _, status, headers, body = fut.result()
     finally:
         hog.stop()
+    assert status == 503 and headers["retry-after"]
+    err = json.loads(body)["error"]
+    assert "waited 4 s (--load-wait) for capacity: waiting for capacity held by hog" \
+        in err["message"]
+    assert err["loading"]["why"].startswith("waiting for capacity held by hog")
 
 
 def test_a_pinned_model_is_never_evicted_and_a_request_for_its_capacity_gets_503(
@@ -147,6 +156,11 @@ def test_a_pinned_model_is_never_evicted_and_a_request_for_its_capacity_gets_503
     assert st == 503 and headers["retry-after"]
     err = json.loads(body)["error"]
     assert err["code"] == "capacity_pinned" and "'p'" in err["message"]
+    # in the client API's own envelope: Anthropic's here
+    st, _, body = s.request("POST", "/v1/messages", {
+        "model": "q", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+    doc = json.loads(body)
+    assert st == 503 and doc["type"] == "error" and "pin = true" in doc["error"]["message"]
     st, _, body = s.request("POST", CHAT, chat_body("p"))
     assert st == 200 and served_by(body)[1] == pid  # the same process: never evicted
 
@@ -252,3 +266,83 @@ def test_two_busy_models_are_drained_together_when_the_memory_margin_needs_both(
     assert all(r[1] == 200 for r in ra + rb), [r[:2] for r in ra + rb if r[1] != 200]
     log = s.logs()
     assert "draining a" in log and "draining b" in log
+
+
+def test_ps_prints_why_each_waiting_model_waits_under_its_table():
+    from ggmux.client.commands import ps_table
+
+    q = {"waiters": 2, "oldest_wait_s": 12.0, "reason": "slice", "holder": "a", "eta_s": 4.0,
+         "why": "waiting for capacity held by a, which drains in 4 s"}
+    doc = {"models": [{"id": "a", "state": "loaded", "replicas": [
+        {"state": "ready", "draining": True}]}, {"id": "b", "state": "unloaded", "queue": q}]}
+    lines = ps_table(doc).splitlines()
+    assert lines[1].split()[:3] == ["a", "loaded", "(draining)"]
+    assert lines[-1] == "b: waiting for capacity held by a, which drains in 4 s (2 waiting, " \
+                        "oldest 12 s)"
+
+
+def test_the_queue_object_reads_the_schedulers_reason_from_the_models_row():
+    import numpy as np
+    from ggmux.proxy.contention import queue_status
+
+    row = np.zeros(L.M_WORDS, dtype=np.int64)
+    assert queue_status(row, str, 10**12) is None
+    row[[L.M_WAITERS, L.M_WAIT_FIRST_NS, L.M_WAIT_REASON, L.M_WAIT_HOLDER, L.M_WAIT_ETA_NS]] = (
+        3, 10**12 - 5 * 10**9, L.WaitReason.SLICE, 1 + 7, 10**12 + 4 * 10**9)
+    q = queue_status(row, lambda i: f"m{i}", 10**12)
+    assert q == {"waiters": 3, "oldest_wait_s": 5.0, "reason": "slice", "holder": "m7",
+                 "eta_s": 4.0, "why": "waiting for capacity held by m7, which drains in 4 s"}
+    row[L.M_WAIT_REASON] = L.WaitReason.PINNED
+    assert "pinned model m7" in queue_status(row, lambda i: f"m{i}", 10**12)["why"]
+
+
+@pytest.mark.slow
+def test_a_busy_cmd_replica_drains_like_an_instance(serve, fakes, tmp_path):
+    log = tmp_path / "cmd.jsonl"
+    log.touch()
+    recorder = Path(__file__).with_name("recorder.py")
+    ini = tmp_path / "p.ini"
+    ini.write_text(f"[c]\ncmd = {sys.executable} {recorder} --port ${{PORT}} --log {log} "
+                   "--delay 0.5\n")
+    fakes.add("one", load_s=0.1)
+    s = serve("--fake-models-dir", str(fakes), "--models-preset", str(ini), "--no-hf-cache",
+              "--models-max", "1", "--proxies", "2", "--max-wait", "1", "--min-residency", "0",
+              "--load-wait", "120")
+    busy = Clients(s.port, "c")
+    try:
+        wait_for(lambda: any(r[1] == 200 for r in busy.results), 60, 0.02, "c serving")
+        _, status, _, body = post(s.port, "one")
+        assert status == 200 and served_by(body)[0] == "one"
+        assert not busy.done.is_set()
+    finally:
+        results = busy.stop()
+    assert results and all(r[1] == 200 for r in results), [r[:2] for r in results]
+    assert "draining c" in s.logs()
+
+
+@pytest.mark.slow
+def test_one_of_two_busy_replicas_drains_and_the_other_keeps_serving_its_model(
+        serve, fakes, tmp_path):
+    fakes.add("two", token_s=0.05, tokens=20, parallel=4, load_s=0.1)
+    fakes.add("one", load_s=0.1)
+    ini = tmp_path / "p.ini"
+    ini.write_text("[two]\nreplicas = 2\n")
+    s = serve("--fake-models-dir", str(fakes), "--models-preset", str(ini), "--no-hf-cache",
+              "--models-max", "2", "--proxies", "2", "--max-wait", "1", "--min-residency", "0",
+              "--load-wait", "120")
+    busy = Clients(s.port, "two", n=4)
+    try:
+        t = index(s, "two")
+        wait_for(lambda: s.seg.models[t, L.M_REPLICAS] == 2 and all(
+            s.seg.counters[:, slot, L.C_IN_FLIGHT].sum() > 0
+            for slot in range(len(s.seg.replicas)) if s.seg.replicas[slot, L.R_MODEL] == t),
+            60, 0.02, "both replicas of two busy")
+        _, status, _, body = post(s.port, "one")
+        assert status == 200 and served_by(body)[0] == "one"
+        n = len(busy.results)
+        wait_for(lambda: len(busy.results) >= n + 2, 60, 0.02, "two to serve on")
+    finally:
+        results = busy.stop()
+    assert all(r[1] == 200 for r in results), [r[:2] for r in results]
+    log = s.logs()
+    assert log.count("draining two") == 1  # one replica made room; the other served on

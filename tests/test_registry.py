@@ -701,6 +701,7 @@ def test_the_example_preset_loads(tmp_path, no_hub, monkeypatch):
     g = reg.get("gemma3-270m")
     assert (g.path, g.ctx_size, g.replicas, g.max_concurrency) == (gemma, 2048, 2, 4)
     assert (g.max_tokens_limit, g.cache_scope) == (1024, "key")
+    assert (g.eviction_priority, g.max_wait, g.pin, g.min_residency) == (1, 60.0, False, None)
     assert g.extra_args == ["--n-predict", "256"]
     assert g.instance_args[-4:] == ["--cache-scope", "key", "--max-tokens-limit", "1024"]
     c = reg.get("gemma3-270m-llama-server")

@@ -197,3 +197,20 @@ def test_a_replica_just_ready_for_its_own_waiters_is_not_drained_before_it_serve
     fresh = rep(0, 0, in_flight=0, ready=NOW - 1, min_residency_ns=0)
     assert s.plan([want(0, 2.0), want(1, 30.0)], [fresh], NOW) == []
     assert s.waits[1].reason == WaitReason.SLICE and s.waits[1].holder == 0
+
+
+def test_a_model_too_big_for_everything_evicts_every_idle_one_first():
+    s = Scheduler(4)
+    reps = [rep(0, 0, used=NOW - 9 * S, held={"host": GiB}),
+            rep(1, 1, used=NOW - 5 * S, held={"host": GiB})]
+    mem = MemoryView(headroom={"host": 4 * GiB}, need={5: {"host": 8 * GiB}})
+    acts = s.plan([want(5, 0.1)], reps, NOW, mem)
+    assert sorted(kinds(acts)) == [("stop", 0), ("stop", 1)]
+    assert s.waits[5].reason == WaitReason.STOPPING  # loads once they are gone
+
+
+def test_nothing_loaded_and_short_of_memory_loads_anyway():
+    s = Scheduler(4)
+    mem = MemoryView(headroom={"host": GiB}, need={5: {"host": 2 * GiB}})
+    acts = s.plan([want(5, 0.1)], [], NOW, mem)
+    assert kinds(acts) == [("spawn", 5)] and acts[0].warning

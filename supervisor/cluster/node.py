@@ -42,7 +42,8 @@ from ..children import Child, ChildSet, state_line
 from ..registry import ModelEntry
 from ..state import NS, Remote, State
 from .options import ClusterOptions
-from .placement import node_view, place
+from ..contention import max_wait_s
+from .placement import Placement, node_view, place
 from .records import LOCAL_KINDS, own_record, proxy_doc, remote_wanted
 
 log = logging.getLogger(__name__)
@@ -517,6 +518,12 @@ class ClusterNode:
                 self.refused = {k: t for k, t in self.refused.items() if t > now}
             exclude = {n for (mm, n) in self.refused if mm == name}
             p = place(name, nodes, self.o.node, exclude)
+            if p is None and self._past_bound(i, now) and e.kind in LOCAL_KINDS \
+                    and not self.draining and self.o.node not in exclude:
+                # every node is busy and its requests here waited past their bound
+                # (issue 34): it loads here, where the scheduler drains a busy model
+                p = Placement(self.o.node, "past its bound (max-wait): drains a busy "
+                                           "model here")
             if p is None or p.why == "holds it":
                 if p is None and name not in self.told_wait:
                     self.told_wait.add(name)
@@ -527,6 +534,18 @@ class ClusterNode:
             self.claims[name] = (self.ref, p.node)
             log.info("cluster: placing %s on node %s (%s)", name, p.node, p.why)
             self._send("claim", model=name, node=p.node, ref=self.ref)
+
+    def _past_bound(self, i: int, now: int) -> bool:
+        """Whether model ``i``'s oldest waiter on this node waited past its
+        bound (:func:`~..contention.max_wait_s`; a bound of 0: never)."""
+        st = self.state
+        w = st.seg.waiters[:, i]
+        firsts = w[w[:, L.W_COUNT] > 0, L.W_FIRST_NS]
+        if not len(firsts):
+            return False
+        e, m = st.registry.entries[i], st.models[i]
+        bound = max_wait_s(e.max_wait, st.cfg.max_wait, m.loads, m.load_ns_total)
+        return bound > 0 and now - int(firsts.min()) >= bound * NS
 
     def _proxy_view(self, record: dict) -> None:
         doc = proxy_doc(self.o.node, self.o.cluster_token, self.o.advertise,

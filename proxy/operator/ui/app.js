@@ -214,7 +214,13 @@ function render(id) {
     ? reps.map((r) => r.state + (r.where !== "local" ? " @" + r.where : "")).join(", ")
     : "");
   setText(c.inflight, ps.in_flight ? String(ps.in_flight) : "0");
-  setText(c.waiting, ps.waiting ? String(ps.waiting) : "0");
+  // why its requests wait (issue 34): "waiting for capacity held by b, which drains in 4 s"
+  const q = st.queue || ps.queue;
+  setText(c.waiting, ps.waiting ? String(ps.waiting) + (q && q.why ? " \u2013 " + q.why : "")
+    : "0");
+  c.waiting.title = q && q.why ? q.why + " (oldest " + fmtSeconds(q.oldest_wait_s) + ")" : "";
+  const draining = reps.some((r) => r.draining);
+  if (draining) setText(badge, label + " (draining)");
   setText(c.ttft, ps.ttft_p50_ms === null || ps.ttft_p50_ms === undefined ? "" : Math.round(ps.ttft_p50_ms) + " ms");
   const mem = ps.memory || {};
   setText(c.memory, fmtBytes(mem.effective || mem.min));
