@@ -35,8 +35,11 @@ first token), swaps (completed loads: ggmux's ``/metrics``, llama-server's
 "spawning server instance" log lines), requests per minute, output tokens
 per second, and the share of wall time spent loading (ggmux's
 ``ggmux_model_load_seconds_total``; for llama-server the time its
-``/v1/models`` said ``loading``, polled every 0.1 s), with the 1-minute load
-average of the machine at the run's start.
+``/v1/models`` said ``loading``, polled every 0.1 s), the engines' seconds per
+output token after the first (TPOT: a router that takes CPU from its
+instances on 2 cores shows here), the router's own CPU seconds (ggmux's
+supervisor and proxies; llama-server's router process), with the 1-minute
+load average of the machine at the run's start.
 """
 
 from __future__ import annotations
@@ -240,6 +243,30 @@ def ggmux_loads(base_url: str) -> tuple[int, float]:
     return int(loads), seconds
 
 
+def router_cpu_s(proc: subprocess.Popen[bytes]) -> float:
+    """CPU seconds (user + system) used so far by the router processes of
+    the server ``proc`` leads, not its model instances: ggmux's supervisor
+    and proxies (by process title), llama-server's router process itself.
+    Read from /proc over ``proc``'s process group; what exited is not
+    counted (the supervisor and the proxies live the whole run)."""
+    total = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if int(fields[2]) != proc.pid:
+            continue
+        if int(entry.name) == proc.pid or b"ggmux: proxy" in cmd or b"ggmux: supervisor" in cmd:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def measure(peer: Peer, w: Workload, procs: ProcessSet, preset: Path, seed: int,
             timeout: float) -> dict[str, Any]:
     """One run of ``w`` on a fresh ``peer``: :func:`~bench.contention_load.figures`
@@ -249,10 +276,12 @@ def measure(peer: Peer, w: Workload, procs: ProcessSet, preset: Path, seed: int,
     monitor = Monitor(srv.base_url)
     try:
         log_at = srv.log.stat().st_size
+        cpu_at = router_cpu_s(srv.proc)
         monitor.start()
         records, wall = asyncio.run(drive(w, srv.base_url, seed))
         monitor.done.set()
         monitor.join()
+        router_cpu = router_cpu_s(srv.proc) - cpu_at
         if peer.kind == "ggmux":
             loads, load_s = ggmux_loads(srv.base_url)
         else:
@@ -265,6 +294,7 @@ def measure(peer: Peer, w: Workload, procs: ProcessSet, preset: Path, seed: int,
         procs.stop(srv.proc, 30.0)
     out = figures(records, wall, loads, load_s)
     out.update(load_1m=round(load_1m, 2), polled_loading_s=round(monitor.loading_s, 2),
+               router_cpu_s=round(router_cpu, 2),
                records=[asdict(r) for r in records])
     return out
 
@@ -319,7 +349,8 @@ def one_line(run: dict[str, Any]) -> str:
         return f"error: {run['error'][:200]}"
     return (f"wait max {_s(run['wait_max'])} s, swaps {run['swaps']}, "
             f"{_f(run['req_per_min'])} req/min, {_f(run['tok_s'])} tok/s, loading "
-            f"{_pct(run['load_share'])}, failed {run['failed']}, load {run['load_1m']}")
+            f"{_pct(run['load_share'])}, failed {run['failed']}, {_t(run['tpot'])} s/token, "
+            f"router CPU {_f(run['router_cpu_s'])} s, load {run['load_1m']}")
 
 
 def _s(v: float | None) -> str:
@@ -328,6 +359,10 @@ def _s(v: float | None) -> str:
 
 def _f(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
+
+
+def _t(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
 
 
 def _pct(v: float | None) -> str:
@@ -366,6 +401,8 @@ def summary(runs: dict[str, Any], peers: list[Peer]) -> dict[str, Any]:
                     "tok_s": _median([r["tok_s"] for r in ok]),
                     "load_share": _median([r["load_share"] for r in ok]),
                     "failed": sum(r["failed"] for r in ok), "load_time": load_time,
+                    "tpot": _median([r.get("tpot") for r in ok]),
+                    "router_cpu_s": _median([r.get("router_cpu_s") for r in ok]),
                     "load_1m": [r["load_1m"] for r in ok],
                     "bound": bound_s(by_name[pname], load_time) if pname in by_name else None,
                 }
@@ -409,16 +446,18 @@ def format_report(report: dict[str, Any]) -> str:
         for wname, s in per_w.items():
             lines += [f"\n**{kind} / {wname}**\n",
                       ("| peer | wait max per model (s) | wait p99 (s) | swaps | req/min | tok/s "
-                      "| loading | failed | load 1m |"), "|" + " --- |" * 9]
+                      "| loading | failed | s/token | router CPU s | load 1m |"),
+                      "|" + " --- |" * 11]
             for pname, row in s["rows"].items():
                 if "error" in row:
-                    lines.append(f"| {pname} | error: {str(row['error'])[:80]} |" + " |" * 7)
+                    lines.append(f"| {pname} | error: {str(row['error'])[:80]} |" + " |" * 9)
                     continue
                 lines.append(
                     f"| {pname} | {' / '.join(f'{m} {_s(v)}' for m, v in row['wait_max'].items())}"
                     f" | {' / '.join(_s(v) for v in row['wait_p99'].values())} | {_f(row['swaps'])}"
                     f" | {_f(row['req_per_min'])} | {_f(row['tok_s'])} | {_pct(row['load_share'])}"
-                    f" | {row['failed']} | {', '.join(f'{x:.1f}' for x in row['load_1m'])} |")
+                    f" | {row['failed']} | {_t(row.get('tpot'))} | {_f(row.get('router_cpu_s'))}"
+                    f" | {', '.join(f'{x:.1f}' for x in row['load_1m'])} |")
             lines += [f"* {t}" for t in s["targets"]]
     return "\n".join(lines)
 

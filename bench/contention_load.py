@@ -264,8 +264,10 @@ def figures(records: list[RequestResult], wall_s: float, loads: int | None,
     ``max`` / ``p99`` / ``p50`` (seconds, successful requests); in all:
     ``wait_max``, ``swaps`` (completed loads, the first ones included),
     ``req_per_min`` and ``tok_s`` (successful requests and their output
-    tokens over the wall time), ``load_share`` (seconds spent loading over
-    the wall time; None when the server's loads are unknown)."""
+    tokens over the wall time), ``tpot`` (mean seconds per output token
+    after the first: how fast the engines decoded, whatever the waits),
+    ``load_share`` (seconds spent loading over the wall time; None when the
+    server's loads are unknown)."""
     per_model: dict[str, dict[str, Any]] = {}
     for m in sorted({r.model for r in records}):
         mine = [r for r in records if r.model == m]
@@ -275,6 +277,7 @@ def figures(records: list[RequestResult], wall_s: float, loads: int | None,
                         "p50": percentile(waits, 50)}
     ok = [r for r in records if r.ok]
     waits = [r.ttft for r in ok if r.ttft is not None]
+    decode = [r.tpot for r in ok if r.tpot is not None]
     return {
         "requests": len(records), "failed": len(records) - len(ok),
         "errors": sorted({r.error for r in records if r.error})[:3],
@@ -282,6 +285,7 @@ def figures(records: list[RequestResult], wall_s: float, loads: int | None,
         "wait_p99": percentile(waits, 99), "per_model": per_model, "swaps": loads,
         "req_per_min": 60 * len(ok) / wall_s if wall_s > 0 else None,
         "tok_s": sum(r.output_tokens for r in ok) / wall_s if wall_s > 0 else None,
+        "tpot": sum(decode) / len(decode) if decode else None,
         "load_s": load_s,
         "load_share": load_s / wall_s if load_s is not None and wall_s > 0 else None,
     }

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_a_tiny_round_robin_through_ggmux_counts_its_swaps_waits_and_tokens(tmp_path):
     # two clients, each cycling over three models that load in 0.05 s, one at a time
     w = Workload("roundrobin", "fake", ["a", "b", "c"], 1, 4,
-                 params={"clients": 2, "requests": 3})
+                 params={"clients": 2, "requests": 3, "think_s": 0.2})
     peer = Peer("new", "ggmux", checkout=REPO)
     procs = ProcessSet(tmp_path)
     try:
@@ -41,6 +41,8 @@ def test_a_tiny_round_robin_through_ggmux_counts_its_swaps_waits_and_tokens(tmp_
     # every model was loaded at least once, one at a time: the server's own count
     assert run["swaps"] >= 3 and run["load_s"] > 0
     assert 0 < run["load_share"] < 1
+    # the router's own CPU (supervisor and proxy) and the engines' decode pace
+    assert run["router_cpu_s"] > 0 and run["tpot"] > 0
     assert all(r["ttft"] > 0 and r["output_tokens"] == 4 for r in run["records"])
     assert run["tok_s"] == pytest.approx(6 * 4 / run["wall_s"], rel=0.02)
     # the report: one table row per peer, the swap target judged against the other peer
