@@ -23,12 +23,14 @@ import time
 
 import orjson
 
+from .checkpoint import pack
 from .entry import Entry, contains
 from .entry_file import (
     SUFFIX,
     TMP_SUFFIX,
     EntryFileError,
     SaveTimeout,
+    read_checkpoints,
     read_header,
     read_payload,
     write_entry,
@@ -178,6 +180,20 @@ class DiskTier:
             pass  # a read-only directory: its LRU is the writers' order
         return data
 
+    def load_checkpoints(self, e: Entry) -> bytes | None:
+        """The verified checkpoints section of entry ``e`` (b"" for none), or
+        None (counted and logged as :meth:`load` does; the file stays: its
+        state may still serve a prompt that needs no checkpoint)."""
+        try:
+            return read_checkpoints(e.path, e.header)
+        except EntryFileError as x:
+            if x.reason != "gone":
+                self.rejected += 1
+                self._once("reject-checkpoints:" + x.reason, "KV disk tier: not loading the "
+                           "checkpoints of %s (%s): %s; logged once", os.path.basename(e.path),
+                           x.reason, x)
+            return None
+
     def _forget(self, e: Entry) -> None:
         with self.lock:
             if self.entries.get(e.key) is e:
@@ -217,8 +233,10 @@ class DiskTier:
             return True
         self._make_room(e.nbytes)
         try:
+            cks = e.checkpoints or []
             path, size = write_entry(self.dir, self.fp.hex, e.scope, e.tokens, e.pos_min,
-                                     e.data, deadline)
+                                     e.data, deadline, pack(cks, self.fp.hex),
+                                     tuple(c.n_tokens for c in cks))
             h = read_header(path, self.fp.hex)
         except SaveTimeout:
             return False

@@ -1,14 +1,23 @@
 """One disk-tier entry as a file: a sequence's KV state and what it holds.
 
-Layout (little-endian; version 1)::
+Layout (little-endian; version 2)::
 
     magic    8 bytes   b"GGMUXKV\\0"
-    version  u32       1
+    version  u32       2
     hlen     u32       bytes of the header JSON
     header   hlen      JSON: fingerprint (hex), scope, n_tokens, pos_min,
-                       payload_bytes, tokens_xxh3, payload_xxh3 (xxh3_64 hex)
+                       payload_bytes, tokens_xxh3, payload_xxh3 (xxh3_64 hex);
+                       since version 2, when checkpoints follow:
+                       checkpoints_bytes, checkpoints_xxh3, checkpoints (the
+                       token count of each)
     tokens   4 x n     the token ids (int32) whose KV the payload holds
     payload  n bytes   llama_state_seq_get_data of one sequence
+    checkpoints        (version 2, optional) the context checkpoints' blob
+                       (:mod:`.checkpoint`, issue 35)
+
+A version 1 file (no checkpoints section) is read as one without
+checkpoints; a reader of version 1 refuses a version 2 file as foreign
+(never as torn: it is left in place).
 
 The file is named ``<key>.kv``, ``key`` = sha256 of the scope and the token
 ids (:func:`entry_key`): the name tells nothing of the prompt. It is
@@ -33,7 +42,9 @@ import orjson
 import xxhash
 
 MAGIC = b"GGMUXKV\0"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)
+"""Format versions this reader takes (1: before context checkpoints)."""
 _FIXED = struct.Struct("<8sII")
 HEADER_MAX = 1 << 16
 """Largest header JSON read (bytes): a longer one is not ours."""
@@ -70,6 +81,9 @@ class FileHeader:
     payload_xxh3: str
     data_offset: int
     file_bytes: int
+    ckpt_bytes: int = 0  # the checkpoints section (0: none)
+    ckpt_xxh3: str = ""
+    ckpt_tokens: tuple[int, ...] = ()  # each checkpoint's token count
 
 
 def entry_key(scope: str, tokens: np.ndarray) -> str:
@@ -88,10 +102,12 @@ def checksum(data) -> str:
 
 
 def write_entry(directory: str, fingerprint: str, scope: str, tokens: np.ndarray, pos_min: int,
-                payload, deadline: float | None = None) -> tuple[str, int]:
+                payload, deadline: float | None = None, checkpoints: bytes = b"",
+                ckpt_tokens: tuple[int, ...] = ()) -> tuple[str, int]:
     """Write one entry file into ``directory`` (temporary name, 0600,
     rename; no fsync: a file a power loss tore fails its checks); returns
-    ``(path, bytes)``. ``payload`` is bytes-like;
+    ``(path, bytes)``. ``payload`` is bytes-like; ``checkpoints``: the
+    checkpoints' blob, ``ckpt_tokens`` their token counts;
     ``deadline`` (``time.monotonic()``) ends a write that passes it with
     :class:`SaveTimeout`. Raises OSError (a full or read-only disk) after
     removing the temporary file."""
@@ -99,10 +115,14 @@ def write_entry(directory: str, fingerprint: str, scope: str, tokens: np.ndarray
     key = entry_key(scope, tokens)
     tbytes = tokens.tobytes()
     view = memoryview(payload).cast("B")
-    header = orjson.dumps({"fingerprint": fingerprint, "scope": scope,
-                           "n_tokens": int(tokens.size), "pos_min": int(pos_min),
-                           "payload_bytes": len(view), "tokens_xxh3": checksum(tbytes),
-                           "payload_xxh3": checksum(view)})
+    fields = {"fingerprint": fingerprint, "scope": scope,
+              "n_tokens": int(tokens.size), "pos_min": int(pos_min),
+              "payload_bytes": len(view), "tokens_xxh3": checksum(tbytes),
+              "payload_xxh3": checksum(view)}
+    if checkpoints:
+        fields.update(checkpoints_bytes=len(checkpoints), checkpoints_xxh3=checksum(checkpoints),
+                      checkpoints=[int(n) for n in ckpt_tokens])
+    header = orjson.dumps(fields)
     head = _FIXED.pack(MAGIC, VERSION, len(header)) + header + tbytes
     final = os.path.join(directory, key + SUFFIX)
     tmp = os.path.join(directory, f".{key}.{os.getpid()}{TMP_SUFFIX}")
@@ -114,6 +134,8 @@ def write_entry(directory: str, fingerprint: str, scope: str, tokens: np.ndarray
                 if deadline is not None and time.monotonic() > deadline:
                     raise SaveTimeout(f"writing {key[:12]} passed its deadline")
                 _write_all(fd, view[i:i + WRITE_CHUNK])
+            if checkpoints:
+                _write_all(fd, memoryview(checkpoints))
         finally:
             os.close(fd)
         os.chmod(tmp, 0o600)
@@ -124,7 +146,7 @@ def write_entry(directory: str, fingerprint: str, scope: str, tokens: np.ndarray
         except OSError:
             pass
         raise
-    return final, len(head) + len(view)
+    return final, len(head) + len(view) + len(checkpoints)
 
 
 def _write_all(fd: int, view: memoryview) -> None:
@@ -146,7 +168,7 @@ def read_header(path: str, fingerprint: str) -> FileHeader:
             magic, version, hlen = _FIXED.unpack(fixed)
             if magic != MAGIC:
                 raise EntryFileError("foreign", f"{path}: not a ggmux KV entry")
-            if version != VERSION:
+            if version not in READS:
                 raise EntryFileError("foreign", f"{path}: format version {version}, "
                                                 f"not {VERSION}")
             if hlen > HEADER_MAX:
@@ -155,6 +177,8 @@ def read_header(path: str, fingerprint: str) -> FileHeader:
             try:
                 h = orjson.loads(raw)
                 n, pbytes = int(h["n_tokens"]), int(h["payload_bytes"])
+                cbytes = int(h.get("checkpoints_bytes", 0)) if version >= 2 else 0
+                ctokens = tuple(int(x) for x in h.get("checkpoints", ())) if cbytes else ()
             except (ValueError, KeyError, TypeError):
                 raise EntryFileError("torn" if len(raw) < hlen else "corrupt",
                                      f"{path}: unreadable header") from None
@@ -162,9 +186,9 @@ def read_header(path: str, fingerprint: str) -> FileHeader:
                 raise EntryFileError("foreign", f"{path}: another model or context "
                                                 f"(fingerprint {str(h.get('fingerprint'))[:12]})")
             offset = _FIXED.size + hlen + 4 * n
-            if n <= 0 or pbytes <= 0 or size != offset + pbytes:
+            if n <= 0 or pbytes <= 0 or cbytes < 0 or size != offset + pbytes + cbytes:
                 raise EntryFileError("torn", f"{path}: {size} bytes, the header says "
-                                             f"{offset + pbytes}")
+                                             f"{offset + pbytes + cbytes}")
             tbytes = f.read(4 * n)
     except OSError as e:
         raise EntryFileError("unreadable", f"{path}: {e}") from None
@@ -176,7 +200,8 @@ def read_header(path: str, fingerprint: str) -> FileHeader:
     if os.path.basename(path) != key + SUFFIX:
         raise EntryFileError("corrupt", f"{path}: its name is not its contents' key")
     return FileHeader(key, fingerprint, scope, tokens, int(h.get("pos_min", 0)), pbytes,
-                      str(h.get("payload_xxh3")), offset, size)
+                      str(h.get("payload_xxh3")), offset, size, cbytes,
+                      str(h.get("checkpoints_xxh3", "")), ctokens)
 
 
 def read_payload(path: str, header: FileHeader) -> memoryview:
@@ -199,11 +224,31 @@ def read_payload(path: str, header: FileHeader) -> memoryview:
         raise EntryFileError("gone", f"{path}: removed") from None
     except (OSError, ValueError) as e:
         raise EntryFileError("unreadable", f"{path}: {e}") from None
-    view = memoryview(mm)[header.data_offset:]
+    view = memoryview(mm)[header.data_offset:header.data_offset + header.payload_bytes]
     if checksum(view) != header.payload_xxh3:
         raise EntryFileError("corrupt", f"{path}: payload does not match its checksum")
     return view
 
 
+def read_checkpoints(path: str, header: FileHeader) -> bytes:
+    """The checkpoints section of an entry whose header was read (b"" for
+    none), verified against its checksum. Raises :class:`EntryFileError`."""
+    if not header.ckpt_bytes:
+        return b""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            if os.fstat(f.fileno()).st_size != header.file_bytes:
+                raise EntryFileError("torn", f"{path}: its size changed")
+            f.seek(header.data_offset + header.payload_bytes)
+            blob = f.read(header.ckpt_bytes)
+    except FileNotFoundError:
+        raise EntryFileError("gone", f"{path}: removed") from None
+    except OSError as e:
+        raise EntryFileError("unreadable", f"{path}: {e}") from None
+    if len(blob) != header.ckpt_bytes or checksum(blob) != header.ckpt_xxh3:
+        raise EntryFileError("corrupt", f"{path}: checkpoints do not match their checksum")
+    return blob
+
+
 __all__ = ["EntryFileError", "FileHeader", "SaveTimeout", "checksum", "entry_key",
-           "read_header", "read_payload", "write_entry"]
+           "read_checkpoints", "read_header", "read_payload", "write_entry"]
