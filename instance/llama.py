@@ -96,6 +96,7 @@ def cache_settings(args, kw: dict) -> CacheSettings:
                             ("cache_disk", "cache_disk", "disk_dir"),
                             ("cache_disk_max", "cache_disk_max", "disk_max_gib"),
                             ("cache_save_timeout", "cache_save_timeout", "save_timeout"),
+                            ("cache_checkpoints", "cache_checkpoints", "checkpoints"),
                             ("cache_checkpoint_max", "cache_checkpoint_max", "checkpoint_mib")):
         v = kw.pop(key, None)
         if v is None:
@@ -106,6 +107,7 @@ def cache_settings(args, kw: dict) -> CacheSettings:
     c.disk_max_gib = max(0.0, c.disk_max_gib)
     c.save_timeout = max(0.0, c.save_timeout)
     c.checkpoint_mib = max(0, c.checkpoint_mib)
+    c.checkpoints = max(0, c.checkpoints)
     return c
 
 

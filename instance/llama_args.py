@@ -47,6 +47,7 @@ _LLAMA_OPTIONS = {
     "--cache-disk": ("cache_disk", str),
     "--cache-disk-max": ("cache_disk_max", float),
     "--cache-save-timeout": ("cache_save_timeout", float),
+    "--cache-checkpoints": ("cache_checkpoints", int),
     "--cache-checkpoint-max": ("cache_checkpoint_max", int),
     # context checkpoints (issue 35): llama-server's names, aliases and defaults
     "--ctx-checkpoints": ("ctx_checkpoints", int), "-ctxcp": ("ctx_checkpoints", int),

@@ -229,11 +229,13 @@ FIELDS: dict[str, Callable[[str], object]] = {
     "cache-disk": _cache_disk,
     "cache-disk-max": _float(0),
     "cache-save-timeout": _float(0),
-    "cache-checkpoint-max": _int(0),  # context checkpoints per tier entry (issue 35)
+    "cache-checkpoints": _int(0),  # context checkpoints per tier entry (issue 35)
+    "cache-checkpoint-max": _int(0),
 }
 
 ENGINE_KEYS = frozenset({"prefill-wait-ms", "cache-disk", "cache-disk-max",
-                         "cache-save-timeout", "cache-checkpoint-max"})
+                         "cache-save-timeout", "cache-checkpoints",
+                         "cache-checkpoint-max"})
 """ggmux keys (in :data:`FIELDS`) that go to the built-in instance as
 ``--KEY VALUE`` among the llama-server options (instance/llama_args.py)."""
 

@@ -75,13 +75,16 @@ def newest_within(checkpoints: Iterable[Checkpoint], keep: int) -> Checkpoint | 
     return best
 
 
-def within_bytes(checkpoints: list[Checkpoint], limit: int, n_tokens: int) -> list[Checkpoint]:
-    """The newest checkpoints (of at most ``n_tokens`` tokens, oldest
-    first) whose bytes sum to at most ``limit``: what a tier entry of
-    ``n_tokens`` tokens carries. ``limit`` 0 carries none."""
+def within_bytes(checkpoints: list[Checkpoint], limit: int, n_tokens: int,
+                 count: int) -> list[Checkpoint]:
+    """The newest ``count`` checkpoints (of at most ``n_tokens`` tokens,
+    oldest first) whose bytes sum to at most ``limit``: what a tier entry
+    of ``n_tokens`` tokens carries. ``limit`` or ``count`` 0 carries none."""
     out: list[Checkpoint] = []
     total = 0
     for c in sorted(checkpoints, key=lambda c: -c.n_tokens):
+        if len(out) >= count:
+            break
         if c.n_tokens > n_tokens or total + c.nbytes > limit:
             continue
         out.append(c)

@@ -46,17 +46,20 @@ class CacheSettings:
     meaning: -1 no byte limit, 0 off, default 8192), ``disk_dir``
     (``--cache-disk``, None: off), ``disk_max_gib`` (``--cache-disk-max``,
     per model), ``save_timeout`` (``--cache-save-timeout``, seconds a
-    stopping instance spends writing its caches), ``checkpoint_mib``
-    (``--cache-checkpoint-max``, ggmux's: the most bytes of context
-    checkpoints one entry carries, the newest first, issue 35; 0: none.
-    256 MiB holds about 30 of Gemma 3 270M's at a 512-token window, or
-    one of a 27B's; see README "KV tiers")."""
+    stopping instance spends writing its caches); ``checkpoints`` and
+    ``checkpoint_mib`` (``--cache-checkpoints``, ``--cache-checkpoint-max``,
+    ggmux's, issue 35): the most context checkpoints, newest first, and
+    their most bytes one entry carries; 0: none. A returning conversation
+    needs its last turn's (the last user message, the prompt's end: 3 a
+    turn); 4 of Gemma 3 270M's are 31 MiB, 1024 MiB holds 2 of a 27B's
+    (README "KV tiers")."""
 
     ram_mib: int = 8192
     disk_dir: str | None = None
     disk_max_gib: float = 10.0
     save_timeout: float = 2.0
-    checkpoint_mib: int = 256
+    checkpoints: int = 4
+    checkpoint_mib: int = 1024
 
     @property
     def enabled(self) -> bool:

@@ -89,7 +89,8 @@ class CacheSteps:
         if got != n:
             log.warning("slot %d: saving its state gave %d of %d bytes; not kept", s.id, got, n)
             return
-        cks = within_bytes(s.checkpoints, tiers.settings.checkpoint_mib << 20, len(s.tokens))
+        st = tiers.settings
+        cks = within_bytes(s.checkpoints, st.checkpoint_mib << 20, len(s.tokens), st.checkpoints)
         tiers.save(scope, tokens, self._saved_pos_min(s), data, cks)
 
     def _saved_pos_min(self, s: Slot) -> int:
