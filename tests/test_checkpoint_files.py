@@ -75,8 +75,9 @@ def test_a_damaged_foreign_or_oversized_checkpoint_blob_never_unpacks(damage):
 
 def test_an_entry_carries_the_newest_checkpoints_within_its_byte_bound():
     cks = [ck(100, 400), ck(400, 400), ck(700, 400), ck(900, 400)]
-    assert [c.n_tokens for c in within_bytes(cks, 1000, 800)] == [400, 700]
-    assert within_bytes(cks, 0, 800) == []
+    assert [c.n_tokens for c in within_bytes(cks, 1000, 800, 4)] == [400, 700]
+    assert [c.n_tokens for c in within_bytes(cks, 1000, 800, 1)] == [700]
+    assert within_bytes(cks, 0, 800, 4) == [] == within_bytes(cks, 1000, 800, 0)
 
 
 def test_an_entry_file_carries_its_checkpoints_in_a_verified_section(tmp_path):

@@ -109,7 +109,9 @@ class AdmissionSteps:
             restored = self._tier_restore(first, job.restore, job.request.tenant)
         if job.request.cache_prompt and first.tokens and self._may_reuse(first, job.request):
             keep = min(common_prefix(prompt, np.asarray(first.tokens, np.int32)), len(prompt) - 1)
-        if first.tokens and keep < SAVE_KEEP_SHARE * len(first.tokens):
+        # what a sliding-window or recurrent memory can serve of it (issue 35)
+        usable = self._ckpt_usable(first, keep)
+        if first.tokens and usable < SAVE_KEEP_SHARE * len(first.tokens):
             self._tier_save(first)  # most of the slot's cache goes (llama-server's f_keep)
         # a sliding-window or recurrent memory cut back to `keep` tokens: what it
         # still holds, or its newest context checkpoint within them (issue 35)
