@@ -264,6 +264,19 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     s.add_argument("--cache-save-timeout", type=float, default=None, metavar="S",
                    help="KV tiers: seconds a stopping instance spends writing its slots' "
                         "caches to --cache-disk (not given: 2); a preset's value wins")
+    s.add_argument("--cache-checkpoints", type=int, default=None, metavar="N",
+                   help="KV tiers: the most context checkpoints one RAM or disk entry of a "
+                        "sliding-window or recurrent model carries, newest first (not given: 4; "
+                        "0 none); a preset's value wins")
+    s.add_argument("--cache-checkpoint-max", type=int, default=None, metavar="MiB",
+                   help="KV tiers: the most bytes of context checkpoints one entry carries (not "
+                        "given: 1024; 0 none); a preset's value wins")
+    s.add_argument("--ctx-checkpoints", type=int, default=None, metavar="N",
+                   help="context checkpoints per slot of a sliding-window or recurrent model, "
+                        "llama-server's option (not given: 32; 0 off); a preset's value wins")
+    s.add_argument("--checkpoint-min-step", type=int, default=None, metavar="N",
+                   help="tokens between two context checkpoints, llama-server's option (not "
+                        "given: 8192); a preset's value wins")
     s.add_argument("--sleep-idle-seconds", type=float, default=None,
                    help="free an idle model's weights after this many seconds, keeping its "
                         "process; the next request wakes it")
@@ -427,7 +440,11 @@ def cache_defaults(args: argparse.Namespace) -> dict[str, object]:
             os.path.expanduser(disk))
     return {"cache-ram": getattr(args, "cache_ram", None), "cache-disk": disk,
             "cache-disk-max": getattr(args, "cache_disk_max", None),
-            "cache-save-timeout": getattr(args, "cache_save_timeout", None)}
+            "cache-save-timeout": getattr(args, "cache_save_timeout", None),
+            "cache-checkpoints": getattr(args, "cache_checkpoints", None),
+            "cache-checkpoint-max": getattr(args, "cache_checkpoint_max", None),
+            "ctx-checkpoints": getattr(args, "ctx_checkpoints", None),
+            "checkpoint-min-step": getattr(args, "checkpoint_min_step", None)}
 
 
 def default_cache_scope(args: argparse.Namespace) -> str:
