@@ -21,6 +21,7 @@ from .backend import Backend, Sink
 from .builtin_templates import render_builtin
 from .cache.tiers import CacheSettings
 from .chat import ChatTemplate
+from .checkpoint_hints import last_user_start
 from .engine import Embedding, Engine, Generation, InvalidRequest
 from .engine.jobs import deliver
 from .engine.model import EngineConfig
@@ -94,7 +95,9 @@ def cache_settings(args, kw: dict) -> CacheSettings:
     for flag, key, name in (("cache_ram", "cache_ram", "ram_mib"),
                             ("cache_disk", "cache_disk", "disk_dir"),
                             ("cache_disk_max", "cache_disk_max", "disk_max_gib"),
-                            ("cache_save_timeout", "cache_save_timeout", "save_timeout")):
+                            ("cache_save_timeout", "cache_save_timeout", "save_timeout"),
+                            ("cache_checkpoints", "cache_checkpoints", "checkpoints"),
+                            ("cache_checkpoint_max", "cache_checkpoint_max", "checkpoint_mib")):
         v = kw.pop(key, None)
         if v is None:
             v = getattr(args, flag, None)
@@ -103,6 +106,8 @@ def cache_settings(args, kw: dict) -> CacheSettings:
     c.disk_dir = c.disk_dir or None
     c.disk_max_gib = max(0.0, c.disk_max_gib)
     c.save_timeout = max(0.0, c.save_timeout)
+    c.checkpoint_mib = max(0, c.checkpoint_mib)
+    c.checkpoints = max(0, c.checkpoints)
     return c
 
 
@@ -344,6 +349,7 @@ class LlamaBackend(Backend):
         preserved: frozenset[int] = frozenset()
         triggers: tuple[list[str], list[int]] = ([], [])
         lazy = False
+        hints: tuple[int, ...] = ()
         if kind == "chat" and self.template.jinja is not None:
             messages = jinja_messages(body.get("messages"), self._model(body))
             messages, prefill = continuation(body, messages)
@@ -360,6 +366,10 @@ class LlamaBackend(Backend):
                 lazy = plan.lazy
                 triggers = (cp.trigger_patterns, cp.trigger_tokens)
             prompt, stops = cp.tokens, list(plan.stops)
+            if self.engine.checkpoints_wanted:  # the last user message (issue 35)
+                bos = not (self.template.bos and plan.prompt.startswith(self.template.bos))
+                hints = last_user_start(messages, plan.prompt,
+                                        lambda t: self.engine.count_tokens(t, bos, True))
             preserved = cp.preserved
             fmt = cp.fmt
             parser = lambda: ChatStream(fmt, plan)
@@ -417,7 +427,7 @@ class LlamaBackend(Backend):
                          preserved=preserved,
                          return_progress=body.get("return_progress") is True and stream,
                          post_sampling_probs=native is not None
-                         and body.get("post_sampling_probs") is True)
+                         and body.get("post_sampling_probs") is True, checkpoint_at=hints)
         opts = body.get("stream_options") or {}
         settings = generation_settings(
             sampling, max_tokens or -1, self.engine.cfg.seed if sampling.seed is None

@@ -47,10 +47,18 @@ _LLAMA_OPTIONS = {
     "--cache-disk": ("cache_disk", str),
     "--cache-disk-max": ("cache_disk_max", float),
     "--cache-save-timeout": ("cache_save_timeout", float),
+    "--cache-checkpoints": ("cache_checkpoints", int),
+    "--cache-checkpoint-max": ("cache_checkpoint_max", int),
+    # context checkpoints (issue 35): llama-server's names, aliases and defaults
+    "--ctx-checkpoints": ("ctx_checkpoints", int), "-ctxcp": ("ctx_checkpoints", int),
+    "--swa-checkpoints": ("ctx_checkpoints", int),
+    "--checkpoint-min-step": ("checkpoint_min_step", int),
+    "-cms": ("checkpoint_min_step", int),
 }
 _LLAMA_FLAGS = {"--no-mmap": ("use_mmap", False), "--mmap": ("use_mmap", True),
                 "--kv-unified": ("kv_unified", True), "-kvu": ("kv_unified", True),
                 "--no-kv-unified": ("kv_unified", False),
+                "--swa-full": ("swa_full", True),
                 "--mlock": ("use_mlock", True), "--no-mlock": ("use_mlock", False),
                 "--embedding": ("embedding", True), "--embeddings": ("embedding", True),
                 "--jinja": ("jinja", True), "--no-jinja": ("jinja", False),

@@ -7,12 +7,26 @@ from __future__ import annotations
 from .backend import Backend
 from .cache.report import cache_metrics
 
+CHECKPOINT_FAMILIES = (  # context checkpoints (issue 35): (name, kind, metrics key, help)
+    ("checkpoints_made_total", "counter", "checkpoints_made_total",
+     "Context checkpoints made (sliding-window and recurrent models)"),
+    ("checkpoint_made_bytes_total", "counter", "checkpoint_bytes_made_total",
+     "Bytes of the context checkpoints made"),
+    ("checkpoints_restored_total", "counter", "checkpoints_restored_total",
+     "Context checkpoints restored into a slot"),
+    ("checkpoint_restored_tokens_total", "counter", "checkpoint_tokens_total",
+     "Prompt tokens a restored context checkpoint served"),
+    ("checkpoint_bytes", "gauge", "checkpoint_bytes",
+     "Bytes the slots' context checkpoints hold now"),
+)
+
 
 def metrics_text(backend: Backend, requests: int, in_flight: int) -> str:
     """Prometheus text of an instance: its ``requests`` so far and
     ``in_flight`` now, and the backend's figures (llama-server's ``llamacpp:``
     families: tokens and seconds, busy slots, deferred requests, KV cache
-    use, speculative decoding's drafts) and its KV tiers' (``ggmux_kv_cache_``)."""
+    use, speculative decoding's drafts), its KV tiers' (``ggmux_kv_cache_``)
+    and its context checkpoints' (``ggmux_checkpoint*``)."""
     m = backend.metrics()
     lines = ["# TYPE ggmux_instance_requests_total counter",
              f"ggmux_instance_requests_total {requests}",
@@ -69,6 +83,10 @@ def metrics_text(backend: Backend, requests: int, in_flight: int) -> str:
             lines += [f"# HELP llamacpp:{name} {what}", f"# TYPE llamacpp:{name} gauge",
                       f"llamacpp:{name} {rate:.3f}"]
     lines += cache_metrics(backend.cache_report())
+    for name, kind, key, what in CHECKPOINT_FAMILIES:
+        if key in m:
+            lines += [f"# HELP ggmux_{name} {what}", f"# TYPE ggmux_{name} {kind}",
+                      f"ggmux_{name} {m[key]:g}"]
     if m.get("kv_size"):
         lines += ["# HELP llamacpp:kv_cache_usage_ratio KV cache cells in use, of all",
                   "# TYPE llamacpp:kv_cache_usage_ratio gauge",

@@ -149,7 +149,11 @@ def cache_defaults(args: argparse.Namespace) -> dict[str, object]:
             os.path.expanduser(disk))
     return {"cache-ram": getattr(args, "cache_ram", None), "cache-disk": disk,
             "cache-disk-max": getattr(args, "cache_disk_max", None),
-            "cache-save-timeout": getattr(args, "cache_save_timeout", None)}
+            "cache-save-timeout": getattr(args, "cache_save_timeout", None),
+            "cache-checkpoints": getattr(args, "cache_checkpoints", None),
+            "cache-checkpoint-max": getattr(args, "cache_checkpoint_max", None),
+            "ctx-checkpoints": getattr(args, "ctx_checkpoints", None),
+            "checkpoint-min-step": getattr(args, "checkpoint_min_step", None)}
 
 
 def default_cache_scope(args: argparse.Namespace) -> str:

@@ -243,6 +243,8 @@ FIELDS: dict[str, Callable[[str], object]] = {
     "cache-disk": _cache_disk,
     "cache-disk-max": _float(0),
     "cache-save-timeout": _float(0),
+    "cache-checkpoints": _int(0),  # context checkpoints per tier entry (issue 35)
+    "cache-checkpoint-max": _int(0),
 }
 
 PRICE_KEYS = frozenset({"price-input", "price-cached-input", "price-output", "spend-per-day",
@@ -250,7 +252,8 @@ PRICE_KEYS = frozenset({"price-input", "price-cached-input", "price-output", "sp
 """Prices and spending budgets of priced replicas (issue 36: proxy/admission.py)."""
 
 ENGINE_KEYS = frozenset({"prefill-wait-ms", "cache-disk", "cache-disk-max",
-                         "cache-save-timeout"})
+                         "cache-save-timeout", "cache-checkpoints",
+                         "cache-checkpoint-max"})
 """ggmux keys (in :data:`FIELDS`) that go to the built-in instance as
 ``--KEY VALUE`` among the llama-server options (instance/llama_args.py)."""
 

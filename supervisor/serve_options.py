@@ -209,6 +209,19 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     s.add_argument("--cache-save-timeout", type=float, default=None, metavar="S",
                    help="KV tiers: seconds a stopping instance spends writing its slots' "
                         "caches to --cache-disk (not given: 2); a preset's value wins")
+    s.add_argument("--cache-checkpoints", type=int, default=None, metavar="N",
+                   help="KV tiers: the most context checkpoints one RAM or disk entry of a "
+                        "sliding-window or recurrent model carries, newest first (not given: 4; "
+                        "0 none); a preset's value wins")
+    s.add_argument("--cache-checkpoint-max", type=int, default=None, metavar="MiB",
+                   help="KV tiers: the most bytes of context checkpoints one entry carries (not "
+                        "given: 1024; 0 none); a preset's value wins")
+    s.add_argument("--ctx-checkpoints", type=int, default=None, metavar="N",
+                   help="context checkpoints per slot of a sliding-window or recurrent model, "
+                        "llama-server's option (not given: 32; 0 off); a preset's value wins")
+    s.add_argument("--checkpoint-min-step", type=int, default=None, metavar="N",
+                   help="tokens between two context checkpoints, llama-server's option (not "
+                        "given: 8192); a preset's value wins")
     s.add_argument("--sleep-idle-seconds", type=float, default=None,
                    help="free an idle model's weights after this many seconds, keeping its "
                         "process; the next request wakes it")

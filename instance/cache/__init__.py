@@ -2,7 +2,9 @@
 a slot's prompt cache, once it is about to be overwritten or dropped, is
 kept as its sequence state in host RAM (:mod:`.ram`, ``--cache-ram``) and
 spills to disk (:mod:`.disk`, ``--cache-disk``), one file per entry
-(:mod:`.entry_file`) under the model's fingerprint (:mod:`.fingerprint`);
+(:mod:`.entry_file`) under the model's fingerprint (:mod:`.fingerprint`),
+with the context checkpoints of a sliding-window or recurrent model
+(:mod:`.checkpoint`);
 :mod:`.tiers` looks up the longest cached prefix over both. The engine's
 side (saving and restoring through llama.cpp) is
 :mod:`ggmux.instance.engine.cache_steps`. :mod:`.report` is what the

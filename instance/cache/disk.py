@@ -32,12 +32,14 @@ import weakref
 
 import orjson
 
+from .checkpoint import pack
 from .entry import Entry, contains
 from .entry_file import (
     SUFFIX,
     TMP_SUFFIX,
     EntryFileError,
     SaveTimeout,
+    read_checkpoints,
     read_header,
     read_payload,
     write_entry,
@@ -234,6 +236,20 @@ class DiskTier:
             pass  # a read-only directory: its LRU is the writers' order
         return data
 
+    def load_checkpoints(self, e: Entry) -> bytes | None:
+        """The verified checkpoints section of entry ``e`` (b"" for none), or
+        None (counted and logged as :meth:`load` does; the file stays: its
+        state may still serve a prompt that needs no checkpoint)."""
+        try:
+            return read_checkpoints(self.dir_fd, e.key + SUFFIX, e.header, self.key)
+        except EntryFileError as x:
+            if x.reason != "gone":
+                self.rejected += 1
+                self._once("reject-checkpoints:" + x.reason, "KV disk tier: not loading the "
+                           "checkpoints of %s in %s (%s): %s; logged once", e.key + SUFFIX,
+                           self.dir, x.reason, x)
+            return None
+
     def _forget(self, e: Entry) -> None:
         with self.lock:
             if self.entries.get(e.key) is e:
@@ -272,8 +288,10 @@ class DiskTier:
             return True
         self._make_room(e.nbytes)
         try:
+            cks = e.checkpoints or []
             name, size = write_entry(self.dir_fd, self.fp.hex, e.scope, e.tokens, e.pos_min,
-                                     e.data, self.key, deadline)
+                                     e.data, self.key, deadline, pack(cks, self.fp.hex),
+                                     tuple(c.n_tokens for c in cks))
             h = read_header(self.dir_fd, name, self.fp.hex, self.key)
         except SaveTimeout:
             return False

@@ -18,7 +18,9 @@ class Entry:
     (a sliding-window cache forgets older ones; 0 otherwise); ``nbytes``:
     the state's bytes; ``t_used``: the last save or restore
     (``time.monotonic()`` in RAM, wall time on disk). ``data``: the state
-    (RAM tier); ``path`` and ``header``: its file (disk tier)."""
+    (RAM tier); ``path`` and ``header``: its file (disk tier);
+    ``checkpoints``: its context checkpoints in RAM (issue 35;
+    :class:`~.checkpoint.Checkpoint`, their bytes counted in ``nbytes``)."""
 
     key: str
     scope: str
@@ -29,10 +31,18 @@ class Entry:
     data: bytearray | None = None
     path: str | None = None
     header: FileHeader | None = None
+    checkpoints: list | None = None
 
     @property
     def n_tokens(self) -> int:
         return int(self.tokens.size)
+
+    @property
+    def ckpt_tokens(self) -> tuple[int, ...]:
+        """The token count of each of its checkpoints (RAM's, or its file's)."""
+        if self.checkpoints is not None:
+            return tuple(c.n_tokens for c in self.checkpoints)
+        return self.header.ckpt_tokens if self.header is not None else ()
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:

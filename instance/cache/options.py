@@ -9,7 +9,7 @@ import argparse
 
 def add_cache_options(ap: argparse.ArgumentParser) -> None:
     """``--cache-ram``, ``--cache-disk``, ``--cache-disk-max``,
-    ``--cache-save-timeout`` (None when not given: the defaults of
+    ``--cache-save-timeout``, ``--cache-checkpoints``, ``--cache-checkpoint-max`` (None when not given: the defaults of
     :class:`~ggmux.instance.cache.tiers.CacheSettings`)."""
     ap.add_argument("--cache-ram", type=int, default=None, metavar="MiB",
                     help="KV tiers: slots' prompt caches kept in host RAM, as llama-server's "
@@ -24,6 +24,12 @@ def add_cache_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--cache-save-timeout", type=float, default=None, metavar="S",
                     help="KV tiers: seconds a stopping instance spends writing its slots' "
                          "caches to --cache-disk (default 2)")
+    ap.add_argument("--cache-checkpoints", type=int, default=None, metavar="N",
+                    help="KV tiers: the most context checkpoints (sliding-window and recurrent "
+                         "models) one RAM or disk entry carries, newest first (default 4; 0 none)")
+    ap.add_argument("--cache-checkpoint-max", type=int, default=None, metavar="MiB",
+                    help="KV tiers: the most bytes of context checkpoints one RAM or disk "
+                         "entry carries (default 1024; 0 none)")
 
 
 __all__ = ["add_cache_options"]

@@ -19,7 +19,7 @@ def empty_report() -> dict:
             "disk": {"entries": 0, "bytes": 0, "limit_bytes": 0, "dir": None},
             "hits": {"slot": 0, "ram": 0, "disk": 0}, "misses": 0, "restored_tokens": 0,
             "restore_seconds": 0.0, "restore_seconds_by_tier": {"ram": 0.0, "disk": 0.0},
-            "saved": 0, "dropped": 0, "rejected": 0}
+            "saved": 0, "dropped": 0, "rejected": 0, "rejected_checkpoints": 0}
 
 
 CACHE_REPORT_S = 1.0

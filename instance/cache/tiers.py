@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import disk as disk_mod
+from .checkpoint import Checkpoint, CheckpointError, unpack
 from .disk import DiskTier
 from .entry import Entry, common_prefix
 from .entry_file import entry_key
@@ -52,13 +53,21 @@ class CacheSettings:
     meaning: -1 no byte limit, 0 off, default 8192), ``disk_dir``
     (``--cache-disk``, None: off), ``disk_max_gib`` (``--cache-disk-max``,
     per model), ``save_timeout`` (``--cache-save-timeout``, seconds a
-    stopping instance spends writing its caches)."""
+    stopping instance spends writing its caches); ``checkpoints`` and
+    ``checkpoint_mib`` (``--cache-checkpoints``, ``--cache-checkpoint-max``,
+    ggmux's, issue 35): the most context checkpoints, newest first, and
+    their most bytes one entry carries; 0: none. A returning conversation
+    needs its last turn's (the last user message, the prompt's end: 3 a
+    turn); 4 of Gemma 3 270M's are 31 MiB, 1024 MiB holds 2 of a 27B's
+    (README "KV tiers")."""
 
     ram_mib: int = 8192
     disk_dir: str | None = None
     disk_max_gib: float = 10.0
     save_timeout: float = 2.0
     model_name: str = ""  # the registry's name, for model.json ("": the GGUF's file name)
+    checkpoints: int = 4
+    checkpoint_mib: int = 1024
 
     @property
     def enabled(self) -> bool:
@@ -92,6 +101,7 @@ class KVTiers:
         self.restore_seconds = {"ram": 0.0, "disk": 0.0}
         self.saved = 0
         self.dropped = 0
+        self.rejected_checkpoints = 0
         self._spill: deque[Entry] = deque()  # RAM's leavers, waiting for the writer
         self._spill_bytes = 0
         self._cond = threading.Condition(self.lock)
@@ -107,14 +117,17 @@ class KVTiers:
 
     # ---- lookup and restore (decode thread) -----------------------------------
     def lookup(self, prompt: np.ndarray, scope: str, better_than: int,
-               n_swa: int = 0) -> Hit | None:
+               n_swa: int = 0, recurrent: bool = False) -> Hit | None:
         """The entry of ``scope`` sharing the longest prefix with ``prompt``
         (int32), when that prefix is longer than ``better_than`` (what the
         request's slot keeps anyway) and at least :data:`KEEP_SHARE` of the
         entry. At most ``len(prompt) - 1`` tokens are kept (one is read
         to get logits). With a sliding window (``n_swa``), an entry whose
         first position is past ``keep - n_swa`` cannot serve (llama-server's
-        ``pos_min`` check). RAM wins a tie."""
+        ``pos_min`` check), nor can a recurrent (or hybrid) model's entry
+        serve less than all its tokens: then the entry's newest context
+        checkpoint within the prefix serves (issue 35), or nothing. RAM
+        wins a tie."""
         limit = prompt.size - 1
         best: Hit | None = None
         with self.lock:
@@ -125,9 +138,11 @@ class KVTiers:
                 if e.scope != scope:
                     continue
                 n = min(common_prefix(prompt, e.tokens), limit)
-                if n <= better_than or n < KEEP_SHARE * e.n_tokens:
+                if n <= better_than:
                     continue
-                if n_swa > 0 and e.pos_min > max(0, n - n_swa):
+                if n < e.n_tokens and (recurrent or n_swa > 0 and e.pos_min > max(0, n - n_swa)):
+                    n = max((c for c in e.ckpt_tokens if c <= n), default=0)
+                if n <= better_than or n < KEEP_SHARE * e.n_tokens:
                     continue
                 if best is None or n > best.n:
                     best = Hit(e, tier, n)
@@ -189,6 +204,29 @@ class KVTiers:
             self._changed()
         return data
 
+    def checkpoints(self, hit: Hit) -> list[Checkpoint]:
+        """The context checkpoints of ``hit``'s entry (RAM's, or its file's
+        verified and unpacked); [] when it has none or they do not verify
+        (torn, another model's, over ``--cache-checkpoint-max``: counted in
+        ``rejected_checkpoints``, never loaded)."""
+        e = hit.entry
+        if e.checkpoints is not None:
+            return list(e.checkpoints)
+        if not e.ckpt_tokens or self.disk is None:
+            return []
+        blob = self.disk.load_checkpoints(e)
+        try:
+            if blob is None:
+                raise CheckpointError("the section does not verify")
+            return unpack(blob, self.disk.fp.hex, self.settings.checkpoint_mib << 20,
+                          e.n_tokens)
+        except CheckpointError as x:
+            with self.lock:
+                self.rejected_checkpoints += 1
+            log.warning("KV tiers: not loading the checkpoints of an entry of %d tokens: %s",
+                        e.n_tokens, x)
+            return []
+
     def restored(self, tier: str, n: int, seconds: float) -> None:
         """Count a restore of ``n`` tokens from ``tier`` that took ``seconds``."""
         with self.lock:
@@ -219,12 +257,16 @@ class KVTiers:
             return False
         return ram_ok or not self.disk.limit_bytes or nbytes <= self.disk.limit_bytes
 
-    def save(self, scope: str, tokens: np.ndarray, pos_min: int, data: bytearray) -> None:
+    def save(self, scope: str, tokens: np.ndarray, pos_min: int, data: bytearray,
+             checkpoints: list[Checkpoint] | None = None) -> None:
         """Keep a sequence's state (``data``, from ``llama_state_seq_get_data``)
-        in RAM, or hand it straight to the disk writer when RAM is off or
-        it does not fit."""
-        e = Entry(entry_key(scope, tokens), scope, tokens, pos_min, len(data), time.monotonic(),
-                  data=data)
+        and its context ``checkpoints`` (bytes counted with it) in RAM, or
+        hand it straight to the disk writer when RAM is off or it does not
+        fit."""
+        cks = list(checkpoints or [])
+        e = Entry(entry_key(scope, tokens), scope, tokens, pos_min,
+                  len(data) + sum(c.nbytes for c in cks), time.monotonic(), data=data,
+                  checkpoints=cks)
         with self.lock:
             self.saved += 1
             if self.ram.admits(e.nbytes):
@@ -326,7 +368,8 @@ class KVTiers:
         """The instance's ``GET /cache`` answer (the contract with the router
         side): ``ram`` and ``disk`` sizes and limits (bytes), ``hits`` per
         tier, ``misses``, ``restored_tokens``, ``restore_seconds``,
-        ``saved``, ``rejected``."""
+        ``saved``, ``rejected``, ``rejected_checkpoints`` (checkpoint
+        sections refused, issue 35)."""
         with self.lock:
             ram = {"entries": len(self.ram.entries) + len(self._spill),
                    "bytes": self.ram.bytes + self._spill_bytes,
@@ -337,7 +380,8 @@ class KVTiers:
                    "restore_seconds": round(sum(self.restore_seconds.values()), 6),
                    "restore_seconds_by_tier": {k: round(v, 6)
                                                for k, v in self.restore_seconds.items()},
-                   "saved": self.saved, "dropped": self.dropped}
+                   "saved": self.saved, "dropped": self.dropped,
+                   "rejected_checkpoints": self.rejected_checkpoints}
         disk = (self.disk.report() if self.disk is not None else
                 {"entries": 0, "bytes": 0, "limit_bytes": 0, "dir": None})
         out["rejected"] = self.disk.rejected if self.disk is not None else 0

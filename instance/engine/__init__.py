@@ -5,7 +5,9 @@ One decode loop (:mod:`.loop`: :class:`Engine`) over slot records
 (:mod:`.generate_steps`, :mod:`.sample_steps`, :mod:`.embedding`), the
 tenants' admission order (:mod:`.fairness`), the requests and their events
 (:mod:`.jobs`), stop strings (:mod:`.stops`), the samplers
-(:mod:`.sampling`) and the llama context (:mod:`.model`). No HTTP in it:
+(:mod:`.sampling`), the KV tiers' and context checkpoints' steps
+(:mod:`.cache_steps`, :mod:`.checkpoints`) and the llama context
+(:mod:`.model`). No HTTP in it:
 ``instance/server.py`` and ``instance/llama.py`` map requests to engine
 calls.
 """

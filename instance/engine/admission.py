@@ -30,8 +30,9 @@ def tenant_of(job: Job) -> str:
 class AdmissionSteps:
     """Mixed into :class:`~ggmux.instance.engine.Engine`: uses its slots,
     ``_waiting`` queue, ``cfg``, ``m``, ``L``, ``stats``, ``kv_size``,
-    ``_clear`` and the tier steps (``_tier_lookup``, ``_tier_save``,
-    ``_tier_restore``, ``_tier_count``)."""
+    ``_clear``, the tier steps (``_tier_lookup``, ``_tier_save``,
+    ``_tier_restore``, ``_tier_count``) and the checkpoint steps
+    (``_ckpt_usable``, ``_ckpt_rollback``: :mod:`.checkpoints`)."""
 
     def _admit(self) -> None:
         while self._waiting:
@@ -72,6 +73,7 @@ class AdmissionSteps:
         for s in idle:
             if s.tokens and self._may_reuse(s, r):
                 n = common_prefix(r.prompt, np.asarray(s.tokens, np.int32))
+                n = self._ckpt_usable(s, min(n, len(r.prompt) - 1))  # what it can serve
                 if n > best_n:
                     best, best_n = s, n
         job.restore = self._tier_lookup(job, best_n)  # a longer prefix in RAM or on disk
@@ -109,20 +111,21 @@ class AdmissionSteps:
             restored = self._tier_restore(first, job.restore, job.request.tenant)
         if job.request.cache_prompt and first.tokens and self._may_reuse(first, job.request):
             keep = min(common_prefix(prompt, np.asarray(first.tokens, np.int32)), len(prompt) - 1)
-            if keep > 0 and self.m.n_swa > 0:
-                # the sliding-window cache forgets old positions; without them
-                # the prefix cannot be reused (llama-server's pos_min check)
-                pos_min = self.L.llama_memory_seq_pos_min(self.m.mem, first.id)
-                if pos_min > max(0, keep - self.m.n_swa):
-                    keep = 0
-        if first.tokens and keep < SAVE_KEEP_SHARE * len(first.tokens):
+        # what a sliding-window or recurrent memory can serve of it (issue 35)
+        usable = self._ckpt_usable(first, keep)
+        if first.tokens and usable < SAVE_KEEP_SHARE * len(first.tokens):
             self._tier_save(first)  # most of the slot's cache goes (llama-server's f_keep)
+        # a sliding-window or recurrent memory cut back to `keep` tokens: what it
+        # still holds, or its newest context checkpoint within them (issue 35)
+        keep, from_checkpoint = self._ckpt_rollback(first, keep)
         self._tier_count(job, keep, restored)
         if not self.L.llama_memory_seq_rm(self.m.mem, first.id, keep, -1):
             self._clear(first)
-            keep = 0
+            keep = from_checkpoint = 0
         del first.tokens[keep:]
+        first.checkpoints = [c for c in first.checkpoints if c.n_tokens <= keep]
         job.n_cached = first.n_cached = keep
+        job.n_checkpoint = from_checkpoint
         for i, s in enumerate(chosen):
             s.owner = job.request.tenant  # the KV it holds from now on is this tenant's
             s.sampler = job.samplers[i]

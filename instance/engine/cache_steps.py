@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 
+from ..cache.checkpoint import within_bytes
 from ..cache.fingerprint import fingerprint, gguf_identity, llama_build
 from ..cache.report import empty_report
 from ..cache.tiers import CacheSettings, KVTiers, open_tiers
@@ -65,7 +66,7 @@ class CacheSteps:
         ctx = {"kv_size": m.kv_size, "n_ctx": m.n_ctx, "n_seq": m.n_seq, "unified": m.unified,
                "type_k": cfg.type_k, "type_v": cfg.type_v, "flash_attn": cfg.flash_attn,
                "rope_freq_base": cfg.rope_freq_base, "rope_freq_scale": cfg.rope_freq_scale,
-               "n_swa": m.n_swa, "swa_full": bool(L.llama_context_default_params().swa_full),
+               "n_swa": m.n_swa, "swa_full": cfg.swa_full,
                "lora": []}
         return fingerprint(gguf_identity(cfg.model_path), ctx, llama_build(L))
 
@@ -94,7 +95,9 @@ class CacheSteps:
         if got != n:
             log.warning("slot %d: saving its state gave %d of %d bytes; not kept", s.id, got, n)
             return
-        tiers.save(scope, tokens, self._saved_pos_min(s), data)
+        st = tiers.settings
+        cks = within_bytes(s.checkpoints, st.checkpoint_mib << 20, len(s.tokens), st.checkpoints)
+        tiers.save(scope, tokens, self._saved_pos_min(s), data, cks)
 
     def _saved_pos_min(self, s: Slot) -> int:
         """The first position a restore of slot ``s``'s state holds. A
@@ -121,7 +124,7 @@ class CacheSteps:
         if self.cache is None or scope is None or not r.cache_prompt:
             return None
         return self.cache.lookup(np.asarray(r.prompt, np.int32), scope, better_than,
-                                 self.m.n_swa)
+                                 self.m.n_swa, self.m.recurrent)
 
     def _tier_restore(self, s: Slot, hit, tenant: str) -> float | None:
         """Put ``hit``'s state into slot ``s`` (its cells replaced); on
@@ -143,8 +146,11 @@ class CacheSteps:
         if not ok:
             L.llama_memory_seq_rm(self.m.mem, s.id, -1, -1)
             s.tokens = []
+            s.checkpoints = []
             return None
         s.tokens = hit.entry.tokens.tolist()
+        # its context checkpoints (issue 35): the rollback to the prompt's prefix picks one
+        s.checkpoints = self.cache.checkpoints(hit) if self._ckpt_on else []
         s.owner = tenant
         return time.perf_counter() - t0
 

@@ -301,7 +301,7 @@ class DraftModel:
                            n_gpu_layers=target.n_gpu_layers if spec.draft_ngl is None
                            else spec.draft_ngl, main_gpu=target.main_gpu,
                            use_mmap=target.use_mmap, flash_attn=target.flash_attn,
-                           kv_unified=target.kv_unified, spec=spec)
+                           kv_unified=target.kv_unified, swa_full=target.swa_full, spec=spec)
         self.m = ModelContext(llama_cpp, cfg, n_seq)
         self.batch: Batch | None = None
         self.dft: list[list[int]] = [[] for _ in range(n_seq)]
@@ -332,6 +332,18 @@ class DraftModel:
         self.m.free()
         self.batch = None
 
+    def _can_cut(self, seq: int, keep: int) -> bool:
+        """Whether the draft context's sequence ``seq`` cut to ``keep`` tokens
+        is what reading them makes: a sliding-window draft model still holds
+        the window of position ``keep``, a recurrent one is never cut (the
+        target's checkpoints are not the draft's: it reads again instead)."""
+        m = self.m
+        if m.recurrent:
+            return False
+        if m.n_swa > 0:
+            return self.L.llama_memory_seq_pos_min(m.mem, seq) <= max(0, keep - m.n_swa)
+        return True
+
     def draft(self, asks: list[tuple[Slot, list[int], int, int]]) -> dict[int, list[int]]:
         """Drafts for ``(slot, tokens, pending, n_max)``: slot id -> draft."""
         L, m, b = self.L, self.m, self.batch
@@ -350,6 +362,8 @@ class DraftModel:
                            if len(have) > base else 0)
             self.owner[s.id], self.base[s.id] = s.job, len(hist)
             if keep < len(have):
+                if not self._can_cut(s.id, keep):
+                    keep = 0  # its window or recurrent state is gone: start over (issue 35)
                 if not L.llama_memory_seq_rm(m.mem, s.id, keep, -1):
                     L.llama_memory_seq_rm(m.mem, s.id, -1, -1)
                     keep = 0

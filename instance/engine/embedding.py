@@ -86,5 +86,6 @@ class EmbeddingSteps:
             if s.embed_i == len(inputs):
                 s.release()
                 s.tokens = []
+                s.checkpoints = []
                 job.left = 0
                 self._end_job(job)

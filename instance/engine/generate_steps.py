@@ -52,6 +52,8 @@ class GenerateSteps:
             prompt = s.job.request.prompt
             start = len(s.tokens)
             k = min(len(prompt) - start, budget)
+            if self._ckpt_on:  # context checkpoints (issue 35): a batch starts at each
+                k = self._ckpt_cut(s, start, k)
             last = b.add_run(prompt[start:start + k], start, s.id, "last")
             s.i_batch = last if start + k == len(prompt) else -1
             plan.append((s, k))
@@ -128,6 +130,7 @@ class GenerateSteps:
                 for c in s.children:  # n > 1: the other choices share the prompt's cells
                     self.L.llama_memory_seq_cp(self.m.mem, s.id, c.id, -1, -1)
                     c.tokens = list(s.tokens)
+                    c.checkpoints = list(s.checkpoints)  # the same states up to each
                     c.i_batch = s.i_batch
                 for c in [s, *s.children]:
                     c.state = GENERATE

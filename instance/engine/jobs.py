@@ -96,6 +96,7 @@ class Generation:
     preserved: frozenset[int] = frozenset()
     return_progress: bool = False  # ("progress", ...) events while the prompt is evaluated
     post_sampling_probs: bool = False  # logprobs as probabilities after the sampler chain
+    checkpoint_at: tuple[int, ...] = ()  # user-message starts (token counts): checkpoints there
 
 
 @dataclass(slots=True)
@@ -133,6 +134,7 @@ class Job:
         self.footprint = 0
         self.max_gen = 0
         self.n_cached = 0
+        self.n_checkpoint = 0  # of the cached prompt tokens, those a context checkpoint served
         self.n_decoded = 0
         self.n_drafted = 0  # draft tokens verified (speculative decoding)
         self.drafts = False  # speculative decoding is on: draft_n is reported, 0 included
@@ -221,15 +223,19 @@ class Job:
 
     def usage(self) -> dict:
         """OpenAI's ``usage`` (``prompt_tokens_details.cached_tokens``: prompt
-        tokens reused from the slot's cache)."""
+        tokens reused from the slot's cache or a KV tier; ``checkpoint_tokens``:
+        of them, those a context checkpoint served, present when any did:
+        issue 35)."""
         r = self.request
         if isinstance(r, Embedding):
             n = sum(len(x) for x in r.inputs)
             return {"prompt_tokens": n, "total_tokens": n}
         n = len(r.prompt)
+        details = {"cached_tokens": self.n_cached}
+        if self.n_checkpoint:
+            details["checkpoint_tokens"] = self.n_checkpoint
         return {"prompt_tokens": n, "completion_tokens": self.n_decoded,
-                "total_tokens": n + self.n_decoded,
-                "prompt_tokens_details": {"cached_tokens": self.n_cached}}
+                "total_tokens": n + self.n_decoded, "prompt_tokens_details": details}
 
     def timings(self, now: float) -> dict:
         """llama-server's ``timings`` (milliseconds): ``queue_ms`` (waiting
@@ -238,7 +244,8 @@ class Job:
         batches read so far and the time to the last of them, 0 before the
         first, as ``server_slot_stats``), ``cache_n``,
         ``predicted_n``/``predicted_ms`` (tokens generated, time after the
-        first); with speculative decoding, ``draft_n`` and
+        first); ``checkpoint_n`` (of ``cache_n``, the tokens a context
+        checkpoint served; present when one did); with speculative decoding, ``draft_n`` and
         ``draft_n_accepted`` (draft tokens verified, and accepted: llama-server's
         ``server_slot_stats``; 0 and 0 when speculation is on and nothing was
         drafted)."""
@@ -260,6 +267,8 @@ class Job:
                    predicted_ms=_ms(now - self.t_first) if first else 0.0)
         if self.cache_tier:
             out["cache_tier"] = self.cache_tier
+        if self.n_checkpoint:
+            out["checkpoint_n"] = self.n_checkpoint
         if self.n_drafted or self.drafts:
             # 0 when nothing was drafted: a user checking that speculation is
             # on sees it is, and that it drafted nothing (issue 37)

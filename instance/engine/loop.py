@@ -56,6 +56,7 @@ from ..backend import ReplicaFault
 from .admission import AdmissionSteps, tenant_of
 from .batch import Batch
 from .cache_steps import CacheSteps
+from .checkpoints import CheckpointSteps
 from .embedding import EmbeddingSteps
 from .fairness import FairQueue
 from .generate_steps import GenerateSteps
@@ -92,8 +93,8 @@ __all__ = ["Embedding", "Engine", "EngineAsleep", "EngineConfig", "EngineError",
            "EngineStopped", "Generation", "InvalidRequest", "Job", "Sampling"]
 
 
-class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSteps,
-             VerifySteps):
+class Engine(AdmissionSteps, CacheSteps, CheckpointSteps, EmbeddingSteps, GenerateSteps,
+             SampleSteps, VerifySteps):
     """Continuous batching over ``parallel`` slots of one llama context; see
     the module docstring. Life cycle: ``load()``, then ``submit`` from any
     thread, ``sleep()``/``wake()`` to free and restore the weights,
@@ -142,7 +143,9 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
                       "predicted_seconds_total": 0.0, "decode_calls_total": 0,
                       "decode_seconds_total": 0.0, "batch_tokens_total": 0,
                       "busy_slots_total": 0, "tokens_max": 0, "draft_tokens_total": 0,
-                      "draft_accepted_total": 0, "draft_verifications_total": 0}
+                      "draft_accepted_total": 0, "draft_verifications_total": 0,
+                      "checkpoints_made_total": 0, "checkpoints_restored_total": 0,
+                      "checkpoint_bytes_made_total": 0, "checkpoint_tokens_total": 0}
 
     @property
     def n_ctx(self) -> int:
@@ -188,6 +191,7 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
         self._batch = Batch(self.L, self.m.n_batch, len(self.slots))
         for s in self.slots:
             s.tokens = []
+            s.checkpoints = []
             s.t_used = 0.0
         self._asleep = False
         read_facts_soon(self._model_lock.shared, lambda: self.m.tokenizer)
@@ -198,6 +202,7 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
         self.m.free()
         for s in self.slots:
             s.tokens = []
+            s.checkpoints = []
 
     def sleep(self, timeout: float | None = None) -> bool:
         """Free the weights and the context once no request is queued or
@@ -405,13 +410,15 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
     def metrics(self) -> dict:
         """Counters since load (tokens, seconds) and gauges: ``slots_busy``,
         ``slots_total``, ``queue_depth`` (requests waiting for a slot or KV),
-        ``kv_used`` (cells reserved or cached, of ``kv_size``)."""
+        ``kv_used`` (cells reserved or cached, of ``kv_size``),
+        ``checkpoint_bytes`` (the slots' context checkpoints)."""
         busy = [s for s in self.slots if s.state != IDLE]
         used = sum(s.reserved for s in busy) + sum(len(s.tokens) for s in self.slots
                                                    if s.state == IDLE)
         return {**self.stats, "slots_busy": len(busy), "slots_total": len(self.slots),
                 "queue_depth": len(self._waiting) + len(self._inbox),
-                "kv_used": min(used, self.kv_size), "kv_size": self.kv_size}
+                "kv_used": min(used, self.kv_size), "kv_size": self.kv_size,
+                "checkpoint_bytes": self._ckpt_bytes()}
 
     # ---- the decode thread --------------------------------------------------
     def _busy(self) -> bool:
@@ -565,6 +572,7 @@ class Engine(AdmissionSteps, CacheSteps, EmbeddingSteps, GenerateSteps, SampleSt
         self._tier_save(s)  # an idle slot's cache about to go: into the KV tiers
         self.L.llama_memory_seq_rm(self.m.mem, s.id, -1, -1)
         s.tokens = []
+        s.checkpoints = []
         s.t_used = 0.0
 
     # -- ends

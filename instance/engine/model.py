@@ -70,7 +70,17 @@ class EngineConfig:
     ``--cache-save-timeout``; :class:`~ggmux.instance.cache.CacheSettings`;
     llama-server's default: 8192 MiB of host RAM, no disk). ``spec``: speculative decoding's
     options (:class:`~ggmux.instance.engine.spec_options.SpecConfig`,
-    llama-server's ``--spec-*``), None for none."""
+    llama-server's ``--spec-*``), None for none. ``ctx_checkpoints`` and
+    ``checkpoint_min_step`` (llama-server's ``--ctx-checkpoints``, 32 per
+    slot, 0 off, and ``--checkpoint-min-step``, 8192 tokens): context
+    checkpoints of a sliding-window or recurrent model
+    (:mod:`~ggmux.instance.engine.checkpoints`). ``swa_full``
+    (llama-server's ``--swa-full``, off): the sliding-window layers keep
+    every position, as the full-attention ones do; off, they keep the
+    window and a micro-batch (``n_swa + n_ubatch`` cells a sequence:
+    Gemma 3's KV shrinks about 5/6 at long contexts), as llama-server's
+    default (llama.cpp's C API default, which llama-cpp-python's
+    ``Llama`` takes, is on)."""
 
     model_path: str
     ctx_size: int = 2048
@@ -98,6 +108,9 @@ class EngineConfig:
     prefill_wait_ms: float = 50.0
     cache: CacheSettings = field(default_factory=CacheSettings)
     spec: SpecConfig | None = None  # speculative decoding (issue 30); None: off
+    ctx_checkpoints: int = 32  # llama-server's --ctx-checkpoints (issue 35): per slot, 0 off
+    swa_full: bool = False  # llama-server's --swa-full: a sliding-window cache of every position
+    checkpoint_min_step: int = 8192  # llama-server's --checkpoint-min-step (tokens)
 
 
 class ModelContext:
@@ -105,7 +118,8 @@ class ModelContext:
     ``vocab``, ``mem`` (llama pointers), ``n_vocab``, ``n_embd``, ``n_ctx``
     (tokens per request: ``min(ctx_size, kv_size)``), ``kv_size`` (cells
     llama.cpp gave the cache), ``n_batch``, ``n_swa`` (sliding window, 0 for
-    none), ``pooled`` (an embedding model's pooling is on), ``metadata``
+    none), ``recurrent`` (a recurrent or hybrid model: its state cannot be
+    cut back), ``pooled`` (an embedding model's pooling is on), ``metadata``
     (GGUF key -> string)."""
 
     def __init__(self, llama_cpp, config: EngineConfig, n_seq: int,
@@ -116,7 +130,7 @@ class ModelContext:
         self.on_progress = on_progress  # the weights' load, 0.0 .. 1.0 (llama.cpp's callback)
         self.model = self.ctx = self.vocab = self.mem = None
         self.n_vocab = self.n_embd = self.n_ctx = self.kv_size = self.n_batch = self.n_swa = 0
-        self.pooled = False
+        self.pooled = self.recurrent = False
         self.unified = True
         self.metadata: dict[str, str] = {}
         self._pieces: dict[int, bytes] = {}
@@ -184,6 +198,7 @@ class ModelContext:
         cp.embeddings = cfg.embedding
         if cfg.pooling is not None:
             cp.pooling_type = cfg.pooling
+        cp.swa_full = cfg.swa_full
         cp.no_perf = True
         ctx = L.llama_init_from_model(model, cp)
         if not ctx:
@@ -199,6 +214,7 @@ class ModelContext:
         self.n_ctx = min(n_ctx, self.kv_size if unified else L.llama_n_ctx_seq(ctx))
         self.n_batch = cp.n_batch
         self.n_swa = L.llama_model_n_swa(model)
+        self.recurrent = bool(L.llama_model_is_recurrent(model) or L.llama_model_is_hybrid(model))
         self.pooled = L.llama_pooling_type(ctx) != L.LLAMA_POOLING_TYPE_NONE
         self.tokenizer = Tokenizer(L, self.vocab, self.n_vocab, self._tokenize_once,
                                    self._count_once)

@@ -22,6 +22,7 @@ class Slot:
 
 
     __slots__ = (
+        "checkpoints",
         "children",
         "choice",
         "decoder",
@@ -69,6 +70,7 @@ class Slot:
         self.draft: list[int] = []  # tokens proposed after `pending` this step (issue 30)
         self.spec = None  # its drafting state (draft.SlotSpec), made at its first draft
         self.forget = False  # a cache clear came while it ran: its KV goes when it ends
+        self.checkpoints: list = []  # context checkpoints of `tokens`, oldest first (issue 35)
 
     def release(self) -> None:
         """Back to idle; the KV (``tokens``) stays as a prompt cache."""
