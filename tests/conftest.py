@@ -7,6 +7,7 @@ fails if any of its child processes or its shared-memory segment is left.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import http.client
 import json
 import os
@@ -122,6 +123,23 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+SEGMENT_SUFFIXES = ("", "-log", "-req", "-use", "-keys")
+"""Every shared-memory object a server makes, by suffix of its segment's
+name: the state segment, the log ring, the request ring, the usage
+ledger's status and the key table."""
+
+
+def unlink_server_objects(port: int) -> None:
+    """Remove what a SIGKILLed supervisor of ``port`` could not: its
+    segments (:data:`SEGMENT_SUFFIXES`) and its command queue; missing ones
+    are fine."""
+    for suffix in SEGMENT_SUFFIXES:
+        with contextlib.suppress(posix_ipc.ExistentialError):
+            posix_ipc.unlink_shared_memory(segment_name(port) + suffix)
+    with contextlib.suppress(posix_ipc.ExistentialError):
+        posix_ipc.unlink_message_queue(queue_name(port))
 
 
 def segment_exists(port: int, suffix: str = "") -> bool:

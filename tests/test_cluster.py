@@ -14,7 +14,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import posix_ipc
 import pytest
 from conftest import (
     chat_body,
@@ -23,12 +22,10 @@ from conftest import (
     open_stream,
     secrets_shown,
     served_by,
+    unlink_server_objects,
     wait_for,
     write_fake,
 )
-from ggmux.shm.logring import log_ring_name
-from ggmux.shm.requestring import request_ring_name
-from ggmux.shm.segment import queue_name, segment_name
 
 HB, STALE = 0.5, 1.5  # --heartbeat, --node-stale
 TOKEN = "cluster-secret"
@@ -270,15 +267,7 @@ def test_a_killed_node_disappears_within_node_stale_and_its_model_loads_elsewher
     assert gone_after < STALE + HB, f"c dropped {gone_after:.3f} s after the kill"
     # what a SIGKILLed supervisor could not remove: its segment, log ring and queue
     wait_for(lambda: not children_of(c.proc.pid), 10, 0.05, "c's children gone")
-    for unlink, name in ((posix_ipc.unlink_shared_memory, segment_name(c.port)),
-                         (posix_ipc.unlink_shared_memory, log_ring_name(segment_name(c.port))),
-                         (posix_ipc.unlink_shared_memory,
-                          request_ring_name(segment_name(c.port))),
-                         (posix_ipc.unlink_message_queue, queue_name(c.port))):
-        try:
-            unlink(name)
-        except posix_ipc.ExistentialError:
-            pass
+    unlink_server_objects(c.port)
 
 
 # 5 -------------------------------------------------------------------------------

@@ -6,17 +6,20 @@ that rejoins, one that comes back across a NATS restart. Real
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
 
-import posix_ipc
 import pytest
-from conftest import Server, alive, descendants, free_port, wait_for, write_fake
-from ggmux.shm.logring import log_ring_name
-from ggmux.shm.requestring import request_ring_name
-from ggmux.shm.segment import queue_name, segment_name
+from conftest import (
+    Server,
+    alive,
+    descendants,
+    free_port,
+    unlink_server_objects,
+    wait_for,
+    write_fake,
+)
 from test_cluster import ask, converge, sees, served_on, view
 
 pytestmark = pytest.mark.slow  # nodes that leave and come back
@@ -78,14 +81,7 @@ class Nodes:
         for s in self.live.values():
             s.stop()
         for port in self.killed - {s.port for s in self.live.values()}:
-            for unlink, name in ((posix_ipc.unlink_shared_memory, segment_name(port)),
-                                 (posix_ipc.unlink_shared_memory,
-                                  log_ring_name(segment_name(port))),
-                                 (posix_ipc.unlink_shared_memory,
-                                  request_ring_name(segment_name(port))),
-                                 (posix_ipc.unlink_message_queue, queue_name(port))):
-                with contextlib.suppress(posix_ipc.ExistentialError):
-                    unlink(name)
+            unlink_server_objects(port)
 
 
 @pytest.fixture

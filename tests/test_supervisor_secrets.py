@@ -10,12 +10,16 @@ from __future__ import annotations
 import os
 import signal
 
-import posix_ipc
 import pytest
-from conftest import alive, chat_body, children_of, descendants, secrets_shown, wait_for
-from ggmux.shm.logring import log_ring_name
-from ggmux.shm.requestring import request_ring_name
-from ggmux.shm.segment import queue_name, segment_name
+from conftest import (
+    alive,
+    chat_body,
+    children_of,
+    descendants,
+    secrets_shown,
+    unlink_server_objects,
+    wait_for,
+)
 from ggmux.supervisor.cli import build_parser
 
 API, ADMIN = "api-secret-1234", "admin-secret-5678"
@@ -120,12 +124,7 @@ def test_where_the_title_cannot_hide_them_the_supervisor_starts_again_with_its_p
     for pid in kids:  # each sees its stdin close
         wait_for(lambda p=pid: not alive(p), 10, what=f"child {pid} gone")
     # what a SIGKILLed supervisor could not remove
-    name = segment_name(s.port)
-    for unlink, what in ((posix_ipc.unlink_shared_memory, name),
-                         (posix_ipc.unlink_shared_memory, log_ring_name(name)),
-                         (posix_ipc.unlink_shared_memory, request_ring_name(name)),
-                         (posix_ipc.unlink_message_queue, queue_name(s.port))):
-        unlink(what)
+    unlink_server_objects(s.port)
     s.log.close()
     s.stop = lambda *a, **k: None
 
