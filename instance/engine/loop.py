@@ -81,6 +81,10 @@ from .stops import StopStrings
 from .tokenizing import TooManyTokens, read_facts_soon
 from .verify_steps import VerifySteps
 
+RAISE_CTX = ("raise it with 'ctx-size = N' in the model's preset section or "
+             "'ggmux serve --ctx-size N' (0: the model's own)")
+"""How a user raises the context: the end of every over-the-context error."""
+
 log = logging.getLogger(__name__)
 
 DECODE_SLICE = 1 << 20  # bytes of /detokenize's text decoded per call (a few ms)
@@ -277,7 +281,7 @@ class Engine(AdmissionSteps, CacheSteps, CheckpointSteps, EmbeddingSteps, Genera
                 raise ContextExceeded(
                     f"the request exceeds the available context size: the prompt has at least "
                     f"{e.at_least} tokens; this model's context (ctx-size) is {self.n_ctx} "
-                    f"tokens per request", e.at_least, self.n_ctx) from None
+                    f"tokens per request; {RAISE_CTX}", e.at_least, self.n_ctx) from None
 
     def count_tokens(self, text: str, add_special: bool = True,
                      parse_special: bool = True) -> int:
@@ -362,9 +366,7 @@ class Engine(AdmissionSteps, CacheSteps, CheckpointSteps, EmbeddingSteps, Genera
         if room < 1:
             raise ContextExceeded(f"the request exceeds the available context size: the prompt "
                                   f"has {len(r.prompt)} tokens; this model's context (ctx-size) "
-                                  f"is {self.n_ctx} tokens per request; raise it with "
-                                  f"'ctx-size = N' in the model's preset section or "
-                                  f"'ggmux serve --ctx-size N' (0: the model's own)",
+                                  f"is {self.n_ctx} tokens per request; {RAISE_CTX}",
                                   len(r.prompt), self.n_ctx)
         self.m.check_tokens(list(r.sampling.logit_bias), "logit_bias")
         job.max_gen = room if r.max_tokens is None or r.max_tokens <= 0 else min(r.max_tokens, room)
