@@ -180,21 +180,32 @@ def render(system: str, turns: list[tuple[str, str | None]]) -> str:
     return "\n".join(out)
 
 
-def conversation(c: int, words: int) -> list[tuple[str, str]]:
-    """(kind, prompt) of each turn of conversation ``c`` (:data:`KINDS`)."""
+def conversation(c: int, words: int, user_words: int = 0) -> list[tuple[str, str]]:
+    """(kind, prompt) of each turn of conversation ``c`` (:data:`KINDS`).
+
+    ``user_words``: every user message is its question followed by that
+    many words of pasted text, so an edit (of the question) diverges that
+    far before the prompt's end: past the sliding-window cache's slack of
+    ``n_ubatch`` cells at about 250 words, where only a checkpoint (or a
+    full prefill) can serve it."""
     system = tools_text(f"conv{c}", words)
+    paste = f"\n{answer(c + 1000, 0)}" * (user_words // ANSWER_WORDS) if user_words else ""
+
+    def ask(q: int) -> str:
+        return f"{QUESTIONS[(c + q) % len(QUESTIONS)]} ({c}.{q}){paste}"
+
     turns: list[tuple[str, str | None]] = []
     out, q = [], 0
     for k, kind in enumerate(KINDS):
         if kind == "new":
-            turns = [(f"{QUESTIONS[(c + q) % len(QUESTIONS)]} ({c}.{q})", None)]
+            turns = [(ask(q), None)]
         elif kind == "edit":
             q += 1
-            turns[-1] = (f"{QUESTIONS[(c + q) % len(QUESTIONS)]} ({c}.{q})", None)
+            turns[-1] = (ask(q), None)
         elif kind == "append":
             q += 1
             turns[-1] = (turns[-1][0], answer(c, k))
-            turns.append((f"{QUESTIONS[(c + q) % len(QUESTIONS)]} ({c}.{q})", None))
+            turns.append((ask(q), None))
         out.append((kind, render(system, turns)))
     return out
 
@@ -204,7 +215,7 @@ def run_edit(servers: dict[str, Server], args: argparse.Namespace, bias: dict[st
     rows: dict[str, list[dict]] = {name: [] for name in servers}
     names = list(servers)
     for c in range(args.conversations):
-        convo = conversation(c, args.words)
+        convo = conversation(c, args.words, args.user_words)
         order = names if c % 2 == 0 else names[::-1]
         for name in order:
             for t, (kind, prompt) in enumerate(convo):
@@ -292,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", default="edit,steady")
     p.add_argument("--conversations", type=int, default=3)
     p.add_argument("--words", type=int, default=450, help="system prompt words (edit)")
+    p.add_argument("--user-words", type=int, default=0,
+                   help="pasted words in every user message, after its question (edit)")
     p.add_argument("--max-tokens", type=int, default=4, help="tokens per edit turn")
     p.add_argument("--steady-requests", type=int, default=6, help="requests per server")
     p.add_argument("--steady-words", type=int, default=300)
