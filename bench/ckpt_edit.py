@@ -46,6 +46,7 @@ import itertools
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -108,7 +109,7 @@ def ggmux(name: str, workdir: Path, path: Path, args: argparse.Namespace, ckpts:
     cmd = [sys.executable, "-m", "ggmux.supervisor", "serve", "--port", str(port),
            "--models-preset", str(ini), "--no-hf-cache", "--proxies", "1", "--models-max", "1",
            "--spares", "0", "--ctx-checkpoints", str(ckpts),
-           "--checkpoint-min-step", str(args.checkpoint_min_step)]
+           "--checkpoint-min-step", str(args.checkpoint_min_step), *shlex.split(args.ggmux_args)]
     return Server(name, cmd, workdir, port)
 
 
@@ -315,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint-min-step", type=int, default=8192)
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--llama-server", help="llama-server binary (default: bench.llama_server.find)")
+    p.add_argument("--ggmux-args", default="", help="more options of every ggmux serve")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     workloads = [w for w in args.workloads.split(",") if w]
