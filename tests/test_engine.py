@@ -253,6 +253,27 @@ def test_requests_sent_together_to_an_idle_engine_start_in_one_prefill(engine):
     assert max(firsts) < min(seconds), rec.events
 
 
+def test_the_gather_wait_is_sized_by_the_tokens_no_slot_has_cached(engine):
+    """A regenerated turn (its whole prompt cached but the last token) is
+    expected to read 1 token, an edited one the tokens after the common
+    prefix, a new one its whole prompt: the idle engine's wait for more
+    requests is a share of that, so a regenerated turn of a long prompt no
+    longer waits ``prefill_wait_ms`` (50 ms) before its one-token prefill."""
+    filler = " ".join(f"fact {i}: the sky is blue." for i in range(20))
+    prompt = engine.tokenize(chat("Which fact is first?", system=filler))
+    engine.submit(Generation(prompt, GREEDY, max_tokens=1)).result(120)
+    wait_for(lambda: engine.metrics()["slots_busy"] == 0, 30, what="an idle engine")
+    assert engine._uncached(Generation(prompt, GREEDY, max_tokens=1)) == 1
+    edited = engine.tokenize(chat("Which fact is last?", system=filler))
+    n = next(i for i, (a, b) in enumerate(zip(prompt, edited)) if a != b)
+    assert n > len(filler) // 8  # the system prompt is common
+    assert engine._uncached(Generation(edited, GREEDY, max_tokens=1)) == len(edited) - n
+    fresh = engine.tokenize("Plain text that no chat template starts with.")
+    assert engine._uncached(Generation(fresh, GREEDY, max_tokens=1)) == len(fresh)
+    no_cache = Generation(prompt, GREEDY, max_tokens=1, cache_prompt=False)
+    assert engine._uncached(no_cache) == len(prompt)
+
+
 @pytest.mark.slow
 def test_n_two_returns_two_choices_sharing_the_prompt(engine):
     r = engine.submit(Generation(engine.tokenize(chat("Write a word.")),

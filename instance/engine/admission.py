@@ -83,6 +83,20 @@ class AdmissionSteps:
             return lru[:k]
         return [best] + [s for s in lru if s is not best][: k - 1]
 
+    def _uncached(self, r: Generation) -> int:
+        """Tokens of ``r``'s prompt that no slot's cache holds as a prefix
+        (at least 1: the last prompt token is always read): the estimate of
+        its prefill that the engine's gather wait is sized by. A sliding-window
+        slot may have to read more, a KV tier may hold more; the estimate
+        needs no checkpoint or tier lookup, which cost more than the wait."""
+        prompt = r.prompt
+        best = 0
+        if r.cache_prompt:
+            for s in self.slots:
+                if s.tokens and self._may_reuse(s, r):
+                    best = max(best, common_prefix(prompt, np.asarray(s.tokens, np.int32)))
+        return max(1, len(prompt) - best)
+
     def _may_reuse(self, s: Slot, r: Generation) -> bool:
         """Whether ``r`` may reuse the prompt cache of slot ``s``
         (``cache_scope``: ``global`` any, ``key`` one its own tenant made,

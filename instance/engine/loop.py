@@ -448,18 +448,28 @@ class Engine(AdmissionSteps, CacheSteps, CheckpointSteps, EmbeddingSteps, Genera
         """With ``_cond`` held, on an idle engine: wait while requests keep
         arriving, each within :data:`PREFILL_WAIT_SHARE` of the expected
         prefill time of those gathered (this engine's measured seconds per
-        prompt token), and at most ``prefill_wait_ms`` in all, so requests
-        sent together start in one prefill batch (:class:`EngineConfig`).
-        Before the first prompt is measured, nothing waits."""
+        prompt token, times the tokens no slot has cached:
+        :meth:`_uncached`), and at most ``prefill_wait_ms`` in all, so
+        requests sent together start in one prefill batch
+        (:class:`EngineConfig`). Before the first prompt is measured, nothing
+        waits. Why the uncached tokens, not the prompt's: a regenerated or
+        edited turn reads a few tokens of a long cached prompt, and a wait
+        sized by its whole prompt would be the whole ``prefill_wait_ms``
+        added to a TTFT of a few decode steps."""
         st = self.stats
         if self.cfg.prefill_wait_ms <= 0 or st["prompt_tokens_total"] <= 0:
             return
         per_token = st["prompt_seconds_total"] / st["prompt_tokens_total"]
         end = time.monotonic() + self.cfg.prefill_wait_ms / 1000.0
+        uncached: dict[int, int] = {}  # id(job) -> tokens to read, computed once
         while self._close_reason is None:
             n = len(self._inbox)
-            tokens = sum(len(j.request.prompt) for j in self._inbox
-                         if isinstance(j.request, Generation))
+            tokens = 0
+            for j in self._inbox:
+                if isinstance(j.request, Generation):
+                    if id(j) not in uncached:
+                        uncached[id(j)] = self._uncached(j.request)
+                    tokens += uncached[id(j)]
             left = min(PREFILL_WAIT_SHARE * tokens * per_token, end - time.monotonic())
             if left <= 0:
                 return
