@@ -3,7 +3,7 @@ message is edited or regenerated, the built-in engine against llama-server,
 and the steady state with checkpoints on against off; gemma3-270m (a
 512-token sliding window), side by side in one run, alternating rounds.
 
-``python -m bench.ckpt_edit [--workloads edit,steady] [--conversations 3]
+``python -m bench.ckpt_edit [--workloads edit,reasoning,steady] [--conversations 3]
 [--threads 2] [--ctx-checkpoints 32] [--checkpoint-min-step 8192]
 [--out FILE]``
 
@@ -28,6 +28,18 @@ Workloads:
     identical. Figures: TTFT p50/p99 of the turns after the first (by kind
     and all), and the prompt tokens evaluated per turn (``timings.prompt_n``
     where the answer has it, else prompt tokens less ``cached_tokens``).
+``reasoning``
+    A conversation rendered as gpt-oss's chat template renders it (the
+    harmony format: ``<|start|>user<|message|>...<|end|>``), whose template
+    drops the reasoning of every earlier assistant turn: each turn's answer
+    is ``--reasoning-tokens`` generated tokens (the model's reasoning, in the
+    slot's cache after the turn) and the next prompt carries only a fixed
+    final answer in its place, so it diverges from the cache where the
+    reasoning began, further back than the sliding-window cache's slack.
+    ``ggmux`` with checkpoints, ``llama-server`` with the same options, and
+    ``ggmux`` with ``--ctx-checkpoints 0`` (what ggmux did before), each
+    conversation on every server in turn. Figures as ``edit``'s, by turn
+    (``new`` the first, ``next`` the others).
 ``steady``
     ``ggmux`` with checkpoints on (the options above) against off
     (``--ctx-checkpoints 0``), both up at once, one stream at a time,
@@ -229,13 +241,54 @@ def run_edit(servers: dict[str, Server], args: argparse.Namespace, bias: dict[st
     return rows
 
 
-def edit_figures(rows: dict[str, list[dict]]) -> dict:
+def harmony(system: str, turns: list[tuple[str, str | None]]) -> str:
+    """``turns`` as gpt-oss's template renders them (harmony): earlier
+    assistant turns keep their final answer only (their reasoning is
+    dropped), the prompt ends where the next assistant message starts."""
+    out = [f"<|start|>system<|message|>{system}<|end|>"]
+    for user, said in turns:
+        out.append(f"<|start|>user<|message|>{user}<|end|>")
+        if said is not None:
+            out.append(f"<|start|>assistant<|channel|>final<|message|>{said}<|end|>")
+    out.append("<|start|>assistant")
+    return "".join(out)
+
+
+def run_reasoning(servers: dict[str, Server], args: argparse.Namespace,
+                  bias: dict[str, int]) -> dict:
+    """Each conversation on every server in turn (the order rotating):
+    ``--reasoning-turns`` turns, each answered with ``--reasoning-tokens``
+    generated tokens that the next prompt drops (:func:`harmony`)."""
+    rows: dict[str, list[dict]] = {name: [] for name in servers}
+    names = list(servers)
+    for c in range(args.conversations):
+        system = tools_text(f"reason{c}", args.words)
+        order = names[c % len(names):] + names[:c % len(names)]
+        for name in order:
+            turns: list[tuple[str, str | None]] = []
+            for t in range(args.reasoning_turns):
+                if turns:
+                    turns[-1] = (turns[-1][0], answer(c, t))
+                turns.append((f"{QUESTIONS[(c + t) % len(QUESTIONS)]} ({c}.{t})", None))
+                res = stream(servers[name].port, harmony(system, turns), args.reasoning_tokens,
+                             bias, args.timeout)
+                res.pop("arrivals")
+                kind = "new" if t == 0 else "next"
+                rows[name].append({"conversation": c, "turn": t, "kind": kind, **res})
+                print(f"reasoning {name} c{c} t{t}: ttft {res['ttft']:.3f} s prompt "
+                      f"{res['prompt']} evaluated {res['evaluated']} cached {res['cached']} "
+                      f"checkpoint {res['checkpoint']}", flush=True)
+    return rows
+
+
+def edit_figures(rows: dict[str, list[dict]],
+                 kinds: tuple[str, ...] = ("new", "edit", "regen", "append")) -> dict:
     """Per server: TTFT p50/p99 and evaluated tokens (mean, max) by kind and over all
     turns after the first."""
     out: dict = {}
     for name, rs in rows.items():
         fig: dict = {}
-        for kind in ("new", "edit", "regen", "append", "after-first"):
+        for kind in (*kinds, "after-first"):
             sel = [r for r in rs if (r["kind"] != "new" if kind == "after-first"
                                      else r["kind"] == kind)]
             ttft = [r["ttft"] for r in sel if r["ttft"] is not None]
@@ -307,6 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--user-words", type=int, default=0,
                    help="pasted words in every user message, after its question (edit)")
     p.add_argument("--max-tokens", type=int, default=4, help="tokens per edit turn")
+    p.add_argument("--reasoning-turns", type=int, default=4, help="turns a conversation")
+    p.add_argument("--reasoning-tokens", type=int, default=700,
+                   help="tokens of each turn's answer (the reasoning the next prompt drops)")
     p.add_argument("--steady-requests", type=int, default=6, help="requests per server")
     p.add_argument("--steady-words", type=int, default=300)
     p.add_argument("--steady-tokens", type=int, default=64)
@@ -347,6 +403,24 @@ def main(argv: list[str] | None = None) -> int:
             for s in servers.values():
                 s.stop()
             servers = {}
+        if "reasoning" in workloads:
+            binary = llama_server.find(args.llama_server)
+            if binary is None:
+                raise SystemExit(f"no llama-server: {llama_server.HOW_TO_GET}")
+            report["llama_server_version"] = llama_server.version(binary)
+            servers = {"ggmux": ggmux("ggmux", work, path, args, args.ctx_checkpoints),
+                       "llama-server": llama(work, binary, path, args),
+                       "ggmux-no-ckpt": ggmux("ggmux-no-ckpt", work, path, args, 0)}
+            for s in servers.values():
+                s.wait_ready()
+            report["reasoning_commands"] = {n: s.cmd for n, s in servers.items()}
+            for name, s in servers.items():  # load the model: the first request is not measured
+                stream(s.port, f"[{name}] warm", 2, bias, args.timeout)
+            rows = run_reasoning(servers, args, bias)
+            report["reasoning"] = {"rows": rows, "figures": edit_figures(rows, ("new", "next"))}
+            for s in servers.values():
+                s.stop()
+            servers = {}
         if "steady" in workloads:
             servers = {"on": ggmux("ckpt-on", work, path, args, args.ctx_checkpoints),
                        "off": ggmux("ckpt-off", work, path, args, 0)}
@@ -362,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     report["seconds"] = round(time.perf_counter() - t0, 1)
     report["loadavg_after"] = os.getloadavg()
-    summary = {k: report[k]["figures"] for k in ("edit", "steady") if k in report}
+    summary = {k: report[k]["figures"] for k in ("edit", "reasoning", "steady") if k in report}
     print(json.dumps(summary, indent=1))
     print(f"load {report['loadavg_before']} -> {report['loadavg_after']}, {report['seconds']} s")
     if args.out:
