@@ -21,7 +21,7 @@ from .backend import Backend, Sink
 from .builtin_templates import render_builtin
 from .cache.tiers import CacheSettings
 from .chat import ChatTemplate
-from .checkpoint_hints import last_user_start
+from .checkpoint_hints import user_starts
 from .engine import Embedding, Engine, Generation, InvalidRequest
 from .engine.jobs import deliver
 from .engine.model import EngineConfig
@@ -366,10 +366,11 @@ class LlamaBackend(Backend):
                 lazy = plan.lazy
                 triggers = (cp.trigger_patterns, cp.trigger_tokens)
             prompt, stops = cp.tokens, list(plan.stops)
-            if self.engine.checkpoints_wanted:  # the last user message (issue 35)
+            if self.engine.checkpoints_wanted:  # user messages' starts (issue 35)
                 bos = not (self.template.bos and plan.prompt.startswith(self.template.bos))
-                hints = last_user_start(messages, plan.prompt,
-                                        lambda t: self.engine.count_tokens(t, bos, True))
+                hints = user_starts(messages, plan.prompt,
+                                    lambda t: self.engine.count_tokens(t, bos, True),
+                                    self.engine.cfg.checkpoint_min_step)
             preserved = cp.preserved
             fmt = cp.fmt
             parser = lambda: ChatStream(fmt, plan)

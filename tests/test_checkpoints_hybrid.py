@@ -34,9 +34,10 @@ def lfm2(tmp_path_factory) -> str:
 
 
 def engine(path: str, disk: str | None = None, ram_mib: int = 64, ctx_checkpoints: int = 32,
-           **cache) -> Engine:
+           checkpoint_min_step: int = 8192, **cache) -> Engine:
     e = Engine(EngineConfig(path, ctx_size=512, parallel=1, n_threads=1, n_ubatch=1,
                             ctx_checkpoints=ctx_checkpoints,
+                            checkpoint_min_step=checkpoint_min_step,
                             cache=CacheSettings(ram_mib=ram_mib, disk_dir=disk, **cache)))
     e.load()
     return e
@@ -100,6 +101,60 @@ def test_a_changed_last_message_rolls_back_to_its_checkpoint_in_the_slot_ram_and
         assert from_disk == {**cold, "cached": at, "checkpoint": at, "tier": "disk"}
     finally:
         restarted.close()
+
+
+TALK = " A: It stood for a long time, then it fell."
+FIRST = HISTORY + " Q: the old one, please?" + TALK
+EARLIER = (FIRST + " Q: and after that?" + TALK + " Q: which was last?",
+           FIRST + " Q: and then, before?" + TALK + " Q: which was last?")
+
+
+def starts(e: Engine, prompt: str) -> tuple[int, ...]:
+    """The three user messages' starts of an :data:`EARLIER` prompt (checkpoint_hints.py)."""
+    second = prompt.index(" Q:", len(FIRST))
+    last = prompt.rindex(" Q:")
+    return tuple(len(e.tokenize(prompt[:at])) - 2 for at in (len(HISTORY), second, last))
+
+
+@pytest.mark.parametrize("min_step", [1, 8192])
+def test_an_edited_earlier_user_message_rolls_back_to_the_checkpoint_min_step_left(
+        lfm2, min_step):
+    """Checkpoints at every user message's start, spaced by
+    ``checkpoint_min_step`` (the first one always, the last one always):
+    with the step small, an edit of the second of three user messages
+    rolls back to that message's start; with llama-server's 8192 the second
+    start is within the step of the first, gets no checkpoint (and no batch
+    cut), and the edit rolls back to the first message's start. Either way
+    the draws are a cold prefill's."""
+    x, y = EARLIER
+
+    def ask_at(e: Engine, text: str, **kw) -> dict:
+        r = e.submit(Generation(e.tokenize(text), GREEDY, max_tokens=6, logprobs=0,
+                                checkpoint_at=starts(e, text), **kw)).result(300)
+        u = r["usage"]["prompt_tokens_details"]
+        return {"draws": [(d["id"], d["logprob"]) for d in r["choices"][0]["logprobs"]],
+                "cached": u["cached_tokens"], "checkpoint": u.get("checkpoint_tokens", 0)}
+
+    cold = engine(lfm2, ram_mib=0, checkpoint_min_step=min_step)
+    try:
+        want = ask_at(cold, y, cache_prompt=False)["draws"]
+    finally:
+        cold.close()
+    e = engine(lfm2, ram_mib=0, checkpoint_min_step=min_step)
+    try:
+        first, second, _ = starts(e, x)
+        ask_at(e, x)
+        made = e.metrics()["checkpoints_made_total"]
+        again = ask_at(e, y)
+        assert again["draws"] == want
+        if min_step == 1:
+            assert made == 5  # three user messages' starts and two near the end
+            assert again["cached"] == again["checkpoint"] == second
+        else:
+            assert made == 4  # not the second message's start
+            assert again["cached"] == again["checkpoint"] == first
+    finally:
+        e.close()
 
 
 @pytest.mark.parametrize("fault", ["torn", "another_model", "over_the_bound"])

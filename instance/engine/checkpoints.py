@@ -10,8 +10,9 @@ them (tools/server/server-context.cpp, b11434):
   ``n - min(n_batch, 4 + n_ubatch)`` and at ``n - min(n_batch, 4)`` of an
   ``n``-token prompt (the prompt is cut there so a batch starts there:
   llama-server's ``checkpoint_offsets``, PR 20288), and where the request
-  says a user message starts (:attr:`Generation.checkpoint_at`, the last
-  user message of a chat; llama-server's ``message_spans``), spaced by
+  says a user message starts (:attr:`Generation.checkpoint_at`: the last
+  user message of a chat, llama-server's ``message_spans``, and earlier
+  ones :mod:`~ggmux.instance.checkpoint_hints` picks), spaced by
   ``--checkpoint-min-step`` tokens except near the prompt's end and at the
   last user message. At most ``--ctx-checkpoints`` per slot: when full,
   first those within min-step of an earlier one made by another request
@@ -87,13 +88,16 @@ class CheckpointSteps:
         batch: make a checkpoint when ``start`` is one of its points, and
         return ``k`` cut at the next point (so a batch starts there)."""
         points, keep_always = self._ckpt_points(s)
-        if start in points and start > 0:
-            cks = s.checkpoints
-            if (start in keep_always or not cks
-                    or start > cks[-1].n_tokens + self.cfg.checkpoint_min_step):
-                self._ckpt_make(s, start)
-        for p in points:
-            if start < p < start + k:
+        cks = s.checkpoints
+
+        def due(p: int) -> bool:  # a checkpoint is made at p (min-step spacing)
+            return (p in keep_always or not cks
+                    or p > cks[-1].n_tokens + self.cfg.checkpoint_min_step)
+
+        if start in points and start > 0 and due(start):
+            self._ckpt_make(s, start)
+        for p in points:  # a batch is cut only where a checkpoint will be made
+            if start < p < start + k and due(p):
                 return p - start
         return k
 
