@@ -32,6 +32,7 @@ from .grammar.structured import (
     schema_grammar,
     structured_output,
 )
+from .kv_size import kv_cache_bytes, sliding_layers
 from .llama_args import llama_kwargs
 from .messages import chat_messages as jinja_messages
 from .messages import refuse_media
@@ -184,7 +185,7 @@ class LlamaBackend(Backend):
         unless given: the cache all slots share, issue 12) + compute
         estimate; ``max`` = the same with every slot at the model's trained
         context. KV: K and V, f16, ``n_layer * n_head_kv * head_dim`` per
-        token. Compute: ``4 * n_ubatch * (4 * n_embd + 2 * n_ff +
+        token, sliding-window layers at their window (:mod:`.kv_size`). Compute: ``4 * n_ubatch * (4 * n_embd + 2 * n_ff +
         max(n_vocab, n_head * n_kv))`` bytes, where ``n_kv`` is the cells one
         token attends over (``kv-size`` in a shared cache, ``ctx-size`` in a
         slot's own stream): the graph holds either a micro-batch's logits or
@@ -227,16 +228,27 @@ class LlamaBackend(Backend):
         head_dim = int(num("attention.key_length", n_embd // n_head if n_embd else 0))
         n_ff = int(num("feed_forward_length", 4 * n_embd))
         n_ctx_train = int(num("context_length", self.args.ctx_size)) or self.args.ctx_size
-        n_ubatch = 512
+        cfg = self._config()
+        n_ubatch = cfg.n_ubatch or 512
+        n_swa = int(num("attention.sliding_window", 0))
+        pattern = md.get(f"{arch}.attention.sliding_window_pattern", "")
+        if pattern.startswith("["):  # per layer: true where it slides
+            swa_layers = sum(x.strip() in ("true", "1") for x in pattern.strip("[]").split(","))
+        else:
+            swa_layers = sliding_layers(arch, n_layer, n_swa,
+                                        int(pattern) if pattern.isdigit() else None)
+        if cfg.swa_full:
+            swa_layers = 0
 
         ctx = self.args.ctx_size or n_ctx_train
-        cfg = self._config()
         parallel = cfg.parallel
         kv = cfg.kv_size or ctx * parallel
         unified = cfg.kv_unified if cfg.kv_unified is not None else kv < ctx * parallel
 
         def need(cells: int, per_slot: int) -> int:
-            kv_bytes = 2 * n_layer * cells * n_head_kv * head_dim * 2
+            kv_bytes = kv_cache_bytes(n_layer, n_head_kv * head_dim * 2, cells,
+                                      swa_layers=swa_layers, n_swa=n_swa, sequences=parallel,
+                                      unified=unified, n_ubatch=n_ubatch)
             attended = cells if unified else per_slot
             compute = 4 * n_ubatch * (4 * n_embd + 2 * n_ff + max(n_vocab, n_head * attended))
             return weights + kv_bytes + compute
