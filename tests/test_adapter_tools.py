@@ -395,6 +395,30 @@ def test_ollama_stream_sends_thinking_then_the_whole_calls_before_done():
     assert lines[-1].done and lines[-1].done_reason == "stop"
 
 
+def test_ollama_answer_cut_in_a_call_by_max_tokens_leaves_the_call_out_not_a_502():
+    """A call whose arguments the client's limit cut is left out, whole or
+    streamed, with ``done_reason`` ``length`` (it was a 502, the replica
+    counted at fault for the client's limit); a complete call before it
+    stays; bad arguments without the cut are still the replica's 502."""
+    t = O.Chat().request({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                          "stream": False})
+    cut = (CALLS[0], ("call_2", "time", '{"zone": "C'))
+    out = O.Chat().response(chat_answer("On it.", cut, finish="length"), t)
+    r = ollama.ChatResponse.model_validate(out)
+    assert r.done_reason == "length" and r.message.content == "On it."
+    assert [c.function.name for c in r.message.tool_calls] == ["weather"]
+    alone = O.Chat().response(chat_answer("", cut[1:], finish="length"), t)
+    assert "tool_calls" not in alone["message"] and alone["done_reason"] == "length"
+    with pytest.raises(BadReply):
+        O.Chat().response(chat_answer("", cut[1:], finish="tool_calls"), t)
+    for pieces in (1, 40):
+        raw = run_stream(O.Chat().stream(t), delta_sse(tool_deltas("", "", cut), "length"),
+                         pieces)
+        lines = [ollama.ChatResponse.model_validate(json.loads(x)) for x in raw.splitlines()]
+        calls = [c.function.name for x in lines for c in x.message.tool_calls or ()]
+        assert calls == ["weather"] and lines[-1].done_reason == "length"
+
+
 def test_translated_requests_flag_images_only_when_there_are_some():
     assert not Translated(b"/x", {}).images
     assert not O.generate_request({"model": "m", "prompt": "hi"}).images

@@ -344,13 +344,26 @@ def _done_fields(usage: Usage, t0: int, t1: int, t2: int) -> dict:
             "eval_duration": max(0, t2 - t1)}
 
 
-def ollama_calls(calls: list[ToolCall]) -> list[dict]:
+def ollama_calls(calls: list[ToolCall], finish: str | None = None) -> list[dict]:
     """Tool calls in Ollama's shape: ``{"id", "function": {"index", "name",
     "arguments": {...}}}`` (arguments an object); raises
-    :class:`~.common.BadReply` for arguments that are not one."""
-    return [{"id": c.id, "function": {"index": i, "name": c.name,
-                                      "arguments": arguments_object(c.arguments, c.name)}}
-            for i, c in enumerate(calls)]
+    :class:`~.common.BadReply` for arguments that are not one, but for an
+    answer cut by the client's limit (``finish`` ``length``): there a call
+    whose arguments were cut is left out (``done_reason`` is ``length``),
+    since a call with made-up or missing arguments could be run, and the
+    cut is the client's limit, not the replica's fault (as the Anthropic
+    adapter leaves an incomplete ``tool_use`` out)."""
+    out = []
+    for c in calls:
+        try:
+            args = arguments_object(c.arguments, c.name)
+        except BadReply:
+            if finish == "length":
+                continue
+            raise
+        out.append({"id": c.id, "function": {"index": len(out), "name": c.name,
+                                             "arguments": args}})
+    return out
 
 
 def done_reason(finish: str | None) -> str:
@@ -415,7 +428,9 @@ class NdjsonStream(StreamState):
         out = b""
         if self.calls.calls:
             try:
-                out = self._line("", calls=ollama_calls(self.calls.calls), done=False)
+                calls = ollama_calls(self.calls.calls, self.finish)
+                if calls:
+                    out = self._line("", calls=calls, done=False)
             except BadReply as e:
                 return self.untranslatable(e)
         t2 = time.monotonic_ns()
@@ -462,8 +477,9 @@ class Chat(_Ollama):
             msg: dict = {"role": "assistant", "content": r.text}
             if r.reasoning:
                 msg["thinking"] = r.reasoning
-            if r.calls:
-                msg["tool_calls"] = ollama_calls(r.calls)
+            calls = ollama_calls(r.calls, r.finish) if r.calls else []
+            if calls:
+                msg["tool_calls"] = calls
             out["message"] = msg
         t2 = time.monotonic_ns()
         out.update(done=True, done_reason=done_reason(r.finish),
