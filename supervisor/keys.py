@@ -318,7 +318,10 @@ class KeyRegistry:
         """Seed the day, week and month windows from the ledger (restart
         keeps the windows: ``totals_since(since_s)`` -> name -> totals with
         ``prompt_tokens``, ``cached_tokens``, ``completion_tokens``,
-        ``cost``): each window gets the weighed tokens since its start."""
+        ``cost``; ``since_s`` wall-clock seconds): each window gets the
+        weighed tokens since its start. With a ledger sync
+        (:mod:`.ledger.sync`), ``totals_since`` gives this node's rows only
+        and the sync adds the other nodes', so none counts twice."""
         from ..shm.keytable import (
             K_DAY,
             K_MONTH,
@@ -339,7 +342,7 @@ class KeyRegistry:
         for kind, word, tok, pid in (("day", K_DAY, K_TOK_DAY, ids[1]),
                                      ("week", K_WEEK, K_TOK_WEEK, ids[2]),
                                      ("month", K_MONTH, K_TOK_MONTH, ids[3])):
-            start = period_end(kind, pid - 1)
+            start = t.wall(period_end(kind, pid - 1))
             for name, tot in totals_since(start).items():
                 p = self.keys.get(name)
                 if p is None:

@@ -41,7 +41,8 @@ from .cluster.node import ClusterNode
 from .config import Config
 from .jobs import Jobs
 from .keys import KeyRegistry, model_prices
-from .ledger.wiring import close_ledger, open_ledger
+from .ledger.sync import LedgerSync
+from .ledger.wiring import close_ledger, open_ledger, open_sync
 from .logs import install as install_ring_handler
 from .measure import Measurer
 from .probe import ProbeSet
@@ -132,6 +133,7 @@ class Supervisor(ProxyChildren):
         self.request_ring: RequestRing | None = None
         self.usage = None  # the usage ledger (issue 36; .ledger), None: --ledger off
         self.keys: KeyRegistry | None = None  # --keys (issue 36)
+        self.sync: LedgerSync | None = None  # --ledger-sync: keys' windows across nodes
         self._sig_r = self._sig_w = -1
 
     # ---- setup / teardown ------------------------------------------------
@@ -169,7 +171,14 @@ class Supervisor(ProxyChildren):
         except ValueError as e:
             raise StartupError(f"--ledger: {e}") from None
         if self.usage is not None and self.keys is not None:
-            self.keys.seed(self.usage.totals_since)  # a restart keeps the day/week/month windows
+            # limits across nodes that share the ledger: its other nodes' usage, each sync
+            self.sync = open_sync(cfg, self.keys, self.jobs)
+            # a restart keeps the day/week/month windows: this node's rows when the sync
+            # adds the others' (none counts twice), else every row
+            own = self.sync is not None
+            self.keys.seed(lambda since: self.usage.totals_since(since, own=own))
+            if self.sync is not None:
+                self.sync.now()  # the other nodes' usage before the first request
         # --- end usage ledger ---
         st.seg.header[L.H_SUPERVISOR_PID] = os.getpid()
         st.seg.header[L.H_MODELS_MAX] = cfg.models_max
@@ -244,6 +253,9 @@ class Supervisor(ProxyChildren):
             if self._children_left():
                 self._poll_once(20)
         self.replicas.close()
+        if self.sync is not None:
+            self.sync.close()
+            self.sync = None
         if self.usage is not None:  # the proxies are gone: the ring's last records
             close_ledger(self.usage)
             self.usage = None
@@ -309,6 +321,8 @@ class Supervisor(ProxyChildren):
         self.jobs.step()
         if self.usage is not None:
             self.usage.step()
+        if self.sync is not None and not self.state.stopping_all:
+            self.sync.step()
         self._reap()
         now = time.monotonic_ns()
         self.replicas.escalate(now)

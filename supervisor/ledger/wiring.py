@@ -14,6 +14,7 @@ from ..state import State
 from .ledger import UsageLedger
 from .records import KeyName, PricesOf, RowContext
 from .stores import open_store
+from .sync import LedgerSync
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,25 @@ def _model_name(state: State, m: int) -> str:
     return entries[m].name if 0 <= m < len(entries) else f"#{m}"
 
 
+def node_name(cfg) -> str:
+    """This server's name in the ledger's ``node`` column: ``--node-name``
+    (the cluster's node name with ``--cluster``), else the host name. Two
+    servers that share a ledger must differ in it, or neither sees the
+    other's usage as another node's (:mod:`.sync`)."""
+    return cfg.node_name or socket.gethostname()
+
+
+def open_sync(cfg, keys, jobs: Jobs) -> LedgerSync | None:
+    """The keys' sync with the ledger (:mod:`.sync`): None without a keys
+    file, a ledger, or with ``--ledger-sync 0``. Its store is its own."""
+    if not (cfg.keys_file and cfg.ledger and cfg.ledger_sync > 0):
+        return None
+    sync = LedgerSync(keys, open_store(cfg.ledger, ""), node_name(cfg), jobs, cfg.ledger_sync)
+    log.info("keys: limits reconciled with the other nodes of %s every %g s (this node: %s)",
+             sync.store.where, cfg.ledger_sync, sync.node)
+    return sync
+
+
 def open_ledger(state: State, ring: RequestRing, jobs: Jobs, key_name: KeyName,
                 prices_of: PricesOf) -> UsageLedger | None:
     """The ledger of ``state.cfg`` (None when ``--ledger off``), its status
@@ -42,7 +62,7 @@ def open_ledger(state: State, ring: RequestRing, jobs: Jobs, key_name: KeyName,
     if not cfg.ledger:
         return None
     store = open_store(cfg.ledger, "")
-    node = cfg.cluster.node if cfg.cluster is not None else socket.gethostname()
+    node = node_name(cfg)
     ctx = RowContext(model_name=lambda m: _model_name(state, m),
                      replica_name=lambda slot: _replica_name(state, slot),
                      key_name=key_name, prices_of=prices_of, node=node)
