@@ -253,10 +253,11 @@ def test_a_postgresql_password_is_a_secret_and_never_shown():
 
 
 def usage_row(t: float, key: str, node: str, prompt: int = 10, cached: int = 0,
-              gen: int = 5, cost: float = 0.0) -> UsageRow:
+              gen: int = 5, cost: float = 0.0, refused: bool = False) -> UsageRow:
     return UsageRow(time=t, request_id=f"r{t}{node}", key=key, model="free", replica="local/0",
-                    node=node, status=200, prompt_tokens=prompt, cached_tokens=cached,
-                    completion_tokens=gen, ttft_ms=1.0, duration_ms=2.0, cost=cost)
+                    node=node, status=429 if refused else 200, prompt_tokens=prompt,
+                    cached_tokens=cached, completion_tokens=gen, ttft_ms=1.0, duration_ms=2.0,
+                    cost=cost, refused=refused)
 
 
 def test_ledger_sync_adds_only_the_other_nodes_growth_to_the_keys_windows(store, tmp_path):
@@ -279,6 +280,7 @@ def test_ledger_sync_adds_only_the_other_nodes_growth_to_the_keys_windows(store,
                      usage_row(ago, "a", "n3", prompt=20, cached=4, gen=1),
                      usage_row(ago, "a", "n1", prompt=1000, gen=1000),  # ours: not added
                      usage_row(ago, "", "n2", prompt=1000),  # no key of the file
+                     usage_row(ago, "a", "n2", prompt=1000, refused=True),  # its key refused it
                      usage_row(yesterday, "a", "n2", prompt=1000)])  # another day
         got = store.others_since("n1", [minute_start, yesterday + 10])
         assert set(got) == {"a"} and [t.requests for t in got["a"]] == [2, 2]
@@ -308,3 +310,27 @@ def test_ledger_sync_adds_only_the_other_nodes_growth_to_the_keys_windows(store,
         assert sync.syncs == 4 and sync.error is None
     finally:
         table.close()
+
+
+def test_an_older_ledger_gets_the_refused_column(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.sqlite3"
+    with sqlite3.connect(path) as c:  # the table as the first ledgers made it
+        c.execute("CREATE TABLE usage (id INTEGER PRIMARY KEY, time DOUBLE PRECISION NOT NULL, "
+                  "request_id TEXT, key TEXT NOT NULL, model TEXT NOT NULL, replica TEXT, "
+                  "node TEXT, status INTEGER, prompt_tokens BIGINT, cached_tokens BIGINT, "
+                  "completion_tokens BIGINT, ttft_ms DOUBLE PRECISION, duration_ms DOUBLE "
+                  "PRECISION, cost DOUBLE PRECISION)")
+        c.execute("INSERT INTO usage (time, key, model, node, status, prompt_tokens) "
+                  "VALUES (100, 'a', 'm', 'n2', 200, 7)")
+    c.close()
+    s = open_store(str(path), "")
+    try:
+        s.schema()
+        s.write([usage_row(101, "a", "n2", prompt=1, gen=0, refused=True)])
+        got = s.others_since("n1", [0.0])
+        assert got["a"][0].requests == 1 and got["a"][0].prompt_tokens == 7
+        assert s.totals_since(0)["a"].requests == 2
+    finally:
+        s.close()

@@ -24,6 +24,10 @@ GROUPS = ("key", "model", "day", "hour", "node", "replica", "status")
 
 DEFAULT_GROUP = ("key", "model", "day")
 
+ADDED = {"refused": "INTEGER"}
+"""Columns added after the first ledgers were made: :meth:`SqlStore.schema`
+adds them to an older table."""
+
 class StoreError(Exception):
     """The store refused or failed (down, full, unreachable): the driver's text."""
 
@@ -79,12 +83,17 @@ class SqlStore:
         cols = ", ".join(f"{c} {t}" for c, t in zip(COLUMNS, (
             "DOUBLE PRECISION NOT NULL", "TEXT", "TEXT NOT NULL", "TEXT NOT NULL", "TEXT",
             "TEXT", "INTEGER", "BIGINT", "BIGINT", "BIGINT", "DOUBLE PRECISION",
-            "DOUBLE PRECISION", "DOUBLE PRECISION")))
+            "DOUBLE PRECISION", "DOUBLE PRECISION", "INTEGER")))
 
         def create(conn) -> None:
             cur = conn.cursor()
             cur.execute(f"CREATE TABLE IF NOT EXISTS usage (id {self.ID}, {cols})")
             cur.execute("CREATE INDEX IF NOT EXISTS usage_time ON usage (time)")
+            cur.execute("SELECT * FROM usage LIMIT 0")
+            have = {d[0] for d in cur.description}
+            for c, kind in ADDED.items():  # a ledger an older ggmux made: NULL in its rows
+                if c not in have:
+                    cur.execute(f"ALTER TABLE usage ADD COLUMN {c} {kind}")
 
         self._run(create)
 
@@ -119,8 +128,9 @@ class SqlStore:
     def others_since(self, node: str, starts: Sequence[float]) -> dict[str, list[Totals]]:
         """Key name -> one :class:`Totals` per start of ``starts`` (Unix
         seconds; a window's start each, e.g. the minute's, day's, week's and
-        month's) of the rows of keys (not ``""``) written by nodes other than
-        ``node`` at or after that start: the usage the other nodes of a
+        month's) of the rows of keys (not ``""``) that their key admitted
+        (``refused`` not set), written by nodes other than ``node`` at or
+        after that start: the usage the other nodes of a
         shared ledger counted in each window (:mod:`.sync`). One query, one
         pass over the rows since the earliest start (the ``time`` index).
         Raises :class:`StoreError`."""
@@ -132,7 +142,7 @@ class SqlStore:
                 for c in ("COALESCE(prompt_tokens, 0)", "COALESCE(cached_tokens, 0)",
                           "COALESCE(completion_tokens, 0)", "COALESCE(cost, 0)")]
         sql = (f"SELECT key, {', '.join(cols)} FROM usage WHERE time >= {P} AND node <> {P} "
-               "AND key <> '' GROUP BY key")
+               "AND key <> '' AND (refused IS NULL OR refused = 0) GROUP BY key")
         params = [s for s in starts for _ in range(5)] + [min(starts), node]
 
         def read(conn):
