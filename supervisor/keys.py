@@ -276,6 +276,16 @@ class KeyRegistry:
             return str(e)
         return self.apply(keys)
 
+    def reload(self, why: str) -> str | None:
+        """:meth:`load` for a reload (``why``: what asked), the failure logged;
+        the error for the admin's reload call (``GET /models?reload=1``:
+        its text names the file and line, never a secret), else None."""
+        err = self.load()
+        if err is None:
+            return None
+        log.error("%s: the keys file did not reload, keeping the current keys: %s", why, err)
+        return f"the keys file did not reload, the keys are unchanged: {err}"
+
     def apply(self, keys: list[KeyPolicy]) -> str | None:
         """Take ``keys`` as the current keys and publish them; the error
         when the table has no row left for a new one (nothing changed)."""

@@ -23,15 +23,15 @@ the first sync, run before serving, adds the others', so no row counts
 twice.
 
 What it bounds, not prevents: a node sees another node's request once the
-request has ended, its row has been written (the writer hands batches over
-every :data:`~.ledger.FLUSH_EVERY_S` after reading the ring every
-:data:`~.ledger.READ_EVERY_S`) and the next sync has read it. Over a
-window, N nodes together admit at most the limit plus what the other nodes
-admitted within one such delay (``--ledger-sync`` + about 0.6 s + the
-requests' duration) before each node's last refusal-free admission; a
-burst spread over all nodes right at a window's start is the worst case
-(each node may admit the whole limit before any sync). bench/keys.py
-(``two-node``) measures it.
+request has ended, its row has been written (the writer reads the ring
+every :data:`~.ledger.READ_EVERY_S` and hands batches over every
+:data:`~.ledger.FLUSH_EVERY_S`) and its own next sync has read it. So each
+node may admit, beyond a limit, what the other nodes admitted within that
+delay (``--ledger-sync`` + about 0.6 s + the requests' duration), and N
+nodes together at most the limit plus what they admit in one such delay. A
+burst spread over the nodes within one delay of a window's start is the
+worst case: each node may then admit the whole limit. bench/keys.py
+(``two-node``) measures it (bench/RESULTS.md §26).
 
 What it costs: one query per interval that sums the other nodes' rows
 since the earliest window any key limits (the month's, with a monthly

@@ -41,14 +41,23 @@ def node_name(cfg) -> str:
     return cfg.node_name or socket.gethostname()
 
 
-def open_sync(cfg, keys, jobs: Jobs) -> LedgerSync | None:
-    """The keys' sync with the ledger (:mod:`.sync`): None without a keys
-    file, a ledger, or with ``--ledger-sync 0``. Its store is its own."""
-    if not (cfg.keys_file and cfg.ledger and cfg.ledger_sync > 0):
-        return None
-    sync = LedgerSync(keys, open_store(cfg.ledger, ""), node_name(cfg), jobs, cfg.ledger_sync)
-    log.info("keys: limits reconciled with the other nodes of %s every %g s (this node: %s)",
-             sync.store.where, cfg.ledger_sync, sync.node)
+def start_windows(cfg, keys, ledger: UsageLedger, jobs: Jobs) -> LedgerSync | None:
+    """At start, before the proxies serve: the keys' (a
+    :class:`~..keys.KeyRegistry`) day, week and month windows seeded from
+    ``ledger`` (a restart keeps them), and their sync with the other nodes
+    that share it (:mod:`.sync`), returned; None without a keys file, or
+    with ``--ledger-sync 0`` (then the seed takes every node's rows, once).
+    With a sync, the seed takes this node's rows and the sync's first run
+    adds the others', so none counts twice. The sync's store is its own."""
+    sync = None
+    if cfg.keys_file and cfg.ledger_sync > 0:
+        sync = LedgerSync(keys, open_store(cfg.ledger, ""), node_name(cfg), jobs,
+                          cfg.ledger_sync)
+        log.info("keys: limits reconciled with the other nodes of %s every %g s (this "
+                 "node: %s)", sync.store.where, cfg.ledger_sync, sync.node)
+    keys.seed(lambda since: ledger.totals_since(since, own=sync is not None))
+    if sync is not None:
+        sync.now()  # the other nodes' usage before the first request
     return sync
 
 
