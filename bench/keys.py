@@ -25,6 +25,10 @@ Three parts (``--parts micro,latency,accuracy``):
   ledger (``--node-name n0``, ``n1``; ``--ledger-sync``, 2 s): limits
   across nodes, reconciled from the ledger (supervisor/ledger/sync.py);
   per window also what each node admitted.
+* ``sync-query``: the sync's one query on a SQLite ledger of
+  ``--sync-rows`` rows (other nodes', over the last 30 days): a full read
+  since the month's start (a monthly budget, every 60 s), a sync between
+  full reads, and a read since the minute's start.
 
 Usage, from the repository root::
 
@@ -289,10 +293,57 @@ def accuracy(tmp: Path, scale: float, windows: int, tokens: int = 100, nodes: in
             "ledger_sync_s": sync_s if nodes > 1 else None}
 
 
+def sync_query(tmp: Path, rows: int, keys: int = 50, rounds: int = 5) -> dict:
+    """The ledger sync's query (supervisor/ledger/sync.py) on a SQLite
+    ledger of ``rows`` rows of ``keys`` keys from two other nodes spread
+    over the last 30 days: seconds per query with the month's start as its
+    earliest window (a full read with a monthly budget), since the last
+    full read's cut (the sync between full reads), and with the minute's
+    alone (rpm / tpm only), median of ``rounds``."""
+    import random
+
+    from ggmux.shm.keytable import period_end, periods
+    from ggmux.supervisor.ledger.records import UsageRow
+    from ggmux.supervisor.ledger.stores import open_store
+    from ggmux.supervisor.ledger.sync import FULL_EVERY_S, LATE_S
+
+    store = open_store(str(tmp / "sync-query.sqlite3"), "")
+    store.schema()
+    now = time.time()
+    rng = random.Random(1)
+    batch = []
+    for i in range(rows):
+        batch.append(UsageRow(now - rng.random() * 30 * 86400, f"r{i}", f"k{i % keys}", "m",
+                              "local/0", ("n1", "n2")[i % 2], 200, 100, 10, 50, 1.0, 2.0, 0.0))
+        if len(batch) == 50_000:
+            store.write(batch)
+            batch = []
+    if batch:
+        store.write(batch)
+    ids = periods(now)
+    month = [period_end(k, pid - 1) for k, pid in zip(("minute", "day", "week", "month"), ids)]
+    out = {"rows": rows, "keys": keys}
+    recent = [max(x, now - LATE_S - FULL_EVERY_S) for x in month]  # a sync between full reads
+    for name, starts in (("month", month), ("recent", recent), ("minute", month[:1])):
+        took = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            got = store.others_since("n0", starts)
+            took.append(time.perf_counter() - t0)
+        out[f"{name}_s"] = statistics.median(took)
+        out[f"{name}_keys"] = len(got)
+        out[f"{name}_rows_read"] = sum(max(t.requests for t in v) for v in got.values())
+        print(f"sync query ({name}) over {rows} rows: {out[f'{name}_rows_read']} rows read, "
+              f"{out[f'{name}_s'] * 1e3:.1f} ms", file=sys.stderr)
+    store.close()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.keys")
     ap.add_argument("--parts", default="micro,latency,accuracy",
-                    help="also: two-node (minutes of wall clock: not in the default)")
+                    help="also: two-node (minutes of wall clock: not in the default), "
+                         "sync-query")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0, help="per latency run")
     ap.add_argument("--conns", default="1,64")
@@ -306,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the two-node part's --ledger-sync, seconds")
     ap.add_argument("--two-node-tokens", default="100,300",
                     help="completion tokens per answer of each two-node run (as --accuracy-tokens)")
+    ap.add_argument("--sync-rows", type=int, default=1_000_000,
+                    help="ledger rows of the sync-query part")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     parts = args.parts.split(",")
@@ -323,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         if "accuracy" in parts:
             res["accuracy"] = [accuracy(tmp, args.clock_scale, args.windows, int(n))
                                for n in args.accuracy_tokens.split(",")]
+        if "sync-query" in parts:
+            res["sync_query"] = sync_query(tmp, args.sync_rows)
         if "two-node" in parts:
             res["two_node"] = [accuracy(tmp, 1.0, args.windows, int(n), nodes=2,
                                         sync_s=args.ledger_sync)

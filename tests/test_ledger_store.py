@@ -33,7 +33,7 @@ from ggmux.supervisor.ledger.ledger import UsageLedger
 from ggmux.supervisor.ledger.records import RowContext, UsageRow, cost_of
 from ggmux.supervisor.ledger.store import StoreError
 from ggmux.supervisor.ledger.stores import open_store
-from ggmux.supervisor.ledger.sync import LedgerSync
+from ggmux.supervisor.ledger.sync import FULL_EVERY_S, LedgerSync
 from pgserver import pg_or_skip
 
 PRICES = {"paid": (2.0, 0.5, 8.0)}  # per million: input, cached input, output
@@ -308,6 +308,16 @@ def test_ledger_sync_adds_only_the_other_nodes_growth_to_the_keys_windows(store,
         wait_for(lambda: (sync.jobs.step(), sync.step(), int(r[K_TOK_DAY]) == 87)[-1], 20, 0.02,
                  "the step's sync")
         assert sync.syncs == 4 and sync.error is None
+        # a row that reached the ledger later than LATE_S after its time: counted by
+        # the next full read, not before
+        late = sync.cut - 1
+        if late >= period_end("day", periods(table.now())[1] - 1):
+            store.write([usage_row(late, "a", "n2", prompt=3, gen=0)])
+            sync.now()
+            assert int(r[K_TOK_DAY]) == 87
+            sync.full_at -= FULL_EVERY_S
+            sync.now()
+            assert int(r[K_TOK_DAY]) == 90
     finally:
         table.close()
 

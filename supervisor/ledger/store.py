@@ -125,14 +125,16 @@ class SqlStore:
         return {k: Totals(int(n), int(p), int(c), int(g), float(cost))
                 for k, n, p, c, g, cost in self._run(read)}
 
-    def others_since(self, node: str, starts: Sequence[float]) -> dict[str, list[Totals]]:
+    def others_since(self, node: str, starts: Sequence[float],
+                     until: float | None = None) -> dict[str, list[Totals]]:
         """Key name -> one :class:`Totals` per start of ``starts`` (Unix
         seconds; a window's start each, e.g. the minute's, day's, week's and
         month's) of the rows of keys (not ``""``) that their key admitted
         (``refused`` not set), written by nodes other than ``node`` at or
-        after that start: the usage the other nodes of a
-        shared ledger counted in each window (:mod:`.sync`). One query, one
-        pass over the rows since the earliest start (the ``time`` index).
+        after that start (and before ``until``, when given): the usage the
+        other nodes of a shared ledger counted in each window (:mod:`.sync`).
+        One query, one pass over the rows since the earliest start (the
+        ``time`` index).
         Raises :class:`StoreError`."""
         P = self.P
         cols = []
@@ -141,9 +143,12 @@ class SqlStore:
                 f"COALESCE(SUM(CASE WHEN time >= {P} THEN {c} ELSE 0 END), 0)"
                 for c in ("COALESCE(prompt_tokens, 0)", "COALESCE(cached_tokens, 0)",
                           "COALESCE(completion_tokens, 0)", "COALESCE(cost, 0)")]
-        sql = (f"SELECT key, {', '.join(cols)} FROM usage WHERE time >= {P} AND node <> {P} "
-               "AND key <> '' AND (refused IS NULL OR refused = 0) GROUP BY key")
-        params = [s for s in starts for _ in range(5)] + [min(starts), node]
+        sql = (f"SELECT key, {', '.join(cols)} FROM usage WHERE time >= {P} "
+               + (f"AND time < {P} " if until is not None else "")
+               + f"AND node <> {P} AND key <> '' AND (refused IS NULL OR refused = 0) "
+               "GROUP BY key")
+        params = [s for s in starts for _ in range(5)] + [min(starts)] + (
+            [until] if until is not None else []) + [node]
 
         def read(conn):
             cur = conn.cursor()

@@ -33,10 +33,14 @@ burst spread over the nodes within one delay of a window's start is the
 worst case: each node may then admit the whole limit. bench/keys.py
 (``two-node``) measures it (bench/RESULTS.md §26).
 
-What it costs: one query per interval that sums the other nodes' rows
+What it costs: off the loop, on a job's thread, one query per interval
+that sums the other nodes' rows since the last full read's cut (about
+:data:`LATE_S` + :data:`FULL_EVERY_S` of rows, through the ledger's
+``time`` index), and every :data:`FULL_EVERY_S` a full read: the rows
 since the earliest window any key limits (the month's, with a monthly
-budget; the minute's with rpm / tpm only) through the ledger's ``time``
-index, off the loop; nothing when no key has a limit.
+budget; 0.5 s over 100 000 rows on SQLite, bench/keys.py ``sync-query``),
+which catches the rows that came later than the cut; nothing when no key
+has a limit.
 """
 
 from __future__ import annotations
@@ -71,6 +75,17 @@ log = logging.getLogger(__name__)
 DEFAULT_SYNC_S = 2.0
 """``--ledger-sync``: seconds between two reads of the other nodes' usage."""
 
+FULL_EVERY_S = 60.0
+"""The other nodes' rows since each window's start are read whole at most
+this often (a scan of the month's rows, with a monthly budget); in between,
+each sync reads only those since the last full read's cut."""
+LATE_S = 300.0
+"""The cut of a full read: this long before it. A row reaches the ledger
+when its request ends (its time is the request's arrival) plus the
+writer's delay: a row later than this (a request longer, the store down
+meanwhile) is counted at the next full read, up to :data:`FULL_EVERY_S`
+later."""
+INF = float("inf")
 KINDS = ("minute", "day", "week", "month")
 WORDS = (K_MINUTE, K_DAY, K_WEEK, K_MONTH)  # each window's id word in a key's row
 
@@ -82,6 +97,22 @@ class Added:
 
     window: int
     counts: dict[int, int]
+
+
+@dataclass(slots=True)
+class Plan:
+    """One sync: the window ``ids`` (:func:`~ggmux.shm.keytable.periods`),
+    their ``starts`` (wall-clock s; inf: no key limits it), ``need`` (which
+    windows some key limits), ``full`` (a full read), ``cut`` (wall-clock
+    s: a full read's base ends there, the recent rows start there) and
+    ``mono`` (when it was planned, monotonic s)."""
+
+    ids: tuple[int, int, int, int]
+    starts: list[float]
+    need: tuple[bool, ...]
+    full: bool
+    cut: float
+    mono: float
 
 
 def _needed(p) -> tuple[bool, bool, bool, bool]:
@@ -112,45 +143,68 @@ class LedgerSync:
         self.next_at = 0.0  # monotonic: the next sync not before
         self.error: str | None = None
         self.syncs = 0
+        # the last full read: per key and window, the other nodes' rows from the
+        # window's start up to `cut` (wall-clock s), for window ids `base_ids`
+        self.base: dict[str, list[Totals | None]] = {}
+        self.base_ids: tuple[int, int, int, int] | None = None
+        self.base_need = (False,) * 4
+        self.cut = 0.0
+        self.full_at = -FULL_EVERY_S  # monotonic
 
     # ---- the query ------------------------------------------------------------------
-    def _plan(self) -> tuple[tuple[int, int, int, int], list[float]] | None:
-        """``(window ids, their starts as wall-clock seconds)`` of the
-        windows some key limits, or None when no key limits any."""
+    def _plan(self, mono: float) -> Plan | None:
+        """The next sync's :class:`Plan`, or None when no key limits any
+        window. A full read when none was made, when a window a key limits
+        has no base, or every :data:`FULL_EVERY_S`."""
         t = self.keys.table
         if t is None or not self.keys.keys:
             return None
-        need = [False] * 4
+        need = (False,) * 4
         for p in self.keys.keys.values():
-            need = [a or b for a, b in zip(need, _needed(p))]
+            need = tuple(a or b for a, b in zip(need, _needed(p)))
         if not any(need):
             return None
         ids = periods(t.now())
-        starts = [t.wall(period_end(k, pid - 1)) if n else float("inf")
+        starts = [t.wall(period_end(k, pid - 1)) if n else INF
                   for k, pid, n in zip(KINDS, ids, need)]
-        return ids, starts
+        full = (self.base_ids is None or mono >= self.full_at + FULL_EVERY_S
+                or any(n and not b for n, b in zip(need, self.base_need)))
+        return Plan(ids, starts, need, full, time.time() - LATE_S if full else self.cut, mono)
 
-    def _query(self, starts: list[float]) -> dict[str, list[Totals]]:
-        """The other nodes' totals per key and window (inf: a window no key
-        limits, left out of the query). Raises :class:`StoreError`."""
-        used = [s for s in starts if s != float("inf")]
-        got = self.store.others_since(self.node, used)
-        out = {}
-        for key, tots in got.items():
-            it = iter(tots)
-            out[key] = [next(it) if s != float("inf") else None for s in starts]
-        return out
+    def _query(self, plan: Plan) -> tuple[dict, dict]:
+        """``(base, recent)``: the other nodes' totals per key and window
+        (None: a window no key limits) of the rows from each window's start
+        up to the plan's cut (a full read; else ``{}``), and of those since
+        the later of the two. Raises :class:`StoreError`."""
+        used = [i for i, s in enumerate(plan.starts) if s != INF]
+
+        def spread(got: dict[str, list[Totals]]) -> dict[str, list[Totals | None]]:
+            out = {}
+            for key, tots in got.items():
+                row: list[Totals | None] = [None] * 4
+                for i, tot in zip(used, tots):
+                    row[i] = tot
+                out[key] = row
+            return out
+
+        recent = spread(self.store.others_since(
+            self.node, [max(plan.starts[i], plan.cut) for i in used]))
+        base = spread(self.store.others_since(
+            self.node, [plan.starts[i] for i in used], until=plan.cut)) if plan.full else {}
+        return base, recent
 
     def now(self) -> None:
         """Sync at once, blocking (at start, before the proxies serve): a
         store that fails is logged and the next :meth:`step` tries again."""
-        plan = self._plan()
+        plan = self._plan(time.monotonic())
         if plan is None:
             return
         try:
-            self.apply(plan[0], self._query(plan[1]))
+            result = self._query(plan)
         except StoreError as e:
             self._failed(e)
+            return
+        self._done(plan, result)
 
     def step(self, now: float | None = None) -> None:
         """One turn of the supervisor's loop (monotonic seconds ``now``):
@@ -160,20 +214,37 @@ class LedgerSync:
         if self.busy or now < self.next_at:
             return
         self.next_at = now + self.interval
-        plan = self._plan()
+        plan = self._plan(now)
         if plan is None:
             return
-        ids, starts = plan
         self.busy = True
-        self.jobs.start("ledger-sync", lambda: self._query(starts),
-                        lambda result: self._done(ids, result))
+        self.jobs.start("ledger-sync", lambda: self._query(plan),
+                        lambda result: self._done(plan, result))
 
-    def _done(self, ids, result) -> None:
+    def _done(self, plan: Plan, result) -> None:
         self.busy = False
         if isinstance(result, Exception):
             self._failed(result)
             return
-        self.apply(ids, result)
+        base, recent = result
+        if plan.full:
+            self.base, self.base_ids, self.base_need = base, plan.ids, plan.need
+            self.cut, self.full_at = plan.cut, plan.mono
+        totals: dict[str, list[Totals | None]] = {}
+        for key in set(self.base) | set(recent):
+            old, new = self.base.get(key) or [None] * 4, recent.get(key) or [None] * 4
+            row: list[Totals | None] = []
+            for i in range(4):
+                tot = Totals()
+                # a window that rolled since the base was read started after its cut
+                if old[i] is not None and self.base_ids is not None \
+                        and self.base_ids[i] == plan.ids[i]:
+                    tot.merge(old[i])
+                if new[i] is not None:
+                    tot.merge(new[i])
+                row.append(tot)
+            totals[key] = row
+        self.apply(plan.ids, totals)
 
     def _failed(self, e: Exception) -> None:
         text = str(e) if isinstance(e, StoreError) else repr(e)
