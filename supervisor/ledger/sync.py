@@ -31,14 +31,14 @@ delay (``--ledger-sync`` + about 0.6 s + the requests' duration), and N
 nodes together at most the limit plus what they admit in one such delay. A
 burst spread over the nodes within one delay of a window's start is the
 worst case: each node may then admit the whole limit. bench/keys.py
-(``two-node``) measures it (bench/RESULTS.md §26).
+(``two-node``) measures it (bench/RESULTS.md §26b).
 
 What it costs: off the loop, on a job's thread, one query per interval
 that sums the other nodes' rows since the last full read's cut (about
 :data:`LATE_S` + :data:`FULL_EVERY_S` of rows, through the ledger's
 ``time`` index), and every :data:`FULL_EVERY_S` a full read: the rows
 since the earliest window any key limits (the month's, with a monthly
-budget; 0.5 s over 100 000 rows on SQLite, bench/keys.py ``sync-query``),
+budget; 0.6 s over 130 000 rows on SQLite, bench/keys.py ``sync-query``),
 which catches the rows that came later than the cut; nothing when no key
 has a limit.
 """
