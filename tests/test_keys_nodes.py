@@ -1,7 +1,8 @@
 """Keys' limits across nodes (issue 36): two servers (``--node-name`` a and
-b) share one SQLite ledger and one keys file; each reconciles its keys'
-windows from the other's rows every ``--ledger-sync`` (supervisor/ledger/sync.py).
-Real servers on fake instances."""
+b) share one ledger (a SQLite file; PostgreSQL, slow) and one keys file;
+each reconciles its keys' windows from the other's rows every
+``--ledger-sync`` (supervisor/ledger/sync.py). Real servers on fake
+instances."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 
 import pytest
 from conftest import chat_body, wait_for
+from pgserver import pg_or_skip
 
 CHAT = "/v1/chat/completions"
 ADMIN = {"authorization": "Bearer adm"}
@@ -17,16 +19,17 @@ KEY = {"authorization": "Bearer sk-k"}
 SYNC_S = "0.2"
 
 
-def pair(serve, fakes, tmp_path, keys: str):
-    """Servers a and b: one keys file, one ledger."""
+def pair(serve, fakes, tmp_path, keys: str, ledger: str | None = None):
+    """Servers a and b: one keys file, one ledger (a SQLite file unless
+    ``ledger`` names one)."""
     fakes.add("m", tokens=4)
     kf = tmp_path / "keys.ini"
     kf.write_text(keys)
-    ledger = tmp_path / "shared" / "usage.sqlite3"
+    ledger = ledger or str(tmp_path / "shared" / "usage.sqlite3")
 
     def node(name: str, port: int | None = None):
         return serve("--fake-models-dir", str(fakes), "--no-hf-cache", "--proxies", "1",
-                     "--keys", str(kf), "--admin-key", "adm", "--ledger", str(ledger),
+                     "--keys", str(kf), "--admin-key", "adm", "--ledger", ledger,
                      "--node-name", name, "--ledger-sync", SYNC_S, port=port)
 
     return node("a"), node("b"), node
@@ -80,8 +83,20 @@ def test_a_day_budget_holds_across_two_servers_sharing_the_ledger(serve, fakes, 
     assert b2.request("POST", CHAT, chat_body("m", max_tokens=4), headers=KEY)[0] == 429
 
 
-def test_rpm_holds_across_two_servers_and_the_other_server_refuses(serve, fakes, tmp_path):
-    a, b, _ = pair(serve, fakes, tmp_path, "[k]\nkey = sk-k\nrpm = 4\n")
+@pytest.fixture
+def pg():
+    srv, why = pg_or_skip()
+    if srv is None:
+        pytest.skip(f"PostgreSQL: {why}")
+    yield srv
+    srv.close()
+
+
+@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
+def test_rpm_holds_across_two_servers_and_the_other_server_refuses(serve, fakes, tmp_path,
+                                                                  request, store):
+    url = request.getfixturevalue("pg").url if store == "postgresql" else None
+    a, b, _ = pair(serve, fakes, tmp_path, "[k]\nkey = sk-k\nrpm = 4\n", url)
     minute = int(time.time() // 60)
     codes = [a.request("POST", CHAT, chat_body("m"), headers=KEY)[0] for _ in range(3)]
     assert codes == [200] * 3
