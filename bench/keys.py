@@ -20,11 +20,21 @@ Three parts (``--parts micro,latency,accuracy``):
   table's clock run ``--clock-scale`` times faster (a window of 60/scale
   s). Per window: requests admitted, their tokens (the answers' usage), and
   the allowed (100 requests; 20000 tokens).
+* ``two-node`` (not in the default: 3 wall-clock minutes a run): the same
+  client and key over two servers of 2 proxies each that share one SQLite
+  ledger (``--node-name n0``, ``n1``; ``--ledger-sync``, 2 s): limits
+  across nodes, reconciled from the ledger (supervisor/ledger/sync.py);
+  per window also what each node admitted.
+* ``sync-query``: the sync's one query on a SQLite ledger of
+  ``--sync-rows`` rows (other nodes', over the last 30 days): a full read
+  since the month's start (a monthly budget, every 60 s), a sync between
+  full reads, and a read since the minute's start.
 
 Usage, from the repository root::
 
     python -m bench.keys                       # all three parts
     python -m bench.keys --parts micro --out bench/out/keys.json
+    python -m bench.keys --parts two-node --out bench/out/keys-two-node.json
 """
 
 from __future__ import annotations
@@ -189,17 +199,34 @@ def latency(tmp: Path, rounds: int, seconds: float, conns: list[int]) -> dict:
     return out
 
 
-def accuracy(tmp: Path, scale: float, windows: int, tokens: int = 100) -> dict:
+def accuracy(tmp: Path, scale: float, windows: int, tokens: int = 100, nodes: int = 1,
+             sync_s: float = 2.0) -> dict:
+    """The accuracy part (module docstring); ``nodes`` 2: two servers of 2
+    proxies each sharing one SQLite ledger (``--node-name a``, ``b``,
+    ``--ledger-sync sync_s``), the client's connections split between them,
+    on the wall clock (``scale`` must be 1: each server's scaled clock
+    starts from its own start)."""
     from ggmux.shm.keytable import H_ANCHOR_S, KeyTable, key_table_name
     from ggmux.shm.segment import segment_name
 
+    if nodes > 1 and scale != 1:
+        raise SystemExit("the two-node accuracy runs on the wall clock (--two-node-scale 1)")
     (tmp / "acc.ini").write_text("[k]\nkey = sk-acc\nrpm = 100\ntpm = 20000\n")
-    s = Server(tmp, f"accuracy-{tokens}", ["--proxies", "4", "--keys", str(tmp / "acc.ini"),
-                                           "--admin-key", "adm"],
-               env={"GGMUX_LIMITS_CLOCK_SCALE": str(scale)}, tokens=tokens)
-    results: list[tuple[float, float, int, int]] = []  # sent, received (table time), status, tokens
+    common = ["--keys", str(tmp / "acc.ini"), "--admin-key", "adm"]
+    env = {"GGMUX_LIMITS_CLOCK_SCALE": str(scale)} if scale != 1 else {}
+    servers: list[Server] = []
+    if nodes == 1:
+        servers.append(Server(tmp, f"accuracy-{tokens}", ["--proxies", "4", *common], env=env,
+                              tokens=tokens))
+    else:
+        ledger = tmp / f"shared-{tokens}.sqlite3"
+        for i in range(nodes):
+            servers.append(Server(tmp, f"node{i}-{tokens}", [
+                "--proxies", str(max(1, 4 // nodes)), *common, "--ledger", str(ledger),
+                "--node-name", f"n{i}", "--ledger-sync", str(sync_s)], env=env, tokens=tokens))
+    results: list[tuple[float, float, int, int, int]] = []  # sent, received, status, tokens, node
     try:
-        t = KeyTable.attach(key_table_name(segment_name(s.port)))
+        t = KeyTable.attach(key_table_name(segment_name(servers[0].port)))
         anchor = float(t.header[H_ANCHOR_S])
 
         def now() -> float:
@@ -214,14 +241,15 @@ def accuracy(tmp: Path, scale: float, windows: int, tokens: int = 100) -> dict:
         req = _request("sk-acc", max_tokens=tokens)
 
         async def run() -> None:
-            conns = [await asyncio.open_connection("127.0.0.1", s.port) for _ in range(16)]
+            conns = [(i % nodes, *await asyncio.open_connection(
+                "127.0.0.1", servers[i % nodes].port)) for i in range(16)]
             free = asyncio.Queue()
             for c in conns:
                 free.put_nowait(c)
             end = w0 + windows * window
 
             async def one(c) -> None:
-                r, w = c
+                node, r, w = c
                 a = now()
                 w.write(req)
                 st, body = await _read_response(r)
@@ -230,7 +258,7 @@ def accuracy(tmp: Path, scale: float, windows: int, tokens: int = 100) -> dict:
                 if st == 200:
                     u = json.loads(body)["usage"]
                     tok = u["prompt_tokens"] + u["completion_tokens"]
-                results.append((a, b, st, tok))
+                results.append((a, b, st, tok, node))
                 free.put_nowait(c)
 
             tasks = []
@@ -241,12 +269,13 @@ def accuracy(tmp: Path, scale: float, windows: int, tokens: int = 100) -> dict:
                 nxt += gap
                 await asyncio.sleep(max(0.0, nxt - time.monotonic()))
             await asyncio.gather(*tasks)
-            for _, w in conns:
+            for _, _, w in conns:
                 w.close()
 
         asyncio.run(run())
     finally:
-        s.close()
+        for s in servers:
+            s.close()
     out = []
     for i in range(windows):
         lo, hi = w0 + i * window, w0 + (i + 1) * window
@@ -257,14 +286,64 @@ def accuracy(tmp: Path, scale: float, windows: int, tokens: int = 100) -> dict:
         out.append({"window": i, "sent": len(inside), "admitted": len(ok),
                     "tokens": sum(x[3] for x in ok), "admitted_across_edges": len(edge),
                     "refused_429": sum(1 for x in inside if x[2] == 429),
+                    "admitted_per_node": [sum(1 for x in ok if x[4] == n) for n in range(nodes)],
                     "allowed_requests": 100, "allowed_tokens": 20000})
-        print(f"accuracy window {i}: {out[-1]}", file=sys.stderr)
-    return {"windows": out, "clock_scale": scale, "completion_tokens": tokens}
+        print(f"accuracy ({nodes} node(s)) window {i}: {out[-1]}", file=sys.stderr)
+    return {"windows": out, "clock_scale": scale, "completion_tokens": tokens, "nodes": nodes,
+            "ledger_sync_s": sync_s if nodes > 1 else None}
+
+
+def sync_query(tmp: Path, rows: int, keys: int = 50, rounds: int = 5) -> dict:
+    """The ledger sync's query (supervisor/ledger/sync.py) on a SQLite
+    ledger of ``rows`` rows of ``keys`` keys from two other nodes spread
+    over the last 30 days: seconds per query with the month's start as its
+    earliest window (a full read with a monthly budget), since the last
+    full read's cut (the sync between full reads), and with the minute's
+    alone (rpm / tpm only), median of ``rounds``."""
+    import random
+
+    from ggmux.shm.keytable import period_end, periods
+    from ggmux.supervisor.ledger.records import UsageRow
+    from ggmux.supervisor.ledger.stores import open_store
+    from ggmux.supervisor.ledger.sync import FULL_EVERY_S, LATE_S
+
+    store = open_store(str(tmp / "sync-query.sqlite3"), "")
+    store.schema()
+    now = time.time()
+    rng = random.Random(1)
+    batch = []
+    for i in range(rows):
+        batch.append(UsageRow(now - rng.random() * 30 * 86400, f"r{i}", f"k{i % keys}", "m",
+                              "local/0", ("n1", "n2")[i % 2], 200, 100, 10, 50, 1.0, 2.0, 0.0))
+        if len(batch) == 50_000:
+            store.write(batch)
+            batch = []
+    if batch:
+        store.write(batch)
+    ids = periods(now)
+    month = [period_end(k, pid - 1) for k, pid in zip(("minute", "day", "week", "month"), ids)]
+    out = {"rows": rows, "keys": keys}
+    recent = [max(x, now - LATE_S - FULL_EVERY_S) for x in month]  # a sync between full reads
+    for name, starts in (("month", month), ("recent", recent), ("minute", month[:1])):
+        took = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            got = store.others_since("n0", starts)
+            took.append(time.perf_counter() - t0)
+        out[f"{name}_s"] = statistics.median(took)
+        out[f"{name}_keys"] = len(got)
+        out[f"{name}_rows_read"] = sum(max(t.requests for t in v) for v in got.values())
+        print(f"sync query ({name}) over {rows} rows: {out[f'{name}_rows_read']} rows read, "
+              f"{out[f'{name}_s'] * 1e3:.1f} ms", file=sys.stderr)
+    store.close()
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.keys")
-    ap.add_argument("--parts", default="micro,latency,accuracy")
+    ap.add_argument("--parts", default="micro,latency,accuracy",
+                    help="also: two-node (minutes of wall clock: not in the default), "
+                         "sync-query")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0, help="per latency run")
     ap.add_argument("--conns", default="1,64")
@@ -274,6 +353,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--accuracy-tokens", default="100,300",
                     help="completion tokens per answer (and max_tokens) of each accuracy run: "
                          "100 makes rpm the binding limit, 300 tpm")
+    ap.add_argument("--ledger-sync", type=float, default=2.0,
+                    help="the two-node part's --ledger-sync, seconds")
+    ap.add_argument("--two-node-tokens", default="100,300",
+                    help="completion tokens per answer of each two-node run (as --accuracy-tokens)")
+    ap.add_argument("--sync-rows", type=int, default=1_000_000,
+                    help="ledger rows of the sync-query part")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     parts = args.parts.split(",")
@@ -291,6 +376,12 @@ def main(argv: list[str] | None = None) -> int:
         if "accuracy" in parts:
             res["accuracy"] = [accuracy(tmp, args.clock_scale, args.windows, int(n))
                                for n in args.accuracy_tokens.split(",")]
+        if "sync-query" in parts:
+            res["sync_query"] = sync_query(tmp, args.sync_rows)
+        if "two-node" in parts:
+            res["two_node"] = [accuracy(tmp, 1.0, args.windows, int(n), nodes=2,
+                                        sync_s=args.ledger_sync)
+                               for n in args.two_node_tokens.split(",")]
     res["load_after"] = os.getloadavg()
     text = json.dumps(res, indent=1)
     if args.out:

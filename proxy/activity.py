@@ -34,6 +34,7 @@ from ..http1.request import Request
 from ..http1.usage import parse_usage, usage_from_tail
 from ..shm.requestring import (
     F_FORWARDED,
+    F_KEY_REFUSED,
     F_STREAM,
     F_USAGE_COUNTED,
     F_USAGE_REPLICA,
@@ -219,6 +220,10 @@ class Activity:
             elif ex.sse and ex.events:
                 gen = max(0, ex.events - 1)  # one event a token, but [DONE]
                 flags |= F_USAGE_COUNTED
+        if req.key_row >= 0 and req.key_hold is None:
+            # its key refused it (it never counted in the key's windows): the ledger
+            # says so, so that other nodes do not count it either (ledger/sync.py)
+            flags |= F_KEY_REFUSED
         if self.on_end is not None:
             self.on_end(req, m, slot, prompt, cached, gen)
         if ring is None:

@@ -81,7 +81,8 @@ class AdminRoutes:
         15). False after answering 503 when the queue is full or no answer
         came within :data:`RELOAD_WAIT_S`, or 500 when the reload failed and
         changed nothing (as llama-server's router answers the exception of a
-        reload: ``ex_wrapper``, ``server_error``; issue 23)."""
+        reload: ``ex_wrapper``, ``server_error``; issue 23), or when the keys
+        file did not read (the supervisor's error says which)."""
         self.reload_seq += 1
         rid = f"{os.getpid()}-{self.reload_seq}"
         if not self._command(conn, req, {"op": "reload", "id": rid,
@@ -97,7 +98,7 @@ class AdminRoutes:
             self.refresh()
         error = self.reload_errors.get(rid)
         if error is not None:
-            conn.send_error(req, 500, f"reload failed, the models are unchanged: {error}",
+            conn.send_error(req, 500, f"reload failed: {error}",
                             code="reload_failed")
             return False
         return True

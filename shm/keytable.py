@@ -275,6 +275,15 @@ class KeyTable:
             return t
         return self.anchor + (t - self.anchor) * self.scale
 
+    def wall(self, table_s: float) -> float:
+        """The wall-clock time (seconds since the epoch) of the table's time
+        ``table_s``: the inverse of :meth:`now`, so that a window of the
+        table's clock can be looked up in the usage ledger, whose rows carry
+        wall-clock times."""
+        if self.scale == 1.0:
+            return table_s
+        return self.anchor + (table_s - self.anchor) / self.scale
+
     def real_seconds(self, table_seconds: float) -> int:
         """Wall-clock seconds (at least 1, rounded up) of ``table_seconds``
         of the table's clock: a Retry-After."""

@@ -85,6 +85,7 @@ F_STREAM = 1  # the answer was streamed (SSE)
 F_USAGE_REPLICA = 2  # token counts from the replica (its usage)
 F_USAGE_COUNTED = 4  # generated tokens counted by the proxy (stream events)
 F_FORWARDED = 8  # came from another cluster node, whose own record is the usage ledger's
+F_KEY_REFUSED = 16  # its keys-file key did not admit it (a limit, a model it may not use)
 
 FIELDS = struct.Struct("<" + "q" * (Q_RID - 1) + "16s" + "q")
 """Words ``Q_WALL_NS`` .. ``Q_ANSWER_LEN``, the request id, then ``Q_KEY``:

@@ -43,6 +43,7 @@ from ..shm.logring import MAX_RECORD, log_to_stderr
 from ..shm.requestring import REQUEST_EXCERPT_BYTES
 from ..shm.segment import queue_name, segment_name
 from .arg_hints import subparser, unknown_options_message
+from .cluster.names import check_node_name
 from .cluster.options import from_args as cluster_options
 from .demo import demo_models
 from .hf_cache import hf_cache_dir, scan_hf_cache
@@ -345,6 +346,12 @@ def serve(args: argparse.Namespace) -> int:
     if (why := ledger_refusal(args)) is not None:
         print(f"ggmux: {why}", file=sys.stderr)
         return 2
+    if cluster is None and args.node_name:  # the ledger's node name (two servers, one ledger)
+        try:
+            check_node_name(args.node_name)
+        except ValueError as e:
+            print(f"ggmux: {e}", file=sys.stderr)
+            return 2
     # --- end usage ledger ---
     if cluster is not None and not cluster.cluster_token:
         log.warning("cluster: no --cluster-token: requests forwarded between nodes are not "
@@ -389,7 +396,8 @@ def serve(args: argparse.Namespace) -> int:
         cluster=cluster, drain_timeout=args.node_drain_timeout, log_level=args.log_level,
         # --- usage ledger (issue 36) ---
         ledger=ledger_spec(args, args.state_dir or default_state_dir()),
-        ledger_buffer=args.ledger_buffer,
+        ledger_buffer=args.ledger_buffer, ledger_sync=args.ledger_sync,
+        node_name=cluster.node if cluster is not None else args.node_name or "",
         # --- end usage ledger ---
         keys_file=os.path.abspath(args.keys) if args.keys else None, keys_max=args.keys_max,
     )

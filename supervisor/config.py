@@ -55,6 +55,8 @@ class Config:
     # --- usage ledger (issue 36) ---
     ledger: str = ""  # --ledger resolved: "" off, a SQLite file's path, postgresql://...
     ledger_buffer: int = 100_000  # --ledger-buffer: rows kept while the store fails
+    ledger_sync: float = 2.0  # --ledger-sync: seconds between reads of other nodes' usage, 0 off
+    node_name: str = ""  # --node-name (or the cluster's): the ledger's node column; "": host name
     # --- keys with limits (issue 36) ---
     keys_file: str | None = None  # --keys: the keys file (supervisor/keys.py)
     keys_max: int = 256  # --keys-max: rows of the key table

@@ -276,6 +276,16 @@ class KeyRegistry:
             return str(e)
         return self.apply(keys)
 
+    def reload(self, why: str) -> str | None:
+        """:meth:`load` for a reload (``why``: what asked), the failure logged;
+        the error for the admin's reload call (``GET /models?reload=1``:
+        its text names the file and line, never a secret), else None."""
+        err = self.load()
+        if err is None:
+            return None
+        log.error("%s: the keys file did not reload, keeping the current keys: %s", why, err)
+        return f"the keys file did not reload, the keys are unchanged: {err}"
+
     def apply(self, keys: list[KeyPolicy]) -> str | None:
         """Take ``keys`` as the current keys and publish them; the error
         when the table has no row left for a new one (nothing changed)."""
@@ -318,7 +328,10 @@ class KeyRegistry:
         """Seed the day, week and month windows from the ledger (restart
         keeps the windows: ``totals_since(since_s)`` -> name -> totals with
         ``prompt_tokens``, ``cached_tokens``, ``completion_tokens``,
-        ``cost``): each window gets the weighed tokens since its start."""
+        ``cost``; ``since_s`` wall-clock seconds): each window gets the
+        weighed tokens since its start. With a ledger sync
+        (:mod:`.ledger.sync`), ``totals_since`` gives this node's rows only
+        and the sync adds the other nodes', so none counts twice."""
         from ..shm.keytable import (
             K_DAY,
             K_MONTH,
@@ -339,7 +352,7 @@ class KeyRegistry:
         for kind, word, tok, pid in (("day", K_DAY, K_TOK_DAY, ids[1]),
                                      ("week", K_WEEK, K_TOK_WEEK, ids[2]),
                                      ("month", K_MONTH, K_TOK_MONTH, ids[3])):
-            start = period_end(kind, pid - 1)
+            start = t.wall(period_end(kind, pid - 1))
             for name, tot in totals_since(start).items():
                 p = self.keys.get(name)
                 if p is None:

@@ -41,7 +41,8 @@ from .cluster.node import ClusterNode
 from .config import Config
 from .jobs import Jobs
 from .keys import KeyRegistry, model_prices
-from .ledger.wiring import close_ledger, open_ledger
+from .ledger.sync import LedgerSync
+from .ledger.wiring import close_ledger, open_ledger, start_windows
 from .logs import install as install_ring_handler
 from .measure import Measurer
 from .probe import ProbeSet
@@ -132,6 +133,7 @@ class Supervisor(ProxyChildren):
         self.request_ring: RequestRing | None = None
         self.usage = None  # the usage ledger (issue 36; .ledger), None: --ledger off
         self.keys: KeyRegistry | None = None  # --keys (issue 36)
+        self.sync: LedgerSync | None = None  # --ledger-sync: keys' windows across nodes
         self._sig_r = self._sig_w = -1
 
     # ---- setup / teardown ------------------------------------------------
@@ -168,8 +170,8 @@ class Supervisor(ProxyChildren):
                 prices_of=lambda model: model_prices(st.registry, model))
         except ValueError as e:
             raise StartupError(f"--ledger: {e}") from None
-        if self.usage is not None and self.keys is not None:
-            self.keys.seed(self.usage.totals_since)  # a restart keeps the day/week/month windows
+        if self.usage is not None and self.keys is not None:  # restart keeps the windows,
+            self.sync = start_windows(cfg, self.keys, self.usage, self.jobs)  # nodes share them
         # --- end usage ledger ---
         st.seg.header[L.H_SUPERVISOR_PID] = os.getpid()
         st.seg.header[L.H_MODELS_MAX] = cfg.models_max
@@ -244,6 +246,8 @@ class Supervisor(ProxyChildren):
             if self._children_left():
                 self._poll_once(20)
         self.replicas.close()
+        if self.sync is not None:
+            self.sync.close()
         if self.usage is not None:  # the proxies are gone: the ring's last records
             close_ledger(self.usage)
             self.usage = None
@@ -309,6 +313,8 @@ class Supervisor(ProxyChildren):
         self.jobs.step()
         if self.usage is not None:
             self.usage.step()
+        if self.sync is not None and not self.state.stopping_all:
+            self.sync.step()
         self._reap()
         now = time.monotonic_ns()
         self.replicas.escalate(now)
@@ -473,11 +479,12 @@ class Supervisor(ProxyChildren):
         changes nothing; the error is logged. ``rid``, a proxy's reload id,
         is published once the reload ran, with the error when it failed
         (``reload_errors``), so ``GET /models?reload=1`` answers with the
-        list it produced or says why there is none (issue 23)."""
+        list it produced or says why there is none (issue 23), or why the keys file did not."""
         st = self.state
-        if self.keys is not None and (err := self.keys.load()) is not None:
-            log.error("%s: the keys file did not reload, keeping the current keys: %s", why, err)
+        keys_err = self.keys.reload(why) if self.keys is not None else None
         error = self._reload(why)
+        error = "; ".join(filter(None, (error and f"the models are unchanged: {error}",
+                                        keys_err))) or None
         if rid is not None:
             st.reload_ids.append(str(rid))
             kept = set(st.reload_ids)

@@ -211,6 +211,15 @@ def test_reload_changes_a_policy_and_admin_routes_manage_keys(serve, fakes, tmp_
     wait_for(lambda: s.request("POST", CHAT, chat_body("m"), headers=bearer("sk-r"))[0] == 200,
              30, 0.1, "the reloaded policy")
     assert s.request("GET", "/keys", headers=bearer("sk-r"))[0] in (401, 403)
+    # a keys file that does not read: the admin's reload says why, the keys stay
+    good = s.keys_file.read_text()
+    s.keys_file.write_text(good + "rpm = lots\n")
+    st, doc = s.json("GET", "/models?reload=1", headers=ADMIN)
+    assert st == 500 and "the keys file did not reload" in doc["error"]["message"], doc
+    assert f"{s.keys_file}:4: rpm" in doc["error"]["message"]
+    assert s.request("POST", CHAT, chat_body("m"), headers=bearer("sk-r"))[0] == 200
+    s.keys_file.write_text(good)
+    assert s.json("GET", "/models?reload=1", headers=ADMIN)[0] == 200
     st, doc = s.json("POST", "/keys", {"name": "new", "models": ["m"], "rpm": 5},
                      headers=ADMIN)
     assert st == 201, doc

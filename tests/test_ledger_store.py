@@ -14,13 +14,26 @@ import pytest
 from conftest import wait_for
 from ggmux.proxy.operator.usage import parse_time, usage_csv, usage_metrics
 from ggmux.shm import requestring as Q
+from ggmux.shm.keytable import (
+    K_REQS,
+    K_SPEND_MONTH_NANO,
+    K_TOK_DAY,
+    K_TOKENS,
+    KeyTable,
+    TableShape,
+    period_end,
+    periods,
+    roll,
+)
 from ggmux.shm.requestring import RequestRing, RingShape
 from ggmux.supervisor.jobs import Jobs
+from ggmux.supervisor.keys import KeyRegistry
 from ggmux.supervisor.ledger import ledger as ledger_mod
 from ggmux.supervisor.ledger.ledger import UsageLedger
-from ggmux.supervisor.ledger.records import RowContext, cost_of
+from ggmux.supervisor.ledger.records import RowContext, UsageRow, cost_of
 from ggmux.supervisor.ledger.store import StoreError
 from ggmux.supervisor.ledger.stores import open_store
+from ggmux.supervisor.ledger.sync import FULL_EVERY_S, LedgerSync
 from pgserver import pg_or_skip
 
 PRICES = {"paid": (2.0, 0.5, 8.0)}  # per million: input, cached input, output
@@ -87,10 +100,10 @@ class Flaky:
             raise StoreError("[Errno 28] No space left on device")
         self.inner.write(rows)
 
-    def totals_since(self, since_s):
+    def totals_since(self, since_s, node=None):
         if self.failing:
             raise StoreError("[Errno 28] No space left on device")
-        return self.inner.totals_since(since_s)
+        return self.inner.totals_since(since_s, node)
 
     def close(self) -> None:
         self.inner.close()
@@ -237,3 +250,97 @@ def test_a_postgresql_password_is_a_secret_and_never_shown():
     args = build_parser({}).parse_args(["serve", "--ledger", url])
     assert "pa55word" in secret_values(args)  # hidden from ps like --api-key
     assert redact(url) == "postgresql://ggmux:***@db.example:5433/usage"
+
+
+def usage_row(t: float, key: str, node: str, prompt: int = 10, cached: int = 0,
+              gen: int = 5, cost: float = 0.0, refused: bool = False) -> UsageRow:
+    return UsageRow(time=t, request_id=f"r{t}{node}", key=key, model="free", replica="local/0",
+                    node=node, status=429 if refused else 200, prompt_tokens=prompt,
+                    cached_tokens=cached, completion_tokens=gen, ttft_ms=1.0, duration_ms=2.0,
+                    cost=cost, refused=refused)
+
+
+def test_ledger_sync_adds_only_the_other_nodes_growth_to_the_keys_windows(store, tmp_path):
+    """Limits across nodes (issue 36): the sync adds what the other nodes of
+    a shared ledger used since each window's start, and on the next sync
+    only what grew; this node's rows and live counts are not counted twice."""
+    table = KeyTable.create(f"/ggmux-test-sync-{os.getpid()}", TableShape(4, 1, 2))
+    try:
+        f = tmp_path / "k.ini"
+        f.write_text("[a]\nkey = sk-a\nrpm = 100\ntpm = 100000\ntokens-per-day = 100000\n"
+                     "output-weight = 2\nspend-per-month = 9\n[free]\nkey = sk-free\n")
+        reg = KeyRegistry(str(f), table)
+        assert reg.load() is None
+        store.schema()
+        now = table.now()
+        minute_start = period_end("minute", periods(now)[0] - 1)
+        ago = max(minute_start, now - 50)  # in this minute (and day)
+        yesterday = period_end("day", periods(now)[1] - 1) - 10
+        store.write([usage_row(ago, "a", "n2", prompt=10, gen=5, cost=0.5),
+                     usage_row(ago, "a", "n3", prompt=20, cached=4, gen=1),
+                     usage_row(ago, "a", "n1", prompt=1000, gen=1000),  # ours: not added
+                     usage_row(ago, "", "n2", prompt=1000),  # no key of the file
+                     usage_row(ago, "a", "n2", prompt=1000, refused=True),  # its key refused it
+                     usage_row(yesterday, "a", "n2", prompt=1000)])  # another day
+        got = store.others_since("n1", [minute_start, yesterday + 10])
+        assert set(got) == {"a"} and [t.requests for t in got["a"]] == [2, 2]
+        sync = LedgerSync(reg, store, "n1", Jobs(), interval=0.1)
+        with table.locked(0) as r:  # this node's live counts, as a proxy's admission left them
+            roll(r, periods(table.now()))
+            r[K_REQS], r[K_TOKENS], r[K_TOK_DAY] = 3, 30, 40
+        minute = periods(table.now())[0]
+        sync.now()
+        if periods(table.now())[0] != minute:
+            pytest.skip("the minute turned during the test")
+        r = table.keys[0]
+        # n2 and n3: 2 requests, 36 tokens; weighed 26 + 4 + 2 * 6 = 42; cost 0.5
+        assert (int(r[K_REQS]), int(r[K_TOKENS]), int(r[K_TOK_DAY])) == (5, 66, 82)
+        assert int(r[K_SPEND_MONTH_NANO]) == 500_000_000
+        assert int(table.keys[1][K_REQS]) == 0  # a key without limits is left alone
+        store.write([usage_row(ago + 1, "a", "n2", prompt=1, gen=1)])
+        sync.now()
+        sync.now()  # nothing new: nothing added
+        if periods(table.now())[0] != minute:
+            pytest.skip("the minute turned during the test")
+        assert (int(r[K_REQS]), int(r[K_TOKENS]), int(r[K_TOK_DAY])) == (6, 68, 85)
+        # through the loop's step: a job, its result applied on the "loop"
+        store.write([usage_row(ago + 2, "a", "n3", prompt=2, gen=0)])
+        wait_for(lambda: (sync.jobs.step(), sync.step(), int(r[K_TOK_DAY]) == 87)[-1], 20, 0.02,
+                 "the step's sync")
+        assert sync.syncs == 4 and sync.error is None
+        # a row that reached the ledger later than LATE_S after its time: counted by
+        # the next full read, not before
+        late = sync.cut - 1
+        if late >= period_end("day", periods(table.now())[1] - 1):
+            store.write([usage_row(late, "a", "n2", prompt=3, gen=0)])
+            sync.now()
+            assert int(r[K_TOK_DAY]) == 87
+            sync.full_at -= FULL_EVERY_S
+            sync.now()
+            assert int(r[K_TOK_DAY]) == 90
+    finally:
+        table.close()
+
+
+def test_an_older_ledger_gets_the_refused_column(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.sqlite3"
+    with sqlite3.connect(path) as c:  # the table as the first ledgers made it
+        c.execute("CREATE TABLE usage (id INTEGER PRIMARY KEY, time DOUBLE PRECISION NOT NULL, "
+                  "request_id TEXT, key TEXT NOT NULL, model TEXT NOT NULL, replica TEXT, "
+                  "node TEXT, status INTEGER, prompt_tokens BIGINT, cached_tokens BIGINT, "
+                  "completion_tokens BIGINT, ttft_ms DOUBLE PRECISION, duration_ms DOUBLE "
+                  "PRECISION, cost DOUBLE PRECISION)")
+        c.execute("INSERT INTO usage (time, key, model, node, status, prompt_tokens) "
+                  "VALUES (100, 'a', 'm', 'n2', 200, 7)")
+    c.close()
+    s = open_store(str(path), "")
+    try:
+        s.schema()
+        s.write([usage_row(101, "a", "n2", prompt=1, gen=0, refused=True)])
+        got = s.others_since("n1", [0.0])
+        assert got["a"][0].requests == 1 and got["a"][0].prompt_tokens == 7
+        assert s.totals_since(0)["a"].requests == 2
+    finally:
+        s.close()

@@ -80,7 +80,9 @@ def add_cluster_options(ap: argparse.ArgumentParser) -> None:
                    help="join the cluster that coordinates through the NATS JetStream server at "
                         "URL (nats://HOST:PORT or tls://HOST:PORT; credentials may be in it)")
     g.add_argument("--node-name", default=None,
-                   help="this node's name in the cluster (default: the host name)")
+                   help="this node's name in the cluster, and in the usage ledger's node "
+                        "column (also without --cluster: servers that share a ledger need "
+                        "names of their own for --ledger-sync) (default: the host name)")
     g.add_argument("--advertise", default=None, metavar="URL",
                    help="http://HOST:PORT where other nodes reach this node's port (default: "
                         "--host and --port, the host name when --host is a wildcard)")

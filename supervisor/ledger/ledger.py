@@ -216,17 +216,19 @@ class UsageLedger:
                          round(t.cost, 9)] for k, t in self.counters.items()},
         }
 
-    def totals_since(self, since_s: float) -> dict[str, Totals]:
+    def totals_since(self, since_s: float, own: bool = False) -> dict[str, Totals]:
         """Key name -> :class:`Totals` since ``since_s`` (Unix seconds): the
         store's rows plus those still in memory (the contract with the keys'
-        windows, read once at start: a blocking query, before serving). A
-        store that fails gives the memory's rows only (logged)."""
+        windows, read once at start: a blocking query, before serving);
+        ``own``: only this node's rows (its ``node`` column: the rest of a
+        shared ledger is the sync's, :mod:`.sync`). A store that fails gives
+        the memory's rows only (logged)."""
         out: dict[str, Totals] = {}
         try:
             if not self.schema_ok:
                 self.store.schema()
                 self.schema_ok = True
-            out = self.store.totals_since(since_s)
+            out = self.store.totals_since(since_s, self.ctx.node if own else None)
         except StoreError as e:
             log.error("usage ledger: cannot read the totals from %s (windows start from "
                       "what this server saw): %s", self.store.where, e)

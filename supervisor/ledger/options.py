@@ -1,5 +1,5 @@
 """``ggmux serve``'s usage-ledger options (issue 36): ``--ledger``,
-``--ledger-buffer``, ``--state-dir``."""
+``--ledger-buffer``, ``--ledger-sync``, ``--state-dir``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 
 from .ledger import DEFAULT_BUFFER
 from .stores import SQLITE_FILE
+from .sync import DEFAULT_SYNC_S
 
 
 def default_state_dir() -> str:
@@ -27,6 +28,12 @@ def add_ledger_options(s: argparse.ArgumentParser) -> None:
     s.add_argument("--ledger-buffer", type=int, default=DEFAULT_BUFFER, metavar="N",
                    help="usage rows kept in memory while the ledger cannot be written (a "
                         "database down, a full disk); beyond, the oldest are dropped and counted")
+    s.add_argument("--ledger-sync", type=float, default=DEFAULT_SYNC_S, metavar="SECONDS",
+                   help="with --keys: every SECONDS, add the usage other nodes sharing the "
+                        "ledger (rows of another --node-name) wrote since each window's start "
+                        "to the keys' windows, so limits hold across servers; together they may "
+                        "admit more than a limit by what the others admit within about "
+                        "SECONDS + 0.6 s + a request's duration; 0: off (limits per server)")
     s.add_argument("--state-dir", default=None, metavar="DIR",
                    help="where ggmux keeps state that outlives a run, such as the SQLite "
                         "ledger (default: $XDG_STATE_HOME/ggmux or ~/.local/state/ggmux)")
@@ -36,6 +43,8 @@ def ledger_refusal(args: argparse.Namespace) -> str | None:
     """Why the ledger options cannot be used (None: they can)."""
     if args.ledger_buffer < 1:
         return "--ledger-buffer must be at least 1"
+    if not args.ledger_sync >= 0:
+        return f"--ledger-sync must be 0 (off) or more seconds, not {args.ledger_sync:g}"
     spec = args.ledger.strip()
     if spec.startswith(("postgresql://", "postgres://")):
         import importlib.util

@@ -25,7 +25,7 @@ PricesOf = Callable[[str], Prices]
 
 COLUMNS = ("time", "request_id", "key", "model", "replica", "node", "status",
            "prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms", "duration_ms",
-           "cost")
+           "cost", "refused")
 """The store's columns, in :meth:`UsageRow.values` order."""
 
 
@@ -37,7 +37,9 @@ class UsageRow:
     ``host:port``, another node's name, or "" when the proxy answered
     itself; ``node``: the node whose proxy took the request; token counts
     None when unknown; ``ttft_ms`` None when no byte came; ``cost`` in the
-    prices' currency."""
+    prices' currency; ``refused``: its key did not admit it (a limit, a
+    model it may not use), so it never counted in the key's windows (the
+    other nodes' sync leaves it out too, :mod:`.sync`)."""
 
     time: float
     request_id: str
@@ -52,12 +54,14 @@ class UsageRow:
     ttft_ms: float | None
     duration_ms: float
     cost: float
+    refused: bool = False
 
     def values(self) -> tuple:
         """The row in :data:`COLUMNS` order (for an INSERT)."""
         return (self.time, self.request_id, self.key, self.model, self.replica, self.node,
                 self.status, self.prompt_tokens, self.cached_tokens,
-                self.completion_tokens, self.ttft_ms, self.duration_ms, self.cost)
+                self.completion_tokens, self.ttft_ms, self.duration_ms, self.cost,
+                int(self.refused))
 
 
 @dataclass(slots=True)
@@ -133,4 +137,5 @@ class RowContext:
             node=self.node, status=int(rec[Q.Q_STATUS]),
             prompt_tokens=prompt, cached_tokens=cached, completion_tokens=gen,
             ttft_ms=None if ttft < 0 else ttft / 1000, duration_ms=int(rec[Q.Q_DURATION_US]) / 1000,
-            cost=cost_of(self.prices_of(model), prompt, cached, gen) if model else 0.0)
+            cost=cost_of(self.prices_of(model), prompt, cached, gen) if model else 0.0,
+            refused=bool(int(rec[Q.Q_FLAGS]) & Q.F_KEY_REFUSED))

@@ -24,6 +24,10 @@ GROUPS = ("key", "model", "day", "hour", "node", "replica", "status")
 
 DEFAULT_GROUP = ("key", "model", "day")
 
+ADDED = {"refused": "INTEGER"}
+"""Columns added after the first ledgers were made: :meth:`SqlStore.schema`
+adds them to an older table."""
+
 class StoreError(Exception):
     """The store refused or failed (down, full, unreachable): the driver's text."""
 
@@ -79,12 +83,17 @@ class SqlStore:
         cols = ", ".join(f"{c} {t}" for c, t in zip(COLUMNS, (
             "DOUBLE PRECISION NOT NULL", "TEXT", "TEXT NOT NULL", "TEXT NOT NULL", "TEXT",
             "TEXT", "INTEGER", "BIGINT", "BIGINT", "BIGINT", "DOUBLE PRECISION",
-            "DOUBLE PRECISION", "DOUBLE PRECISION")))
+            "DOUBLE PRECISION", "DOUBLE PRECISION", "INTEGER")))
 
         def create(conn) -> None:
             cur = conn.cursor()
             cur.execute(f"CREATE TABLE IF NOT EXISTS usage (id {self.ID}, {cols})")
             cur.execute("CREATE INDEX IF NOT EXISTS usage_time ON usage (time)")
+            cur.execute("SELECT * FROM usage LIMIT 0")
+            have = {d[0] for d in cur.description}
+            for c, kind in ADDED.items():  # a ledger an older ggmux made: NULL in its rows
+                if c not in have:
+                    cur.execute(f"ALTER TABLE usage ADD COLUMN {c} {kind}")
 
         self._run(create)
 
@@ -98,20 +107,60 @@ class SqlStore:
         self._run(lambda conn: conn.cursor().executemany(sql, values))
 
     # ---- reading -----------------------------------------------------------
-    def totals_since(self, since_s: float) -> dict[str, Totals]:
+    def totals_since(self, since_s: float, node: str | None = None) -> dict[str, Totals]:
         """Key name -> :class:`Totals` of the rows at or after ``since_s``
-        (Unix seconds). Raises :class:`StoreError`."""
+        (Unix seconds); only node ``node``'s rows when given. Raises
+        :class:`StoreError`."""
         sql = ("SELECT key, COUNT(*), COALESCE(SUM(prompt_tokens), 0), "
                "COALESCE(SUM(cached_tokens), 0), COALESCE(SUM(completion_tokens), 0), "
-               f"COALESCE(SUM(cost), 0) FROM usage WHERE time >= {self.P} GROUP BY key")
+               f"COALESCE(SUM(cost), 0) FROM usage WHERE time >= {self.P}"
+               + (f" AND node = {self.P}" if node is not None else "") + " GROUP BY key")
+        params = (since_s,) if node is None else (since_s, node)
 
         def read(conn):
             cur = conn.cursor()
-            cur.execute(sql, (since_s,))
+            cur.execute(sql, params)
             return cur.fetchall()
 
         return {k: Totals(int(n), int(p), int(c), int(g), float(cost))
                 for k, n, p, c, g, cost in self._run(read)}
+
+    def others_since(self, node: str, starts: Sequence[float],
+                     until: float | None = None) -> dict[str, list[Totals]]:
+        """Key name -> one :class:`Totals` per start of ``starts`` (Unix
+        seconds; a window's start each, e.g. the minute's, day's, week's and
+        month's) of the rows of keys (not ``""``) that their key admitted
+        (``refused`` not set), written by nodes other than ``node`` at or
+        after that start (and before ``until``, when given): the usage the
+        other nodes of a shared ledger counted in each window (:mod:`.sync`).
+        One query, one pass over the rows since the earliest start (the
+        ``time`` index).
+        Raises :class:`StoreError`."""
+        P = self.P
+        cols = []
+        for _ in starts:
+            cols += [f"SUM(CASE WHEN time >= {P} THEN 1 ELSE 0 END)"] + [
+                f"COALESCE(SUM(CASE WHEN time >= {P} THEN {c} ELSE 0 END), 0)"
+                for c in ("COALESCE(prompt_tokens, 0)", "COALESCE(cached_tokens, 0)",
+                          "COALESCE(completion_tokens, 0)", "COALESCE(cost, 0)")]
+        sql = (f"SELECT key, {', '.join(cols)} FROM usage WHERE time >= {P} "
+               + (f"AND time < {P} " if until is not None else "")
+               + f"AND node <> {P} AND key <> '' AND (refused IS NULL OR refused = 0) "
+               "GROUP BY key")
+        params = [s for s in starts for _ in range(5)] + [min(starts)] + (
+            [until] if until is not None else []) + [node]
+
+        def read(conn):
+            cur = conn.cursor()
+            cur.execute(sql, params)
+            return cur.fetchall()
+
+        out: dict[str, list[Totals]] = {}
+        for rec in self._run(read):
+            v = rec[1:]
+            out[rec[0]] = [Totals(int(v[i] or 0), int(v[i + 1]), int(v[i + 2]), int(v[i + 3]),
+                                  float(v[i + 4])) for i in range(0, len(v), 5)]
+        return out
 
     def usage(self, since_s: float, until_s: float,
               group: Sequence[str] = DEFAULT_GROUP) -> list[dict]:

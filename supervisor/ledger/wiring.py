@@ -14,6 +14,7 @@ from ..state import State
 from .ledger import UsageLedger
 from .records import KeyName, PricesOf, RowContext
 from .stores import open_store
+from .sync import LedgerSync
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,34 @@ def _model_name(state: State, m: int) -> str:
     return entries[m].name if 0 <= m < len(entries) else f"#{m}"
 
 
+def node_name(cfg) -> str:
+    """This server's name in the ledger's ``node`` column: ``--node-name``
+    (the cluster's node name with ``--cluster``), else the host name. Two
+    servers that share a ledger must differ in it, or neither sees the
+    other's usage as another node's (:mod:`.sync`)."""
+    return cfg.node_name or socket.gethostname()
+
+
+def start_windows(cfg, keys, ledger: UsageLedger, jobs: Jobs) -> LedgerSync | None:
+    """At start, before the proxies serve: the keys' (a
+    :class:`~..keys.KeyRegistry`) day, week and month windows seeded from
+    ``ledger`` (a restart keeps them), and their sync with the other nodes
+    that share it (:mod:`.sync`), returned; None without a keys file, or
+    with ``--ledger-sync 0`` (then the seed takes every node's rows, once).
+    With a sync, the seed takes this node's rows and the sync's first run
+    adds the others', so none counts twice. The sync's store is its own."""
+    sync = None
+    if cfg.keys_file and cfg.ledger_sync > 0:
+        sync = LedgerSync(keys, open_store(cfg.ledger, ""), node_name(cfg), jobs,
+                          cfg.ledger_sync)
+        log.info("keys: limits reconciled with the other nodes of %s every %g s (this "
+                 "node: %s)", sync.store.where, cfg.ledger_sync, sync.node)
+    keys.seed(lambda since: ledger.totals_since(since, own=sync is not None))
+    if sync is not None:
+        sync.now()  # the other nodes' usage before the first request
+    return sync
+
+
 def open_ledger(state: State, ring: RequestRing, jobs: Jobs, key_name: KeyName,
                 prices_of: PricesOf) -> UsageLedger | None:
     """The ledger of ``state.cfg`` (None when ``--ledger off``), its status
@@ -42,7 +71,7 @@ def open_ledger(state: State, ring: RequestRing, jobs: Jobs, key_name: KeyName,
     if not cfg.ledger:
         return None
     store = open_store(cfg.ledger, "")
-    node = cfg.cluster.node if cfg.cluster is not None else socket.gethostname()
+    node = node_name(cfg)
     ctx = RowContext(model_name=lambda m: _model_name(state, m),
                      replica_name=lambda slot: _replica_name(state, slot),
                      key_name=key_name, prices_of=prices_of, node=node)
