@@ -1,7 +1,7 @@
 """``ggmux usage``: the usage ledger's totals as a table (``GET /usage``, issue 36).
 
-One line per group (default: key, model, day), with requests, errors,
-prompt / cached / completion tokens, cost and the average TTFT; ``--csv``
+One line per group (default: key, model, day), with requests, errors
+(and of them those the key refused), prompt / cached / completion tokens, cost and the average TTFT; ``--csv``
 prints the server's CSV, ``--json`` its document. Times as ``GET /usage``
 takes them (``--from 7d``, ``--from 2026-12-01 --to 2026-12-02``). Uses
 ``$GGMUX_ADMIN_KEY`` when set (an admin route), else the API key.
@@ -16,7 +16,8 @@ from urllib.parse import urlencode
 
 from .http_client import Client, items
 
-COLUMNS = (("requests", "REQUESTS"), ("errors", "ERRORS"), ("prompt_tokens", "PROMPT"),
+COLUMNS = (("requests", "REQUESTS"), ("errors", "ERRORS"), ("refused", "REFUSED"),
+           ("prompt_tokens", "PROMPT"),
            ("cached_tokens", "CACHED"), ("completion_tokens", "COMPLETION"),
            ("cost", "COST"), ("ttft_ms_avg", "TTFT"))
 

@@ -125,7 +125,9 @@ def test_ring_records_become_rows_with_key_names_and_costs(store, ring):
     record(ring, 0, now - 1, model=1, key=0, prompt=1000, cached=400, gen=100)
     record(ring, 1, now - 0.5, model=0, key=1)
     record(ring, 0, now, model=0, key=-1, status=503, prompt=-1, cached=-1, gen=-1)
-    run_until(led, jobs, lambda: led.written == 3, "3 rows written")
+    record(ring, 1, now, model=0, key=1, status=429, prompt=-1, cached=-1, gen=-1,
+           flags=Q.F_KEY_REFUSED)
+    run_until(led, jobs, lambda: led.written == 4, "4 rows written")
     got = store.usage(0, now + 10, ["key", "model"])
     by = {(r["key"], r["model"]): r for r in got}
     assert set(by) == {("alice", "paid"), ("bob", "free"), ("", "free")}
@@ -136,18 +138,21 @@ def test_ring_records_become_rows_with_key_names_and_costs(store, ring):
     assert alice["cost"] == pytest.approx((600 * 2 + 400 * 0.5 + 100 * 8) / 1e6)
     assert alice["ttft_ms_avg"] == 1.5
     assert by["", "free"]["errors"] == 1 and by["", "free"]["prompt_tokens"] == 0
+    assert by["", "free"]["refused"] == 0 and by["alice", "paid"]["refused"] == 0
+    assert (by["bob", "free"]["requests"], by["bob", "free"]["errors"],
+            by["bob", "free"]["refused"]) == (2, 1, 1)
     day = time.strftime("%Y-%m-%d", time.gmtime(now))
     assert {r["day"] for r in store.usage(0, now + 10, ["day"])} == {day}
-    assert [r["requests"] for r in store.usage(0, now + 10, [])] == [3]
+    assert [r["requests"] for r in store.usage(0, now + 10, [])] == [4]
     assert store.usage(now + 5, now + 10, ["key"]) == []
     csv = usage_csv(["key", "model"], got).decode().splitlines()
-    assert csv[0] == ("key,model,requests,errors,prompt_tokens,cached_tokens,"
+    assert csv[0] == ("key,model,requests,errors,refused,prompt_tokens,cached_tokens,"
                       "completion_tokens,cost,ttft_ms_avg")
     assert len(csv) == 4
     tot = led.totals_since(now - 0.75)
     assert set(tot) == {"bob", ""} and tot["bob"].prompt_tokens == 10
     st = led.status()
-    assert (st["ok"], st["written"], st["lost"], st["pending"]) == (True, 3, 0, 0)
+    assert (st["ok"], st["written"], st["lost"], st["pending"]) == (True, 4, 0, 0)
     assert st["keys"]["alice"][:4] == [1, 1000, 400, 100]
     text = usage_metrics(st).decode()
     assert 'ggmux_key_requests_total{key="alice"} 1' in text

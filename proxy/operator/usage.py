@@ -18,7 +18,7 @@ time until now), ``group`` (comma-separated, of ``key``, ``model``,
     {"object": "usage", "from": 1733011200.0, "to": 1733097600.0,
      "group": ["key", "model", "day"],
      "data": [{"key": "alice", "model": "smollm2-135m", "day": "2026-12-03",
-               "requests": 12, "errors": 0, "prompt_tokens": 380,
+               "requests": 12, "errors": 0, "refused": 0, "prompt_tokens": 380,
                "cached_tokens": 64, "completion_tokens": 512, "cost": 0.0,
                "ttft_ms_avg": 41.5}],
      "ledger": {"store": "sqlite /var/lib/ggmux/usage.sqlite3", "ok": true, ...}}
@@ -48,7 +48,7 @@ from ...supervisor.ledger.stores import open_store
 
 _AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-VALUE_COLUMNS = ("requests", "errors", "prompt_tokens", "cached_tokens", "completion_tokens",
+VALUE_COLUMNS = ("requests", "errors", "refused", "prompt_tokens", "cached_tokens", "completion_tokens",
                  "cost", "ttft_ms_avg")
 
 

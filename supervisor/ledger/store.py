@@ -167,7 +167,8 @@ class SqlStore:
         """Totals of the rows with ``since_s <= time < until_s``, grouped by
         ``group`` (names of :data:`GROUPS`), ordered by them: one dict per
         group with its names' values, ``requests``, ``errors`` (status >=
-        400), ``prompt_tokens``, ``cached_tokens``, ``completion_tokens``,
+        400), ``refused`` (of the errors, those its key refused: a limit, a
+        model it may not use), ``prompt_tokens``, ``cached_tokens``, ``completion_tokens``,
         ``cost`` and ``ttft_ms_avg`` (None when no request had one).
         Raises ``ValueError`` for an unknown group name, :class:`StoreError`."""
         exprs = []
@@ -179,7 +180,7 @@ class SqlStore:
         by = f" GROUP BY {', '.join(f'g{i}' for i in range(len(exprs)))}" if exprs else ""
         order = f" ORDER BY {', '.join(f'g{i}' for i in range(len(exprs)))}" if exprs else ""
         sql = (f"SELECT {sel}COUNT(*), SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END), "
-               "COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(cached_tokens), 0), "
+               "SUM(CASE WHEN refused = 1 THEN 1 ELSE 0 END), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(cached_tokens), 0), "
                "COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cost), 0), AVG(ttft_ms) "
                f"FROM usage WHERE time >= {self.P} AND time < {self.P}{by}{order}")
 
@@ -192,10 +193,11 @@ class SqlStore:
         for rec in self._run(read):
             n = len(group)
             doc = dict(zip(group, rec[:n]))
-            reqs, errs, p, c, g, cost, ttft = rec[n:]
+            reqs, errs, refused, p, c, g, cost, ttft = rec[n:]
             if not reqs:
                 continue  # (no group: an empty range's one row)
-            doc.update(requests=int(reqs), errors=int(errs or 0), prompt_tokens=int(p),
+            doc.update(requests=int(reqs), errors=int(errs or 0), refused=int(refused or 0),
+                       prompt_tokens=int(p),
                        cached_tokens=int(c), completion_tokens=int(g),
                        cost=round(float(cost), 9),
                        ttft_ms_avg=None if ttft is None else round(float(ttft), 1))
