@@ -310,6 +310,40 @@ def test_responses_answer_has_reasoning_message_and_call_items():
     assert r.tool_choice == "auto" and len(r.tools) == 2 and r.output_text == "Checking."
 
 
+def test_a_call_cut_by_the_clients_limit_is_left_out_or_incomplete_in_every_api():
+    """A call the client's token limit cut (its arguments partial, or none
+    yet: cut right after the name) is no call a client may run: left out of
+    a whole Anthropic answer (``stop_reason`` ``max_tokens``), an
+    ``incomplete`` Responses item, whole and streamed; a complete call
+    before it stays as it was."""
+    from openai.types.responses import Response
+
+    for partial in ("", '{"city": "Pa'):
+        calls = (CALLS[0], ("call_2", "weather", partial))
+        a = A.from_chat(chat_answer("", calls, finish="length"), "smol")
+        assert a["stop_reason"] == "max_tokens"
+        assert [(b["id"], b["input"]) for b in a["content"] if b["type"] == "tool_use"] == [
+            ("call_1", {"city": "Paris"})]
+        t = R.to_chat(resp(tools=[{"type": "function", "name": "weather",
+                                   "parameters": WEATHER}]))
+        r = Response.model_validate(R.from_chat(chat_answer("", calls, finish="length"), t))
+        assert r.status == "incomplete"
+        assert [(o.call_id, o.status) for o in r.output if o.type == "function_call"] == [
+            ("call_1", "completed"), ("call_2", "incomplete")]
+        st = R.to_chat(resp(tools=[{"type": "function", "name": "weather",
+                                    "parameters": WEATHER}], stream=True))
+        for pieces in (1, 40):
+            evs = events(run_stream(R.ResponsesStream(st),
+                                    delta_sse(tool_deltas("", "", calls), "length"), pieces))
+            done = [d["item"] for n, d in evs if n == "response.output_item.done"
+                    and d["item"]["type"] == "function_call"]
+            assert [(i["call_id"], i["status"]) for i in done] == [
+                ("call_1", "completed"), ("call_2", "incomplete")]
+    whole = R.from_chat(chat_answer("", CALLS), R.to_chat(resp()))
+    assert {o["status"] for o in whole["output"] if o["type"] == "function_call"} == {
+        "completed"}
+
+
 def test_responses_stream_events_parse_as_the_sdks_and_rebuild_the_calls():
     from openai.types.responses import ResponseStreamEvent
 
@@ -411,6 +445,11 @@ def test_ollama_answer_cut_in_a_call_by_max_tokens_leaves_the_call_out_not_a_502
     assert "tool_calls" not in alone["message"] and alone["done_reason"] == "length"
     with pytest.raises(BadReply):
         O.Chat().response(chat_answer("", cut[1:], finish="tool_calls"), t)
+    # cut right after the name: no arguments yet, not a call with {} (required ones missing)
+    named = O.Chat().response(chat_answer("", (("call_3", "weather", ""),), finish="length"), t)
+    assert "tool_calls" not in named["message"]
+    done = O.Chat().response(chat_answer("", (("call_3", "weather", ""),)), t)  # finished: {}
+    assert done["message"]["tool_calls"][0]["function"]["arguments"] == {}
     for pieces in (1, 40):
         raw = run_stream(O.Chat().stream(t), delta_sse(tool_deltas("", "", cut), "length"),
                          pieces)

@@ -74,6 +74,7 @@ from .common import (
 from .tools import (
     arguments_object,
     content,
+    cut_by_limit,
     function_tool,
     image_part,
     named_choice,
@@ -384,7 +385,8 @@ def from_chat(obj: dict, model: str) -> dict:
     """A chat completion -> a Messages ``message`` answer; raises
     :class:`BadReply` for tool-call arguments that are not a JSON object,
     but for an answer cut by ``max_tokens`` (finish ``length``): there a
-    call whose arguments were cut (not a JSON object) is left out and
+    call whose arguments were cut (:func:`~.tools.cut_by_limit`: not a JSON
+    object, or none yet) is left out and
     ``stop_reason`` is ``max_tokens`` (issue 37, item 7: it was a 502, a
     replica fault for the client's own limit). Left out, not kept with a
     made-up ``input``: a whole answer's ``tool_use`` promises an input
@@ -397,13 +399,10 @@ def from_chat(obj: dict, model: str) -> dict:
     usage.take(obj.get("usage"))
     calls: list[dict] = []
     for c in r.calls:
-        try:
-            args = arguments_object(c.arguments, c.name)
-        except BadReply:
-            if r.finish == "length":
-                continue  # cut by the client's max_tokens: incomplete, left out
-            raise
-        calls.append({"type": "tool_use", "id": c.id, "name": c.name, "input": args})
+        if cut_by_limit(c, r.finish):
+            continue  # cut by the client's max_tokens: incomplete, left out
+        calls.append({"type": "tool_use", "id": c.id, "name": c.name,
+                      "input": arguments_object(c.arguments, c.name)})
     blocks: list[dict] = []
     if r.reasoning:
         blocks.append({"type": "thinking", "thinking": r.reasoning, "signature": ""})

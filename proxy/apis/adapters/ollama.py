@@ -53,6 +53,7 @@ from .tools import (
     ToolCall,
     arguments_object,
     arguments_text,
+    cut_by_limit,
     delta,
     function_tool,
     image_part,
@@ -349,20 +350,16 @@ def ollama_calls(calls: list[ToolCall], finish: str | None = None) -> list[dict]
     "arguments": {...}}}`` (arguments an object); raises
     :class:`~.common.BadReply` for arguments that are not one, but for an
     answer cut by the client's limit (``finish`` ``length``): there a call
-    whose arguments were cut is left out (``done_reason`` is ``length``),
+    whose arguments were cut (:func:`~.tools.cut_by_limit`) is left out (``done_reason`` is ``length``),
     since a call with made-up or missing arguments could be run, and the
     cut is the client's limit, not the replica's fault (as the Anthropic
     adapter leaves an incomplete ``tool_use`` out)."""
     out = []
     for c in calls:
-        try:
-            args = arguments_object(c.arguments, c.name)
-        except BadReply:
-            if finish == "length":
-                continue
-            raise
+        if cut_by_limit(c, finish):
+            continue
         out.append({"id": c.id, "function": {"index": len(out), "name": c.name,
-                                             "arguments": args}})
+                                             "arguments": arguments_object(c.arguments, c.name)}})
     return out
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import orjson
 
 from .common import BadReply, StreamState, Translated, Usage, new_id, now_s, sse
-from .tools import Calls, ToolCall, arguments_object, check_arguments, delta
+from .tools import Calls, ToolCall, arguments_object, check_arguments, cut_by_limit, delta
 
 
 def usage_object(u: Usage) -> dict:
@@ -77,7 +77,8 @@ def call_item(item_id: str, call: ToolCall, kind: dict, status: str) -> dict:
 def output_items(reasoning: str, text: str, calls: list[ToolCall], kinds: dict,
                  status: str) -> list[dict]:
     """The ``output`` of a whole answer: reasoning, the message (also when
-    empty, unless there are tool calls), the calls. Raises
+    empty, unless there are tool calls), the calls (a call the client's
+    limit cut is ``incomplete``: :func:`~.tools.cut_by_limit`). Raises
     :class:`BadReply` for a function call whose arguments are not a JSON
     object (a custom tool's input is free-form: the text as it came)."""
     if status != "incomplete":  # cut at max_output_tokens: the arguments may be cut too
@@ -87,7 +88,9 @@ def output_items(reasoning: str, text: str, calls: list[ToolCall], kinds: dict,
         out.append(reasoning_item(new_id("rs_"), reasoning, "completed"))
     if text or not calls:
         out.append(message_item(new_id("msg_"), text, status))
-    out += [call_item(new_id("fc_"), c, kinds.get(c.name, {}), "completed") for c in calls]
+    finish = "length" if status == "incomplete" else None
+    out += [call_item(new_id("fc_"), c, kinds.get(c.name, {}),
+                      "incomplete" if cut_by_limit(c, finish) else "completed") for c in calls]
     return out
 
 
@@ -200,7 +203,8 @@ class ResponsesStream(StreamState):
                               content_index=0, part=part))
         else:
             call, self.call = self.call, None
-            item = call_item(iid, call, self.kinds.get(call.name, {}), "completed")
+            item = call_item(iid, call, self.kinds.get(call.name, {}),
+                             "incomplete" if cut_by_limit(call, self.finish) else "completed")
             if item["type"] == "custom_tool_call":
                 out = (self._ev("response.custom_tool_call_input.delta", item_id=iid,
                                 output_index=at, delta=item["input"])

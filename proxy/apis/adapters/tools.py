@@ -199,6 +199,25 @@ def check_arguments(calls: list[ToolCall]) -> None:
         arguments_object(c.arguments, c.name)
 
 
+def cut_by_limit(call: ToolCall, finish: str | None) -> bool:
+    """Whether ``call`` was cut by the client's token limit: the answer
+    ended at it (``finish`` ``length``) and the call's arguments are not a
+    whole JSON object (empty: cut before they began, right after the
+    name). Such a call is left out of a whole Anthropic or Ollama answer and
+    is an ``incomplete`` Responses item: with empty or made-up arguments a
+    client could run it, and the cut is the client's limit, never the
+    replica's fault (no 502)."""
+    if finish != "length":
+        return False
+    text = call.arguments.strip()
+    if not text:
+        return True
+    try:
+        return not isinstance(orjson.loads(text), dict)
+    except orjson.JSONDecodeError:
+        return True
+
+
 def arguments_object(text: str, name: str) -> dict:
     """A tool call's arguments (JSON text) as the object Anthropic's
     ``input`` and Ollama's ``arguments`` are; empty text is ``{}``. Raises
