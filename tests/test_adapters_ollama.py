@@ -92,6 +92,32 @@ def test_whole_answers_and_embeddings():
         "error": "model 'x' not found"}
 
 
+def test_durations_are_the_replicas_timings_and_count_from_the_request():
+    """``prompt_eval_duration`` and ``eval_duration`` are the replica's own
+    ``timings`` (llama.cpp's ``prompt_ms``, ``predicted_ms``) when it sent
+    them, whole and streamed (a whole answer had ``eval_duration`` 0:
+    clients' tokens per second divided by zero); a stream's
+    ``total_duration`` counts from the request, not from its first chunk
+    (the prefill was missing from it)."""
+    timings = {"prompt_n": 1542, "prompt_ms": 5650.5, "predicted_n": 2, "predicted_ms": 80.25}
+    t = O.Chat().request({"model": "m", "messages": [], "stream": False})
+    t.echo["t0"] -= 6_000_000_000  # the request came 6 s ago
+    obj = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hey"},
+                        "finish_reason": "stop"}], "timings": timings,
+           "usage": {"prompt_tokens": 1542, "completion_tokens": 2, "total_tokens": 1544}}
+    r = O.Chat().response(obj, t)
+    assert (r["prompt_eval_duration"], r["eval_duration"]) == (5_650_500_000, 80_250_000)
+    assert r["total_duration"] >= 6_000_000_000
+    body = chat_sse(["A", "B"], usage=obj["usage"]).replace(
+        b'"usage":', b'"timings": ' + json.dumps(timings).encode() + b', "usage":')
+    raw = run_stream(O.Chat().stream(t), body)
+    last = json.loads(raw.decode().splitlines()[-1])
+    assert (last["prompt_eval_duration"], last["eval_duration"]) == (5_650_500_000, 80_250_000)
+    assert last["total_duration"] >= 6_000_000_000
+    bare = O.Chat().response({**obj, "timings": None}, t)  # no timings: the proxy's times
+    assert bare["prompt_eval_duration"] + bare["eval_duration"] == bare["total_duration"]
+
+
 def test_router_level_answers():
     m = {"name": "smol", "args": [], "size_bytes": 10, "created": 1700000000}
     info = {"family": "llama", "parameter_size": "135M", "quantization_level": "Q4_1"}

@@ -337,12 +337,23 @@ def created_at(ns: int | None = None) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ns % 1_000_000_000:09d}Z"
 
 
-def _done_fields(usage: Usage, t0: int, t1: int, t2: int) -> dict:
-    """Ollama's closing statistics; ``t0`` request start, ``t1`` first
-    token, ``t2`` end (``time.monotonic_ns()``)."""
+def _done_fields(usage: Usage, t0: int, t1: int, t2: int, timings=None) -> dict:
+    """Ollama's closing statistics (nanoseconds); ``t0`` request start,
+    ``t1`` first token, ``t2`` end (``time.monotonic_ns()``). The prompt's
+    and the generation's durations are the replica's own ``timings``
+    (llama.cpp's ``prompt_ms``, ``predicted_ms``) when it sent them: a whole
+    answer has no first-token time here, and clients divide ``eval_count``
+    by ``eval_duration`` for tokens per second; else the proxy's times."""
+    prompt_ns, eval_ns = max(0, t1 - t0), max(0, t2 - t1)
+    if isinstance(timings, dict):
+        p, g = timings.get("prompt_ms"), timings.get("predicted_ms")
+        if isinstance(p, int | float) and p >= 0:
+            prompt_ns = int(p * 1e6)
+        if isinstance(g, int | float) and g >= 0:
+            eval_ns = int(g * 1e6)
     return {"total_duration": t2 - t0, "load_duration": 0, "prompt_eval_count": usage.prompt,
-            "prompt_eval_duration": max(0, t1 - t0), "eval_count": usage.completion,
-            "eval_duration": max(0, t2 - t1)}
+            "prompt_eval_duration": prompt_ns, "eval_count": usage.completion,
+            "eval_duration": eval_ns}
 
 
 def ollama_calls(calls: list[ToolCall], finish: str | None = None) -> list[dict]:
@@ -378,14 +389,15 @@ class NdjsonStream(StreamState):
 
     content_type = NDJSON
 
-    def __init__(self, model: str, generate: bool) -> None:
+    def __init__(self, model: str, generate: bool, t0: int | None = None) -> None:
         self.model = model
         self.generate = generate
         self.usage = Usage()
         self.finish: str | None = None
         self.calls = Calls()
-        self.t0 = time.monotonic_ns()
+        self.t0 = time.monotonic_ns() if t0 is None else t0  # the request's arrival
         self.t1 = 0
+        self.timings: dict | None = None  # the replica's (llama.cpp), from its last chunk
 
     def _line(self, text: str, thinking: str = "", calls: list[dict] | None = None,
               **extra) -> bytes:
@@ -407,6 +419,8 @@ class NdjsonStream(StreamState):
     def chunk(self, chunk: dict) -> bytes:
         if "usage" in chunk:
             self.usage.take(chunk["usage"])
+        if isinstance(chunk.get("timings"), dict):
+            self.timings = chunk["timings"]
         d = delta(chunk)
         if d.finish:
             self.finish = d.finish
@@ -432,7 +446,8 @@ class NdjsonStream(StreamState):
                 return self.untranslatable(e)
         t2 = time.monotonic_ns()
         return out + self._line("", done=True, done_reason=done_reason(self.finish),
-                                **_done_fields(self.usage, self.t0, self.t1 or t2, t2))
+                                **_done_fields(self.usage, self.t0, self.t1 or t2, t2,
+                                               self.timings))
 
     def error(self, status: int, message: str) -> bytes:
         return orjson.dumps({"error": message}) + b"\n"
@@ -480,11 +495,11 @@ class Chat(_Ollama):
             out["message"] = msg
         t2 = time.monotonic_ns()
         out.update(done=True, done_reason=done_reason(r.finish),
-                   **_done_fields(usage, req.echo["t0"], t2, t2))
+                   **_done_fields(usage, req.echo["t0"], t2, t2, obj.get("timings")))
         return out
 
     def stream(self, req: Translated) -> StreamState:
-        return NdjsonStream(req.echo["model"], self.generate)
+        return NdjsonStream(req.echo["model"], self.generate, req.echo.get("t0"))
 
 
 class Generate(Chat):
