@@ -173,6 +173,10 @@ class LlamaBackend(Backend):
             if hasattr(cfg, k):
                 setattr(cfg, k, v)
         cfg.parallel = max(1, cfg.parallel)
+        for name in ("ctx_checkpoints", "checkpoint_min_step"):  # a preset's value
+            if getattr(cfg, name) < 0:
+                raise ValueError(f"{name.replace('_', '-')} must be 0 or more, "
+                                 f"not {getattr(cfg, name)}")
         return cfg
 
     def measure(self) -> dict:

@@ -308,6 +308,12 @@ def serve(args: argparse.Namespace) -> int:
                  "(setproctitle could not overwrite them): ps and /proc show none")
     if args.cache_scope is None:  # before keys_from() clears the key variables
         args.cache_scope = default_cache_scope(args)
+    for flag in ("ctx_checkpoints", "checkpoint_min_step", "cache_checkpoints",
+                 "cache_checkpoint_max"):
+        if (v := getattr(args, flag, None)) is not None and v < 0:
+            print(f"ggmux: --{flag.replace('_', '-')} must be 0 or more, not {v}",
+                  file=sys.stderr)
+            return 2
     pristine = copy.copy(args)  # build_registry fills defaults into what it is given
     try:
         registry = build_registry(args)

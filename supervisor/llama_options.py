@@ -335,6 +335,14 @@ def _integer(v: str) -> str:
     return v.strip()
 
 
+def _count(v: str) -> str:
+    """An integer of 0 or more (a number of checkpoints, a token spacing:
+    llama.cpp takes a negative one without a word and does nothing useful)."""
+    if int(_integer(v)) < 0:
+        raise ValueError(f"bad number {v!r} (expected 0 or more)")
+    return v.strip()
+
+
 def _decimal(v: str) -> str:
     try:
         x = float(v.strip())
@@ -382,7 +390,7 @@ def _layers(v: str) -> str:
 _INTEGERS = (
     "threads-batch", "n-predict", "batch-size", "ubatch-size", "keep", "top-k", "repeat-last-n",
     "mirostat", "dry-allowed-length", "dry-penalty-last-n", "parallel", "main-gpu",
-    "cache-reuse", "timeout", "threads-http", "ctx-checkpoints", "cache-ram", "n-cpu-moe",
+    "cache-reuse", "timeout", "threads-http", "cache-ram", "n-cpu-moe",
     "yarn-orig-ctx", "reasoning-budget", "draft-max", "draft-min", "ctx-size-draft",
     "image-min-tokens", "image-max-tokens", "sleep-idle-seconds", "seed", "prio", "poll",
     "prio-batch", "poll-batch", "spec-draft-n-max", "spec-draft-n-min",
@@ -410,6 +418,8 @@ _WORDS: dict[str, Callable[[str], str]] = {
     "numa": _one_of("distribute", "isolate", "numactl"),
     "n-gpu-layers-draft": _layers,
     "spec-type": _spec_types,
+    "ctx-checkpoints": _count,
+    "checkpoint-min-step": _count,
 }
 
 

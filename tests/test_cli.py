@@ -211,6 +211,15 @@ def test_a_bad_environment_value_is_a_usage_error_naming_the_variable():
     assert r.returncode == 2 and "$GGMUX_HF_CACHE" in r.stderr
 
 
+@pytest.mark.parametrize("flag", ["--ctx-checkpoints", "--checkpoint-min-step",
+                                  "--cache-checkpoints", "--cache-checkpoint-max"])
+def test_a_negative_checkpoint_option_is_a_usage_error(flag, tmp_path):
+    """-1 was taken silently and turned checkpoints off (llama.cpp's own
+    parser takes it too): now the flag is named and nothing starts."""
+    r = ggmux("serve", "--port", "1", "--models-dir", str(tmp_path), "--no-hf-cache", flag, "-1")
+    assert r.returncode == 2 and f"{flag} must be 0 or more, not -1" in r.stderr, r.stderr
+
+
 def test_ggmux_models_max_in_the_environment_behaves_like_the_option(serve, fakes, monkeypatch):
     fakes.add("a")
     fakes.add("b")

@@ -84,6 +84,9 @@ def test_a_bad_upstream_is_an_error_at_its_line(tmp_path, no_hub, value, words):
         ("ctv = f64", ["'ctv'", "q4_0"]),
         ("numa = all", ["'numa'", "distribute, isolate, numactl"]),
         ("ngld = most", ["'ngld'", "expected an integer"]),
+        ("ctx-checkpoints = -1", ["'ctx-checkpoints'", "expected 0 or more"]),
+        ("checkpoint-min-step = -5", ["'checkpoint-min-step'", "expected 0 or more"]),
+        ("swa-checkpoints = some", ["'swa-checkpoints'", "expected an integer"]),
     ],
 )
 def test_llama_cpp_values_of_the_wrong_type_are_errors_at_their_line(
