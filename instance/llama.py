@@ -32,7 +32,7 @@ from .grammar.structured import (
     schema_grammar,
     structured_output,
 )
-from .kv_size import kv_cache_bytes, sliding_layers
+from .kv_size import checkpoint_bytes, kv_cache_bytes, sliding_layers
 from .llama_args import llama_kwargs
 from .messages import chat_messages as jinja_messages
 from .messages import refuse_media
@@ -189,7 +189,8 @@ class LlamaBackend(Backend):
         unless given: the cache all slots share, issue 12) + compute
         estimate; ``max`` = the same with every slot at the model's trained
         context. KV: K and V, f16, ``n_layer * n_head_kv * head_dim`` per
-        token, sliding-window layers at their window (:mod:`.kv_size`). Compute: ``4 * n_ubatch * (4 * n_embd + 2 * n_ff +
+        token, sliding-window layers at their window (:mod:`.kv_size`); ``max``
+        also holds every slot's ``ctx-checkpoints`` context checkpoints. Compute: ``4 * n_ubatch * (4 * n_embd + 2 * n_ff +
         max(n_vocab, n_head * n_kv))`` bytes, where ``n_kv`` is the cells one
         token attends over (``kv-size`` in a shared cache, ``ctx-size`` in a
         slot's own stream): the graph holds either a micro-batch's logits or
@@ -259,6 +260,10 @@ class LlamaBackend(Backend):
 
         lo = need(kv, ctx)
         hi = need(max(kv, n_ctx_train * parallel), max(ctx, n_ctx_train))
+        # every slot's context checkpoints at their cap: host memory the
+        # minimum does not hold (made as prompts are read)
+        hi += parallel * cfg.ctx_checkpoints * checkpoint_bytes(
+            swa_layers, n_swa, n_head_kv * head_dim * 2)
         ngl = self.args.n_gpu_layers
         # whether the GGUF has a chat template (a base model has none: the
         # page and clients then use completions, issue 22)

@@ -100,3 +100,24 @@ def test_a_changed_last_message_rolls_back_to_its_checkpoint_in_the_slot_ram_and
     finally:
         torn.close()
     assert not list(Path(disk).rglob("*.tmp"))
+
+
+def test_swa_full_keeps_every_position_and_makes_no_checkpoint(gemma_path):
+    """With ``swa_full`` (llama-server's ``--swa-full``) the sliding-window
+    cache keeps every position, so any prefix can be cut back to and no
+    checkpoint is made (they were: 7.9 MB each for nothing); a changed last
+    message is still served from the slot."""
+    e = Engine(EngineConfig(gemma_path, ctx_size=1024, parallel=1, n_threads=1, swa_full=True,
+                            cache=CacheSettings(ram_mib=0)))
+    e.load()
+    try:
+        assert e.m.n_swa > 0 and not e.checkpoints_wanted
+        first = e.tokenize(HISTORY[:600] + last_message("old")[:120])
+        e.submit(Generation(first, GREEDY, max_tokens=1)).result(300)
+        second = e.tokenize(HISTORY[:600] + last_message("new")[:120])
+        r = e.submit(Generation(second, GREEDY, max_tokens=1)).result(300)
+        common = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == common
+        assert e.metrics()["checkpoints_made_total"] == 0
+    finally:
+        e.close()

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from ggmux.instance.kv_size import kv_cache_bytes, sliding_layers
+from ggmux.instance.kv_size import checkpoint_bytes, kv_cache_bytes, sliding_layers
 from ggmux.supervisor.demo import demo_models
 
 MIB = 1 << 20
@@ -64,6 +64,13 @@ def test_measure_counts_gemma3s_window_and_swa_full_its_whole_cache():
     path = {e.name: e.path for e in demo_models()}.get("gemma3-270m")
     if path is None:
         pytest.skip("gemma3-270m is not installed")
-    window = measure(path)["min"]["host"]
-    whole = measure(path, "--swa-full")["min"]["host"]
-    assert whole - window == 2 * 15 * 256 * 2 * (16384 - 4 * 1024)
+    window, whole = measure(path), measure(path, "--swa-full")
+    assert whole["min"]["host"] - window["min"]["host"] == 2 * 15 * 256 * 2 * (16384 - 4 * 1024)
+    # max: every slot's 32 checkpoints (7.9 MB each, the window's cells) on top
+    one = checkpoint_bytes(15, 512, 256 * 2)
+    assert one == 7_864_320  # 7,870,848 measured with the state's headers (README)
+    no_ckpt = measure(path, "--ctx-checkpoints", "0")
+    assert window["max"]["host"] - no_ckpt["max"]["host"] == 4 * 32 * one
+    # --swa-full keeps every position: it can be cut anywhere, no checkpoint is made
+    assert whole["max"]["host"] == measure(path, "--swa-full", "--ctx-checkpoints", "0")[
+        "max"]["host"]

@@ -54,8 +54,10 @@ class CheckpointSteps:
 
     @property
     def _ckpt_limited(self) -> bool:
-        """Whether the model's memory cannot be cut back to any prefix."""
-        return self.m.n_swa > 0 or self.m.recurrent
+        """Whether the model's memory cannot be cut back to any prefix (a
+        sliding window keeps every position with ``swa_full``, as
+        llama-server's ``--swa-full``: no checkpoint is needed then)."""
+        return self.m.n_swa > 0 and not self.cfg.swa_full or self.m.recurrent
 
     @property
     def _ckpt_on(self) -> bool:
