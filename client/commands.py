@@ -3,7 +3,8 @@
 They talk to a running server over its public HTTP API (stdlib
 ``http.client``, nothing else), found by ``--url``, else ``$GGMUX_URL``,
 else ``http://127.0.0.1:8080``. The key comes from ``$GGMUX_API_KEY``;
-``load``, ``unload`` and ``logs`` use ``$GGMUX_ADMIN_KEY`` when it is set
+``load``, ``unload``, ``cache clear``, ``logs``, ``keys`` and ``usage`` use
+``$GGMUX_ADMIN_KEY`` when it is set
 (the server's admin routes), else the API key. Shaped after Ollama's CLI
 (``ollama ps``, ``ollama run``): plain columns, streamed answers.
 
@@ -79,8 +80,8 @@ def add_client_options(parser: argparse.ArgumentParser, top: bool) -> None:
     kw = {} if top else {"default": argparse.SUPPRESS}
     parser.add_argument("--url", **kw,
                         help=f"the server (default: $GGMUX_URL, else {DEFAULT_URL}); the key "
-                             "comes from $GGMUX_API_KEY (load, unload and logs: "
-                             "$GGMUX_ADMIN_KEY when set)")
+                             "comes from $GGMUX_API_KEY (load, unload, cache clear, logs, keys "
+                             "and usage: $GGMUX_ADMIN_KEY when set)")
     parser.add_argument("--timeout", type=float, metavar="S", **kw,
                         help=f"seconds the server has to connect, to answer and to send a "
                              f"whole non-streamed answer (default: {DEFAULT_TIMEOUT_S:g}; run: "
@@ -168,8 +169,8 @@ def run_client(args: argparse.Namespace) -> int:
     except ServerError as e:
         hint = ""
         if e.status == 401:
-            hint = (" (set $GGMUX_API_KEY, or $GGMUX_ADMIN_KEY for load, unload, cache clear "
-                    "and logs)")
+            hint = (" (set $GGMUX_API_KEY, or $GGMUX_ADMIN_KEY for load, unload, cache clear, "
+                    "logs, keys and usage)")
         print(f"ggmux: {e}{hint}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -58,6 +58,15 @@ DEFAULT_RESERVE = 512
 """Completion tokens reserved at admission for a request that names no
 ``max_tokens`` (``reserve-tokens``), settled at its end."""
 DONE_KEPT = 64  # admin edits whose outcome stays published for the proxy that waits
+LIMIT_MAX = 10 ** 15
+"""The largest count limit (``rpm``, ``tpm``, token budgets, ...): far past
+any real one, and small enough that a window's counter plus a request's
+reservation stays inside the key table's int64 words."""
+WEIGHT_MAX = 1e6
+"""The largest token weight: a weighed request stays inside int64."""
+SPEND_MAX = 1e9
+"""The largest ``spend-per-month`` in currency units: the key table counts
+spend in nano-units, in int64 words."""
 _NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}\Z")
 _HEX = re.compile(r"[0-9a-f]{64}\Z")
 
@@ -69,6 +78,17 @@ def hash_secret(secret: str | bytes) -> str:
     if isinstance(secret, str):
         secret = secret.encode()
     return hashlib.sha256(secret).hexdigest()
+
+
+def builtin_hashes(proxy_keys: dict[str, str]) -> dict[str, str]:
+    """Hash -> option of the built-in secrets (``proxy_keys``: ``api_key``, a
+    comma-separated list, and ``admin_key``), which a keys file may not
+    reuse (:func:`read_keys_file`)."""
+    out = {hash_secret(k.strip()): "--api-key"
+           for k in (proxy_keys.get("api_key") or "").split(",") if k.strip()}
+    if proxy_keys.get("admin_key"):
+        out[hash_secret(proxy_keys["admin_key"])] = "--admin-key"
+    return out
 
 
 def new_secret() -> str:
@@ -145,16 +165,25 @@ def _bool(v: str) -> bool:
 def _apply(p: KeyPolicy, key: str, v: str) -> None:
     attr = key.replace("-", "_")
     if key in INT_KEYS:
-        n = int(v)
-        if n < 0:
-            raise ValueError("must be 0 (no limit) or more")
+        try:
+            n = int(v)
+        except ValueError:
+            raise ValueError("expected a whole number (0: no limit)") from None
+        if not 0 <= n <= LIMIT_MAX:
+            raise ValueError(f"must be 0 (no limit) to {LIMIT_MAX}")
         setattr(p, attr, n)
     elif key in FLOAT_KEYS:
-        x = float(v)
-        if not math.isfinite(x) or x < 0:
-            raise ValueError("must be a number, 0 or more")
+        top = SPEND_MAX if key == "spend-per-month" else WEIGHT_MAX
+        try:
+            x = float(v)
+        except ValueError:
+            raise ValueError("expected a number") from None
+        if not (math.isfinite(x) and 0 <= x <= top):
+            raise ValueError(f"must be a number from 0 to {top:g}")
         setattr(p, attr, x)
     elif key == "key":
+        if len(v) >= 2 and v[0] == v[-1] and v[0] in "\"'":
+            v = v[1:-1]  # key = "sk-..." is the secret sk-..., as a shell reads it
         if not v:
             raise ValueError("empty key")
         p.sha256 = hash_secret(v)
@@ -164,19 +193,27 @@ def _apply(p: KeyPolicy, key: str, v: str) -> None:
         p.sha256 = v.lower()
     elif key == "models":
         names = tuple(s.strip() for s in v.split(",") if s.strip())
-        p.models = names or ("*",)
+        if not names:  # an empty list read as "every model" would open what was meant shut
+            raise ValueError("empty (* for every model; disabled = true for none)")
+        p.models = names
     elif key == "expires":
         p.expires = parse_expires(v)
+        if not math.isfinite(p.expires) or p.expires < 0:
+            raise ValueError("must be a date or time, or epoch seconds (0 or more)")
     elif key == "disabled":
         p.disabled = _bool(v)
 
 
-def read_keys_file(path: str) -> list[KeyPolicy]:
+def read_keys_file(path: str, builtin: dict[str, str] | None = None) -> list[KeyPolicy]:
     """The keys of ``path`` in file order. Raises :class:`PresetError`
-    (``FILE:LINE: reason``) for an unknown key, a bad value, a bad name, a
-    key without ``key``/``key-sha256``, or two keys with one secret;
-    ``OSError`` when the file cannot be read."""
-    top, sections = read_ini(path)
+    (``FILE:LINE: reason``) for an unknown key, a setting given twice in a
+    section, a bad value, a bad name, a key without ``key``/``key-sha256``,
+    two keys with one secret, or a key whose secret is a built-in one
+    (``builtin``: hash -> the option that gave it, ``--admin-key`` or
+    ``--api-key``: the built-in key would win, so the file's limits would
+    silently never apply); ``OSError`` when the file cannot be read."""
+    builtin = builtin or {}
+    top, sections = read_ini(path, quote=False)
     if top:
         raise PresetError(path, top[0].line, f"'{top[0].key}' outside a section")
     defaults = KeyPolicy(name="*", sha256="")
@@ -191,7 +228,13 @@ def read_keys_file(path: str) -> list[KeyPolicy]:
                                   "_ . @ -; at most 64)")
             p = dataclasses.replace(defaults, name=s.name, sha256="",
                                     source=f"{path}:{s.line}")
+        given: set[str] = set()
         for it in s.items:
+            if it.key in given:  # which one was meant? the file says twice
+                raise PresetError(path, it.line, f"'{it.key}' given twice in [{s.name}]")
+            if it.key in ("key", "key-sha256") and {"key", "key-sha256"} & given:
+                raise PresetError(path, it.line, f"[{s.name}] has both key and key-sha256")
+            given.add(it.key)
             if it.key not in KNOWN:
                 raise PresetError(path, it.line, f"unknown key '{it.key}' (known: "
                                   f"{', '.join(sorted(KNOWN))})")
@@ -209,6 +252,9 @@ def read_keys_file(path: str) -> list[KeyPolicy]:
         if p.sha256 in seen:
             raise PresetError(path, s.line, f"[{s.name}] has the same secret as "
                               f"[{seen[p.sha256]}]")
+        if p.sha256 in builtin:
+            raise PresetError(path, s.line, f"[{s.name}] has the secret of "
+                              f"{builtin[p.sha256]} (which is never limited): give it its own")
         seen[p.sha256] = s.name
         out.append(p)
     return out
@@ -218,22 +264,26 @@ class KeyRegistry:
     """The keys of the keys file, with their rows in the key table; the
     supervisor's, and the ledger's source of key names (:meth:`name_of`)."""
 
-    def __init__(self, path: str | None, table: KeyTable | None = None) -> None:
+    def __init__(self, path: str | None, table: KeyTable | None = None,
+                 builtin: dict[str, str] | None = None) -> None:
         self.path = path
         self.table = table
+        self.builtin = builtin or {}  # hashes of --admin-key / --api-key secrets -> option
         self.keys: dict[str, KeyPolicy] = {}
         self.rows: dict[str, int] = {}  # name -> row, for the server's life
         self.names: dict[int, str] = {}
         self.done: dict[str, str | None] = {}  # admin edits by id -> error, the last ones
 
     @classmethod
-    def open(cls, path: str | None, table_name: str, shape: TableShape) -> KeyRegistry:
+    def open(cls, path: str | None, table_name: str, shape: TableShape,
+             builtin: dict[str, str] | None = None) -> KeyRegistry:
         """The registry of keys file ``path`` (None: no keys, the table holds
         only the spend of priced replicas) with a fresh key table
-        ``table_name``; raises ``ValueError`` (the file's error) or
-        ``OSError``, after removing the table."""
+        ``table_name``; ``builtin``: :func:`builtin_hashes`. Raises
+        ``ValueError`` (the file's error) or ``OSError``, after removing the
+        table."""
         table = KeyTable.create(table_name, shape)
-        reg = cls(path, table)
+        reg = cls(path, table, builtin)
         err = reg.load() if path else reg.publish()
         if err is not None:
             table.close()
@@ -271,7 +321,7 @@ class KeyRegistry:
         if self.path is None:
             return None
         try:
-            keys = read_keys_file(self.path)
+            keys = read_keys_file(self.path, self.builtin)
         except (OSError, ValueError) as e:
             return str(e)
         return self.apply(keys)

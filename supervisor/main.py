@@ -40,7 +40,7 @@ from .children import ChildSet
 from .cluster.node import ClusterNode
 from .config import Config
 from .jobs import Jobs
-from .keys import KeyRegistry, model_prices
+from .keys import KeyRegistry, builtin_hashes, model_prices
 from .ledger.sync import LedgerSync
 from .ledger.wiring import close_ledger, open_ledger, start_windows
 from .logs import install as install_ring_handler
@@ -153,7 +153,8 @@ class Supervisor(ProxyChildren):
             self.keys = KeyRegistry.open(
                 cfg.keys_file, key_table_name(cfg.shm_name),
                 TableShape(cfg.keys_max, cfg.proxies, st.sizes.models) if cfg.keys_file
-                else TableShape(1, cfg.proxies, st.sizes.models, NO_KEYS_BLOB))
+                else TableShape(1, cfg.proxies, st.sizes.models, NO_KEYS_BLOB),
+                builtin_hashes(cfg.proxy_keys))
         except (OSError, ValueError) as e:
             raise StartupError(f"--keys: {e}") from None
         st.seg = Segment.create(cfg.shm_name, st.sizes)

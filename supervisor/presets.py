@@ -110,15 +110,21 @@ _COMMENT_RE = re.compile(r"(?:^|\s)[;#]")
 _MACRO_RE = re.compile(r"\$\{env\.([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
-def read_ini(path: str) -> tuple[list[IniItem], list[IniSection]]:
+def read_ini(path: str, quote: bool = True) -> tuple[list[IniItem], list[IniSection]]:
     """Read an INI file: ``(items before the first section, sections)``.
 
-    Raises :class:`PresetError` for a line that is none of header, item,
-    comment or blank, an empty or repeated section name, and a
-    ``${env.NAME}`` whose variable is not set; ``OSError`` when the file
-    cannot be read.
+    Raises :class:`PresetError` for bytes that are not UTF-8, a line that
+    is none of header, item, comment or blank, an empty or repeated section
+    name, and a ``${env.NAME}`` whose variable is not set; ``OSError`` when
+    the file cannot be read. ``quote``: whether an error quotes the bad
+    line (not for a keys file, whose bad line may be a secret).
     """
-    text = Path(path).read_text(encoding="utf-8")
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PresetError(path, data.count(b"\n", 0, e.start) + 1,
+                          "not UTF-8 text") from None
     text = text.removeprefix("\ufeff")
     top: list[IniItem] = []
     sections: list[IniSection] = []
@@ -130,7 +136,8 @@ def read_ini(path: str) -> tuple[list[IniItem], list[IniSection]]:
         if line.startswith("["):
             m = _HEADER_RE.match(line)
             if m is None:
-                raise PresetError(path, n, f"bad section header {line!r} (expected [name])")
+                shown = f" {line!r}" if quote else ""
+                raise PresetError(path, n, f"bad section header{shown} (expected [name])")
             name = m.group(1)
             if not name:
                 raise PresetError(path, n, "empty section name")
@@ -144,7 +151,8 @@ def read_ini(path: str) -> tuple[list[IniItem], list[IniSection]]:
         m = _ITEM_RE.match(line)
         if m is None:
             raise PresetError(
-                path, n, f"expected 'key = value', '[section]' or a comment, got {line!r}"
+                path, n, "expected 'key = value', '[section]' or a comment"
+                + (f", got {line!r}" if quote else "")
             )
         value = m.group(2)
         c = _COMMENT_RE.search(value)

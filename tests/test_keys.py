@@ -72,8 +72,11 @@ def test_rpm_holds_across_proxies_in_each_apis_envelope(serve, fakes, tmp_path):
     for h in (bearer("plain"), ADMIN):
         assert s.request("POST", CHAT, chat_body("m"), headers=h)[0] == 200
     assert s.request("POST", CHAT, chat_body("m"), headers=bearer("sk-nobody"))[0] == 401
-    u = usage_of(s, "alice")
-    assert u["requests_this_minute"] == 4 and u["refused"] == 3 and u["in_flight"] == 0
+    # a request settles once its last bytes are out, a moment after the
+    # client has read them
+    u = wait_for(lambda: (u := usage_of(s, "alice"))["in_flight"] == 0 and u, 10, 0.02,
+                 "every request settled")
+    assert u["requests_this_minute"] == 4 and u["refused"] == 3
     assert "sk-alice" not in s.logs()
 
 
@@ -98,7 +101,10 @@ def test_tpm_reserves_prompt_and_max_tokens_and_settles_with_usage(serve, fakes,
         assert st == 200, (used, reserve, data)
         u = json.loads(data)["usage"]
         used += u["prompt_tokens"] + u["completion_tokens"]
-        assert usage_of(s, "t")["tokens_this_minute"] == used  # settled to the usage
+        # settled to the usage (a moment after the client read the answer;
+        # until then the reservation stands)
+        wait_for(lambda: usage_of(s, "t")["tokens_this_minute"] == used, 10, 0.02,
+                 f"settled to {used}")
     else:
         raise AssertionError("tpm never refused")
 
@@ -140,9 +146,8 @@ def test_streamed_answer_is_counted_and_day_budget_rolls_over(serve, fakes, tmp_
 
     st, w = stream_tokens()
     assert st == 200
-    u = usage_of(s, "d")
     # the day may have turned already; then this request's tokens went with it
-    assert u["tokens_today"] in (w, 0)
+    wait_for(lambda: usage_of(s, "d")["tokens_today"] in (w, 0), 10, 0.02, "settled")
 
     def refused() -> bool:
         st, _, body = s.request("POST", CHAT, chat_body("m", max_tokens=8),
@@ -213,13 +218,17 @@ def test_reload_changes_a_policy_and_admin_routes_manage_keys(serve, fakes, tmp_
     assert s.request("GET", "/keys", headers=bearer("sk-r"))[0] in (401, 403)
     # a keys file that does not read: the admin's reload says why, the keys stay
     good = s.keys_file.read_text()
-    s.keys_file.write_text(good + "rpm = lots\n")
+    s.keys_file.write_text(good + "tpm = lots\n")
     st, doc = s.json("GET", "/models?reload=1", headers=ADMIN)
     assert st == 500 and "the keys file did not reload" in doc["error"]["message"], doc
-    assert f"{s.keys_file}:4: rpm" in doc["error"]["message"]
+    assert f"{s.keys_file}:4: tpm" in doc["error"]["message"]
     assert s.request("POST", CHAT, chat_body("m"), headers=bearer("sk-r"))[0] == 200
     s.keys_file.write_text(good)
     assert s.json("GET", "/models?reload=1", headers=ADMIN)[0] == 200
+    # a limit past int64 (it crashed the supervisor, and was written to the file)
+    st, doc = s.json("POST", "/keys", {"name": "huge", "rpm": 10 ** 26}, headers=ADMIN)
+    assert st == 400 and ":7: rpm: " in doc["error"]["message"], doc
+    assert s.keys_file.read_text() == good and s.proc.poll() is None
     st, doc = s.json("POST", "/keys", {"name": "new", "models": ["m"], "rpm": 5},
                      headers=ADMIN)
     assert st == 201, doc

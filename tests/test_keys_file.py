@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from ggmux.proxy.admission import KeyAdmission, Refusal
 from ggmux.shm.keytable import KeyTable, TableShape, period_end, periods
-from ggmux.supervisor.keys import KeyRegistry, hash_secret, read_keys_file
+from ggmux.supervisor.keys import KeyRegistry, builtin_hashes, hash_secret, read_keys_file
 from ggmux.supervisor.presets import PresetError
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
@@ -40,6 +40,17 @@ def test_readme_keys_example_reads(tmp_path, monkeypatch):
     ("[a b]\nkey = x\n", "bad key name"),
     ("[a]\nkey-sha256 = abc\n", "64 hex digits"),
     ("[*]\nkey = x\n", "defaults, not a secret"),
+    # a limit past int64 once crashed the supervisor as it published the table
+    ("[a]\nkey = x\nrpm = 99999999999999999999999999\n", "rpm: must be 0 (no limit) to"),
+    ("[a]\nkey = x\ntpm = 1e23\n", "tpm: expected a whole number"),
+    ("[a]\nkey = x\nspend-per-month = 1e30\n", "spend-per-month: must be a number from 0"),
+    ("[a]\nkey = x\noutput-weight = inf\n", "output-weight: must be a number"),
+    ("[a]\nkey = x\nexpires = -5\n", "expires: must be a date"),
+    ("[a]\nkey = x\nmodels =\n", "models: empty"),
+    ("[a]\nkey = x\nrpm = 1\nrpm = 2\n", "'rpm' given twice"),
+    ("[a]\nkey = x\nkey-sha256 = " + "0" * 64 + "\n", "both key and key-sha256"),
+    ("[a]\nsk-secret-x\n", "expected 'key = value'"),
+    ("[sk-secret-x\n", "bad section header"),
 ])
 def test_bad_keys_files_name_the_line_and_never_the_secret(tmp_path, text, why):
     f = tmp_path / "k.ini"
@@ -47,6 +58,34 @@ def test_bad_keys_files_name_the_line_and_never_the_secret(tmp_path, text, why):
     with pytest.raises(PresetError) as e:
         read_keys_file(str(f))
     assert why in str(e.value) and "sk-secret-x" not in str(e.value)
+
+
+def test_a_keys_file_that_is_not_utf8_names_its_file_and_line(tmp_path):
+    f = tmp_path / "k.ini"
+    f.write_bytes(b"[a]\nkey = x\nmodels = caf\xe9\n")
+    with pytest.raises(PresetError) as e:
+        read_keys_file(str(f))
+    assert str(e.value).startswith(f"{f}:3:") and "not UTF-8" in str(e.value)
+
+
+def test_a_quoted_key_is_the_secret_inside_the_quotes(tmp_path):
+    f = tmp_path / "k.ini"
+    f.write_text('[a]\nkey = "sk-quoted"\n[b]\nkey = \'sk-single\'\n')
+    a, b = read_keys_file(str(f))
+    assert a.sha256 == hash_secret("sk-quoted") and b.sha256 == hash_secret("sk-single")
+
+
+def test_a_key_with_the_secret_of_a_built_in_key_is_refused(tmp_path):
+    # the built-in key wins the lookup: the file's limits would never apply
+    f = tmp_path / "k.ini"
+    f.write_text("[a]\nkey = sk-plain\n")
+    for keys, opt in (({"api_key": "other, sk-plain"}, "--api-key"),
+                      ({"admin_key": "sk-plain"}, "--admin-key")):
+        with pytest.raises(PresetError) as e:
+            read_keys_file(str(f), builtin_hashes(keys))
+        assert f"[a] has the secret of {opt}" in str(e.value)
+        assert "sk-plain" not in str(e.value)
+    assert read_keys_file(str(f), builtin_hashes({"api_key": "sk-other"}))[0].name == "a"
 
 
 def test_periods_and_their_ends_are_calendar_windows_utc():
