@@ -192,13 +192,22 @@ class KeyedProxy:
 
     def _key_models(self, req: Request, data: list[dict]) -> list[dict]:
         """``data`` (model objects with ``id``) without the models ``req``'s
-        key may not use."""
+        key may not use, and without their launch arguments (``status.args``:
+        file paths and options of this machine, the operator's business, not
+        a tenant's)."""
         if req.key_row < 0:
             return data
         by_name = {e["name"]: e for e in self.reg_models}
-        return [d for d in data
-                if self._key_allows(req, by_name.get(d.get("id") or d.get("name") or "", {
-                    "name": d.get("id") or d.get("name") or ""}))]
+        out = []
+        for d in data:
+            name = d.get("id") or d.get("name") or ""
+            if not self._key_allows(req, by_name.get(name, {"name": name})):
+                continue
+            st = d.get("status")
+            if isinstance(st, dict) and "args" in st:
+                d = {**d, "status": {**st, "args": []}}
+            out.append(d)
+        return out
 
     # ---- /keys --------------------------------------------------------------------------
     async def _keys_route(self, conn: HttpConnection, req: Request) -> None:

@@ -175,6 +175,10 @@ def test_allowed_models_listing_expiry_and_disabled(serve, fakes, tmp_path):
     assert s.request("POST", CHAT, chat_body("alpha"), headers=bearer("sk-a"))[0] == 200
     st, doc = s.json("GET", "/v1/models", headers=bearer("sk-a"))
     assert [m["id"] for m in doc["data"]] == ["alpha"]
+    # the launch arguments (this machine's paths) are the operator's
+    assert doc["data"][0]["status"]["args"] == []
+    assert s.json("GET", "/v1/models/alpha", headers=bearer("sk-a"))[1]["status"]["args"] == []
+    assert s.json("GET", "/v1/models", headers=ADMIN)[1]["data"][0]["status"]["args"]
     st, doc = s.json("GET", "/api/tags", headers=bearer("sk-a"))
     assert [m["name"] for m in doc["models"]] == ["alpha:latest"]
     st, doc = s.json("GET", "/v1/models", headers=ADMIN)

@@ -530,7 +530,8 @@ class ClientApis:
             conn.send_error(req, 403, f"this key may not use model '{name}'",
                             code="model_not_allowed")
             return
-        conn.send_json(req, 200, model_object(m, p.reg_models[m], p.model_rows[m], p.errors))
+        obj = model_object(m, p.reg_models[m], p.model_rows[m], p.errors)
+        conn.send_json(req, 200, p._key_models(req, [obj])[0])
 
 
 # llama.cpp options that give a model its multimodal projector
