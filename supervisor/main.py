@@ -316,6 +316,8 @@ class Supervisor(ProxyChildren):
             self.usage.step()
         if self.sync is not None and not self.state.stopping_all:
             self.sync.step()
+            if self.usage is not None:
+                self.usage.note_sync(self.sync.syncs, self.sync.clash)
         self._reap()
         now = time.monotonic_ns()
         self.replicas.escalate(now)

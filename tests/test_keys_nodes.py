@@ -81,6 +81,32 @@ def test_a_day_budget_holds_across_two_servers_sharing_the_ledger(serve, fakes, 
     b2 = node("b", port)
     assert usage(b2)["tokens_today"] == used
     assert b2.request("POST", CHAT, chat_body("m", max_tokens=4), headers=KEY)[0] == 429
+    # a restart under its name is not two servers of one name
+    for s in (a, b2):
+        n = ledger_status(s)["syncs"]
+        wait_for(lambda: ledger_status(s)["syncs"] > n + 2, 30, 0.05, "three more syncs")
+        assert ledger_status(s)["warning"] is None
+
+
+def ledger_status(s) -> dict:
+    st, doc = s.json("GET", "/usage?group=key", headers=ADMIN)
+    assert st == 200, doc
+    return doc["ledger"]
+
+
+def test_two_servers_with_one_node_name_are_told_so(serve, fakes, tmp_path):
+    # each would take the other's rows for its own: neither counts them
+    fakes.add("m", tokens=4)
+    kf = tmp_path / "keys.ini"
+    kf.write_text("[k]\nkey = sk-k\nrpm = 100\n")
+    ledger = str(tmp_path / "shared" / "usage.sqlite3")
+    same = [serve("--fake-models-dir", str(fakes), "--no-hf-cache", "--proxies", "1",
+                  "--keys", str(kf), "--admin-key", "adm", "--ledger", ledger,
+                  "--node-name", "twin", "--ledger-sync", SYNC_S) for _ in range(2)]
+    for s in same:
+        wait_for(lambda: (ledger_status(s)["warning"] or "").startswith(
+            "another server writes"), 30, 0.1, "the warning")
+        assert "give each server its own --node-name" in s.logs()
 
 
 @pytest.fixture

@@ -95,6 +95,8 @@ class UsageLedger:
         self._read_at = self._flush_at = self._status_at = 0.0
         self._status_dirty = True
         self.blob = None  # the status blob (.wiring), closed with the ledger
+        self.warning: str | None = None  # shown beside the status (a node name two servers use)
+        self.syncs = 0  # the keys' syncs with the other nodes (.sync) so far
 
     # ---- the loop's step ----------------------------------------------------------
     def step(self, now: float | None = None) -> None:
@@ -113,6 +115,14 @@ class UsageLedger:
             self._status_at = now
             self._status_dirty = False
             self.publish(self.status())
+
+    def note_sync(self, syncs: int, warning: str | None) -> None:
+        """Show the keys' sync (:mod:`.sync`) with the status (the page,
+        ``/usage``) from the next publication on: ``syncs`` done, and its
+        ``warning`` (None: none)."""
+        if (syncs, warning) != (self.syncs, self.warning):
+            self.syncs, self.warning = syncs, warning
+            self._status_dirty = True
 
     def read(self) -> int:
         """Move the ring's new records into the buffer; the rows added. A
@@ -204,7 +214,8 @@ class UsageLedger:
     def status(self) -> dict:
         """The ledger's state for the page and ``/metrics``: ``store`` (where,
         no password), ``ok``, ``error``, ``failing_since`` (Unix s),
-        ``pending`` (rows in memory), ``written``, ``lost``, ``dropped``, and
+        ``pending`` (rows in memory), ``written``, ``lost``, ``dropped``,
+        ``syncs`` and ``warning`` (:meth:`note_sync`), and
         ``keys``: key name -> [requests, prompt, cached, completion tokens,
         cost] since this server started ("" for requests without a policy key)."""
         return {
@@ -212,6 +223,7 @@ class UsageLedger:
             "failing_since": self.failing_since if self.error else None,
             "pending": len(self.pending) + (len(self.writing) if self.writing else 0),
             "written": self.written, "lost": self.lost, "dropped": self.dropped,
+            "syncs": self.syncs, "warning": self.warning,
             "keys": {k: [t.requests, t.prompt_tokens, t.cached_tokens, t.completion_tokens,
                          round(t.cost, 9)] for k, t in self.counters.items()},
         }

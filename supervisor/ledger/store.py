@@ -97,6 +97,27 @@ class SqlStore:
 
         self._run(create)
 
+    def claim_node(self, node: str, token: str, now: float) -> str | None:
+        """Write ``token`` (one server's, random) and ``now`` (Unix s) as
+        node ``node``'s claim in the ``nodes`` table; the token it held
+        before (None: none). Two live servers that write one ledger as one
+        node each overwrite the other's claim, which is how they are told
+        apart (:mod:`.sync`). Raises :class:`StoreError`."""
+        P = self.P
+
+        def claim(conn) -> str | None:
+            cur = conn.cursor()
+            cur.execute("CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, token TEXT, "
+                        "seen DOUBLE PRECISION)")
+            cur.execute(f"SELECT token FROM nodes WHERE name = {P}", (node,))
+            got = cur.fetchone()
+            cur.execute(f"INSERT INTO nodes (name, token, seen) VALUES ({P}, {P}, {P}) "
+                        "ON CONFLICT (name) DO UPDATE SET token = excluded.token, "
+                        "seen = excluded.seen", (node, token, now))
+            return got[0] if got else None
+
+        return self._run(claim)
+
     # ---- writing -----------------------------------------------------------
     def write(self, rows: Sequence[UsageRow]) -> None:
         """Insert ``rows`` in one transaction: all or none. Raises

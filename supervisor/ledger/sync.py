@@ -46,6 +46,7 @@ has a limit.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -150,6 +151,11 @@ class LedgerSync:
         self.base_need = (False,) * 4
         self.cut = 0.0
         self.full_at = -FULL_EVERY_S  # monotonic
+        # this server's claim on its node name (store.claim_node): another token
+        # found there after our first claim is another live server of that name
+        self.token = secrets.token_hex(8)
+        self.claimed = False
+        self.clash: str | None = None  # why the node name is not this server's alone
 
     # ---- the query ------------------------------------------------------------------
     def _plan(self, mono: float) -> Plan | None:
@@ -187,11 +193,12 @@ class LedgerSync:
                 out[key] = row
             return out
 
+        prev = self.store.claim_node(self.node, self.token, time.time())
         recent = spread(self.store.others_since(
             self.node, [max(plan.starts[i], plan.cut) for i in used]))
         base = spread(self.store.others_since(
             self.node, [plan.starts[i] for i in used], until=plan.cut)) if plan.full else {}
-        return base, recent
+        return base, recent, prev
 
     def now(self) -> None:
         """Sync at once, blocking (at start, before the proxies serve): a
@@ -226,7 +233,8 @@ class LedgerSync:
         if isinstance(result, Exception):
             self._failed(result)
             return
-        base, recent = result
+        base, recent, prev = result
+        self._claimed(prev)
         if plan.full:
             self.base, self.base_ids, self.base_need = base, plan.ids, plan.need
             self.cut, self.full_at = plan.cut, plan.mono
@@ -245,6 +253,20 @@ class LedgerSync:
                 row.append(tot)
             totals[key] = row
         self.apply(plan.ids, totals)
+
+    def _claimed(self, prev: str | None) -> None:
+        """After a claim of the node name that found ``prev``: a token not
+        ours, once we had claimed it, is another server writing this ledger
+        under our node name (before our first claim it may be an earlier
+        run of this server). Neither server then counts the other's usage
+        (each takes the other's rows for its own), so keys' limits hold per
+        server, not across both: logged once, shown in ``/usage``."""
+        if self.claimed and prev is not None and prev != self.token and self.clash is None:
+            self.clash = (f"another server writes {self.store.where} as node '{self.node}': "
+                          "neither counts the other's usage against the keys' limits; give "
+                          "each server its own --node-name")
+            log.error("keys: %s", self.clash)
+        self.claimed = True
 
     def _failed(self, e: Exception) -> None:
         text = str(e) if isinstance(e, StoreError) else repr(e)

@@ -52,6 +52,7 @@ function ledgerLine(st) {
   if (st.pending) text += `, ${st.pending} rows waiting`;
   if (st.lost) text += `, ${st.lost} requests missed (request ring lapped)`;
   if (st.dropped) text += `, ${st.dropped} rows dropped (buffer full)`;
+  if (st.warning) text += ` WARNING: ${st.warning}`;
   return text;
 }
 
