@@ -44,6 +44,16 @@ SETTINGS = ("models", "rpm", "tpm", "max-parallel", "tokens-per-day", "tokens-pe
             "spend-per-month", "reserve-tokens", "expires", "disabled")
 
 
+def tenant_view(obj: dict) -> dict:
+    """Model object ``obj`` without its launch arguments (``status.args``:
+    file paths and options of this machine, the operator's business, not a
+    tenant's); ``obj`` itself is left as it was."""
+    st = obj.get("status")
+    if isinstance(st, dict) and "args" in st:
+        return {**obj, "status": {**st, "args": []}}
+    return obj
+
+
 class KeyedProxy:
     """The keys half of :class:`~ggmux.proxy.server.Proxy` (module docstring);
     ``self.keys`` is its :class:`~.admission.KeyAdmission` (the key table:
@@ -190,23 +200,22 @@ class KeyedProxy:
             req.key_hold = None
             self.keys.settle(hold, prompt, cached, gen, nano)
 
+    def _key_model(self, req: Request, obj: dict) -> dict:
+        """Model object ``obj`` as ``req``'s key sees it (:func:`tenant_view`
+        for a key of the keys file; the caller checked the key may use it)."""
+        return tenant_view(obj) if req.key_row >= 0 else obj
+
     def _key_models(self, req: Request, data: list[dict]) -> list[dict]:
         """``data`` (model objects with ``id``) without the models ``req``'s
-        key may not use, and without their launch arguments (``status.args``:
-        file paths and options of this machine, the operator's business, not
-        a tenant's)."""
+        key may not use, each as :func:`tenant_view`."""
         if req.key_row < 0:
             return data
         by_name = {e["name"]: e for e in self.reg_models}
         out = []
         for d in data:
             name = d.get("id") or d.get("name") or ""
-            if not self._key_allows(req, by_name.get(name, {"name": name})):
-                continue
-            st = d.get("status")
-            if isinstance(st, dict) and "args" in st:
-                d = {**d, "status": {**st, "args": []}}
-            out.append(d)
+            if self._key_allows(req, by_name.get(name, {"name": name})):
+                out.append(tenant_view(d))
         return out
 
     # ---- /keys --------------------------------------------------------------------------

@@ -531,7 +531,7 @@ class ClientApis:
                             code="model_not_allowed")
             return
         obj = model_object(m, p.reg_models[m], p.model_rows[m], p.errors)
-        conn.send_json(req, 200, p._key_models(req, [obj])[0])
+        conn.send_json(req, 200, p._key_model(req, obj))
 
 
 # llama.cpp options that give a model its multimodal projector

@@ -79,7 +79,8 @@ class SqlStore:
             raise StoreError(str(e).strip() or type(e).__name__) from e
 
     def schema(self) -> None:
-        """Create the table and its index when missing. Raises :class:`StoreError`."""
+        """Create the tables (``usage`` and its index, ``nodes``) when missing.
+        Raises :class:`StoreError`."""
         cols = ", ".join(f"{c} {t}" for c, t in zip(COLUMNS, (
             "DOUBLE PRECISION NOT NULL", "TEXT", "TEXT NOT NULL", "TEXT NOT NULL", "TEXT",
             "TEXT", "INTEGER", "BIGINT", "BIGINT", "BIGINT", "DOUBLE PRECISION",
@@ -89,6 +90,9 @@ class SqlStore:
             cur = conn.cursor()
             cur.execute(f"CREATE TABLE IF NOT EXISTS usage (id {self.ID}, {cols})")
             cur.execute("CREATE INDEX IF NOT EXISTS usage_time ON usage (time)")
+            # each server's claim on its node name (claim_node)
+            cur.execute("CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, token TEXT, "
+                        "seen DOUBLE PRECISION)")
             cur.execute("SELECT * FROM usage LIMIT 0")
             have = {d[0] for d in cur.description}
             for c, kind in ADDED.items():  # a ledger an older ggmux made: NULL in its rows
@@ -99,7 +103,7 @@ class SqlStore:
 
     def claim_node(self, node: str, token: str, now: float) -> str | None:
         """Write ``token`` (one server's, random) and ``now`` (Unix s) as
-        node ``node``'s claim in the ``nodes`` table; the token it held
+        node ``node``'s claim in the ``nodes`` table (:meth:`schema`); the token it held
         before (None: none). Two live servers that write one ledger as one
         node each overwrite the other's claim, which is how they are told
         apart (:mod:`.sync`). Raises :class:`StoreError`."""
@@ -107,8 +111,6 @@ class SqlStore:
 
         def claim(conn) -> str | None:
             cur = conn.cursor()
-            cur.execute("CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, token TEXT, "
-                        "seen DOUBLE PRECISION)")
             cur.execute(f"SELECT token FROM nodes WHERE name = {P}", (node,))
             got = cur.fetchone()
             cur.execute(f"INSERT INTO nodes (name, token, seen) VALUES ({P}, {P}, {P}) "
