@@ -121,3 +121,45 @@ def test_swa_full_keeps_every_position_and_makes_no_checkpoint(gemma_path):
         assert e.metrics()["checkpoints_made_total"] == 0
     finally:
         e.close()
+
+
+LINES = "".join(f"Line {i}: in year {1500 + i} the town built bridge number {i}.\n"
+                for i in range(40))
+QUESTION = "Question: which bridge came {}, and in which year did the town build it?\n"
+
+
+@pytest.mark.slow
+def test_an_edited_last_line_restores_the_entry_and_reads_from_that_line_after_a_restart(
+        gemma_path, tmp_path):
+    """A sliding-window entry saved from a slot carries checkpoints at its
+    prompt's last line starts inside its window (made from the cells the
+    slot held past the window), so after a restart a prompt whose last line
+    changed reads that line only, not the last micro-batch or the whole
+    prompt, and answers as a cold prefill does (no checkpoint hint: a
+    /v1/completions prompt)."""
+    disk = str(tmp_path / "kv")
+    e = engine(gemma_path, disk)
+    try:
+        a = e.tokenize(LINES + QUESTION.format("first"))
+        b = e.tokenize(LINES + QUESTION.format("last"))
+        line = len(e.tokenize(LINES))  # the last line's start
+        assert len(a) > 768 and a[:line] == b[:line] and a[:line + 6] != b[:line + 6]
+        r = e.submit(Generation(a, GREEDY, max_tokens=4)).result(900)
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        # the slot still holds the window of the line's start, the state it saves does not
+        assert e.L.llama_memory_seq_pos_min(e.m.mem, 0) <= line - e.m.n_swa < len(a) - e.m.n_swa
+        assert e.persist(60) == 1  # the stop's save, to disk
+    finally:
+        e.close()
+    restarted = engine(gemma_path, disk, ram_mib=0)
+    try:
+        got = ask(restarted, b, 0)
+    finally:
+        restarted.close()
+    cold = engine(gemma_path, None, ram_mib=0)
+    try:
+        want = ask(cold, b, 0)
+    finally:
+        cold.close()
+    assert got["tier"] == "disk" and got["cached"] == got["checkpoint"] == line
+    assert want["cached"] == 0 and got["text"] == want["text"]

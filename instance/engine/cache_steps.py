@@ -28,6 +28,7 @@ from ..cache.checkpoint import within_bytes
 from ..cache.fingerprint import fingerprint, gguf_identity, llama_build
 from ..cache.report import empty_report
 from ..cache.tiers import CacheSettings, KVTiers, open_tiers
+from .checkpoints import END_OFFSET
 from .slots import IDLE, Slot
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,10 @@ log = logging.getLogger(__name__)
 SAVE_KEEP_SHARE = 0.5
 """A slot whose next request keeps less than this share of its cached
 tokens is saved first (llama-server: ``f_keep < 0.5``)."""
+EDIT_POINTS = 3
+"""Line starts inside a sliding-window entry's window that get a checkpoint
+when it is saved (:meth:`CacheSteps._edit_checkpoints`): an edit of one of
+the prompt's last lines restores its entry and reads from that line."""
 CLEAR_WAIT_S = 5.0
 """Most seconds ``POST /cache/clear`` waits for the decode thread to drop
 the slots' caches (it does so between two steps)."""
@@ -96,8 +101,62 @@ class CacheSteps:
             log.warning("slot %d: saving its state gave %d of %d bytes; not kept", s.id, got, n)
             return
         st = tiers.settings
-        cks = within_bytes(s.checkpoints, st.checkpoint_mib << 20, len(s.tokens), st.checkpoints)
-        tiers.save(scope, tokens, self._saved_pos_min(s), data, cks)
+        limit = st.checkpoint_mib << 20
+        cks = within_bytes(s.checkpoints, limit, len(s.tokens), st.checkpoints)
+        pos_min = self._saved_pos_min(s)
+        if st.checkpoints > 0:
+            cks = sorted([*cks, *self._edit_checkpoints(s, cks, limit - sum(c.nbytes for c in cks))],
+                         key=lambda c: c.n_tokens)
+        tiers.save(scope, tokens, pos_min, data, cks)
+
+    def _edit_checkpoints(self, s: Slot, have: list, budget: int) -> list:
+        """Checkpoints of slot ``s`` at the starts of its prompt's last
+        :data:`EDIT_POINTS` lines inside its sliding window, made as its
+        state goes to the tiers (every caller drops or cuts the slot's
+        cells right after: the slot is left holding the tokens before the
+        first of them).
+
+        Why: a sliding-window slot keeps ``n_swa + n_ubatch`` cells, so it
+        serves a prompt that diverges anywhere inside its window (an edited
+        last line) without a checkpoint; its saved state holds only the
+        window of its last position (llama.cpp writes no masked cell), so a
+        restored entry could not, and fell back to the checkpoint before the
+        prompt's last micro-batch (512 tokens read again for gemma3). The
+        cells the slot still holds past the window are read here instead:
+        cut back to a line start, its partial state there is that line's
+        checkpoint. Sizes: one partial state each (gemma3-270m: 7.9 MB),
+        within ``budget`` bytes; none for a recurrent model (no cells to
+        cut back to) or a full-attention one (its entry serves any cut)."""
+        m, L = self.m, self.L
+        if not self._ckpt_on or m.recurrent or m.n_swa <= 0 or budget <= 0:
+            return []
+        n = len(s.tokens)
+        first = L.llama_memory_seq_pos_min(m.mem, s.id)
+        lo = first + m.n_swa if first > 0 else 1  # the least cut its cells serve
+        # the prompt's end less the near-end checkpoint's offset (that one serves past it)
+        hi = n - max(0, s.n_decoded - 1) - END_OFFSET
+        if hi < lo:
+            return []
+        piece = m.piece
+        points = []
+        for p in range(hi, lo - 1, -1):
+            if b"\n" in piece(s.tokens[p - 1]) and not any(0 <= p - c.n_tokens <= END_OFFSET
+                                                          for c in have):
+                points.append(p)
+                if len(points) >= EDIT_POINTS:
+                    break
+        out = []
+        for p in points:  # newest first: each cut keeps the cells the next one needs
+            if not L.llama_memory_seq_rm(m.mem, s.id, p, -1):
+                break
+            del s.tokens[p:]
+            c = self._ckpt_take(s, p, budget)
+            if c is None:
+                break
+            budget -= c.nbytes
+            out.append(c)
+        s.checkpoints = [c for c in s.checkpoints if c.n_tokens <= len(s.tokens)]
+        return out
 
     def _saved_pos_min(self, s: Slot) -> int:
         """The first position a restore of slot ``s``'s state holds. A

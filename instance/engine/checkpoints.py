@@ -109,19 +109,11 @@ class CheckpointSteps:
         cks = s.checkpoints
         if any(c.n_tokens == n_tokens for c in cks):
             return  # made already (a batch planned again after a decode without room)
-        L, m = self.L, self.m
-        flag = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-        size = L.llama_state_seq_get_size_ext(m.ctx, s.id, flag)
-        if size <= 0:
-            return
-        data = bytearray(size)
-        got = L.llama_state_seq_get_data_ext(
-            m.ctx, (ctypes.c_uint8 * size).from_buffer(data), size, s.id, flag)
-        if got != size:
-            log.warning("slot %d: a checkpoint gave %d of %d bytes; not kept", s.id, got, size)
+        new = self._ckpt_take(s, n_tokens)
+        if new is None:
             return
         cap = self.cfg.ctx_checkpoints
-        job_id = s.job.id if s.job is not None else -1
+        job_id = new.job
         if len(cks) + 1 >= cap:  # full: those too close to an earlier one go first
             last, kept = -1, []
             for c in cks:
@@ -133,15 +125,33 @@ class CheckpointSteps:
             cks[:] = kept
         while len(cks) >= cap:
             cks.pop(0)
-        c = SlotCheckpoint(n_tokens, L.llama_memory_seq_pos_min(m.mem, s.id),
-                           L.llama_memory_seq_pos_max(m.mem, s.id), bytes(data))
-        c.job = job_id
-        cks.append(c)
+        cks.append(new)
+        log.debug("slot %d: checkpoint %d of %d at %d tokens (%.2f MiB)", s.id, len(cks), cap,
+                  n_tokens, new.nbytes / (1 << 20))
+
+    def _ckpt_take(self, s: Slot, n_tokens: int, most: int = -1) -> SlotCheckpoint | None:
+        """Slot ``s``'s partial state now, as a checkpoint of ``n_tokens``
+        tokens (its memory must hold exactly those); None when it is empty,
+        over ``most`` bytes (-1: no bound) or does not read whole. Counted
+        in the engine's checkpoint figures."""
+        L, m = self.L, self.m
+        flag = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = L.llama_state_seq_get_size_ext(m.ctx, s.id, flag)
+        if size <= 0 or 0 <= most < size:
+            return None
+        data = bytearray(size)
+        got = L.llama_state_seq_get_data_ext(
+            m.ctx, (ctypes.c_uint8 * size).from_buffer(data), size, s.id, flag)
+        if got != size:
+            log.warning("slot %d: a checkpoint gave %d of %d bytes; not kept", s.id, got, size)
+            return None
         st = self.stats
         st["checkpoints_made_total"] += 1
         st["checkpoint_bytes_made_total"] += size
-        log.debug("slot %d: checkpoint %d of %d at %d tokens (%.2f MiB)", s.id, len(cks), cap,
-                  n_tokens, size / (1 << 20))
+        c = SlotCheckpoint(n_tokens, L.llama_memory_seq_pos_min(m.mem, s.id),
+                           L.llama_memory_seq_pos_max(m.mem, s.id), bytes(data))
+        c.job = s.job.id if s.job is not None else -1
+        return c
 
     # ---- using --------------------------------------------------------------------
     def _ckpt_whole(self, s: Slot, keep: int) -> bool:
