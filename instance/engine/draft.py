@@ -48,6 +48,7 @@ import numpy as np
 from .batch import Batch
 from .model import EngineConfig, ModelContext
 from .slots import Slot, common_prefix
+from .spec_cost import PROBE, StepCost, best_length
 from .spec_options import SpecConfig, SpecError
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ MOD_LOW_ROUNDS = 5
 MASK64 = (1 << 64) - 1
 PRIOR_HITS, PRIOR_TRIES = 4.0, 5.0  # a new request's drafts: 0.8 accepted per position
 RATE_DECAY = 0.7  # weight of the older verifications in the acceptance estimate
+SHADOW_MAX = 8  # tokens of a shadow draft (Drafter.idle): it resolves within as many steps
 
 
 class SlotSpec:
@@ -70,18 +72,21 @@ class SlotSpec:
     (``fails`` in a row, ``pause_left`` tokens not drafted, ``pause_next``;
     ``hits`` / ``tries``: decayed counts of draft positions accepted and
     tested, whose ratio estimates the chance ``r`` that the next draft
-    token is accepted).
+    token is accepted; ``shadow``: a draft proposed but not verified, at
+    ``shadow_at`` tokens, checked against the tokens the slot then makes;
+    ``probe``: the next draft is a short one to learn ``r`` again).
 
-    The draft length (:meth:`limit`) maximises the expected tokens a step
-    gives per unit of its cost: a draft of ``k`` tokens gives ``(1 -
-    r^(k+1)) / (1 - r)`` tokens (each accepted with chance ``r`` until the
-    first miss, plus the one drawn after) for a decode costing ``1 +
-    token_cost * k`` single-token decodes (``SpecConfig.token_cost``); with
-    ``r`` near 1 drafts grow long, with ``r`` low they shrink to one token,
-    and drafts that keep failing pause (:meth:`record`)."""
+    The draft length (:meth:`limit`, :func:`~.spec_cost.best_length`)
+    maximises the tokens a step gives per second at ``r`` and the step's
+    measured cost per batch token; it is 0 (no draft) where every length
+    loses. A slot that does not draft then keeps ``r`` current from shadow
+    drafts its n-gram proposers make for free (:meth:`Drafter.shadow`), so
+    it drafts again when they would have been accepted; a draft model's
+    proposals cost a decode, so such a slot pauses and probes instead
+    (:meth:`record`)."""
 
     __slots__ = ("fails", "hits", "index", "indexed", "job", "mod", "mod_draft", "mod_last",
-                 "mod_low", "pause_left", "pause_next", "tries")
+                 "mod_low", "pause_left", "pause_next", "probe", "shadow", "shadow_at", "tries")
 
     def __init__(self, spec: SpecConfig) -> None:
         self.job = None
@@ -95,36 +100,52 @@ class SlotSpec:
         self.pause_left = 0
         self.pause_next = spec.pause_tokens
         self.hits, self.tries = PRIOR_HITS, PRIOR_TRIES
+        self.shadow: list[int] = []
+        self.shadow_at = 0
+        self.probe = False
 
-    def record(self, spec: SpecConfig, drafted: int, accepted: int) -> None:
-        """A verification of ``drafted`` tokens accepted ``accepted``."""
+    def record(self, spec: SpecConfig, drafted: int, accepted: int, shadow: bool = False) -> None:
+        """A verification of ``drafted`` tokens accepted ``accepted`` (a
+        ``shadow`` one: only the estimate of ``r`` learns from it)."""
         tested = accepted + (accepted < drafted)  # positions up to the first miss
         self.hits = RATE_DECAY * self.hits + accepted
         self.tries = RATE_DECAY * self.tries + tested
+        if shadow:
+            return
         if accepted == 0:
             self.fails += 1
             if self.fails >= spec.pause_after:
-                self.pause_left = self.pause_next
-                self.pause_next = min(spec.pause_max, max(1, self.pause_next * 2))
+                self.pause(spec)
                 self.fails = 0
         else:
             self.fails = 0
             self.pause_next = spec.pause_tokens
 
-    def limit(self, spec: SpecConfig, most: int) -> int:
-        """The draft length now, 1 .. ``most`` (see the class docstring)."""
-        r = min(self.hits / self.tries, 0.999) if self.tries > 0 else 0.0
-        c = spec.token_cost
-        best_k, best, gain, p = 1, 0.0, 1.0, 1.0
-        for k in range(1, most + 1):
-            p *= r
-            gain += p  # expected tokens of a k-token draft: 1 + r + ... + r^k
-            value = gain / (1.0 + c * k)
-            if value > best:
-                best_k, best = k, value
-            elif p < 1e-3:
-                break
-        return best_k
+    def pause(self, spec: SpecConfig) -> None:
+        """Draft nothing for the next ``pause_next`` tokens (doubled each
+        time, up to ``pause_max``); then a probe."""
+        self.pause_left = self.pause_next
+        self.pause_next = min(spec.pause_max, max(1, self.pause_next * 2))
+        self.probe = True
+
+    @property
+    def rate(self) -> float:
+        """The estimated chance that the next draft token is accepted."""
+        return min(self.hits / self.tries, 0.999) if self.tries > 0 else 0.0
+
+    def limit(self, spec: SpecConfig, most: int, beta: float | None = None, g: int = 1) -> int:
+        """The draft length now, 0 .. ``most``: :func:`~.spec_cost.best_length`
+        at this slot's rate, ``beta`` (one batch token's share of the step;
+        None: from ``spec.token_cost``) and ``g`` generating slots; after a
+        pause, a probe of :data:`~.spec_cost.PROBE` tokens."""
+        if beta is None:
+            c = spec.token_cost
+            beta = c / (1.0 - c + c * max(1, g)) if c < 1 else 1.0 / max(1, g)
+        k = best_length(self.rate, beta, g, most)
+        if self.probe:
+            self.probe = False
+            k = max(k, min(PROBE, most))
+        return k
 
 
 class NgramSimple:
@@ -492,6 +513,7 @@ class Drafter:
                     else None)
         self.model = (DraftModel(llama_cpp, spec, target, n_seq) if "draft-simple" in types
                       else None)
+        self.cost = StepCost(spec.token_cost)  # the engine's steps, fed by VerifySteps
 
     def load(self, target: ModelContext) -> None:
         if self.model is not None:
@@ -540,6 +562,45 @@ class Drafter:
         st.record(self.spec, drafted, accepted)
         if st.mod is not None:
             st.mod.accepted(st, accepted)
+
+    def idle(self, s: Slot, st: SlotSpec) -> None:
+        """Slot ``s`` drafts nothing this step (its drafts would lose): with
+        an n-gram proposer, a shadow draft (made now, checked against the
+        tokens it then makes, never verified: free) keeps its acceptance
+        estimate current, so it drafts again once they would pay; with only
+        a draft model, a pause and then a probe (``SlotSpec.pause``)."""
+        if self.simple is None and self.mod is None:
+            if st.pause_left <= 0:
+                st.pause(self.spec)
+            return
+        if st.shadow:
+            return  # one at a time (:meth:`resolve` ends it)
+        d: list[int] = []
+        if self.simple is not None:
+            d = self.simple.draft(st, s.tokens, s.pending)
+        if not d and st.mod is not None:
+            d = st.mod.draft(st, s.tokens, s.pending)
+            st.mod_draft = 0  # not verified: ngram-mod's low-acceptance count ignores it
+        st.shadow, st.shadow_at = d[:SHADOW_MAX], len(s.tokens) + 1
+
+    def resolve(self, s: Slot, st: SlotSpec) -> None:
+        """Check slot ``s``'s shadow draft against the tokens made since
+        (the pending one included): once it misses or is matched whole, its
+        outcome goes into the slot's acceptance estimate."""
+        d = st.shadow
+        if not d:
+            return
+        got = s.tokens[st.shadow_at:st.shadow_at + len(d)]
+        if s.pending >= 0 and len(got) < len(d):
+            got.append(s.pending)
+        m = 0
+        for a, b in zip(d, got):
+            if a != b:
+                break
+            m += 1
+        if m < len(got) or m == len(d):
+            st.record(self.spec, len(d), m, shadow=True)
+            st.shadow = []
 
 
 __all__ = ["DraftModel", "Drafter", "ModTables", "NgramMod", "NgramSimple", "SlotSpec", "vocab_mismatch"]

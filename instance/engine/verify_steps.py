@@ -66,6 +66,7 @@ class VerifySteps:
     :mod:`.sample_steps` (``_workers``, ``_cond``, ``_results``)."""
 
     drafter = None
+    _spec_step: list | None = None  # decode counters when the last step was planned
 
     def _propose(self, gen: list[Slot], room: int) -> None:
         """Set the draft of every slot of ``gen`` (generating slots) that
@@ -76,8 +77,12 @@ class VerifySteps:
         for s in gen:
             s.draft = []
         d = self.drafter
-        if d is None or room <= 0:
+        if d is None:
             return
+        self._step_sample(d)
+        if room <= 0:
+            return
+        beta = d.cost.beta(len(gen))
         asks = []
         most = MOST_DRAFT
         if self.m.n_swa > 0:
@@ -91,21 +96,38 @@ class VerifySteps:
             if job is None or s.sampler is None:
                 continue
             st = d.state(s)
+            d.resolve(s, st)
             if st.pause_left > 0:
                 st.pause_left -= 1
                 continue
             n = min(job.max_gen - s.n_decoded - 1, self.m.n_ctx - len(s.tokens) - 2, most)
             if s.sampler.grammar is not None:
                 n = min(n, MOST_GRAMMAR_DRAFT)
-            if n > 0:
-                asks.append((s, st.limit(d.spec, n)))
-        if not asks:
-            return
-        d.propose(asks)
-        for s, _ in asks:  # the batch's room, first come first served
-            if len(s.draft) > room:
-                del s.draft[room:]
-            room -= len(s.draft)
+            if n <= 0:
+                continue
+            k = st.limit(d.spec, n, beta, len(gen))
+            if k > 0:
+                asks.append((s, k))
+            else:
+                d.idle(s, st)
+        if asks:
+            d.propose(asks)
+            for s, _ in asks:  # the batch's room, first come first served
+                if len(s.draft) > room:
+                    del s.draft[room:]
+                room -= len(s.draft)
+        self._spec_step[3] = len(gen) + sum(len(s.draft) for s in gen)
+
+    def _step_sample(self, d) -> None:
+        """Feed the drafter's step cost (:class:`~.spec_cost.StepCost`) the
+        last step's decode when it held exactly the generating slots'
+        tokens and drafts planned then (one decode, no prompt tokens)."""
+        st = self.stats
+        now = [st["decode_calls_total"], st["decode_seconds_total"], st["batch_tokens_total"], 0]
+        last = self._spec_step
+        if last is not None and now[0] - last[0] == 1 and now[2] - last[2] == last[3]:
+            d.cost.add(last[3], now[1] - last[1])
+        self._spec_step = now
 
     def _verify(self, s: Slot) -> None:
         """Slot ``s`` decoded its pending token at batch index ``s.i_batch``
