@@ -309,7 +309,7 @@ def serve(args: argparse.Namespace) -> int:
     if args.cache_scope is None:  # before keys_from() clears the key variables
         args.cache_scope = default_cache_scope(args)
     for flag in ("ctx_checkpoints", "checkpoint_min_step", "cache_checkpoints",
-                 "cache_checkpoint_max"):
+                 "cache_checkpoint_max", "demand_grace"):
         if (v := getattr(args, flag, None)) is not None and v < 0:
             print(f"ggmux: --{flag.replace('_', '-')} must be 0 or more, not {v}",
                   file=sys.stderr)
@@ -394,6 +394,7 @@ def serve(args: argparse.Namespace) -> int:
         host_memory=int(args.host_memory * MiB) if args.host_memory else None,
         ttl=args.ttl, sleep_idle=args.sleep_idle_seconds, spares=max(0, args.spares),
         load_nice=args.load_nice, max_wait=args.max_wait, min_residency=args.min_residency,
+        demand_grace=args.demand_grace,
         log_ring_bytes=args.log_ring_bytes, requests_kept=args.requests_kept,
         request_excerpt=REQUEST_EXCERPT_BYTES if args.log_requests_bodies else 0,
         watch_paths=[*pristine.models_dir, *filter(None, (pristine.fake_models_dir,

@@ -50,6 +50,7 @@ class Config:
     # load time (supervisor/contention.py); a preset's max-wait / min-residency wins
     max_wait: float | None = None
     min_residency: float | None = None
+    demand_grace: float = 2.0  # an idle model whose clients come back counts as busy this long
     drain_timeout: float = 120.0  # cluster mode: a drain stops waiting for requests after this
     log_level: str = "INFO"
     # --- usage ledger (issue 36) ---

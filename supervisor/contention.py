@@ -16,6 +16,8 @@ forever, and a minimum loaded time").
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 MAX_WAIT_FLOOR_S = 30.0
 """The least default bound, seconds: tens of seconds, whatever the load time."""
 
@@ -27,6 +29,17 @@ MIN_RESIDENCY_LOADS = 3.0
 
 UNKNOWN_LOAD_S = 5.0
 """The load time assumed for a model never loaded here (its first load)."""
+
+DEMAND_GRACE_S = 2.0
+"""The default ``--demand-grace``: a closed-loop client (a chat, an agent,
+a script) thinks 0-2 s between an answer and its next request."""
+
+RETURN_START = 0.75
+"""A model's share of idle spells its clients ended within the grace,
+before any was seen: a closed-loop client's, so the first spell holds."""
+
+RETURN_WEIGHT = 0.5
+"""Weight of the newest spell in that share (the last two or three count)."""
 
 
 def max_wait_s(preset: float | None, option: float | None, loads: int,
@@ -53,3 +66,50 @@ def min_residency_s(preset: float | None, option: float | None, load_s: float) -
     if option is not None:
         return option
     return MIN_RESIDENCY_LOADS * max(0.0, load_s)
+
+
+@dataclass(slots=True)
+class Returns:
+    """Whether each model's clients come back within ``grace_s`` of its
+    last request: per model, the start of its current idle spell (nothing
+    in flight, nobody waiting; monotonic ns) and the decayed share of its
+    spells that ended within the grace.
+
+    Why: a model idle between two requests of the same client looked
+    free, so the next request for another model evicted it ("idle 0.0 s")
+    and the client's next request swapped it back. A model *holds* (its
+    idle replica counts as having demand for the grace) only while its
+    spells mostly end within the grace, so clients that moved on to
+    another model (round robin) do not make the waiting model wait for
+    nothing."""
+
+    grace_s: float = DEMAND_GRACE_S
+    idle_since: dict[int, int | None] = field(default_factory=dict)  # None: counted already
+    share: dict[int, float] = field(default_factory=dict)
+
+    def step(self, now_ns: int, demand: dict[int, int], loaded: set[int]) -> None:
+        """One tick: ``demand`` is requests waiting or in flight per model,
+        ``loaded`` the models with a replica up or loading."""
+        if self.grace_s <= 0:
+            return
+        grace = int(self.grace_s * 1e9)
+        for m in list(self.idle_since):
+            start = self.idle_since[m]
+            if demand.get(m, 0) > 0:  # its clients are back: the spell ends
+                if start is not None:
+                    self._count(m, now_ns - start <= grace)
+                del self.idle_since[m]
+            elif start is not None and now_ns - start > grace:
+                self._count(m, False)  # past the grace: counted once, then wait for demand
+                self.idle_since[m] = None
+        for m in loaded:
+            if demand.get(m, 0) <= 0 and m not in self.idle_since:
+                self.idle_since[m] = now_ns
+
+    def _count(self, m: int, returned: bool) -> None:
+        old = self.share.get(m, RETURN_START)
+        self.share[m] = (1 - RETURN_WEIGHT) * old + RETURN_WEIGHT * float(returned)
+
+    def holds(self, m: int) -> bool:
+        """Whether model ``m``'s idle replica is held through its grace."""
+        return self.grace_s > 0 and self.share.get(m, RETURN_START) > 0.5

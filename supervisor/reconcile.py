@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..shm import layout as L
-from .contention import max_wait_s, min_residency_s
+from .contention import Returns, max_wait_s, min_residency_s
 from .measure import Measurer
 from .replicas import Replicas
 from .scheduler import Drain, MemoryView, ModelView, ReplicaView, Scheduler, Spawn, Stop, Undrain
@@ -39,6 +39,7 @@ class Reconciler:
         # models for which a replica was stopped (evicted or drained) and that have
         # not loaded since: their next load is a swap (issue 34's counter)
         self.made_room: set[int] = set()
+        self.returns = Returns(state.cfg.demand_grace)  # whose clients come back (--demand-grace)
 
     def step(self, now: int) -> None:
         """Desired vs actual: measures, wakes, loads, evictions, idle stops
@@ -89,7 +90,12 @@ class Reconciler:
             and (st.models[i].measure in ("done", "failed")
                  or st.registry.entries[i].kind not in ("llama", "fake"))
         ]
-        replicas = [self._view(r, int(inflight[r.slot]), int(last_used[r.slot]))
+        demand: dict[int, int] = {int(i): int(counts[i]) for i in np.flatnonzero(counts > 0)}
+        for r in st.replicas.values():
+            demand[r.model] = demand.get(r.model, 0) + int(inflight[r.slot])
+        self.returns.step(now, demand, {r.model for r in st.replicas.values()
+                                        if not r.stop_stage})
+        replicas = [self._view(r, int(inflight[r.slot]), int(last_used[r.slot]), now)
                     for r in st.replicas.values()]
         mem = MemoryView(
             headroom=st.ledger.headroom(st.held()),
@@ -132,19 +138,25 @@ class Reconciler:
         self._idle_step(now, counts, inflight, last_used)
         self.replicas.spares.step()
 
-    def _view(self, r, inflight: int, last_used: int) -> ReplicaView:
+    def _view(self, r, inflight: int, last_used: int, now: int) -> ReplicaView:
         """The scheduler's view of replica ``r`` (its model's pin, eviction
-        priority and minimum residency, from its own load time)."""
+        priority and minimum residency, from its own load time; its grace
+        when its model's clients come back, :class:`~.contention.Returns`)."""
         st = self.state
         e = st.registry.entries[r.model]
         load_s = (r.ready_ns - r.started_ns) / NS if r.ready_ns and r.started_ns else 0.0
         stopping = r.stop_stage or r.status == L.ReplicaStatus.STOPPING
+        used = max(last_used, r.ready_ns)
+        grace = 0
+        if inflight <= 0 and r.ready_ns and self.returns.holds(r.model):
+            until = used + int(NS * self.returns.grace_s)
+            grace = until if until > now else 0
         return ReplicaView(
             r.slot, r.model, "stopping" if stopping else _STATUS_NAMES[r.status], inflight,
-            max(last_used, r.ready_ns), r.held, ready_ns=r.ready_ns, draining=r.draining,
+            used, r.held, ready_ns=r.ready_ns, draining=r.draining,
             drain_for=r.drain_for, pinned=e.pin, eviction_priority=e.eviction_priority,
             min_residency_ns=int(NS * min_residency_s(e.min_residency, st.cfg.min_residency,
-                                                      load_s)))
+                                                      load_s)), grace_until_ns=grace)
 
     def _publish_waits(self, counts, first) -> None:
         """Copy the scheduler's reasons to the models' runtime (published to

@@ -57,7 +57,10 @@ class ReplicaView:
     (``drain_for``: the model it makes room for); ``pinned``,
     ``eviction_priority``: its model's preset keys ``pin`` and
     ``eviction-priority`` (victims lowest first); ``min_residency_ns``: how
-    long it keeps its capacity while it has demand once ready."""
+    long it keeps its capacity while it has demand once ready;
+    ``grace_until_ns``: nothing in flight, but its clients are expected
+    back before then (``--demand-grace``,
+    :class:`~.contention.Returns`): it counts as busy until that time."""
 
     slot: int
     model: int
@@ -71,6 +74,7 @@ class ReplicaView:
     pinned: bool = False
     eviction_priority: int = 0
     min_residency_ns: int = 0
+    grace_until_ns: int = 0
 
 
 @dataclass(slots=True)
@@ -152,11 +156,17 @@ class Wait:
 Action = Spawn | Stop | Drain | Undrain
 
 
-def _idle(r: ReplicaView, wanted: set[int]) -> bool:
-    """An idle victim: loaded or asleep, nothing in flight, its model not
-    wanted, not pinned, not already on its way out."""
+def _unused(r: ReplicaView, wanted: set[int]) -> bool:
+    """Loaded or asleep, nothing in flight, its model not wanted, not
+    pinned, not already on its way out (its grace aside)."""
     return (r.state in ("ready", "sleeping") and r.in_flight <= 0 and r.model not in wanted
             and not r.pinned and not r.draining)
+
+
+def _idle(r: ReplicaView, wanted: set[int]) -> bool:
+    """An idle victim: unused (:func:`_unused`) and no client expected back
+    (not in its grace)."""
+    return _unused(r, wanted) and r.grace_until_ns == 0
 
 
 def _order(r: ReplicaView, wanted: set[int]) -> tuple[int, int, int]:
@@ -323,6 +333,14 @@ class Scheduler:
                 others = [r for r in running if r.slot not in evicted]
                 idle = [r for r in others if _idle(r, wanted)]
                 found = self.victim_set(idle, wanted, slots, need, soon)
+                if found is not None:
+                    # a grace yields to eviction priority: a replica in its grace
+                    # goes before an idle one the operator ranked above it
+                    graced = [r for r in others if _unused(r, wanted)]
+                    alt = self.victim_set(graced, wanted, slots, need, soon)
+                    if alt is not None and max(v.eviction_priority for v in alt) < \
+                            max(v.eviction_priority for v in found):
+                        found = alt
                 if found is None and idle and len(idle) == len(others) and len(idle) >= slots:
                     found = idle  # everything else goes, and it still does not fit
                 if found is None:
@@ -397,7 +415,7 @@ class Scheduler:
         # serve them (just ready): draining it would only turn it over
         pool = [r for r in others if not r.pinned and r.model != m.index
                 and r.state in ("ready", "sleeping")
-                and (r.in_flight > 0 or _idle(r, wanted))]
+                and (r.in_flight > 0 or r.grace_until_ns > 0 or _idle(r, wanted))]
         full = self.victim_set(pool, wanted, slots, need, soon)
         if full is None:
             loading = [r for r in others if r.state == "loading"]
@@ -430,6 +448,8 @@ class Scheduler:
         if vs is None:
             first = min(full, key=lambda r: _order(r, wanted))
             eta = max(bound_at, first.ready_ns + first.min_residency_ns) if bound_at else 0
+            if first.in_flight <= 0 and first.grace_until_ns > 0:  # free unless its clients return
+                eta = min(eta, first.grace_until_ns) if eta else first.grace_until_ns
             self.waits[m.index] = Wait(m.index, WaitReason.SLICE, first.model, eta)
             return
         waited_s = (now_ns - m.first_ns) / 1e9

@@ -226,3 +226,68 @@ def test_a_model_that_fits_only_after_a_stopping_replica_exits_waits_for_the_exi
     assert s.waits[1].reason == WaitReason.STOPPING
     mem = MemoryView(headroom={"host": 1024 << 20}, need={1: {"host": 600 << 20}})
     assert kinds(s.plan([want(1, 0.2)], [], NOW, mem)) == [("spawn", 1)]
+
+
+def test_an_idle_model_whose_clients_come_back_keeps_its_capacity_through_its_grace():
+    """Between two requests of a closed-loop client its model is idle; in
+    its grace it counts as busy (a waiting model waits, told when it
+    frees), and once the grace is over it is an idle victim again."""
+    s = Scheduler(1)
+    held = rep(0, 0, used=NOW - 1 * S, ready=NOW - 50 * S, grace_until_ns=NOW + 1 * S)
+    assert s.plan([want(1, 0.5)], [held], NOW) == []
+    w = s.waits[1]
+    assert (w.reason, w.holder, w.eta_ns) == (WaitReason.SLICE, 0, NOW + 1 * S)
+    over = rep(0, 0, used=NOW - 3 * S, ready=NOW - 50 * S)
+    assert kinds(s.plan([want(1, 0.5)], [over], NOW)) == [("stop", 0), ("spawn", 1)]
+    # past the waiting model's bound, a replica in its grace drains like a busy one
+    assert kinds(s.plan([want(1, 11.0)], [held], NOW)) == [("drain", 0, 1)]
+
+
+def test_a_model_holds_through_its_grace_only_while_its_clients_come_back_within_it():
+    """Returns: a model whose idle spells end with a request within the
+    grace (a chat's next turn) holds; one whose clients moved on to
+    another model (round robin) stops holding after a spell or two, and
+    holds again once they return."""
+    from ggmux.supervisor.contention import Returns
+
+    r = Returns(grace_s=2.0)
+    t = NOW
+    r.step(t, {0: 1}, {0})
+    assert r.holds(0)  # a closed-loop client's, before anything was seen
+    for _ in range(3):  # idle 1 s, then its client's next request
+        r.step(t, {}, {0})
+        t += 1 * S
+        r.step(t, {0: 1}, {0})
+        assert r.holds(0)
+    for _ in range(2):  # idle past the grace: nobody came back in time
+        r.step(t, {}, {0})
+        t += 3 * S
+        r.step(t, {}, {0})
+        t += 1 * S
+        r.step(t, {0: 1}, {0})
+    assert not r.holds(0)
+    r.step(t, {}, {0})
+    t += 10 * S
+    for _ in range(8):  # a long idle spell counts once, not once per grace
+        r.step(t, {}, {0})
+        t += 3 * S
+    assert r.share[0] > 0.1
+    r.step(t, {0: 1}, {0})
+    for _ in range(2):  # quick returns again
+        r.step(t, {}, {0})  # idle...
+        t += 1 * S
+        r.step(t, {}, set())  # ...evicted meanwhile: its client's return still counts
+        r.step(t, {0: 1}, set())
+    assert r.holds(0)
+    assert not Returns(grace_s=0).holds(0)  # --demand-grace 0: off
+
+
+def test_a_grace_yields_to_eviction_priority():
+    """An idle replica the operator ranked above (eviction-priority 5) is
+    not evicted instead of one in its grace ranked below."""
+    s = Scheduler(2)
+    kept = rep(0, 0, used=NOW - 5 * S, ready=NOW - 50 * S, eviction_priority=5)
+    graced = rep(1, 1, used=NOW - 1 * S, ready=NOW - 50 * S, grace_until_ns=NOW + 1 * S)
+    assert kinds(s.plan([want(2, 0.5)], [kept, graced], NOW)) == [("stop", 1), ("spawn", 2)]
+    same = rep(0, 0, used=NOW - 5 * S, ready=NOW - 50 * S)
+    assert kinds(s.plan([want(2, 0.5)], [same, graced], NOW)) == [("stop", 0), ("spawn", 2)]
