@@ -7,7 +7,11 @@ checkpoint costs. No model load is timed (bench/swap_cache.py times swaps
 through ``ggmux serve``, load included).
 
 ``python -m bench.checkpoint_restore [--words 900] [--threads 2]
-[--rounds 2] [--out FILE]``
+[--rounds 2] [--hint question|none] [--out FILE]``
+
+``--hint none``: no checkpoint hint, as a ``/v1/completions`` prompt or a
+chat of one user message (its start is the only hint): the edited question
+is then served by the checkpoints the entry carries from its window.
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--words", type=int, default=900, help="words of tools text (about 2 tokens a word)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--hint", choices=("question", "none"), default="question",
+                   help="a checkpoint hint at the question's start (a chat's last user "
+                        "message), or none")
     p.add_argument("--out")
     args = p.parse_args(argv)
     from ggmux.instance.cache.tiers import CacheSettings
@@ -66,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         return e
 
     def ttft(e: Engine, text: str, head: str, **kw) -> tuple[float, dict]:
-        at = (e.count_tokens(head) - 2,)
+        at = (e.count_tokens(head) - 2,) if args.hint == "question" else ()
         t0 = time.perf_counter()
         r = e.submit(Generation(e.tokenize(text), Sampling(temperature=0), max_tokens=1,
                                 checkpoint_at=at, **kw)).result(3600)
@@ -79,6 +86,15 @@ def main(argv: list[str] | None = None) -> int:
             e = engine(d, 64)
             try:
                 cold_a, _ = ttft(e, a, head)
+                e.submit(Generation(e.tokenize("Something else."), max_tokens=1)).result(600)
+                e.cache.flush(time.monotonic() + 60)  # A's entry and checkpoints to disk
+            finally:
+                e.close()
+            e = engine(d, 0)  # restarted: disk only
+            try:
+                back, usage = ttft(e, b, head)
+                # one checkpoint's cost, on the slot B left (not on A's before its save:
+                # loading a partial state drops the cells past the window it saves from)
                 L, m = e.L, e.m
                 flag = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
                 n = L.llama_state_seq_get_size_ext(m.ctx, 0, flag)
@@ -89,13 +105,6 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 L.llama_state_seq_set_data_ext(m.ctx, buf, n, 0, flag)
                 load_s = time.perf_counter() - t0
-                e.submit(Generation(e.tokenize("Something else."), max_tokens=1)).result(600)
-                e.cache.flush(time.monotonic() + 60)  # A's entry and checkpoints to disk
-            finally:
-                e.close()
-            e = engine(d, 0)  # restarted: disk only
-            try:
-                back, usage = ttft(e, b, head)
             finally:
                 e.close()
         e = engine(None, 0)
