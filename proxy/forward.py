@@ -76,7 +76,7 @@ from .cluster import HOP_TRUSTED, hop_headers, judge_hop, loading_info
 from .contention import queue_status
 from .cors import json_type, simple_type
 from .inference_paths import INFERENCE, TOKEN_ROUTES
-from .prefix import GENERATION_PATHS, Prediction
+from .prefix import FLUSH_S, GENERATION_PATHS, Prediction
 
 log = logging.getLogger(__name__)
 # after a request lost on a connection its replica closes after chunked
@@ -216,9 +216,19 @@ class Forwarding:
         answered it without a choice (the fast path, the one-replica shortcut,
         a session key): issue 37, item 18, a second replica coming up found
         nothing recorded and took the warm replica's prefixes cold."""
-        pred = self._predict(req, m, body, (Candidate(slot=slot, port=0, incarnation=inc),))
-        if pred is not None:
-            self.prefix.record(pred, slot, inc, ex)
+        if req.path not in GENERATION_PATHS:
+            return
+        if int(self.model_rows[m][L.M_CACHE_FLAGS]) & L.CACHE_DISK:  # its disk rows too, now
+            pred = self._predict(req, m, body, (Candidate(slot=slot, port=0, incarnation=inc),))
+            if pred is not None:
+                self.prefix.record(pred, slot, inc, ex)
+            return
+        src = req.body_json if req.body_json is not None else body
+        if type(src) is not dict:
+            return
+        scope, who = self._scope(req, m)
+        if self.prefix.later(src, who, scope, slot, inc, time.monotonic_ns()):
+            asyncio.get_running_loop().call_later(FLUSH_S, self.prefix.flush)
 
     async def _forward(
         self, conn: HttpConnection, req: Request, m: int, name: str, body: dict | None,
@@ -471,6 +481,13 @@ class Forwarding:
             if not recorded:  # answered here (or the client left): recorded too
                 self.activity.record(req, m, last_slot, None, req.status or 499)
 
+    def _scope(self, req: Request, m: int) -> tuple[str, bytes]:
+        """Model ``m``'s cache scope (its preset's ``cache-scope``, else
+        ``--cache-scope``) and, under ``key``, ``req``'s tenant (b"" else)."""
+        scope = self.reg_models[m].get("cache_scope") or self.cache_scope
+        who = tenant(req, self.tenant_secret, req.hop == HOP_TRUSTED) if scope == "key" else b""
+        return scope, who
+
     def _predict(self, req: Request, m: int, body: dict | None, cands) -> Prediction | None:
         """The prefix index's view of ``req``'s prompt among ``cands``
         (:meth:`~ggmux.proxy.prefix.PrefixRouting.predict`), or None: mode
@@ -486,8 +503,7 @@ class Forwarding:
         src = req.body_json if req.body_json is not None else body
         if type(src) is not dict:
             return None
-        scope = self.reg_models[m].get("cache_scope") or self.cache_scope
-        who = tenant(req, self.tenant_secret, req.hop == HOP_TRUSTED) if scope == "key" else b""
+        scope, who = self._scope(req, m)
         row = self.model_rows[m]
         if int(row[L.M_CACHE_FLAGS]) & L.CACHE_DISK:
             return self.prefix.predict(src, who, scope, cands, m, int(row[L.M_CACHE_EPOCH]),

@@ -190,6 +190,22 @@ class PrefixTable:
             self._put(chain ^ disk_salt(model, epoch), disk_word(model),
                       np.arange(1, chain.shape[0] + 1), now_ns)
 
+    def put_many(self, keys: np.ndarray, words: np.ndarray, blocks: np.ndarray,
+                 used_ns: np.ndarray) -> None:
+        """Many chains' entries at once (int64 ``(n,)`` each: keys already
+        salted, their ``X_REPLICA`` words, block numbers and times), as
+        :meth:`record` writes one chain's; a key given twice (two prompts
+        sharing a prefix) is written once, with its latest time."""
+        if not keys.shape[0]:
+            return
+        order = np.lexsort((used_ns, keys))  # by key, the latest use last
+        k = keys[order]
+        last = np.ones(k.shape[0], dtype=bool)
+        np.not_equal(k[1:], k[:-1], out=last[:-1])
+        pick = order[last]
+        pick.sort()  # each chain's blocks in order again, as record's
+        self._put(keys[pick], words[pick], blocks[pick], used_ns[pick])
+
     def to_disk(self, slot: int, incarnation: int, model: int, epoch: int) -> int:
         """Replica ``slot`` (``incarnation``) of ``model``, whose tiers
         spill to disk, stopped: this proxy's entries of it become disk rows
@@ -209,10 +225,11 @@ class PrefixTable:
         self._put(moved[order], disk_word(model), blocks[order], used[order])
         return int(mine.size)
 
-    def _put(self, keys: np.ndarray, word: int, blocks: np.ndarray, now_ns) -> None:
+    def _put(self, keys: np.ndarray, word, blocks: np.ndarray, now_ns) -> None:
         """Refresh or write the entries ``keys`` (int64 ``(n,)``) of
-        ``word`` (``X_REPLICA``) at ``blocks`` (``X_BLOCKS``, (n,)), used at
-        ``now_ns`` (an int, or ``(n,)`` times): :meth:`record`'s rules."""
+        ``word`` (``X_REPLICA``: an int, or ``(n,)`` words) at ``blocks``
+        (``X_BLOCKS``, (n,)), used at ``now_ns`` (an int, or ``(n,)``
+        times): :meth:`record`'s rules."""
         n = keys.shape[0]
         own = self.own
         if not np.isscalar(now_ns):
@@ -247,7 +264,7 @@ class PrefixTable:
         way = np.argsort(rows[new, :, L.X_USED_NS], axis=1, kind="stable")[
             np.arange(new.size), occ]
         own[nb, way, L.X_USED_NS] = now_ns if np.isscalar(now_ns) else now_ns[new]
-        own[nb, way, L.X_REPLICA] = word
+        own[nb, way, L.X_REPLICA] = word if np.isscalar(word) else word[new]
         own[nb, way, L.X_BLOCKS] = blocks[new]
         if NEEDS_FENCE:
             fence()

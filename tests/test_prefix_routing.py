@@ -87,6 +87,40 @@ def test_a_full_part_keeps_the_prefixes_used_last():
     assert int(t[0, :, :, L.X_USED_NS].min()) >= 1000 + 10  # the older half went first
 
 
+def test_prompts_recorded_later_in_one_batch_are_what_recording_each_writes():
+    """A request with no choice (one replica, the fast path) queues its
+    prompt; a flush hashes and writes the queue in one go: the same
+    chains (tenant seeds included) and the same entries, a prefix two
+    prompts share written once with the later time, and a lookup flushes
+    first, so it finds what was queued."""
+    from ggmux.proxy.prefix import PrefixRouting
+
+    h = ChainHasher(64, b"k")
+    rng = np.random.default_rng(3)
+    items = [(rng.bytes(64 * n + 17), seed) for n, seed in ((3, 0), (0, 5), (5, 0x1234), (1, 0))]
+    chains, counts = h.chains(items)
+    assert counts.tolist() == [3, 0, 5, 1]
+    assert chains.tolist() == np.concatenate([h.chain(d, s) for d, s in items]).tolist()
+
+    t1, f1 = table(proxies=1, buckets=64)
+    t2, f2 = table(proxies=1, buckets=64)
+    one, batch = PrefixTable(t1, f1, 0), PrefixRouting(PrefixTable(t2, f2, 0), 64, b"k")
+    batch.hasher = h
+    shared = {"messages": [{"role": "user", "content": "S" * 400}]}
+    longer = {"messages": [*shared["messages"], {"role": "user", "content": "T" * 200}]}
+    for i, (body, slot) in enumerate(((shared, 0), (longer, 0), (shared, 1))):
+        one.record(h.chain(canonical(body)), slot, slot + 1, 1000 + i)
+        assert batch.later(body, b"", "global", slot, slot + 1, 1000 + i) == (i == 0)
+    assert not batch.later({"prompt": "short"}, b"", "global", 0, 1, 1)  # under a block
+    assert not batch.later(shared, b"", "none", 0, 1, 1)  # scope none: never recorded
+    assert (t2 == 0).all()  # nothing written until the flush
+    assert batch.flush() == 3 and batch.pending == []
+    assert (t1 == t2).all()
+    batch.later(longer, b"", "global", 2, 3, 2000)
+    pred = batch.predict(longer, b"", "global", [cand(2)])  # the queue goes in first
+    assert pred.found.depth[0] == len(canonical(longer)) // 64
+
+
 def cand(slot: int, **kw) -> Candidate:
     return Candidate(slot=slot, port=9000 + slot, incarnation=slot + 1, **kw)
 
