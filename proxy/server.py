@@ -60,7 +60,7 @@ from ..shm.prefixtable import PrefixTable
 from ..shm.requestring import request_ring_name
 from ..shm.segment import Segment
 from . import answers, apis, bodies, routes
-from .accounting import Accounting
+from .accounting import Accounting, counter_rows
 from .activity import Activity
 from .admin_routes import AdminRoutes
 from .admission import KeyAdmission
@@ -144,10 +144,9 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
         self.mq.block = False
         self.cnt = self.seg.counters[index]  # (replicas, C_WORDS), ours alone
         self.mc = self.seg.mcounters[index]  # (models, MC_WORDS), ours alone
-        # the same rows as int64 memoryviews for the per-request updates: a
-        # Python-level word costs a fifth of a numpy scalar's get + set
-        self.cw = [memoryview(row) for row in self.cnt]
-        self.mcw = [memoryview(row) for row in self.mc]
+        # the same rows for the per-request updates (accounting.counter_rows)
+        self.cw = counter_rows(self.cnt)
+        self.mcw = counter_rows(self.mc)
         self.load_wait = load_wait
         self.queue_timeout = queue_timeout
         self.max_queue = max_queue
