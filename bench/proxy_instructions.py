@@ -16,11 +16,13 @@ event loop's idle turns between them). Reports instructions per request
 libc; the kernel is not counted) per workload and build, and the top
 functions of each dump (``callgrind_annotate``).
 
-Needs valgrind (``apt-get install valgrind``). Usage, from the repository
-root (a few minutes: the proxy starts 50x slower under callgrind)::
+Needs valgrind (``apt-get install valgrind``; ``nginx`` for ``--builds
+...,nginx``). Usage, from the repository root (a few minutes: the proxy
+starts 50x slower under callgrind)::
 
     python -m bench.proxy_instructions
     python -m bench.proxy_instructions --requests 2000 --top 25
+    python -m bench.proxy_instructions --builds compiled,nginx
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .compare import NGINX_CONF
 from .proxy_cost import CHAT_BODY, FAKE_CMD, free_port, wait_http
 
 WORKLOADS = {
@@ -76,6 +79,87 @@ def totals(dump: Path) -> dict[str, int]:
     raise RuntimeError(f"no total in {dump}")
 
 
+def nginx_measure(instance_port: str, args, tmp: Path) -> dict[str, tuple]:
+    """The same counts for one nginx worker in front of the same instance
+    (``master_process off``: the process callgrind runs is the worker),
+    with ``bench/compare.py``'s configuration: the floor a proxy in C pays
+    per request for the same framing and relaying."""
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    nd = tmp / "nginx"
+    nd.mkdir()
+    port = free_port()
+    conf = nd / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(user="user root;\n" if os.geteuid() == 0 else "",
+                                      workers=1, tmp=nd, upstream=instance_port, port=port))
+    out = tmp / "cg-nginx.out"
+    proc = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+         *(["--cache-sim=yes"] if args.cache_sim else []), nginx, "-p", str(nd), "-c",
+         str(conf), "-g", "daemon off; master_process off;"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    results = {}
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 120)
+        for i, (name, request) in enumerate(WORKLOADS.items()):
+            request = request.replace(b"/upstream/m/health", b"/health")
+            results[name] = _count(proc.pid, port, request, out, i, args)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return results
+
+
+def floor_measure(instance_port: str, args, tmp: Path) -> dict[str, tuple]:
+    """The same counts for :mod:`bench.relay_floor` in front of the same
+    instance: a relay on uvloop and httptools with none of ggmux's work."""
+    port = free_port()
+    out = tmp / "cg-floor.out"
+    proc = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+         *(["--cache-sim=yes"] if args.cache_sim else []), sys.executable, "-m",
+         "bench.relay_floor", "--port", str(port), "--upstream", instance_port],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=Path(__file__).resolve().parents[1])
+    results = {}
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 300)
+        for i, (name, request) in enumerate(WORKLOADS.items()):
+            request = request.replace(b"/upstream/m/health", b"/health")
+            results[name] = _count(proc.pid, port, request, out, i, args)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return results
+
+
+def _count(pid: int, port: int, request: bytes, out: Path, i: int, args) -> tuple:
+    """Warm up, zero, send ``args.requests``, dump: ``(Ir per request, top
+    lines, other events per request)`` of dump ``i + 1``."""
+    send(port, request, args.warmup)
+    subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
+    send(port, request, args.requests)
+    subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
+    dump = Path(f"{out}.{i + 1}")
+    deadline = time.monotonic() + 60
+    while not dump.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    top = subprocess.run(["callgrind_annotate", "--inclusive=no", "--threshold=100", str(dump)],
+                         check=False, capture_output=True, text=True).stdout
+    lines = [ln for ln in top.splitlines() if re.match(r"^\s*[\d,]+ \(", ln)
+             and "PROGRAM TOTALS" not in ln]
+    t = totals(dump)
+    return (t["Ir"] / args.requests, "\n".join(lines[: args.top]),
+            {k: v / args.requests for k, v in t.items() if k != "Ir"})
+
+
 def measure(build: str, shm: str, mq: str, args, tmp: Path) -> dict[str, tuple]:
     """Instructions per request of one build's proxy for every workload, and
     the top of each dump's annotation."""
@@ -97,22 +181,7 @@ def measure(build: str, shm: str, mq: str, args, tmp: Path) -> dict[str, tuple]:
     try:
         wait_http(f"http://127.0.0.1:{port}/upstream/m/health", 600)
         for i, (name, request) in enumerate(WORKLOADS.items()):
-            send(port, request, args.warmup)
-            subprocess.run(["callgrind_control", "-z", str(proc.pid)], check=True,
-                           capture_output=True)
-            send(port, request, args.requests)
-            subprocess.run(["callgrind_control", "-d", str(proc.pid)], check=True,
-                           capture_output=True)
-            dump = Path(f"{out}.{i + 1}")
-            deadline = time.monotonic() + 60
-            while not dump.exists() and time.monotonic() < deadline:
-                time.sleep(0.2)
-            top = subprocess.run(["callgrind_annotate", str(dump)], check=False,
-                                 capture_output=True, text=True).stdout
-            lines = [ln for ln in top.splitlines() if re.match(r"^\s*[\d,]+ \(", ln)]
-            t = totals(dump)
-            results[name] = (t["Ir"] / args.requests, "\n".join(lines[: args.top]),
-                             {k: v / args.requests for k, v in t.items() if k != "Ir"})
+            results[name] = _count(proc.pid, port, request, out, i, args)
     finally:
         proc.stdin.close()
         try:
@@ -127,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=1000, help="requests counted per workload")
     ap.add_argument("--warmup", type=int, default=200, help="requests before counting")
-    ap.add_argument("--builds", default="pure,compiled")
+    ap.add_argument("--builds", default="pure,compiled",
+                    help="comma-separated: pure, compiled, nginx (one nginx worker in front "
+                         "of the same instance), floor (bench/relay_floor.py there)")
     ap.add_argument("--top", type=int, default=15, help="functions shown per dump")
     ap.add_argument("--cache-sim", action="store_true",
                     help="also simulate the caches (callgrind's I1/D1/LL misses per request)")
@@ -148,7 +219,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     try:
         wait_http(f"http://127.0.0.1:{port}/v1/chat/completions", 60, CHAT_BODY.encode())
-        rows = {b: measure(b, f"ggmux-{port}", f"/ggmux-{port}-q", args, tmp)
+        found = re.search(r"starting m in slot \d+ \(pid \d+, port (\d+)\)",
+                          (tmp / "ggmux.log").read_text())
+        other = {"nginx": nginx_measure, "floor": floor_measure}
+        rows = {b: other[b](found.group(1), args, tmp) if b in other else
+                measure(b, f"ggmux-{port}", f"/ggmux-{port}-q", args, tmp)
                 for b in args.builds.split(",")}
     finally:
         os.killpg(sup.pid, signal.SIGTERM)
