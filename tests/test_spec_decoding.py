@@ -364,12 +364,22 @@ def test_ngram_mod_drafts_never_tell_one_tenant_another_tenants_text():
     table for every tenant, a right guess drafted a's next tokens. Under
     ``cache_scope`` ``key`` the table is the tenant's own: b's right guess
     drafts nothing, while a (the control, so the test can fail) does."""
+    from ggmux.instance.engine.spec_cost import StepCost
+
+    class Free(StepCost):
+        """Drafts cost nothing here: whether a slot drafts is its table's
+        doing, never this machine's measured speed (the control must draft)."""
+
+        def fit(self):
+            return None
+
     spec = SpecConfig(types=("ngram-mod",), ngram_mod_n_match=4, ngram_mod_n_min=1,
                       ngram_mod_n_max=8)
     for scope, leaks in (("global", True), ("key", False)):
         e = Engine(EngineConfig(smollm2_path(), ctx_size=512, parallel=2, n_threads=1,
                                 spec=spec, cache_scope=scope))
         e.load()
+        e.drafter.cost = Free(0.0)
         try:
             secret = e.tokenize("Note to self: the vault code is 4 8 1 5 9 2 6 3 7 and the "
                                 "spare key is under the third stone by the gate.")

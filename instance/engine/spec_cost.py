@@ -27,6 +27,9 @@ DECAY = 0.97
 MIN_SPREAD = 0.25
 """Weighted variance of the samples' batch sizes (tokens^2) below which the
 slope is not fitted (steps that all had the same size say nothing about it)."""
+MIN_WEIGHT = 8.0
+"""Decayed sample weight (about the last eight steps) below which the fit is
+not trusted and the prior stands."""
 MARGIN = 1.05
 """The least gain (tokens per second, over no draft) a draft must promise."""
 PROBE = 2
@@ -59,7 +62,7 @@ class StepCost:
     def fit(self) -> tuple[float, float] | None:
         """``(a, b)`` in seconds, or None while the samples cannot tell (too
         few sizes, or a fit that is not a cost: ``a`` or ``b`` not positive)."""
-        if self.w < 2:
+        if self.w < MIN_WEIGHT:
             return None
         mn, mt = self.sn / self.w, self.st / self.w
         var = self.snn / self.w - mn * mn
