@@ -34,9 +34,11 @@ DEMAND_GRACE_S = 2.0
 """The default ``--demand-grace``: a closed-loop client (a chat, an agent,
 a script) thinks 0-2 s between an answer and its next request."""
 
-RETURN_START = 0.75
+RETURN_START = 0.5
 """A model's share of idle spells its clients ended within the grace,
-before any was seen: a closed-loop client's, so the first spell holds."""
+before any was seen: undecided, so a model holds only once its clients came
+back within the grace (a round robin's clients, which never come back in
+time, never make a waiting model wait for a grace)."""
 
 RETURN_WEIGHT = 0.5
 """Weight of the newest spell in that share (the last two or three count)."""

@@ -253,12 +253,12 @@ def test_a_model_holds_through_its_grace_only_while_its_clients_come_back_within
     r = Returns(grace_s=2.0)
     t = NOW
     r.step(t, {0: 1}, {0})
-    assert r.holds(0)  # a closed-loop client's, before anything was seen
+    assert not r.holds(0)  # undecided before anything was seen: it has to be earned
     for _ in range(3):  # idle 1 s, then its client's next request
         r.step(t, {}, {0})
         t += 1 * S
         r.step(t, {0: 1}, {0})
-        assert r.holds(0)
+        assert r.holds(0)  # from the first return on
     for _ in range(2):  # idle past the grace: nobody came back in time
         r.step(t, {}, {0})
         t += 3 * S
