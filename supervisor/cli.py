@@ -160,10 +160,13 @@ def cache_defaults(args: argparse.Namespace) -> dict[str, object]:
 
 
 def default_cache_scope(args: argparse.Namespace) -> str:
-    """``--cache-scope`` when not given: ``key`` when a key is set (by option
-    or ``$GGMUX_API_KEY`` / ``$GGMUX_ADMIN_KEY``: callers are told apart),
-    else ``global`` (every caller is one client; issue 18, finding 6)."""
+    """``--cache-scope`` when not given: ``key`` when a key is set (by option,
+    a keys file, or ``$GGMUX_API_KEY`` / ``$GGMUX_ADMIN_KEY``: callers are
+    told apart), else ``global`` (every caller is one client; issue 18,
+    finding 6). A keys file alone counts: its tenants are the ones whose
+    prompts (and images) must not serve each other."""
     keyed = (getattr(args, "api_key", None) or getattr(args, "admin_key", None)
+             or getattr(args, "keys", None)
              or os.environ.get("GGMUX_API_KEY") or os.environ.get("GGMUX_ADMIN_KEY"))
     return "key" if keyed else "global"
 
