@@ -102,13 +102,13 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="the server's /ps document as JSON")
     p.set_defaults(func=cmd_ps)
     p = sub.add_parser("load", parents=[common], help="load a model and wait until it serves")
-    p.add_argument("name")
+    p.add_argument("name", help="the model (a name or alias)")
     p.add_argument("--no-wait", action="store_true", help="return once the server took it")
     p.add_argument("--wait", type=float, default=900.0, metavar="S",
                    help="seconds to wait for the load (default: 900)")
     p.set_defaults(func=cmd_load)
     p = sub.add_parser("unload", parents=[common], help="unload a model, or every idle one")
-    p.add_argument("name", nargs="?")
+    p.add_argument("name", nargs="?", help="the model (a name or alias)")
     p.add_argument("--all", action="store_true", help="every idle model")
     p.add_argument("--no-wait", action="store_true", help="return once the server took it")
     p.add_argument("--wait", type=float, default=120.0, metavar="S",
@@ -136,13 +136,14 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", parents=[common],
                        help="chat with a model: one answer for PROMPT, else a conversation "
                             "(interactive, or one turn per line of piped input)")
-    p.add_argument("name")
+    p.add_argument("name", help="the model (a name or alias)")
     p.add_argument("prompt", nargs="*", help="the message (piped input is appended)")
     p.add_argument("--system", default=None, help="system message")
     p.add_argument("--max-tokens", type=int, default=None,
                    help="most tokens per answer (default: the server's; with --completion "
                         f"{COMPLETION_MAX_TOKENS}, since a base model may never stop)")
-    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature (default: the server's)")
     p.add_argument("--completion", action="store_true",
                    help="plain text completion (/v1/completions): for base models without "
                         "a chat template")

@@ -21,6 +21,19 @@ LIMITS = (("models", str), ("rpm", int), ("tpm", int), ("max-parallel", int),
           ("tokens-per-day", int), ("tokens-per-week", int), ("tokens-per-month", int),
           ("spend-per-month", float), ("expires", str))
 
+_LIMIT_HELP = {  # (metavar, help) of each of create's options: the keys file's settings
+    "models": ("LIST", ("the models the key may use: names or globs, comma-separated "
+                       "(default: every model)")),
+    "rpm": ("N", "requests per minute"),
+    "tpm": ("N", "prompt and completion tokens per minute"),
+    "max-parallel": ("N", "requests in flight at once"),
+    "tokens-per-day": ("N", "token budget per day (UTC)"),
+    "tokens-per-week": ("N", "token budget per ISO week"),
+    "tokens-per-month": ("N", "token budget per month"),
+    "spend-per-month": ("X", "currency units spent on priced models per month"),
+    "expires": ("WHEN", "ISO date or time (UTC), or epoch seconds"),
+}
+
 
 def add_keys_command(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """Add ``keys`` and its operations to ``sub``."""
@@ -32,12 +45,14 @@ def add_keys_command(sub: argparse._SubParsersAction, common: argparse.ArgumentP
     ops.add_parser("list", parents=[common], help="every key: models and limits")
     ops.add_parser("usage", parents=[common], help="every key: its current windows")
     c = ops.add_parser("create", parents=[common], help="a new key; prints its secret once")
-    c.add_argument("name")
+    c.add_argument("name", help="the key's name (a section of the keys file)")
     for opt, typ in LIMITS:
-        c.add_argument(f"--{opt}", type=typ, default=None)
+        metavar, help_ = _LIMIT_HELP[opt]
+        c.add_argument(f"--{opt}", type=typ, default=None, metavar=metavar,
+                       help=help_ + ("" if opt in ("models", "expires") else " (default: none)"))
     for op in ("rotate", "disable", "enable", "delete"):
         o = ops.add_parser(op, parents=[common], help=f"{op} key NAME")
-        o.add_argument("name")
+        o.add_argument("name", help="the key's name")
 
 
 def _limit_cells(k: dict) -> str:
