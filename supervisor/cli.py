@@ -127,6 +127,8 @@ def build_registry(args: argparse.Namespace) -> Registry:
     instance_args += request_limit_argv(request_limits_from_args(args))
     scope = getattr(args, "cache_scope", None) or default_cache_scope(args)
     instance_args += reasoning_argv(getattr(args, "reasoning_format", "deepseek"))
+    if getattr(args, "media_fetch", False):
+        instance_args.append("--media-fetch")
     for e in registry.entries:
         if e.kind in ("llama", "fake"):
             # a preset's own limit and scope come after: the last one counts
