@@ -170,8 +170,8 @@ def run_client(args: argparse.Namespace) -> int:
     except ServerError as e:
         hint = ""
         if e.status == 401:
-            hint = (" (set $GGMUX_API_KEY, or $GGMUX_ADMIN_KEY for load, unload, cache clear, "
-                    "logs, keys and usage)")
+            hint = (" (ggmux sends $GGMUX_API_KEY, and $GGMUX_ADMIN_KEY for load, unload, "
+                    "cache clear, logs, keys and usage)")
         print(f"ggmux: {e}{hint}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

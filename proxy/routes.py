@@ -97,6 +97,7 @@ ROUTES: tuple[Route, ...] = (
     # keys with limits (issue 36; .keyed)
     Route(b"/keys", "_keys_route", admin=True),
     Route(b"/keys/", "_keys_route", admin=True, prefix=True),
+    Route(b"/key/info", "_key_info", GET, refuse=True),  # a key's own limits and use
     Route(b"/cluster", "_cluster", GET, refuse=True, guard="_in_cluster"),
     Route(b"/cluster/drain", "_cluster_drain", POST, refuse=True, admin=True,
           guard="_in_cluster"),

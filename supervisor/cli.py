@@ -367,12 +367,23 @@ def serve(args: argparse.Namespace) -> int:
     if args.keys:  # --- keys with limits (issue 36) ---
         try:
             read_keys_file(args.keys)
+        except FileNotFoundError:
+            print(f"ggmux: --keys: {args.keys} does not exist (an empty file is a keys file "
+                  f"without keys: touch {args.keys}, then ggmux keys create NAME)",
+                  file=sys.stderr)
+            return 2
         except (OSError, ValueError) as e:
             print(f"ggmux: --keys: {e}", file=sys.stderr)
             return 2
         if args.keys_max < 1:
             print("ggmux: --keys-max must be at least 1", file=sys.stderr)
             return 2
+        if not any(getattr(args, k, None) or os.environ.get(f"GGMUX_{k.upper()}")
+                   for k in ("admin_key", "api_key")):
+            # with neither, nobody may manage the keys file's keys nor read usage
+            log.warning("keys, usage, logs and requests are closed: set --admin-key (or "
+                        "$GGMUX_ADMIN_KEY) to manage the keys of %s (ggmux keys) and read "
+                        "usage (ggmux usage), logs and requests", args.keys)
     cfg = Config(
         host=args.host, port=args.port, proxies=args.proxies, models_max=args.models_max,
         models_autoload=args.models_autoload, model_fallback=args.model_fallback or None,

@@ -70,6 +70,8 @@ SH_BLOCKS: dict[str, str | None] = {
     "curl -sN http://127.0.0.1:8080/models/sse": None,  # test_the_use_it_curl_lines
     "ggmux ps --all": None,  # test_the_command_line_block
     "nats-server -js -a 127.0.0.1 -p 4222": None,  # test_the_one_machine_cluster_recipe
+    "touch keys.ini": None,  # test_the_small_team_walkthrough_runs_without_a_restart
+    "ggmux keys info": None,  # the same
     "pip install -e '.[docs]' && mkdocs serve":
         "serves the site until stopped; .ci/run builds it with mkdocs build --strict and "
         "tests/test_docs.py checks its examples and links",
@@ -292,6 +294,52 @@ def test_the_command_line_block(demo):
             assert demo.models()[GEMMA]["status"]["value"] == "loaded"
 
 
+# ---- a small team ---------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a server of the demo models, and one answer of smollm2
+@needs_demo
+def test_the_small_team_walkthrough_runs_without_a_restart(tmp_path):
+    """The operator's block (a keys file, the admin key, the server, a key
+    made) and the member's (her key, a request, her limits) as written, in
+    one shell in a fresh folder: no step needs a restart."""
+    port = free_port()
+    operator = logical_lines(block("touch keys.ini").replace("127.0.0.1:8080",
+                                                             f"127.0.0.1:{port}"))
+    member = logical_lines(block("ggmux keys info").replace("127.0.0.1:8080",
+                                                            f"127.0.0.1:{port}"))
+    log = tmp_path / "team.log"
+    shell = Shell(shell_env(tmp_path, GGMUX_URL=f"http://127.0.0.1:{port}", GGMUX_PORT=str(port)),
+                  log)
+    try:
+        assert shell.run(f"cd {tmp_path}")[0] == 0
+        secret = None
+        for line in operator + member:
+            if line.startswith("export GGMUX_API_KEY="):
+                assert secret, "ggmux keys create printed no key"
+                line = line.replace("sk-ggmux-...", secret)
+            rc, out = shell.run(line, timeout=300)
+            assert rc == 0, (line, out, log.read_text()[-3000:])
+            if re.search(r"&\s*(#.*)?$", line):  # the server: the reader waits for it
+                wait_for(lambda: f"listening on http://127.0.0.1:{port}" in log.read_text(),
+                         120, 0.1, "the server listening")
+            elif line.startswith("ggmux keys create alice"):
+                found = re.search(r"^alice: (sk-ggmux-\S+)$", out, re.MULTILINE)
+                assert found, (out, log.read_text()[-3000:])
+                secret = found.group(1)
+            elif line.startswith("curl"):
+                assert json.loads(out)["choices"][0]["message"]["content"], out
+            elif line.startswith("ggmux keys info"):
+                assert out.startswith("key alice: models smollm2-135m"), out
+                assert "rpm" in out and "tokens-per-day" in out, out
+            elif line.startswith("ggmux keys"):
+                assert "alice" in out, out
+        assert "[alice]" in (tmp_path / "keys.ini").read_text()
+        assert "are closed: set --admin-key" not in log.read_text()
+        assert shell.run("kill %1; wait %1", timeout=120)[0] in (0, 143)
+    finally:
+        shell.close()
+
+
 # ---- the one-machine cluster ----------------------------------------------------------------
 class Shell:
     """One ``bash`` reading commands from a pipe, so a block's lines share
@@ -312,7 +360,8 @@ class Shell:
     def run(self, line: str, timeout: float = 120) -> tuple[int, str]:
         """Run ``line``: ``(its exit status, its stdout)``."""
         tag = uuid.uuid4().hex
-        self.p.stdin.write(f"{line}\necho; echo {tag} $?\n".encode())
+        # (the status before the newline's echo, which would set $? to 0)
+        self.p.stdin.write(f"{line}\nggmux_rc=$?; echo; echo {tag} $ggmux_rc\n".encode())
         self.p.stdin.flush()
         out, deadline = [], time.monotonic() + timeout
         while True:

@@ -38,7 +38,7 @@ function askKey(kind, message) {
   if (keyPrompt) return keyPrompt;
   const dlg = $("#key-dialog");
   $("#key-message").textContent = message;
-  $("#key-label").textContent = kind === "admin" ? "admin key" : "API key";
+  $("#key-label").textContent = kind === "admin" ? "admin key" : "key";
   $("#key-input").value = "";
   keyPrompt = new Promise((resolve) => {
     const done = (ok) => {
@@ -76,9 +76,9 @@ async function api(path, { method = "GET", body, admin = false, signal, ask = tr
     });
     if (resp.status !== 401 || !ask || tries > 2) return resp;
     const kind = admin ? "admin" : "api";
-    let msg = admin
-      ? "This needs the admin key (--admin-key), or the API key when no admin key is set."
-      : "This server needs an API key (--api-key).";
+    // the server's own answer names the keys it takes (its keys file's, an
+    // --api-key key, the admin key) or that it has no admin key at all
+    let msg = await errorText(resp.clone());
     if (keys[kind]) msg = "key refused: " + msg; // one was sent, and the server said no
     if (!(await askKey(kind, msg))) return resp;
   }
@@ -609,7 +609,8 @@ function start() {
   $("#usage-range").onchange = refreshUsage; // the usage view (usage.js)
   $("#usage-admin").onclick = () => askKey("admin", "Usage needs the admin key (--admin-key).");
   $("#key-button").onclick = async () => {
-    if (await askKey("api", "API key (--api-key); empty for none.")) {
+    if (await askKey("api", "Your key: a key of the server's keys file, an --api-key key, or "
+                     + "the admin key; empty for none.")) {
       loadList();
       restartLogs();
       restartRequests();

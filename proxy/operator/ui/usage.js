@@ -56,6 +56,43 @@ function ledgerLine(st) {
   return text;
 }
 
+function fmtIn(s) {
+  if (s === null || s === undefined) return "";
+  return s < 120 ? s + " s" : s < 7200 ? Math.floor(s / 60) + " min"
+    : s < 172800 ? Math.floor(s / 3600) + " h" : Math.floor(s / 86400) + " days";
+}
+
+// GET /key/info with the page's key: a team member's own limits and use
+async function showMine() {
+  const box = $("#usage-mine");
+  let resp;
+  try {
+    resp = await api("/key/info", { ask: false });
+  } catch {
+    return;
+  }
+  if (!resp.ok) { box.hidden = true; return; }
+  const doc = await resp.json();
+  if (doc.kind !== "keys-file") { box.hidden = true; return; }
+  let head = `your key ${doc.name}: models ${(doc.models || ["*"]).join(", ")}`;
+  if (doc.disabled) head += ", disabled";
+  if (doc.expires) head += ", expires " + new Date(doc.expires * 1000).toISOString().slice(0, 16) + " UTC";
+  if (!doc.limits.length) head += ", no limits";
+  $("#usage-mine-head").textContent = head;
+  const body = $("#usage-mine-limits tbody");
+  body.textContent = "";
+  for (const l of doc.limits) {
+    const tr = el("tr");
+    tr.dataset.limit = l.limit;
+    tr.appendChild(el("td", "", l.limit.replace(/_/g, "-")));
+    for (const v of [l.max, l.used, l.left]) tr.appendChild(el("td", "num", String(v)));
+    tr.appendChild(el("td", "num", fmtIn(l.resets_in_s)));
+    body.appendChild(tr);
+  }
+  $("#usage-mine-limits").hidden = !doc.limits.length;
+  box.hidden = false;
+}
+
 async function refreshUsage() {
   clearTimeout(usageTimer);
   usageTimer = setTimeout(refreshUsage, USAGE_INTERVAL_MS);
@@ -68,14 +105,17 @@ async function refreshUsage() {
     state.textContent = "no answer";
     return;
   }
-  if (resp.status === 401) {
-    state.textContent = keys.admin ? "the admin key was refused" : "usage needs the admin key";
+  if (resp.status === 401 || resp.status === 403) {
+    state.textContent = keys.admin ? "the admin key was refused"
+      : "everyone's usage needs the admin key";
     $("#usage-admin").hidden = false;
     keyWaiters.add(refreshUsage);
+    showMine(); // what the page's own key may see: its limits and what is left
     return;
   }
   keyWaiters.delete(refreshUsage);
   $("#usage-admin").hidden = true;
+  $("#usage-mine").hidden = true;
   if (!resp.ok) {
     state.textContent = await errorText(resp);
     state.classList.add("failed");
