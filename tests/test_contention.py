@@ -157,6 +157,7 @@ def test_a_pinned_model_is_never_evicted_and_a_request_for_its_capacity_gets_503
     assert st == 503 and headers["retry-after"]
     err = json.loads(body)["error"]
     assert err["code"] == "capacity_pinned" and "'p'" in err["message"]
+    assert "(pin = true), which is never evicted; unload it or raise --models-max" in err["message"]
     # in the client API's own envelope: Anthropic's here
     st, _, body = s.request("POST", "/v1/messages", {
         "model": "q", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})

@@ -228,3 +228,16 @@ def test_the_options_reference_lists_every_option_with_its_variable_and_default(
     # the machine that builds the site shows nothing of its own
     assert "(default: the CPU count)" in ref
     assert not re.search(r"\bsk-", ref)
+
+
+def test_a_keys_file_in_the_clone_is_ignored_by_git(tmp_path):
+    """The manual's ``--keys keys.ini`` runs in the clone: git must not take
+    the secrets in it (nor the built site) into a commit."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    for name in ("keys.ini", "site/index.html"):
+        r = subprocess.run(["git", "check-ignore", "-q", name], cwd=ROOT, check=False)
+        assert r.returncode == 0, f"git does not ignore {name}"
