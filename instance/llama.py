@@ -203,12 +203,22 @@ class LlamaBackend(Backend):
         calibrates it.
         With ``--n-gpu-layers`` and a GPU, the offloaded share of weights and
         KV is put on ``gpu0``. Bytes per device key. ``chat_template``:
-        whether the GGUF metadata has ``tokenizer.chat_template``.
+        whether the GGUF metadata has ``tokenizer.chat_template``. A
+        multimodal projector adds its weights and encoder
+        (:func:`~ggmux.instance.media.measure.projector_need`) to both, and
+        ``modalities`` (``{"vision", "audio"}``) says what it reads.
         """
         import llama_cpp
         from llama_cpp._internals import LlamaModel
 
         weights = sum(os.path.getsize(p) for p in model_parts(self.path))
+        modalities = None
+        mmproj = getattr(self.args, "mmproj", None)
+        if mmproj and os.path.isfile(mmproj):  # a projector: its weights and encoder
+            from .media.measure import projector_need
+
+            extra, modalities = projector_need(mmproj)
+            weights += extra
         spec = self._config().spec
         if spec is not None and spec.on and spec.draft_model and os.path.isfile(spec.draft_model):
             weights += os.path.getsize(spec.draft_model)  # a draft model (issue 30): its weights
@@ -273,13 +283,17 @@ class LlamaBackend(Backend):
         has_template = bool(md.get("tokenizer.chat_template"))
         if ngl and _gpu_count() > 0:
             frac = 1.0 if ngl < 0 else min(1.0, ngl / max(1, n_layer))
-            return {
+            out = {
                 "min": {"host": int(lo * (1 - frac)) + 64 << 20, "gpu0": int(lo * frac)},
                 "max": {"host": int(hi * (1 - frac)) + 64 << 20, "gpu0": int(hi * frac)},
                 "n_ctx_train": n_ctx_train, "chat_template": has_template,
             }
-        return {"min": {"host": lo}, "max": {"host": hi}, "n_ctx_train": n_ctx_train,
-                "chat_template": has_template}
+        else:
+            out = {"min": {"host": lo}, "max": {"host": hi}, "n_ctx_train": n_ctx_train,
+                   "chat_template": has_template}
+        if modalities is not None:
+            out["modalities"] = modalities
+        return out
 
     def load(self) -> dict:
         # the weights' progress as llama-server reports it to its router
