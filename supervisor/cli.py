@@ -39,6 +39,7 @@ from ..instance.validate import (
     request_limit_argv,
     request_limits_from_args,
 )
+from ..ledger.options import default_state_dir, ledger_refusal, ledger_spec
 from ..shm.logring import MAX_RECORD, log_to_stderr
 from ..shm.requestring import REQUEST_EXCERPT_BYTES
 from ..shm.segment import queue_name, segment_name
@@ -49,7 +50,6 @@ from .demo import demo_models
 from .hf_cache import hf_cache_dir, scan_hf_cache
 from .keys import read_keys_file
 from .kvtiers.files import tenant_secret
-from .ledger.options import default_state_dir, ledger_refusal, ledger_spec
 from .logs import install as install_ring_handler
 from .main import Config, StartupError, Supervisor
 from .presets import command_line_layer, llama_args_layer, load_preset, resolve

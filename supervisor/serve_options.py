@@ -15,9 +15,9 @@ from ..client.commands import add_client_commands, add_client_options
 from ..http1.limits import add_http_limit_options
 from ..instance.reasoning import add_reasoning_option
 from ..instance.validate import CACHE_SCOPES, add_request_limit_options
+from ..ledger.options import add_ledger_options
 from ..shm.requestring import REQUEST_EXCERPT_BYTES
 from .cluster.options import add_cluster_options
-from .ledger.options import add_ledger_options
 from .registry import ModelEntry
 from .routing import add_routing_options
 

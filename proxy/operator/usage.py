@@ -1,7 +1,7 @@
 """``GET /usage``: the usage ledger's totals (issue 36), and its figures for
 ``/metrics`` and the page.
 
-The supervisor writes the ledger (:mod:`ggmux.supervisor.ledger`); any
+The supervisor writes the ledger (:mod:`ggmux.ledger`); any
 proxy answers ``/usage`` by querying the store itself, on a thread of its
 own (one query at a time per proxy), so the event loop never waits on the
 database. Rows the supervisor still holds in memory (written within about
@@ -42,9 +42,9 @@ from urllib.parse import parse_qs
 import posix_ipc
 
 from ...http1 import HttpConnection, Request
+from ...ledger.store import DEFAULT_GROUP, GROUPS, StoreError
+from ...ledger.stores import open_store
 from ...shm.usagestatus import UsageStatus, usage_status_name
-from ...supervisor.ledger.store import DEFAULT_GROUP, GROUPS, StoreError
-from ...supervisor.ledger.stores import open_store
 
 _AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

@@ -7,14 +7,14 @@ from __future__ import annotations
 import logging
 import socket
 
-from ...shm.requestring import RequestRing
-from ...shm.usagestatus import UsageStatus, usage_status_name
-from ..jobs import Jobs
-from ..state import State
-from .ledger import UsageLedger
-from .records import KeyName, PricesOf, RowContext
-from .stores import open_store
-from .sync import LedgerSync
+from ..ledger.ledger import UsageLedger
+from ..ledger.records import KeyName, PricesOf, RowContext
+from ..ledger.stores import open_store
+from ..ledger.sync import LedgerSync
+from ..shm.requestring import RequestRing
+from ..shm.usagestatus import UsageStatus, usage_status_name
+from .jobs import Jobs
+from .state import State
 
 log = logging.getLogger(__name__)
 
