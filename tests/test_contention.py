@@ -271,7 +271,7 @@ def test_two_busy_models_are_drained_together_when_the_memory_margin_needs_both(
 
 
 def test_ps_prints_why_each_waiting_model_waits_under_its_table():
-    from ggmux.client.commands import ps_table
+    from ggmux.client.ps import ps_table
 
     q = {"waiters": 2, "oldest_wait_s": 12.0, "reason": "slice", "holder": "a", "eta_s": 4.0,
          "why": "waiting for capacity held by a, which drains in 4 s"}
