@@ -1,6 +1,6 @@
 """The proxy's own answers to requests it could not forward, or not to the end.
 
-Each is OpenAI's error envelope with the status the case calls for (README
+Each is OpenAI's error envelope with the status the case calls for (docs/apis.md,
 "HTTP surface"), or, for a streaming request whose SSE head already went
 out (keep-alive comments while its model loaded), the same envelope as an
 SSE ``data:`` event followed by a cut connection, never a clean end.

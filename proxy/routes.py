@@ -1,6 +1,6 @@
 """The proxy's route table (DESIGN.md "HTTP surface"): one :class:`Route`
 per path or path prefix, read by :meth:`ggmux.proxy.server.Proxy.handle`
-and by the README's route table test.
+and by the manual's route table test (docs/apis.md, tests/test_routes.py).
 
 ``Proxy.handle`` looks the request's path up (:func:`match`: the exact
 path, else the first prefix that fits; no exact path starts with a
