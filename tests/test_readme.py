@@ -72,6 +72,9 @@ SH_BLOCKS: dict[str, str | None] = {
     "nats-server -js -a 127.0.0.1 -p 4222": None,  # test_the_one_machine_cluster_recipe
     "touch keys.ini": None,  # test_the_small_team_walkthrough_runs_without_a_restart
     "ggmux keys info": None,  # the same
+    "ggmux serve --models-dir models":
+        "needs a vision model's folder: tests/test_vision.py serves bench/vision_model.py's "
+        "folder with --models-dir and sends it every API's images",
     "pip install -e '.[docs]' && mkdocs serve":
         "serves the site until stopped; .ci/run builds it with mkdocs build --strict and "
         "tests/test_docs.py checks its examples and links",
