@@ -246,3 +246,17 @@ def test_record_is_what_bench_writes():
     assert set(doc["answers"]) == set(CASES)
     assert doc["max_tokens"] == vp.MAX_TOKENS
     assert {"llama_cpp_python", "text_model_sha256", "projector_sha256"} <= set(doc)
+
+
+def test_anthropic_count_tokens_counts_an_image_as_its_embeddings(server):
+    content = [{"type": "text", "text": "Count me."},
+               {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                            "data": vp.b64(vp.stripes_png())}}]
+    st, doc = server.json("POST", "/v1/messages/count_tokens",
+                          {"model": NAME, "messages": [{"role": "user", "content": content}]})
+    assert st == 200, doc
+    st, answer = server.json("POST", "/v1/messages", {
+        "model": NAME, "max_tokens": 1, "messages": [{"role": "user", "content": content}]})
+    assert st == 200, answer
+    assert doc["input_tokens"] == answer["usage"]["input_tokens"] + answer["usage"].get(
+        "cache_read_input_tokens", 0) > IMAGE_TOKENS

@@ -356,6 +356,10 @@ class ClientApis:
             wrap.send_error(req, 400, tools.no_projector(name))
             return None
         t.body["model"] = p.reg_models[m]["name"]
+        if t.images and p.reg_models[m].get("kind") == "llama":
+            # a built-in instance counts media as the embeddings its projector
+            # makes (llama-server's /tokenize would count the marker's text)
+            return adapter.media_request(t.body)
         req.body, req.url = encode_body(t.body), t.target
         ex = await p._forward(wrap, req, m, name, None, capture=True)
         if ex is None:
