@@ -61,7 +61,6 @@ from .embedding import EmbeddingSteps
 from .fairness import FairQueue
 from .generate_steps import GenerateSteps
 from .interrupt import Interrupt
-from .media_steps import MediaSteps
 from .jobs import (
     RAISE_CTX,
     ContextExceeded,
@@ -74,6 +73,7 @@ from .jobs import (
     Job,
     deliver,
 )
+from .media_steps import MediaSteps
 from .model import EngineConfig, ModelContext
 from .model_lock import ModelLock
 from .sample_steps import SampleSteps
@@ -82,7 +82,6 @@ from .slots import EMBED, ENCODE, IDLE, SAMPLE, STATE_NAMES, Slot
 from .stops import StopStrings
 from .tokenizing import TooManyTokens, read_facts_soon
 from .verify_steps import VerifySteps
-
 
 log = logging.getLogger(__name__)
 
