@@ -31,7 +31,6 @@ import itertools
 import json
 import math
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -193,13 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                                           "results": results}, indent=1))
         return 0
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        vp.stop_all(procs)
 
 
 if __name__ == "__main__":
