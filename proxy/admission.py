@@ -15,7 +15,8 @@ key check, :meth:`KeyAdmission.row_of`):
   (prompt + completion tokens), ``tokens-per-day|week|month`` (weighed),
   ``spend-per-month``; then counts the request (one request, one in
   flight, its reservation: the prompt's estimate, a quarter of its
-  body's bytes, plus ``max_tokens`` or the key's ``reserve-tokens``).
+  body's bytes, plus the most tokens it may generate,
+  :func:`requested_tokens`, or the key's ``reserve-tokens``).
   A refusal is 429 with ``Retry-After`` (when the window resets):
   ``rate_limit_exceeded`` for the per-minute and in-flight limits,
   ``insufficient_quota`` for the budgets.
@@ -151,19 +152,40 @@ def _in(seconds: float) -> str:
     return f"{s // 86400} days"
 
 
-def requested_tokens(body: dict | None) -> int | None:
-    """The completion tokens a request asks for at most (``max_tokens`` and
-    its other names, Ollama's ``options.num_predict``), or None."""
+def requested_tokens(body: dict | None, default: int) -> int:
+    """The completion tokens a request may generate at most, for its
+    reservation: the largest of ``max_tokens``, its other names
+    (:data:`MAX_TOKEN_FIELDS`) and Ollama's ``options.num_predict``, since
+    routes honour different ones (llama.cpp's ``/completion`` takes
+    ``n_predict`` over ``max_tokens``, the OpenAI routes ``max_tokens``
+    first: a body with ``"max_tokens": 1, "n_predict": 300`` reserved 1 and
+    generated 300); ``default`` (the key's ``reserve-tokens``) when none is
+    given, or when one asks for no limit (0 or less: llama.cpp's -1, a
+    route that reads that one generates up to its context). Times the
+    answers it asks for: ``n`` choices, and each prompt of a list of
+    prompts (``/v1/completions``, ``/completion``)."""
     if type(body) is not dict:
-        return None
-    for k in MAX_TOKEN_FIELDS:
-        v = body.get(k)
-        if type(v) is int and v >= 0:
-            return v
+        return default
+    most = -1
+    unlimited = False
     opts = body.get("options")
-    if type(opts) is dict and type(opts.get("num_predict")) is int and opts["num_predict"] >= 0:
-        return opts["num_predict"]
-    return None
+    values = [body.get(k) for k in MAX_TOKEN_FIELDS]
+    if type(opts) is dict:
+        values.append(opts.get("num_predict"))
+    for v in values:
+        if type(v) is int:
+            if v > 0:
+                most = max(most, v)
+            else:
+                unlimited = True
+    if most < 0 or unlimited:
+        most = max(most, default)
+    n = body.get("n")
+    answers = n if type(n) is int and n > 1 else 1
+    prompt = body.get("prompt")
+    if type(prompt) is list and prompt and type(prompt[0]) in (str, list):
+        answers *= len(prompt)  # several prompts (a list of ids is one prompt)
+    return most * answers
 
 
 class KeyAdmission:
@@ -236,9 +258,7 @@ class KeyAdmission:
         now = t.now()
         ids = periods(now)
         est = body_bytes // PROMPT_BYTES_PER_TOKEN
-        gen = requested_tokens(body)
-        if gen is None:
-            gen = p.reserve
+        gen = requested_tokens(body, p.reserve)
         raw = est + gen
         w = round(est * p.w_in + gen * p.w_out)  # weighed(), nothing cached yet
         t.lock(row)

@@ -5,6 +5,7 @@ own models (real servers on fake instances)."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -101,3 +102,53 @@ def test_the_load_form_counts_in_the_keys_limits(serve, fakes, tmp_path):
     assert u["requests_this_minute"] == 2 and u["refused"] == 1
     assert u["tokens_this_minute"] == 0
     assert s.json("GET", "/keys/alice", headers=ADMIN)[0] == 200
+
+
+# ---- item 2: the tokens a route generates, not the field admission read ----------------
+
+def test_completions_n_predict_is_reserved_not_the_smaller_max_tokens(serve, fakes, tmp_path):
+    # the fake generates what the route's limit allows, up to 300 tokens
+    fakes.add("m", tokens=300)
+    s = keyed(serve, fakes, tmp_path,
+              "[alice]\nkey = sk-alice\ntpm = 100\ntokens-per-day = 100\n")
+    body = {"model": "m", "prompt": "hi", "max_tokens": 1, "n_predict": 300}
+    got: list[tuple[int, bytes]] = []
+
+    def one() -> None:
+        st, _, raw = s.request("POST", "/completion", body, headers=bearer("sk-alice"))
+        got.append((st, raw))
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [st for st, _ in got] == [429] * 4, got
+    msg = json.loads(got[0][1])["error"]["message"]
+    assert int(re.search(r"this request reserves (\d+)", msg)[1]) >= 300, msg
+    u = wait_for(lambda: (u := usage_of(s, "alice"))["in_flight"] == 0 and u, 10, 0.02,
+                 "settled")
+    assert u["tokens_today"] == 0 and u["admitted"] == 0
+    # what fits is served, and the day's count stays within the budget
+    ok = {"model": "m", "prompt": "hi", "max_tokens": 1, "n_predict": 20}
+    assert s.request("POST", "/completion", ok, headers=bearer("sk-alice"))[0] == 200
+    u = wait_for(lambda: (u := usage_of(s, "alice"))["in_flight"] == 0 and u, 10, 0.02,
+                 "settled")
+    assert 20 <= u["tokens_today"] <= 100
+
+
+def test_a_reservation_takes_the_largest_limit_field_each_choice_and_each_prompt():
+    from ggmux.proxy.admission import requested_tokens
+
+    assert requested_tokens({"max_tokens": 1, "n_predict": 300}, 512) == 300
+    assert requested_tokens({"max_completion_tokens": 7, "max_tokens": 3}, 512) == 7
+    assert requested_tokens({"options": {"num_predict": 90}, "max_tokens": 2}, 512) == 90
+    # a field that asks for no limit: the route may read that one
+    assert requested_tokens({"max_tokens": 5, "n_predict": -1}, 512) == 512
+    assert requested_tokens({"max_tokens": 900, "n_predict": -1}, 512) == 900
+    assert requested_tokens({}, 512) == 512 and requested_tokens(None, 64) == 64
+    # several answers: n choices, several prompts (a list of ids is one prompt)
+    assert requested_tokens({"max_tokens": 10, "n": 3}, 512) == 30
+    assert requested_tokens({"max_tokens": 10, "prompt": ["a", "b"]}, 512) == 20
+    assert requested_tokens({"max_tokens": 10, "prompt": [[1, 2], [3]], "n": 2}, 512) == 40
+    assert requested_tokens({"max_tokens": 10, "prompt": [1, 2, 3]}, 512) == 10
