@@ -307,14 +307,14 @@ class Forwarding:
                             conn.finish(req)
                         elif outcome == "pinned":
                             answers.capacity_pinned(conn, req, name, self.model_rows[m],
-                                                    self._model_name)
+                                                    self._names_for(req))
                         elif outcome == "shutdown":
                             answers.stopping(conn, req)
                         elif outcome == "failed":
                             answers.load_failed(conn, req, name, self.model_rows[m],
                                                 self.errors.get(str(m), "load failed"))
                         else:
-                            q = queue_status(self.model_rows[m], self._model_name)
+                            q = queue_status(self.model_rows[m], self._names_for(req))
                             answers.still_loading(conn, req, name, self.model_rows[m],
                                                   self.load_wait,
                                                   loading_info(self.cluster, name),

@@ -35,6 +35,7 @@ from ..http1 import HttpConnection, Request, json_object
 from ..http1.auth import given_key
 from ..shm import layout as L
 from .admission import KeyAdmission, cost_nano
+from .contention import OTHER_MODEL
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +45,34 @@ SETTINGS = ("models", "rpm", "tpm", "max-parallel", "tokens-per-day", "tokens-pe
             "spend-per-month", "reserve-tokens", "expires", "disabled")
 
 
-def tenant_view(obj: dict) -> dict:
-    """Model object ``obj`` without its launch arguments (``status.args``:
-    file paths and options of this machine, the operator's business, not a
-    tenant's); ``obj`` itself is left as it was."""
-    st = obj.get("status")
-    if isinstance(st, dict) and "args" in st:
-        return {**obj, "status": {**st, "args": []}}
-    return obj
+class KeyScope:
+    """What a keys-file key may see of the models (every route that lists
+    or describes models: ``/v1/models``, ``/ps``, ``/api/ps``, ``/metrics``,
+    ``/models/sse``, a waiting model's reason): :meth:`sees` its own models
+    only, and :meth:`name` says ``another model`` (:data:`~.contention.OTHER_MODEL`)
+    for one it may not use, so a tenant never learns which other tenant's
+    model holds the capacity, nor what the others run. Live: it reads the
+    proxy's registry and the key's policy as they are when asked (a reload
+    changes both)."""
+
+    __slots__ = ("proxy", "req")
+
+    def __init__(self, proxy: KeyedProxy, req: Request) -> None:
+        self.proxy = proxy
+        self.req = req
+
+    def sees(self, i: int) -> bool:
+        """Whether the key may use model ``i`` (the registry's index)."""
+        models = self.proxy.reg_models
+        return 0 <= i < len(models) and self.proxy._key_allows(self.req, models[i])
+
+    def name(self, i: int) -> str:
+        """Model ``i``'s name for messages: its own, or ``another model``
+        when the key may not use it ("" when there is no model ``i``)."""
+        models = self.proxy.reg_models
+        if not 0 <= i < len(models):
+            return ""
+        return models[i].get("name", "") if self.sees(i) else OTHER_MODEL
 
 
 class KeyedProxy:
@@ -82,6 +103,18 @@ class KeyedProxy:
     def _key_allows(self, req: Request, mdl: dict) -> bool:
         return req.key_row < 0 or self.keys.may_use(req.key_row,
                                                     (mdl["name"], *mdl.get("aliases", ())))
+
+    def _scope(self, req: Request) -> KeyScope | None:
+        """What ``req``'s caller may see of the models: None (everything)
+        unless it presents a key of the keys file (:class:`KeyScope`)."""
+        return KeyScope(self, req) if req.key_row >= 0 else None
+
+    def _names_for(self, req: Request):
+        """``name(i)`` of the models as ``req``'s caller may read them in a
+        message (a waiting model's reason): :meth:`KeyScope.name`, or the
+        registry's name for a caller who sees every model."""
+        scope = self._scope(req)
+        return scope.name if scope is not None else self._model_name
 
     def _listed(self, req: Request) -> list[dict]:
         """The models ``req``'s caller may see (an unknown model's 404 lists
@@ -199,24 +232,6 @@ class KeyedProxy:
         if hold is not None:
             req.key_hold = None
             self.keys.settle(hold, prompt, cached, gen, nano)
-
-    def _key_model(self, req: Request, obj: dict) -> dict:
-        """Model object ``obj`` as ``req``'s key sees it (:func:`tenant_view`
-        for a key of the keys file; the caller checked the key may use it)."""
-        return tenant_view(obj) if req.key_row >= 0 else obj
-
-    def _key_models(self, req: Request, data: list[dict]) -> list[dict]:
-        """``data`` (model objects with ``id``) without the models ``req``'s
-        key may not use, each as :func:`tenant_view`."""
-        if req.key_row < 0:
-            return data
-        by_name = {e["name"]: e for e in self.reg_models}
-        out = []
-        for d in data:
-            name = d.get("id") or d.get("name") or ""
-            if self._key_allows(req, by_name.get(name, {"name": name})):
-                out.append(tenant_view(d))
-        return out
 
     # ---- /keys --------------------------------------------------------------------------
     async def _keys_route(self, conn: HttpConnection, req: Request) -> None:

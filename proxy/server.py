@@ -481,7 +481,7 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
 
     async def _models_sse(self, conn: HttpConnection, req: Request) -> None:
         self.refresh()
-        await self.events.subscribe(conn, req)
+        await self.events.subscribe(conn, req, self._scope(req))
 
     def _query_model(self, req: Request) -> str | None:
         if not req.query:

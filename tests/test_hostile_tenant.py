@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 import time
 
@@ -152,3 +153,101 @@ def test_a_reservation_takes_the_largest_limit_field_each_choice_and_each_prompt
     assert requested_tokens({"max_tokens": 10, "prompt": ["a", "b"]}, 512) == 20
     assert requested_tokens({"max_tokens": 10, "prompt": [[1, 2], [3]], "n": 2}, 512) == 40
     assert requested_tokens({"max_tokens": 10, "prompt": [1, 2, 3]}, 512) == 10
+
+
+# ---- item 4: a key sees its own models only, everywhere ---------------------------------
+
+def sse_events(port: int, key: str, n: int, timeout: float = 10.0) -> list[dict]:
+    """The first ``n`` events of ``GET /models/sse`` as ``key`` sees them."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        sock.sendall(b"GET /models/sse HTTP/1.1\r\nhost: x\r\nauthorization: Bearer %s\r\n\r\n"
+                     % key.encode())
+        data = b""
+        deadline = time.monotonic() + timeout
+        while data.count(b"event: model") < n and time.monotonic() < deadline:
+            try:
+                got = sock.recv(65536)
+            except TimeoutError:
+                break
+            if not got:
+                break
+            data += got
+    finally:
+        sock.close()
+    return [json.loads(line[6:]) for line in data.split(b"\n") if line.startswith(b"data: ")]
+
+
+def test_a_key_sees_its_own_models_only_on_every_route_and_not_who_holds_the_capacity(
+        serve, fakes, tmp_path):
+    fakes.add("hog", token_s=0.05, tokens=40, parallel=4, load_s=0.05)
+    fakes.add("one", load_s=0.05)
+    s = keyed(serve, fakes, tmp_path,
+              "[owner]\nkey = sk-owner\nmodels = hog\n\n[other]\nkey = sk-other\nmodels = one\n",
+              "--models-max", "1", "--max-wait", "600", "--load-wait", "4")
+    other = bearer("sk-other")
+    stop = threading.Event()
+    codes: list[int] = []
+
+    def keep_busy() -> None:
+        while not stop.is_set():
+            codes.append(s.request("POST", "/v1/chat/completions", chat_body("hog"),
+                                   headers=bearer("sk-owner"))[0])
+
+    busy = [threading.Thread(target=keep_busy, daemon=True) for _ in range(2)]
+    for t in busy:
+        t.start()
+    waiting: list = []
+    waiter = threading.Thread(target=lambda: waiting.append(s.request(
+        "POST", "/v1/chat/completions", chat_body("one"), headers=other)), daemon=True)
+    try:
+        wait_for(lambda: 200 in codes, 60, 0.02, "hog serving")
+        waiter.start()
+
+        def queue():
+            st, doc = s.json("GET", "/v1/models", headers=other)
+            assert st == 200
+            return doc["data"][0]["status"].get("queue") and doc
+
+        doc = wait_for(queue, 30, 0.02, "one's queue")
+        assert [m["id"] for m in doc["data"]] == ["one"]
+        q = doc["data"][0]["status"]["queue"]
+        assert q["holder"] == "another model" and "hog" not in json.dumps(doc)
+        assert q["why"].startswith("waiting for capacity held by another model")
+        assert doc["data"][0]["status"]["args"] == []
+        st, one = s.json("GET", "/v1/models/one", headers=other)
+        assert st == 200 and one["status"]["queue"]["holder"] == "another model"
+        # the owner of the capacity, and the admin key, still read the name
+        st, doc = s.json("GET", "/v1/models", headers=ADMIN)
+        assert next(m for m in doc["data"] if m["id"] == "one")["status"]["queue"][
+            "holder"] == "hog"
+        st, ps = s.json("GET", "/ps", headers=other)
+        assert st == 200 and [m["id"] for m in ps["models"]] == ["one"]
+        assert ps["models"][0]["queue"]["holder"] == "another model"
+        st, ps = s.json("GET", "/ps", headers=ADMIN)
+        assert {m["id"] for m in ps["models"]} == {"hog", "one"}
+        st, ops = s.json("GET", "/api/ps", headers=other)
+        assert st == 200 and ops["models"] == []
+        st, ops = s.json("GET", "/api/ps", headers=bearer("sk-owner"))
+        assert [m["name"] for m in ops["models"]] == ["hog:latest"]
+        st, _, text = s.request("GET", "/metrics", headers=other)
+        text = text.decode()
+        assert st == 200 and 'model="one"' in text
+        assert "hog" not in text and "owner" not in text
+        st, _, text = s.request("GET", "/metrics", headers=ADMIN)
+        assert 'model="hog"' in text.decode()
+        events = sse_events(s.port, "sk-other", 1)
+        assert [e["id"] for e in events] == ["one"] and events[0]["status"]["args"] == []
+        assert [e["id"] for e in sse_events(s.port, "sk-owner", 1)] == ["hog"]
+        # an unknown model's 404 names none of the other tenant's models
+        st, _, raw = s.request("GET", "/props?model=nope", headers=other)
+        assert st == 404 and b"hog" not in raw
+        waiter.join(60)
+    finally:
+        stop.set()
+        for t in busy:
+            t.join(60)
+    st, _, raw = waiting[0]
+    assert st == 503
+    err = json.loads(raw)["error"]
+    assert "held by another model" in err["message"] and "hog" not in raw.decode()

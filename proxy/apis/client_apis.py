@@ -56,7 +56,7 @@ from ...http1 import HttpConnection, Request
 from ...http1.limits import tokenize_body_refusal
 from ...shm import layout as L
 from ..bodies import BodyError, is_large, off_loop, parse_object
-from ..listing import model_object, unknown_model
+from ..listing import Scope, model_object, unknown_model
 from ..modelinfo import ModelFacts
 from .adapters import anthropic, ollama, openai, responses, tools
 from .adapters.common import MAX_DEPTH, Adapter, BadRequest, Translated, check_depth, encode_body
@@ -107,6 +107,8 @@ class Proxy(Protocol):
                    body: dict | None, counted: bool) -> bool: ...
 
     def _listed(self, req: Request) -> list[dict]: ...
+
+    def _scope(self, req: Request) -> Scope | None: ...
 
     async def _forward(
         self, conn: HttpConnection, req: Request, m: int, name: str, body: dict | None,
@@ -476,9 +478,9 @@ class ClientApis:
         now_ns, wall = time.monotonic_ns(), time.time()
         for i, mdl in enumerate(p.reg_models):
             row = p.model_rows[i]
-            if mdl.get("removed") or int(row[L.M_STATUS]) not in (L.ModelStatus.LOADED,
-                                                                  L.ModelStatus.SLEEPING):
-                continue
+            if mdl.get("removed") or int(row[L.M_STATUS]) not in (
+                    L.ModelStatus.LOADED, L.ModelStatus.SLEEPING) or not p._key_allows(req, mdl):
+                continue  # (a keys-file key sees its own models only)
             facts = await self._facts(mdl)
             ttl = mdl.get("ttl")
             expires = None
@@ -560,8 +562,8 @@ class ClientApis:
             conn.send_error(req, 403, f"this key may not use model '{name}'",
                             code="model_not_allowed")
             return
-        obj = model_object(m, p.reg_models[m], p.model_rows[m], p.errors)
-        conn.send_json(req, 200, p._key_model(req, obj))
+        conn.send_json(req, 200, model_object(m, p.reg_models[m], p.model_rows[m], p.errors,
+                                              p.reg_models, p._scope(req)))
 
 
 # llama.cpp options that give a model its multimodal projector
