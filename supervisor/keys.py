@@ -443,8 +443,9 @@ class KeyRegistry:
                 if k not in KNOWN or k in ("key", "key-sha256"):
                     return f"unknown key setting '{k}'"
                 v = str(v)
-                if "\n" in v or "\r" in v:
-                    return f"{k}: a value is one line"
+                why = _not_literal(v)
+                if why is not None:
+                    return f"{k}: {why}"
                 new.append(f"{k} = {v}")
             lines += new
         else:
@@ -487,6 +488,29 @@ class KeyRegistry:
                     f.write(keep)
             self.apply(old_keys)
         return err
+
+
+def _not_literal(v: str) -> str | None:
+    """Why value ``v``, written into the keys file by an admin route, would
+    not read back as itself (None: it would). The file is read as the
+    presets are: ``${env.NAME}`` is replaced by the environment variable,
+    and ``;`` or ``#`` after whitespace starts a comment, so a value holding
+    either would read as something else, and an expansion would let whoever
+    holds the admin key over HTTP read any environment variable of the
+    server (a cloud credential, a database password) back through ``GET
+    /keys``. No setting needs them; the file's author may still write
+    ``${env.NAME}`` there by hand."""
+    if "\n" in v or "\r" in v:
+        return "a value is one line"
+    if "${" in v:
+        return ("'${' is not taken from a route (the keys file would expand it as an "
+                "environment variable): write the value itself, or edit the file")
+    if _COMMENT.search(v):
+        return "';' or '#' after a space starts a comment in the keys file"
+    return None
+
+
+_COMMENT = re.compile(r"(?:^|\s)[;#]")
 
 
 def _item(line: str) -> str | None:

@@ -251,3 +251,26 @@ def test_a_key_sees_its_own_models_only_on_every_route_and_not_who_holds_the_cap
     assert st == 503
     err = json.loads(raw)["error"]
     assert "held by another model" in err["message"] and "hog" not in raw.decode()
+
+
+# ---- item 9: an admin edit's values are literal -----------------------------------------
+
+def test_an_admin_route_cannot_write_an_environment_expansion_into_the_keys_file(
+        serve, fakes, tmp_path, monkeypatch):
+    monkeypatch.setenv("GGMUX_TEST_SECRET_VAR", "cloud-credential-1234")
+    fakes.add("m")
+    s = keyed(serve, fakes, tmp_path, "[alice]\nkey = sk-alice\n")
+    for fields in ({"models": "${env.GGMUX_TEST_SECRET_VAR}"},
+                   {"models": "m, ${env.HOME}"},
+                   {"expires": "${env.GGMUX_TEST_SECRET_VAR}"},
+                   {"models": "m ;the rest would be a comment"}):
+        st, doc = s.json("POST", "/keys", {"name": "x", **fields}, headers=ADMIN)
+        assert st == 400, doc
+        assert s.json("GET", "/keys/x", headers=ADMIN)[0] == 404
+        assert "cloud-credential" not in json.dumps(doc)
+    text = s.keys_file.read_text()
+    assert "[x]" not in text and "${" not in text
+    # the same settings without the macro are written as given
+    st, doc = s.json("POST", "/keys", {"name": "x", "models": "m"}, headers=ADMIN)
+    assert st == 201, doc
+    assert s.json("GET", "/keys/x", headers=ADMIN)[1]["models"] == ["m"]
