@@ -16,6 +16,9 @@ from ggmux.shm import layout as L
 from ggmux.shm.seqlock import read_table
 from test_keys import ADMIN, bearer, keyed, usage_of
 
+# keys files hold secrets: private, as ggmux requires (keys.check_file_mode)
+pytestmark = pytest.mark.usefixtures("private_files")
+
 
 def loads_of(s, name: str) -> int:
     m = s.seg.read_registry()[1]["names"][name]

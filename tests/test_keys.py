@@ -13,6 +13,9 @@ import time
 import pytest
 from conftest import chat_body, connectable, free_port, open_stream, wait_for
 
+# keys files hold secrets: private, as ggmux requires (keys.check_file_mode)
+pytestmark = pytest.mark.usefixtures("private_files")
+
 CHAT = "/v1/chat/completions"
 ADMIN = {"authorization": "Bearer adm"}
 

@@ -36,6 +36,9 @@ from ggmux.supervisor.ledger.stores import open_store
 from ggmux.supervisor.ledger.sync import FULL_EVERY_S, LedgerSync
 from pgserver import pg_or_skip
 
+# keys files hold secrets: private, as ggmux requires (keys.check_file_mode)
+pytestmark = pytest.mark.usefixtures("private_files")
+
 PRICES = {"paid": (2.0, 0.5, 8.0)}  # per million: input, cached input, output
 KEYS = {0: "alice", 1: "bob"}
 

@@ -20,8 +20,31 @@ BUSY_TIMEOUT_S = 5.0
 checkpoint, a second writer) before it fails."""
 
 
+def private(path: str) -> None:
+    """Make the database file ``path`` mode 0600 (created so when missing,
+    made so when it is ours and others may read it), and its WAL and
+    shared-memory files with it: its rows name keys, models and who used
+    what, which is no business of the machine's other users. SQLite makes
+    the ``-wal`` and ``-shm`` files with the database file's mode."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for extra in (path + "-wal", path + "-shm"):
+        try:
+            st = os.stat(extra)
+            if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+                os.chmod(extra, 0o600)
+        except FileNotFoundError:
+            pass
+
+
 class SqliteStore(SqlStore):
-    """The ledger in the SQLite file ``path`` (its directory made, mode 0700)."""
+    """The ledger in the SQLite file ``path`` (its directory made, mode
+    0700; the file 0600: :func:`private`)."""
 
     P = "?"
     DAY = "strftime('%Y-%m-%d', time, 'unixepoch')"
@@ -36,6 +59,7 @@ class SqliteStore(SqlStore):
 
     def _connect(self) -> sqlite3.Connection:
         os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
+        private(self.path)
         # one thread at a time, but not always the one that opened it (the jobs)
         conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
         try:
