@@ -101,14 +101,26 @@ class Policy:
 @dataclass(slots=True)
 class Hold:
     """What a request of a key was counted for at admission: its row, the
-    window ids, its raw (``tokens``) and weighed (``weighed``) reservation
-    and its prompt estimate (tokens)."""
+    window ids, its raw (``tokens``) and weighed (``weighed``) reservation,
+    its prompt estimate (tokens) and its worst-case cost on a priced
+    replica (``spend``, nano-units: reserved in the key's month)."""
 
     row: int
     ids: tuple[int, int, int, int]
     tokens: int
     weighed: int
     prompt_est: int
+    spend: int = 0
+
+
+@dataclass(slots=True)
+class SpendHold:
+    """What a request reserved of a priced model's spending budgets: its
+    worst-case cost (``nano``) in this proxy's spend row of the model, in
+    the periods ``ids``."""
+
+    nano: int
+    ids: tuple[int, int, int, int]
 
 
 @dataclass(slots=True)
@@ -247,10 +259,15 @@ class KeyAdmission:
         return p.name if p is not None else "?"
 
     # ---- admission --------------------------------------------------------------------
-    def admit(self, row: int, body: dict | None, body_bytes: int) -> Hold | Refusal:
+    def admit(self, row: int, body: dict | None, body_bytes: int,
+              mdl: dict | None = None) -> Hold | Refusal:
         """Count one request of key ``row`` if its limits allow (module
         docstring); ``body`` the request's JSON (the one the replica gets),
-        ``body_bytes`` its size."""
+        ``body_bytes`` its size, ``mdl`` the registry entry of its model:
+        with prices, the request's worst case (:func:`worst_cost`) is
+        reserved in the key's ``spend-per-month`` as its tokens are, so
+        that a burst of concurrent requests cannot spend past the budget
+        (each checked against what the others reserved)."""
         p = self.by_row.get(row)
         if p is None:
             return Refusal(401, "invalid_api_key", "the key was removed")
@@ -261,6 +278,7 @@ class KeyAdmission:
         gen = requested_tokens(body, p.reserve)
         raw = est + gen
         w = round(est * p.w_in + gen * p.w_out)  # weighed(), nothing cached yet
+        spend = worst_cost(mdl, est, gen) if p.spend_nano and mdl is not None else 0
         t.lock(row)
         try:
             r = self.rows[row]
@@ -295,11 +313,16 @@ class KeyAdmission:
                                       f"({int(r[word])} used, this request reserves {w}); "
                                       f"resets in {_in(s / t.scale)}", t.real_seconds(s))
                         break
-            if why is None and p.spend_nano and r[K_SPEND_MONTH_NANO] >= p.spend_nano:
+            if why is None and p.spend_nano and (r[K_SPEND_MONTH_NANO] >= p.spend_nano or
+                                                 r[K_SPEND_MONTH_NANO] + spend > p.spend_nano):
                 s = _reset("month", ids[3], now)
                 why = Refusal(429, "insufficient_quota",
                               f"key '{p.name}': spend-per-month {p.spend_nano / NANO:g} "
-                              f"spent; resets in {_in(s / t.scale)}", t.real_seconds(s))
+                              f"{'spent' if r[K_SPEND_MONTH_NANO] >= p.spend_nano else 'reached'}"
+                              f" ({int(r[K_SPEND_MONTH_NANO]) / NANO:g} spent or reserved, "
+                              f"this request may cost {spend / NANO:g}: its prompt and "
+                              f"max_tokens at the model's prices); resets in "
+                              f"{_in(s / t.scale)}", t.real_seconds(s))
             if why is not None:
                 r[K_REFUSED] += 1
                 return why
@@ -310,10 +333,11 @@ class KeyAdmission:
             r[K_TOK_DAY] += w
             r[K_TOK_WEEK] += w
             r[K_TOK_MONTH] += w
+            r[K_SPEND_MONTH_NANO] += spend
             r[K_ADMITTED] += 1
         finally:
             t.unlock(row)
-        return Hold(row, ids, raw, w, est)
+        return Hold(row, ids, raw, w, est, spend)
 
     def settle(self, hold: Hold, prompt: int, cached: int, completion: int,
                cost_nano: int) -> None:
@@ -345,9 +369,10 @@ class KeyAdmission:
                 r[K_TOK_WEEK] = max(0, r[K_TOK_WEEK] + d)
             if r[K_MONTH] == ids[3]:
                 r[K_TOK_MONTH] = max(0, r[K_TOK_MONTH] + d)
-            if cost_nano:
+            if cost_nano or hold.spend:  # the reservation becomes the cost
                 roll(r, periods(t.now()))
-                r[K_SPEND_MONTH_NANO] += cost_nano
+                back = hold.spend if r[K_MONTH] == ids[3] else 0  # (else it rolled away)
+                r[K_SPEND_MONTH_NANO] = max(0, r[K_SPEND_MONTH_NANO] + cost_nano - back)
         finally:
             t.unlock(hold.row)
 
@@ -374,9 +399,10 @@ class KeyAdmission:
         if m < self.table.spend.shape[1]:
             self.table.add_spend(self.index, m, nano, periods(self.table.now()))
 
-    def over_budget(self, m: int, mdl: dict) -> Refusal | None:
+    def over_budget(self, m: int, mdl: dict, nano: int = 0) -> Refusal | None:
         """A refusal naming the budget when model ``m``'s priced replicas
-        spent their budget (``mdl``: its registry entry), else None."""
+        spent their budget (``mdl``: its registry entry), or when a request
+        that may cost ``nano`` more would pass it, else None."""
         if m >= self.table.spend.shape[1]:
             return None
         t = self.table
@@ -385,13 +411,50 @@ class KeyAdmission:
         spent = t.spent(m, ids)
         for kind, i, pid in (("day", 0, ids[1]), ("week", 1, ids[2]), ("month", 2, ids[3])):
             cap = mdl.get(f"spend_per_{kind}") or 0
-            if cap and spent[i] >= cap * NANO:
+            if cap and (spent[i] >= cap * NANO or spent[i] + nano > cap * NANO):
                 s = _reset(kind, pid, now)
+                what = ("is spent" if spent[i] >= cap * NANO else
+                        f"would be passed by this request (up to {nano / NANO:g}: its prompt "
+                        "and max_tokens at the model's prices)")
                 return Refusal(429, "insufficient_quota",
                                f"the spend-per-{kind} budget ({cap:g}) of '{mdl['name']}''s "
-                               f"priced replicas is spent; resets in {_in(s / t.scale)}",
+                               f"priced replicas {what}; resets in {_in(s / t.scale)}",
                                t.real_seconds(s))
         return None
+
+    def reserve_budget(self, m: int, mdl: dict, nano: int) -> SpendHold | Refusal:
+        """Reserve ``nano`` (a request's worst-case cost) of model ``m``'s
+        spending budgets, checked against every proxy's spend and
+        reservations under the model's budget lock
+        (:meth:`~ggmux.shm.keytable.KeyTable.budget_locked`): the
+        :class:`SpendHold` to settle, or the refusal (:meth:`over_budget`)."""
+        t = self.table
+        if m >= t.spend.shape[1]:
+            return SpendHold(0, periods(t.now()))
+        with t.budget_locked(m):
+            why = self.over_budget(m, mdl, nano)
+            if why is not None:
+                return why
+            ids = periods(t.now())
+            t.add_spend(self.index, m, nano, ids)
+        return SpendHold(nano, ids)
+
+    def settle_budget(self, m: int, hold: SpendHold, cost: int) -> None:
+        """The request of ``hold`` cost ``cost`` nano-units (0: a replica
+        that is not priced served it)."""
+        t = self.table
+        if m < t.spend.shape[1]:
+            t.settle_spend(self.index, m, hold.nano, hold.ids, cost, periods(t.now()))
+
+
+def worst_cost(mdl: dict | None, prompt_est: int, completion: int) -> int:
+    """What a request may cost at most on a priced replica of ``mdl`` (its
+    registry entry; None or no prices: 0), nano-units: its prompt estimate
+    at the input price (nothing cached) and its output limit at the output
+    price."""
+    if mdl is None or not (mdl.get("price_input") or mdl.get("price_output")):
+        return 0
+    return cost_nano(mdl, prompt_est, 0, completion)
 
 
 def cost_nano(mdl: dict, prompt: int, cached: int, completion: int) -> int:
@@ -405,4 +468,5 @@ def cost_nano(mdl: dict, prompt: int, cached: int, completion: int) -> int:
     return int(c * 1000)  # per million tokens: currency * 1e-6 = nano * 1e3
 
 
-__all__ = ["Hold", "KeyAdmission", "Policy", "Refusal", "cost_nano", "requested_tokens"]
+__all__ = ["Hold", "KeyAdmission", "Policy", "Refusal", "SpendHold", "cost_nano",
+           "requested_tokens", "worst_cost"]

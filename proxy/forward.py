@@ -254,7 +254,7 @@ class Forwarding:
                 if not recorded:
                     self.activity.record(req, m, -1, None, req.status or 429)
                 return None
-            budget = self._over_budget(m)
+            budget = self._over_budget(conn, req, m, body, not recorded)
             if budget is not None and self.reg_models[m].get("kind") in ("cmd", "upstream"):
                 conn.send_error(req, budget.status, budget.message, code=budget.code,
                                 headers=budget.headers())

@@ -34,7 +34,15 @@ import orjson
 from ..http1 import HttpConnection, Request, json_object
 from ..http1.auth import given_key
 from ..shm import layout as L
-from .admission import KeyAdmission, cost_nano
+from ..shm.keytable import DEFAULT_RESERVE_TOKENS
+from .admission import (
+    PROMPT_BYTES_PER_TOKEN,
+    KeyAdmission,
+    Refusal,
+    cost_nano,
+    requested_tokens,
+    worst_cost,
+)
 from .contention import OTHER_MODEL
 
 log = logging.getLogger(__name__)
@@ -43,6 +51,13 @@ EDIT_WAIT_S = 10.0  # an admin edit waits this long for the supervisor's answer
 SETTINGS = ("models", "rpm", "tpm", "max-parallel", "tokens-per-day", "tokens-per-week",
             "tokens-per-month", "input-weight", "cached-weight", "output-weight",
             "spend-per-month", "reserve-tokens", "expires", "disabled")
+
+
+def budgeted(mdl: dict) -> bool:
+    """Whether registry entry ``mdl`` has a spending budget for its priced
+    replicas (``spend-per-day|week|month``)."""
+    return bool(mdl.get("spend_per_day") or mdl.get("spend_per_week")
+                or mdl.get("spend_per_month"))
 
 
 class KeyScope:
@@ -82,6 +97,7 @@ class KeyedProxy:
     ``self.keyed`` whether a keys file is set."""
 
     keys: KeyAdmission | None
+    spend_holds: dict  # Request -> SpendHold: the budgets its worst case holds
 
     def _key_row(self, req: Request) -> int:
         """Set and return ``req.key_row`` from the key it presents (-1: none
@@ -142,18 +158,29 @@ class KeyedProxy:
             return False
         if not counted or hold is not None:
             return True
-        src = req.body_json  # the client's own JSON: max_tokens in its API's name
-        if src is None and req.body:
-            try:
-                src = orjson.loads(req.body)
-            except orjson.JSONDecodeError:
-                src = body
-        got = self.keys.admit(req.key_row, src, len(req.body))
+        got = self.keys.admit(req.key_row, self._limits_source(conn, req, body),
+                              len(req.body), self.reg_models[m])
         if hasattr(got, "retry_after"):
             conn.send_error(req, got.status, got.message, code=got.code, headers=got.headers())
             return False
         req.key_hold = got
         return True
+
+    def _limits_source(self, conn: HttpConnection, req: Request, body: dict | None):
+        """The JSON whose limit fields (``max_tokens``, ...) a reservation
+        reads: what the replica gets (``req.body_json``, parsed already),
+        else ``body``; a body nobody parsed (a pass-through's) is parsed
+        here only when small: a large one would stop the loop (orjson holds
+        the GIL) for every other tenant's stream, and reserves the key's
+        ``reserve-tokens``."""
+        if req.body_json is not None:
+            return req.body_json
+        if body is None and req.body and len(req.body) <= conn.limits.offloop_body_bytes:
+            try:
+                return orjson.loads(req.body)
+            except orjson.JSONDecodeError:
+                return None
+        return body
 
     def _key_fast(self, req: Request, m: int) -> bool:
         """The key's policy on the fast path (:meth:`~.forward.Forwarding.fast`):
@@ -161,11 +188,9 @@ class KeyedProxy:
         to the handler: a model the key may not use, a model with a spending
         budget, or a refusal (kept in ``req.key_hold``, answered there)."""
         mdl = self.reg_models[m]
-        if not self._key_allows(req, mdl) or (
-                mdl.get("spend_per_day") or mdl.get("spend_per_week")
-                or mdl.get("spend_per_month")):
+        if not self._key_allows(req, mdl) or budgeted(mdl):
             return False
-        req.key_hold = self.keys.admit(req.key_row, req.body_json, len(req.body))
+        req.key_hold = self.keys.admit(req.key_row, req.body_json, len(req.body), mdl)
         return not hasattr(req.key_hold, "retry_after")
 
     def _priced(self, m: int, slot: int) -> bool:
@@ -181,14 +206,30 @@ class KeyedProxy:
         rm = self.remotes.get(slot)
         return rm is not None and not rm.get("hop")
 
-    def _over_budget(self, m: int):
-        """The refusal when model ``m`` has a spending budget that its priced
-        replicas spent, else None."""
+    def _over_budget(self, conn: HttpConnection, req: Request, m: int, body: dict | None,
+                     counted: bool):
+        """Model ``m``'s spending budget for ``req``: the refusal when its
+        priced replicas spent it, or when this request's worst case
+        (:func:`~.admission.worst_cost`) would pass it; else None, and, for
+        a ``counted`` request (one that is recorded, so settled), that worst
+        case is reserved until it ends (``spend_holds``; settled in
+        :meth:`_request_ended` to the real cost, 0 when a replica that is
+        not priced served it). Reserved, not just checked: 30 concurrent
+        requests all found the budget unspent and spent 20 times it."""
         mdl = self.reg_models[m]
-        if self.keys is None or not (mdl.get("spend_per_day") or mdl.get("spend_per_week")
-                                     or mdl.get("spend_per_month")):
+        if self.keys is None or not budgeted(mdl):
             return None
-        return self.keys.over_budget(m, mdl)
+        if not counted:
+            return self.keys.over_budget(m, mdl)
+        p = self.keys.by_row.get(req.key_row)
+        gen = requested_tokens(self._limits_source(conn, req, body),
+                               p.reserve if p is not None else DEFAULT_RESERVE_TOKENS)
+        got = self.keys.reserve_budget(
+            m, mdl, worst_cost(mdl, len(req.body) // PROMPT_BYTES_PER_TOKEN, gen))
+        if isinstance(got, Refusal):
+            return got
+        self.spend_holds[req] = got
+        return None
 
     def _unpriced_ready(self, m: int) -> bool:
         """Whether model ``m`` has a ready replica that is not priced."""
@@ -226,8 +267,11 @@ class KeyedProxy:
         nano = 0
         if slot >= 0 and prompt + gen > 0 and self._priced(m, slot):
             nano = cost_nano(self.reg_models[m], prompt, cached, gen)
-            if nano:
-                self.keys.add_spend(m, nano)
+        budget = self.spend_holds.pop(req, None)
+        if budget is not None:
+            self.keys.settle_budget(m, budget, nano)
+        elif nano:
+            self.keys.add_spend(m, nano)
         hold = req.key_hold
         if hold is not None:
             req.key_hold = None

@@ -79,7 +79,7 @@ from .cors import Cors, from_other_site, json_type, simple_type
 from .draining import Draining
 from .forward import NS, Forwarding
 from .inference_paths import TOKEN_ROUTES
-from .keyed import KeyedProxy
+from .keyed import KeyedProxy, budgeted
 from .listing import ModelEvents, unknown_model
 from .operator.logs import LogTail
 from .operator.page import Page
@@ -212,6 +212,7 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
         # spend of priced replicas (every server)
         self.keyed = keyed and bool(key_table)
         self.keys = KeyAdmission(key_table, index) if key_table else None
+        self.spend_holds: dict = {}  # Request -> its reservation of a model's budget (.keyed)
         if self.keys is not None:
             self.activity.on_end = self._request_ended
         self.refresh()
@@ -276,14 +277,16 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
             self.held_local = {int(reps[s, L.R_MODEL]) for s in np.flatnonzero(held)
                                if int(s) not in self.hop_slots}
         # models served by exactly one local replica without a concurrency
-        # limit need no balancing: skip building candidates per request
+        # limit need no balancing: skip building candidates per request (but
+        # a spending budget is checked and reserved per request: not those)
         per_model: dict[int, list[int]] = {}
         for slot in np.flatnonzero(serving):
             per_model.setdefault(int(reps[slot, L.R_MODEL]), []).append(int(slot))
         single = {}
         for m, slots in per_model.items():
             r = reps[slots[0]]
-            if len(slots) == 1 and slots[0] not in self.remotes and not r[L.R_MAX_CONCURRENCY]:
+            if (len(slots) == 1 and slots[0] not in self.remotes and not r[L.R_MAX_CONCURRENCY]
+                    and not (m < len(self.reg_models) and budgeted(self.reg_models[m]))):
                 single[m] = Candidate(slot=slots[0], port=int(r[L.R_PORT]),
                                       incarnation=int(r[L.R_INCARNATION]))
         self.single = single

@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from ..shm.keytable import KeyTable, TableShape
+from ..shm.keytable import DEFAULT_RESERVE_TOKENS, KeyTable, TableShape
 from ..shm.keytable import weighed as _weighed
 from .presets import GLOBAL_SECTION, PresetError, read_ini
 
@@ -56,7 +56,7 @@ INT_KEYS = ("rpm", "tpm", "max-parallel", "tokens-per-day", "tokens-per-week",
 FLOAT_KEYS = ("input-weight", "cached-weight", "output-weight", "spend-per-month")
 KNOWN = frozenset((*INT_KEYS, *FLOAT_KEYS, "key", "key-sha256", "models", "expires",
                    "disabled"))
-DEFAULT_RESERVE = 512
+DEFAULT_RESERVE = DEFAULT_RESERVE_TOKENS
 """Completion tokens reserved at admission for a request that names no
 ``max_tokens`` (``reserve-tokens``), settled at its end."""
 DONE_KEPT = 64  # admin edits whose outcome stays published for the proxy that waits

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
-from conftest import chat_body, wait_for
+from conftest import chat_body, connectable, free_port, wait_for
 from ggmux.shm import layout as L
 from ggmux.shm.seqlock import read_table
 from test_keys import ADMIN, bearer, keyed, usage_of
@@ -277,3 +279,71 @@ def test_an_admin_route_cannot_write_an_environment_expansion_into_the_keys_file
     st, doc = s.json("POST", "/keys", {"name": "x", "models": "m"}, headers=ADMIN)
     assert st == 201, doc
     assert s.json("GET", "/keys/x", headers=ADMIN)[1]["models"] == ["m"]
+
+
+# ---- item 3: spending budgets are reserved ----------------------------------------------
+
+@pytest.fixture
+def slow_remote(tmp_path):
+    """A fake instance on its own port, as a priced upstream: 8 tokens in about
+    0.4 s (long enough for a burst to overlap), its port."""
+    behaviour = tmp_path / "slow-remote.json"
+    behaviour.write_text(json.dumps({"tokens": 8, "token_s": 0.05, "parallel": 32}))
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ggmux.instance", "--fake", "--model", str(behaviour),
+         "--name", "remote", "--port", str(port)],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: connectable(port), 20, 0.05, what="remote server")
+        yield port
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+
+
+def burst(s, n: int, body: dict, key: str) -> list[int]:
+    """``n`` concurrent requests of ``body``: their statuses."""
+    codes: list[int] = []
+    go = threading.Event()
+
+    def one() -> None:
+        go.wait()
+        codes.append(s.request("POST", "/v1/chat/completions", body, headers=bearer(key))[0])
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    go.set()
+    for t in threads:
+        t.join(120)
+    return codes
+
+
+def test_a_burst_cannot_spend_past_a_keys_monthly_budget(serve, fakes, tmp_path, slow_remote):
+    # 8 completion tokens at 2,500,000 per million: 20 a request; the budget is 30
+    s = keyed(serve, fakes, tmp_path, "[k]\nkey = sk-k\nspend-per-month = 30\n",
+              preset=f"[up]\nupstream = http://127.0.0.1:{slow_remote}\n"
+                     "price-output = 2500000\n")
+    codes = burst(s, 30, chat_body("up", max_tokens=8), "sk-k")
+    assert codes.count(200) == 1 and codes.count(429) == 29, codes
+    u = wait_for(lambda: (u := usage_of(s, "k"))["in_flight"] == 0 and u, 10, 0.02, "settled")
+    assert u["spend_this_month"] == pytest.approx(20)
+    # a request that names no max_tokens reserves the key's reserve-tokens (512: 1280)
+    st, _, raw = s.request("POST", "/v1/chat/completions", chat_body("up"),
+                           headers=bearer("sk-k"))
+    assert st == 429 and "this request may cost 1280" in json.loads(raw)["error"]["message"]
+
+
+def test_a_burst_cannot_spend_past_a_priced_models_budget(serve, fakes, tmp_path, slow_remote):
+    p = tmp_path / "models.ini"
+    p.write_text(f"[up]\nupstream = http://127.0.0.1:{slow_remote}\nprice-output = 2500000\n"
+                 "spend-per-week = 70\n")
+    s = serve("--models-preset", str(p), "--no-hf-cache", "--proxies", "2",
+              "--admin-key", "adm")
+    codes = burst(s, 30, chat_body("up", max_tokens=8), "adm")
+    # 20 a request against 70: three fit, whichever proxy took them
+    assert codes.count(200) == 3 and codes.count(429) == 27, codes
+    st, _, raw = s.request("POST", "/v1/chat/completions", chat_body("up", max_tokens=8),
+                           headers=ADMIN)
+    assert st == 429 and "spend-per-week budget (70)" in json.loads(raw)["error"]["message"]
