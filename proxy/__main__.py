@@ -28,6 +28,7 @@ from ..http1 import (
 from ..http1.auth import read_keys
 from ..shm.logring import log_to_stderr
 from .balancer import DEFAULT_CONFIG, MODES, BalancerConfig
+from .hosts import HostCheck
 from .server import Proxy
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--keys-fd", type=int, default=None,
                     help="inherited pipe holding {\"api_key\", \"admin_key\"} as JSON")
     ap.add_argument("--cors-origins", default="*")
+    ap.add_argument("--allowed-hosts", default="")
     ap.add_argument("--balance", choices=MODES, default="prefix")
     ap.add_argument("--prefix-weight", type=float, default=DEFAULT_CONFIG.prefix_weight)
     ap.add_argument("--prefix-disk-weight", type=float,
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                                 prefix_disk_weight=args.prefix_disk_weight,
                                 prefix_load_threshold=args.prefix_load_threshold),
         cache_scope=args.cache_scope, key_table=args.key_table,
-        keyed=args.keyed,
+        keyed=args.keyed, hosts=HostCheck(args.host, args.allowed_hosts),
     )
     proxy.usage.spec = keys.get("ledger") or ""  # the usage ledger's store (issue 36)
     del keys

@@ -110,6 +110,8 @@ class Forwarding:
         the replica got is answered here (502/504) and never sent again."""
         if req.origin is not None and self.cors is not None:
             req.extra_head = self.cors.headers(req.origin)
+        if self.hosts is not None and not self.hosts.allows(req.host):
+            return False  # handle answers 403 (DNS rebinding: .hosts)
         path = req.path
         if path in INFERENCE:
             if req.method != b"POST" or not json_type(req.content_type):

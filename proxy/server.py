@@ -39,7 +39,7 @@ import os
 import random
 import secrets
 import time
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 import orjson
@@ -78,6 +78,7 @@ from .cluster import (
 from .cors import Cors, from_other_site, json_type, simple_type
 from .draining import Draining
 from .forward import NS, Forwarding
+from .hosts import HostCheck
 from .inference_paths import TOKEN_ROUTES
 from .keyed import KeyedProxy, budgeted
 from .listing import ModelEvents, unknown_model
@@ -125,8 +126,11 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
         cache_scope: str = "global",
         key_table: str | None = None,
         keyed: bool = False,
+        hosts: HostCheck | None = None,
     ) -> None:
         self.index = index
+        # the Host names it answers to (DNS rebinding: .hosts); None: any
+        self.hosts = hosts
         self.cors = Cors(cors_origins) if cors_origins else None
         self.apis = ClientApis(self)
         self.drain_timeout = drain_timeout
@@ -253,6 +257,8 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
             self.reload_errors = doc.get("reload_errors", {})
             self.cache_clears = doc.get("cache_clears", {})
             self.cluster = doc.get("cluster")
+            if self.cluster is not None and self.hosts is not None:
+                self.hosts.set_cluster(urlsplit(self.cluster.get("url") or "").hostname or "")
             self.router = doc.get("router") or {}  # the router's settings (.router_mode)
             self.hop_slots = frozenset(k for k, v in self.remotes.items() if v.get("hop"))
             self.model_first_byte_ns = [
@@ -377,6 +383,14 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
         docstring gives the order of the checks)."""
         path = req.path
         route = routes.match(path)
+        if (self.hosts is not None and not self.hosts.allows(req.host)
+                and path != b"/health"):  # (probes name the pod or the service)
+            why = self.hosts.refusal(req.host)
+            if route is not None and route.foreign:
+                apis.send_error(conn, req, 403, why)
+            else:
+                conn.send_error(req, 403, why, code="host_not_allowed")
+            return
         admin = route is not None and route.needs_admin(req.query, req.method)
         if admin and req.origin is not None and self.cors is not None:
             req.extra_head = self.cors.headers(req.origin, admin=True)  # never "*"

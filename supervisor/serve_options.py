@@ -269,6 +269,13 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                         "llama-server's default), or a comma-separated list, which also get "
                         "credentials ('localhost': every page of this machine, as "
                         "llama-server's); '' turns CORS off")
+    s.add_argument("--allowed-hosts", default="", metavar="NAMES",
+                   help="Host names the server answers to besides its own (localhost, IP "
+                        "addresses, one-label names, .localhost/.local/.internal, --host, "
+                        "the machine's names): a comma-separated list (*.domain globs), which "
+                        "also turns the check on when --host is not loopback; '*' turns it "
+                        "off. Other names get 403 (a page that rebinds its DNS name to this "
+                        "machine, DNS rebinding); by default checked while --host is loopback")
     s.add_argument("--first-byte-timeout", type=float, default=600.0, metavar="S",
                    help="a replica that sends no byte of its answer within this many seconds "
                         "hangs: the request gets 504, the replica a fault (a preset's "
