@@ -25,21 +25,26 @@ def private(path: str) -> None:
     made so when it is ours and others may read it), and its WAL and
     shared-memory files with it: its rows name keys, models and who used
     what, which is no business of the machine's other users. SQLite makes
-    the ``-wal`` and ``-shm`` files with the database file's mode."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        st = os.fstat(fd)
-        if st.st_mode & 0o077 and st.st_uid == os.geteuid():
-            os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
-    for extra in (path + "-wal", path + "-shm"):
-        try:
-            st = os.stat(extra)
-            if st.st_mode & 0o077 and st.st_uid == os.geteuid():
-                os.chmod(extra, 0o600)
-        except FileNotFoundError:
+    the ``-wal`` and ``-shm`` files with the database file's mode.
+
+    By path only, never through a descriptor of an existing file: closing
+    any descriptor of a file drops every POSIX lock this process holds on
+    it, SQLite's locks of another open connection included (the ledger's
+    writer and the keys' sync each have one), after which one connection's
+    commits are lost to the others."""
+    if not os.path.exists(path):
+        try:  # nothing of this process has it open: it did not exist
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        except FileExistsError:
             pass
+    uid = os.geteuid()
+    for name in (path, path + "-wal", path + "-shm"):
+        try:
+            st = os.stat(name)
+        except FileNotFoundError:
+            continue
+        if st.st_mode & 0o077 and st.st_uid == uid:
+            os.chmod(name, 0o600)
 
 
 class SqliteStore(SqlStore):
