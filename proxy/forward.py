@@ -244,6 +244,7 @@ class Forwarding:
         recorded = not touch or capture  # (not a request of the model's, for the ring)
         last_slot = -1
         waited = False  # a waiter registered by us is still counted
+        wait_token = (0, 0, 0)  # its start, and the drains before it (._wait_join)
         wait_from = 0  # when it began waiting for its model (monotonic ns)
         queued_since = 0
         attempt = 0  # forwards that failed before the request reached a replica
@@ -299,7 +300,7 @@ class Forwarding:
                     if not waited and self.refuses_unloaded(conn, req, m):
                         return None  # --no-models-autoload (.router_mode)
                     if not waited:
-                        self.waiters.join(m)
+                        wait_token = self._wait_join(req, m)  # (a key's drain penalty)
                         waited = True
                         if not wait_from:
                             wait_from = time.monotonic_ns()
@@ -396,8 +397,8 @@ class Forwarding:
                 cnt[C_IN_FLIGHT] += 1
                 if touch:
                     cnt[C_LAST_USED_NS] = now
-                if waited:
-                    self.waiters.leave(m)  # only now: the request already counts as in flight
+                if waited:  # only now: the request already counts as in flight
+                    self._wait_served(req, m, wait_token)
                     waited = False
                     self._waited(m, req, now - wait_from)
                 held = [True]  # it counts as in flight; ended() takes it out, once
@@ -467,7 +468,7 @@ class Forwarding:
             return None
         finally:
             if waited:
-                self.waiters.leave(m)
+                self.waiters.leave(m, wait_token[0])
             if queued_since:
                 self.queued[m] -= 1
             if not recorded:  # answered here (or the client left): recorded too

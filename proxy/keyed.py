@@ -44,6 +44,7 @@ from .admission import (
     worst_cost,
 )
 from .contention import OTHER_MODEL
+from .drain_penalty import DrainPenalty
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,7 @@ class KeyedProxy:
 
     keys: KeyAdmission | None
     spend_holds: dict  # Request -> SpendHold: the budgets its worst case holds
+    drain_penalty: DrainPenalty | None  # --drain-penalty, for the keys of the keys file
 
     def _key_row(self, req: Request) -> int:
         """Set and return ``req.key_row`` from the key it presents (-1: none
@@ -231,6 +233,28 @@ class KeyedProxy:
         self.spend_holds[req] = got
         return None
 
+    def _wait_join(self, req: Request, m: int) -> tuple[int, int, int]:
+        """Count ``req`` as a waiter of model ``m``, its wait for a drain
+        starting after its key's drain penalty (:mod:`.drain_penalty`);
+        returns ``(its start, drains of every model, swaps of m)`` for
+        :meth:`_wait_served`."""
+        delay = self.drain_penalty.delay_ns(req.key_row) if self.drain_penalty else 0
+        rows = self.model_rows
+        return (self.waiters.join(m, delay), int(rows[:, L.M_DRAINS].sum()),
+                int(rows[m, L.M_SWAPS]))
+
+    def _wait_served(self, req: Request, m: int, token: tuple[int, int, int]) -> None:
+        """``req``, waiting for model ``m`` since :meth:`_wait_join` gave
+        ``token``, is taken by a replica: it no longer waits, and when a
+        drain made room for ``m`` meanwhile (a model was drained, and a
+        load of ``m`` swapped one out), its key caused it."""
+        self.waiters.leave(m, token[0])
+        rows = self.model_rows
+        if (req.key_row >= 0 and self.drain_penalty is not None
+                and int(rows[:, L.M_DRAINS].sum()) > token[1]
+                and int(rows[m, L.M_SWAPS]) > token[2]):
+            self.drain_penalty.caused(req.key_row)
+
     def _unpriced_ready(self, m: int) -> bool:
         """Whether model ``m`` has a ready replica that is not priced."""
         rows = self.replica_rows
@@ -335,6 +359,8 @@ class KeyedProxy:
         for d in doc.get("keys", ()):
             k = {k: v for k, v in d.items() if k not in ("sha256", "row")}
             k["usage"] = self.keys.usage(d["row"])
+            if self.drain_penalty is not None:  # its drain penalty's count (.drain_penalty)
+                k["usage"]["drains_caused"] = round(self.drain_penalty.drains(d["row"]), 2)
             out.append(k)
         return out
 

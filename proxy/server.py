@@ -76,6 +76,7 @@ from .cluster import (
     take_hop,
 )
 from .cors import Cors, from_other_site, json_type, simple_type
+from .drain_penalty import DEFAULT_PENALTY_S, DrainPenalty
 from .draining import Draining
 from .forward import NS, Forwarding
 from .hosts import HostCheck
@@ -127,6 +128,7 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
         key_table: str | None = None,
         keyed: bool = False,
         hosts: HostCheck | None = None,
+        drain_penalty: float = DEFAULT_PENALTY_S,
     ) -> None:
         self.index = index
         # the Host names it answers to (DNS rebinding: .hosts); None: any
@@ -217,6 +219,10 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
         self.keyed = keyed and bool(key_table)
         self.keys = KeyAdmission(key_table, index) if key_table else None
         self.spend_holds: dict = {}  # Request -> its reservation of a model's budget (.keyed)
+        # the keys' drain penalty (.drain_penalty): the keys file's keys only
+        self.drain_penalty = (DrainPenalty(self.keys.table, drain_penalty)
+                              if self.keys is not None and self.keyed and drain_penalty > 0
+                              else None)
         if self.keys is not None:
             self.activity.on_end = self._request_ended
         self.refresh()

@@ -64,9 +64,11 @@ HEADER_WORDS = 16
 H_MAGIC, H_LAYOUT, H_SEQ, H_GEN, H_BLOB_LEN, H_BLOB_CAP, H_ROWS, H_PROXIES, H_MODELS, \
     H_SCALE_MILLI, H_ANCHOR_S = range(11)
 
-# a key's row: window ids and their counters
+# a key's row: window ids and their counters; the drains its requests caused
+# (thousandths, decaying: proxy.admission's drain penalty) and when they were
+# last brought up to date (the table's clock, ms)
 K_MINUTE, K_REQS, K_TOKENS, K_IN_FLIGHT, K_DAY, K_TOK_DAY, K_WEEK, K_TOK_WEEK, K_MONTH, \
-    K_TOK_MONTH, K_SPEND_MONTH_NANO, K_ADMITTED, K_REFUSED = range(13)
+    K_TOK_MONTH, K_SPEND_MONTH_NANO, K_ADMITTED, K_REFUSED, K_DRAINS_MILLI, K_DRAINS_MS = range(15)
 K_WORDS = 16
 # the windows and the counters each one zeroes when it rolls
 WINDOWS = ((K_MINUTE, (K_REQS, K_TOKENS)), (K_DAY, (K_TOK_DAY,)), (K_WEEK, (K_TOK_WEEK,)),

@@ -182,6 +182,11 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                         "past it a busy model is drained (no new request, its requests "
                         "finish) and the waiting one loads; 0: no bound (not given: 4 x the "
                         "model's load time, at least 30 s; a preset's max-wait wins)")
+    s.add_argument("--drain-penalty", type=float, default=30.0, metavar="S",
+                   help="a key of the keys file that caused n drains lately (halving every "
+                        "10 min) waits S x (2^n - 1) s longer before its requests may drain "
+                        "another busy model (at most an hour); loads into room are not "
+                        "delayed; 0: off (default: %(default)s)")
     s.add_argument("--min-residency", type=float, default=None, metavar="S",
                    help="a model swapped in keeps its capacity this long while it has "
                         "demand (not given: 3 x its load time, so loading stays under a "

@@ -110,6 +110,10 @@ class Proxy(Protocol):
 
     def _scope(self, req: Request) -> Scope | None: ...
 
+    def _wait_join(self, req: Request, m: int) -> tuple[int, int, int]: ...
+
+    def _wait_served(self, req: Request, m: int, token: tuple[int, int, int]) -> None: ...
+
     async def _forward(
         self, conn: HttpConnection, req: Request, m: int, name: str, body: dict | None,
         touch: bool = True, stream: bool = False, capture: bool = False,
@@ -435,11 +439,16 @@ class ClientApis:
             reason = "unload"
         else:
             if m not in p.ready:
-                p.waiters.join(m)
+                token = p._wait_join(req, m)  # a load waits as any request (a key's penalty)
+                served = False
                 try:
                     outcome = await p.waiters.wait(m, req)
+                    if outcome == "ready":
+                        served = True
+                        p._wait_served(req, m, token)
                 finally:
-                    p.waiters.leave(m)
+                    if not served:
+                        p.waiters.leave(m, token[0])
                 if outcome == "gone":
                     wrap.conn.finish(req)
                     return
