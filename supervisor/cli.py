@@ -127,6 +127,8 @@ def build_registry(args: argparse.Namespace) -> Registry:
     instance_args += request_limit_argv(request_limits_from_args(args))
     scope = getattr(args, "cache_scope", None) or default_cache_scope(args)
     instance_args += reasoning_argv(getattr(args, "reasoning_format", "deepseek"))
+    if getattr(args, "media_fetch", False):
+        instance_args.append("--media-fetch")
     for e in registry.entries:
         if e.kind in ("llama", "fake"):
             # a preset's own limit and scope come after: the last one counts
@@ -158,10 +160,13 @@ def cache_defaults(args: argparse.Namespace) -> dict[str, object]:
 
 
 def default_cache_scope(args: argparse.Namespace) -> str:
-    """``--cache-scope`` when not given: ``key`` when a key is set (by option
-    or ``$GGMUX_API_KEY`` / ``$GGMUX_ADMIN_KEY``: callers are told apart),
-    else ``global`` (every caller is one client; issue 18, finding 6)."""
+    """``--cache-scope`` when not given: ``key`` when a key is set (by option,
+    a keys file, or ``$GGMUX_API_KEY`` / ``$GGMUX_ADMIN_KEY``: callers are
+    told apart), else ``global`` (every caller is one client; issue 18,
+    finding 6). A keys file alone counts: its tenants are the ones whose
+    prompts (and images) must not serve each other."""
     keyed = (getattr(args, "api_key", None) or getattr(args, "admin_key", None)
+             or getattr(args, "keys", None)
              or os.environ.get("GGMUX_API_KEY") or os.environ.get("GGMUX_ADMIN_KEY"))
     return "key" if keyed else "global"
 

@@ -303,8 +303,10 @@ class ClientApis:
                                            order)
                     return
                 if (isinstance(adapter, ollama.Chat) and adapter.generate and not body.get("raw")
-                        and not body.get("system") and await self._without_template(m)):
+                        and not body.get("system") and not body.get("images")
+                        and await self._without_template(m)):
                     # Ollama's template of a model without one is the prompt alone
+                    # (with images: the chat path, whose default template places them)
                     body = {**body, "raw": True}
             if isinstance(adapter, anthropic.CountTokens):
                 t = await self._count_request(wrap, req, adapter, m, name, body)
