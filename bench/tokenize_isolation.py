@@ -21,7 +21,7 @@ Cases, run in alternating rounds (``alone`` before each of the others):
   message), past the limit: answered 413 before anything is parsed;
 * ``parts``: A's chat of one message of 99,000 one-letter content parts
   (under ``--max-content-parts``: parsed and forwarded), ``parts-issue``
-  of 1.7 M of them (46 MB: issue 42, item 7), answered 413 before the
+  of 1.7 M of them (46 MB), answered 413 before the
   proxy parses it.
 
 A starts once B has sent 5 chunks; B asks ``ignore_eos`` and ``--tokens``
