@@ -7,16 +7,14 @@ from __future__ import annotations
 import json
 import re
 import socket
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
-from conftest import chat_body, connectable, free_port, wait_for
+from conftest import chat_body, wait_for
 from ggmux.shm import layout as L
 from ggmux.shm.seqlock import read_table
-from test_keys import ADMIN, bearer, keyed, usage_of
+from test_keys import ADMIN, bearer, fake_upstream, keyed, usage_of
 
 # keys files hold secrets: private, as ggmux requires (keys.check_file_mode)
 pytestmark = pytest.mark.usefixtures("private_files")
@@ -25,6 +23,31 @@ pytestmark = pytest.mark.usefixtures("private_files")
 def loads_of(s, name: str) -> int:
     m = s.seg.read_registry()[1]["names"][name]
     return int(read_table(s.seg.models)[m, L.M_LOADS])
+
+
+class KeepBusy:
+    """``n`` clients of key ``key`` asking model ``model`` one request after
+    the other until :meth:`stop`; ``codes``: their statuses."""
+
+    def __init__(self, s, model: str, key: str, n: int = 2) -> None:
+        self.codes: list[int] = []
+        self.done = threading.Event()
+
+        def run() -> None:
+            while not self.done.is_set():
+                self.codes.append(s.request("POST", "/v1/chat/completions", chat_body(model),
+                                            headers=bearer(key), timeout=60)[0])
+
+        self.threads = [threading.Thread(target=run, daemon=True) for _ in range(n)]
+        for t in self.threads:
+            t.start()
+        wait_for(lambda: 200 in self.codes, 60, 0.02, f"{model} serving")
+
+    def stop(self) -> list[int]:
+        self.done.set()
+        for t in self.threads:
+            t.join(60)
+        return self.codes
 
 
 # ---- item 1: Ollama's load form ---------------------------------------------------------
@@ -62,19 +85,8 @@ def test_a_load_form_for_a_model_the_key_may_not_use_never_drains_another_tenant
     s = keyed(serve, fakes, tmp_path,
               "[owner]\nkey = sk-owner\nmodels = a\n\n[other]\nkey = sk-other\nmodels = c*\n",
               "--models-max", "1", "--max-wait", "0.5", "--min-residency", "0")
-    stop = threading.Event()
-    codes: list[int] = []
-
-    def keep_busy() -> None:
-        while not stop.is_set():
-            codes.append(s.request("POST", "/v1/chat/completions", chat_body("a"),
-                                   headers=bearer("sk-owner"))[0])
-
-    threads = [threading.Thread(target=keep_busy, daemon=True) for _ in range(2)]
-    for t in threads:
-        t.start()
+    busy = KeepBusy(s, "a", "sk-owner")
     try:
-        wait_for(lambda: 200 in codes, 60, 0.02, "a serving")
         for route, body in (("/api/generate", {"prompt": ""}), ("/api/chat", {"messages": []})):
             for _ in range(3):
                 st, _, raw = s.request("POST", route, {"model": "b", **body},
@@ -83,9 +95,7 @@ def test_a_load_form_for_a_model_the_key_may_not_use_never_drains_another_tenant
         # longer than the bound: a waiter would have drained "a" by now
         time.sleep(1.0)
     finally:
-        stop.set()
-        for t in threads:
-            t.join(60)
+        codes = busy.stop()
     assert set(codes) == {200}
     assert loads_of(s, "b") == 0
     assert "draining a" not in s.logs()
@@ -191,22 +201,11 @@ def test_a_key_sees_its_own_models_only_on_every_route_and_not_who_holds_the_cap
               "[owner]\nkey = sk-owner\nmodels = hog\n\n[other]\nkey = sk-other\nmodels = one\n",
               "--models-max", "1", "--max-wait", "600", "--load-wait", "4")
     other = bearer("sk-other")
-    stop = threading.Event()
-    codes: list[int] = []
-
-    def keep_busy() -> None:
-        while not stop.is_set():
-            codes.append(s.request("POST", "/v1/chat/completions", chat_body("hog"),
-                                   headers=bearer("sk-owner"))[0])
-
-    busy = [threading.Thread(target=keep_busy, daemon=True) for _ in range(2)]
-    for t in busy:
-        t.start()
+    busy = KeepBusy(s, "hog", "sk-owner")
     waiting: list = []
     waiter = threading.Thread(target=lambda: waiting.append(s.request(
         "POST", "/v1/chat/completions", chat_body("one"), headers=other)), daemon=True)
     try:
-        wait_for(lambda: 200 in codes, 60, 0.02, "hog serving")
         waiter.start()
 
         def queue():
@@ -249,9 +248,7 @@ def test_a_key_sees_its_own_models_only_on_every_route_and_not_who_holds_the_cap
         assert st == 404 and b"hog" not in raw
         waiter.join(60)
     finally:
-        stop.set()
-        for t in busy:
-            t.join(60)
+        busy.stop()
     st, _, raw = waiting[0]
     assert st == 503
     err = json.loads(raw)["error"]
@@ -287,19 +284,7 @@ def test_an_admin_route_cannot_write_an_environment_expansion_into_the_keys_file
 def slow_remote(tmp_path):
     """A fake instance on its own port, as a priced upstream: 8 tokens in about
     0.4 s (long enough for a burst to overlap), its port."""
-    behaviour = tmp_path / "slow-remote.json"
-    behaviour.write_text(json.dumps({"tokens": 8, "token_s": 0.05, "parallel": 32}))
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ggmux.instance", "--fake", "--model", str(behaviour),
-         "--name", "remote", "--port", str(port)],
-        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: connectable(port), 20, 0.05, what="remote server")
-        yield port
-    finally:
-        proc.stdin.close()
-        proc.wait(10)
+    yield from fake_upstream(tmp_path, {"tokens": 8, "token_s": 0.05, "parallel": 32})
 
 
 def burst(s, n: int, body: dict, key: str) -> list[int]:

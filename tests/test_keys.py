@@ -277,8 +277,14 @@ def test_reload_changes_a_policy_and_admin_routes_manage_keys(serve, fakes, tmp_
 @pytest.fixture
 def remote(fakes, tmp_path):
     """A fake instance on its own port, as an upstream: its port."""
+    yield from fake_upstream(tmp_path, {"tokens": 8})
+
+
+def fake_upstream(tmp_path, behaviour_doc: dict):
+    """Run a fake instance of ``behaviour_doc`` on its own port (an upstream):
+    yields its port, stops it after."""
     behaviour = tmp_path / "remote.json"
-    behaviour.write_text(json.dumps({"tokens": 8}))
+    behaviour.write_text(json.dumps(behaviour_doc))
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "ggmux.instance", "--fake", "--model", str(behaviour),
