@@ -229,6 +229,7 @@ def test_bad_media_are_400s_in_each_apis_envelope_and_reach_no_engine(server):
 
 def test_one_tenants_cached_image_serves_no_other_tenant(folder, serve, tmp_path):
     kf = tmp_path / "keys.ini"
+    kf.touch(mode=0o600)  # its secrets readable by no one else, as ggmux requires
     kf.write_text(KEYS)
     s = serve("--models-dir", str(folder.parent), "--no-hf-cache", "--keys", str(kf))
     content = [vp.text_part("Whose picture?"), vp.image_part(vp.gradient_png())]
