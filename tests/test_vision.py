@@ -280,3 +280,21 @@ def test_anthropic_count_tokens_counts_an_image_as_its_embeddings(server):
     assert st == 200, answer
     assert doc["input_tokens"] == answer["usage"]["input_tokens"] + answer["usage"].get(
         "cache_read_input_tokens", 0) > IMAGE_TOKENS
+
+
+def test_a_cached_image_comes_back_after_the_server_restarts(folder, serve, tmp_path):
+    """A whole new ggmux serve on the same disk tier restores the
+    conversation's image from the entry the first one's stop wrote."""
+    args = ("--models-dir", str(folder.parent), "--no-hf-cache", "--cache-disk",
+            str(tmp_path / "kv"))
+    content = [vp.text_part("Across a restart: what is it?"), vp.image_part(vp.stripes_png())]
+    first = serve(*args)
+    chat(first, content)
+    hit = chat(first, content)
+    assert cached(hit) == hit["usage"]["prompt_tokens"] - 1
+    first.stop()
+    again = serve(*args)
+    after = chat(again, content)
+    assert after["timings"].get("cache_tier") == "disk"
+    assert cached(after) == cached(hit) > IMAGE_TOKENS
+    assert after["choices"][0]["message"] == hit["choices"][0]["message"]
