@@ -23,7 +23,7 @@ Three parts (``--parts micro,latency,accuracy``):
 * ``two-node`` (not in the default: 3 wall-clock minutes a run): the same
   client and key over two servers of 2 proxies each that share one SQLite
   ledger (``--node-name n0``, ``n1``; ``--ledger-sync``, 2 s): limits
-  across nodes, reconciled from the ledger (supervisor/ledger/sync.py);
+  across nodes, reconciled from the ledger (ledger/sync.py);
   per window also what each node admitted.
 * ``sync-query``: the sync's one query on a SQLite ledger of
   ``--sync-rows`` rows (other nodes', over the last 30 days): a full read
@@ -70,6 +70,7 @@ def micro(n: int = 20000, rounds: int = 5) -> dict:
 
     with tempfile.TemporaryDirectory() as d:
         kf = Path(d) / "keys.ini"
+        kf.touch(mode=0o600)  # a keys file with a secret in it must be private
         kf.write_text("[k]\nkey = sk-bench-key-0123456789abcdef\nrpm = 1000000000\n"
                       "tpm = 1000000000000\nmax-parallel = 1000000\n"
                       "tokens-per-day = 1000000000000\nspend-per-month = 1000000\n")
@@ -176,6 +177,7 @@ async def _load(port: int, req: bytes, conns: int, seconds: float) -> dict:
 
 
 def latency(tmp: Path, rounds: int, seconds: float, conns: list[int]) -> dict:
+    (tmp / "keys.ini").touch(mode=0o600)  # a keys file with a secret in it must be private
     (tmp / "keys.ini").write_text(
         "[k]\nkey = sk-on\nrpm = 1000000000\ntpm = 1000000000000\nmax-parallel = 100000\n"
         "tokens-per-day = 1000000000000\nspend-per-month = 1000000\n")
@@ -211,6 +213,7 @@ def accuracy(tmp: Path, scale: float, windows: int, tokens: int = 100, nodes: in
 
     if nodes > 1 and scale != 1:
         raise SystemExit("the two-node accuracy runs on the wall clock (--two-node-scale 1)")
+    (tmp / "acc.ini").touch(mode=0o600)
     (tmp / "acc.ini").write_text("[k]\nkey = sk-acc\nrpm = 100\ntpm = 20000\n")
     common = ["--keys", str(tmp / "acc.ini"), "--admin-key", "adm"]
     env = {"GGMUX_LIMITS_CLOCK_SCALE": str(scale)} if scale != 1 else {}
@@ -294,7 +297,7 @@ def accuracy(tmp: Path, scale: float, windows: int, tokens: int = 100, nodes: in
 
 
 def sync_query(tmp: Path, rows: int, keys: int = 50, rounds: int = 5) -> dict:
-    """The ledger sync's query (supervisor/ledger/sync.py) on a SQLite
+    """The ledger sync's query (ledger/sync.py) on a SQLite
     ledger of ``rows`` rows of ``keys`` keys from two other nodes spread
     over the last 30 days: seconds per query with the month's start as its
     earliest window (a full read with a monthly budget), since the last
@@ -302,10 +305,10 @@ def sync_query(tmp: Path, rows: int, keys: int = 50, rounds: int = 5) -> dict:
     alone (rpm / tpm only), median of ``rounds``."""
     import random
 
+    from ggmux.ledger.records import UsageRow
+    from ggmux.ledger.stores import open_store
+    from ggmux.ledger.sync import FULL_EVERY_S, LATE_S
     from ggmux.shm.keytable import period_end, periods
-    from ggmux.supervisor.ledger.records import UsageRow
-    from ggmux.supervisor.ledger.stores import open_store
-    from ggmux.supervisor.ledger.sync import FULL_EVERY_S, LATE_S
 
     store = open_store(str(tmp / "sync-query.sqlite3"), "")
     store.schema()

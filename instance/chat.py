@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .builtin_templates import builtin_names, render_builtin
+from .checkpoint_hints import specialized, user_start_marker
 from .template import JinjaTemplate, TemplateRefused
 from .tools import ChatPlan, ToolFormat, ToolRequest, format_for
 from .tools.base import regex_escape
@@ -156,6 +157,7 @@ class ChatTemplate:
         self.bos = bos
         self.jinja: JinjaTemplate | None = None
         self.jinja_tools: JinjaTemplate | None = None  # tokenizer.chat_template.tool_use
+        self._markers: dict[int, str] = {}  # id(template) -> its user-turn start marker
         # no template of its own: llama-server's default (see the module docstring)
         self.default = chat_format is None and not self.template and self.builtin is None
         text = self.template or (metadata.get("tokenizer.chat_template.tool_use")
@@ -181,19 +183,28 @@ class ChatTemplate:
                  else f"llama.cpp's built-in {self.builtin[:40]!r}")
 
     def prompt(self, messages: list[dict], tool: dict | None = None,
-               prefill: str | None = None) -> tuple[list[int], list[str]]:
+               prefill: str | None = None,
+               tokenize: Callable[[str, bool], list[int]] | None = None
+               ) -> tuple[list[int], list[str]]:
         """``(prompt tokens, stop strings)`` for checked ``messages``
         (:func:`~ggmux.instance.validate.chat_messages`); ``tool``
         (``{"name", "parameters"}``) is offered to the template as the one
         forced tool; ``prefill``: text after the generation prompt (a
         built-in template's; :mod:`.prefill`). Raises BadRequest when the
         template refuses the messages (a Jinja ``raise_exception``, a role
-        it does not know)."""
+        it does not know). ``tokenize(text, add_bos)``: the prompt's own
+        tokenizer (a prompt with media markers: the projector's), for a
+        built-in template; a chat handler takes text only."""
         from jinja2 import TemplateError
 
         if self.builtin is not None:
             text = render_builtin(self.builtin, messages) + (prefill or "")
+            if tokenize is not None:
+                return tokenize(text, True), []
             return self._tokenize(text.encode("utf-8"), True, True), []
+        if tokenize is not None:
+            raise BadRequest(f"images and audio need a Jinja chat template; the chat format "
+                             f"{self.name!r} takes text only", "messages")
 
         cap = _Capture(self._tokenize)
         kw = {}
@@ -229,16 +240,37 @@ class ChatTemplate:
             plan.prompt += prefill
         return fmt, plan
 
+    def user_marker(self, tools: bool) -> str:
+        """The user turn's start marker that llama-server's template analyser
+        finds in the template that renders a request (with ``tools``, the
+        GGUF's ``tool_use`` template when it has one;
+        :func:`~.checkpoint_hints.user_start_marker`), "" for a template
+        llama-server parses with its own code (it finds no message spans
+        then) or one the probe cannot render. Cached per template."""
+        tmpl = self.jinja_tools if tools and self.jinja_tools else self.jinja
+        if tmpl is None:
+            return ""
+        key = id(tmpl)
+        if key not in self._markers:
+            self._markers[key] = "" if specialized(tmpl.source) else user_start_marker(
+                lambda ms: tmpl.render(ms, None, False, {"enable_thinking": True}))
+        return self._markers[key]
+
     def chat(self, messages: list[dict], req: ToolRequest,
-             prefill: str | None = None) -> ChatPrompt:
+             prefill: str | None = None,
+             tokenize: Callable[[str, bool], list[int]] | None = None) -> ChatPrompt:
         """:meth:`render`, tokenized: the prompt (no second BOS when the
         template wrote one), preserved tokens and lazy-grammar triggers
         (a trigger word that is one token is a trigger token, as
-        llama-server does)."""
+        llama-server does). ``tokenize(text, add_bos)``: the prompt's own
+        tokenizer (a prompt with media markers: the projector's)."""
         fmt, plan = self.render(messages, req, prefill)
         text = plan.prompt
         add_bos = not (self.bos and text.startswith(self.bos))
-        tokens = self._tokenize(text.encode("utf-8"), add_bos, True)
+        if tokenize is not None:
+            tokens = tokenize(text, add_bos)
+        else:
+            tokens = self._tokenize(text.encode("utf-8"), add_bos, True)
         preserved = set()
         for t in plan.preserved:
             ids = self._tokenize(t.encode("utf-8"), False, True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Callable
 
 from . import protocol
@@ -21,7 +20,7 @@ from .backend import Backend, Sink
 from .builtin_templates import render_builtin
 from .cache.tiers import CacheSettings
 from .chat import ChatTemplate
-from .checkpoint_hints import user_starts
+from .checkpoint_hints import delimiter_starts, user_starts
 from .engine import Embedding, Engine, Generation, InvalidRequest
 from .engine.jobs import deliver
 from .engine.model import EngineConfig
@@ -32,12 +31,13 @@ from .grammar.structured import (
     schema_grammar,
     structured_output,
 )
-from .kv_size import checkpoint_bytes, kv_cache_bytes, sliding_layers
 from .llama_args import llama_kwargs
+from .measure_model import measure_model, model_parts
+from .media import requests as media_req
 from .messages import chat_messages as jinja_messages
 from .messages import refuse_media
 from .prefill import continuation
-from .prompts import Batch, embedding_forms, native_prompts
+from .prompts import Batch, MediaPrompt, embedding_forms, native_prompts
 from .reasoning import REASONING_FORMATS
 from .settings import default_sampling, generation_settings
 from .tools.request import tool_request
@@ -65,27 +65,6 @@ log = logging.getLogger(__name__)
 
 POOLING_TYPES = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 """llama-server's ``--pooling`` names -> llama.cpp's ``LLAMA_POOLING_TYPE_*``."""
-
-
-def model_parts(path: str) -> list[str]:
-    """All files of a split GGUF (``name-00001-of-00003.gguf``), else [path]."""
-    m = re.match(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$", path)
-    if not m:
-        return [path]
-    n = int(m.group(3))
-    parts = [f"{m.group(1)}-{i:05d}-of-{n:05d}.gguf" for i in range(1, n + 1)]
-    return [p for p in parts if os.path.exists(p)]
-
-
-def _gpu_count() -> int:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return int(pynvml.nvmlDeviceGetCount())
-    except Exception:  # noqa: BLE001 - no NVML means no GPU
-        return 0
-
 
 
 def cache_settings(args, kw: dict) -> CacheSettings:
@@ -129,10 +108,12 @@ class LlamaBackend(Backend):
         self.path = args.model
         self.name = args.name or os.path.basename(args.model).rsplit(".", 1)[0]
         self.limits = request_limits_from_args(args)
+        self.media_fetch = bool(getattr(args, "media_fetch", False))
         self.engine = None
         self.template = None
         self.slots = self._config().parallel
         self._deliver = None  # the engine's per-step hand-off (use_loop)
+        self._marker_ids: dict[str, list[int]] = {}  # a user-turn marker's tokens
 
     def _config(self):
         kw = llama_kwargs(getattr(self.args, "llama_args", []) or [])
@@ -165,6 +146,7 @@ class LlamaBackend(Backend):
                            cache_scope=getattr(self.args, "cache_scope", "global"),
                            cache=cache_settings(self.args, kw))
         cfg.cache.model_name = self.name  # model.json names the registry's model (issue 37)
+        cfg.mmproj = getattr(self.args, "mmproj", None) or None
         if self.args.threads:
             cfg.n_threads = self.args.threads
         for k, v in kw.items():
@@ -180,103 +162,9 @@ class LlamaBackend(Backend):
         return cfg
 
     def measure(self) -> dict:
-        """Memory a load needs, from GGUF metadata read by llama.cpp itself
-        (a ``vocab_only`` model load without a context: metadata and
-        vocabulary, no weights, ~0.1 s;
-        the ``gguf`` package's reader takes seconds on a 49k-token vocab).
-
-        ``min`` = weights + KV cache at ``kv-size`` (``ctx-size x parallel``
-        unless given: the cache all slots share, issue 12) + compute
-        estimate; ``max`` = the same with every slot at the model's trained
-        context. KV: K and V, f16, ``n_layer * n_head_kv * head_dim`` per
-        token, sliding-window layers at their window (:mod:`.kv_size`); ``max``
-        also holds every slot's ``ctx-checkpoints`` context checkpoints. Compute: ``4 * n_ubatch * (4 * n_embd + 2 * n_ff +
-        max(n_vocab, n_head * n_kv))`` bytes, where ``n_kv`` is the cells one
-        token attends over (``kv-size`` in a shared cache, ``ctx-size`` in a
-        slot's own stream): the graph holds either a micro-batch's logits or
-        its attention scores at its peak; within 5% of llama.cpp's CPU
-        compute buffer for smollm2 at 4 x 2048 tokens (99 MiB streams, 166
-        MiB shared); the ``effective`` figure a ready instance reports
-        calibrates it.
-        With ``--n-gpu-layers`` and a GPU, the offloaded share of weights and
-        KV is put on ``gpu0``. Bytes per device key. ``chat_template``:
-        whether the GGUF metadata has ``tokenizer.chat_template``.
-        """
-        import llama_cpp
-        from llama_cpp._internals import LlamaModel
-
-        weights = sum(os.path.getsize(p) for p in model_parts(self.path))
-        spec = self._config().spec
-        if spec is not None and spec.on and spec.draft_model and os.path.isfile(spec.draft_model):
-            weights += os.path.getsize(spec.draft_model)  # a draft model (issue 30): its weights
-        # the model alone, no context: a context on a vocab-only model warns
-        # "n_ctx_seq (512) > n_ctx_train (0)" at every start (issue 15)
-        params = llama_cpp.llama_model_default_params()
-        params.vocab_only = True
-        model = LlamaModel(path_model=self.path, params=params, verbose=False)
-        try:
-            md, n_vocab = model.metadata(), model.n_vocab()
-        finally:
-            model.close()
-        arch = md.get("general.architecture", "llama")
-
-        def num(key: str, default: float = 0) -> float:
-            try:
-                return float(md.get(f"{arch}.{key}", default))
-            except ValueError:
-                return default
-
-        n_layer = int(num("block_count", 1))
-        n_embd = int(num("embedding_length", 0))
-        n_head = max(1, int(num("attention.head_count", 1)))
-        n_head_kv = int(num("attention.head_count_kv", n_head))
-        head_dim = int(num("attention.key_length", n_embd // n_head if n_embd else 0))
-        n_ff = int(num("feed_forward_length", 4 * n_embd))
-        n_ctx_train = int(num("context_length", self.args.ctx_size)) or self.args.ctx_size
-        cfg = self._config()
-        n_ubatch = cfg.n_ubatch or 512
-        n_swa = int(num("attention.sliding_window", 0))
-        pattern = md.get(f"{arch}.attention.sliding_window_pattern", "")
-        if pattern.startswith("["):  # per layer: true where it slides
-            swa_layers = sum(x.strip() in ("true", "1") for x in pattern.strip("[]").split(","))
-        else:
-            swa_layers = sliding_layers(arch, n_layer, n_swa,
-                                        int(pattern) if pattern.isdigit() else None)
-        if cfg.swa_full:
-            swa_layers = 0
-
-        ctx = self.args.ctx_size or n_ctx_train
-        parallel = cfg.parallel
-        kv = cfg.kv_size or ctx * parallel
-        unified = cfg.kv_unified if cfg.kv_unified is not None else kv < ctx * parallel
-
-        def need(cells: int, per_slot: int) -> int:
-            kv_bytes = kv_cache_bytes(n_layer, n_head_kv * head_dim * 2, cells,
-                                      swa_layers=swa_layers, n_swa=n_swa, sequences=parallel,
-                                      unified=unified, n_ubatch=n_ubatch)
-            attended = cells if unified else per_slot
-            compute = 4 * n_ubatch * (4 * n_embd + 2 * n_ff + max(n_vocab, n_head * attended))
-            return weights + kv_bytes + compute
-
-        lo = need(kv, ctx)
-        hi = need(max(kv, n_ctx_train * parallel), max(ctx, n_ctx_train))
-        # every slot's context checkpoints at their cap: host memory the
-        # minimum does not hold (made as prompts are read)
-        hi += parallel * cfg.ctx_checkpoints * checkpoint_bytes(
-            swa_layers, n_swa, n_head_kv * head_dim * 2)
-        ngl = self.args.n_gpu_layers
-        # whether the GGUF has a chat template (a base model has none: the
-        # page and clients then use completions, issue 22)
-        has_template = bool(md.get("tokenizer.chat_template"))
-        if ngl and _gpu_count() > 0:
-            frac = 1.0 if ngl < 0 else min(1.0, ngl / max(1, n_layer))
-            return {
-                "min": {"host": int(lo * (1 - frac)) + 64 << 20, "gpu0": int(lo * frac)},
-                "max": {"host": int(hi * (1 - frac)) + 64 << 20, "gpu0": int(hi * frac)},
-                "n_ctx_train": n_ctx_train, "chat_template": has_template,
-            }
-        return {"min": {"host": lo}, "max": {"host": hi}, "n_ctx_train": n_ctx_train,
-                "chat_template": has_template}
+        """The memory a load needs and what the model is
+        (:func:`~.measure_model.measure_model`)."""
+        return measure_model(self.path, self.args, self._config())
 
     def load(self) -> dict:
         # the weights' progress as llama-server reports it to its router
@@ -349,7 +237,7 @@ class LlamaBackend(Backend):
         a generation of its own; several are answered as a list."""
         prompts = native_prompts(body.get("prompt", body.get("content")),
                                  lambda t, special: self.engine.tokenize_prompt(t, special, True),
-                                 self.engine.n_vocab)
+                                 self.engine.n_vocab, self._native_media)
         if len(prompts) == 1:
             return self._generation("completion", body, sink, request_id, tenant, prompts[0])
         if body.get("stream") is True:
@@ -357,6 +245,29 @@ class LlamaBackend(Backend):
                              "(send them as requests of their own)", "prompt")
         return Batch(prompts, sink, lambda p, one: self._generation(
             "completion", body, one, request_id, tenant, p))
+
+    def _native_media(self, p: dict, field: str) -> MediaPrompt:
+        """A ``/completion`` prompt object with ``multimodal_data``."""
+        text, refs = media_req.native_refs(p, field, self.engine.media_marker)
+        tokens, spans = media_req.tokens(self.engine, text, refs, True, self.limits,
+                                         self.media_fetch)
+        out = MediaPrompt(tokens)
+        out.media = spans
+        return out
+
+    def _media_tokenizer(self, media, spans: list) -> Callable[[str, bool], list[int]] | None:
+        """A prompt tokenizer for messages whose media ``media`` (a
+        :class:`~ggmux.instance.messages.MediaParts`) collected; the spans
+        go to ``spans``. None without media."""
+        if media is None or not media.refs:
+            return None
+
+        def tokenize(text: str, add_bos: bool) -> list[int]:
+            tokens, got = media_req.tokens(self.engine, text, media.refs, add_bos, self.limits,
+                                           self.media_fetch)
+            spans.extend(got)
+            return tokens
+        return tokenize
 
     def _generation(self, kind: str, body: dict, sink: Sink, request_id: str, tenant: str = "",
                     native: list[int] | None = None):
@@ -371,8 +282,10 @@ class LlamaBackend(Backend):
         triggers: tuple[list[str], list[int]] = ([], [])
         lazy = False
         hints: tuple[int, ...] = ()
+        spans: list = []  # the prompt's media spans (a model with a projector)
         if kind == "chat" and self.template.jinja is not None:
-            messages = jinja_messages(body.get("messages"), self._model(body))
+            media = media_req.collector(self.engine, body.get("messages"))
+            messages = jinja_messages(body.get("messages"), self._model(body), media)
             messages, prefill = continuation(body, messages)
             gbnf = structured_output(body, self.limits)
             req = tool_request(body, self.limits, self.reasoning_format,
@@ -380,7 +293,7 @@ class LlamaBackend(Backend):
             if req.calls_tools and body.get("grammar") is not None:
                 raise BadRequest("'grammar' cannot be combined with tools (give tool_choice "
                                  "\"none\" or no grammar)", "grammar")
-            cp = self.template.chat(messages, req, prefill)
+            cp = self.template.chat(messages, req, prefill, self._media_tokenizer(media, spans))
             plan = cp.plan
             if plan.grammar is not None:
                 gbnf = grammar_text(plan.grammar, self.limits, "tools")
@@ -388,16 +301,17 @@ class LlamaBackend(Backend):
                 triggers = (cp.trigger_patterns, cp.trigger_tokens)
             prompt, stops = cp.tokens, list(plan.stops)
             if self.engine.checkpoints_wanted:  # user messages' starts (issue 35)
-                bos = not (self.template.bos and plan.prompt.startswith(self.template.bos))
-                hints = user_starts(messages, plan.prompt,
-                                    lambda t: self.engine.count_tokens(t, bos, True),
-                                    self.engine.cfg.checkpoint_min_step)
+                hints = self._user_starts(messages, plan.prompt, prompt, req.tools, spans)
             preserved = cp.preserved
             fmt = cp.fmt
             parser = lambda: ChatStream(fmt, plan)
         elif kind == "chat":
-            refuse_media(body.get("messages"), self._model(body))
-            messages = chat_messages(body.get("messages"))
+            media = media_req.collector(self.engine, body.get("messages"))
+            if media is None:
+                refuse_media(body.get("messages"), self._model(body))
+                messages = chat_messages(body.get("messages"))
+            else:
+                messages = jinja_messages(body.get("messages"), self._model(body), media)
             rest, prefill = continuation(body, messages)
             if self.template.builtin is not None:  # llama.cpp's: the prefill as llama-server's
                 messages = rest
@@ -408,10 +322,12 @@ class LlamaBackend(Backend):
                     raise BadRequest("a forced tool call cannot be combined with a grammar or "
                                      "JSON schema", "tool_choice")
                 gbnf = schema_grammar(tool["parameters"], self.limits, "tool_choice")
-            prompt, stops = self.template.prompt(messages, tool, prefill)
+            prompt, stops = self.template.prompt(messages, tool, prefill,
+                                                 self._media_tokenizer(media, spans))
         elif native is not None:
             gbnf = structured_output(body, self.limits)
             prompt, stops = native, []
+            spans = list(getattr(native, "media", ()))
         else:
             gbnf = structured_output(body, self.limits)
             p = completion_prompt(body, n_vocab)
@@ -449,7 +365,8 @@ class LlamaBackend(Backend):
                          preserved=preserved,
                          return_progress=body.get("return_progress") is True and stream,
                          post_sampling_probs=native is not None
-                         and body.get("post_sampling_probs") is True, checkpoint_at=hints)
+                         and body.get("post_sampling_probs") is True, checkpoint_at=hints,
+                         media=tuple(spans))
         opts = body.get("stream_options") or {}
         settings = generation_settings(
             sampling, max_tokens or -1, self.engine.cfg.seed if sampling.seed is None
@@ -460,7 +377,7 @@ class LlamaBackend(Backend):
                         else body.get("verbose") is True,
                         timings_per_token=body.get("timings_per_token") is True,
                         settings=settings,
-                        prompt=lambda: self.engine.detokenize(prompt, special=True))
+                        prompt=lambda: media_req.shown(self.engine, prompt, gen.media))
         answer = Answer(sink, kind, self._model(body), gen.n, stream=stream,
                         include_usage=opts.get("include_usage") is True,
                         logprobs=None if top is None else "native" if native is not None
@@ -470,6 +387,27 @@ class LlamaBackend(Backend):
         job = self.engine.submit(gen, answer.on_event)
         answer.job = job
         return job
+
+    def _user_starts(self, messages: list[dict], text: str, prompt: list[int], tools,
+                     spans: list) -> tuple[int, ...]:
+        """Where the chat's user messages start in ``prompt`` (checkpoints
+        and batch cuts there): where its tokens hold the template's user-turn
+        marker, as llama-server finds its message spans (so both read the
+        prompt in the same batches); else, for a template llama-server parses
+        with its own code, where the messages' texts are
+        (:mod:`.checkpoint_hints`)."""
+        marker = self.template.user_marker(bool(tools))
+        if marker:
+            ids = self._marker_ids.get(marker)
+            if ids is None:
+                ids = self._marker_ids[marker] = self.engine.tokenize(marker, False, True)
+            return delimiter_starts(prompt, ids)
+        bos = not (self.template.bos and text.startswith(self.template.bos))
+        hints = user_starts(messages, text, lambda t: self.engine.count_tokens(t, bos, True),
+                            self.engine.cfg.checkpoint_min_step)
+        if spans:  # counted on text: exact up to the first media item only
+            hints = tuple(h for h in hints if h <= spans[0].start)
+        return hints
 
     def _sampling(self, body: dict, gbnf: str | None, n_vocab: int):
         s = default_sampling(self.sampling_defaults)  # --temp, --top-k, ...
@@ -567,15 +505,18 @@ class LlamaBackend(Backend):
         ``/apply-template``: the template with the tools and the format's
         system message, ``add_generation_prompt`` true unless given), for
         counting a request's tokens. A model without a Jinja template
-        answers with the text its chat handler would tokenize."""
+        answers with the text its chat handler would tokenize. Media
+        (a model with a projector) stand as the media marker."""
+        media = media_req.collector(self.engine, body.get("messages"))
         if self.template.jinja is None:
-            messages = chat_messages(body.get("messages"))
+            messages = (chat_messages(body.get("messages")) if media is None
+                        else jinja_messages(body.get("messages"), self._model(body), media))
             rest, prefill = continuation(body, messages)
             if self.template.builtin is not None:
                 return {"prompt": render_builtin(self.template.builtin, rest) + (prefill or "")}
             tokens, _ = self.template.prompt(messages, None)
             return {"prompt": self.engine.detokenize(tokens, special=True)}
-        messages = jinja_messages(body.get("messages"), self._model(body))
+        messages = jinja_messages(body.get("messages"), self._model(body), media)
         messages, prefill = continuation(body, messages)
         gbnf = structured_output(body, self.limits)
         req = tool_request(body, self.limits, self.reasoning_format,
@@ -584,8 +525,19 @@ class LlamaBackend(Backend):
         return {"prompt": plan.prompt}
 
     def input_tokens(self, body: dict) -> dict:
-        """As :meth:`Backend.input_tokens`, counting without listing the ids."""
+        """As :meth:`Backend.input_tokens`, counting without listing the ids;
+        media count as the embeddings the projector makes of them (each
+        decoded and preprocessed, as a request would be, never encoded)."""
         prompt = self.apply_template(body)["prompt"]
+        media = media_req.collector(self.engine, body.get("messages"))
+        if media is not None:
+            jinja_messages(body.get("messages"), self._model(body), media)  # the references
+            add_bos = not (self.template.bos and prompt.startswith(self.template.bos))
+            tokens, spans = media_req.tokens(self.engine, prompt, media.refs, add_bos,
+                                             self.limits, self.media_fetch)
+            for sp in spans:
+                sp.release()
+            return {"input_tokens": len(tokens)}
         return {"input_tokens": self.engine.count_tokens(prompt, add_special=True)}
 
     def detokenize(self, body: dict) -> dict:
@@ -602,6 +554,11 @@ class LlamaBackend(Backend):
             "kv_size": e.kv_size if loaded else 0,
             "total_slots": self.slots,
             "chat_template": self.template.template if self.template else "",
+            # llama-server's: what the model reads beside text, and the marker that
+            # stands for a media item in /completion's prompt_string
+            "modalities": {**(e.modalities() if loaded else {"vision": False, "audio": False}),
+                           "video": False},
+            "media_marker": (e.media_marker if loaded else None) or "",
         }
 
     def slot_info(self) -> list[dict]:

@@ -37,8 +37,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ...shm.requestring import F_FORWARDED, Q_FLAGS, Q_WALL_NS, RequestRing
-from ..jobs import Jobs
+from ..shm.requestring import F_FORWARDED, Q_FLAGS, Q_WALL_NS, RequestRing
+from .jobs import Jobs
 from .records import RowContext, Totals, UsageRow
 from .store import SqlStore, StoreError
 
@@ -209,6 +209,35 @@ class UsageLedger:
             self.error = None
         if self.pending:
             self._flush_at = 0.0  # more waiting: the next turn writes again
+
+    def recover(self, rows: list[UsageRow]) -> int:
+        """Queue the rows of a dead server's last requests
+        (:mod:`.leftover`) that the store does not hold yet (same request
+        id, arrival time and node), before this server serves: they are
+        written as any row, and :meth:`totals_since` (the keys' windows)
+        counts them meanwhile. Blocking (one query), at start only. The
+        number queued; 0 when the store cannot be read (logged: without
+        knowing which it holds, none is written twice)."""
+        if not rows:
+            return 0
+        try:
+            if not self.schema_ok:
+                self.store.schema()
+                self.schema_ok = True
+            have = self.store.requests_since(min(r.time for r in rows), self.ctx.node)
+        except StoreError as e:
+            log.error("usage ledger: cannot read %s to recover the %d requests a stopped "
+                      "server's ring held (they are not written): %s", self.store.where,
+                      len(rows), e)
+            return 0
+        missing = [r for r in rows if (r.request_id, r.time) not in have]
+        self.pending.extend(missing)
+        self._bound()
+        self._status_dirty = True
+        if missing:
+            log.warning("usage ledger: %d requests the stopped server answered had no row "
+                        "yet; writing them now", len(missing))
+        return len(missing)
 
     # ---- what others read ---------------------------------------------------------------
     def status(self) -> dict:

@@ -148,6 +148,20 @@ class SqlStore:
         return {k: Totals(int(n), int(p), int(c), int(g), float(cost))
                 for k, n, p, c, g, cost in self._run(read)}
 
+    def requests_since(self, since_s: float, node: str) -> set[tuple[str, float]]:
+        """``(request_id, time)`` of node ``node``'s rows at or after
+        ``since_s`` (Unix seconds): which requests of a dead server's ring
+        the store has already (:meth:`~.ledger.UsageLedger.recover`).
+        Raises :class:`StoreError`."""
+        sql = f"SELECT request_id, time FROM usage WHERE time >= {self.P} AND node = {self.P}"
+
+        def read(conn):
+            cur = conn.cursor()
+            cur.execute(sql, (since_s, node))
+            return cur.fetchall()
+
+        return {(rid or "", float(t)) for rid, t in self._run(read)}
+
     def others_since(self, node: str, starts: Sequence[float],
                      until: float | None = None) -> dict[str, list[Totals]]:
         """Key name -> one :class:`Totals` per start of ``starts`` (Unix
@@ -184,6 +198,17 @@ class SqlStore:
             out[rec[0]] = [Totals(int(v[i] or 0), int(v[i + 1]), int(v[i + 2]), int(v[i + 3]),
                                   float(v[i + 4])) for i in range(0, len(v), 5)]
         return out
+
+    def nodes(self) -> dict[str, int]:
+        """Node name -> its rows in the ledger (every row, any time): who
+        wrote this ledger. Raises :class:`StoreError`."""
+
+        def read(conn):
+            cur = conn.cursor()
+            cur.execute("SELECT COALESCE(node, ''), COUNT(*) FROM usage GROUP BY node")
+            return cur.fetchall()
+
+        return {str(n): int(c) for n, c in self._run(read)}
 
     def usage(self, since_s: float, until_s: float,
               group: Sequence[str] = DEFAULT_GROUP) -> list[dict]:
