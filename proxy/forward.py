@@ -228,7 +228,7 @@ class Forwarding:
         src = req.body_json if req.body_json is not None else body
         if type(src) is not dict:
             return
-        scope, who = self._scope(req, m)
+        scope, who = self._prefix_scope(req, m)
         if self.prefix.later(src, who, scope, slot, inc, time.monotonic_ns()):
             asyncio.get_running_loop().call_later(FLUSH_S, self.prefix.flush)
 
@@ -484,7 +484,7 @@ class Forwarding:
             if not recorded:  # answered here (or the client left): recorded too
                 self.activity.record(req, m, last_slot, None, req.status or 499)
 
-    def _scope(self, req: Request, m: int) -> tuple[str, bytes]:
+    def _prefix_scope(self, req: Request, m: int) -> tuple[str, bytes]:
         """Model ``m``'s cache scope (its preset's ``cache-scope``, else
         ``--cache-scope``) and, under ``key``, ``req``'s tenant (b"" else)."""
         scope = self.reg_models[m].get("cache_scope") or self.cache_scope
@@ -506,7 +506,7 @@ class Forwarding:
         src = req.body_json if req.body_json is not None else body
         if type(src) is not dict:
             return None
-        scope, who = self._scope(req, m)
+        scope, who = self._prefix_scope(req, m)
         row = self.model_rows[m]
         if int(row[L.M_CACHE_FLAGS]) & L.CACHE_DISK:
             return self.prefix.predict(src, who, scope, cands, m, int(row[L.M_CACHE_EPOCH]),
