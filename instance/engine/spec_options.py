@@ -52,12 +52,15 @@ class SpecConfig:
     verifications accept nothing ``pause_after`` times in a row stops
     drafting for ``pause_tokens`` generated tokens, doubled at each further
     pause up to ``pause_max``; any accepted draft token ends the pauses.
-    Its drafts are cut to the length that gives the most tokens per unit of
-    decode cost at its recent acceptance rate
-    (:meth:`~ggmux.instance.engine.draft.SlotSpec.limit`), where one more
-    token in a step's batch costs ``token_cost`` of a one-token decode
-    (0.35: smollm2-135m on one CPU thread, a 9-token verification took
-    ~90 ms where one token took ~23 ms; a GPU's is lower)."""
+    Its drafts are cut to the length that gives the most tokens per second
+    at its recent acceptance rate, none where no length pays
+    (:meth:`~ggmux.instance.engine.draft.SlotSpec.limit`,
+    :mod:`~ggmux.instance.engine.spec_cost`), with one more token in a
+    step's batch costing what the engine's own decodes measure;
+    ``token_cost`` is that cost (a share of a one-token decode) until
+    they say (0.35: smollm2-135m on one CPU thread, a 9-token
+    verification took ~90 ms where one token took ~23 ms; a GPU's is
+    lower)."""
 
     types: tuple[str, ...] = ()
     draft_n_max: int = 3
