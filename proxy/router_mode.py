@@ -203,7 +203,7 @@ class RouterMode:
         replicas = await scrape_replicas(self.replica_rows)
         self.refresh()
         text = metrics_text(self.seg, self.reg_models, self.model_rows, self.replica_rows,
-                            replicas)
+                            replicas, self.router)
         text += "".join(metrics_lines(self.cluster)).encode()
         text += usage_metrics(self.usage.status())  # per key name, the ledger (issue 36)
         headers: list[tuple[bytes, bytes]] = []
