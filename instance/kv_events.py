@@ -219,7 +219,9 @@ class KVEvents:
         self.entries: dict[tuple[str, str], Chain] = {}  # (medium, entry key) -> its blocks
         self.lock = threading.Lock()  # counts, slots and entries: decode and sender threads
         self.dropped = 0
-        self._queue: queue.Queue[list[dict] | None] = queue.Queue(QUEUE_MAX)
+        # batches; None: stop; an Event: set once what came before it is sent (flush)
+        self._queue: queue.Queue[list[dict] | threading.Event | None] = queue.Queue(QUEUE_MAX)
+        self._marks: list[threading.Event] = []
         self._send = send
         self._address = address
         self._closed = threading.Event()
@@ -351,6 +353,8 @@ class KVEvents:
                 return
             if more is None:
                 self._closed.set()
+            elif isinstance(more, threading.Event):
+                self._marks.append(more)
             else:
                 batch.extend(more)
 
@@ -364,6 +368,9 @@ class KVEvents:
             if batch is None:
                 self._closed.set()
                 batch = []
+            elif isinstance(batch, threading.Event):
+                self._marks.append(batch)
+                batch = []
             try:
                 self.poll_tiers()
             except Exception:  # a tier's shape changed under us: a bug, logged
@@ -374,6 +381,9 @@ class KVEvents:
                     send(batch)
                 except Exception:
                     log.exception("KV events: sending %d events failed", len(batch))
+            for mark in self._marks:
+                mark.set()
+            self._marks.clear()
 
     def _socket_sender(self) -> Callable[[list[dict]], None]:
         import msgpack
@@ -393,6 +403,16 @@ class KVEvents:
                 self.dropped += 1
 
         return send
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until what was handed on before this call is sent (and the
+        tiers compared once more); False after ``timeout`` seconds."""
+        mark = threading.Event()
+        try:
+            self._queue.put(mark, timeout=timeout)
+        except queue.Full:
+            return False
+        return mark.wait(timeout)
 
     def close(self, timeout: float = 1.0) -> None:
         """Send what waits (at most ``timeout`` seconds), then stop."""
