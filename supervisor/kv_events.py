@@ -98,8 +98,8 @@ def kv_events_options(args: argparse.Namespace) -> KVEventsOptions | None:
             raise ValueError(f"--kv-events-{name.replace('_', '-')} must be at least 1")
     missing = [m for m in ("zmq", "msgpack") if importlib.util.find_spec(m) is None]
     if missing:
-        raise ValueError("--kv-events needs pyzmq and msgpack: pip install pyzmq msgpack "
-                         "(or pip install -e '.[kubernetes]' in ggmux's checkout)")
+        raise ValueError("--kv-events needs pyzmq and msgpack (ggmux's own dependencies): "
+                         "pip install pyzmq msgpack")
     return KVEventsOptions(endpoint, args.kv_events_replay, args.kv_events_topic, bs,
                            args.kv_events_buffer_steps, args.kv_events_hwm,
                            tempfile.mkdtemp(prefix="ggmux-kv-"))

@@ -7,19 +7,14 @@ precise-prefix index that predicts the ``cached_tokens`` ggmux reports."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 import urllib.request
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-import vllm_kv_events  # noqa: E402
-
-from ggmux.instance.kv_events import KVEvents, seed  # noqa: E402
-from ggmux.supervisor.kv_publisher import PodBlocks  # noqa: E402
+import vllm_kv_events
+from ggmux.instance.kv_events import KVEvents, seed
+from ggmux.supervisor.kv_publisher import PodBlocks
 
 msgpack = pytest.importorskip("msgpack")
 VLLM = vllm_kv_events.load()
@@ -213,7 +208,7 @@ class Subscriber:
             req.send_multipart([b"", start.to_bytes(8, "big")])
             while True:
                 assert req.poll(10_000), "no replay answer"
-                _, topic, seq, payload = req.recv_multipart()
+                _, _topic, seq, payload = req.recv_multipart()
                 if seq == (-1).to_bytes(8, "big", signed=True):
                     return
                 self._batch(int.from_bytes(seq, "big"), payload)

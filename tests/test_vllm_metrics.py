@@ -26,8 +26,8 @@ def vllm_series(text: str) -> dict[tuple[str, tuple], float]:
 
 def first_series(text: str, family: str) -> str:
     """The first sample line of ``family``: what a picker that names no label reads."""
-    return next(line for line in text.splitlines() if line.startswith(family + " ")
-                or line.startswith(family + "{"))
+    return next(line for line in text.splitlines() if line.startswith(
+        (family + " ", family + "{")))
 
 
 def test_metrics_say_running_waiting_kv_use_and_the_loaded_models_as_vllm_does(serve, fakes):
