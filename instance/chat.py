@@ -181,19 +181,28 @@ class ChatTemplate:
                  else f"llama.cpp's built-in {self.builtin[:40]!r}")
 
     def prompt(self, messages: list[dict], tool: dict | None = None,
-               prefill: str | None = None) -> tuple[list[int], list[str]]:
+               prefill: str | None = None,
+               tokenize: Callable[[str, bool], list[int]] | None = None
+               ) -> tuple[list[int], list[str]]:
         """``(prompt tokens, stop strings)`` for checked ``messages``
         (:func:`~ggmux.instance.validate.chat_messages`); ``tool``
         (``{"name", "parameters"}``) is offered to the template as the one
         forced tool; ``prefill``: text after the generation prompt (a
         built-in template's; :mod:`.prefill`). Raises BadRequest when the
         template refuses the messages (a Jinja ``raise_exception``, a role
-        it does not know)."""
+        it does not know). ``tokenize(text, add_bos)``: the prompt's own
+        tokenizer (a prompt with media markers: the projector's), for a
+        built-in template; a chat handler takes text only."""
         from jinja2 import TemplateError
 
         if self.builtin is not None:
             text = render_builtin(self.builtin, messages) + (prefill or "")
+            if tokenize is not None:
+                return tokenize(text, True), []
             return self._tokenize(text.encode("utf-8"), True, True), []
+        if tokenize is not None:
+            raise BadRequest(f"images and audio need a Jinja chat template; the chat format "
+                             f"{self.name!r} takes text only", "messages")
 
         cap = _Capture(self._tokenize)
         kw = {}
@@ -230,15 +239,20 @@ class ChatTemplate:
         return fmt, plan
 
     def chat(self, messages: list[dict], req: ToolRequest,
-             prefill: str | None = None) -> ChatPrompt:
+             prefill: str | None = None,
+             tokenize: Callable[[str, bool], list[int]] | None = None) -> ChatPrompt:
         """:meth:`render`, tokenized: the prompt (no second BOS when the
         template wrote one), preserved tokens and lazy-grammar triggers
         (a trigger word that is one token is a trigger token, as
-        llama-server does)."""
+        llama-server does). ``tokenize(text, add_bos)``: the prompt's own
+        tokenizer (a prompt with media markers: the projector's)."""
         fmt, plan = self.render(messages, req, prefill)
         text = plan.prompt
         add_bos = not (self.bos and text.startswith(self.bos))
-        tokens = self._tokenize(text.encode("utf-8"), add_bos, True)
+        if tokenize is not None:
+            tokens = tokenize(text, add_bos)
+        else:
+            tokens = self._tokenize(text.encode("utf-8"), add_bos, True)
         preserved = set()
         for t in plan.preserved:
             ids = self._tokenize(t.encode("utf-8"), False, True)

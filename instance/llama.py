@@ -35,10 +35,11 @@ from .grammar.structured import (
 from .kv_events import kv_events_hook
 from .kv_size import checkpoint_bytes, kv_cache_bytes, sliding_layers
 from .llama_args import llama_kwargs
+from .media import requests as media_req
 from .messages import chat_messages as jinja_messages
 from .messages import refuse_media
 from .prefill import continuation
-from .prompts import Batch, embedding_forms, native_prompts
+from .prompts import Batch, MediaPrompt, embedding_forms, native_prompts
 from .reasoning import REASONING_FORMATS
 from .settings import default_sampling, generation_settings
 from .tools.request import tool_request
@@ -130,6 +131,7 @@ class LlamaBackend(Backend):
         self.path = args.model
         self.name = args.name or os.path.basename(args.model).rsplit(".", 1)[0]
         self.limits = request_limits_from_args(args)
+        self.media_fetch = bool(getattr(args, "media_fetch", False))
         self.engine = None
         self.template = None
         self.slots = self._config().parallel
@@ -166,6 +168,7 @@ class LlamaBackend(Backend):
                            cache_scope=getattr(self.args, "cache_scope", "global"),
                            cache=cache_settings(self.args, kw))
         cfg.cache.model_name = self.name  # model.json names the registry's model (issue 37)
+        cfg.mmproj = getattr(self.args, "mmproj", None) or None
         if self.args.threads:
             cfg.n_threads = self.args.threads
         for k, v in kw.items():
@@ -201,12 +204,22 @@ class LlamaBackend(Backend):
         calibrates it.
         With ``--n-gpu-layers`` and a GPU, the offloaded share of weights and
         KV is put on ``gpu0``. Bytes per device key. ``chat_template``:
-        whether the GGUF metadata has ``tokenizer.chat_template``.
+        whether the GGUF metadata has ``tokenizer.chat_template``. A
+        multimodal projector adds its weights and encoder
+        (:func:`~ggmux.instance.media.measure.projector_need`) to both, and
+        ``modalities`` (``{"vision", "audio"}``) says what it reads.
         """
         import llama_cpp
         from llama_cpp._internals import LlamaModel
 
         weights = sum(os.path.getsize(p) for p in model_parts(self.path))
+        modalities = None
+        mmproj = getattr(self.args, "mmproj", None)
+        if mmproj and os.path.isfile(mmproj):  # a projector: its weights and encoder
+            from .media.measure import projector_need
+
+            extra, modalities = projector_need(mmproj)
+            weights += extra
         spec = self._config().spec
         if spec is not None and spec.on and spec.draft_model and os.path.isfile(spec.draft_model):
             weights += os.path.getsize(spec.draft_model)  # a draft model (issue 30): its weights
@@ -271,13 +284,17 @@ class LlamaBackend(Backend):
         has_template = bool(md.get("tokenizer.chat_template"))
         if ngl and _gpu_count() > 0:
             frac = 1.0 if ngl < 0 else min(1.0, ngl / max(1, n_layer))
-            return {
+            out = {
                 "min": {"host": int(lo * (1 - frac)) + 64 << 20, "gpu0": int(lo * frac)},
                 "max": {"host": int(hi * (1 - frac)) + 64 << 20, "gpu0": int(hi * frac)},
                 "n_ctx_train": n_ctx_train, "chat_template": has_template,
             }
-        return {"min": {"host": lo}, "max": {"host": hi}, "n_ctx_train": n_ctx_train,
-                "chat_template": has_template}
+        else:
+            out = {"min": {"host": lo}, "max": {"host": hi}, "n_ctx_train": n_ctx_train,
+                   "chat_template": has_template}
+        if modalities is not None:
+            out["modalities"] = modalities
+        return out
 
     def load(self) -> dict:
         # the weights' progress as llama-server reports it to its router
@@ -353,7 +370,7 @@ class LlamaBackend(Backend):
         a generation of its own; several are answered as a list."""
         prompts = native_prompts(body.get("prompt", body.get("content")),
                                  lambda t, special: self.engine.tokenize_prompt(t, special, True),
-                                 self.engine.n_vocab)
+                                 self.engine.n_vocab, self._native_media)
         if len(prompts) == 1:
             return self._generation("completion", body, sink, request_id, tenant, prompts[0])
         if body.get("stream") is True:
@@ -361,6 +378,29 @@ class LlamaBackend(Backend):
                              "(send them as requests of their own)", "prompt")
         return Batch(prompts, sink, lambda p, one: self._generation(
             "completion", body, one, request_id, tenant, p))
+
+    def _native_media(self, p: dict, field: str) -> MediaPrompt:
+        """A ``/completion`` prompt object with ``multimodal_data``."""
+        text, refs = media_req.native_refs(p, field, self.engine.media_marker)
+        tokens, spans = media_req.tokens(self.engine, text, refs, True, self.limits,
+                                         self.media_fetch)
+        out = MediaPrompt(tokens)
+        out.media = spans
+        return out
+
+    def _media_tokenizer(self, media, spans: list) -> Callable[[str, bool], list[int]] | None:
+        """A prompt tokenizer for messages whose media ``media`` (a
+        :class:`~ggmux.instance.messages.MediaParts`) collected; the spans
+        go to ``spans``. None without media."""
+        if media is None or not media.refs:
+            return None
+
+        def tokenize(text: str, add_bos: bool) -> list[int]:
+            tokens, got = media_req.tokens(self.engine, text, media.refs, add_bos, self.limits,
+                                           self.media_fetch)
+            spans.extend(got)
+            return tokens
+        return tokenize
 
     def _generation(self, kind: str, body: dict, sink: Sink, request_id: str, tenant: str = "",
                     native: list[int] | None = None):
@@ -375,8 +415,10 @@ class LlamaBackend(Backend):
         triggers: tuple[list[str], list[int]] = ([], [])
         lazy = False
         hints: tuple[int, ...] = ()
+        spans: list = []  # the prompt's media spans (a model with a projector)
         if kind == "chat" and self.template.jinja is not None:
-            messages = jinja_messages(body.get("messages"), self._model(body))
+            media = media_req.collector(self.engine, body.get("messages"))
+            messages = jinja_messages(body.get("messages"), self._model(body), media)
             messages, prefill = continuation(body, messages)
             gbnf = structured_output(body, self.limits)
             req = tool_request(body, self.limits, self.reasoning_format,
@@ -384,7 +426,7 @@ class LlamaBackend(Backend):
             if req.calls_tools and body.get("grammar") is not None:
                 raise BadRequest("'grammar' cannot be combined with tools (give tool_choice "
                                  "\"none\" or no grammar)", "grammar")
-            cp = self.template.chat(messages, req, prefill)
+            cp = self.template.chat(messages, req, prefill, self._media_tokenizer(media, spans))
             plan = cp.plan
             if plan.grammar is not None:
                 gbnf = grammar_text(plan.grammar, self.limits, "tools")
@@ -396,12 +438,18 @@ class LlamaBackend(Backend):
                 hints = user_starts(messages, plan.prompt,
                                     lambda t: self.engine.count_tokens(t, bos, True),
                                     self.engine.cfg.checkpoint_min_step)
+                if spans:  # counted on text: exact up to the first media item only
+                    hints = tuple(h for h in hints if h <= spans[0].start)
             preserved = cp.preserved
             fmt = cp.fmt
             parser = lambda: ChatStream(fmt, plan)
         elif kind == "chat":
-            refuse_media(body.get("messages"), self._model(body))
-            messages = chat_messages(body.get("messages"))
+            media = media_req.collector(self.engine, body.get("messages"))
+            if media is None:
+                refuse_media(body.get("messages"), self._model(body))
+                messages = chat_messages(body.get("messages"))
+            else:
+                messages = jinja_messages(body.get("messages"), self._model(body), media)
             rest, prefill = continuation(body, messages)
             if self.template.builtin is not None:  # llama.cpp's: the prefill as llama-server's
                 messages = rest
@@ -412,10 +460,12 @@ class LlamaBackend(Backend):
                     raise BadRequest("a forced tool call cannot be combined with a grammar or "
                                      "JSON schema", "tool_choice")
                 gbnf = schema_grammar(tool["parameters"], self.limits, "tool_choice")
-            prompt, stops = self.template.prompt(messages, tool, prefill)
+            prompt, stops = self.template.prompt(messages, tool, prefill,
+                                                 self._media_tokenizer(media, spans))
         elif native is not None:
             gbnf = structured_output(body, self.limits)
             prompt, stops = native, []
+            spans = list(getattr(native, "media", ()))
         else:
             gbnf = structured_output(body, self.limits)
             p = completion_prompt(body, n_vocab)
@@ -453,7 +503,8 @@ class LlamaBackend(Backend):
                          preserved=preserved,
                          return_progress=body.get("return_progress") is True and stream,
                          post_sampling_probs=native is not None
-                         and body.get("post_sampling_probs") is True, checkpoint_at=hints)
+                         and body.get("post_sampling_probs") is True, checkpoint_at=hints,
+                         media=tuple(spans))
         opts = body.get("stream_options") or {}
         settings = generation_settings(
             sampling, max_tokens or -1, self.engine.cfg.seed if sampling.seed is None
@@ -464,7 +515,7 @@ class LlamaBackend(Backend):
                         else body.get("verbose") is True,
                         timings_per_token=body.get("timings_per_token") is True,
                         settings=settings,
-                        prompt=lambda: self.engine.detokenize(prompt, special=True))
+                        prompt=lambda: media_req.shown(self.engine, prompt, gen.media))
         answer = Answer(sink, kind, self._model(body), gen.n, stream=stream,
                         include_usage=opts.get("include_usage") is True,
                         logprobs=None if top is None else "native" if native is not None
@@ -606,6 +657,11 @@ class LlamaBackend(Backend):
             "kv_size": e.kv_size if loaded else 0,
             "total_slots": self.slots,
             "chat_template": self.template.template if self.template else "",
+            # llama-server's: what the model reads beside text, and the marker that
+            # stands for a media item in /completion's prompt_string
+            "modalities": {**(e.modalities() if loaded else {"vision": False, "audio": False}),
+                           "video": False},
+            "media_marker": (e.media_marker if loaded else None) or "",
         }
 
     def slot_info(self) -> list[dict]:

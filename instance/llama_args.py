@@ -54,11 +54,16 @@ _LLAMA_OPTIONS = {
     "--swa-checkpoints": ("ctx_checkpoints", int),
     "--checkpoint-min-step": ("checkpoint_min_step", int),
     "-cms": ("checkpoint_min_step", int),
+    # the multimodal projector's (llama-server's names): dynamic-resolution token bounds
+    "--image-min-tokens": ("image_min_tokens", int),
+    "--image-max-tokens": ("image_max_tokens", int),
 }
 _LLAMA_FLAGS = {"--no-mmap": ("use_mmap", False), "--mmap": ("use_mmap", True),
                 "--kv-unified": ("kv_unified", True), "-kvu": ("kv_unified", True),
                 "--no-kv-unified": ("kv_unified", False),
                 "--swa-full": ("swa_full", True),
+                "--mmproj-offload": ("mmproj_offload", True),
+                "--no-mmproj-offload": ("mmproj_offload", False),
                 "--mlock": ("use_mlock", True), "--no-mlock": ("use_mlock", False),
                 "--embedding": ("embedding", True), "--embeddings": ("embedding", True),
                 "--jinja": ("jinja", True), "--no-jinja": ("jinja", False),

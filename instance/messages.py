@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 
+from .media.parts import join_parts
 from .validate import ROLES, BadRequest, shown
 
 TEXT_PARTS = ("text", "input_text", "output_text")
@@ -86,14 +87,28 @@ def _tool_calls(calls, where: str) -> list[dict]:
     return out
 
 
-def chat_messages(messages, model: str) -> list[dict]:
+class MediaParts:
+    """What a model with a projector collects from the messages: its
+    ``marker``, which parts it reads (``allowed``: ``{"image_url": bool,
+    "input_audio": bool}``) and the media references found, in prompt
+    order (``refs``: ``(kind, reference, field)``)."""
+
+    def __init__(self, marker: str, vision: bool, audio: bool) -> None:
+        self.marker = marker
+        self.allowed = {"image_url": vision, "input_audio": audio}
+        self.refs: list[tuple[str, str, str]] = []
+
+
+def chat_messages(messages, model: str, media: MediaParts | None = None) -> list[dict]:
     """``messages`` as the template renderer takes them (see the module
     docstring): each with a known ``role`` and string ``content``, plus
     ``tool_calls``, ``tool_call_id``, ``name``, ``reasoning_content`` where
-    given. Raises :class:`BadRequest`."""
+    given. ``media``: a model with a projector's collector (media parts
+    become its marker), None to refuse them. Raises :class:`BadRequest`."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list", "messages")
-    refuse_media(messages, model)
+    if media is None:
+        refuse_media(messages, model)
     out = []
     for i, msg in enumerate(messages):
         where = f"messages[{i}]"
@@ -117,7 +132,13 @@ def chat_messages(messages, model: str) -> list[dict]:
         if content is None and not calls and (role != "assistant" or "content" not in msg):
             raise BadRequest(f"{where} needs a 'content' (or, from the assistant, "
                              "'tool_calls')", f"{where}.content")
-        m["content"] = None if content is None else _text(content, f"{where}.content")
+        if content is None:
+            m["content"] = None
+        elif media is not None and isinstance(content, list):
+            m["content"] = join_parts(content, f"{where}.content", media.marker, media.refs,
+                                      media.allowed)
+        else:
+            m["content"] = _text(content, f"{where}.content")
         for key in ("name", "tool_call_id", "reasoning_content"):
             v = msg.get(key)
             if v is not None:

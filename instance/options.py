@@ -37,7 +37,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--fake", action="store_true", help="use the fake backend (tests)")
-    ap.add_argument("--mmproj", default=None, help="multimodal projector (not used yet)")
+    ap.add_argument("--mmproj", default=None,
+                    help="multimodal projector GGUF (llama.cpp's mmproj): images and audio")
+    ap.add_argument("--media-fetch", action="store_true",
+                    help="fetch media given as http(s) URLs (off: data: URLs and base64 only)")
     ap.add_argument("--llama-args", type=json.loads, default=[],
                     help="other llama.cpp options as a JSON list, e.g. "
                          '\'["--batch-size", "256", "--flash-attn", "on"]\'')

@@ -4,8 +4,9 @@ As llama-server's ``tokenize_input_prompts`` (``tools/server/server-common.cpp``
 ``prompt`` is a string; a list of token ids; a list mixing token ids and
 strings (one prompt: the strings tokenized in place, special tokens added
 only when the first item is a string); an object ``{"prompt_string": ...}``
-(``multimodal_data`` is refused: the built-in instance has no projector);
-or a list of those, several prompts answered as a list of answers.
+(with ``multimodal_data``, base64 media for the markers in its text:
+:class:`MediaPrompt`, tokenized by the projector); or a list of those,
+several prompts answered as a list of answers.
 """
 
 from __future__ import annotations
@@ -16,6 +17,16 @@ from .validate import BadRequest, is_int, shown, token_ids
 
 Tokenize = Callable[[str, bool], list[int]]
 """``tokenize(text, add_special)`` with special tokens parsed (the engine's)."""
+MediaTokenize = Callable[[dict, str], "MediaPrompt"]
+"""``media(prompt_object, field)``: a ``{"prompt_string", "multimodal_data"}``
+object as a :class:`MediaPrompt` (the backend's projector)."""
+
+
+class MediaPrompt(list):
+    """A prompt's ids (a list) with ``media``: its media spans
+    (:class:`~ggmux.instance.media.spans.MediaSpan`)."""
+
+    media: tuple = ()
 
 
 def _mixed(items: list, tokenize: Tokenize, n_vocab: int, field: str) -> list[int]:
@@ -28,7 +39,8 @@ def _mixed(items: list, tokenize: Tokenize, n_vocab: int, field: str) -> list[in
     return out
 
 
-def _one(p, tokenize: Tokenize, n_vocab: int, field: str) -> list[int]:
+def _one(p, tokenize: Tokenize, n_vocab: int, field: str,
+         media: MediaTokenize | None = None) -> list[int]:
     if isinstance(p, str):
         return tokenize(p, True)
     if isinstance(p, list) and p and all(is_int(t) or isinstance(t, str) for t in p):
@@ -37,8 +49,10 @@ def _one(p, tokenize: Tokenize, n_vocab: int, field: str) -> list[int]:
         return _mixed(p, tokenize, n_vocab, field)
     if isinstance(p, dict) and "prompt_string" in p:
         if "multimodal_data" in p:
-            raise BadRequest("Multimodal data provided, but model does not support multimodal "
-                             "requests.", f"{field}.multimodal_data")
+            if media is None:
+                raise BadRequest("Multimodal data provided, but model does not support "
+                                 "multimodal requests.", f"{field}.multimodal_data")
+            return media(p, field)
         s = p["prompt_string"]
         if isinstance(s, str):
             return tokenize(s, True)
@@ -51,14 +65,16 @@ def _one(p, tokenize: Tokenize, n_vocab: int, field: str) -> list[int]:
                      f"{shown(p)}", field)
 
 
-def native_prompts(prompt, tokenize: Tokenize, n_vocab: int) -> list[list[int]]:
+def native_prompts(prompt, tokenize: Tokenize, n_vocab: int,
+                   media: MediaTokenize | None = None) -> list[list[int]]:
     """The prompts (token ids) of a ``/completion`` ``prompt`` (see the
-    module docstring). Raises :class:`BadRequest`."""
+    module docstring); ``media``: the projector's tokenizer, None for a
+    model without one. Raises :class:`BadRequest`."""
     if isinstance(prompt, list) and prompt and not any(is_int(t) for t in prompt):
-        return [_one(p, tokenize, n_vocab, f"prompt[{i}]") for i, p in enumerate(prompt)]
+        return [_one(p, tokenize, n_vocab, f"prompt[{i}]", media) for i, p in enumerate(prompt)]
     if isinstance(prompt, list) and not prompt:
         raise BadRequest("\"prompt\" must not be empty", "prompt")
-    return [_one(prompt, tokenize, n_vocab, "prompt")]
+    return [_one(prompt, tokenize, n_vocab, "prompt", media)]
 
 
 class Batch:

@@ -518,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         # the request and HTTP limits of `ggmux serve` (ModelEntry.instance_args)
         given = parse_args(la.get("instance_args") or [])
         for name in (*(f.name for f in fields(RequestLimits)), *INSTANCE_LIMIT_NAMES,
-                     "cache_scope", "reasoning_format"):
+                     "cache_scope", "reasoning_format", "media_fetch"):
             setattr(args, name, getattr(given, name))
         args.slot = la.get("slot")
         setproctitle(process_title(args))

@@ -78,7 +78,14 @@ class RequestLimits:
     llama-server has no limit, issue 18 finding 10: four requests without
     one held every slot of a model for six minutes; 32768 passes the
     largest limits common clients send, Claude Code's 32000 and Qwen3's
-    recommended 32768 for reasoning).
+    recommended 32768 for reasoning). Media (a model with a multimodal
+    projector): ``max_media_items`` images and audio clips in one request;
+    ``max_media_bytes`` bytes of one, as sent (decoded from base64);
+    ``max_image_pixels`` pixels of one decoded image, read from its header
+    before anything is decoded (a few hundred bytes of PNG can declare
+    50,000 x 50,000 pixels: 7.5 GB once decoded); ``max_audio_seconds``
+    length of one clip, likewise from its header (16 kHz float samples:
+    64 kB a second).
     """
 
     max_embedding_inputs: int = 2048
@@ -89,6 +96,10 @@ class RequestLimits:
     max_stops: int = 64
     max_stop_bytes: int = 256
     max_tokens_limit: int = 32768
+    max_media_items: int = 16
+    max_media_bytes: int = 20 * 1024 * 1024
+    max_image_pixels: int = 40_000_000
+    max_audio_seconds: int = 600
 
 
 _LIMIT_HELP = {
@@ -106,6 +117,13 @@ _LIMIT_HELP = {
     "max_tokens_limit": "most tokens one request may generate (0: up to the context); a "
                         "request asking for more (max_tokens, n_predict, num_predict) gets 400, "
                         "one asking for none stops there (a preset's max-tokens-limit wins)",
+    "max_media_items": "images and audio clips in one request (a model with a projector); "
+                       "more get 400",
+    "max_media_bytes": "largest image or audio clip, bytes as sent (after base64); larger get 400",
+    "max_image_pixels": "most pixels of one image, read from its header before it is decoded; "
+                        "more get 400",
+    "max_audio_seconds": "longest audio clip, seconds, read from its header before it is "
+                         "decoded; longer get 400",
 }
 CACHE_SCOPES = ("key", "global", "none")
 """``--cache-scope`` values: whose prompt cache a request may reuse (its own

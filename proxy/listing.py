@@ -60,7 +60,9 @@ def model_object(i: int, mdl: dict, row: np.ndarray, errors: dict[str, str],
     ``aliases`` and, once the model is measured, ``has_chat_template``
     (whether its GGUF has ``tokenizer.chat_template``: without one, chat
     requests have no template to use, and a client should use
-    ``/v1/completions``)."""
+    ``/v1/completions``) and, for a model with a multimodal projector,
+    ``modalities`` (``{"vision", "audio"}``, llama-server's ``/props``
+    shape) and ``capabilities`` (those of them it reads)."""
     out = {
         "id": mdl["name"],
         "object": "model",
@@ -71,7 +73,17 @@ def model_object(i: int, mdl: dict, row: np.ndarray, errors: dict[str, str],
     }
     if isinstance(mdl.get("chat_template"), bool):
         out["has_chat_template"] = mdl["chat_template"]
+    mods = mdl.get("modalities")
+    if isinstance(mods, dict):  # measured: what its projector reads beside text
+        out["modalities"] = {"vision": bool(mods.get("vision")), "audio": bool(mods.get("audio"))}
+        out["capabilities"] = media_capabilities(mods)
     return out
+
+
+def media_capabilities(modalities: dict) -> list[str]:
+    """``["vision", "audio"]``, those a model's projector reads (Ollama's
+    ``capabilities`` names, llama-server's ``/props`` ``modalities``)."""
+    return [k for k in ("vision", "audio") if modalities.get(k)]
 
 
 def models_list(reg_models: list[dict], model_rows: np.ndarray, errors: dict[str, str]) -> dict:

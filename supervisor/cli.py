@@ -131,6 +131,8 @@ def build_registry(args: argparse.Namespace) -> Registry:
     instance_args += reasoning_argv(getattr(args, "reasoning_format", "deepseek"))
     if getattr(args, "kv_events_opts", None) is not None:  # where their KV events go
         instance_args += args.kv_events_opts.instance_argv()
+    if getattr(args, "media_fetch", False):
+        instance_args.append("--media-fetch")
     for e in registry.entries:
         if e.kind in ("llama", "fake"):
             # a preset's own limit and scope come after: the last one counts

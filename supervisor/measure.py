@@ -59,6 +59,7 @@ class Measured:
     max: Amounts | None
     source: str  # the model whose measure child reported it
     chat_template: bool | None = None
+    modalities: dict | None = None  # its projector reads: {"vision": bool, "audio": bool}
 
     @property
     def failed(self) -> bool:
@@ -151,6 +152,9 @@ class Measurer:
         if got.chat_template is not None:
             rt.chat_template = got.chat_template
             self.state.errors_dirty = True  # the registry blob says it (/v1/models)
+        if got.modalities is not None:
+            rt.modalities = got.modalities
+            self.state.errors_dirty = True
         rt.measure = "done"
 
     def _spawn(self, model: int, key: MeasureKey) -> None:
@@ -175,9 +179,12 @@ class Measurer:
         if m is None or msg.get("state") != "measured":
             return
         tmpl = msg.get("chat_template")
+        mods = msg.get("modalities")
         got = Measured({k: int(v) for k, v in (msg.get("min") or {}).items()},
                        {k: int(v) for k, v in (msg.get("max") or {}).items()},
-                       self.state.name(m), tmpl if isinstance(tmpl, bool) else None)
+                       self.state.name(m), tmpl if isinstance(tmpl, bool) else None,
+                       {k: bool(mods.get(k)) for k in ("vision", "audio")}
+                       if isinstance(mods, dict) else None)
         self.cache[self.key_of[m]] = got
         rt = self.state.models[m]
         if rt.measure != "running":

@@ -46,6 +46,8 @@ class Publisher:
         for i, m in enumerate(st.models):  # measured: whether it has a chat template
             if m.chat_template is not None and i < len(doc["models"]):
                 doc["models"][i]["chat_template"] = m.chat_template
+            if m.modalities is not None and i < len(doc["models"]):
+                doc["models"][i]["modalities"] = m.modalities
         remotes = {}
         for slot, rm in st.remotes.items():
             if rm.node:  # another cluster node: its own public port, hop header added

@@ -299,6 +299,10 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                    help="reload, as SIGHUP does, within a second of a change to the preset "
                         "file or a models dir")
     add_http_limit_options(s)
+    s.add_argument("--media-fetch", action="store_true",
+                   help="let a request's images and audio be http(s) URLs that the instance "
+                        "fetches (10 MB, 10 s); off: data: URLs and base64 only, so a client "
+                        "cannot make this machine open connections (llama-server fetches them)")
     add_request_limit_options(s)
     add_reasoning_option(s)
     add_cluster_options(s)

@@ -116,6 +116,7 @@ class ModelRuntime:
     mem_max: Amounts | None = None
     measure: str = "pending"  # pending | running | done | failed
     chat_template: bool | None = None  # measured: the GGUF has tokenizer.chat_template
+    modalities: dict | None = None  # measured: what its projector reads ({"vision", "audio"})
     requested_ns: int = 0  # an explicit load (POST /models/load, load-on-startup) pending
     # Ollama's keep_alive of the last request that gave one (the proxy's
     # "keep_alive" command): replaces the ttl until the model unloads; inf = never

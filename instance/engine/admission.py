@@ -16,6 +16,7 @@ from collections import Counter
 
 import numpy as np
 
+from ..media.spans import floor_outside
 from .cache_steps import SAVE_KEEP_SHARE
 from .jobs import Embedding, Generation, Job
 from .slots import EMBED, IDLE, PROMPT, WAIT, Slot, common_prefix
@@ -73,7 +74,8 @@ class AdmissionSteps:
         for s in idle:
             if s.tokens and self._may_reuse(s, r):
                 n = common_prefix(r.prompt, np.asarray(s.tokens, np.int32))
-                n = self._ckpt_usable(s, min(n, len(r.prompt) - 1))  # what it can serve
+                n = floor_outside(r.media, min(n, len(r.prompt) - 1))  # no part of an image
+                n = self._ckpt_usable(s, n)  # what it can serve
                 if n > best_n:
                     best, best_n = s, n
         job.restore = self._tier_lookup(job, best_n)  # a longer prefix in RAM or on disk
@@ -125,6 +127,7 @@ class AdmissionSteps:
             restored = self._tier_restore(first, job.restore, job.request.tenant)
         if job.request.cache_prompt and first.tokens and self._may_reuse(first, job.request):
             keep = min(common_prefix(prompt, np.asarray(first.tokens, np.int32)), len(prompt) - 1)
+            keep = floor_outside(job.request.media, keep)  # an image is kept whole or not at all
         # what a sliding-window or recurrent memory can serve of it (issue 35)
         usable = self._ckpt_usable(first, keep)
         if first.tokens and usable < SAVE_KEEP_SHARE * len(first.tokens):
@@ -140,6 +143,8 @@ class AdmissionSteps:
         first.checkpoints = [c for c in first.checkpoints if c.n_tokens <= keep]
         job.n_cached = first.n_cached = keep
         job.n_checkpoint = from_checkpoint
+        if job.request.media or keep and min(first.tokens[:keep]) < 0:
+            job.no_drafts = True  # media placeholders are no tokens a drafter may propose
         for i, s in enumerate(chosen):
             s.owner = job.request.tenant  # the KV it holds from now on is this tenant's
             s.sampler = job.samplers[i]

@@ -9,6 +9,7 @@ import logging
 import time
 
 from ..backend import ReplicaFault
+from ..media.spans import next_start
 from .slots import GENERATE, IDLE, PROMPT, Slot
 
 log = logging.getLogger(__name__)
@@ -49,9 +50,16 @@ class GenerateSteps:
         for s in sorted((s for s in self.slots if s.state == PROMPT), key=lambda s: s.job.id):
             if budget <= 0:
                 break
-            prompt = s.job.request.prompt
+            r = s.job.request
+            prompt = r.prompt
             start = len(s.tokens)
             k = min(len(prompt) - start, budget)
+            if r.media:  # text up to the next media span (read by the media step)
+                nxt = next_start(r.media, start)
+                if nxt is not None:
+                    k = min(k, nxt - start)
+                if k <= 0:
+                    continue
             if self._ckpt_on:  # context checkpoints (issue 35): a batch starts at each
                 k = self._ckpt_cut(s, start, k)
             last = b.add_run(prompt[start:start + k], start, s.id, "last")

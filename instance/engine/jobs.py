@@ -32,6 +32,11 @@ from .sampling import Sampling
 log = logging.getLogger(__name__)
 
 
+RAISE_CTX = ("raise it with 'ctx-size = N' in the model's preset section or "
+             "'ggmux serve --ctx-size N' (0: the model's own)")
+"""How a user raises the context: the end of every over-the-context error."""
+
+
 class InvalidRequest(ValueError):
     """The request cannot be served as given (a prompt longer than the
     context, a bad token id, ``n`` above the slot count, a bad grammar):
@@ -81,7 +86,12 @@ class Generation:
 
     ``preserved``: special tokens whose text the answer shows (a tool-call
     format's markers, llama-server's ``preserved_tokens``); other control
-    tokens show as nothing."""
+    tokens show as nothing.
+
+    ``media``: the prompt's images and audio
+    (:class:`~ggmux.instance.media.spans.MediaSpan`, in order), whose
+    placeholder ids are in ``prompt``; the engine reads their embeddings
+    where their spans start (:mod:`.media_steps`)."""
 
     prompt: list[int]
     sampling: Sampling = field(default_factory=Sampling)
@@ -97,6 +107,7 @@ class Generation:
     return_progress: bool = False  # ("progress", ...) events while the prompt is evaluated
     post_sampling_probs: bool = False  # logprobs as probabilities after the sampler chain
     checkpoint_at: tuple[int, ...] = ()  # user-message starts (token counts): checkpoints there
+    media: tuple = ()  # the prompt's media spans (media.spans.MediaSpan), in order
 
 
 @dataclass(slots=True)
@@ -138,6 +149,7 @@ class Job:
         self.n_decoded = 0
         self.n_drafted = 0  # draft tokens verified (speculative decoding)
         self.drafts = False  # speculative decoding is on: draft_n is reported, 0 included
+        self.no_drafts = False  # this request never drafts (media in its slot's tokens)
         self.n_draft_accepted = 0  # of those, accepted
         self.t_submit = time.monotonic()
         self.t_start = 0.0
@@ -225,7 +237,8 @@ class Job:
         """OpenAI's ``usage`` (``prompt_tokens_details.cached_tokens``: prompt
         tokens reused from the slot's cache or a KV tier; ``checkpoint_tokens``:
         of them, those a context checkpoint served, present when any did:
-        issue 35)."""
+        issue 35; ``image_tokens``/``audio_tokens``: the prompt's media
+        embeddings, counted in ``prompt_tokens``, present when it had any)."""
         r = self.request
         if isinstance(r, Embedding):
             n = sum(len(x) for x in r.inputs)
@@ -234,6 +247,9 @@ class Job:
         details = {"cached_tokens": self.n_cached}
         if self.n_checkpoint:
             details["checkpoint_tokens"] = self.n_checkpoint
+        for sp in r.media:  # OpenAI's audio_tokens, and image_tokens beside it
+            key = f"{sp.kind}_tokens"
+            details[key] = details.get(key, 0) + sp.n_tokens
         return {"prompt_tokens": n, "completion_tokens": self.n_decoded,
                 "total_tokens": n + self.n_decoded, "prompt_tokens_details": details}
 

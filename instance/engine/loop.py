@@ -61,7 +61,9 @@ from .embedding import EmbeddingSteps
 from .fairness import FairQueue
 from .generate_steps import GenerateSteps
 from .interrupt import Interrupt
+from .media_steps import MediaSteps
 from .jobs import (
+    RAISE_CTX,
     ContextExceeded,
     Embedding,
     EngineAsleep,
@@ -76,14 +78,11 @@ from .model import EngineConfig, ModelContext
 from .model_lock import ModelLock
 from .sample_steps import SampleSteps
 from .sampling import SamplerError, Sampling, sampler_chain
-from .slots import EMBED, IDLE, SAMPLE, STATE_NAMES, Slot
+from .slots import EMBED, ENCODE, IDLE, SAMPLE, STATE_NAMES, Slot
 from .stops import StopStrings
 from .tokenizing import TooManyTokens, read_facts_soon
 from .verify_steps import VerifySteps
 
-RAISE_CTX = ("raise it with 'ctx-size = N' in the model's preset section or "
-             "'ggmux serve --ctx-size N' (0: the model's own)")
-"""How a user raises the context: the end of every over-the-context error."""
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +97,7 @@ __all__ = ["Embedding", "Engine", "EngineAsleep", "EngineConfig", "EngineError",
 
 
 class Engine(AdmissionSteps, CacheSteps, CheckpointSteps, EmbeddingSteps, GenerateSteps,
-             SampleSteps, VerifySteps):
+             MediaSteps, SampleSteps, VerifySteps):
     """Continuous batching over ``parallel`` slots of one llama context; see
     the module docstring. Life cycle: ``load()``, then ``submit`` from any
     thread, ``sleep()``/``wake()`` to free and restore the weights,
@@ -152,7 +151,10 @@ class Engine(AdmissionSteps, CacheSteps, CheckpointSteps, EmbeddingSteps, Genera
                       "busy_slots_total": 0, "tokens_max": 0, "draft_tokens_total": 0,
                       "draft_accepted_total": 0, "draft_verifications_total": 0,
                       "checkpoints_made_total": 0, "checkpoints_restored_total": 0,
-                      "checkpoint_bytes_made_total": 0, "checkpoint_tokens_total": 0}
+                      "checkpoint_bytes_made_total": 0, "checkpoint_tokens_total": 0,
+                      "media_encoded_total": 0, "media_encode_seconds_total": 0.0,
+                      "media_decode_seconds_total": 0.0, "media_tokens_total": 0}
+        self._media_init()
 
     @property
     def n_ctx(self) -> int:
@@ -204,6 +206,7 @@ class Engine(AdmissionSteps, CacheSteps, CheckpointSteps, EmbeddingSteps, Genera
         read_facts_soon(self._model_lock.shared, lambda: self.m.tokenizer)
 
     def _free(self) -> None:
+        self._drain_media()  # the encoder reads the projector the model frees
         if self.drafter is not None:
             self.drafter.free()
         self.m.free()
@@ -362,7 +365,11 @@ class Engine(AdmissionSteps, CacheSteps, CheckpointSteps, EmbeddingSteps, Genera
             raise InvalidRequest("this model is loaded for embeddings only")
         if not r.prompt:
             raise InvalidRequest("the prompt is empty")
-        self.m.check_tokens(r.prompt, "prompt")
+        if r.media:
+            self._check_media(r)
+            job.drafts = False  # drafts are not made beside media (the draft model reads none)
+        else:
+            self.m.check_tokens(r.prompt, "prompt")
         if not isinstance(r.n, int) or not 1 <= r.n <= len(self.slots):
             raise InvalidRequest(f"'n' must be from 1 to {len(self.slots)} (the slot count)")
         room = self.n_ctx - len(r.prompt)
@@ -440,7 +447,7 @@ class Engine(AdmissionSteps, CacheSteps, CheckpointSteps, EmbeddingSteps, Genera
         for s in self.slots:
             if s.state == IDLE:
                 free = True
-            elif s.state != SAMPLE:
+            elif s.state != SAMPLE and s.state != ENCODE:
                 return True
         # a disk entry being read for the next request: its reader kicks when done
         return free and bool(self._waiting) and not (self.cache and self.cache.reading)
@@ -491,7 +498,7 @@ class Engine(AdmissionSteps, CacheSteps, CheckpointSteps, EmbeddingSteps, Genera
                 with self._cond:
                     while not (self._inbox or self._kicked or self._close_reason is not None
                                or self._sleep_done is not None or self._refuse is not None
-                               or self._results or self._runnable()
+                               or self._results or self._encoded or self._runnable()
                                or self._persist_done is not None
                                or self._clear_done is not None):
                         self._cond.wait()
@@ -575,6 +582,7 @@ class Engine(AdmissionSteps, CacheSteps, CheckpointSteps, EmbeddingSteps, Genera
         self._reap(kicked)
         self._drop_forgotten()  # a cache clear's slots that ran then (issue 37)
         self._admit()
+        self._media()  # images and audio into their slots (one span a step)
         self._generate()
         self._flush()  # the tokens go out before an embedding batch decodes
         self._embed()
@@ -607,6 +615,7 @@ class Engine(AdmissionSteps, CacheSteps, CheckpointSteps, EmbeddingSteps, Genera
                 s.release()
         job.ended = True
         self._free_samplers(job)
+        self._release_media(job)
         usage, timings = job.usage(), job.timings(time.monotonic())
         st = self.stats
         st["prompt_tokens_total"] += timings["prompt_n"]
@@ -628,6 +637,7 @@ class Engine(AdmissionSteps, CacheSteps, CheckpointSteps, EmbeddingSteps, Genera
                 s.release()
         job.ended = True
         self._free_samplers(job)
+        self._release_media(job)
         job.emit(("error", message))
 
 

@@ -80,7 +80,10 @@ class EngineConfig:
     window and a micro-batch (``n_swa + n_ubatch`` cells a sequence:
     Gemma 3's KV shrinks about 5/6 at long contexts), as llama-server's
     default (llama.cpp's C API default, which llama-cpp-python's
-    ``Llama`` takes, is on)."""
+    ``Llama`` takes, is on). ``mmproj``: a multimodal projector loaded
+    beside the model (:class:`~ggmux.instance.media.projector.Projector`),
+    with llama-server's ``mmproj_offload``, ``image_min_tokens`` and
+    ``image_max_tokens``."""
 
     model_path: str
     ctx_size: int = 2048
@@ -111,6 +114,10 @@ class EngineConfig:
     ctx_checkpoints: int = 32  # llama-server's --ctx-checkpoints (issue 35): per slot, 0 off
     swa_full: bool = False  # llama-server's --swa-full: a sliding-window cache of every position
     checkpoint_min_step: int = 8192  # llama-server's --checkpoint-min-step (tokens)
+    mmproj: str | None = None  # a multimodal projector (llama-server's --mmproj)
+    mmproj_offload: bool = True  # llama-server's --mmproj-offload (the encoder on the GPU)
+    image_min_tokens: int = 0  # llama-server's --image-min-tokens (0: the projector's own)
+    image_max_tokens: int = 0  # llama-server's --image-max-tokens (0: the projector's own)
 
 
 class ModelContext:
@@ -136,6 +143,7 @@ class ModelContext:
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
         self.tokenizer: Tokenizer | None = None
+        self.projector = None  # media.projector.Projector of cfg.mmproj, once loaded
 
     @property
     def loaded(self) -> bool:
@@ -221,12 +229,35 @@ class ModelContext:
         self.metadata = self._read_metadata()
         self._pieces = {}
         self._eog = {}
+        if cfg.mmproj:
+            self._load_projector()
         log.info("loaded %s: %d slots, %d tokens per request, KV cache %d tokens (%s)",
                  os.path.basename(cfg.model_path), self.n_seq, self.n_ctx, self.kv_size,
                  "shared" if unified else "a stream per slot")
 
+    def _load_projector(self) -> None:
+        """The projector of ``cfg.mmproj`` for the loaded model; a projector
+        that does not load ends the load (its message names the file)."""
+        from ..media.projector import Projector, ProjectorConfig
+
+        cfg = self.cfg
+        pc = ProjectorConfig(cfg.mmproj, n_threads=cfg.n_threads or os.cpu_count() or 1,
+                             use_gpu=cfg.mmproj_offload,
+                             image_min_tokens=cfg.image_min_tokens,
+                             image_max_tokens=cfg.image_max_tokens, flash_attn=cfg.flash_attn)
+        proj = Projector(self.L, pc)
+        try:
+            proj.load(self.model)
+        except Exception:
+            self.free()
+            raise
+        self.projector = proj
+
     def free(self) -> None:
-        """Free the context and the weights (idempotent)."""
+        """Free the projector, the context and the weights (idempotent)."""
+        if self.projector is not None:
+            self.projector.free()
+            self.projector = None
         if self.ctx is not None:
             self.L.llama_free(self.ctx)
             self.ctx = None

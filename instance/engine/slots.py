@@ -11,9 +11,11 @@ from .jobs import Job
 from .stops import StopText
 
 # slot states
-IDLE, PROMPT, WAIT, GENERATE, EMBED, SAMPLE = range(6)
+IDLE, PROMPT, WAIT, GENERATE, EMBED, SAMPLE, ENCODE = range(7)
 # SAMPLE: generating, its next token drawn on a worker thread (a grammar's)
-STATE_NAMES = ("idle", "prompt", "waiting for prompt", "generating", "embedding", "sampling")
+# ENCODE: reading its prompt, waiting for a media span's encoder (media_steps)
+STATE_NAMES = ("idle", "prompt", "waiting for prompt", "generating", "embedding", "sampling",
+               "encoding media")
 
 
 class Slot:

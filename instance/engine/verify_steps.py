@@ -88,7 +88,7 @@ class VerifySteps:
             most = max(1, min(self.m.cfg.n_ubatch, self.m.n_batch) // 4)
         for s in gen:
             job = s.job
-            if job is None or s.sampler is None:
+            if job is None or s.sampler is None or job.no_drafts:
                 continue
             st = d.state(s)
             if st.pause_left > 0:

@@ -62,7 +62,8 @@ def overview(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
     None when none waits), ``swaps`` and ``drains``, ``requests``,
     ``errors``, ``ttft_p50_ms`` (the median of the recent samples:
     :func:`ttft_p50_ms`),
-    ``memory`` (bytes: ``min``, ``max``, ``effective``), ``cache`` (bytes
+    ``memory`` (bytes: ``min``, ``max``, ``effective``), ``modalities``
+    (``{"vision", "audio"}`` of a model with a projector, else None), ``cache`` (bytes
     of its KV tiers, issue 29: ``ram`` in its running replicas, ``disk`` on
     this node), ``ttl`` (s),
     ``idle_s`` (since the last request ended, while loaded and idle; else
@@ -131,6 +132,9 @@ def overview(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
             "cache": {"ram": int(row[L.M_CACHE_RAM_BYTES]),
                       "disk": int(row[L.M_CACHE_DISK_BYTES])},
             "ttl": ttl or None,
+            # measured: what its multimodal projector reads beside text (vision, audio)
+            "modalities": mdl.get("modalities") if isinstance(mdl.get("modalities"), dict)
+            else None,
             "idle_s": idle,
             "unload_in_s": (round(max(0.0, ttl - idle), 1)
                             if idle is not None and ttl and ttl > 0 else None),

@@ -586,10 +586,15 @@ def ps(loaded: list[tuple[dict, dict, int, float | None, int]]) -> dict:
 
 
 def show(m: dict, info: dict) -> dict:
-    """``POST /api/show`` for one model."""
+    """``POST /api/show`` for one model; ``capabilities`` adds ``vision``
+    and ``audio`` where the model's projector reads them (measured:
+    the registry's ``modalities``), as Ollama lists ``vision``."""
     params = "\n".join(f"{k} {v}" for k, v in info.get("parameters", {}).items())
+    caps = list(info.get("capabilities", ["completion"]))
+    mods = m.get("modalities")
+    if isinstance(mods, dict):
+        caps += [k for k in ("vision", "audio") if mods.get(k) and k not in caps]
     return {"modelfile": f"# served by ggmux\nFROM {m['name']}\n", "parameters": params,
             "template": info.get("template", ""), "details": details(info),
-            "model_info": info.get("model_info", {}), "capabilities": info.get(
-                "capabilities", ["completion"]),
+            "model_info": info.get("model_info", {}), "capabilities": caps,
             "modified_at": _iso(m.get("created") or 0)}
