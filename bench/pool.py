@@ -29,7 +29,8 @@ The pickers:
   queue-scorer x2 (``vllm:num_requests_waiting`` normalised over the pods,
   as the reference queue scorer does); the highest total wins (max-score
   picker). ``/metrics`` is scraped every :data:`SCRAPE_S`, as the picker's
-  data layer does.
+  data layer does; a request's blocks count as held by the pod it was sent
+  to until that pod's events arrive (llm-d's ``speculativeIndexing``).
 
 Each round runs both pickers (alternating which goes first, each with new
 prefixes so no cache of the other's run helps). Figures per picker, pooled
@@ -57,6 +58,7 @@ from bench.prefix_routing import WORDS, end_process, free_port, q, run_facts, wr
 
 PICKERS = ("round-robin", "precise")
 SCRAPE_S = 0.1
+SPECULATE_S = 2.0
 WEIGHTS = {"prefix": 3.0, "kv": 2.0, "queue": 2.0}  # llm-d's precise profile
 MODEL = "m"
 
@@ -152,6 +154,7 @@ class Index:
     def __init__(self) -> None:
         self.engine: dict[tuple[str, int], tuple] = {}  # (pod, publisher's hash) -> key
         self.pods: dict[tuple, set[str]] = {}
+        self.guess: dict[tuple, dict[str, float]] = {}  # key -> {pod: until} (speculative)
         self.block_size = 16
         self.lock = threading.Lock()
 
@@ -176,22 +179,36 @@ class Index:
                     for (p, h) in [k for k in self.engine if k[0] == pod]:
                         self.pods.get(self.engine.pop((p, h)), set()).discard(pod)
 
+    def keys(self, tokens: list[int]) -> list[tuple]:
+        bs, parent, out = self.block_size, None, []
+        for i in range(len(tokens) // bs):
+            parent = (parent, tuple(tokens[i * bs:(i + 1) * bs]))
+            out.append(parent)
+        return out
+
+    def speculate(self, pod: str, tokens: list[int]) -> None:
+        """llm-d's speculative indexing: the blocks of a request just sent to
+        ``pod`` count as held there for :data:`SPECULATE_S`, until its events
+        say so (a burst of one prefix then goes to one pod, not to all)."""
+        until = time.monotonic() + SPECULATE_S
+        with self.lock:
+            for key in self.keys(tokens):
+                self.guess.setdefault(key, {})[pod] = until
+
     def matched(self, tokens: list[int], pods: list[str]) -> dict[str, int]:
-        """Leading blocks of ``tokens`` each pod holds."""
-        bs = self.block_size
+        """Leading blocks of ``tokens`` each pod holds (or is guessed to)."""
         out = dict.fromkeys(pods, 0)
         alive = set(pods)
-        parent = None
+        now = time.monotonic()
         with self.lock:
-            for i in range(len(tokens) // bs):
-                key = (parent, tuple(tokens[i * bs:(i + 1) * bs]))
-                holders = self.pods.get(key, set()) & alive
+            for key in self.keys(tokens):
+                guessed = {p for p, t in self.guess.get(key, {}).items() if t > now}
+                holders = (self.pods.get(key, set()) | guessed) & alive
                 for p in holders:
                     out[p] += 1
                 alive = holders
                 if not alive:
                     break
-                parent = key
         return out
 
 
@@ -240,6 +257,7 @@ def run_picker(picker: str, pods: list[Pod], index: Index, groups: list[list[int
                 turn[0] += 1
             else:
                 pod = pick_precise(pods, index, prompt)
+                index.speculate(pod.name, prompt)
         return {**complete(pod, prompt, 8), "pod": pod.name, "group": g}
 
     t0 = time.perf_counter()

@@ -27,10 +27,12 @@ in vLLM's order: the model's name, then one ``(media id, offset)`` pair per
 media placeholder run in the block, then the cache scope (the tenant id, 16
 hex digits, an HMAC of the API key: never the key) when there is one, so no
 picker matches one tenant's prefix for another. Media (images, audio) sit
-in a prompt as runs of one negative placeholder id derived from the
-media's hash; ``token_ids`` carries 0 in their place (a picker's tokenizer
-never yields a negative id) and the run's identity goes in ``extra_keys``:
-``(f"{-id:x}", run start - block start)``, as vLLM sends ``(mm hash, offset)``.
+in a prompt as runs of negative placeholder ids derived from the media's
+content hash (one per embedding); ``token_ids`` carries 0 in their place (a
+picker's tokenizer never yields a negative id) and each run's identity goes
+in ``extra_keys``: ``(f"{-first placeholder:x}", run start - block start)``,
+as vLLM sends ``(mm hash, offset)``; the block's hash covers the
+placeholders themselves.
 
 Events are tagged maps (msgspec ``tag=True`` structs: ``{"type":
 "BlockStored", "block_hashes": [...], ...}``), the shape vLLM's classes
@@ -88,19 +90,20 @@ def seed(model: str, scope: str) -> int:
 
 
 def media_keys(block: list[int], start: int, tokens: list[int]) -> list[tuple[str, int]]:
-    """``(media id, offset)`` for each run of a negative placeholder id that
-    touches ``block`` (tokens ``start ..`` of ``tokens``): the id in hex
-    without its sign, and where the run starts relative to the block (negative
-    when it began in an earlier block)."""
+    """``(media id, offset)`` for each media item that touches ``block``
+    (tokens ``start ..`` of ``tokens``). An item is a run of placeholder ids
+    (negative, one per embedding, made from the media's content hash and
+    the embedding's index: :mod:`ggmux.instance.media.spans`); its id is
+    its first placeholder in hex without the sign (the same media, the same
+    id), its offset where the run starts relative to the block (negative
+    when it began in an earlier block), as vLLM's ``(mm hash, offset)``."""
     out: list[tuple[str, int]] = []
-    prev = tokens[start - 1] if start > 0 else 0
     for j, t in enumerate(block):
-        if t < 0 and (t != prev or j == 0):
+        if t < 0 and (j == 0 or block[j - 1] >= 0):
             run = start + j
-            while run > 0 and tokens[run - 1] == t:
+            while run > 0 and tokens[run - 1] < 0:
                 run -= 1
-            out.append((f"{-t:x}", run - start))
-        prev = t
+            out.append((f"{-tokens[run]:x}", run - start))
     return out
 
 

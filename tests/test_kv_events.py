@@ -106,13 +106,16 @@ def test_the_cache_scope_is_in_extra_keys_and_the_hash_so_tenants_never_match():
 
 @needs_vllm
 def test_media_placeholders_go_as_token_0_with_their_id_and_offset_in_extra_keys():
+    from ggmux.instance.media.spans import placeholders
+
     h = Hook()
-    img = -0x1234
-    out = decode(h.sync((0, [5, 6, img, img, img, img, img, 7], "")))
+    img = placeholders("ab" * 32, 5)  # an image of 5 embeddings, as the engine holds it
+    out = decode(h.sync((0, [5, 6, *img, 7], "")))
     assert out[0].token_ids == [5, 6, 0, 0, 0, 0, 0, 7]
-    assert [tuple(tuple(x) if isinstance(x, list) else x for x in k)
-            for k in out[0].extra_keys] == [("m", ("1234", 2)), ("m", ("1234", -2))]
-    other = decode(h.sync((1, [5, 6, -0x99, -0x99, -0x99, -0x99, -0x99, 7], "")))
+    first = f"{-img[0]:x}"
+    assert [vllm_kv_events.freeze(k) for k in out[0].extra_keys] == [
+        ("m", (first, 2)), ("m", (first, -2))]
+    other = decode(h.sync((1, [5, 6, *placeholders("cd" * 32, 5), 7], "")))
     assert not set(out[0].block_hashes) & set(other[0].block_hashes)
 
 
