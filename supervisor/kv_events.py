@@ -115,6 +115,7 @@ class KVEventsChild:
         self.child: Child | None = None
         self.restart_at = 0.0
         self.backoff = RESTART_MIN_S
+        self.started = 0.0
         self.closing = False
 
     def start(self) -> None:
@@ -125,12 +126,14 @@ class KVEventsChild:
                 "--log-level", self.log_level]
         if o.replay:
             argv += ["--replay", o.replay]
+        self.started = time.monotonic()
         try:
             self.child = self.children.start(argv, "kv-events")
         except OSError as e:
             log.error("KV events: cannot start the publisher: %s", e)
             self.child = None
-        self.started = time.monotonic()
+            self.backoff = min(RESTART_MAX_S, self.backoff * 2)
+            self.restart_at = self.started + self.backoff
 
     def alive(self) -> bool:
         return self.child is not None
