@@ -285,3 +285,69 @@ def test_an_index_built_from_the_events_predicts_the_cached_tokens_ggmux_reports
         assert 'vllm:cache_config_info{block_size="16"' in text
     finally:
         sub.close()
+
+
+# ---- the supervisor's publisher child (fake instances: fast) ----------------------
+def _publisher_pid(server_pid: int) -> int | None:
+    from conftest import children_of
+
+    for pid in children_of(server_pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"kv_publisher" in f.read():
+                    return pid
+        except OSError:
+            pass
+    return None
+
+
+def _first_message(zmq, replay: int) -> bytes:
+    """The publisher's first batch (seq 0), asked from its replay socket."""
+    req = zmq.Context.instance().socket(zmq.DEALER)
+    req.connect(f"tcp://127.0.0.1:{replay}")
+    try:
+        req.send_multipart([b"", (0).to_bytes(8, "big")])
+        assert req.poll(10_000), "no replay answer"
+        _, _topic, seq, payload = req.recv_multipart()
+        assert int.from_bytes(seq, "big") == 0
+        return payload
+    finally:
+        req.close(0)
+
+
+def test_a_publisher_that_dies_is_started_again_and_says_all_blocks_cleared(serve, fakes):
+    zmq = pytest.importorskip("zmq")
+    import os
+    import signal
+
+    from conftest import alive, free_port, wait_for
+
+    fakes.add("a")
+    replay = free_port()
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1",
+              "--kv-events", f"tcp://127.0.0.1:{free_port()}",
+              "--kv-events-replay", f"tcp://127.0.0.1:{replay}")
+    first = wait_for(lambda: _publisher_pid(s.proc.pid), 20, 0.05, "the publisher")
+    cleared = [{"type": "AllBlocksCleared"}]
+    assert msgpack.unpackb(_first_message(zmq, replay))[1] == cleared
+    with open(f"/proc/{first}/cmdline", "rb") as f:
+        argv = f.read().split(b"\0")
+    collect = next(a for a in argv if a.startswith(b"ipc://")).decode()[len("ipc://"):]
+    os.kill(first, signal.SIGKILL)  # our server's child
+    second = wait_for(lambda: (p := _publisher_pid(s.proc.pid)) not in (None, first) and p,
+                      30, 0.05, "a new publisher")
+    assert alive(second)
+    assert msgpack.unpackb(wait_for(lambda: _first_message(zmq, replay), 20, 0.2,
+                                    "the new publisher's replay"))[1] == cleared
+    s.stop()
+    assert not os.path.exists(os.path.dirname(collect)), "the collector's folder was left"
+
+
+def test_a_bad_kv_events_address_is_refused_at_start_naming_the_option(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "ggmux.supervisor", "serve", "--kv-events",
+                        "localhost:5557", "--port", "1"], capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert r.returncode == 2 and "--kv-events must be a ZMQ address" in r.stderr, r.stderr
