@@ -259,7 +259,7 @@ def test_an_index_built_from_the_events_predicts_the_cached_tokens_ggmux_reports
         checked = 0
         for i, tail in enumerate([[7, 8, 9], [7, 8, 10], [50, 51], [7, 8, 9, 11]]):
             prompt = system + tail
-            sub.pump(replay, 0.5)
+            sub.pump(replay, 1.0)  # what the last answer's steps stored
             predicted = sub.index.match(model, prompt)
             doc = _post(s.base, "/v1/completions", {"model": model, "prompt": prompt,
                                                       "max_tokens": 4, "temperature": 0})
