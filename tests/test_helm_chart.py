@@ -44,6 +44,9 @@ EVERYTHING = ["--set", "inferencePool.enabled=true", "--set", "kvEvents.enabled=
               "--set", "models.existingClaim=models", "--set-string", "presets=[*]\nctx-size = 4096"]
 VALUE_SETS = {
     "defaults": [],
+    "readme": ["--set", "image.repository=registry.example/ggmux",  # README's install
+               "--set", "models.existingClaim=models", "--set", "inferencePool.enabled=true",
+               "--set", "kvEvents.enabled=true"],
     "everything": EVERYTHING,
     "pool-without-kv-events": ["--set", "inferencePool.enabled=true"],
     "models-from-an-image": ["--set", "models.image.repository=registry.example/gguf-models",

@@ -51,6 +51,9 @@ SH_BLOCKS: dict[str, str | None] = {
         "Dockerfile and compose file, and builds and runs the image with GGMUX_TEST_CONTAINER=1",
     "docker build --build-arg BASE=nvidia/cuda":
         "needs nvidia/cuda images and a GPU; tests/test_container.py checks the recipe",
+    "helm install llm deploy/helm/ggmux":
+        "needs a Kubernetes cluster; tests/test_helm_chart.py lints and renders the chart with "
+        "these values and validates the manifests against the Kubernetes schemas",
     "claude --model qwen3-8b":
         "Claude Code against a model this machine does not have: tests/test_agents.py runs "
         "Claude Code against ggmux",
