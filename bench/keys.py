@@ -23,7 +23,7 @@ Three parts (``--parts micro,latency,accuracy``):
 * ``two-node`` (not in the default: 3 wall-clock minutes a run): the same
   client and key over two servers of 2 proxies each that share one SQLite
   ledger (``--node-name n0``, ``n1``; ``--ledger-sync``, 2 s): limits
-  across nodes, reconciled from the ledger (supervisor/ledger/sync.py);
+  across nodes, reconciled from the ledger (ledger/sync.py);
   per window also what each node admitted.
 * ``sync-query``: the sync's one query on a SQLite ledger of
   ``--sync-rows`` rows (other nodes', over the last 30 days): a full read
@@ -294,7 +294,7 @@ def accuracy(tmp: Path, scale: float, windows: int, tokens: int = 100, nodes: in
 
 
 def sync_query(tmp: Path, rows: int, keys: int = 50, rounds: int = 5) -> dict:
-    """The ledger sync's query (supervisor/ledger/sync.py) on a SQLite
+    """The ledger sync's query (ledger/sync.py) on a SQLite
     ledger of ``rows`` rows of ``keys`` keys from two other nodes spread
     over the last 30 days: seconds per query with the month's start as its
     earliest window (a full read with a monthly budget), since the last
@@ -302,10 +302,10 @@ def sync_query(tmp: Path, rows: int, keys: int = 50, rounds: int = 5) -> dict:
     alone (rpm / tpm only), median of ``rounds``."""
     import random
 
+    from ggmux.ledger.records import UsageRow
+    from ggmux.ledger.stores import open_store
+    from ggmux.ledger.sync import FULL_EVERY_S, LATE_S
     from ggmux.shm.keytable import period_end, periods
-    from ggmux.supervisor.ledger.records import UsageRow
-    from ggmux.supervisor.ledger.stores import open_store
-    from ggmux.supervisor.ledger.sync import FULL_EVERY_S, LATE_S
 
     store = open_store(str(tmp / "sync-query.sqlite3"), "")
     store.schema()

@@ -2,7 +2,7 @@
 to PostgreSQL, and serving throughput while the ledger writes.
 
 * ``store``: :data:`ROWS` synthetic rows written through the store's own
-  ``write`` in batches of the ledger's :data:`~ggmux.supervisor.ledger.ledger.BATCH_ROWS`
+  ``write`` in batches of the ledger's :data:`~ggmux.ledger.ledger.BATCH_ROWS`
   (one transaction each), to a SQLite file (WAL) and to a PostgreSQL server
   started here (Debian's binaries, as the tests do: tests/pgserver.py).
 * ``serving``: one ``ggmux serve`` per ledger setting (``off``, ``sqlite``,
@@ -33,9 +33,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from ..supervisor.ledger.ledger import BATCH_ROWS
-from ..supervisor.ledger.records import UsageRow
-from ..supervisor.ledger.stores import open_store
+from ..ledger.ledger import BATCH_ROWS
+from ..ledger.records import UsageRow
+from ..ledger.stores import open_store
 from .proxy_cost import free_port, wait_http
 
 ROWS = 100_000

@@ -203,7 +203,7 @@ def append_turn(model: str, k: int, words: int, history: list[dict]) -> tuple[st
     question and answer in ``history``, and a new question; one output
     token. Each turn's prompt extends the last one's whole, which a
     sliding-window model's saved state needs (it holds the last window
-    only: see README, KV tiers)."""
+    only: see docs/kv-tiers.md)."""
     return "/v1/chat/completions", {
         "model": model, "max_tokens": 1, "temperature": 0,
         "messages": [{"role": "system", "content": tools_text("swap", words)}, *history,

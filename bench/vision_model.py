@@ -6,6 +6,8 @@ small enough for the tests ships on the package registries.
     DIR/gemma3-vision/gemma3-270m-q4_k_m.gguf    the demo text model (a link)
     DIR/gemma3-vision/mmproj-gemma3-vision.gguf  the projector written here
 
+(``--heavy``: Gemma 3's real image size on a wider tower, for the benchmarks)
+
 so ``ggmux serve --models-dir DIR`` (and ``llama-server -m ... --mmproj
 ...``) serve it as they would a user's folder. The projector is one GGUF
 holding two encoders, as Qwen2.5-Omni's does:
@@ -42,11 +44,19 @@ V_EMBD, V_FF, V_HEAD, V_LAYERS = 64, 128, 4, 2
 IMAGE_SIZE, PATCH, MERGE = 224, 14, 2
 IMAGE_TOKENS = (IMAGE_SIZE // PATCH // MERGE) ** 2
 A_EMBD, A_FF, A_HEAD, A_LAYERS, A_MEL = 64, 128, 4, 2, 80
+HEAVY = {"image_size": 896, "merge": 4, "width": 384, "layers": 6}
+"""The benchmarks' tower: Gemma 3's 896-pixel images in 4,096 patches,
+pooled to 256 embeddings, through six layers of width 384."""
 A_POSITIONS = 1500  # a 30-second chunk: 3000 mel frames, halved by the second convolution
 
 
-def write_projector(path: str | os.PathLike, seed: int = 0, audio: bool = True) -> str:
-    """Write the projector GGUF to ``path`` (about 1 MB); returns it."""
+def write_projector(path: str | os.PathLike, seed: int = 0, audio: bool = True,
+                    image_size: int = IMAGE_SIZE, merge: int = MERGE, width: int = V_EMBD,
+                    layers: int = V_LAYERS) -> str:
+    """Write the projector GGUF to ``path`` (about 1 MB); returns it. The
+    defaults make the tests' small tower; the benchmarks ask for a heavier
+    one (Gemma 3's own: ``image_size`` 896, ``merge`` 4, 256 embeddings an
+    image; a wider, deeper tower costs more to encode)."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), "clip")
@@ -64,17 +74,17 @@ def write_projector(path: str | os.PathLike, seed: int = 0, audio: bool = True) 
     w.add_bool("clip.has_audio_encoder", audio)
     w.add_bool("clip.use_gelu", True)
     w.add_string("clip.vision.projector_type", "gemma3")
-    w.add_uint32("clip.vision.embedding_length", V_EMBD)
-    w.add_uint32("clip.vision.feed_forward_length", V_FF)
-    w.add_uint32("clip.vision.block_count", V_LAYERS)
+    w.add_uint32("clip.vision.embedding_length", width)
+    w.add_uint32("clip.vision.feed_forward_length", 2 * width)
+    w.add_uint32("clip.vision.block_count", layers)
     w.add_uint32("clip.vision.projection_dim", TEXT_EMBD)
     w.add_uint32("clip.vision.attention.head_count", V_HEAD)
     w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
-    w.add_uint32("clip.vision.image_size", IMAGE_SIZE)
+    w.add_uint32("clip.vision.image_size", image_size)
     w.add_uint32("clip.vision.patch_size", PATCH)
     w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
-    w.add_uint32("clip.vision.projector.scale_factor", MERGE)
+    w.add_uint32("clip.vision.projector.scale_factor", merge)
     if audio:
         w.add_string("clip.audio.projector_type", "qwen2a")
         w.add_uint32("clip.audio.embedding_length", A_EMBD)
@@ -103,13 +113,13 @@ def write_projector(path: str | os.PathLike, seed: int = 0, audio: bool = True) 
         const(f"{prefix}.post_ln.bias", n_embd, 0.0)
 
     # vision: SigLIP (patch convolution, learned positions, pre-norm blocks)
-    patches = (IMAGE_SIZE // PATCH) ** 2
-    t("v.patch_embd.weight", V_EMBD, 3, PATCH, PATCH, scale=0.1)
-    t("v.patch_embd.bias", V_EMBD, scale=0.01)
-    t("v.position_embd.weight", patches, V_EMBD, scale=0.2)
-    blocks("v", V_LAYERS, V_EMBD, V_FF, k_bias=True)
-    const("mm.soft_emb_norm.weight", V_EMBD, 1.0)
-    t("mm.input_projection.weight", V_EMBD, TEXT_EMBD, scale=0.15)
+    patches = (image_size // PATCH) ** 2
+    t("v.patch_embd.weight", width, 3, PATCH, PATCH, scale=0.1)
+    t("v.patch_embd.bias", width, scale=0.01)
+    t("v.position_embd.weight", patches, width, scale=0.2)
+    blocks("v", layers, width, 2 * width, k_bias=True)
+    const("mm.soft_emb_norm.weight", width, 1.0)
+    t("mm.input_projection.weight", width, TEXT_EMBD, scale=0.15)
     if audio:  # Whisper: two convolutions over the mel frames, then blocks (no K bias)
         t("a.conv1d.1.weight", A_EMBD, A_MEL, 3, scale=0.1)
         t("a.conv1d.1.bias", A_EMBD, 1, scale=0.01)  # [1, n_embd]: added across frames
@@ -137,16 +147,17 @@ def text_model() -> Path:
 
 
 def write_folder(root: str | os.PathLike, seed: int = 0, audio: bool = True,
-                 name: str = NAME) -> Path:
-    """Write ``root/<name>/`` (the text model linked, the projector written);
-    returns the folder. Idempotent: an existing folder is rewritten."""
+                 name: str = NAME, **tower) -> Path:
+    """Write ``root/<name>/`` (the text model linked, the projector written,
+    ``tower``: :func:`write_projector`'s sizes); returns the folder.
+    Idempotent: an existing folder is rewritten."""
     folder = Path(root) / name
     folder.mkdir(parents=True, exist_ok=True)
     link = folder / "gemma3-270m-q4_k_m.gguf"
     if link.is_symlink() or link.exists():
         link.unlink()
     link.symlink_to(text_model())
-    write_projector(folder / f"mmproj-{name}.gguf", seed=seed, audio=audio)
+    write_projector(folder / f"mmproj-{name}.gguf", seed=seed, audio=audio, **tower)
     return folder
 
 
@@ -155,8 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dir", help="models folder to write into")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-audio", action="store_true", help="a vision-only projector")
+    ap.add_argument("--heavy", action="store_true",
+                    help="Gemma 3's image size (896 px, 256 embeddings) on a wider tower "
+                         "(the benchmarks'): an encode that costs about what a real one does")
     a = ap.parse_args(argv)
-    folder = write_folder(a.dir, a.seed, audio=not a.no_audio)
+    tower = HEAVY if a.heavy else {}
+    folder = write_folder(a.dir, a.seed, audio=not a.no_audio, **tower)
     print(folder)
     return 0
 

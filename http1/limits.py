@@ -112,7 +112,9 @@ class HttpLimits:
 
 # (field, help) for add_http_limit_options; the flag is the field with dashes
 _OPTION_HELP = {
-    "max_header_bytes": "largest request head (request line + headers) in bytes; 431 past it",
+    "max_header_bytes": "largest request head (request line + headers) in bytes; 431 past it "
+    "(instances take heads 4 KiB larger and the same bodies, so nothing a proxy took is refused "
+    "behind it)",
     "max_body_bytes": "largest request body in bytes; 413 past it",
     "header_timeout": "seconds to receive a request head once it started; 408 past it",
     "body_timeout": "seconds to receive a request body after its head; 408 past it",
@@ -122,15 +124,20 @@ _OPTION_HELP = {
     "send_timeout": "seconds a client may leave a response unread before it is cut off",
     "max_connections": "open client connections per process; more are answered 503",
     "max_connections_per_ip": "open connections from one client address (ggmux serve: in all, "
-    "each proxy allowing its share); more are answered 429; 0: no cap",
+    "each proxy allowing its share); a new one at the cap closes that address's oldest idle "
+    "connection, and gets 429 only when none is idle; at this cap or --max-connections, the "
+    "connection whose request body stalled longest is answered 408 and closed before a new one "
+    "is refused; 0: no cap",
     "shed_idle_at": "fraction of --max-connections above which each new connection closes "
-    "the oldest idle one (keep-alive, or without a whole request head)",
+    "the oldest idle one (keep-alive, or without a whole request head), so idle connections "
+    "cannot lock clients out",
     "max_pipelined": "pipelined requests queued per connection before reading pauses",
     "linger_timeout": "seconds to drain unread input after an error response",
     "max_json_depth": "deepest nesting of a translated API's JSON body (levels, at most 250); "
     "400 past it",
     "max_tokenize_bytes": "largest request body of /tokenize, /detokenize, /apply-template, "
-    "input_tokens and Anthropic's count_tokens, bytes; 413 past it",
+    "input_tokens and Anthropic's count_tokens, bytes; 413 past it, before the body is parsed, "
+    "by the proxy and the instance (llama-server has only its 100 MiB payload limit)",
     "max_detokenize_tokens": "most token ids of one /detokenize; 413 past it",
     "max_messages": "most messages of one request (chat, Anthropic, Ollama); 413 past it",
     "max_input_items": "most input items of one request (Responses, embeddings); 413 past it",

@@ -622,15 +622,18 @@ class LlamaBackend(Backend):
         ``/apply-template``: the template with the tools and the format's
         system message, ``add_generation_prompt`` true unless given), for
         counting a request's tokens. A model without a Jinja template
-        answers with the text its chat handler would tokenize."""
+        answers with the text its chat handler would tokenize. Media
+        (a model with a projector) stand as the media marker."""
+        media = media_req.collector(self.engine, body.get("messages"))
         if self.template.jinja is None:
-            messages = chat_messages(body.get("messages"))
+            messages = (chat_messages(body.get("messages")) if media is None
+                        else jinja_messages(body.get("messages"), self._model(body), media))
             rest, prefill = continuation(body, messages)
             if self.template.builtin is not None:
                 return {"prompt": render_builtin(self.template.builtin, rest) + (prefill or "")}
             tokens, _ = self.template.prompt(messages, None)
             return {"prompt": self.engine.detokenize(tokens, special=True)}
-        messages = jinja_messages(body.get("messages"), self._model(body))
+        messages = jinja_messages(body.get("messages"), self._model(body), media)
         messages, prefill = continuation(body, messages)
         gbnf = structured_output(body, self.limits)
         req = tool_request(body, self.limits, self.reasoning_format,
@@ -639,8 +642,19 @@ class LlamaBackend(Backend):
         return {"prompt": plan.prompt}
 
     def input_tokens(self, body: dict) -> dict:
-        """As :meth:`Backend.input_tokens`, counting without listing the ids."""
+        """As :meth:`Backend.input_tokens`, counting without listing the ids;
+        media count as the embeddings the projector makes of them (each
+        decoded and preprocessed, as a request would be, never encoded)."""
         prompt = self.apply_template(body)["prompt"]
+        media = media_req.collector(self.engine, body.get("messages"))
+        if media is not None:
+            jinja_messages(body.get("messages"), self._model(body), media)  # the references
+            add_bos = not (self.template.bos and prompt.startswith(self.template.bos))
+            tokens, spans = media_req.tokens(self.engine, prompt, media.refs, add_bos,
+                                             self.limits, self.media_fetch)
+            for sp in spans:
+                sp.release()
+            return {"input_tokens": len(tokens)}
         return {"input_tokens": self.engine.count_tokens(prompt, add_special=True)}
 
     def detokenize(self, body: dict) -> dict:

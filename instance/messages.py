@@ -39,9 +39,10 @@ def refuse_media(messages, model: str) -> None:
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
             if kind in MEDIA_PARTS:
-                raise BadRequest(f"messages[{i}].content[{j}]: model {model!r} cannot read "
-                                 f"{MEDIA_PARTS[kind]} (it is served without a multimodal "
-                                 "projector); send text parts only",
+                what = {"images": "image", "audio": "audio"}.get(MEDIA_PARTS[kind], "file")
+                raise BadRequest(f"messages[{i}].content[{j}]: {what} input is not supported: "
+                                 f"model {model!r} cannot read {MEDIA_PARTS[kind]} (it is "
+                                 "served without a multimodal projector); send text parts only",
                                  f"messages[{i}].content[{j}]")
 
 

@@ -18,6 +18,15 @@ CHECKPOINT_FAMILIES = (  # context checkpoints (issue 35): (name, kind, metrics 
      "Prompt tokens a restored context checkpoint served"),
     ("checkpoint_bytes", "gauge", "checkpoint_bytes",
      "Bytes the slots' context checkpoints hold now"),
+    # media (a model with a multimodal projector): its encoder and what was read
+    ("media_encoded_total", "counter", "media_encoded_total",
+     "Images and audio clips the projector encoded"),
+    ("media_encode_seconds_total", "counter", "media_encode_seconds_total",
+     "Seconds the projector spent encoding (on its own thread)"),
+    ("media_decode_seconds_total", "counter", "media_decode_seconds_total",
+     "Seconds the decode thread spent reading media embeddings into slots"),
+    ("media_tokens_total", "counter", "media_tokens_total",
+     "Media embeddings read into slots (tokens)"),
 )
 
 
@@ -26,7 +35,8 @@ def metrics_text(backend: Backend, requests: int, in_flight: int) -> str:
     ``in_flight`` now, and the backend's figures (llama-server's ``llamacpp:``
     families: tokens and seconds, busy slots, deferred requests, KV cache
     use, speculative decoding's drafts), its KV tiers' (``ggmux_kv_cache_``)
-    and its context checkpoints' (``ggmux_checkpoint*``)."""
+    its context checkpoints' (``ggmux_checkpoint*``) and its media's
+    (``ggmux_media_*``)."""
     m = backend.metrics()
     lines = ["# TYPE ggmux_instance_requests_total counter",
              f"ggmux_instance_requests_total {requests}",

@@ -109,14 +109,21 @@ _LIMIT_HELP = {
     "max_grammar_depth": "most nested groups in a request's grammar (llama.cpp parses each one "
                          "recursively); deeper get 400",
     "max_grammar_repetitions": "largest repetition a request's grammar ({m,n}) or JSON schema "
-                               "(minLength, maxItems, pattern counts) may ask for; more get 400",
+                               "(minLength, maxItems, pattern counts) may ask for; more get 400 "
+                               "(llama.cpp itself refuses {m,n} over 2000)",
     "max_schema_depth": "most nested subschemas in a request's JSON schema; deeper get 400",
     "max_stops": "stop strings of one request (stop, Anthropic stop_sequences, Ollama "
-                 "options.stop); more get 400",
+                 "options.stop); more get 400 naming the field (OpenAI allows 4 and "
+                 "llama-server any number; 64 covers group chats that name every speaker, and "
+                 "matching costs the same per token whatever the count)",
     "max_stop_bytes": "longest stop string, UTF-8 bytes; longer get 400",
     "max_tokens_limit": "most tokens one request may generate (0: up to the context); a "
                         "request asking for more (max_tokens, n_predict, num_predict) gets 400, "
-                        "one asking for none stops there (a preset's max-tokens-limit wins)",
+                        "one asking for none stops there (a preset's max-tokens-limit wins); "
+                        "32768 passes the largest limits common clients send (Claude Code's "
+                        "32000, Qwen3's recommended 32768 for reasoning) while a runaway request "
+                        "on a long context stops; a shared model serving short answers wants "
+                        "less",
     "max_media_items": "images and audio clips in one request (a model with a projector); "
                        "more get 400",
     "max_media_bytes": "largest image or audio clip, bytes as sent (after base64); larger get 400",

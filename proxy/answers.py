@@ -1,6 +1,6 @@
 """The proxy's own answers to requests it could not forward, or not to the end.
 
-Each is OpenAI's error envelope with the status the case calls for (README
+Each is OpenAI's error envelope with the status the case calls for (docs/apis.md,
 "HTTP surface"), or, for a streaming request whose SSE head already went
 out (keep-alive comments while its model loaded), the same envelope as an
 SSE ``data:`` event followed by a cut connection, never a clean end.
@@ -84,9 +84,11 @@ def capacity_pinned(conn: HttpConnection, req: Request, name: str, row,
     rather than break its limit when every loaded model is pinned).
     ``row``: its models-table row; ``model_name(i)``: a model's name."""
     holder = int(row[L.M_WAIT_HOLDER]) - 1
-    who = f"pinned model '{model_name(holder)}'" if holder >= 0 else "pinned models"
+    who = (f"pinned model '{model_name(holder)}' (pin = true), which is never evicted; unload "
+           "it" if holder >= 0 else "pinned models (pin = true), which are never evicted; "
+           "unload one")
     _error(conn, req, 503, f"model '{name}' cannot load: its capacity is held by {who} "
-           "(pin = true), which are never evicted; unload one or raise --models-max",
+           "or raise --models-max",
            "capacity_pinned", "unavailable_error", headers=[(b"retry-after", b"30")])
 
 

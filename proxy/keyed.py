@@ -14,6 +14,8 @@ keys file):
 * ``POST /keys/NAME/rotate``: a new secret (the old one stops working; the
   windows stay); ``/disable``, ``/enable``; ``DELETE /keys/NAME``.
 
+And for any key, about itself: ``GET /key/info`` (:mod:`.key_info`).
+
 The proxy makes the secret and sends only its hash to the supervisor
 (``{"op": "keys", ...}`` on the command queue), which edits the keys file
 and publishes the policies; the route answers once the key table says that
@@ -34,7 +36,9 @@ import orjson
 from ..http1 import HttpConnection, Request, json_object
 from ..http1.auth import given_key
 from ..shm import layout as L
+from ..shm.keytable import period_end, periods
 from .admission import KeyAdmission, cost_nano
+from .key_info import key_view, unlimited_view
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +221,30 @@ class KeyedProxy:
             if self._key_allows(req, by_name.get(name, {"name": name})):
                 out.append(tenant_view(d))
         return out
+
+    # ---- /key/info -----------------------------------------------------------------------
+    async def _key_info(self, conn: HttpConnection, req: Request) -> None:
+        """``GET /key/info``: the presented key's own limits and use
+        (:mod:`.key_info`); the route's key check let it in."""
+        row = self._key_row(req) if self.keyed else -1
+        if row < 0:
+            kind = ("admin" if self._is_admin(req) else
+                    "api-key" if self.api_key is not None or self.keyed else "none")
+            conn.send_json(req, 200, unlimited_view(kind))
+            return
+        self.keys.refresh()
+        _gen, doc = self.keys.table.policies()
+        policy = next((d for d in doc.get("keys", ()) if d.get("row") == row), None)
+        if policy is None:
+            conn.send_error(req, 401, "the key was removed", code="invalid_api_key")
+            return
+        table = self.keys.table
+        now = table.now()
+        ids = periods(now)
+        resets = {kind: table.real_seconds(max(period_end(kind, pid) - now, 0.0))
+                  for kind, pid in zip(("minute", "day", "week", "month"), ids)}
+        shown = {k: v for k, v in policy.items() if k not in ("sha256", "row")}
+        conn.send_json(req, 200, key_view(shown, self.keys.usage(row), resets))
 
     # ---- /keys --------------------------------------------------------------------------
     async def _keys_route(self, conn: HttpConnection, req: Request) -> None:

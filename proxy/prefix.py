@@ -51,6 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import orjson
+import xxhash
 
 from ..http1.exchange import Exchange
 from ..http1.usage import parse_tier, parse_usage, usage_from_tail
@@ -88,9 +89,59 @@ _ONE = np.uint64(1)
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
+MEDIA_PART_TYPES = frozenset(("image_url", "input_image", "image", "input_audio"))
+"""Content parts that carry media (OpenAI, Responses, Anthropic, audio)."""
+
+
+def _digest(value) -> str:
+    """A media item as its content hash: ``#`` and the xxh3-128 of its JSON."""
+    return "#" + xxhash.xxh3_128_hexdigest(orjson.dumps(value))
+
+
+def _light_message(m: dict) -> dict:
+    """``m`` with each media item (a content part of
+    :data:`MEDIA_PART_TYPES`, Ollama's ``images``) replaced by its digest;
+    ``m`` itself when it has none."""
+    out = m
+    images = m.get("images")
+    if isinstance(images, list) and images:
+        out = {**m, "images": [_digest(x) for x in images]}
+    content = m.get("content")
+    if isinstance(content, list):
+        parts = None
+        for j, p in enumerate(content):
+            if isinstance(p, dict) and p.get("type") in MEDIA_PART_TYPES:
+                if parts is None:
+                    parts = list(content)
+                parts[j] = {"type": p["type"], "digest": _digest(p)}
+        if parts is not None:
+            out = {**out, "content": parts}
+    return out
+
+
+def _light(conv):
+    """The conversation with its media as digests (:func:`_light_message`):
+    an image is one content hash, as the engine compares it (its
+    placeholders stand for its SHA-256), not its megabytes of base64,
+    which would fill :data:`MAX_BLOCKS` and hide the turns after it."""
+    if not isinstance(conv, list):
+        return conv
+    out = None
+    for i, m in enumerate(conv):
+        if isinstance(m, dict):
+            new = _light_message(m)
+            if new is not m:
+                if out is None:
+                    out = list(conv)
+                out[i] = new
+    return conv if out is None else out
+
+
 def canonical(body: dict) -> bytes:
     """The prompt of a request body as canonical bytes (module docstring),
-    or ``b""`` when it has none (or it cannot be serialised)."""
+    or ``b""`` when it has none (or it cannot be serialised). Media count
+    as their content hashes (:func:`_light`); an Ollama ``/api/generate``'s
+    ``images`` follow its prompt."""
     conv = body.get("messages")
     if conv is None:
         conv = body.get("input")
@@ -98,9 +149,12 @@ def canonical(body: dict) -> bytes:
             conv = body.get("prompt")
             if conv is None:
                 return b""
+            images = body.get("images")
+            if isinstance(images, list) and images:
+                conv = [conv, [_digest(x) for x in images]]
     try:
         data = orjson.dumps((body.get("tools"), body.get("system"), body.get("instructions"),
-                             conv))
+                             _light(conv)))
     except (TypeError, orjson.JSONEncodeError):
         return b""
     return data[:-2]  # the conversation's closing and the tuple's: a later turn extends it

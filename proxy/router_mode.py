@@ -132,7 +132,7 @@ class RouterMode:
         without a name, 500 ``model name=NAME is not found`` for one it does
         not list, 500 ``... is not removable (not from cache)`` for a model
         of a preset or a folder; a model of the Hugging Face cache gets 501:
-        ggmux never deletes files (README "Differences from llama-server")."""
+        ggmux never deletes files (docs/differences.md)."""
         name = query_value(req, "model")
         if not name:
             conn.send_error(req, 400, "model must be a non-empty string", code=400)

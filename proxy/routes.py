@@ -1,6 +1,6 @@
 """The proxy's route table (DESIGN.md "HTTP surface"): one :class:`Route`
 per path or path prefix, read by :meth:`ggmux.proxy.server.Proxy.handle`
-and by the README's route table test.
+and by the manual's route table test (docs/apis.md, tests/test_routes.py).
 
 ``Proxy.handle`` looks the request's path up (:func:`match`: the exact
 path, else the first prefix that fits; no exact path starts with a
@@ -98,6 +98,7 @@ ROUTES: tuple[Route, ...] = (
     # keys with limits (issue 36; .keyed)
     Route(b"/keys", "_keys_route", admin=True),
     Route(b"/keys/", "_keys_route", admin=True, prefix=True),
+    Route(b"/key/info", "_key_info", GET, refuse=True),  # a key's own limits and use
     Route(b"/cluster", "_cluster", GET, refuse=True, guard="_in_cluster"),
     Route(b"/cluster/drain", "_cluster_drain", POST, refuse=True, admin=True,
           guard="_in_cluster"),

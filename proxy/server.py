@@ -345,6 +345,14 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
         return (self.keyed and self._key_row(req) >= 0
                 and self.keys.unusable(req.key_row) is None)
 
+    def key_kinds(self) -> str:
+        """The keys this server takes, for a 401's message (the page shows it
+        in its key dialog): "a key of its keys file or the admin key"."""
+        kinds = [k for k, on in (("a key of its keys file", self.keyed),
+                                 ("an --api-key key", bool(self.api_keys)),
+                                 ("the admin key", self.admin_key is not None)) if on]
+        return " or ".join([", ".join(kinds[:-1]), kinds[-1]] if len(kinds) > 1 else kinds)
+
     def _is_admin(self, req: Request) -> bool:
         """Whether the request presents the admin key (one must be set)."""
         return self.admin_key is not None and authorized(req, self.admin_key)
@@ -361,6 +369,9 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
         if self.admin_key is not None and not authorized(req, self.admin_key):
             return "needs the admin key (--admin-key)"
         if req.key_row >= 0:  # issue 36: a keys-file key is never an admin
+            if self.admin_key is None and self.api_key is None:
+                return ("needs the admin key, and this server has none: start it with "
+                        "--admin-key (or $GGMUX_ADMIN_KEY); a key of the keys file never can")
             return "needs the admin key, or an --api-key key (not a key of the keys file)"
         if req.hop == HOP_TRUSTED:
             return "is not taken from another node"
@@ -397,9 +408,14 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
         # (issue 18: /slots shows request ids to it alone)
         if (not (req.hop == HOP_TRUSTED and not admin) and not self._authorized(req, admin)
                 and not (path in QUERY_ROUTED and self._is_admin(req))):
-            why = ("this route needs the admin key (--admin-key)"
-                   if admin and self.admin_key else
-                   self._key_unusable(req) or "invalid or missing API key")
+            if admin and self.admin_key:
+                why = "this route needs the admin key (--admin-key)"
+            elif admin and self.api_key is None:  # a keys file, and no admin key
+                why = ("this route needs the admin key, and this server has none: start it "
+                       "with --admin-key (or $GGMUX_ADMIN_KEY)")
+            else:
+                why = (self._key_unusable(req)
+                       or f"invalid or missing API key: this server takes {self.key_kinds()}")
             if route is not None and route.foreign:
                 apis.send_error(conn, req, 401, why, headers=[(b"www-authenticate", b"Bearer")])
                 return

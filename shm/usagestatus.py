@@ -1,6 +1,6 @@
 """The usage ledger's status, in shared memory: one seqlocked JSON blob.
 
-The supervisor (:class:`~ggmux.supervisor.ledger.ledger.UsageLedger`)
+The supervisor (:class:`~ggmux.ledger.ledger.UsageLedger`)
 writes it about once a second while something changed; every proxy reads
 it for ``/metrics`` (per-key counters, the ledger's health) and the page's
 usage view. It lives in shared memory, not a file, because the thing it

@@ -40,6 +40,7 @@ from ..instance.validate import (
     request_limit_argv,
     request_limits_from_args,
 )
+from ..ledger.options import default_state_dir, ledger_refusal, ledger_spec
 from ..shm.logring import MAX_RECORD, log_to_stderr
 from ..shm.requestring import REQUEST_EXCERPT_BYTES
 from ..shm.segment import queue_name, segment_name
@@ -51,7 +52,6 @@ from .hf_cache import hf_cache_dir, scan_hf_cache
 from .keys import read_keys_file
 from .kv_events import kv_events_options
 from .kvtiers.files import tenant_secret
-from .ledger.options import default_state_dir, ledger_refusal, ledger_spec
 from .logs import install as install_ring_handler
 from .main import Config, StartupError, Supervisor
 from .presets import command_line_layer, llama_args_layer, load_preset, resolve
@@ -164,10 +164,13 @@ def cache_defaults(args: argparse.Namespace) -> dict[str, object]:
 
 
 def default_cache_scope(args: argparse.Namespace) -> str:
-    """``--cache-scope`` when not given: ``key`` when a key is set (by option
-    or ``$GGMUX_API_KEY`` / ``$GGMUX_ADMIN_KEY``: callers are told apart),
-    else ``global`` (every caller is one client; issue 18, finding 6)."""
+    """``--cache-scope`` when not given: ``key`` when a key is set (by option,
+    a keys file, or ``$GGMUX_API_KEY`` / ``$GGMUX_ADMIN_KEY``: callers are
+    told apart), else ``global`` (every caller is one client; issue 18,
+    finding 6). A keys file alone counts: its tenants are the ones whose
+    prompts (and images) must not serve each other."""
     keyed = (getattr(args, "api_key", None) or getattr(args, "admin_key", None)
+             or getattr(args, "keys", None)
              or os.environ.get("GGMUX_API_KEY") or os.environ.get("GGMUX_ADMIN_KEY"))
     return "key" if keyed else "global"
 
@@ -386,12 +389,23 @@ def _serve(args: argparse.Namespace) -> int:
     if args.keys:  # --- keys with limits (issue 36) ---
         try:
             read_keys_file(args.keys)
+        except FileNotFoundError:
+            print(f"ggmux: --keys: {args.keys} does not exist (an empty file is a keys file "
+                  f"without keys: touch {args.keys}, then ggmux keys create NAME)",
+                  file=sys.stderr)
+            return 2
         except (OSError, ValueError) as e:
             print(f"ggmux: --keys: {e}", file=sys.stderr)
             return 2
         if args.keys_max < 1:
             print("ggmux: --keys-max must be at least 1", file=sys.stderr)
             return 2
+        if not any(getattr(args, k, None) or os.environ.get(f"GGMUX_{k.upper()}")
+                   for k in ("admin_key", "api_key")):
+            # with neither, nobody may manage the keys file's keys nor read usage
+            log.warning("keys, usage, logs and requests are closed: set --admin-key (or "
+                        "$GGMUX_ADMIN_KEY) to manage the keys of %s (ggmux keys) and read "
+                        "usage (ggmux usage), logs and requests", args.keys)
     cfg = Config(
         host=args.host, port=args.port, proxies=args.proxies, models_max=args.models_max,
         models_autoload=args.models_autoload, model_fallback=args.model_fallback or None,

@@ -31,6 +31,7 @@ import orjson
 import posix_ipc
 
 from ..http1.drain import DRAIN_FLUSH_S, drain_budget
+from ..ledger.sync import LedgerSync
 from ..shm import layout as L
 from ..shm.keytable import NO_KEYS_BLOB, TableShape, key_table_name
 from ..shm.logring import log_ring_name
@@ -42,8 +43,7 @@ from .config import Config
 from .jobs import Jobs
 from .keys import KeyRegistry, builtin_hashes, model_prices
 from .kv_events import KVEventsChild
-from .ledger.sync import LedgerSync
-from .ledger.wiring import close_ledger, open_ledger, start_windows
+from .ledger_wiring import close_ledger, open_ledger, start_windows
 from .logs import install as install_ring_handler
 from .measure import Measurer
 from .probe import ProbeSet

@@ -7,7 +7,7 @@ its prefix rule
 command line (:func:`routing_argv`). ``--prefix-block-bytes`` and
 ``--prefix-index-entries`` size the prefix index in the shared-memory
 segment (:func:`prefix_sizes`), where every proxy reads them, so all hash
-alike. Defaults and their reasons: README "Prefix-aware routing" and
+alike. Defaults and their reasons: docs/replicas.md "Prefix-aware routing" and
 bench/RESULTS.md (the routing-mode comparison they were chosen from).
 """
 
@@ -43,7 +43,8 @@ def add_routing_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prefix-weight", type=float, default=DEFAULT_PREFIX_WEIGHT, metavar="W",
         help="share of a replica's TTFT that a cached prefix saves, 0 to below 1: a replica "
-             "holding the fraction f of a prompt scores as if its queue were 1 - W x f as long")
+             "holding the fraction f of a prompt scores as if its queue were 1 - W x f as long "
+             "(0: prefixes ignored)")
     parser.add_argument(
         "--prefix-disk-weight", type=float, default=DEFAULT_DISK_WEIGHT, metavar="W",
         help="the same for a prefix on this node's disk tier (any replica of the model "
@@ -52,15 +53,17 @@ def add_routing_options(parser: argparse.ArgumentParser) -> None:
         "--prefix-load-threshold", type=float, default=DEFAULT_LOAD_THRESHOLD,
         metavar="X",
         help="a replica with this many requests in flight per slot loses its cache bonus, so "
-             "new requests go to a less loaded one even for a prefix it holds")
+             "new requests go to a less loaded one even for a prefix it holds (no hot spot on "
+             "a warm replica)")
     parser.add_argument(
         "--prefix-block-bytes", type=int, default=DEFAULT_BLOCK_BYTES, metavar="N",
         help="bytes of the canonical prompt hashed per block of the prefix index (a multiple "
-             "of 8); a prompt shorter than one block is routed by load alone")
+             "of 8, at least 64); a prompt shorter than one block is routed by load alone")
     parser.add_argument(
         "--prefix-index-entries", type=int, default=DEFAULT_INDEX_ENTRIES, metavar="N",
         help="prefix index entries (blocks of prompts served) each proxy keeps in shared "
-             "memory, 32 bytes each; the least recently used go first")
+             "memory, 32 bytes each (8192: 256 KiB a proxy, 2 MiB of distinct prompt text in "
+             "256-byte blocks); the least recently used go first")
 
 
 def check(args: argparse.Namespace) -> str | None:

@@ -15,10 +15,10 @@ from ..client.commands import add_client_commands, add_client_options
 from ..http1.limits import add_http_limit_options
 from ..instance.reasoning import add_reasoning_option
 from ..instance.validate import CACHE_SCOPES, add_request_limit_options
+from ..ledger.options import add_ledger_options
 from ..shm.requestring import REQUEST_EXCERPT_BYTES
 from .cluster.options import add_cluster_options
 from .kv_events import add_kv_events_options
-from .ledger.options import add_ledger_options
 from .registry import ModelEntry
 from .routing import add_routing_options
 
@@ -109,9 +109,12 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                        "every model, over every preset, as llama-server's router "
                        "passes its own command line to every model.")
     s.add_argument("--host", default="127.0.0.1", help="address the proxies listen on")
-    s.add_argument("--port", type=int, default=8080, help="public port")
-    s.add_argument("--proxies", type=int, default=os.cpu_count() or 1,
-                   help="proxy processes sharing the port (SO_REUSEPORT)")
+    s.add_argument("--port", type=int, default=8080,
+                   help="public port; one already taken is an error (SO_REUSEPORT would "
+                        "otherwise share it silently)")
+    s.add_argument("--proxies", type=int, default=os.cpu_count() or 1, metavar="N",
+                   help="proxy processes sharing the port (SO_REUSEPORT) (default: the CPU "
+                        "count)")
     s.add_argument("--models-dir", action="append", default=[], metavar="DIR",
                    help="folder of models (repeatable), read as llama.cpp's router reads it: "
                         "each *.gguf file is a model named after the file, a multi-part "
@@ -128,11 +131,14 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                    help="folder whose *.json files are fake models (tests; see "
                         "ggmux.instance.fake)")
     s.add_argument("--models-max", type=int, default=4,
-                   help="most model replicas running at once (llama.cpp --models-max)")
+                   metavar="N",
+                   help="most model replicas running at once, loading, loaded or asleep "
+                        "(llama.cpp --models-max)")
     s.add_argument("--models-autoload", action=argparse.BooleanOptionalAction, default=True,
                    help="load a model when a request names it (llama.cpp --[no-]models-autoload); "
                         "--no-models-autoload: only POST /models/load and load-on-startup load "
-                        "one, and a request for a model that is not running gets 400 (as "
+                        "one, and a request for a model that is not running or loading gets "
+                        "400 'model is not loaded' (as "
                         "llama-server; ?autoload=1 on the request loads it anyway)")
     s.add_argument("--model-fallback", default=None, metavar="NAME",
                    help="serve a request that names no model ggmux knows with model NAME (a "
@@ -154,7 +160,8 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     # (under every source) from an explicit value (over every source, as
     # llama.cpp's router overlays its own command line on every preset).
     s.add_argument("--ctx-size", "-c", type=int, default=None,
-                   help="context size, tokens, 0 = the model's; not given: "
+                   help="context size, tokens: the most one request may use (prompt and "
+                        "answer), 0 = the model's; not given: "
                         f"{_DEFAULTS.ctx_size} under every preset, given: over every preset")
     s.add_argument("--parallel", "-np", type=int, default=None,
                    help="slots of each built-in instance (requests served at once, batched); "
@@ -174,16 +181,22 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                    help="layers offloaded to GPU, -1 all; not given: "
                         f"{_DEFAULTS.n_gpu_layers} under every preset, given: over every preset")
     s.add_argument("--stop-timeout", type=float, default=None,
-                   help="seconds between 'exit' and SIGTERM when stopping an instance; not "
+                   metavar="S",
+                   help="seconds between 'exit' and SIGTERM when stopping an instance (then "
+                        "5 s to SIGKILL); not "
                         f"given: {_DEFAULTS.stop_timeout:g} under every preset, given: over "
                         "every preset")
-    s.add_argument("--load-timeout", type=float, default=None,
+    s.add_argument("--load-timeout", type=float, default=None, metavar="S",
                    help="load deadline, seconds (default: 300 + 20 per GiB, at most 6 h)")
     s.add_argument("--load-nice", type=int, default=10, choices=range(40), metavar="N",
-                   help="raise a loading replica's nice value by N until it is ready, so loads "
-                        "yield the CPU to serving replicas; 0: off (default: %(default)s)")
-    s.add_argument("--load-wait", type=float, default=300.0,
-                   help="seconds a request waits for its model to load before a 503")
+                   help="raise a loading replica's nice value (and a spare's, from its start) "
+                        "by N until it is ready, so loads yield the CPU to serving replicas; "
+                        "giving the value back needs root, CAP_SYS_NICE or ulimit -e 20 (a "
+                        "systemd unit's LimitNICE=20), without which loads run at the serving "
+                        "priority (logged at start); 0: off (default: %(default)s)")
+    s.add_argument("--load-wait", type=float, default=300.0, metavar="S",
+                   help="seconds a request waits for its model before a 503 (its message and "
+                        "loading.why say what it waited for)")
     s.add_argument("--max-wait", type=float, default=None, metavar="S",
                    help="a request waits at most this long for capacity other models hold: "
                         "past it a busy model is drained (no new request, its requests "
@@ -192,16 +205,17 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     s.add_argument("--min-residency", type=float, default=None, metavar="S",
                    help="a model swapped in keeps its capacity this long while it has "
                         "demand (not given: 3 x its load time, so loading stays under a "
-                        "quarter of the time; a preset's min-residency wins)")
+                        "quarter of the time; an idle one is evicted as before; a preset's "
+                        "min-residency wins)")
     s.add_argument("--models-memory-margin", type=float, default=0.0, metavar="MiB",
                    help="memory (MiB) that must stay free on every device after a load, "
                         "judged against the model's measured minimum")
     s.add_argument("--host-memory", type=float, default=None, metavar="MiB",
                    help="treat the host as having this much memory and no other users "
                         "(containers whose limit /proc/meminfo does not show; tests)")
-    s.add_argument("--ttl", type=float, default=None,
+    s.add_argument("--ttl", type=float, default=None, metavar="S",
                    help="unload a model idle this many seconds after its last request ended "
-                        "(a preset's ttl wins)")
+                        "(not given: never; a preset's ttl wins)")
     s.add_argument("--cache-ram", type=int, default=None, metavar="MiB",
                    help="KV tiers of each built-in instance: slots' prompt caches kept in host "
                         "RAM, llama-server's --cache-ram (not given: 8192; -1 no byte limit; "
@@ -229,23 +243,28 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     s.add_argument("--checkpoint-min-step", type=int, default=None, metavar="N",
                    help="tokens between two context checkpoints, llama-server's option (not "
                         "given: 8192); a preset's value wins")
-    s.add_argument("--sleep-idle-seconds", type=float, default=None,
+    s.add_argument("--sleep-idle-seconds", type=float, default=None, metavar="S",
                    help="free an idle model's weights after this many seconds, keeping its "
-                        "process; the next request wakes it")
-    s.add_argument("--spares", type=int, default=1,
+                        "process; the next request wakes it (not given: never)")
+    s.add_argument("--spares", type=int, default=1, metavar="N",
                    help="instance processes kept started with llama-cpp-python imported, so "
                         "a cold load costs only the model's own load time")
-    s.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on every route "
-                        "but /health and the web page; several keys separated by commas, as "
+    s.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' (compared in "
+                        "constant time) on every route but /health and the web page; several "
+                        "keys separated by commas, as "
                         "llama-server takes them, each its own tenant (--cache-scope, slot "
                         "fairness) (default: $GGMUX_API_KEY; none: open). On "
                         "a command line any local user can read it (ps) until the server has "
                         "started, and the shell's history keeps it: prefer $GGMUX_API_KEY")
-    s.add_argument("--admin-key", default=None,
-                   help="key for /models/load, /models/unload, reloads, /logs and the model "
-                        "file paths in /props (default: $GGMUX_ADMIN_KEY; none: the API key)")
-    s.add_argument("--cache-scope", choices=CACHE_SCOPES, default=None,
+    s.add_argument("--admin-key", default=None, metavar="KEY",
+                   help="the only key that loads and unloads (in every API), reloads, clears "
+                        "caches, drains, reads /logs, /requests and /usage, manages /keys, "
+                        "and sees model file paths and request ids in /props and /slots; it "
+                        "also serves every other route and is never limited (default: "
+                        "$GGMUX_ADMIN_KEY; none: the --api-key keys do all of that, a keys "
+                        "file's keys none of it)")
+    s.add_argument("--cache-scope", choices=CACHE_SCOPES, default=None, metavar="SCOPE",
                    help="whose prompt cache a request may reuse in a built-in instance: key "
                         "(only one made with the same API key), global (anyone's, as "
                         "llama-server), none; default: key when --api-key or --admin-key is "
@@ -254,28 +273,30 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     s.add_argument("--keys", default=None, metavar="FILE",
                    help="keys file (INI, one section per key name: key or key-sha256, models, "
                         "rpm, tpm, max-parallel, tokens-per-day|week|month, spend-per-month, "
-                        "expires, disabled; README 'Keys with limits'); read at start and on "
+                        "expires, disabled; the manual's keys page); read at start and on "
                         "reload; --api-key keys stay keys without limits")
     s.add_argument("--keys-max", type=int, default=256, metavar="N",
                    help="keys the key table holds (a key keeps its row for the server's life)")
     # --- end of keys with limits ---
     add_routing_options(s)
-    s.add_argument("--queue-timeout", type=float, default=30.0,
+    s.add_argument("--queue-timeout", type=float, default=30.0, metavar="S",
                    help="seconds a request waits for a replica below its max-concurrency "
                         "before a 429")
-    s.add_argument("--max-queue", type=int, default=64,
+    s.add_argument("--max-queue", type=int, default=64, metavar="N",
                    help="requests per model and proxy that may wait for a free replica; "
                         "more get 429")
-    s.add_argument("--stream-keepalive", type=float, default=5.0,
+    s.add_argument("--stream-keepalive", type=float, default=5.0, metavar="S",
                    help="a streaming request waiting for its model gets the SSE head and a "
                         "comment every this many seconds; an Anthropic or Responses stream "
                         "without content (a long prefill) gets the API's opening events and "
-                        "its keep-alive event (ping, response.in_progress) this often")
-    s.add_argument("--cors-origins", default="*",
+                        "its keep-alive event (ping, response.in_progress) this often until "
+                        "its first token; Ollama's NDJSON has no such event and gets none")
+    s.add_argument("--cors-origins", default="*", metavar="LIST",
                    help="origins browsers may call from: '*' (any, without credentials; "
                         "llama-server's default), or a comma-separated list, which also get "
                         "credentials ('localhost': every page of this machine, as "
-                        "llama-server's); '' turns CORS off")
+                        "llama-server's); admin routes take listed origins only, never '*'; "
+                        "'' turns CORS off")
     s.add_argument("--first-byte-timeout", type=float, default=600.0, metavar="S",
                    help="a replica that sends no byte of its answer within this many seconds "
                         "hangs: the request gets 504, the replica a fault (a preset's "
@@ -283,14 +304,18 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     s.add_argument("--stream-idle-timeout", type=float, default=300.0, metavar="S",
                    help="a replica that sends nothing for this many seconds once it answered "
                         "hangs: the stream ends with an error event, the replica a fault")
-    s.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    s.add_argument("--log-level", default="INFO", metavar="LEVEL",
+                   help="DEBUG, INFO, WARNING, ERROR; every scheduling decision is logged at "
+                        "INFO with its reason")
     s.add_argument("--log-ring-bytes", type=int, default=1 << 20, metavar="N",
                    help="bytes of recent log lines (the supervisor's and every child's) kept "
                         "for GET /logs and ggmux logs")
     s.add_argument("--requests-kept", type=int, default=1000, metavar="N",
                    help="requests each proxy keeps in the request ring (time, model, replica, "
                         "API, status, tokens, TTFT, duration) for GET /requests, the page's "
-                        "requests table and ggmux logs --requests")
+                        "requests table and ggmux logs --requests), about 160 bytes each; the "
+                        "usage ledger reads the ring too, so this bounds the requests per proxy "
+                        "between two of its reads")
     s.add_argument("--log-requests-bodies", action="store_true",
                    help="keep, with each request of the request ring, the first "
                         f"{REQUEST_EXCERPT_BYTES} bytes of its prompt's last message and of "
@@ -310,7 +335,7 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     add_ledger_options(s)
     add_kv_events_options(s)
     # --- end usage ledger ---
-    s.add_argument("--node-drain-timeout", type=float, default=120.0,
+    s.add_argument("--node-drain-timeout", type=float, default=120.0, metavar="S",
                    help="cluster mode: a drain (SIGTERM, POST /cluster/drain) waits at most "
                         "this many seconds for the requests in flight before the node leaves")
     apply_env_defaults(s, environ)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Server, free_port, write_fake
+from manual import manual
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUESTS = Path(__file__).parent / "agent_requests"
@@ -37,9 +38,9 @@ REQUESTS = Path(__file__).parent / "agent_requests"
 def readme_lines() -> dict[str, str]:
     """The lines of README's ready-to-paste block: ``serve``, ``claude``,
     ``codex`` (the block that starts ``ggmux serve --models-preset``)."""
-    text = (ROOT / "README.md").read_text()
+    text = manual()
     block = re.search(r"```sh\n(ggmux serve --models-preset [^\n]+\n.*?)```", text, re.DOTALL)
-    assert block, "README has no ready-to-paste agent block"
+    assert block, "the manual has no ready-to-paste agent block"
     out = {}
     for line in block.group(1).splitlines():
         if line.startswith("ggmux serve"):

@@ -18,7 +18,7 @@ from typing import ClassVar
 import pytest
 from conftest import chat_body, free_port, served_by, wait_for
 from ggmux import __version__
-from ggmux.client.commands import ps_table
+from ggmux.client.ps import ps_table
 from ggmux.shm import layout as L
 from ggmux.supervisor.cli import build_parser, main
 

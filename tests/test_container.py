@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import free_port, wait_for
+from manual import manual
 
 ROOT = Path(__file__).resolve().parent.parent
 README_CMAKE = re.search(r'CMAKE_ARGS="([^"]+)"', (ROOT / "README.md").read_text()).group(1)
@@ -109,7 +110,7 @@ def test_the_cuda_variant_is_build_arguments_on_an_nvidia_cuda_base():
     build, runtime = stages(text)
     assert build[0] == ("FROM", "${BASE} AS build") and runtime[0] == ("FROM", "${RUNTIME_BASE}")
     assert any(kw == "ARG" and a.startswith("CMAKE_ARGS=") for kw, a in build)
-    for doc in (text, (ROOT / "README.md").read_text()):
+    for doc in (text, manual()):
         recipe = re.search(r"build --build-arg BASE=nvidia/cuda:(\S+)-devel-(\S+) .*?"
                            r"RUNTIME_BASE=nvidia/cuda:(\S+)-runtime-(\S+) .*?"
                            r'CMAKE_ARGS="([^"]+)"', doc, re.DOTALL)
@@ -122,7 +123,7 @@ def test_the_cuda_variant_is_build_arguments_on_an_nvidia_cuda_base():
 def test_podman_builds_keep_the_healthcheck_with_the_docker_format():
     """OCI images have no HEALTHCHECK (podman drops it with a warning):
     README and the Dockerfile say to build with --format docker."""
-    for doc in ((ROOT / "Dockerfile").read_text(), (ROOT / "README.md").read_text()):
+    for doc in ((ROOT / "Dockerfile").read_text(), manual()):
         assert "podman build --format docker" in doc
 
 

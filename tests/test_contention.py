@@ -157,6 +157,7 @@ def test_a_pinned_model_is_never_evicted_and_a_request_for_its_capacity_gets_503
     assert st == 503 and headers["retry-after"]
     err = json.loads(body)["error"]
     assert err["code"] == "capacity_pinned" and "'p'" in err["message"]
+    assert "(pin = true), which is never evicted; unload it or raise --models-max" in err["message"]
     # in the client API's own envelope: Anthropic's here
     st, _, body = s.request("POST", "/v1/messages", {
         "model": "q", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
@@ -270,7 +271,7 @@ def test_two_busy_models_are_drained_together_when_the_memory_margin_needs_both(
 
 
 def test_ps_prints_why_each_waiting_model_waits_under_its_table():
-    from ggmux.client.commands import ps_table
+    from ggmux.client.ps import ps_table
 
     q = {"waiters": 2, "oldest_wait_s": 12.0, "reason": "slice", "holder": "a", "eta_s": 4.0,
          "why": "waiting for capacity held by a, which drains in 4 s"}

@@ -16,6 +16,7 @@ from ggmux.instance.engine.jobs import Generation, Job
 from ggmux.instance.engine.loop import spec_summary
 from ggmux.instance.engine.sampling import Sampling
 from ggmux.instance.engine.spec_options import SpecConfig
+from manual import manual
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,8 +58,8 @@ def test_the_speculation_log_line_says_what_drafts():
     assert line.startswith("on, ngram-simple (n 12, up to 48 tokens)"), line
 
 
-def test_readme_no_longer_lists_speculative_decoding_among_what_the_instance_lacks():
-    text = " ".join((ROOT / "README.md").read_text().split())
+def test_the_manual_no_longer_lists_speculative_decoding_among_what_the_instance_lacks():
+    text = " ".join(manual().split())
     lacks = text[text.index("The built-in instance has no"):][:200]
     assert "speculative" not in lacks, lacks
 

@@ -47,6 +47,11 @@ VALUE_SETS = {
     "readme": ["--set", "image.repository=registry.example/ggmux",  # README's install
                "--set", "models.existingClaim=models", "--set", "inferencePool.enabled=true",
                "--set", "kvEvents.enabled=true"],
+    "manual": ["--set", "image.repository=registry.example/ggmux",  # docs/kubernetes.md's
+               "--set", "image.tag=0.1.0", "--set", "models.existingClaim=models",
+               "--set", "replicas=3", "--set", "inferencePool.enabled=true",
+               "--set", "inferencePool.httpRoute.gateway=inference-gateway",
+               "--set", "auth.apiKey=0123456789abcdef"],
     "everything": EVERYTHING,
     "pool-without-kv-events": ["--set", "inferencePool.enabled=true"],
     "models-from-an-image": ["--set", "models.image.repository=registry.example/gguf-models",

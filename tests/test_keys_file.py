@@ -5,23 +5,19 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 from ggmux.proxy.admission import KeyAdmission, Refusal
 from ggmux.shm.keytable import KeyTable, TableShape, period_end, periods
 from ggmux.supervisor.keys import KeyRegistry, builtin_hashes, hash_secret, read_keys_file
 from ggmux.supervisor.presets import PresetError
+from manual import fenced
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
-
-def test_readme_keys_example_reads(tmp_path, monkeypatch):
-    block = next(b for b in re.findall(r"^```ini\n(.*?)^```$", README, re.MULTILINE | re.DOTALL)
-                 if "[alice]" in b)
+def test_the_manuals_keys_example_reads(tmp_path, monkeypatch):
+    block = next(b for _, b in fenced("ini") if "[alice]" in b)
     monkeypatch.setenv("CI_KEY", "sk-ci")
     f = tmp_path / "keys.ini"
     f.write_text(block)

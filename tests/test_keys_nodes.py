@@ -1,7 +1,7 @@
 """Keys' limits across nodes (issue 36): two servers (``--node-name`` a and
 b) share one ledger (a SQLite file; PostgreSQL, slow) and one keys file;
 each reconciles its keys' windows from the other's rows every
-``--ledger-sync`` (supervisor/ledger/sync.py). Real servers on fake
+``--ledger-sync`` (ledger/sync.py). Real servers on fake
 instances."""
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def test_measure_counts_gemma3s_window_and_swa_full_its_whole_cache():
     assert whole["min"]["host"] - window["min"]["host"] == 2 * 15 * 256 * 2 * (16384 - 4 * 1024)
     # max: every slot's 32 checkpoints (7.9 MB each, the window's cells) on top
     one = checkpoint_bytes(15, 512, 256 * 2)
-    assert one == 7_864_320  # 7,870,848 measured with the state's headers (README)
+    assert one == 7_864_320  # 7,870,848 measured with the state's headers (docs/kv-tiers.md)
     no_ckpt = measure(path, "--ctx-checkpoints", "0")
     assert window["max"]["host"] - no_ckpt["max"]["host"] == 4 * 32 * one
     # --swa-full keeps every position: it can be cut anywhere, no checkpoint is made

@@ -537,7 +537,7 @@ def test_concurrent_answers_restored_from_a_shared_directory_equal_the_cold_pref
     """Issue 37, item 13: two engines on one directory, four answers at once
     on the second, every one restored from the first's file, each equal to
     the cold prefill. (What parted answers there was a slot's own prompt
-    cache, tiers off as well: README, KV tiers.)"""
+    cache, tiers off as well: docs/kv-tiers.md.)"""
     a = engine(str(tmp_path), parallel=4)
     try:
         ask(a, A)

@@ -1,7 +1,9 @@
 """The package's layering (DESIGN.md "Processes"; issue 21), read from the
 source with ``ast``: no import circle anywhere in supervisor/, proxy/,
-instance/ and shm/, ``http1/`` imports nothing else of proxy/, and
-instance/ and supervisor/ use only proxy's HTTP core (and its key helpers).
+instance/, shm/, http1/, client/ and ledger/, ``http1/`` imports nothing
+else of proxy/, instance/ and supervisor/ use only proxy's HTTP core (and
+its key helpers), and the usage ledger, which the supervisor writes and
+the proxies read, is a package of its own that imports only shm/.
 
 Every ``import`` statement counts, those under ``if TYPE_CHECKING:`` and
 inside functions too: a circle that only type checkers or a lazy import see
@@ -14,7 +16,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("supervisor", "proxy", "instance", "shm", "http1", "client")
+PARTS = ("supervisor", "proxy", "instance", "shm", "http1", "client", "ledger")
 
 
 def _modules() -> dict[str, Path]:
@@ -146,4 +148,22 @@ def test_the_command_line_client_is_a_client_of_the_http_api():
            if m.startswith("ggmux.client")
            for t in targets
            if t.startswith(("ggmux.proxy", "ggmux.instance", "ggmux.supervisor"))}
+    assert bad == set()
+
+
+def test_the_usage_ledger_imports_only_the_shared_memory_plane():
+    """The supervisor writes the ledger and every proxy reads it (``GET
+    /usage``): its package stands beside http1/ and shm/, on shm/ alone."""
+    g = _graph()
+    assert "ggmux.ledger.store" in g["ggmux.proxy.operator.usage"]
+    assert "ggmux.ledger.ledger" in g["ggmux.supervisor.ledger_wiring"]
+    bad = {(m, t) for m, targets in g.items() if m.startswith("ggmux.ledger")
+           for t in targets if not t.startswith(("ggmux.ledger", "ggmux.shm"))}
+    assert bad == set()
+
+
+def test_the_proxy_imports_nothing_of_the_supervisor():
+    bad = {(m, t) for m, targets in _graph().items()
+           if m.startswith("ggmux.proxy")
+           for t in targets if t.startswith("ggmux.supervisor")}
     assert bad == set()

@@ -93,7 +93,7 @@ def test_sqlite_ledger_usage_route_cli_metrics_and_restart(serve, fakes, tmp_pat
     port = s.port
     s.stop()
     s.stop = lambda *a, **k: None  # (its stop check would see the next server's segment)
-    assert rows(state / "usage.sqlite3") == 7
+    assert rows(state / f"usage-{port}.sqlite3") == 7  # one file per server (its port)
     s2 = serve(*args, port=port)
     ask(s2, 1)
     wait_for(lambda: total(s2) == 8, 20, 0.1, "8 requests after the restart")
@@ -208,3 +208,48 @@ def test_a_request_forwarded_to_another_node_is_one_row_of_a_shared_ledger(
     got = {(r["node"], r["replica"]): r["requests"] for r in usage(a, "?group=node,replica")}
     assert got[("a", "b")] == 1, got
     assert [n for n, rep in got if n == "b"] == ["b"] and sum(got.values()) == 2, got
+
+
+def test_two_servers_of_one_state_dir_keep_their_usage_apart_by_default(serve, fakes, tmp_path):
+    """The default ledger is one file per server (its port): two servers of
+    one user, sharing ``--state-dir``, never list each other's models."""
+    fakes.add("alpha", tokens=2)
+    other = tmp_path / "other"
+    other.mkdir()
+    write_fake(other, "beta", tokens=2)
+    state = tmp_path / "st"
+    a = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--admin-key", ADMIN,
+              "--state-dir", str(state))
+    b = serve("--fake-models-dir", str(other), "--proxies", "1", "--admin-key", ADMIN,
+              "--state-dir", str(state))
+    ask(a, 2)
+    ask(b, 1, "beta")
+    wait_for(lambda: total(a) == 2 and total(b) == 1, 20, 0.1, "each server's rows")
+    assert {r["model"] for r in usage(a, "?group=model")} == {"alpha"}
+    assert {r["model"] for r in usage(b, "?group=model")} == {"beta"}
+    assert sorted(p.name for p in state.glob("usage-*.sqlite3")) == sorted(
+        [f"usage-{a.port}.sqlite3", f"usage-{b.port}.sqlite3"])
+    assert "also holds other servers' rows" not in a.logs()
+
+
+def test_a_shared_ledger_shows_each_servers_rows_with_a_node_column(serve, fakes, tmp_path):
+    """Servers that name one ledger file share it: the start log says the
+    file holds other servers' rows, and the usage views add a node column
+    (a row of one server is never taken for another's)."""
+    fakes.add("alpha", tokens=2)
+    shared = tmp_path / "shared.sqlite3"
+    args = ("--fake-models-dir", str(fakes), "--proxies", "1", "--admin-key", ADMIN,
+            "--ledger", str(shared))
+    a = serve(*args, "--node-name", "a")
+    ask(a, 2)
+    wait_for(lambda: total(a) == 2, 20, 0.1, "a's rows")
+    st, doc = a.json("GET", "/usage?group=model", headers=AUTH)
+    assert st == 200 and doc["group"] == ["model"] and "node" not in doc["data"][0]  # one server: no column
+    b = serve(*args, "--node-name", "b")
+    wait_for(lambda: "also holds other servers' rows (a: 2 rows; this one is b)" in b.logs(),
+             20, 0.1, "b's start line about a's rows")
+    ask(b, 1)
+    wait_for(lambda: total(b) == 3, 20, 0.1, "both servers' rows")
+    st, doc = b.json("GET", "/usage?group=model", headers=AUTH)
+    assert st == 200 and doc["group"] == ["model", "node"]
+    assert sorted((r["node"], r["requests"]) for r in doc["data"]) == [("a", 2), ("b", 1)]

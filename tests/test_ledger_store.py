@@ -12,6 +12,12 @@ import time
 
 import pytest
 from conftest import wait_for
+from ggmux.ledger import ledger as ledger_mod
+from ggmux.ledger.ledger import UsageLedger
+from ggmux.ledger.records import RowContext, UsageRow, cost_of
+from ggmux.ledger.store import StoreError
+from ggmux.ledger.stores import open_store
+from ggmux.ledger.sync import FULL_EVERY_S, LedgerSync
 from ggmux.proxy.operator.usage import parse_time, usage_csv, usage_metrics
 from ggmux.shm import requestring as Q
 from ggmux.shm.keytable import (
@@ -28,12 +34,6 @@ from ggmux.shm.keytable import (
 from ggmux.shm.requestring import RequestRing, RingShape
 from ggmux.supervisor.jobs import Jobs
 from ggmux.supervisor.keys import KeyRegistry
-from ggmux.supervisor.ledger import ledger as ledger_mod
-from ggmux.supervisor.ledger.ledger import UsageLedger
-from ggmux.supervisor.ledger.records import RowContext, UsageRow, cost_of
-from ggmux.supervisor.ledger.store import StoreError
-from ggmux.supervisor.ledger.stores import open_store
-from ggmux.supervisor.ledger.sync import FULL_EVERY_S, LedgerSync
 from pgserver import pg_or_skip
 
 PRICES = {"paid": (2.0, 0.5, 8.0)}  # per million: input, cached input, output
@@ -248,8 +248,8 @@ def test_costs_and_times():
 
 
 def test_a_postgresql_password_is_a_secret_and_never_shown():
+    from ggmux.ledger.postgres import redact
     from ggmux.supervisor.cli import build_parser, secret_values
-    from ggmux.supervisor.ledger.postgres import redact
 
     url = "postgresql://ggmux:pa55word@db.example:5433/usage"
     args = build_parser({}).parse_args(["serve", "--ledger", url])

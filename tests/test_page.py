@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import CHROMIUM, wait_for
+from conftest import CHROMIUM, open_stream, wait_for
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason="Debian's chromium is not installed (.ci/run installs it)")
@@ -100,7 +100,9 @@ def test_with_an_api_key_the_page_asks_for_it_and_then_works(serve, fakes, brows
     page.goto(s.base + "/")  # the page itself needs no key
     dialog = page.locator("#key-dialog")
     expect(dialog).to_be_visible()
-    expect(page.locator("#key-label")).to_have_text("API key")
+    expect(page.locator("#key-label")).to_have_text("key")
+    # the server's own 401 names the keys it takes
+    expect(page.locator("#key-message")).to_contain_text("this server takes an --api-key key")
     expect(row(page, "alpha")).to_have_count(0)  # nothing shown without the key
     page.fill("#key-input", "sk-page")
     page.click("#key-ok")
@@ -314,3 +316,115 @@ def test_the_page_fits_420_px_and_uses_the_full_width_at_1280(serve, fakes, brow
     assert page.evaluate("fmtMs(87038)") == "87.0 s" and page.evaluate("fmtMs(950)") == "950 ms"
     page.screenshot(path=str(tmp_path / "page-1280.png"), full_page=True)
     assert page.errors == []
+
+
+def _within(page, locator, width: int) -> bool:
+    """Every cell of ``locator`` (a row) is drawn inside ``0 .. width`` px."""
+    return page.evaluate("""([row, w]) => [...row.children].filter((c) => c.offsetParent)
+        .every((c) => { const b = c.getBoundingClientRect(); return b.left >= 0 && b.right <= w; })""",
+        [locator.element_handle(), width])
+
+
+def test_the_page_under_contention_and_with_a_team_at_420_and_1280_px(
+        serve, fakes, browser_page, tmp_path):
+    """A waiting model is "waiting", its reason a line under its row (the
+    table's headers stay in view at 1280 px) and the figure /ps gives; the
+    usage charts share one scale with an axis, and every figure of the usage
+    and requests tables is in sight at 420 px; a 499 is explained; a
+    key-file key sees its own limits; the playground's toolbar is one line
+    and its empty transcript says what to do. Writes docs/page.png (the
+    picture README shows) from this page at 1280 px."""
+    from playwright.sync_api import expect
+
+    fakes.add("a", tokens=4000, token_s=0.02, parallel=4, min_bytes=300 << 20)
+    fakes.add("b", tokens=4, min_bytes=120 << 20)
+    keys = tmp_path / "keys.ini"
+    keys.write_text("[alice]\nkey = sk-alice\nrpm = 60\ntokens-per-day = 200000\n"
+                    "[bob]\nkey = sk-bob\n")
+    s = serve("--fake-models-dir", str(fakes), "--proxies", "1", "--models-max", "1",
+              "--max-wait", "600", "--keys", str(keys), "--admin-key", "adm",
+              "--state-dir", str(tmp_path / "st"))
+    alice, bob = ({"authorization": f"Bearer {k}"} for k in ("sk-alice", "sk-bob"))
+    small = {"model": "a", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+    assert s.request("POST", "/v1/chat/completions", small, headers=alice)[0] == 200
+    for _ in range(3):
+        assert s.request("POST", "/v1/chat/completions", {**small, "max_tokens": 40},
+                         headers=bob)[0] == 200
+    # a client that leaves mid-answer: 499
+    gone = open_stream(s.port, {**small, "max_tokens": 50, "stream": True}, headers=alice)
+    gone.recv(1)
+    gone.close()
+    # a keeps busy (a long stream), so b's request waits for its capacity
+    busy = open_stream(s.port, {**small, "max_tokens": 4000, "stream": True}, headers=bob)
+    busy.recv(1)
+    waiter = threading.Thread(target=s.request, args=("POST", "/v1/chat/completions",
+                                                      {**small, "model": "b"}),
+                              kwargs={"headers": alice, "timeout": 300}, daemon=True)
+    waiter.start()
+    admin = {"authorization": "Bearer adm"}
+    wait_for(lambda: any(m["id"] == "b" and m.get("waiting")
+                         for m in s.json("GET", "/ps", headers=admin)[1]["models"]),
+             30, 0.1, "b waiting")
+    page = browser_page
+    page.add_init_script("sessionStorage.setItem('ggmux.adminKey', 'adm');"
+                         "sessionStorage.setItem('ggmux.apiKey', 'sk-alice');")
+    try:
+        page.goto(s.base + "/")
+        b = row(page, "b")
+        expect(b.locator(".state")).to_have_text("waiting", timeout=15_000)
+        why = page.locator('tr.why-row[data-why-of="b"]')
+        expect(why).to_contain_text("waiting for capacity held by a", timeout=10_000)
+        ps_why = next(m for m in s.json("GET", "/ps", headers=admin)[1]["models"]
+                      if m["id"] == "b")["queue"]["why"]
+        assert ps_why.startswith("waiting for capacity held by a"), ps_why
+        expect(b.locator("td.col-waiting")).to_have_text("1")
+        expect(b.locator("td.col-memory")).to_have_text("~120 MiB est.")
+        # every header in view: the reason no longer widens a column
+        wrap = page.locator("#models-section .table-wrap")
+        assert wrap.evaluate("e => e.scrollWidth <= e.clientWidth"), "the models table scrolls"
+        for th in ("th.col-cache", "th.col-idle"):
+            box = page.locator(f"#models {th}").bounding_box()
+            assert box["x"] + box["width"] <= 1280, (th, box)
+        # usage: one scale for every row, and its axis
+        bob_row = page.locator('#usage tr[data-usage-key="bob"]')
+        alice_row = page.locator('#usage tr[data-usage-key="alice"][data-usage-model="a"]')
+        expect(bob_row).to_be_visible(timeout=20_000)
+        expect(alice_row).to_be_visible()
+        heights = [r.locator("rect.bar-completion").evaluate("e => e.getBBox().height")
+                   for r in (alice_row, bob_row)]
+        assert 0 < heights[0] < heights[1], heights  # 3 tokens against 120: not both full
+        expect(bob_row.locator("text.axis-label")).to_have_count(4)
+        # the 499 is explained where it shows
+        status = page.locator("#requests td.col-status", has_text="499").first
+        expect(status).to_be_visible(timeout=10_000)
+        assert "client closed the connection" in status.get_attribute("title")
+        expect(page.locator("#requests-note")).to_be_visible()
+        # the playground: one toolbar line, a hint in the empty transcript
+        one_line = page.evaluate("""() => { const boxes = [...document.querySelectorAll(
+            '#playground .toolbar > *')].map((e) => e.getBoundingClientRect())
+            .filter((b) => b.height > 0);  // (the spacer holds nothing)
+            return Math.max(...boxes.map((b) => b.top)) < Math.min(...boxes.map((b) => b.bottom));
+            }""")  # (a wrapped item starts below the others' bottom)
+        assert one_line, "the playground's toolbar wraps"
+        expect(page.locator("#pg-transcript .pg-hint")).to_be_visible()
+        page.screenshot(path=str(ROOT / "docs" / "page.png"))  # README's picture, current
+        page.screenshot(path=str(tmp_path / "contention-1280.png"), full_page=True)
+        # 420 px: every figure of a usage row and a request row in sight
+        page.set_viewport_size({"width": 420, "height": 900})
+        for r in (bob_row, page.locator("#requests tbody tr").first):
+            r.scroll_into_view_if_needed()
+            assert _within(page, r, 420), r
+        expect(bob_row.locator(".col-requests")).to_have_text("3")
+        assert page.evaluate("document.documentElement.scrollWidth") <= 420
+        expect(page.locator('tr.why-row[data-why-of="b"]')).to_be_visible()
+        page.screenshot(path=str(tmp_path / "contention-420.png"), full_page=True)
+        # a team member's page: her own key's limits, not everyone's usage
+        page.evaluate("keys.admin = ''; refreshUsage()")  # (the tab forgets the admin key)
+        mine = page.locator("#usage-mine")
+        expect(mine).to_be_visible(timeout=15_000)
+        expect(page.locator("#usage-mine-head")).to_contain_text("your key alice")
+        expect(page.locator('#usage-mine-limits tr[data-limit="rpm"]')).to_be_visible()
+        assert page.errors == []
+    finally:
+        busy.close()
+        waiter.join(120)

@@ -17,7 +17,7 @@ from test_page import pytestmark, row  # noqa: F401 - its skip mark (no chromium
 
 
 def rows_order(page) -> list[str]:
-    return page.eval_on_selector_all("#models tbody tr", "rs => rs.map(r => r.dataset.model)")
+    return page.eval_on_selector_all("#models tbody tr[data-model]", "rs => rs.map(r => r.dataset.model)")
 
 
 def test_running_models_are_pinned_above_the_rest_with_a_count_and_load_progress_moves(

@@ -54,6 +54,33 @@ def test_canonical_bytes_of_an_appended_turn_extend_the_turn_before():
     assert canonical({"model": "m"}) == b""
 
 
+def test_canonical_bytes_count_an_image_as_its_content_hash():
+    """A megabyte of base64 is one digest: the turns after it still count,
+    the same image is the same bytes, another image other bytes, and every
+    API's media part is hashed so (not Ollama's alone)."""
+    big, other = "A" * 1_000_000, "B" * 1_000_000
+
+    def chat(data, after="tell me"):
+        return {"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "look"},
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}]},
+            {"role": "user", "content": after}]}
+    a, a2, b = canonical(chat(big)), canonical(chat(big)), canonical(chat(other))
+    assert a == a2 and a != b and len(a) < 500
+    assert canonical(chat(big, "another question")) != a  # a later turn still counts
+    anth = {"messages": [{"role": "user", "content": [{"type": "image", "source": {
+        "type": "base64", "media_type": "image/png", "data": big}}]}]}
+    resp = {"input": [{"role": "user", "content": [{"type": "input_image",
+                                                     "image_url": big}]}]}
+    oll = {"messages": [{"role": "user", "content": "x", "images": [big]}]}
+    gen = {"prompt": "x", "images": [big]}
+    for body in (anth, resp, oll, gen):
+        assert len(canonical(body)) < 500, body.keys()
+    assert canonical(gen) != canonical({"prompt": "x", "images": [other]})
+    plain = {"messages": [{"role": "user", "content": "hi"}]}
+    assert canonical(plain) == b'[null,null,null,[{"role":"user","content":"hi"}'
+
+
 def test_any_proxy_finds_what_another_recorded_and_a_forget_time_hides_older_entries():
     t, f = table()
     p0, p1 = PrefixTable(t, f, 0), PrefixTable(t, f, 1)

@@ -1,11 +1,13 @@
-"""README.md stays true for a first reader: its shell blocks run here as
-written (the curl lines, the OpenAI example, the command line block and
-the one-machine cluster recipe, against real ``ggmux serve`` processes and
-the demo models they name), every other shell block is listed below with
-the reason it cannot run in a test, and what users read (README, the
-container files, the example preset, ``--help``, log lines and error
-messages) names no issue number, no file outside the repository and no
-install from the package index, where ggmux is not.
+"""README.md and the manual's pages (docs/) stay true for a first reader:
+their shell blocks run here as written (the curl lines, the OpenAI example,
+the command line block and the one-machine cluster recipe, against real
+``ggmux serve`` processes and the demo models they name), every other
+shell block is listed below with the reason it cannot run in a test, and
+what users read (README, the manual, the container files, the example
+preset, ``--help``, log lines and error messages) names no issue number, no
+file outside the repository and no install from the package index, where
+ggmux is not. A block that README and a page both hold is the same text
+(run once).
 
 "As written" means the block's text, line by line, through ``bash``; only
 the ports are replaced by free ones (8080, 4222, 8081, 8082: the machine
@@ -33,13 +35,15 @@ from pathlib import Path
 import pytest
 from conftest import Server, alive, free_port, segment_exists, wait_for
 from ggmux.supervisor.demo import demo_models
+from manual import fenced as page_blocks
+from manual import manual, pages
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+MANUAL = manual()  # README.md and docs/*.md
 SMOL, GEMMA = "smollm2-135m", "gemma3-270m"
 
-# Every sh block of README.md, by a phrase only it holds: None for the blocks
-# the tests below run, else why it cannot run in a test.
+# Every sh block of README.md and the manual, by a phrase only it holds:
+# None for the blocks the tests below run, else why it cannot run in a test.
 SH_BLOCKS: dict[str, str | None] = {
     "pip install -e '.[demo]' && ggmux serve":
         "installs ggmux and compiles llama-cpp-python (minutes); the `ggmux serve` it ends with "
@@ -51,9 +55,18 @@ SH_BLOCKS: dict[str, str | None] = {
         "Dockerfile and compose file, and builds and runs the image with GGMUX_TEST_CONTAINER=1",
     "docker build --build-arg BASE=nvidia/cuda":
         "needs nvidia/cuda images and a GPU; tests/test_container.py checks the recipe",
-    "helm install llm deploy/helm/ggmux":
+    "helm install llm deploy/helm/ggmux -n ai --set":
         "needs a Kubernetes cluster; tests/test_helm_chart.py lints and renders the chart with "
         "these values and validates the manifests against the Kubernetes schemas",
+    "docker push registry.example/ggmux":
+        "needs a Docker engine and a registry; tests/test_container.py builds the image with "
+        "GGMUX_TEST_CONTAINER=1, and tests/test_helm_chart.py checks the chart runs it",
+    "kubectl create namespace ai":
+        "needs a Kubernetes cluster with the Inference Extension's CRDs; tests/test_helm_chart.py "
+        "renders the chart with these values and validates the manifests",
+    "python -m bench.pool":
+        "a benchmark of several minutes on three servers; its figures, command and load are in "
+        "bench/RESULTS.md",
     "claude --model qwen3-8b":
         "Claude Code against a model this machine does not have: tests/test_agents.py runs "
         "Claude Code against ggmux",
@@ -69,19 +82,28 @@ SH_BLOCKS: dict[str, str | None] = {
     "curl -sN http://127.0.0.1:8080/models/sse": None,  # test_the_use_it_curl_lines
     "ggmux ps --all": None,  # test_the_command_line_block
     "nats-server -js -a 127.0.0.1 -p 4222": None,  # test_the_one_machine_cluster_recipe
+    "touch keys.ini": None,  # test_the_small_team_walkthrough_runs_without_a_restart
+    "ggmux keys info": None,  # the same
+    "ggmux serve --models-dir models":
+        "needs a vision model's folder: tests/test_vision.py serves bench/vision_model.py's "
+        "folder with --models-dir and sends it every API's images",
+    "pip install -e '.[docs]' && mkdocs serve":
+        "serves the site until stopped; .ci/run builds it with mkdocs build --strict and "
+        "tests/test_docs.py checks its examples and links",
 }
 
 needs_demo = pytest.mark.skipif(len(demo_models()) < 2, reason="the demo models are not installed")
 
 
 def fenced(lang: str) -> list[str]:
-    """The bodies of README's fenced blocks in language ``lang``."""
-    return re.findall(rf"^```{lang}\n(.*?)^```$", README, re.MULTILINE | re.DOTALL)
+    """The distinct bodies of the manual's fenced blocks in language ``lang``
+    (a block README and a page both hold, word for word, counts once)."""
+    return list(dict.fromkeys(b for _, b in page_blocks(lang)))
 
 
 def block(phrase: str, lang: str = "sh") -> str:
     found = [b for b in fenced(lang) if phrase in b]
-    assert len(found) == 1, f"{len(found)} {lang} blocks of README.md hold {phrase!r}"
+    assert len(found) == 1, f"{len(found)} different {lang} blocks of the manual hold {phrase!r}"
     return found[0]
 
 
@@ -159,9 +181,9 @@ def test_every_shell_block_of_the_readme_is_run_here_or_skipped_with_its_reason(
     blocks = fenced("sh")
     for b in blocks:
         marks = [m for m in SH_BLOCKS if m in b]
-        assert len(marks) == 1, f"README block not listed in SH_BLOCKS (or listed twice): {b}"
+        assert len(marks) == 1, f"manual block not listed in SH_BLOCKS (or listed twice): {b}"
     for m in SH_BLOCKS:
-        assert sum(m in b for b in blocks) == 1, f"no single README block holds {m!r}"
+        assert sum(m in b for b in blocks) == 1, f"no single manual block holds {m!r}"
 
 
 # ---- what users read -------------------------------------------------------------------------
@@ -190,7 +212,8 @@ INDEX_INSTALL = re.compile(r"pip install ['\"]?ggmux\b")  # ggmux is not on the 
 
 def test_what_users_read_names_no_issue_no_outside_file_and_no_package_index_install():
     docs = {name: (ROOT / name).read_text() for name in
-            ("README.md", "compose.yaml", "Dockerfile", "presets.example.ini", "certs/README.md")}
+            (*pages(), "compose.yaml", "Dockerfile", "presets.example.ini", "presets.agents.ini",
+             "certs/README.md")}
     docs["ggmux serve --help"] = subprocess.run(
         [sys.executable, "-m", "ggmux", "serve", "--help"], capture_output=True, text=True,
         check=True, timeout=60).stdout
@@ -286,6 +309,52 @@ def test_the_command_line_block(demo):
             assert demo.models()[GEMMA]["status"]["value"] == "loaded"
 
 
+# ---- a small team ---------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a server of the demo models, and one answer of smollm2
+@needs_demo
+def test_the_small_team_walkthrough_runs_without_a_restart(tmp_path):
+    """The operator's block (a keys file, the admin key, the server, a key
+    made) and the member's (her key, a request, her limits) as written, in
+    one shell in a fresh folder: no step needs a restart."""
+    port = free_port()
+    operator = logical_lines(block("touch keys.ini").replace("127.0.0.1:8080",
+                                                             f"127.0.0.1:{port}"))
+    member = logical_lines(block("ggmux keys info").replace("127.0.0.1:8080",
+                                                            f"127.0.0.1:{port}"))
+    log = tmp_path / "team.log"
+    shell = Shell(shell_env(tmp_path, GGMUX_URL=f"http://127.0.0.1:{port}", GGMUX_PORT=str(port)),
+                  log)
+    try:
+        assert shell.run(f"cd {tmp_path}")[0] == 0
+        secret = None
+        for line in operator + member:
+            if line.startswith("export GGMUX_API_KEY="):
+                assert secret, "ggmux keys create printed no key"
+                line = line.replace("sk-ggmux-...", secret)
+            rc, out = shell.run(line, timeout=300)
+            assert rc == 0, (line, out, log.read_text()[-3000:])
+            if re.search(r"&\s*(#.*)?$", line):  # the server: the reader waits for it
+                wait_for(lambda: f"listening on http://127.0.0.1:{port}" in log.read_text(),
+                         120, 0.1, "the server listening")
+            elif line.startswith("ggmux keys create alice"):
+                found = re.search(r"^alice: (sk-ggmux-\S+)$", out, re.MULTILINE)
+                assert found, (out, log.read_text()[-3000:])
+                secret = found.group(1)
+            elif line.startswith("curl"):
+                assert json.loads(out)["choices"][0]["message"]["content"], out
+            elif line.startswith("ggmux keys info"):
+                assert out.startswith("key alice: models smollm2-135m"), out
+                assert "rpm" in out and "tokens-per-day" in out, out
+            elif line.startswith("ggmux keys"):
+                assert "alice" in out, out
+        assert "[alice]" in (tmp_path / "keys.ini").read_text()
+        assert "are closed: set --admin-key" not in log.read_text()
+        assert shell.run("kill %1; wait %1", timeout=120)[0] in (0, 143)
+    finally:
+        shell.close()
+
+
 # ---- the one-machine cluster ----------------------------------------------------------------
 class Shell:
     """One ``bash`` reading commands from a pipe, so a block's lines share
@@ -306,7 +375,8 @@ class Shell:
     def run(self, line: str, timeout: float = 120) -> tuple[int, str]:
         """Run ``line``: ``(its exit status, its stdout)``."""
         tag = uuid.uuid4().hex
-        self.p.stdin.write(f"{line}\necho; echo {tag} $?\n".encode())
+        # (the status before the newline's echo, which would set $? to 0)
+        self.p.stdin.write(f"{line}\nggmux_rc=$?; echo; echo {tag} $ggmux_rc\n".encode())
         self.p.stdin.flush()
         out, deadline = [], time.monotonic() + timeout
         while True:
@@ -392,15 +462,16 @@ def test_the_one_machine_cluster_recipe(tmp_path):
         assert not alive(pid)
 
 
-# ---- what README quotes --------------------------------------------------------------------
-FLAT = " ".join(README.split())  # README's text, its line breaks as spaces
+# ---- what the manual quotes ----------------------------------------------------------------
+FLAT = " ".join(MANUAL.split())  # the manual's text, its line breaks as spaces
 
 
 def quoted(start: str) -> str:
-    """The one backticked text of README.md that starts with ``start``."""
-    found = re.findall(r"`(" + re.escape(start) + r"[^`]*)`", FLAT)
-    assert len(found) == 1, f"{len(found)} quotes of README.md start with {start!r}"
-    return found[0]
+    """The one backticked text of the manual that starts with ``start`` (a
+    quote repeated word for word counts once)."""
+    found = set(re.findall(r"`(" + re.escape(start) + r"[^`]*)`", FLAT))
+    assert len(found) == 1, f"{len(found)} quotes of the manual start with {start!r}"
+    return found.pop()
 
 
 def as_pattern(quote: str, holes: dict[str, str]) -> re.Pattern:
@@ -451,7 +522,7 @@ def _cli(*args: str) -> tuple[int, str]:
     return r.returncode, (r.stdout + r.stderr).strip()
 
 
-def test_the_cli_messages_readme_quotes_are_what_the_commands_print():
+def test_the_cli_messages_the_manual_quotes_are_what_the_commands_print():
     nothing = _Answers(json.dumps({"models": [{"id": "a", "state": "unloaded"}]}).encode())
     stranger = _Answers(b"hello")
     try:
@@ -471,7 +542,7 @@ def test_the_cli_messages_readme_quotes_are_what_the_commands_print():
         stranger.stop()
 
 
-def test_the_log_lines_readme_quotes_are_what_ggmux_serve_logs(serve, fakes):
+def test_the_log_lines_the_manual_quotes_are_what_ggmux_serve_logs(serve, fakes):
     fakes.add("m", tokens=2)
     s = serve("--fake-models-dir", str(fakes), "--no-hf-cache", "--proxies", "1")
     # an empty prompt loads the model; keep_alive 0 unloads it (README's API table)
@@ -495,11 +566,12 @@ def test_the_log_lines_readme_quotes_are_what_ggmux_serve_logs(serve, fakes):
 
 
 TEST_COUNT_SLACK = 0.1
-"""How far README's test counts may be from the suite's (a fraction): they
-are measurements of a suite that grows with every change, not promises."""
+"""How far the manual's test counts may be from the suite's (a fraction):
+they are measurements of a suite that grows with every change, not
+promises."""
 
 
-def test_the_test_counts_readme_quotes_are_the_suites():
+def test_the_test_counts_the_manual_quotes_are_the_suites():
     counts = re.findall(r"measured: \d+ s for (\d+) tests", FLAT)
     assert len(counts) == 2, counts  # the whole suite, then the quick one
     for marks, quote in ((None, counts[0]), ("not slow and not fuzz", counts[1])):

@@ -19,15 +19,15 @@ from ggmux.shm import layout as L
 
 openai = pytest.importorskip("openai")
 CHAT = "/v1/chat/completions"
-README = Path(__file__).resolve().parent.parent / "README.md"
+APIS = Path(__file__).resolve().parent.parent / "docs" / "apis.md"
 
 
 def _readme_routes() -> list[tuple[str, list[tuple[str, str]]]]:
-    """README's "HTTP surface" table: per row, its text and the ``(method,
+    """The manual's "HTTP surface" table (docs/apis.md): per row, its text and the ``(method,
     path)`` pairs of its first column (a method carries on to the paths
     after it; placeholders such as ``{id}``, ``<model>`` and ``...``
     become a sample segment, a query is dropped)."""
-    text = README.read_text().split("## HTTP surface", 1)[1].split("\n## ", 1)[0]
+    text = APIS.read_text().split("## HTTP surface", 1)[1].split("\n## ", 1)[0]
     rows = []
     for line in text.splitlines():
         if not line.startswith("| `"):
@@ -49,13 +49,13 @@ def test_readme_route_table_and_the_proxys_route_table_agree():
     rows = _readme_routes()
     listed = [pair for _, pairs in rows for pair in pairs]
     assert len(listed) > 30  # the table was read
-    for method, path in listed:  # every route README names is served, by that method
+    for method, path in listed:  # every route the table names is served, by that method
         route = routes.match(path.encode())
         assert route is not None, path
         assert method == "ANY" or not route.methods or method.encode() in route.methods, (
             method, path)
     mentioned = {p for line, _ in rows for p in re.findall(r"`(?:[A-Z]+ )?(/[^`?\s]*)", line)}
-    for route in routes.ROUTES:  # and README names every route of the table
+    for route in routes.ROUTES:  # and the table names every route of the proxy
         path = route.path.decode()
         assert (any(p.startswith(path) for p in mentioned) if route.prefix
                 else path in mentioned), path

@@ -206,7 +206,7 @@ def test_a_preset_turns_speculation_on_and_answers_and_metrics_report_the_drafts
         status, ps = s.json("GET", "/ps")
         d = next(m for m in ps["models"] if m["id"] == "smol")["drafts"]
         assert d["drafted"] >= t["draft_n"] and 0 < d["accepted"] <= d["drafted"], d
-        from ggmux.client.commands import ps_table
+        from ggmux.client.ps import ps_table
         line = next(x for x in ps_table(ps).splitlines() if x.startswith("smol "))
         assert f"{d['accepted'] / d['drafted']:.0%} of {d['drafted']}" in line, line
         # a type the built-in engine does not draft with: the load fails, naming the supported

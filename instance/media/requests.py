@@ -14,23 +14,16 @@ from .parts import has_media
 from .probe import probe
 from .sources import media_bytes
 
-NO_PROJECTOR = ("image input is not supported - hint: if this is unexpected, you may need to "
-                "provide the mmproj")
-"""llama-server's answer to media sent to a model without a projector."""
-
-
 def collector(engine, messages):
     """A :class:`~ggmux.instance.messages.MediaParts` for ``messages`` when
-    they hold media and the model has a projector; None when they hold none.
-    Raises BadRequest (llama-server's message) for media sent to a model
-    without a projector."""
+    they hold media and the model has a projector; None when they hold none
+    or the model has none (the messages' check then refuses the media by
+    name: :func:`~ggmux.instance.messages.refuse_media`)."""
     from ..messages import MediaParts
 
-    if not has_media(messages):
-        return None
     marker = engine.media_marker
-    if marker is None:
-        raise BadRequest(NO_PROJECTOR, "messages")
+    if marker is None or not has_media(messages):
+        return None
     caps = engine.modalities()
     return MediaParts(marker, caps["vision"], caps["audio"])
 

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 import urllib.error
 import urllib.request
 
 from ..validate import BadRequest
 
+_WS = re.compile(r"\s+")
 FETCH_TIMEOUT_S = 10.0
 """Seconds a ``--media-fetch`` download may take (llama-server's 10)."""
 FETCH_MAX_BYTES = 10 * 1024 * 1024
@@ -41,8 +43,8 @@ def _b64(text: str, where: str, max_bytes: int) -> bytes:
     if n > (max_bytes + 2) // 3 * 4 + 4:
         raise BadRequest(f"{where}: the media is larger than this server's limit of "
                          f"{max_bytes} bytes (--max-media-bytes)", where)
-    try:
-        data = base64.b64decode(text.strip(), validate=False)
+    try:  # whitespace (a wrapped data URL) is allowed, any other stray character is not
+        data = base64.b64decode(_WS.sub("", text), validate=True)
     except (binascii.Error, ValueError):
         raise BadRequest(f"{where}: invalid base64 data", where) from None
     if not data:

@@ -285,8 +285,10 @@ class ClientApis:
                     await self._load_or_unload(wrap, req, m, name, keep, adapter.generate, order)
                     return
                 if (isinstance(adapter, ollama.Chat) and adapter.generate and not body.get("raw")
-                        and not body.get("system") and await self._without_template(m)):
+                        and not body.get("system") and not body.get("images")
+                        and await self._without_template(m)):
                     # Ollama's template of a model without one is the prompt alone
+                    # (with images: the chat path, whose default template places them)
                     body = {**body, "raw": True}
             if isinstance(adapter, anthropic.CountTokens):
                 t = await self._count_request(wrap, req, adapter, m, name, body)
@@ -354,6 +356,10 @@ class ClientApis:
             wrap.send_error(req, 400, tools.no_projector(name))
             return None
         t.body["model"] = p.reg_models[m]["name"]
+        if t.images and p.reg_models[m].get("kind") == "llama":
+            # a built-in instance counts media as the embeddings its projector
+            # makes (llama-server's /tokenize would count the marker's text)
+            return adapter.media_request(t.body)
         req.body, req.url = encode_body(t.body), t.target
         ex = await p._forward(wrap, req, m, name, None, capture=True)
         if ex is None:

@@ -1,7 +1,7 @@
 """``GET /usage``: the usage ledger's totals (issue 36), and its figures for
 ``/metrics`` and the page.
 
-The supervisor writes the ledger (:mod:`ggmux.supervisor.ledger`); any
+The supervisor writes the ledger (:mod:`ggmux.ledger`); any
 proxy answers ``/usage`` by querying the store itself, on a thread of its
 own (one query at a time per proxy), so the event loop never waits on the
 database. Rows the supervisor still holds in memory (written within about
@@ -42,9 +42,9 @@ from urllib.parse import parse_qs
 import posix_ipc
 
 from ...http1 import HttpConnection, Request
+from ...ledger.store import DEFAULT_GROUP, GROUPS, StoreError
+from ...ledger.stores import open_store
 from ...shm.usagestatus import UsageStatus, usage_status_name
-from ...supervisor.ledger.store import DEFAULT_GROUP, GROUPS, StoreError
-from ...supervisor.ledger.stores import open_store
 
 _AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -150,12 +150,23 @@ class UsageView:
                 return None
         return self.blob.read()
 
-    def _query(self, since: float, until: float, group: list[str]) -> list[dict]:
+    def _query(self, since: float, until: float,
+               group: list[str]) -> tuple[list[str], list[dict]]:
+        """``(group, rows)``: ``group`` with ``node`` added when the rows come
+        from several servers (a ledger they share), so that none is taken for
+        another's."""
         if self.store is None:
             store = open_store(self.spec, "")
             store.schema()  # (before the supervisor's first write, an empty ledger)
             self.store = store
-        return self.store.usage(since, until, group)
+        if "node" in group:
+            return group, self.store.usage(since, until, group)
+        rows = self.store.usage(since, until, [*group, "node"])
+        if len({r["node"] for r in rows}) > 1:
+            return [*group, "node"], rows
+        for r in rows:
+            del r["node"]
+        return group, rows
 
     async def answer(self, conn: HttpConnection, req: Request) -> None:
         """``GET /usage`` (the module docstring)."""
@@ -183,7 +194,8 @@ class UsageView:
         if self.pool is None:  # one query at a time: the store's connection is not shared
             self.pool = ThreadPoolExecutor(1, thread_name_prefix="usage")
         try:
-            rows = await self.loop.run_in_executor(self.pool, self._query, since, until, group)
+            group, rows = await self.loop.run_in_executor(self.pool, self._query, since, until,
+                                                          group)
         except (StoreError, ValueError) as e:
             conn.send_error(req, 503, f"the usage ledger cannot be read: {e}")
             return

@@ -58,15 +58,13 @@ import time
 from dataclasses import dataclass
 
 import orjson
-from nats.errors import Error as NatsError
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.errors import APIError
 
 from ...instance import protocol
 from ...shm.logring import log_to_stderr
+from .load_keys import LoadKeys
 from .names import LOADS_BUCKET, NODES_BUCKET, cmd_subject, load_key, model_from_key
 from .nats_io import TOMBSTONE_OPS, Taken, connect, fatal_reason, open_bucket, put_if
+from .node_commands import NodeCommands
 from .options import ClusterOptions, redact
 
 log = logging.getLogger("ggmux.supervisor.cluster.agent")
@@ -88,7 +86,7 @@ class Seen:
     revision: int
 
 
-class Agent:
+class Agent(LoadKeys, NodeCommands):
     """One agent process: see the module docstring for what it does.
 
     ``opts``: the supervisor's :class:`ClusterOptions` (from the ``config``
@@ -445,132 +443,6 @@ class Agent:
         if now:
             self.wake_beat = True
             self.wake.set()
-
-    async def cmd_claim(self, model: str, node: str, ref: int = 0) -> None:
-        """Create ``load.<model>`` naming target ``node``; answer ``claimed``."""
-        if not self.connected:
-            protocol.emit("claimed", ref=ref, model=model, ok=False, holder=None,
-                          error="NATS unreachable")
-            return
-        value = {"model": model, "node": node, "by": self.o.node, "progress": 0.0,
-                 "state": "placing", "since": time.time()}
-        try:
-            rev = await self._put(LOADS_BUCKET, load_key(model), orjson.dumps(value), 0)
-        except Taken as t:
-            protocol.emit("claimed", ref=ref, model=model, ok=False, holder=t.value.get("node"),
-                          entry=t.value)
-            return
-        except (TimeoutError, NatsError, APIError) as e:
-            protocol.emit("claimed", ref=ref, model=model, ok=False, holder=None,
-                          error=str(e) or type(e).__name__)
-            return
-        self.loads[model] = (rev, value)
-        protocol.emit("claimed", ref=ref, model=model, ok=True, holder=node, entry=value)
-
-    async def cmd_hold(self, model: str, progress: float = 0.0) -> None:
-        """This node loads ``model`` for the cluster: renew its load key
-        every beat with ``progress`` (0-1) until ``release``."""
-        self.holding[model] = float(progress)
-        if self.connected:
-            await self._renew(model)
-
-    async def cmd_release(self, model: str) -> None:
-        """The load of ``model`` is over (ready or failed): delete its key if
-        this node holds it or placed it."""
-        self.holding.pop(model, None)
-        rev, value = self.loads.get(model, (0, {}))
-        if not self.connected or not value:
-            return
-        # the record that shows the model loaded goes out before its load key
-        # goes, so no node sees neither and places the model a second time
-        self.wake_beat = False
-        await self._beat()
-        if self.o.node not in (value.get("node"), value.get("by")):
-            return
-        kv = await self.js.key_value(LOADS_BUCKET)
-        with contextlib.suppress(APIError):
-            await kv.delete(load_key(model), last=rev)
-
-    async def _renew(self, model: str) -> None:
-        rev, value = self.loads.get(model, (0, {}))
-        if value and value.get("node") != self.o.node:
-            self.holding.pop(model, None)
-            protocol.emit("lost", model=model, holder=value.get("node"))
-            return
-        new = {"model": model, "node": self.o.node, "by": value.get("by", self.o.node),
-               "progress": self.holding.get(model, 0.0), "state": "loading",
-               "since": value.get("since", time.time())}
-        for _ in range(2):
-            try:
-                rev = await self._put(LOADS_BUCKET, load_key(model), orjson.dumps(new), rev)
-                self.loads[model] = (rev, new)
-                return
-            except Taken as t:
-                if t.value.get("node") == self.o.node:
-                    rev = t.seq
-                    new["by"] = t.value.get("by", new["by"])
-                    continue
-                self.holding.pop(model, None)
-                protocol.emit("lost", model=model, holder=t.value.get("node"))
-                return
-
-    async def cmd_request(self, ref: int, node: str, op: str, **payload) -> None:
-        """Send command ``op`` to ``node``; answer ``reply`` (ok, error, ...)."""
-        if not self.connected:
-            protocol.emit("reply", ref=ref, node=node, op=op, ok=False, error="NATS unreachable")
-            return
-        body = orjson.dumps({"op": op, "from": self.o.node, **payload})
-        try:
-            msg = await self.nc.request(cmd_subject(node), body, timeout=2 * self.o.heartbeat)
-            answer = orjson.loads(msg.data)
-            if not isinstance(answer, dict):
-                raise TypeError("answer is not an object")
-        except NoRespondersError:
-            answer = {"ok": False, "error": f"node {node} does not listen"}
-        except (TimeoutError, NatsTimeoutError):
-            answer = {"ok": False,
-                      "error": f"node {node} did not answer in {2 * self.o.heartbeat:g} s"}
-        except (NatsError, ValueError, TypeError) as e:
-            answer = {"ok": False, "error": str(e) or type(e).__name__}
-        for k in ("state", "ref", "node", "op"):
-            answer.pop(k, None)
-        protocol.emit("reply", ref=ref, node=node, op=op, **answer)
-
-    def cmd_ack(self, id: int, **answer) -> None:
-        """The supervisor's answer to ``order`` ``id`` (``ok``, ``error``, more)."""
-        fut = self.acks.get(id)
-        if fut is not None and not fut.done():
-            fut.set_result(answer)
-
-    async def _on_command(self, msg) -> None:
-        try:
-            body = orjson.loads(msg.data)
-            op = body.pop("op")
-            if not isinstance(op, str):
-                raise TypeError
-        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
-            answer = {"ok": False, "error": "bad command"}
-        else:
-            if op == "ping":
-                answer = {"ok": True}
-            else:
-                self.order_id += 1
-                oid = self.order_id
-                fut = asyncio.get_running_loop().create_future()
-                self.acks[oid] = fut
-                body.pop("state", None)
-                body.pop("id", None)
-                protocol.emit("order", id=oid, op=op, **body)
-                try:
-                    answer = await asyncio.wait_for(fut, self.o.heartbeat)
-                except TimeoutError:
-                    answer = {"ok": False,
-                              "error": f"node {self.o.node}'s supervisor did not answer"}
-                finally:
-                    self.acks.pop(oid, None)
-        if msg.reply:
-            with contextlib.suppress(NatsError):
-                await msg.respond(orjson.dumps({"node": self.o.node, **answer}))
 
 
 async def _main() -> int:

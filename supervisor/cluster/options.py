@@ -79,24 +79,24 @@ def add_cluster_options(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--cluster", default=None, metavar="URL",
                    help="join the cluster that coordinates through the NATS JetStream server at "
                         "URL (nats://HOST:PORT or tls://HOST:PORT; credentials may be in it)")
-    g.add_argument("--node-name", default=None,
-                   help="this node's name in the cluster, and in the usage ledger's node "
+    g.add_argument("--node-name", default=None, metavar="NAME",
+                   help="this node's name (A-Z a-z 0-9 _ -) in the cluster, and in the usage ledger's node "
                         "column (also without --cluster: servers that share a ledger need "
                         "names of their own for --ledger-sync) (default: the host name)")
     g.add_argument("--advertise", default=None, metavar="URL",
                    help="http://HOST:PORT where other nodes reach this node's port (default: "
                         "--host and --port, the host name when --host is a wildcard)")
-    g.add_argument("--cluster-token", default=None,
+    g.add_argument("--cluster-token", default=None, metavar="TOKEN",
                    help="secret that requests forwarded between nodes carry; a node trusts the "
                         "hop header only with it (default: $GGMUX_CLUSTER_TOKEN)")
-    g.add_argument("--heartbeat", type=float, default=2.0,
+    g.add_argument("--heartbeat", type=float, default=2.0, metavar="S",
                    help="seconds between this node's beats in the node registry")
-    g.add_argument("--node-stale", type=float, default=6.0,
+    g.add_argument("--node-stale", type=float, default=6.0, metavar="S",
                    help="a node whose last beat arrived this many seconds ago is dead to this one")
-    g.add_argument("--nats-user", default=None, help="NATS user (or give it in the URL)")
-    g.add_argument("--nats-password", default=None,
+    g.add_argument("--nats-user", default=None, metavar="USER", help="NATS user (or give it in the URL)")
+    g.add_argument("--nats-password", default=None, metavar="PASSWORD",
                    help="NATS password (default: $GGMUX_NATS_PASSWORD)")
-    g.add_argument("--nats-token", default=None,
+    g.add_argument("--nats-token", default=None, metavar="TOKEN",
                    help="NATS authentication token (default: $GGMUX_NATS_TOKEN)")
     g.add_argument("--nats-creds", default=None, metavar="FILE",
                    help="NATS credentials file (JWT and NKey seed)")

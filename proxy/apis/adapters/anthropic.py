@@ -493,8 +493,14 @@ class CountTokens(Messages):
         return Translated(b"/tokenize", {"model": body.get("model"), "content": count_text(body),
                                          "add_special": True, "count_only": True})
 
+    def media_request(self, chat: dict) -> Translated:
+        """A chat body with media, counted by a built-in instance whose
+        projector reads them (its ``/chat/completions/input_tokens``:
+        ``{"input_tokens": N}``)."""
+        return Translated(b"/v1/chat/completions/input_tokens", chat, images=True)
+
     def response(self, obj: dict, req: Translated) -> dict:
-        n = obj.get("n_tokens")
+        n = obj.get("n_tokens", obj.get("input_tokens"))
         if type(n) is int and n >= 0:
             return {"input_tokens": n}
         tokens = obj.get("tokens")

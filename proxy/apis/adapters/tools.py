@@ -296,5 +296,6 @@ def content(parts: list[dict]) -> str | list[dict]:
 def no_projector(model: str) -> str:
     """The 400's message for images sent to a model without a multimodal
     projector (``mmproj``)."""
-    return (f"model '{model}' cannot read images: it has no multimodal projector (give its "
-            "preset an 'mmproj' file, or use a model that has one)")
+    return (f"image input is not supported: model '{model}' has no multimodal projector (put "
+            "its mmproj file beside it, give its preset an 'mmproj' file, or use a model that "
+            "has one)")

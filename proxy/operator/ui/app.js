@@ -38,7 +38,7 @@ function askKey(kind, message) {
   if (keyPrompt) return keyPrompt;
   const dlg = $("#key-dialog");
   $("#key-message").textContent = message;
-  $("#key-label").textContent = kind === "admin" ? "admin key" : "API key";
+  $("#key-label").textContent = kind === "admin" ? "admin key" : "key";
   $("#key-input").value = "";
   keyPrompt = new Promise((resolve) => {
     const done = (ok) => {
@@ -76,9 +76,9 @@ async function api(path, { method = "GET", body, admin = false, signal, ask = tr
     });
     if (resp.status !== 401 || !ask || tries > 2) return resp;
     const kind = admin ? "admin" : "api";
-    let msg = admin
-      ? "This needs the admin key (--admin-key), or the API key when no admin key is set."
-      : "This server needs an API key (--api-key).";
+    // the server's own answer names the keys it takes (its keys file's, an
+    // --api-key key, the admin key) or that it has no admin key at all
+    let msg = await errorText(resp.clone());
     if (keys[kind]) msg = "key refused: " + msg; // one was sent, and the server said no
     if (!(await askKey(kind, msg))) return resp;
   }
@@ -148,12 +148,18 @@ const models = new Map(); // id -> {status, ps, row, cells}
 let selected = sessionStorage.getItem("ggmux.model") || "";
 let showNodes = false;
 const STATES = new Set(["unloaded", "loading", "loaded", "sleeping", "stopping", "measuring",
-                        "failed"]);
+                        "failed", "waiting"]);
+const COLUMNS = ["name", "state", "node", "replicas", "inflight", "waiting", "ttft",
+                 "memory", "cache", "idle", "actions"];
 
+// "waiting": an unloaded model whose requests wait for capacity (/ps counts
+// them every second: the figure ggmux ps shows)
 function stateOf(m) {
   const st = m.status || {};
-  if (st.failed && st.value === "unloaded") return "failed";
-  return st.value || (m.ps && m.ps.state) || "unloaded";
+  const value = st.value || (m.ps && m.ps.state) || "unloaded";
+  if (value === "unloaded" && m.ps && m.ps.waiting > 0) return "waiting";
+  if (st.failed && value === "unloaded") return "failed";
+  return value;
 }
 
 // loaded, loading and asleep models are pinned above the others
@@ -163,8 +169,7 @@ function makeRow(id) {
   const tr = el("tr");
   tr.dataset.model = id;
   const cells = {};
-  for (const name of ["name", "state", "node", "replicas", "inflight", "waiting", "ttft",
-                      "memory", "cache", "idle", "actions"]) {
+  for (const name of COLUMNS) {
     const td = el("td", "col-" + name);
     if (["inflight", "waiting", "ttft", "memory", "cache"].includes(name)) td.classList.add("num");
     if (name === "node") { td.classList.add("node-col"); td.hidden = !showNodes; }
@@ -187,7 +192,14 @@ function makeRow(id) {
   unload.type = "button";
   unload.onclick = () => command("unload", id, unload);
   cells.actions.append(load, unload);
-  return { row: tr, cells, load, unload };
+  // why its requests wait, as a line under the row (as ggmux ps prints it),
+  // so that a long reason widens no column
+  const why = el("tr", "why-row");
+  why.dataset.whyOf = id;
+  why.appendChild(el("td", "why"));
+  why.firstChild.colSpan = COLUMNS.length;
+  why.hidden = true;
+  return { row: tr, why, cells, load, unload };
 }
 
 function setText(node, text) {
@@ -223,17 +235,24 @@ function render(id) {
     : "") + (dr ? " · drafts " + (dr.drafted
       ? Math.round(100 * dr.accepted / dr.drafted) + "% of " + dr.drafted : "0") : ""));
   setText(c.inflight, ps.in_flight ? String(ps.in_flight) : "0");
-  // why its requests wait (issue 34): "waiting for capacity held by b, which drains in 4 s"
-  const q = st.queue || ps.queue;
-  setText(c.waiting, ps.waiting ? String(ps.waiting) + (q && q.why ? " \u2013 " + q.why : "")
-    : "0");
-  c.waiting.title = q && q.why ? q.why + " (oldest " + fmtSeconds(q.oldest_wait_s) + ")" : "";
+  // why its requests wait: "waiting for capacity held by b, which drains in
+  // 4 s", from /ps (each second, as ggmux ps) before the status events' copy
+  const q = ps.queue || st.queue;
+  setText(c.waiting, ps.waiting ? String(ps.waiting) : "0");
+  m.whyText = ps.waiting && q && q.why
+    ? (ps.waiting === 1 ? "1 request" : ps.waiting + " requests") + ", the oldest for "
+      + fmtSeconds(q.oldest_wait_s) + ": " + q.why : "";
+  setText(m.why.firstChild, m.whyText);
+  m.why.hidden = !m.whyText || m.row.hidden;
   const draining = reps.some((r) => r.draining);
   if (draining) setText(badge, label + " (draining)");
   setText(c.ttft, fmtMs(ps.ttft_p50_ms));
   const mem = ps.memory || {};
-  setText(c.memory, fmtBytes(mem.effective || mem.min));
-  c.memory.title = mem.min ? "measured min " + fmtBytes(mem.min) + ", max " + fmtBytes(mem.max) : "";
+  // a model that holds no memory shows what it would take: the measured estimate
+  const held = mem.effective || (running(state) ? mem.min : 0);
+  setText(c.memory, held ? fmtBytes(held) : mem.min ? "~" + fmtBytes(mem.min) + " est." : "");
+  c.memory.title = mem.min ? (held ? "" : "not loaded: the measured estimate of what a load "
+    + "takes; ") + "measured min " + fmtBytes(mem.min) + ", max " + fmtBytes(mem.max) : "";
   // its KV tiers (issue 29): prompt caches kept in RAM by its replicas, and on disk
   const cache = ps.cache || {};
   setText(c.cache, cache.ram || cache.disk
@@ -247,9 +266,9 @@ function render(id) {
     if (ps.unload_in_s !== null && ps.unload_in_s !== undefined) idle += " / " + fmtSeconds(ps.unload_in_s);
   }
   setText(c.idle, idle);
-  const running = ["loaded", "loading", "sleeping"].includes(state);
-  m.load.disabled = running || state === "stopping" || ps.kind === "upstream";
-  m.unload.disabled = !running || ps.kind === "upstream";
+  const on = running(state);
+  m.load.disabled = on || state === "stopping" || ps.kind === "upstream";
+  m.unload.disabled = !on || ps.kind === "upstream";
   m.row.classList.toggle("selected", id === selected);
   if (state !== m.shown) { // the count above changes, and maybe its place
     m.shown = state;
@@ -258,6 +277,10 @@ function render(id) {
     placeRows();
   }
   if (id === selected) showTemplate();
+}
+
+function running(state) {
+  return ["loaded", "loading", "sleeping"].includes(state);
 }
 
 // pinned models first, each group in the server's order (rows move only
@@ -272,8 +295,8 @@ function placeRows() {
     const all = [...models.values()];
     const pinned = all.filter((m) => m.pinned);
     const order = [...pinned, ...all.filter((m) => !m.pinned)];
-    if (order.some((m, i) => tb.children[i] !== m.row)) {
-      for (const m of order) tb.appendChild(m.row);
+    if (order.some((m, i) => tb.children[2 * i] !== m.row)) {
+      for (const m of order) tb.append(m.row, m.why);
     }
     for (const m of all) m.row.classList.toggle("pin-last", m === pinned[pinned.length - 1]);
     applyFilter();
@@ -286,7 +309,7 @@ function ensureModel(id) {
     m = { id, status: null, ps: null, aliases: [], nodes: null, pinned: false, shown: "",
           template: undefined, ...makeRow(id) };
     models.set(id, m);
-    $("#models tbody").appendChild(m.row);
+    $("#models tbody").append(m.row, m.why);
     const opt = el("option", null, id);
     opt.value = id;
     $("#pg-model").appendChild(opt);
@@ -301,6 +324,7 @@ function dropModel(id) {
   const m = models.get(id);
   if (!m) return;
   m.row.remove();
+  m.why.remove();
   for (const o of $("#pg-model").options) if (o.value === id) o.remove();
   models.delete(id);
 }
@@ -321,6 +345,7 @@ function applyFilter() {
     // words match part of the name or an alias
     const ok = words.every((w) => (STATES.has(w) ? state === w : hay.includes(w)));
     m.row.hidden = !ok;
+    m.why.hidden = !ok || !m.whyText;
     if (ok) shown++;
   }
   let loaded = 0;
@@ -493,6 +518,7 @@ let conversation = []; // chat messages of this model's conversation
 let abort = null;
 
 function addMessage(who, text, cls) {
+  for (const hint of document.querySelectorAll("#pg-transcript .pg-hint")) hint.remove();
   const div = el("div", "msg " + (cls || who));
   div.appendChild(el("span", "who", who));
   const body = el("span", "text", text || "");
@@ -589,6 +615,15 @@ function clearChat() {
   conversation = [];
   $("#pg-transcript").textContent = "";
   $("#pg-stats").textContent = "";
+  emptyHint();
+}
+
+// an empty transcript says what to do
+function emptyHint() {
+  const t = $("#pg-transcript");
+  if (t.childNodes.length) return;
+  t.appendChild(el("p", "muted pg-hint", "Pick a model above, write a message below and press "
+    + "Enter: the answer streams here, with its time to first token and tokens/s."));
 }
 
 // ---- start ------------------------------------------------------------------
@@ -609,12 +644,14 @@ function start() {
   $("#usage-range").onchange = refreshUsage; // the usage view (usage.js)
   $("#usage-admin").onclick = () => askKey("admin", "Usage needs the admin key (--admin-key).");
   $("#key-button").onclick = async () => {
-    if (await askKey("api", "API key (--api-key); empty for none.")) {
+    if (await askKey("api", "Your key: a key of the server's keys file, an --api-key key, or "
+                     + "the admin key; empty for none.")) {
       loadList();
       restartLogs();
       restartRequests();
     }
   };
+  emptyHint();
   loadList().then(() => {
     followStatus();
     restartLogs();

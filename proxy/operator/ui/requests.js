@@ -5,6 +5,12 @@
 "use strict";
 
 const REQUEST_ROWS_KEPT = 200;
+const REQUEST_LABELS = { time: "time", model: "model", replica: "replica", api: "API",
+  status: "status", prompt: "prompt", cached: "cached", generated: "generated", ttft: "TTFT",
+  rate: "tokens/s", duration: "duration" };
+// nginx's code, which ggmux records for a request its client left
+const STATUS_499 = "499: the client closed the connection before the answer was complete "
+  + "(it gave up or was stopped); the replica's work for it was cancelled";
 let reqAbort = null;
 
 function requestRow(r) {
@@ -24,8 +30,15 @@ function requestRow(r) {
   ];
   for (const [name, text] of cells) {
     const td = el("td", "col-" + name, text);
+    td.dataset.label = REQUEST_LABELS[name]; // shown before the value in a narrow window
     if (!["time", "model", "replica", "api"].includes(name)) td.classList.add("num");
     tr.appendChild(td);
+  }
+  if (r.status === 499) {
+    const st = tr.querySelector(".col-status");
+    st.title = STATUS_499;
+    st.classList.add("explained");
+    $("#requests-note").hidden = false;
   }
   if (r.status >= 400) tr.classList.add("failed");
   tr.title = "request " + (r.request_id || "") + (r.wait_ms ? ", waited " + fmtMs(r.wait_ms) : "")

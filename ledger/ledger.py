@@ -37,8 +37,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ...shm.requestring import F_FORWARDED, Q_FLAGS, Q_WALL_NS, RequestRing
-from ..jobs import Jobs
+from ..shm.requestring import F_FORWARDED, Q_FLAGS, Q_WALL_NS, RequestRing
+from .jobs import Jobs
 from .records import RowContext, Totals, UsageRow
 from .store import SqlStore, StoreError
 

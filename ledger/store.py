@@ -185,6 +185,17 @@ class SqlStore:
                                   float(v[i + 4])) for i in range(0, len(v), 5)]
         return out
 
+    def nodes(self) -> dict[str, int]:
+        """Node name -> its rows in the ledger (every row, any time): who
+        wrote this ledger. Raises :class:`StoreError`."""
+
+        def read(conn):
+            cur = conn.cursor()
+            cur.execute("SELECT COALESCE(node, ''), COUNT(*) FROM usage GROUP BY node")
+            return cur.fetchall()
+
+        return {str(n): int(c) for n, c in self._run(read)}
+
     def usage(self, since_s: float, until_s: float,
               group: Sequence[str] = DEFAULT_GROUP) -> list[dict]:
         """Totals of the rows with ``since_s <= time < until_s``, grouped by

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...shm import requestring as Q
+from ..shm import requestring as Q
 
 Prices = tuple[float, float, float]
 """(input, cached input, output) per million tokens; (0, 0, 0): free."""
@@ -67,7 +67,7 @@ class UsageRow:
 @dataclass(slots=True)
 class Totals:
     """What a key used over a time range (the contract with the keys'
-    windows: :meth:`~ggmux.supervisor.ledger.ledger.UsageLedger.totals_since`)."""
+    windows: :meth:`~ggmux.ledger.ledger.UsageLedger.totals_since`)."""
 
     requests: int = 0
     prompt_tokens: int = 0

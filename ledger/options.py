@@ -7,7 +7,7 @@ import argparse
 import os
 
 from .ledger import DEFAULT_BUFFER
-from .stores import SQLITE_FILE
+from .stores import sqlite_file
 from .sync import DEFAULT_SYNC_S
 
 
@@ -22,8 +22,9 @@ def default_state_dir() -> str:
 def add_ledger_options(s: argparse.ArgumentParser) -> None:
     """Add the options to ``serve``'s parser ``s``."""
     s.add_argument("--ledger", default="sqlite", metavar="STORE",
-                   help="the usage ledger, one row per finished request: 'sqlite' (a file in "
-                        "--state-dir), a SQLite file's path, postgresql://USER:PASS@HOST/DB "
+                   help="the usage ledger, one row per finished request: 'sqlite' (the file "
+                        "usage-PORT.sqlite3 in --state-dir: one per server), a SQLite file's "
+                        "path (servers that share it share their usage and limits), postgresql://USER:PASS@HOST/DB "
                         "(one ledger for a cluster; needs psycopg), or 'off'")
     s.add_argument("--ledger-buffer", type=int, default=DEFAULT_BUFFER, metavar="N",
                    help="usage rows kept in memory while the ledger cannot be written (a "
@@ -57,12 +58,13 @@ def ledger_refusal(args: argparse.Namespace) -> str | None:
 
 def ledger_spec(args: argparse.Namespace, state_dir: str) -> str:
     """``--ledger`` resolved: "" (off), a PostgreSQL URL, or a SQLite file's
-    absolute path (``sqlite``: :data:`~.stores.SQLITE_FILE` in ``state_dir``)."""
+    absolute path (``sqlite``: this server's :func:`~.stores.sqlite_file` in
+    ``state_dir``)."""
     spec = args.ledger.strip()
     if spec.lower() in ("off", "none", ""):
         return ""
     if spec.startswith(("postgresql://", "postgres://")):
         return spec
     if spec == "sqlite":
-        spec = os.path.join(state_dir, SQLITE_FILE)
+        spec = os.path.join(state_dir, sqlite_file(args.port))
     return os.path.abspath(os.path.expanduser(spec))

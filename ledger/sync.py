@@ -50,7 +50,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from ...shm.keytable import (
+from ..shm.keytable import (
     K_DAY,
     K_MINUTE,
     K_MONTH,
@@ -67,7 +67,7 @@ from ...shm.keytable import (
     roll,
     weighed,
 )
-from ..jobs import Jobs
+from .jobs import Jobs
 from .records import Totals
 from .store import SqlStore, StoreError
 

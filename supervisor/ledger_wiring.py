@@ -7,14 +7,14 @@ from __future__ import annotations
 import logging
 import socket
 
-from ...shm.requestring import RequestRing
-from ...shm.usagestatus import UsageStatus, usage_status_name
-from ..jobs import Jobs
-from ..state import State
-from .ledger import UsageLedger
-from .records import KeyName, PricesOf, RowContext
-from .stores import open_store
-from .sync import LedgerSync
+from ..ledger.ledger import UsageLedger
+from ..ledger.records import KeyName, PricesOf, RowContext
+from ..ledger.stores import open_store
+from ..ledger.sync import LedgerSync
+from ..shm.requestring import RequestRing
+from ..shm.usagestatus import UsageStatus, usage_status_name
+from .jobs import Jobs
+from .state import State
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,32 @@ def open_ledger(state: State, ring: RequestRing, jobs: Jobs, key_name: KeyName,
     ledger.blob = blob
     blob.write(ledger.status())
     log.info("usage ledger: %s", store.where)
+    jobs.start("ledger-nodes", lambda: _other_nodes(cfg.ledger, node),
+               lambda got: _say_other_nodes(store.where, node, got))
     return ledger
+
+
+def _other_nodes(spec: str, node: str) -> dict[str, int]:
+    """The rows of nodes other than ``node`` in the ledger ``spec`` (a
+    store of its own: this runs on a job's thread, beside the writer)."""
+    store = open_store(spec, "")
+    try:
+        store.schema()
+        return {n: c for n, c in store.nodes().items() if n != node}
+    finally:
+        store.close()
+
+
+def _say_other_nodes(where: str, node: str, got) -> None:
+    """Log, once at start, that the ledger holds other servers' rows: its
+    usage views then show them, with a node column."""
+    if isinstance(got, Exception):
+        return  # a store that is down: the writer says so
+    if got:
+        shown = ", ".join(f"{n or '(none)'}: {c} rows" for n, c in sorted(got.items()))
+        log.info("usage ledger %s also holds other servers' rows (%s; this one is %s): "
+                 "GET /usage, ggmux usage and the page show them, with a node column", where,
+                 shown, node)
 
 
 def close_ledger(ledger: UsageLedger) -> None:

@@ -7,7 +7,18 @@ import os
 from .store import SqlStore
 
 SQLITE_FILE = "usage.sqlite3"
-"""The SQLite ledger's file name in the state directory."""
+"""The SQLite ledger's file name in the state directory when no port names
+it: the one every server of a user shared before the ledger was per server
+(:func:`sqlite_file`)."""
+
+
+def sqlite_file(port: int) -> str:
+    """The default SQLite ledger's file name of the server on ``port``:
+    one file per server, so that the servers of one user (a demo, a test
+    run, the team's) never list each other's keys and models, while a
+    restart on the same port keeps its windows (read back from the file).
+    Servers meant to share one name it with ``--ledger PATH``."""
+    return f"usage-{port}.sqlite3"
 
 
 def open_store(spec: str, state_dir: str) -> SqlStore:
