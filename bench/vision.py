@@ -27,9 +27,10 @@ from __future__ import annotations
 import argparse
 import http.client
 import io
+import itertools
 import json
+import math
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -114,7 +115,7 @@ def measure(port: int, rounds: int, seed0: int) -> dict:
         out: list = [None] * 4
         t0 = time.monotonic()
 
-        def one(k: int, seed=seed) -> None:
+        def one(k: int, seed=seed, out=out) -> None:
             out[k] = stream(port, image_body(new_image(seed + 1 + k), f"Round {seed} #{k}: "
                                              "describe it.", 48))
         threads = [threading.Thread(target=one, args=(k,)) for k in range(4)]
@@ -129,7 +130,7 @@ def measure(port: int, rounds: int, seed0: int) -> dict:
         arrivals: list[float] = []
         holder: dict = {}
 
-        def text_stream(seed=seed) -> None:
+        def text_stream(seed=seed, holder=holder) -> None:
             holder["r"] = stream(port, text_body(f"Round {seed}: list fifty animals.", 60))
         t = threading.Thread(target=text_stream)
         t.start()
@@ -139,14 +140,14 @@ def measure(port: int, rounds: int, seed0: int) -> dict:
         t_done = time.monotonic()
         t.join()
         arrivals = holder["r"][1]
-        gaps = [b - a for a, b in zip(arrivals, arrivals[1:]) if b >= t_img and a <= t_done]
+        gaps = [b - a for a, b in itertools.pairwise(arrivals) if b >= t_img and a <= t_done]
         stall.append(max(gaps) if gaps else float("nan"))
     return {"ttft_cold_s": cold, "ttft_cached_s": warm, "tokens_per_s_4": rates,
             "stall_max_gap_s": stall, "calm_max_gap_s": calm}
 
 
 def med(values: list[float]) -> float:
-    v = [x for x in values if x == x]
+    v = [x for x in values if not math.isnan(x)]
     return statistics.median(v) if v else float("nan")
 
 
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         vp.wait_up(f"http://127.0.0.1:{pg}")
         vp.wait_up(f"http://127.0.0.1:{pl}")
-        load0 = open("/proc/loadavg").read().split()[:3]
+        load0 = Path("/proc/loadavg").read_text().split()[:3]
         results: dict[str, dict] = {"ggmux": {}, "llama-server": {}}
         for name, port in (("ggmux", pg), ("llama-server", pl)):  # warm both (loads, first images)
             stream(port, image_body(new_image(99999), "warm up", 2))
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                 got = measure(port, 1, 1000 * r)
                 for k, v in got.items():
                     results[name].setdefault(k, []).extend(v)
-        load1 = open("/proc/loadavg").read().split()[:3]
+        load1 = Path("/proc/loadavg").read_text().split()[:3]
         print(f"llama-server: {binary} ({llama_server.version(binary)}); threads {a.threads}; "
               f"rounds {a.rounds}; load {' '.join(load0)} -> {' '.join(load1)}")
         print(f"{'figure (median)':30} {'ggmux':>10} {'llama-server':>13} {'ratio':>7}")
@@ -191,13 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                                           "results": results}, indent=1))
         return 0
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        vp.stop_all(procs)
 
 
 if __name__ == "__main__":

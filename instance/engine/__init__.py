@@ -6,8 +6,9 @@ One decode loop (:mod:`.loop`: :class:`Engine`) over slot records
 tenants' admission order (:mod:`.fairness`), the requests and their events
 (:mod:`.jobs`), stop strings (:mod:`.stops`), the samplers
 (:mod:`.sampling`), the KV tiers' and context checkpoints' steps
-(:mod:`.cache_steps`, :mod:`.checkpoints`) and the llama context
-(:mod:`.model`). No HTTP in it:
+(:mod:`.cache_steps`, :mod:`.checkpoints`), a prompt's images and audio
+(:mod:`.media_steps`), the vocabulary calls (:mod:`.token_calls`) and the
+llama context (:mod:`.model`). No HTTP in it:
 ``instance/server.py`` and ``instance/llama.py`` map requests to engine
 calls.
 """

@@ -149,9 +149,9 @@ class Projector:
                 raise BadRequest(f"{where}: the {probe.kind} could not be decoded "
                                  f"({probe.format})", where)
             return bm
-        from PIL import Image
-
         import io
+
+        from PIL import Image
 
         try:
             with Image.open(io.BytesIO(data)) as im:

@@ -14,6 +14,7 @@ from .parts import has_media
 from .probe import probe
 from .sources import media_bytes
 
+
 def collector(engine, messages):
     """A :class:`~ggmux.instance.messages.MediaParts` for ``messages`` when
     they hold media and the model has a projector; None when they hold none

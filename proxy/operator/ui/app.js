@@ -367,16 +367,18 @@ function selectModel(id) {
   $("#pg-model").value = id;
   for (const k of models.keys()) render(k);
   showTemplate();
+  showAttach();
   if ($("#logs-model-only").checked) restartLogs();
 }
 
 // a model without a chat template (a base model) gets plain completions in
-// the playground: a chat would have no template to render it with
+// the playground: a chat would have no template to render it with (a model that
+// reads images keeps chat: llama-server's default ChatML template places them)
 let autoMode = false; // the mode is completion because of the model, not by choice
 function showTemplate() {
   const m = models.get(selected);
   const note = $("#pg-note");
-  if (m && m.template === false) {
+  if (m && m.template === false && !m.vision) {
     if ($("#pg-mode").value !== "completion") {
       $("#pg-mode").value = "completion";
       autoMode = true;
@@ -414,9 +416,12 @@ function applyList(doc) {
     m.status = d.status || m.status;
     m.aliases = d.aliases || [];
     if (typeof d.has_chat_template === "boolean") m.template = d.has_chat_template;
+    m.vision = !!(d.modalities && d.modalities.vision); // its projector reads images
     if (d.nodes) { m.nodes = d.nodes; setNodes(true); } // cluster mode
     render(d.id);
   }
+  showTemplate();
+  showAttach();
   for (const id of [...models.keys()]) if (!seen.has(id)) dropModel(id);
   applyFilter();
   fillRequestModels();
@@ -528,6 +533,30 @@ function addMessage(who, text, cls) {
   return body;
 }
 
+// an image for the next chat message, for a model whose projector reads images
+let attached = null; // {name, url: a data: URL}
+
+function showAttach() {
+  const m = models.get(selected);
+  const can = !!(m && m.vision) && $("#pg-mode").value === "chat";
+  $("#pg-attach").hidden = !can;
+  if (!can) setAttached(null);
+}
+
+function setAttached(a) {
+  attached = a;
+  $("#pg-attached").textContent = a ? "image: " + a.name : "";
+  if (!a) $("#pg-image").value = "";
+}
+
+function readImage() {
+  const f = $("#pg-image").files[0];
+  if (!f) return;
+  const reader = new FileReader();
+  reader.onload = () => setAttached({ name: f.name, url: reader.result });
+  reader.readAsDataURL(f);
+}
+
 async function send(ev) {
   ev.preventDefault();
   const text = $("#pg-input").value;
@@ -537,9 +566,13 @@ async function send(ev) {
   const mode = $("#pg-mode").value;
   const body = { model, stream: true, max_tokens: Number($("#pg-max").value) || 256,
                  temperature: Number($("#pg-temp").value) };
-  addMessage("you", text, "user");
+  addMessage("you", text + (mode === "chat" && attached ? " [" + attached.name + "]" : ""),
+    "user");
   if (mode === "chat") {
-    conversation.push({ role: "user", content: text });
+    const content = attached ? [{ type: "text", text },
+      { type: "image_url", image_url: { url: attached.url } }] : text;
+    setAttached(null);
+    conversation.push({ role: "user", content });
     body.messages = conversation.slice();
   } else {
     body.prompt = text;
@@ -631,11 +664,13 @@ function start() {
   $("#filter").addEventListener("input", applyFilter);
   $("#unload-all").onclick = unloadIdle;
   $("#pg-form").addEventListener("submit", send);
+  $("#pg-image").addEventListener("change", readImage);
   $("#pg-input").addEventListener("keydown", (ev) => {
     if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); $("#pg-form").requestSubmit(); }
   });
   $("#pg-stop").onclick = () => abort && abort.abort();
   $("#pg-clear").onclick = clearChat;
+  $("#pg-mode").addEventListener("change", showAttach);
   $("#pg-model").onchange = () => { clearChat(); selectModel($("#pg-model").value); };
   $("#logs-model-only").onchange = restartLogs;
   $("#logs-admin").onclick = () => askKey("admin", "The log tail needs the admin key (--admin-key).");
