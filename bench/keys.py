@@ -70,6 +70,7 @@ def micro(n: int = 20000, rounds: int = 5) -> dict:
 
     with tempfile.TemporaryDirectory() as d:
         kf = Path(d) / "keys.ini"
+        kf.touch(mode=0o600)  # a keys file with a secret in it must be private
         kf.write_text("[k]\nkey = sk-bench-key-0123456789abcdef\nrpm = 1000000000\n"
                       "tpm = 1000000000000\nmax-parallel = 1000000\n"
                       "tokens-per-day = 1000000000000\nspend-per-month = 1000000\n")
@@ -176,6 +177,7 @@ async def _load(port: int, req: bytes, conns: int, seconds: float) -> dict:
 
 
 def latency(tmp: Path, rounds: int, seconds: float, conns: list[int]) -> dict:
+    (tmp / "keys.ini").touch(mode=0o600)  # a keys file with a secret in it must be private
     (tmp / "keys.ini").write_text(
         "[k]\nkey = sk-on\nrpm = 1000000000\ntpm = 1000000000000\nmax-parallel = 100000\n"
         "tokens-per-day = 1000000000000\nspend-per-month = 1000000\n")
@@ -211,6 +213,7 @@ def accuracy(tmp: Path, scale: float, windows: int, tokens: int = 100, nodes: in
 
     if nodes > 1 and scale != 1:
         raise SystemExit("the two-node accuracy runs on the wall clock (--two-node-scale 1)")
+    (tmp / "acc.ini").touch(mode=0o600)
     (tmp / "acc.ini").write_text("[k]\nkey = sk-acc\nrpm = 100\ntpm = 20000\n")
     common = ["--keys", str(tmp / "acc.ini"), "--admin-key", "adm"]
     env = {"GGMUX_LIMITS_CLOCK_SCALE": str(scale)} if scale != 1 else {}

@@ -18,7 +18,11 @@ Cases, run in alternating rounds (``alone`` before each of the others):
   ``--bytes`` of text (the proxy asks the replica's ``/apply-template``,
   then ``/tokenize``);
 * ``*-issue``: the issue's sizes (19 MB of text, 3 M ids, a 16 MB
-  message), past the limit: answered 413 before anything is parsed.
+  message), past the limit: answered 413 before anything is parsed;
+* ``parts``: A's chat of one message of 99,000 one-letter content parts
+  (under ``--max-content-parts``: parsed and forwarded), ``parts-issue``
+  of 1.7 M of them (46 MB), answered 413 before the
+  proxy parses it.
 
 A starts once B has sent 5 chunks; B asks ``ignore_eos`` and ``--tokens``
 tokens, so that it outlasts A (the table says when it did not). The figure
@@ -138,6 +142,10 @@ def stream_b(port: int, tokens: int, started: threading.Event, times: list[float
 
 
 def case_request(case: str, nbytes: int) -> tuple[str, bytes]:
+    if case.startswith("parts"):
+        n = 1_700_000 if case.endswith("-issue") else 99_000
+        return "/v1/chat/completions", json.dumps({"model": MODEL, "max_tokens": 1, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "a"}] * n}]}).encode()
     if case.startswith("tokenize"):
         n = 19_000_000 if case.endswith("-issue") else nbytes - 64
         return "/tokenize", json.dumps({"model": MODEL, "content": text_of(n)}).encode()

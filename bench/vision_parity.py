@@ -250,7 +250,8 @@ def stop_all(procs) -> None:
 
 
 def start_llama_server(binary: Path, folder: Path, port: int, parallel: int = 4,
-                       ctx: int = 2048, threads: int = 1, log=subprocess.DEVNULL):
+                       ctx: int = 2048, threads: int = 1, log=subprocess.DEVNULL,
+                       extra: list[str] | None = None):
     """llama-server on the test model, as ggmux's instance runs it (``ctx``
     tokens a slot, ``parallel`` slots, ``threads``)."""
     env = {**os.environ, "LLAMA_MEDIA_MARKER": MARKER}
@@ -259,7 +260,7 @@ def start_llama_server(binary: Path, folder: Path, port: int, parallel: int = 4,
     return subprocess.Popen(
         [str(binary), "-m", str(model), "--mmproj", str(proj), "-c", str(ctx * parallel),
          "-np", str(parallel), "--threads", str(threads), "--port", str(port),
-         "--host", "127.0.0.1"], env=env, stdout=log, stderr=subprocess.STDOUT)
+         "--host", "127.0.0.1", *(extra or [])], env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def start_ggmux(models_dir: Path, port: int, threads: int = 1, log=subprocess.DEVNULL,

@@ -67,10 +67,12 @@ class HttpLimits:
     JSON list of ids costs ten times a string's bytes to decode, and
     ``orjson`` holds the GIL while it does; 262,144 is the largest context
     of common models); ``max_messages``, ``max_input_items``,
-    ``max_token_ids``: items of one request body the proxy routes or
-    translates: ``messages`` (Anthropic's own limit is 100,000), ``input``
-    items (Responses, embeddings), token ids in ``prompt``/``input``/
-    ``tokens`` (four times the largest common context), 413 past any of them,
+    ``max_token_ids``, ``max_content_parts``: items of one request body the
+    proxy routes or translates: ``messages`` (Anthropic's own limit is
+    100,000), ``input`` items (Responses, embeddings), token ids in
+    ``prompt``/``input``/``tokens`` (four times the largest common
+    context), content parts summed over the messages and input items (and
+    Anthropic's ``system``), 413 past any of them,
     checked before the body is translated or forwarded (issue 37, item 11: a
     51.5 MB Responses body of 1.59 M items stopped other tenants' streams
     15-19 s); ``offloop_body_bytes``: a body larger than this is parsed, checked
@@ -99,6 +101,7 @@ class HttpLimits:
     max_messages: int = 100_000
     max_input_items: int = 100_000
     max_token_ids: int = 1_048_576
+    max_content_parts: int = 100_000
     offloop_body_bytes: int = 1024 * 1024
     connections: ConnectionRegistry = field(
         default_factory=ConnectionRegistry, init=False, repr=False, compare=False
@@ -142,6 +145,8 @@ _OPTION_HELP = {
     "max_messages": "most messages of one request (chat, Anthropic, Ollama); 413 past it",
     "max_input_items": "most input items of one request (Responses, embeddings); 413 past it",
     "max_token_ids": "most token ids in one request's prompt or input; 413 past it",
+    "max_content_parts": "most content parts of one request, over all its messages and input "
+    "items; 413 past it",
     "offloop_body_bytes": "request bodies larger than this (bytes) are parsed and translated "
     "on a worker thread, off the loop that writes every stream",
 }

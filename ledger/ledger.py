@@ -210,6 +210,35 @@ class UsageLedger:
         if self.pending:
             self._flush_at = 0.0  # more waiting: the next turn writes again
 
+    def recover(self, rows: list[UsageRow]) -> int:
+        """Queue the rows of a dead server's last requests
+        (:mod:`.leftover`) that the store does not hold yet (same request
+        id, arrival time and node), before this server serves: they are
+        written as any row, and :meth:`totals_since` (the keys' windows)
+        counts them meanwhile. Blocking (one query), at start only. The
+        number queued; 0 when the store cannot be read (logged: without
+        knowing which it holds, none is written twice)."""
+        if not rows:
+            return 0
+        try:
+            if not self.schema_ok:
+                self.store.schema()
+                self.schema_ok = True
+            have = self.store.requests_since(min(r.time for r in rows), self.ctx.node)
+        except StoreError as e:
+            log.error("usage ledger: cannot read %s to recover the %d requests a stopped "
+                      "server's ring held (they are not written): %s", self.store.where,
+                      len(rows), e)
+            return 0
+        missing = [r for r in rows if (r.request_id, r.time) not in have]
+        self.pending.extend(missing)
+        self._bound()
+        self._status_dirty = True
+        if missing:
+            log.warning("usage ledger: %d requests the stopped server answered had no row "
+                        "yet; writing them now", len(missing))
+        return len(missing)
+
     # ---- what others read ---------------------------------------------------------------
     def status(self) -> dict:
         """The ledger's state for the page and ``/metrics``: ``store`` (where,

@@ -20,8 +20,36 @@ BUSY_TIMEOUT_S = 5.0
 checkpoint, a second writer) before it fails."""
 
 
+def private(path: str) -> None:
+    """Make the database file ``path`` mode 0600 (created so when missing,
+    made so when it is ours and others may read it), and its WAL and
+    shared-memory files with it: its rows name keys, models and who used
+    what, which is no business of the machine's other users. SQLite makes
+    the ``-wal`` and ``-shm`` files with the database file's mode.
+
+    By path only, never through a descriptor of an existing file: closing
+    any descriptor of a file drops every POSIX lock this process holds on
+    it, SQLite's locks of another open connection included (the ledger's
+    writer and the keys' sync each have one), after which one connection's
+    commits are lost to the others."""
+    if not os.path.exists(path):
+        try:  # nothing of this process has it open: it did not exist
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        except FileExistsError:
+            pass
+    uid = os.geteuid()
+    for name in (path, path + "-wal", path + "-shm"):
+        try:
+            st = os.stat(name)
+        except FileNotFoundError:
+            continue
+        if st.st_mode & 0o077 and st.st_uid == uid:
+            os.chmod(name, 0o600)
+
+
 class SqliteStore(SqlStore):
-    """The ledger in the SQLite file ``path`` (its directory made, mode 0700)."""
+    """The ledger in the SQLite file ``path`` (its directory made, mode
+    0700; the file 0600: :func:`private`)."""
 
     P = "?"
     DAY = "strftime('%Y-%m-%d', time, 'unixepoch')"
@@ -36,6 +64,7 @@ class SqliteStore(SqlStore):
 
     def _connect(self) -> sqlite3.Connection:
         os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
+        private(self.path)
         # one thread at a time, but not always the one that opened it (the jobs)
         conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
         try:

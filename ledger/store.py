@@ -148,6 +148,20 @@ class SqlStore:
         return {k: Totals(int(n), int(p), int(c), int(g), float(cost))
                 for k, n, p, c, g, cost in self._run(read)}
 
+    def requests_since(self, since_s: float, node: str) -> set[tuple[str, float]]:
+        """``(request_id, time)`` of node ``node``'s rows at or after
+        ``since_s`` (Unix seconds): which requests of a dead server's ring
+        the store has already (:meth:`~.ledger.UsageLedger.recover`).
+        Raises :class:`StoreError`."""
+        sql = f"SELECT request_id, time FROM usage WHERE time >= {self.P} AND node = {self.P}"
+
+        def read(conn):
+            cur = conn.cursor()
+            cur.execute(sql, (since_s, node))
+            return cur.fetchall()
+
+        return {(rid or "", float(t)) for rid, t in self._run(read)}
+
     def others_since(self, node: str, starts: Sequence[float],
                      until: float | None = None) -> dict[str, list[Totals]]:
         """Key name -> one :class:`Totals` per start of ``starts`` (Unix

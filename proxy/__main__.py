@@ -28,6 +28,8 @@ from ..http1 import (
 from ..http1.auth import read_keys
 from ..shm.logring import log_to_stderr
 from .balancer import DEFAULT_CONFIG, MODES, BalancerConfig
+from .drain_penalty import DEFAULT_PENALTY_S
+from .hosts import HostCheck
 from .server import Proxy
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--keys-fd", type=int, default=None,
                     help="inherited pipe holding {\"api_key\", \"admin_key\"} as JSON")
     ap.add_argument("--cors-origins", default="*")
+    ap.add_argument("--allowed-hosts", default="")
+    ap.add_argument("--drain-penalty", type=float, default=DEFAULT_PENALTY_S)
     ap.add_argument("--balance", choices=MODES, default="prefix")
     ap.add_argument("--prefix-weight", type=float, default=DEFAULT_CONFIG.prefix_weight)
     ap.add_argument("--prefix-disk-weight", type=float,
@@ -113,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                                 prefix_disk_weight=args.prefix_disk_weight,
                                 prefix_load_threshold=args.prefix_load_threshold),
         cache_scope=args.cache_scope, key_table=args.key_table,
-        keyed=args.keyed,
+        keyed=args.keyed, hosts=HostCheck(args.host, args.allowed_hosts),
+        drain_penalty=args.drain_penalty,
     )
     proxy.usage.spec = keys.get("ledger") or ""  # the usage ledger's store (issue 36)
     del keys

@@ -109,7 +109,8 @@ class AdminRoutes:
         self.refresh()
         if req.path == b"/ps":
             doc = overview(self.seg, self.reg_models, self.model_rows, self.replica_rows,
-                           self.remotes, self.errors, cluster=self.cluster)
+                           self.remotes, self.errors, cluster=self.cluster,
+                           scope=self._scope(req))
             spec = drafting_models(self.reg_models)
             if spec:  # their replicas' draft counters: speculation's acceptance
                 rows = self.replica_rows[np.isin(self.replica_rows[:, L.R_MODEL], list(spec))]

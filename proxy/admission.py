@@ -15,7 +15,8 @@ key check, :meth:`KeyAdmission.row_of`):
   (prompt + completion tokens), ``tokens-per-day|week|month`` (weighed),
   ``spend-per-month``; then counts the request (one request, one in
   flight, its reservation: the prompt's estimate, a quarter of its
-  body's bytes, plus ``max_tokens`` or the key's ``reserve-tokens``).
+  body's bytes, plus the most tokens it may generate,
+  :func:`requested_tokens`, or the key's ``reserve-tokens``).
   A refusal is 429 with ``Retry-After`` (when the window resets):
   ``rate_limit_exceeded`` for the per-minute and in-flight limits,
   ``insufficient_quota`` for the budgets.
@@ -100,14 +101,26 @@ class Policy:
 @dataclass(slots=True)
 class Hold:
     """What a request of a key was counted for at admission: its row, the
-    window ids, its raw (``tokens``) and weighed (``weighed``) reservation
-    and its prompt estimate (tokens)."""
+    window ids, its raw (``tokens``) and weighed (``weighed``) reservation,
+    its prompt estimate (tokens) and its worst-case cost on a priced
+    replica (``spend``, nano-units: reserved in the key's month)."""
 
     row: int
     ids: tuple[int, int, int, int]
     tokens: int
     weighed: int
     prompt_est: int
+    spend: int = 0
+
+
+@dataclass(slots=True)
+class SpendHold:
+    """What a request reserved of a priced model's spending budgets: its
+    worst-case cost (``nano``) in this proxy's spend row of the model, in
+    the periods ``ids``."""
+
+    nano: int
+    ids: tuple[int, int, int, int]
 
 
 @dataclass(slots=True)
@@ -151,19 +164,40 @@ def _in(seconds: float) -> str:
     return f"{s // 86400} days"
 
 
-def requested_tokens(body: dict | None) -> int | None:
-    """The completion tokens a request asks for at most (``max_tokens`` and
-    its other names, Ollama's ``options.num_predict``), or None."""
+def requested_tokens(body: dict | None, default: int) -> int:
+    """The completion tokens a request may generate at most, for its
+    reservation: the largest of ``max_tokens``, its other names
+    (:data:`MAX_TOKEN_FIELDS`) and Ollama's ``options.num_predict``, since
+    routes honour different ones (llama.cpp's ``/completion`` takes
+    ``n_predict`` over ``max_tokens``, the OpenAI routes ``max_tokens``
+    first: a body with ``"max_tokens": 1, "n_predict": 300`` reserved 1 and
+    generated 300); ``default`` (the key's ``reserve-tokens``) when none is
+    given, or when one asks for no limit (0 or less: llama.cpp's -1, a
+    route that reads that one generates up to its context). Times the
+    answers it asks for: ``n`` choices, and each prompt of a list of
+    prompts (``/v1/completions``, ``/completion``)."""
     if type(body) is not dict:
-        return None
-    for k in MAX_TOKEN_FIELDS:
-        v = body.get(k)
-        if type(v) is int and v >= 0:
-            return v
+        return default
+    most = -1
+    unlimited = False
     opts = body.get("options")
-    if type(opts) is dict and type(opts.get("num_predict")) is int and opts["num_predict"] >= 0:
-        return opts["num_predict"]
-    return None
+    values = [body.get(k) for k in MAX_TOKEN_FIELDS]
+    if type(opts) is dict:
+        values.append(opts.get("num_predict"))
+    for v in values:
+        if type(v) is int:
+            if v > 0:
+                most = max(most, v)
+            else:
+                unlimited = True
+    if most < 0 or unlimited:
+        most = max(most, default)
+    n = body.get("n")
+    answers = n if type(n) is int and n > 1 else 1
+    prompt = body.get("prompt")
+    if type(prompt) is list and prompt and type(prompt[0]) in (str, list):
+        answers *= len(prompt)  # several prompts (a list of ids is one prompt)
+    return most * answers
 
 
 class KeyAdmission:
@@ -225,10 +259,15 @@ class KeyAdmission:
         return p.name if p is not None else "?"
 
     # ---- admission --------------------------------------------------------------------
-    def admit(self, row: int, body: dict | None, body_bytes: int) -> Hold | Refusal:
+    def admit(self, row: int, body: dict | None, body_bytes: int,
+              mdl: dict | None = None) -> Hold | Refusal:
         """Count one request of key ``row`` if its limits allow (module
         docstring); ``body`` the request's JSON (the one the replica gets),
-        ``body_bytes`` its size."""
+        ``body_bytes`` its size, ``mdl`` the registry entry of its model:
+        with prices, the request's worst case (:func:`worst_cost`) is
+        reserved in the key's ``spend-per-month`` as its tokens are, so
+        that a burst of concurrent requests cannot spend past the budget
+        (each checked against what the others reserved)."""
         p = self.by_row.get(row)
         if p is None:
             return Refusal(401, "invalid_api_key", "the key was removed")
@@ -236,11 +275,10 @@ class KeyAdmission:
         now = t.now()
         ids = periods(now)
         est = body_bytes // PROMPT_BYTES_PER_TOKEN
-        gen = requested_tokens(body)
-        if gen is None:
-            gen = p.reserve
+        gen = requested_tokens(body, p.reserve)
         raw = est + gen
         w = round(est * p.w_in + gen * p.w_out)  # weighed(), nothing cached yet
+        spend = worst_cost(mdl, est, gen) if p.spend_nano and mdl is not None else 0
         t.lock(row)
         try:
             r = self.rows[row]
@@ -275,11 +313,16 @@ class KeyAdmission:
                                       f"({int(r[word])} used, this request reserves {w}); "
                                       f"resets in {_in(s / t.scale)}", t.real_seconds(s))
                         break
-            if why is None and p.spend_nano and r[K_SPEND_MONTH_NANO] >= p.spend_nano:
+            if why is None and p.spend_nano and (r[K_SPEND_MONTH_NANO] >= p.spend_nano or
+                                                 r[K_SPEND_MONTH_NANO] + spend > p.spend_nano):
                 s = _reset("month", ids[3], now)
                 why = Refusal(429, "insufficient_quota",
                               f"key '{p.name}': spend-per-month {p.spend_nano / NANO:g} "
-                              f"spent; resets in {_in(s / t.scale)}", t.real_seconds(s))
+                              f"{'spent' if r[K_SPEND_MONTH_NANO] >= p.spend_nano else 'reached'}"
+                              f" ({int(r[K_SPEND_MONTH_NANO]) / NANO:g} spent or reserved, "
+                              f"this request may cost {spend / NANO:g}: its prompt and "
+                              f"max_tokens at the model's prices); resets in "
+                              f"{_in(s / t.scale)}", t.real_seconds(s))
             if why is not None:
                 r[K_REFUSED] += 1
                 return why
@@ -290,10 +333,11 @@ class KeyAdmission:
             r[K_TOK_DAY] += w
             r[K_TOK_WEEK] += w
             r[K_TOK_MONTH] += w
+            r[K_SPEND_MONTH_NANO] += spend
             r[K_ADMITTED] += 1
         finally:
             t.unlock(row)
-        return Hold(row, ids, raw, w, est)
+        return Hold(row, ids, raw, w, est, spend)
 
     def settle(self, hold: Hold, prompt: int, cached: int, completion: int,
                cost_nano: int) -> None:
@@ -325,9 +369,10 @@ class KeyAdmission:
                 r[K_TOK_WEEK] = max(0, r[K_TOK_WEEK] + d)
             if r[K_MONTH] == ids[3]:
                 r[K_TOK_MONTH] = max(0, r[K_TOK_MONTH] + d)
-            if cost_nano:
+            if cost_nano or hold.spend:  # the reservation becomes the cost
                 roll(r, periods(t.now()))
-                r[K_SPEND_MONTH_NANO] += cost_nano
+                back = hold.spend if r[K_MONTH] == ids[3] else 0  # (else it rolled away)
+                r[K_SPEND_MONTH_NANO] = max(0, r[K_SPEND_MONTH_NANO] + cost_nano - back)
         finally:
             t.unlock(hold.row)
 
@@ -354,9 +399,10 @@ class KeyAdmission:
         if m < self.table.spend.shape[1]:
             self.table.add_spend(self.index, m, nano, periods(self.table.now()))
 
-    def over_budget(self, m: int, mdl: dict) -> Refusal | None:
+    def over_budget(self, m: int, mdl: dict, nano: int = 0) -> Refusal | None:
         """A refusal naming the budget when model ``m``'s priced replicas
-        spent their budget (``mdl``: its registry entry), else None."""
+        spent their budget (``mdl``: its registry entry), or when a request
+        that may cost ``nano`` more would pass it, else None."""
         if m >= self.table.spend.shape[1]:
             return None
         t = self.table
@@ -365,13 +411,50 @@ class KeyAdmission:
         spent = t.spent(m, ids)
         for kind, i, pid in (("day", 0, ids[1]), ("week", 1, ids[2]), ("month", 2, ids[3])):
             cap = mdl.get(f"spend_per_{kind}") or 0
-            if cap and spent[i] >= cap * NANO:
+            if cap and (spent[i] >= cap * NANO or spent[i] + nano > cap * NANO):
                 s = _reset(kind, pid, now)
+                what = ("is spent" if spent[i] >= cap * NANO else
+                        f"would be passed by this request (up to {nano / NANO:g}: its prompt "
+                        "and max_tokens at the model's prices)")
                 return Refusal(429, "insufficient_quota",
                                f"the spend-per-{kind} budget ({cap:g}) of '{mdl['name']}''s "
-                               f"priced replicas is spent; resets in {_in(s / t.scale)}",
+                               f"priced replicas {what}; resets in {_in(s / t.scale)}",
                                t.real_seconds(s))
         return None
+
+    def reserve_budget(self, m: int, mdl: dict, nano: int) -> SpendHold | Refusal:
+        """Reserve ``nano`` (a request's worst-case cost) of model ``m``'s
+        spending budgets, checked against every proxy's spend and
+        reservations under the model's budget lock
+        (:meth:`~ggmux.shm.keytable.KeyTable.budget_locked`): the
+        :class:`SpendHold` to settle, or the refusal (:meth:`over_budget`)."""
+        t = self.table
+        if m >= t.spend.shape[1]:
+            return SpendHold(0, periods(t.now()))
+        with t.budget_locked(m):
+            why = self.over_budget(m, mdl, nano)
+            if why is not None:
+                return why
+            ids = periods(t.now())
+            t.add_spend(self.index, m, nano, ids)
+        return SpendHold(nano, ids)
+
+    def settle_budget(self, m: int, hold: SpendHold, cost: int) -> None:
+        """The request of ``hold`` cost ``cost`` nano-units (0: a replica
+        that is not priced served it)."""
+        t = self.table
+        if m < t.spend.shape[1]:
+            t.settle_spend(self.index, m, hold.nano, hold.ids, cost, periods(t.now()))
+
+
+def worst_cost(mdl: dict | None, prompt_est: int, completion: int) -> int:
+    """What a request may cost at most on a priced replica of ``mdl`` (its
+    registry entry; None or no prices: 0), nano-units: its prompt estimate
+    at the input price (nothing cached) and its output limit at the output
+    price."""
+    if mdl is None or not (mdl.get("price_input") or mdl.get("price_output")):
+        return 0
+    return cost_nano(mdl, prompt_est, 0, completion)
 
 
 def cost_nano(mdl: dict, prompt: int, cached: int, completion: int) -> int:
@@ -385,4 +468,5 @@ def cost_nano(mdl: dict, prompt: int, cached: int, completion: int) -> int:
     return int(c * 1000)  # per million tokens: currency * 1e-6 = nano * 1e3
 
 
-__all__ = ["Hold", "KeyAdmission", "Policy", "Refusal", "cost_nano", "requested_tokens"]
+__all__ = ["Hold", "KeyAdmission", "Policy", "Refusal", "SpendHold", "cost_nano",
+           "requested_tokens", "worst_cost"]

@@ -17,6 +17,7 @@ import orjson
 from ..http1 import HttpConnection, Request
 from ..http1.exchange import UpstreamError
 from ..shm import layout as L
+from .contention import OTHER_MODEL
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +85,11 @@ def capacity_pinned(conn: HttpConnection, req: Request, name: str, row,
     rather than break its limit when every loaded model is pinned).
     ``row``: its models-table row; ``model_name(i)``: a model's name."""
     holder = int(row[L.M_WAIT_HOLDER]) - 1
-    who = (f"pinned model '{model_name(holder)}' (pin = true), which is never evicted; unload "
-           "it" if holder >= 0 else "pinned models (pin = true), which are never evicted; "
-           "unload one")
+    held_by = model_name(holder) if holder >= 0 else ""
+    who = ("pinned models (pin = true), which are never evicted; unload one" if not held_by
+           else "another pinned model (pin = true), which is never evicted; unload it"
+           if held_by == OTHER_MODEL else
+           f"pinned model '{held_by}' (pin = true), which is never evicted; unload it")
     _error(conn, req, 503, f"model '{name}' cannot load: its capacity is held by {who} "
            "or raise --models-max",
            "capacity_pinned", "unavailable_error", headers=[(b"retry-after", b"30")])

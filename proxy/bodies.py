@@ -8,9 +8,19 @@ token ids on a plain route 2 s. Two rules:
 
 * **items** (:func:`item_refusal`): a body's lists are bounded by named
   limits (``HttpLimits.max_messages``, ``max_input_items``,
-  ``max_token_ids``), answered 413 before the body is translated or
-  forwarded; nothing a model could read needs more (a context of 262,144
-  tokens holds fewer messages, and fewer ids than four times that).
+  ``max_token_ids``, ``max_content_parts``), answered 413 before the body
+  is translated or forwarded; nothing a model could read needs more (a
+  context of 262,144 tokens holds fewer messages, and fewer ids than four
+  times that).
+* **objects before the parse** (:func:`object_refusal`): orjson holds the
+  GIL for the whole parse, on whatever thread (0.58 s for one message of
+  1.7 M one-letter content parts, 46 MB: the proxy's loop, and every other
+  tenant's stream on it, stood still that long). So a large body's JSON
+  objects are counted first, on the worker thread, without holding the GIL
+  for long (a numpy count of ``{``, and only past the bound a scan that
+  skips the ``{`` inside strings, in Python steps); a body with more
+  objects than its messages, input items and content parts may have all
+  together (every one is an object) is answered 413 unparsed.
 * **the loop** (:func:`off_loop`, :func:`read_object`): a body larger than
   ``HttpLimits.offloop_body_bytes`` is parsed, checked and translated on
   one worker thread per proxy (:data:`WORKER`), one body at a time. orjson
@@ -22,10 +32,12 @@ token ids on a plain route 2 s. Two rules:
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+import numpy as np
 import orjson
 
 from ..http1 import HttpConnection, Request
@@ -63,6 +75,24 @@ def token_ids(v) -> int:
     return n
 
 
+def content_parts(body: dict) -> int:
+    """Content parts of ``body``: the lengths of the ``content`` lists of its
+    ``messages`` and ``input`` items, and of Anthropic's ``system`` list."""
+    n = 0
+    for key in ("messages", "input"):
+        items = body.get(key)
+        if type(items) is list:
+            for m in items:
+                if type(m) is dict:
+                    c = m.get("content")
+                    if type(c) is list:
+                        n += len(c)
+    system = body.get("system")
+    if type(system) is list:
+        n += len(system)
+    return n
+
+
 def item_refusal(limits: HttpLimits, body: dict) -> str | None:
     """Why ``body`` has more items than ``limits`` allow (module docstring),
     as the 413's message; None when it fits."""
@@ -74,6 +104,10 @@ def item_refusal(limits: HttpLimits, body: dict) -> str | None:
     if type(inp) is list and len(inp) > limits.max_input_items:
         return (f"'input' has {len(inp)} items; the most one request may send is "
                 f"{limits.max_input_items} (--max-input-items)")
+    parts = content_parts(body)
+    if parts > limits.max_content_parts:
+        return (f"the request has {parts} content parts; the most one request may send is "
+                f"{limits.max_content_parts} (--max-content-parts)")
     for k in ID_FIELDS:
         n = token_ids(body.get(k))
         if n > limits.max_token_ids:
@@ -82,9 +116,42 @@ def item_refusal(limits: HttpLimits, body: dict) -> str | None:
     return None
 
 
+_STRING_OR_OBJECT = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|\{')
+"""A JSON string (skipped whole, escapes and all) or an object's ``{``."""
+
+
+def objects_allowed(limits: HttpLimits) -> int:
+    """The most JSON objects a body within ``limits`` needs: its messages,
+    input items and content parts are each one."""
+    return limits.max_messages + limits.max_input_items + limits.max_content_parts
+
+
+def object_refusal(limits: HttpLimits, data: bytes) -> str | None:
+    """The 413's message when ``data`` holds more JSON objects than
+    :func:`objects_allowed` (counted without parsing: module docstring);
+    None when it holds fewer. For a large body, on the worker thread."""
+    cap = objects_allowed(limits)
+    raw = int(np.count_nonzero(np.frombuffer(data, np.uint8) == 0x7B))  # numpy lets the GIL go
+    if raw <= cap:
+        return None
+    n = 0  # past the bound: the "{" inside strings do not count
+    for m in _STRING_OR_OBJECT.finditer(data):  # a Python step each: the GIL goes round
+        if m.end() - m.start() == 1:
+            n += 1
+            if n > cap:
+                return (f"the request body holds more than {cap} JSON objects, more than its "
+                        "messages, input items and content parts may be together "
+                        "(--max-messages, --max-input-items, --max-content-parts); it was "
+                        "not read")
+    return None
+
+
 def parse_object(limits: HttpLimits, data: bytes) -> dict:
     """``data`` as a JSON object whose items fit ``limits``; raises
-    :class:`BodyError` (400: not JSON, not an object; 413: too many items)."""
+    :class:`BodyError` (400: not JSON, not an object; 413: too many items,
+    or, for a large body, too many objects to parse: :func:`object_refusal`)."""
+    if is_large(limits, data) and (why := object_refusal(limits, data)) is not None:
+        raise BodyError(413, why)
     try:
         body = orjson.loads(data)
     except orjson.JSONDecodeError as e:
@@ -120,5 +187,5 @@ async def read_object(conn: HttpConnection, req: Request) -> dict | None:
         return None
 
 
-__all__ = ["WORKER", "BodyError", "is_large", "item_refusal", "off_loop", "parse_object",
-           "read_object", "token_ids"]
+__all__ = ["WORKER", "BodyError", "content_parts", "is_large", "item_refusal",
+           "object_refusal", "off_loop", "parse_object", "read_object", "token_ids"]

@@ -14,6 +14,11 @@ from ..shm import layout as L
 
 NS = 1_000_000_000
 
+OTHER_MODEL = "another model"
+"""The holder's name as a keys-file key reads it when the key may not use
+the holder: which other tenant's model holds the capacity, and when it
+drains, is that tenant's business (:class:`~.keyed.KeyScope`)."""
+
 
 def reason_text(reason: int, holder: str, eta_s: float | None) -> str:
     """The operator's sentence for a wait: ``reason`` a
@@ -33,8 +38,9 @@ def reason_text(reason: int, holder: str, eta_s: float | None) -> str:
     if reason == R.STOPPING:
         return f"waiting for {holder or 'a stopping model'} to exit and free its memory"
     if reason == R.PINNED:
-        return (f"capacity held by pinned model {holder or '(all pinned)'}, never evicted: "
-                "unload it or raise --models-max")
+        who = ("another pinned model" if holder == OTHER_MODEL
+               else f"pinned model {holder or '(all pinned)'}")
+        return f"capacity held by {who}, never evicted: unload it or raise --models-max"
     if reason == R.QUEUED:
         return f"queued behind {holder}, which loads first" if holder else "queued"
     return ""

@@ -1,14 +1,18 @@
 """Browser clients: CORS (``--cors-origins``) and what pages of other
 origins may not do (issue 18, finding 5: "localhost CSRF").
 
-CORS: llama-server answers every origin (``Access-Control-Allow-Origin:
-*``); that is the default here too, on the API routes. ``--cors-origins``
-takes a comma-separated list: a listed origin is echoed back with
-``Access-Control-Allow-Credentials: true`` (credentials go to listed
-origins only, as the Fetch standard requires: never with ``*``), ``*`` in
-the list keeps answering every other origin without credentials, and an
-origin that is not allowed gets no allow header (the browser then refuses
-the answer). Preflights (``OPTIONS`` with ``Access-Control-Request-Method``)
+CORS: llama-server answers every origin, echoing it back; that is the
+default here too, on the API routes (``*``: the request's ``Origin`` echoed,
+with ``Vary: Origin``, as llama-server's suite expects) but *without*
+``Access-Control-Allow-Credentials``: llama-server adds that for every
+origin, which would let any site read answers with the browser's cookies
+or HTTP authentication for ggmux (a login proxy in front of it), so ggmux
+gives credentials only to origins ``--cors-origins`` lists. Echoing the
+origin without credentials grants exactly what ``*`` grants. A listed
+origin is echoed back with ``Access-Control-Allow-Credentials: true``,
+``*`` in the list keeps answering every other origin without credentials,
+and an origin that is not allowed gets no allow header (the browser then
+refuses the answer). Preflights (``OPTIONS`` with ``Access-Control-Request-Method``)
 get 200 (llama-server's status; an empty body) with the allowed methods
 and, of the headers asked for, those ggmux reads (:data:`ACCEPTED_HEADERS`);
 any other ``OPTIONS`` gets 200 with ``Allow``.
@@ -27,6 +31,8 @@ simple request may carry (:func:`simple_type`).
 """
 
 from __future__ import annotations
+
+import re
 
 # Header names go out in their canonical case, as llama-server (and nginx)
 # write them: HTTP reads them in any case, but some clients, llama.cpp's own
@@ -114,6 +120,8 @@ def from_other_site(req: Request, listed: frozenset[bytes]) -> bool:
 
 
 LOCAL_HOSTS = (b"localhost", b"127.0.0.1", b"[::1]")
+_PRINTABLE = re.compile(rb"[\x21-\x7e]{1,512}")
+"""An ``Origin`` that may be echoed in a header line (else ``*`` answers)."""
 
 
 def is_localhost(origin: bytes) -> bool:
@@ -163,6 +171,9 @@ class Cors:
                     + b"\r\nAccess-Control-Allow-Credentials: true\r\nVary: Origin\r\n"
                     b"Access-Control-Expose-Headers: " + EXPOSE_HEADERS + b"\r\n")
         if self.any and not admin:
+            if _PRINTABLE.fullmatch(origin):  # echoed, as llama-server (no credentials)
+                return (b"Access-Control-Allow-Origin: " + origin + b"\r\nVary: Origin\r\n"
+                        b"Access-Control-Expose-Headers: " + EXPOSE_HEADERS + b"\r\n")
             return self._star
         return b"Vary: Origin\r\n" if self.listed or self.localhost else b""
 

@@ -110,6 +110,8 @@ class Forwarding:
         the replica got is answered here (502/504) and never sent again."""
         if req.origin is not None and self.cors is not None:
             req.extra_head = self.cors.headers(req.origin)
+        if self.hosts is not None and not self.hosts.allows(req.host):
+            return False  # handle answers 403 (DNS rebinding: .hosts)
         path = req.path
         if path in INFERENCE:
             if req.method != b"POST" or not json_type(req.content_type):
@@ -242,6 +244,7 @@ class Forwarding:
         recorded = not touch or capture  # (not a request of the model's, for the ring)
         last_slot = -1
         waited = False  # a waiter registered by us is still counted
+        wait_token = (0, 0, 0)  # its start, and the drains before it (._wait_join)
         wait_from = 0  # when it began waiting for its model (monotonic ns)
         queued_since = 0
         attempt = 0  # forwards that failed before the request reached a replica
@@ -254,7 +257,7 @@ class Forwarding:
                 if not recorded:
                     self.activity.record(req, m, -1, None, req.status or 429)
                 return None
-            budget = self._over_budget(m)
+            budget = self._over_budget(conn, req, m, body, not recorded)
             if budget is not None and self.reg_models[m].get("kind") in ("cmd", "upstream"):
                 conn.send_error(req, budget.status, budget.message, code=budget.code,
                                 headers=budget.headers())
@@ -297,7 +300,7 @@ class Forwarding:
                     if not waited and self.refuses_unloaded(conn, req, m):
                         return None  # --no-models-autoload (.router_mode)
                     if not waited:
-                        self.waiters.join(m)
+                        wait_token = self._wait_join(req, m)  # (a key's drain penalty)
                         waited = True
                         if not wait_from:
                             wait_from = time.monotonic_ns()
@@ -307,14 +310,14 @@ class Forwarding:
                             conn.finish(req)
                         elif outcome == "pinned":
                             answers.capacity_pinned(conn, req, name, self.model_rows[m],
-                                                    self._model_name)
+                                                    self._names_for(req))
                         elif outcome == "shutdown":
                             answers.stopping(conn, req)
                         elif outcome == "failed":
                             answers.load_failed(conn, req, name, self.model_rows[m],
                                                 self.errors.get(str(m), "load failed"))
                         else:
-                            q = queue_status(self.model_rows[m], self._model_name)
+                            q = queue_status(self.model_rows[m], self._names_for(req))
                             answers.still_loading(conn, req, name, self.model_rows[m],
                                                   self.load_wait,
                                                   loading_info(self.cluster, name),
@@ -394,8 +397,8 @@ class Forwarding:
                 cnt[C_IN_FLIGHT] += 1
                 if touch:
                     cnt[C_LAST_USED_NS] = now
-                if waited:
-                    self.waiters.leave(m)  # only now: the request already counts as in flight
+                if waited:  # only now: the request already counts as in flight
+                    self._wait_served(req, m, wait_token)
                     waited = False
                     self._waited(m, req, now - wait_from)
                 held = [True]  # it counts as in flight; ended() takes it out, once
@@ -465,7 +468,7 @@ class Forwarding:
             return None
         finally:
             if waited:
-                self.waiters.leave(m)
+                self.waiters.leave(m, wait_token[0])
             if queued_since:
                 self.queued[m] -= 1
             if not recorded:  # answered here (or the client left): recorded too

@@ -36,8 +36,17 @@ import orjson
 from ..http1 import HttpConnection, Request, json_object
 from ..http1.auth import given_key
 from ..shm import layout as L
-from ..shm.keytable import period_end, periods
-from .admission import KeyAdmission, cost_nano
+from ..shm.keytable import DEFAULT_RESERVE_TOKENS, period_end, periods
+from .admission import (
+    PROMPT_BYTES_PER_TOKEN,
+    KeyAdmission,
+    Refusal,
+    cost_nano,
+    requested_tokens,
+    worst_cost,
+)
+from .contention import OTHER_MODEL
+from .drain_penalty import DrainPenalty
 from .key_info import key_view, unlimited_view
 
 log = logging.getLogger(__name__)
@@ -48,14 +57,41 @@ SETTINGS = ("models", "rpm", "tpm", "max-parallel", "tokens-per-day", "tokens-pe
             "spend-per-month", "reserve-tokens", "expires", "disabled")
 
 
-def tenant_view(obj: dict) -> dict:
-    """Model object ``obj`` without its launch arguments (``status.args``:
-    file paths and options of this machine, the operator's business, not a
-    tenant's); ``obj`` itself is left as it was."""
-    st = obj.get("status")
-    if isinstance(st, dict) and "args" in st:
-        return {**obj, "status": {**st, "args": []}}
-    return obj
+def budgeted(mdl: dict) -> bool:
+    """Whether registry entry ``mdl`` has a spending budget for its priced
+    replicas (``spend-per-day|week|month``)."""
+    return bool(mdl.get("spend_per_day") or mdl.get("spend_per_week")
+                or mdl.get("spend_per_month"))
+
+
+class KeyScope:
+    """What a keys-file key may see of the models (every route that lists
+    or describes models: ``/v1/models``, ``/ps``, ``/api/ps``, ``/metrics``,
+    ``/models/sse``, a waiting model's reason): :meth:`sees` its own models
+    only, and :meth:`name` says ``another model`` (:data:`~.contention.OTHER_MODEL`)
+    for one it may not use, so a tenant never learns which other tenant's
+    model holds the capacity, nor what the others run. Live: it reads the
+    proxy's registry and the key's policy as they are when asked (a reload
+    changes both)."""
+
+    __slots__ = ("proxy", "req")
+
+    def __init__(self, proxy: KeyedProxy, req: Request) -> None:
+        self.proxy = proxy
+        self.req = req
+
+    def sees(self, i: int) -> bool:
+        """Whether the key may use model ``i`` (the registry's index)."""
+        models = self.proxy.reg_models
+        return 0 <= i < len(models) and self.proxy._key_allows(self.req, models[i])
+
+    def name(self, i: int) -> str:
+        """Model ``i``'s name for messages: its own, or ``another model``
+        when the key may not use it ("" when there is no model ``i``)."""
+        models = self.proxy.reg_models
+        if not 0 <= i < len(models):
+            return ""
+        return models[i].get("name", "") if self.sees(i) else OTHER_MODEL
 
 
 class KeyedProxy:
@@ -65,6 +101,8 @@ class KeyedProxy:
     ``self.keyed`` whether a keys file is set."""
 
     keys: KeyAdmission | None
+    spend_holds: dict  # Request -> SpendHold: the budgets its worst case holds
+    drain_penalty: DrainPenalty | None  # --drain-penalty, for the keys of the keys file
 
     def _key_row(self, req: Request) -> int:
         """Set and return ``req.key_row`` from the key it presents (-1: none
@@ -86,6 +124,18 @@ class KeyedProxy:
     def _key_allows(self, req: Request, mdl: dict) -> bool:
         return req.key_row < 0 or self.keys.may_use(req.key_row,
                                                     (mdl["name"], *mdl.get("aliases", ())))
+
+    def _scope(self, req: Request) -> KeyScope | None:
+        """What ``req``'s caller may see of the models: None (everything)
+        unless it presents a key of the keys file (:class:`KeyScope`)."""
+        return KeyScope(self, req) if req.key_row >= 0 else None
+
+    def _names_for(self, req: Request):
+        """``name(i)`` of the models as ``req``'s caller may read them in a
+        message (a waiting model's reason): :meth:`KeyScope.name`, or the
+        registry's name for a caller who sees every model."""
+        scope = self._scope(req)
+        return scope.name if scope is not None else self._model_name
 
     def _listed(self, req: Request) -> list[dict]:
         """The models ``req``'s caller may see (an unknown model's 404 lists
@@ -113,18 +163,29 @@ class KeyedProxy:
             return False
         if not counted or hold is not None:
             return True
-        src = req.body_json  # the client's own JSON: max_tokens in its API's name
-        if src is None and req.body:
-            try:
-                src = orjson.loads(req.body)
-            except orjson.JSONDecodeError:
-                src = body
-        got = self.keys.admit(req.key_row, src, len(req.body))
+        got = self.keys.admit(req.key_row, self._limits_source(conn, req, body),
+                              len(req.body), self.reg_models[m])
         if hasattr(got, "retry_after"):
             conn.send_error(req, got.status, got.message, code=got.code, headers=got.headers())
             return False
         req.key_hold = got
         return True
+
+    def _limits_source(self, conn: HttpConnection, req: Request, body: dict | None):
+        """The JSON whose limit fields (``max_tokens``, ...) a reservation
+        reads: what the replica gets (``req.body_json``, parsed already),
+        else ``body``; a body nobody parsed (a pass-through's) is parsed
+        here only when small: a large one would stop the loop (orjson holds
+        the GIL) for every other tenant's stream, and reserves the key's
+        ``reserve-tokens``."""
+        if req.body_json is not None:
+            return req.body_json
+        if body is None and req.body and len(req.body) <= conn.limits.offloop_body_bytes:
+            try:
+                return orjson.loads(req.body)
+            except orjson.JSONDecodeError:
+                return None
+        return body
 
     def _key_fast(self, req: Request, m: int) -> bool:
         """The key's policy on the fast path (:meth:`~.forward.Forwarding.fast`):
@@ -132,11 +193,9 @@ class KeyedProxy:
         to the handler: a model the key may not use, a model with a spending
         budget, or a refusal (kept in ``req.key_hold``, answered there)."""
         mdl = self.reg_models[m]
-        if not self._key_allows(req, mdl) or (
-                mdl.get("spend_per_day") or mdl.get("spend_per_week")
-                or mdl.get("spend_per_month")):
+        if not self._key_allows(req, mdl) or budgeted(mdl):
             return False
-        req.key_hold = self.keys.admit(req.key_row, req.body_json, len(req.body))
+        req.key_hold = self.keys.admit(req.key_row, req.body_json, len(req.body), mdl)
         return not hasattr(req.key_hold, "retry_after")
 
     def _priced(self, m: int, slot: int) -> bool:
@@ -152,14 +211,52 @@ class KeyedProxy:
         rm = self.remotes.get(slot)
         return rm is not None and not rm.get("hop")
 
-    def _over_budget(self, m: int):
-        """The refusal when model ``m`` has a spending budget that its priced
-        replicas spent, else None."""
+    def _over_budget(self, conn: HttpConnection, req: Request, m: int, body: dict | None,
+                     counted: bool):
+        """Model ``m``'s spending budget for ``req``: the refusal when its
+        priced replicas spent it, or when this request's worst case
+        (:func:`~.admission.worst_cost`) would pass it; else None, and, for
+        a ``counted`` request (one that is recorded, so settled), that worst
+        case is reserved until it ends (``spend_holds``; settled in
+        :meth:`_request_ended` to the real cost, 0 when a replica that is
+        not priced served it). Reserved, not just checked: 30 concurrent
+        requests all found the budget unspent and spent 20 times it."""
         mdl = self.reg_models[m]
-        if self.keys is None or not (mdl.get("spend_per_day") or mdl.get("spend_per_week")
-                                     or mdl.get("spend_per_month")):
+        if self.keys is None or not budgeted(mdl):
             return None
-        return self.keys.over_budget(m, mdl)
+        if not counted:
+            return self.keys.over_budget(m, mdl)
+        p = self.keys.by_row.get(req.key_row)
+        gen = requested_tokens(self._limits_source(conn, req, body),
+                               p.reserve if p is not None else DEFAULT_RESERVE_TOKENS)
+        got = self.keys.reserve_budget(
+            m, mdl, worst_cost(mdl, len(req.body) // PROMPT_BYTES_PER_TOKEN, gen))
+        if isinstance(got, Refusal):
+            return got
+        self.spend_holds[req] = got
+        return None
+
+    def _wait_join(self, req: Request, m: int) -> tuple[int, int, int]:
+        """Count ``req`` as a waiter of model ``m``, its wait for a drain
+        starting after its key's drain penalty (:mod:`.drain_penalty`);
+        returns ``(its start, drains of every model, swaps of m)`` for
+        :meth:`_wait_served`."""
+        delay = self.drain_penalty.delay_ns(req.key_row) if self.drain_penalty else 0
+        rows = self.model_rows
+        return (self.waiters.join(m, delay), int(rows[:, L.M_DRAINS].sum()),
+                int(rows[m, L.M_SWAPS]))
+
+    def _wait_served(self, req: Request, m: int, token: tuple[int, int, int]) -> None:
+        """``req``, waiting for model ``m`` since :meth:`_wait_join` gave
+        ``token``, is taken by a replica: it no longer waits, and when a
+        drain made room for ``m`` meanwhile (a model was drained, and a
+        load of ``m`` swapped one out), its key caused it."""
+        self.waiters.leave(m, token[0])
+        rows = self.model_rows
+        if (req.key_row >= 0 and self.drain_penalty is not None
+                and int(rows[:, L.M_DRAINS].sum()) > token[1]
+                and int(rows[m, L.M_SWAPS]) > token[2]):
+            self.drain_penalty.caused(req.key_row)
 
     def _unpriced_ready(self, m: int) -> bool:
         """Whether model ``m`` has a ready replica that is not priced."""
@@ -197,30 +294,15 @@ class KeyedProxy:
         nano = 0
         if slot >= 0 and prompt + gen > 0 and self._priced(m, slot):
             nano = cost_nano(self.reg_models[m], prompt, cached, gen)
-            if nano:
-                self.keys.add_spend(m, nano)
+        budget = self.spend_holds.pop(req, None)
+        if budget is not None:
+            self.keys.settle_budget(m, budget, nano)
+        elif nano:
+            self.keys.add_spend(m, nano)
         hold = req.key_hold
         if hold is not None:
             req.key_hold = None
             self.keys.settle(hold, prompt, cached, gen, nano)
-
-    def _key_model(self, req: Request, obj: dict) -> dict:
-        """Model object ``obj`` as ``req``'s key sees it (:func:`tenant_view`
-        for a key of the keys file; the caller checked the key may use it)."""
-        return tenant_view(obj) if req.key_row >= 0 else obj
-
-    def _key_models(self, req: Request, data: list[dict]) -> list[dict]:
-        """``data`` (model objects with ``id``) without the models ``req``'s
-        key may not use, each as :func:`tenant_view`."""
-        if req.key_row < 0:
-            return data
-        by_name = {e["name"]: e for e in self.reg_models}
-        out = []
-        for d in data:
-            name = d.get("id") or d.get("name") or ""
-            if self._key_allows(req, by_name.get(name, {"name": name})):
-                out.append(tenant_view(d))
-        return out
 
     # ---- /key/info -----------------------------------------------------------------------
     async def _key_info(self, conn: HttpConnection, req: Request) -> None:
@@ -304,6 +386,8 @@ class KeyedProxy:
         for d in doc.get("keys", ()):
             k = {k: v for k, v in d.items() if k not in ("sha256", "row")}
             k["usage"] = self.keys.usage(d["row"])
+            if self.drain_penalty is not None:  # its drain penalty's count (.drain_penalty)
+                k["usage"]["drains_caused"] = round(self.drain_penalty.drains(d["row"]), 2)
             out.append(k)
         return out
 

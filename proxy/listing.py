@@ -5,6 +5,8 @@ llama.cpp router's ``status`` object (``GET /v1/models``) and its live form,
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 import orjson
@@ -17,8 +19,20 @@ from .contention import queue_status
 SSE_KEEPALIVE_S = 15.0
 
 
+class Scope(Protocol):
+    """What one caller may see of the models (:class:`~.keyed.KeyScope`, a
+    keys-file key's): ``sees(i)`` whether model ``i`` is shown to it at
+    all, ``name(i)`` a model's name as it may read it (a waiting model's
+    holder). A scoped caller's model objects carry no ``status.args``
+    (this machine's paths and options)."""
+
+    def sees(self, i: int) -> bool: ...
+
+    def name(self, i: int) -> str: ...
+
+
 def model_status(i: int, row: np.ndarray, mdl: dict, errors: dict[str, str],
-                 names: list[dict] | None = None) -> dict:
+                 names: list[dict] | None = None, scope: Scope | None = None) -> dict:
     """llama.cpp router's ``status`` object of model ``i`` from its models-table
     ``row``: ``value`` (unloaded, loading, loaded, sleeping, stopping),
     ``args``; ``failed``, ``exit_code`` and ``error`` after a crash;
@@ -27,9 +41,11 @@ def model_status(i: int, row: np.ndarray, mdl: dict, errors: dict[str, str],
     this node) for a model with a KV tier (issue 29); ``queue`` while
     requests wait for it (issue 34, :func:`~.contention.queue_status`: waiters,
     the oldest wait, and why; ``names``: the registry's models, for the
-    holder's name)."""
+    holder's name; with a ``scope``, the holder as its caller may read it,
+    and no ``args``)."""
     st = int(row[L.M_STATUS])
-    status: dict = {"value": L.ModelStatus.NAMES[st], "args": mdl.get("args", [])}
+    status: dict = {"value": L.ModelStatus.NAMES[st],
+                    "args": mdl.get("args", []) if scope is None else []}
     ram, disk = int(row[L.M_CACHE_RAM_BYTES]), int(row[L.M_CACHE_DISK_BYTES])
     if ram or disk or row[L.M_CACHE_FLAGS]:
         status["cache"] = {"ram_bytes": ram, "disk_bytes": disk}
@@ -40,7 +56,9 @@ def model_status(i: int, row: np.ndarray, mdl: dict, errors: dict[str, str],
             status["error"] = errors[str(i)]
     if st == L.ModelStatus.LOADING:
         status["progress"] = int(row[L.M_PROGRESS]) / 1000
-    q = queue_status(row, lambda h: _name(names, h))
+    name_of: Callable[[int], str] = (scope.name if scope is not None
+                                     else lambda h: _name(names, h))
+    q = queue_status(row, name_of)
     if q is not None:
         status["queue"] = q
     return status
@@ -54,7 +72,7 @@ def _name(models: list[dict] | None, i: int) -> str:
 
 
 def model_object(i: int, mdl: dict, row: np.ndarray, errors: dict[str, str],
-                 names: list[dict] | None = None) -> dict:
+                 names: list[dict] | None = None, scope: Scope | None = None) -> dict:
     """OpenAI's model object for model ``i`` (``created``: its file's
     modification time) with llama.cpp router's ``status`` and ggmux's
     ``aliases`` and, once the model is measured, ``has_chat_template``
@@ -62,14 +80,15 @@ def model_object(i: int, mdl: dict, row: np.ndarray, errors: dict[str, str],
     requests have no template to use, and a client should use
     ``/v1/completions``) and, for a model with a multimodal projector,
     ``modalities`` (``{"vision", "audio"}``, llama-server's ``/props``
-    shape) and ``capabilities`` (those of them it reads)."""
+    shape) and ``capabilities`` (those of them it reads). ``scope``: as
+    :func:`model_status` shows it."""
     out = {
         "id": mdl["name"],
         "object": "model",
         "created": mdl.get("created", 0),
         "owned_by": "ggmux",
         "aliases": mdl.get("aliases", []),
-        "status": model_status(i, row, mdl, errors, names),
+        "status": model_status(i, row, mdl, errors, names, scope),
     }
     if isinstance(mdl.get("chat_template"), bool):
         out["has_chat_template"] = mdl["chat_template"]
@@ -86,14 +105,17 @@ def media_capabilities(modalities: dict) -> list[str]:
     return [k for k in ("vision", "audio") if modalities.get(k)]
 
 
-def models_list(reg_models: list[dict], model_rows: np.ndarray, errors: dict[str, str]) -> dict:
+def models_list(reg_models: list[dict], model_rows: np.ndarray, errors: dict[str, str],
+                scope: Scope | None = None) -> dict:
     """OpenAI model list (``{"object": "list", "data": [...]}``) of
     :func:`model_object`; models a reload removed are left out, and so are
     cache entries a preset's ``dedup-cache-models`` hides (still served by
-    name, as llama-server's router skips ``meta.hidden`` in its list)."""
-    data = [model_object(i, mdl, model_rows[i], errors, reg_models)
+    name, as llama-server's router skips ``meta.hidden`` in its list), and,
+    with a ``scope``, the models it does not see."""
+    data = [model_object(i, mdl, model_rows[i], errors, reg_models, scope)
             for i, mdl in enumerate(reg_models)
-            if not mdl.get("removed") and not mdl.get("hidden")]
+            if not mdl.get("removed") and not mdl.get("hidden")
+            and (scope is None or scope.sees(i))]
     return {"object": "list", "data": data}
 
 
@@ -126,7 +148,9 @@ class ModelEvents:
     (:func:`model_object`), and in cluster mode ``status.node`` and
     ``nodes`` as ``/v1/models`` has them (:func:`~.cluster.annotate_model`),
     so an event never takes back what the list said; a comment every
-    :data:`SSE_KEEPALIVE_S` seconds keeps idle streams open. ``state()``
+    :data:`SSE_KEEPALIVE_S` seconds keeps idle streams open. A subscriber
+    with a :class:`Scope` (a keys-file key) gets the events of the models
+    it sees only, as its ``/v1/models`` shows them. ``state()``
     returns ``(reg_models, model_rows, errors, cluster)`` as of now
     (``cluster``: the registry blob's cluster object, None outside
     cluster mode)."""
@@ -134,32 +158,35 @@ class ModelEvents:
     def __init__(self, loop: asyncio.AbstractEventLoop, state) -> None:
         self.loop = loop
         self.state = state
-        self.subs: set[tuple[HttpConnection, Request]] = set()
+        self.subs: set[tuple[HttpConnection, Request, Scope | None]] = set()
         self.last: dict[int, bytes] = {}
         self.timer: asyncio.TimerHandle | None = None
 
     def __bool__(self) -> bool:
         return bool(self.subs)
 
-    def _event(self, i: int) -> bytes:
+    def _event(self, i: int, scope: Scope | None = None) -> bytes:
         reg_models, rows, errors, cluster = self.state()
         mdl = reg_models[i]
-        ev = {"id": mdl["name"], "status": model_status(i, rows[i], mdl, errors, reg_models)}
+        ev = {"id": mdl["name"],
+              "status": model_status(i, rows[i], mdl, errors, reg_models, scope)}
         if isinstance(mdl.get("chat_template"), bool):  # known once measured: an event then
             ev["has_chat_template"] = mdl["chat_template"]
         data = orjson.dumps(annotate_model(ev, cluster))
         return b"event: model\ndata: " + data + b"\n\n"
 
-    async def subscribe(self, conn: HttpConnection, req: Request) -> None:
-        """Serve one subscriber: one event per model with its current status,
-        then changes as they happen, for as long as the client stays."""
+    async def subscribe(self, conn: HttpConnection, req: Request,
+                        scope: Scope | None = None) -> None:
+        """Serve one subscriber (``scope``: what it may see; None: all):
+        one event per model with its current status, then changes as they
+        happen, for as long as the client stays."""
         reg_models = self.state()[0]
         conn.start_stream(req)
         for i, mdl in enumerate(reg_models):
-            if not mdl.get("removed"):
-                conn.send_chunk(self._event(i))
+            if not mdl.get("removed") and (scope is None or scope.sees(i)):
+                conn.send_chunk(self._event(i, scope))
         self.last = {i: self._event(i) for i in range(len(reg_models))}
-        sub = (conn, req)
+        sub = (conn, req, scope)
         self.subs.add(sub)
         gone = self.loop.create_future()
         req.on_disconnect = lambda: gone.done() or gone.set_result(None)
@@ -179,13 +206,16 @@ class ModelEvents:
             ev = self._event(i)
             if self.last.get(i) != ev:
                 self.last[i] = ev
-                for conn, _ in list(self.subs):
-                    conn.send_chunk(ev)
+                for conn, _, scope in list(self.subs):
+                    if scope is None:
+                        conn.send_chunk(ev)
+                    elif scope.sees(i):
+                        conn.send_chunk(self._event(i, scope))
 
     def _keepalive(self) -> None:
         self.timer = None
         if not self.subs:
             return
-        for conn, _ in list(self.subs):
+        for conn, _, _ in list(self.subs):
             conn.send_chunk(b": keep-alive\n\n")
         self.timer = self.loop.call_later(SSE_KEEPALIVE_S, self._keepalive)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 import orjson
@@ -157,6 +158,7 @@ async def scrape_replicas(replica_rows: np.ndarray, timeout: float = 1.0) -> dic
 
 def metrics_text(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
                  replica_rows: np.ndarray, replicas: dict[int, dict] | None = None,
+                 sees: Callable[[int], bool] | None = None,
                  router: dict | None = None) -> bytes:
     """Prometheus text exposition (version 0.0.4) for the whole server,
     summed over every proxy's counter rows: per model requests, errors, in
@@ -165,7 +167,14 @@ def metrics_text(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
     and, from ``replicas`` (:func:`scrape_replicas`), the replicas' own
     token, slot, queue and KV figures per model. With ``router``'s
     ``metrics_compat`` ``vllm`` (the default), the same models' figures
-    under vLLM's names too (:mod:`.vllm_metrics`)."""
+    under vLLM's names too (:mod:`.vllm_metrics`: the pod's sums and the
+    adapter lists are of the models the caller sees).
+
+    ``sees(i)``: whether the caller may see model ``i`` (a keys-file key
+    sees its own models only: :class:`~.keyed.KeyScope`); None: every
+    model. It filters ``models``, the one list every per-model series
+    (and the server-wide sums of them) is written from, so a series added
+    here is filtered as they are."""
     mc = seg.mcounters.sum(axis=0)
     cnt = seg.counters
     inflight = cnt[:, :, L.C_IN_FLIGHT].sum(axis=0)
@@ -178,8 +187,9 @@ def metrics_text(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
     def lab(s: str) -> str:
         return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
+    # every per-model series below comes from this list: the caller's models only
     models = [(i, lab(m["name"])) for i, m in enumerate(reg_models)
-              if not m.get("removed")]
+              if not m.get("removed") and (sees is None or sees(i))]
     rows = model_rows
 
     def per_model(name: str, kind: str, help_: str, values, fmt: str = "{:d}") -> None:

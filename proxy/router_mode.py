@@ -110,9 +110,9 @@ class RouterMode:
             if reload and not await self._reload(conn, req):
                 return
             self.refresh()
-            listed = models_list(self.reg_models, self.model_rows, self.errors)
-            if req.key_row >= 0:  # only the models the key may use (issue 36)
-                listed["data"] = self._key_models(req, listed["data"])
+            # a keys-file key: only the models it may use, without their args
+            listed = models_list(self.reg_models, self.model_rows, self.errors,
+                                 self._scope(req))
             conn.send_json(req, 200, annotate_models(listed, self.cluster))
         elif method == b"DELETE" and req.path == b"/models":
             self._delete_model(conn, req)
@@ -178,7 +178,8 @@ class RouterMode:
             name = self.reg_models[only]["name"]
         m = self.names.get(name)
         if m is None:
-            conn.send_error(req, 404, unknown_model(name, self.reg_models), code="model_not_found")
+            conn.send_error(req, 404, unknown_model(name, self._listed(req)),
+                            code="model_not_found")
         elif self._redacts(req, path):
             await self._redacted(conn, req, m, name, touch=False)
         else:
@@ -199,15 +200,21 @@ class RouterMode:
         """``GET /metrics``: the whole server's Prometheus text, followed,
         when the server has one model and it is loaded, by that replica's own
         (llama-server's ``llamacpp:`` families, its headers kept; no name
-        clashes: ggmux's are ``ggmux_*``)."""
+        clashes: ggmux's are ``ggmux_*``). A keys-file key reads the series
+        of its own models and its own key only (:meth:`_scope`; the filter
+        is :func:`~.metrics.metrics_text`'s ``sees``)."""
+        scope = self._scope(req)  # a keys-file key: its own models and usage only
         replicas = await scrape_replicas(self.replica_rows)
         self.refresh()
         text = metrics_text(self.seg, self.reg_models, self.model_rows, self.replica_rows,
-                            replicas, self.router)
-        text += "".join(metrics_lines(self.cluster)).encode()
-        text += usage_metrics(self.usage.status())  # per key name, the ledger (issue 36)
+                            replicas, scope.sees if scope is not None else None, self.router)
+        if scope is None:  # the nodes' figures count every tenant's models and requests
+            text += "".join(metrics_lines(self.cluster)).encode()
+        # per key name, the ledger (issue 36)
+        text += usage_metrics(self.usage.status(),
+                              None if scope is None else self.keys.name(req.key_row))
         headers: list[tuple[bytes, bytes]] = []
-        if only is not None and only in self.ready:
+        if only is not None and only in self.ready and (scope is None or scope.sees(only)):
             ex = await self._forward(conn, req, only, self.reg_models[only]["name"], None,
                                      touch=False, capture=True)
             if ex is None:

@@ -39,7 +39,7 @@ import os
 import random
 import secrets
 import time
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 import orjson
@@ -76,10 +76,12 @@ from .cluster import (
     take_hop,
 )
 from .cors import Cors, from_other_site, json_type, simple_type
+from .drain_penalty import DEFAULT_PENALTY_S, DrainPenalty
 from .draining import Draining
 from .forward import NS, Forwarding
+from .hosts import HostCheck
 from .inference_paths import TOKEN_ROUTES
-from .keyed import KeyedProxy
+from .keyed import KeyedProxy, budgeted
 from .listing import ModelEvents, unknown_model
 from .operator.logs import LogTail
 from .operator.page import Page
@@ -125,8 +127,12 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
         cache_scope: str = "global",
         key_table: str | None = None,
         keyed: bool = False,
+        hosts: HostCheck | None = None,
+        drain_penalty: float = DEFAULT_PENALTY_S,
     ) -> None:
         self.index = index
+        # the Host names it answers to (DNS rebinding: .hosts); None: any
+        self.hosts = hosts
         self.cors = Cors(cors_origins) if cors_origins else None
         self.apis = ClientApis(self)
         self.drain_timeout = drain_timeout
@@ -212,6 +218,11 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
         # spend of priced replicas (every server)
         self.keyed = keyed and bool(key_table)
         self.keys = KeyAdmission(key_table, index) if key_table else None
+        self.spend_holds: dict = {}  # Request -> its reservation of a model's budget (.keyed)
+        # the keys' drain penalty (.drain_penalty): the keys file's keys only
+        self.drain_penalty = (DrainPenalty(self.keys.table, drain_penalty)
+                              if self.keys is not None and self.keyed and drain_penalty > 0
+                              else None)
         if self.keys is not None:
             self.activity.on_end = self._request_ended
         self.refresh()
@@ -252,6 +263,8 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
             self.reload_errors = doc.get("reload_errors", {})
             self.cache_clears = doc.get("cache_clears", {})
             self.cluster = doc.get("cluster")
+            if self.cluster is not None and self.hosts is not None:
+                self.hosts.set_cluster(urlsplit(self.cluster.get("url") or "").hostname or "")
             self.router = doc.get("router") or {}  # the router's settings (.router_mode)
             self.hop_slots = frozenset(k for k, v in self.remotes.items() if v.get("hop"))
             self.model_first_byte_ns = [
@@ -276,14 +289,16 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
             self.held_local = {int(reps[s, L.R_MODEL]) for s in np.flatnonzero(held)
                                if int(s) not in self.hop_slots}
         # models served by exactly one local replica without a concurrency
-        # limit need no balancing: skip building candidates per request
+        # limit need no balancing: skip building candidates per request (but
+        # a spending budget is checked and reserved per request: not those)
         per_model: dict[int, list[int]] = {}
         for slot in np.flatnonzero(serving):
             per_model.setdefault(int(reps[slot, L.R_MODEL]), []).append(int(slot))
         single = {}
         for m, slots in per_model.items():
             r = reps[slots[0]]
-            if len(slots) == 1 and slots[0] not in self.remotes and not r[L.R_MAX_CONCURRENCY]:
+            if (len(slots) == 1 and slots[0] not in self.remotes and not r[L.R_MAX_CONCURRENCY]
+                    and not (m < len(self.reg_models) and budgeted(self.reg_models[m]))):
                 single[m] = Candidate(slot=slots[0], port=int(r[L.R_PORT]),
                                       incarnation=int(r[L.R_INCARNATION]))
         self.single = single
@@ -385,6 +400,14 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
         docstring gives the order of the checks)."""
         path = req.path
         route = routes.match(path)
+        if (self.hosts is not None and not self.hosts.allows(req.host)
+                and path != b"/health"):  # (probes name the pod or the service)
+            why = self.hosts.refusal(req.host)
+            if route is not None and route.foreign:
+                apis.send_error(conn, req, 403, why)
+            else:
+                conn.send_error(req, 403, why, code="host_not_allowed")
+            return
         admin = route is not None and route.needs_admin(req.query, req.method)
         if admin and req.origin is not None and self.cors is not None:
             req.extra_head = self.cors.headers(req.origin, admin=True)  # never "*"
@@ -506,7 +529,7 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
 
     async def _models_sse(self, conn: HttpConnection, req: Request) -> None:
         self.refresh()
-        await self.events.subscribe(conn, req)
+        await self.events.subscribe(conn, req, self._scope(req))
 
     def _query_model(self, req: Request) -> str | None:
         if not req.query:

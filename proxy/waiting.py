@@ -48,36 +48,60 @@ class ModelWaiters:
         self.keepalive = keepalive
         self.progress = progress
         self.waiting: dict[int, set[asyncio.Future]] = {}
+        # model -> when each of our waiters begins to count its wait (monotonic
+        # ns: its arrival, later for a key with a drain penalty: .drain_penalty)
+        self.starts: dict[int, list[int]] = {}
+        self.timers: dict[int, asyncio.TimerHandle] = {}
 
     def __bool__(self) -> bool:
         """Whether any request waits."""
         return bool(self.waiting)
 
-    def join(self, m: int) -> None:
-        """Count one more request waiting for model ``m`` and tell the supervisor."""
-        w = self.row
-        now = time.monotonic_ns()
-        count, first = int(w[m, L.W_COUNT]), int(w[m, L.W_FIRST_NS])
-        if not 0 <= count <= MAX_WAITERS or count and not 0 < first <= now:
-            # a corrupt cell (a bug, or a write over the segment): the
-            # supervisor ignores it (issue 37, item 14), so start it again
-            log.warning("waiters row of model %d held %d, %d: reset", m, count, first)
-            count = 0
-        if count == 0:
-            w[m, L.W_FIRST_NS] = now
-        w[m, L.W_COUNT] = count + 1
+    def join(self, m: int, delay_ns: int = 0) -> int:
+        """Count one more request waiting for model ``m`` and tell the
+        supervisor; its wait counts for a drain from ``delay_ns`` after now
+        (a key's drain penalty, :mod:`.drain_penalty`; 0: at once). Returns
+        that start, for :meth:`leave`."""
+        start = time.monotonic_ns() + max(0, delay_ns)
+        self.starts.setdefault(m, []).append(start)
+        self._write(m)
         try:
             self.mq.send(b'{"op":"want","model":%d}' % m, timeout=0)
         except posix_ipc.BusyError:
             pass  # demand is in the waiters table; the supervisor's tick sees it
+        return start
 
-    def leave(self, m: int) -> None:
-        """One request no longer waits for ``m`` (served, or gave up)."""
+    def leave(self, m: int, start: int | None = None) -> None:
+        """One request no longer waits for ``m`` (served, or gave up):
+        the one :meth:`join` returned ``start`` for (None: the oldest)."""
+        starts = self.starts.get(m)
+        if starts:
+            if start is not None and start in starts:
+                starts.remove(start)
+            else:
+                starts.remove(min(starts))
+        if not starts:
+            self.starts.pop(m, None)
+        self._write(m)
+
+    def _write(self, m: int) -> None:
+        """This proxy's waiters cell of ``m`` from its waiters: their count,
+        and the earliest start that has come (0 while none has: a cell that
+        counts waiters without a time has demand, and a model with room
+        loads for it, but no wait that could drain another); a timer
+        writes it again when the next start comes."""
+        starts = self.starts.get(m) or ()
+        now = time.monotonic_ns()
+        came = [t for t in starts if t <= now]
         w = self.row
-        w[m, L.W_COUNT] -= 1
-        if w[m, L.W_COUNT] <= 0:
-            w[m, L.W_COUNT] = 0
-            w[m, L.W_FIRST_NS] = 0
+        w[m, L.W_FIRST_NS] = min(came) if came else 0
+        w[m, L.W_COUNT] = min(len(starts), MAX_WAITERS)
+        timer = self.timers.pop(m, None)
+        if timer is not None:
+            timer.cancel()
+        later = [t for t in starts if t > now]
+        if later:
+            self.timers[m] = self.loop.call_later((min(later) - now) / 1e9, self._write, m)
 
     def wake(self, outcome: Callable[[int], str | None]) -> None:
         """Resolve the waits of every model for which ``outcome(m)`` says

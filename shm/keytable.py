@@ -64,9 +64,11 @@ HEADER_WORDS = 16
 H_MAGIC, H_LAYOUT, H_SEQ, H_GEN, H_BLOB_LEN, H_BLOB_CAP, H_ROWS, H_PROXIES, H_MODELS, \
     H_SCALE_MILLI, H_ANCHOR_S = range(11)
 
-# a key's row: window ids and their counters
+# a key's row: window ids and their counters; the drains its requests caused
+# (thousandths, decaying: proxy.admission's drain penalty) and when they were
+# last brought up to date (the table's clock, ms)
 K_MINUTE, K_REQS, K_TOKENS, K_IN_FLIGHT, K_DAY, K_TOK_DAY, K_WEEK, K_TOK_WEEK, K_MONTH, \
-    K_TOK_MONTH, K_SPEND_MONTH_NANO, K_ADMITTED, K_REFUSED = range(13)
+    K_TOK_MONTH, K_SPEND_MONTH_NANO, K_ADMITTED, K_REFUSED, K_DRAINS_MILLI, K_DRAINS_MS = range(15)
 K_WORDS = 16
 # the windows and the counters each one zeroes when it rolls
 WINDOWS = ((K_MINUTE, (K_REQS, K_TOKENS)), (K_DAY, (K_TOK_DAY,)), (K_WEEK, (K_TOK_WEEK,)),
@@ -76,6 +78,11 @@ WINDOWS = ((K_MINUTE, (K_REQS, K_TOKENS)), (K_DAY, (K_TOK_DAY,)), (K_WEEK, (K_TO
 S_DAY, S_COST_DAY, S_WEEK, S_COST_WEEK, S_MONTH, S_COST_MONTH = range(6)
 S_WORDS = 8
 NANO = 1_000_000_000
+
+DEFAULT_RESERVE_TOKENS = 512
+"""Completion tokens a request that names no limit is reserved for (a key's
+``reserve-tokens`` when the keys file names none; a priced model's
+spending budget for every request)."""
 
 DEFAULT_ROWS = 256
 DEFAULT_BLOB = 1 << 20
@@ -367,6 +374,36 @@ class KeyTable:
                 r[c] = 0
                 r[w] = cur
             r[c] += nano
+
+    @contextmanager
+    def budget_locked(self, model: int):
+        """Hold model ``model``'s budget lock (the bytes of proxy 0's spend row
+        of it, whichever proxy asks): a reservation's check of every proxy's
+        spend and its own add are one step, as a key row's check and add
+        are under its lock, or N proxies would pass one budget N times."""
+        off = self.keys_off + int(self.keys.shape[0]) * K_WORDS * 8 + model * S_WORDS * 8
+        fcntl.lockf(self.fd, fcntl.LOCK_EX, S_WORDS * 8, off)
+        try:
+            yield
+        finally:
+            fcntl.lockf(self.fd, fcntl.LOCK_UN, S_WORDS * 8, off)
+
+    def settle_spend(self, proxy: int, model: int, reserved: int,
+                     then: tuple[int, int, int, int], cost: int,
+                     now: tuple[int, int, int, int]) -> None:
+        """A request of this proxy for ``model`` that reserved ``reserved``
+        nano-units at admission (periods ``then``) cost ``cost``: in each
+        period still current the reservation becomes the cost; a period
+        that rolled since lost the reservation with its roll and gets the
+        cost (periods ``now``)."""
+        r = self.spend[proxy, model]
+        for w, c, was, cur in ((S_DAY, S_COST_DAY, then[1], now[1]),
+                               (S_WEEK, S_COST_WEEK, then[2], now[2]),
+                               (S_MONTH, S_COST_MONTH, then[3], now[3])):
+            if r[w] != cur:
+                r[c] = 0
+                r[w] = cur
+            r[c] = max(0, r[c] + cost - (reserved if was == cur else 0))
 
     def spent(self, model: int, ids: tuple[int, int, int, int]) -> tuple[int, int, int]:
         """Nano-units spent on ``model`` by every proxy in the current day,

@@ -417,6 +417,8 @@ def _serve(args: argparse.Namespace) -> int:
                     "--max-queue", str(args.max_queue),
                     "--stream-keepalive", str(args.stream_keepalive),
                     "--cors-origins", args.cors_origins,
+                    "--allowed-hosts", args.allowed_hosts,
+                    "--drain-penalty", str(args.drain_penalty),
                     "--first-byte-timeout", str(args.first_byte_timeout),
                     "--stream-idle-timeout", str(args.stream_idle_timeout),
                     *routing_argv(args, args.cache_scope),

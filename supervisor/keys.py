@@ -32,6 +32,7 @@ keeps its windows; a removed key's row waits for its name to come back.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -39,11 +40,12 @@ import math
 import os
 import re
 import secrets
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from ..shm.keytable import KeyTable, TableShape
+from ..shm.keytable import DEFAULT_RESERVE_TOKENS, KeyTable, TableShape
 from ..shm.keytable import weighed as _weighed
 from .presets import GLOBAL_SECTION, PresetError, read_ini
 
@@ -54,7 +56,7 @@ INT_KEYS = ("rpm", "tpm", "max-parallel", "tokens-per-day", "tokens-per-week",
 FLOAT_KEYS = ("input-weight", "cached-weight", "output-weight", "spend-per-month")
 KNOWN = frozenset((*INT_KEYS, *FLOAT_KEYS, "key", "key-sha256", "models", "expires",
                    "disabled"))
-DEFAULT_RESERVE = 512
+DEFAULT_RESERVE = DEFAULT_RESERVE_TOKENS
 """Completion tokens reserved at admission for a request that names no
 ``max_tokens`` (``reserve-tokens``), settled at its end."""
 DONE_KEPT = 64  # admin edits whose outcome stays published for the proxy that waits
@@ -204,15 +206,55 @@ def _apply(p: KeyPolicy, key: str, v: str) -> None:
         p.disabled = _bool(v)
 
 
+def check_file_mode(path: str) -> None:
+    """Refuse a keys file other users may steer or read secrets from, as
+    ``tenant.key`` and ``kv.key`` are refused (ssh's ``StrictModes``):
+    owned by another user than this one or root, or writable by group or
+    others (whoever can write it gives themselves a key without limits),
+    or, when it holds a secret itself (a ``key =`` line whose value is not
+    a ``${env.NAME}``), readable by group or others. A file of
+    ``key-sha256`` lines may be world-readable (a ConfigMap's 0644): a hash
+    opens nothing. The mode is the file's a link points to. Raises
+    :class:`PresetError` naming the file (and the line of the secret),
+    never the secret; ``OSError`` when it cannot be read."""
+    st = os.stat(path)
+    mode = stat.S_IMODE(st.st_mode)
+    uid = os.geteuid()
+    if st.st_uid not in (uid, 0):
+        raise PresetError(path, 0, f"owned by uid {st.st_uid}, not by this user (uid {uid}) "
+                          "or root: refused (its owner could give itself any key)")
+    if mode & 0o022:
+        raise PresetError(path, 0, f"may be written by other users (mode {mode:o}): refused, "
+                          "whoever can write it can give themselves a key without limits "
+                          "(chmod go-w it)")
+    if not mode & 0o044:
+        return
+    with open(path, "rb") as f:
+        text = f.read().decode("utf-8", "replace")
+    for n, line in enumerate(text.splitlines(), start=1):
+        if _item(line) != "key":
+            continue
+        value = _COMMENT.split(line.split("=", 1)[1], 1)[0].strip().strip("\"'")
+        if not _ENV_ONLY.match(value):
+            raise PresetError(path, n, f"a key's secret is written here and the file may be "
+                              f"read by other users (mode {mode:o}): refused (chmod 600 it, "
+                              "or write key-sha256 = its SHA-256, or key = ${env.NAME})")
+
+
+_ENV_ONLY = re.compile(r"\$\{env\.[A-Za-z_][A-Za-z0-9_]*\}\Z")
+
+
 def read_keys_file(path: str, builtin: dict[str, str] | None = None) -> list[KeyPolicy]:
     """The keys of ``path`` in file order. Raises :class:`PresetError`
-    (``FILE:LINE: reason``) for an unknown key, a setting given twice in a
+    (``FILE:LINE: reason``) for a file others may write or read a secret
+    from (:func:`check_file_mode`), an unknown key, a setting given twice in a
     section, a bad value, a bad name, a key without ``key``/``key-sha256``,
     two keys with one secret, or a key whose secret is a built-in one
     (``builtin``: hash -> the option that gave it, ``--admin-key`` or
     ``--api-key``: the built-in key would win, so the file's limits would
     silently never apply); ``OSError`` when the file cannot be read."""
     builtin = builtin or {}
+    check_file_mode(path)
     top, sections = read_ini(path, quote=False)
     if top:
         raise PresetError(path, top[0].line, f"'{top[0].key}' outside a section")
@@ -443,8 +485,9 @@ class KeyRegistry:
                 if k not in KNOWN or k in ("key", "key-sha256"):
                     return f"unknown key setting '{k}'"
                 v = str(v)
-                if "\n" in v or "\r" in v:
-                    return f"{k}: a value is one line"
+                why = _not_literal(v)
+                if why is not None:
+                    return f"{k}: {why}"
                 new.append(f"{k} = {v}")
             lines += new
         else:
@@ -466,27 +509,60 @@ class KeyRegistry:
             if body is not None:
                 lines = lines[:a + 1] + body + lines[b:]
         old_keys = list(self.keys.values())
-        tmp = f"{self.path}.tmp{os.getpid()}"
+        # a link (a ConfigMap's, configuration management's) stays a link:
+        # its target is what is rewritten, so the operator's file is the one
+        # that changes (replacing the link would leave it silently unused)
+        target = os.path.realpath(self.path)
+        tmp = f"{target}.tmp{os.getpid()}"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write("\n".join(lines) + "\n")
             keep = None
             try:
-                with open(self.path, "rb") as f:
+                with open(target, "rb") as f:
                     keep = f.read()
             except OSError:
                 pass
-            os.replace(tmp, self.path)
+            os.replace(tmp, target)
         except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if target != os.path.abspath(self.path):
+                return (f"the keys file {self.path} is a link to {target}, which cannot be "
+                        f"written ({e.strerror or e}): edit the file it comes from (a "
+                        "ConfigMap, configuration management) instead")
             return str(e)
         err = self.load()
         if err is not None:  # put the file back as it was
             if keep is not None:
-                with open(self.path, "wb") as f:
+                with open(target, "wb") as f:
                     f.write(keep)
             self.apply(old_keys)
         return err
+
+
+def _not_literal(v: str) -> str | None:
+    """Why value ``v``, written into the keys file by an admin route, would
+    not read back as itself (None: it would). The file is read as the
+    presets are: ``${env.NAME}`` is replaced by the environment variable,
+    and ``;`` or ``#`` after whitespace starts a comment, so a value holding
+    either would read as something else, and an expansion would let whoever
+    holds the admin key over HTTP read any environment variable of the
+    server (a cloud credential, a database password) back through ``GET
+    /keys``. No setting needs them; the file's author may still write
+    ``${env.NAME}`` there by hand."""
+    if "\n" in v or "\r" in v:
+        return "a value is one line"
+    if "${" in v:
+        return ("'${' is not taken from a route (the keys file would expand it as an "
+                "environment variable): write the value itself, or edit the file")
+    if _COMMENT.search(v):
+        return "';' or '#' after a space starts a comment in the keys file"
+    return None
+
+
+_COMMENT = re.compile(r"(?:^|\s)[;#]")
 
 
 def _item(line: str) -> str | None:

@@ -31,6 +31,7 @@ import orjson
 import posix_ipc
 
 from ..http1.drain import DRAIN_FLUSH_S, drain_budget
+from ..ledger.leftover import read_leftover
 from ..ledger.sync import LedgerSync
 from ..shm import layout as L
 from ..shm.keytable import NO_KEYS_BLOB, TableShape, key_table_name
@@ -150,6 +151,9 @@ class Supervisor(ProxyChildren):
         cfg, st = self.cfg, self.state
         _check_port_free(cfg.host, cfg.port)
         _check_no_live_owner(cfg.shm_name)
+        # a server of this name that died (kill -9) left its ring: its last
+        # requests' rows, read before anything of the name is made again
+        leftover = read_leftover(cfg.shm_name) if cfg.ledger else None
         # the key table, before any proxy attaches it: the keys' windows (--keys)
         # and every server's priced replicas' spend
         try:
@@ -174,6 +178,8 @@ class Supervisor(ProxyChildren):
                 prices_of=lambda model: model_prices(st.registry, model))
         except ValueError as e:
             raise StartupError(f"--ledger: {e}") from None
+        if self.usage is not None and leftover is not None:  # before the windows' seed
+            self.usage.recover(leftover.rows(self.usage.ctx))
         if self.usage is not None and self.keys is not None:  # restart keeps the windows,
             self.sync = start_windows(cfg, self.keys, self.usage, self.jobs)  # nodes share them
         # --- end usage ledger ---

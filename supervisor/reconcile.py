@@ -16,7 +16,17 @@ from ..shm import layout as L
 from .contention import max_wait_s, min_residency_s
 from .measure import Measurer
 from .replicas import Replicas
-from .scheduler import Drain, MemoryView, ModelView, ReplicaView, Scheduler, Spawn, Stop, Undrain
+from .scheduler import (
+    NO_START,
+    Drain,
+    MemoryView,
+    ModelView,
+    ReplicaView,
+    Scheduler,
+    Spawn,
+    Stop,
+    Undrain,
+)
 from .state import NS, State
 
 log = logging.getLogger(__name__)
@@ -156,7 +166,7 @@ class Reconciler:
                 break
             w = waits.get(i)
             reason, holder, eta = (w.reason, w.holder, w.eta_ns) if w else (0, -1, 0)
-            f = int(first[i]) if counts[i] > 0 else 0
+            f = int(first[i]) if counts[i] > 0 and first[i] < NO_START else 0
             if (rt.wait_reason, rt.wait_holder, rt.wait_eta_ns, rt.wait_first_ns) != \
                     (reason, holder, eta, f):
                 rt.wait_reason, rt.wait_holder, rt.wait_eta_ns, rt.wait_first_ns = \

@@ -43,6 +43,10 @@ from .memory import Amounts, Ledger, add, fmt
 
 log = logging.getLogger(__name__)
 
+NO_START = (1 << 63) - 1
+"""``ModelView.first_ns`` of a model whose waiters have no wait start yet
+(the proxy counts them but their wait runs later: a key's drain penalty):
+it loads into room, and drains nothing."""
 SET_SEARCH_MAX = 12
 """Victim candidates up to which :meth:`Scheduler.victim_set` tries every
 subset (4096 at most); above it, it adds candidates in order until enough."""
@@ -76,7 +80,8 @@ class ReplicaView:
 @dataclass(slots=True)
 class ModelView:
     """Demand for one model: ``waiters`` summed over proxies, ``first_ns``
-    the oldest waiter's arrival, ``blocked_until_ns`` the load backoff,
+    the oldest waiter's wait start (:data:`NO_START`: none yet),
+    ``blocked_until_ns`` the load backoff,
     ``max_wait_ns`` its bound: past it a busy replica is drained for it
     (0: no bound, it waits for an idle victim)."""
 
@@ -419,7 +424,8 @@ class Scheduler:
                 self.waits[m.index] = Wait(m.index, WaitReason.SLICE, holder.model)
                 return
             full = pool  # all of them, and it still will not fit: loads with a warning
-        bound_at = m.first_ns + m.max_wait_ns if m.max_wait_ns > 0 else 0
+        # (no wait start yet: waiters whose key's drain penalty runs, proxy.drain_penalty)
+        bound_at = m.first_ns + m.max_wait_ns if 0 < m.max_wait_ns and m.first_ns < NO_START else 0
         ripe = [r for r in pool
                 if _idle(r, wanted) or now_ns - r.ready_ns >= r.min_residency_ns]
         vs = None

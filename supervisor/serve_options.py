@@ -202,6 +202,11 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                         "past it a busy model is drained (no new request, its requests "
                         "finish) and the waiting one loads; 0: no bound (not given: 4 x the "
                         "model's load time, at least 30 s; a preset's max-wait wins)")
+    s.add_argument("--drain-penalty", type=float, default=30.0, metavar="S",
+                   help="a key of the keys file that caused n drains lately (halving every "
+                        "10 min) waits S x (2^n - 1) s longer before its requests may drain "
+                        "another busy model (at most an hour); loads into room are not "
+                        "delayed; 0: off (default: %(default)s)")
     s.add_argument("--min-residency", type=float, default=None, metavar="S",
                    help="a model swapped in keeps its capacity this long while it has "
                         "demand (not given: 3 x its load time, so loading stays under a "
@@ -297,6 +302,13 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                         "credentials ('localhost': every page of this machine, as "
                         "llama-server's); admin routes take listed origins only, never '*'; "
                         "'' turns CORS off")
+    s.add_argument("--allowed-hosts", default="", metavar="NAMES",
+                   help="Host names the server answers to besides its own (localhost, IP "
+                        "addresses, one-label names, .localhost/.local/.internal, --host, "
+                        "the machine's names): a comma-separated list (*.domain globs), which "
+                        "also turns the check on when --host is not loopback; '*' turns it "
+                        "off. Other names get 403 (a page that rebinds its DNS name to this "
+                        "machine, DNS rebinding); by default checked while --host is loopback")
     s.add_argument("--first-byte-timeout", type=float, default=600.0, metavar="S",
                    help="a replica that sends no byte of its answer within this many seconds "
                         "hangs: the request gets 504, the replica a fault (a preset's "

@@ -266,6 +266,16 @@ class Server:
 
 
 @pytest.fixture
+def private_files():
+    """Files the test makes are readable by their owner only (umask 077), as
+    a keys file that holds secrets must be (ggmux refuses one others may
+    read); the servers it starts inherit the mask."""
+    old = os.umask(0o077)
+    yield
+    os.umask(old)
+
+
+@pytest.fixture
 def serve(tmp_path):
     """``serve(*args) -> Server`` started and ready; stopped after the test."""
     started: list[Server] = []

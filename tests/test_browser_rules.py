@@ -106,7 +106,9 @@ def test_preflights_grant_admin_routes_nothing_and_api_routes_only_known_headers
     assert status == 200
     assert "access-control-allow-origin" not in h and "access-control-allow-methods" not in h
     status, h, _ = s.request("OPTIONS", "/v1/chat/completions", headers=ask)
-    assert status == 200 and h["access-control-allow-origin"] == "*"  # llama-server's default
+    # llama-server's default: the origin echoed (here without credentials)
+    assert status == 200 and h["access-control-allow-origin"] == EVIL
+    assert "access-control-allow-credentials" not in h
     assert h["access-control-allow-headers"] == "content-type, x-stainless-lang, authorization"
 
 
@@ -197,3 +199,70 @@ def test_only_the_admin_key_reaches_a_replicas_admin_routes(serve, fakes):
     status, _, body = s.request("POST", "/upstream/m/cache/clear", b"{}", headers=admin)
     assert status == 200 and "cleared" in json.loads(body), body
     assert s.request("GET", "/upstream/m/props", headers=api)[0] == 200
+
+
+# ---- DNS rebinding: a page whose name now points at this machine -------------------------
+
+def rebound(s, method: str, path: str, body=None, host: str | None = None):
+    """A request as a rebinding page sends it: same-origin, ``Host`` its own name."""
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+    try:
+        headers = {"host": host or f"evil.example:{s.port}",
+                   "origin": f"http://{host or f'evil.example:{s.port}'}"}
+        if body is not None:
+            headers["content-type"] = "application/json"
+            body = json.dumps(body).encode()
+        conn.request(method, path, body=body, headers=headers)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def test_a_page_that_rebinds_its_name_to_a_keyless_server_is_refused(open_server):
+    s = open_server
+    for method, path, body in (
+            ("POST", "/models/unload", {"model": "m"}), ("POST", "/cache/clear", {}),
+            ("GET", "/logs", None), ("GET", "/usage", None), ("GET", "/requests", None),
+            ("POST", "/v1/chat/completions", chat_body("m")),  # the fast path's
+            ("POST", "/api/generate", {"model": "m", "prompt": "", "keep_alive": 0}),
+            ("GET", "/v1/models", None)):
+        st, raw = rebound(s, method, path, body)
+        assert st == 403, (path, raw)
+        assert b"--allowed-hosts evil.example" in raw and b"DNS rebinding" in raw
+    assert loaded(s)
+    # this machine's names, addresses and one-label names are served
+    for host in (f"localhost:{s.port}", f"127.0.0.1:{s.port}", f"[::1]:{s.port}",
+                 "ggmux", "box.local", "app.localhost"):
+        assert rebound(s, "GET", "/v1/models", host=host)[0] == 200, host
+    # a probe's /health whatever its Host
+    assert rebound(s, "GET", "/health")[0] == 200
+
+
+def test_allowed_hosts_names_the_servers_other_names_and_star_turns_the_check_off(
+        serve, fakes):
+    fakes.add("m", tokens=2)
+    s = serve("--fake-models-dir", str(fakes), "--no-hf-cache", "--proxies", "1",
+              "--allowed-hosts", "llm.example.com, *.corp.example")
+    assert rebound(s, "GET", "/v1/models", host="llm.example.com")[0] == 200
+    assert rebound(s, "GET", "/v1/models", host="a.corp.example:8080")[0] == 200
+    assert rebound(s, "GET", "/v1/models", host="evil.example")[0] == 403
+    off = serve("--fake-models-dir", str(fakes), "--no-hf-cache", "--proxies", "1",
+                "--allowed-hosts", "*")
+    assert rebound(off, "GET", "/v1/models", host="evil.example")[0] == 200
+
+
+def test_the_host_check_reads_names_and_applies_on_loopback_by_default():
+    from ggmux.proxy.hosts import HostCheck, host_name
+
+    assert host_name(b"[::1]:8080") == "::1" and host_name(b"Evil.Example.:80") == "evil.example"
+    local = HostCheck("127.0.0.1")
+    assert not local.allows(b"evil.example") and not local.allows(b"localhost.evil.com")
+    assert local.allows(None) and local.allows(b"10.1.2.3:8080") and local.allows(b"ggmux")
+    assert local.allows(b"svc.ns.svc.cluster.local")
+    # listening on a network: the operator's names are many; a key guards it
+    assert HostCheck("0.0.0.0").allows(b"evil.example")
+    assert not HostCheck("0.0.0.0", "llm.example.com").allows(b"evil.example")
+    cluster = HostCheck("127.0.0.1")
+    cluster.set_cluster("node-a.example.net")
+    assert cluster.allows(b"node-a.example.net:8080")

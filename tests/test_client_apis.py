@@ -231,12 +231,14 @@ def test_cors_preflight_and_actual_request_with_the_default_origins(real):
     st, h, _ = real.request("OPTIONS", "/v1/chat/completions", headers={
         **origin, "Access-Control-Request-Method": "POST",
         "Access-Control-Request-Headers": "content-type, authorization"})
-    assert st == 200 and h["access-control-allow-origin"] == "*"
+    # echoed, as llama-server; without credentials
+    assert st == 200 and h["access-control-allow-origin"] == "http://localhost:3000"
     assert "POST" in h["access-control-allow-methods"]
     assert "authorization" in h["access-control-allow-headers"]
-    assert "access-control-allow-credentials" not in h  # never with *
+    assert "access-control-allow-credentials" not in h  # never for any origin
     st, h, _ = real.request("GET", "/v1/models", headers=origin)
-    assert st == 200 and h["access-control-allow-origin"] == "*"
+    assert st == 200 and h["access-control-allow-origin"] == "http://localhost:3000"
+    assert "access-control-allow-credentials" not in h and h["vary"] == "Origin"
     st, h, _ = real.request("OPTIONS", "/v1/models")
     assert st == 200 and "GET" in h["allow"]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import chat_body, open_stream, served_by, wait_for
 from ggmux.shm import layout as L
-from ggmux.shm.seqlock import read_table
+from ggmux.shm.seqlock import SeqlockBusy, read_table
 
 CHAT = "/v1/chat/completions"
 MiB = 1 << 20
@@ -347,3 +347,74 @@ def test_one_of_two_busy_replicas_drains_and_the_other_keeps_serving_its_model(
     assert all(r[1] == 200 for r in results), [r[:2] for r in results]
     log = s.logs()
     assert log.count("draining two") == 1  # one replica made room; the other served on
+
+
+def test_a_key_that_drained_another_tenants_model_waits_its_penalty_before_the_next_drain(
+        serve, fakes, tmp_path, private_files):
+    fakes.add("hog", token_s=0.05, tokens=20, parallel=4, load_s=0.05)
+    fakes.add("one", load_s=0.05)
+    keys = tmp_path / "keys.ini"
+    keys.write_text("[owner]\nkey = sk-owner\nmodels = hog\n[eve]\nkey = sk-eve\nmodels = one\n"
+                    "[bob]\nkey = sk-bob\nmodels = one\n")
+    s = serve("--fake-models-dir", str(fakes), "--models-max", "1", "--proxies", "1",
+              "--max-wait", "1", "--min-residency", "0", "--load-wait", "6",
+              "--drain-penalty", "30", "--keys", str(keys), "--admin-key", "adm")
+
+    def ask(model: str, key: str):  # (hog's answers take 1 s: 20 tokens)
+        return s.request("POST", CHAT, chat_body(model), timeout=60,
+                         headers={"authorization": f"Bearer {key}"})
+
+    stop = threading.Event()
+    codes: list[int] = []
+
+    def keep_busy() -> None:
+        while not stop.is_set():
+            codes.append(ask("hog", "sk-owner")[0])
+
+    busy = [threading.Thread(target=keep_busy, daemon=True) for _ in range(3)]
+    for t in busy:
+        t.start()
+    hog = index(s, "hog")
+
+    def drains() -> int:  # (a read retried while the supervisor, descheduled, holds the row)
+        def read():
+            try:
+                return int(read_table(s.seg.models)[hog, L.M_DRAINS])
+            except SeqlockBusy:
+                return None
+        return wait_for(lambda: (n := read()) is not None and n + 1, 10, 0.01, "a read") - 1
+
+    def hog_serving() -> bool:
+        n = len(codes)
+        return wait_for(lambda: len(codes) >= n + 2, 60, 0.02, "hog serving")
+
+    try:
+        hog_serving()
+        assert ask("one", "sk-eve")[0] == 200  # waited out --max-wait, drained hog
+        assert drains() == 1
+        st, doc = s.json("GET", "/keys/eve", headers={"authorization": "Bearer adm"})
+        assert doc["usage"]["drains_caused"] == pytest.approx(1, abs=0.01)
+        hog_serving()  # back (one, idle, was evicted for hog's waiters: no drain)
+        # eve's next wait counts only after her 30 s penalty: no drain within --load-wait
+        st, _, raw = ask("one", "sk-eve")
+        assert st == 503, raw
+        assert drains() == 1
+        # the penalty is eve's, not the model's: bob's request drains hog after --max-wait
+        assert ask("one", "sk-bob")[0] == 200
+        assert drains() == 2
+    finally:
+        stop.set()
+        for t in busy:
+            t.join(60)
+    assert set(codes) == {200}
+
+
+def test_a_drain_penalty_doubles_per_recent_drain_and_decays():
+    from ggmux.proxy.drain_penalty import HALF_LIFE_S, PENALTY_CAP_S, decayed, penalty_s
+
+    assert [penalty_s(30, n) for n in (0, 1, 2, 3)] == [0, 30, 90, 210]
+    assert penalty_s(30, 40) == PENALTY_CAP_S and penalty_s(0, 5) == 0
+    assert decayed(2000, 0, int(HALF_LIFE_S * 1000)) == pytest.approx(1.0)
+    # one drain counts whole for one half-life, then not at all
+    assert penalty_s(30, decayed(1000, 0, 1000)) == 30
+    assert penalty_s(30, decayed(1000, 0, int(HALF_LIFE_S * 1000) + 1000)) == 0

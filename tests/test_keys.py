@@ -13,6 +13,9 @@ import time
 import pytest
 from conftest import chat_body, connectable, free_port, open_stream, wait_for
 
+# keys files hold secrets: private, as ggmux requires (keys.check_file_mode)
+pytestmark = pytest.mark.usefixtures("private_files")
+
 CHAT = "/v1/chat/completions"
 ADMIN = {"authorization": "Bearer adm"}
 
@@ -103,7 +106,7 @@ def test_tpm_reserves_prompt_and_max_tokens_and_settles_with_usage(serve, fakes,
         used += u["prompt_tokens"] + u["completion_tokens"]
         # settled to the usage (a moment after the client read the answer;
         # until then the reservation stands)
-        wait_for(lambda: usage_of(s, "t")["tokens_this_minute"] == used, 10, 0.02,
+        wait_for(lambda used=used: usage_of(s, "t")["tokens_this_minute"] == used, 10, 0.02,
                  f"settled to {used}")
     else:
         raise AssertionError("tpm never refused")
@@ -274,8 +277,14 @@ def test_reload_changes_a_policy_and_admin_routes_manage_keys(serve, fakes, tmp_
 @pytest.fixture
 def remote(fakes, tmp_path):
     """A fake instance on its own port, as an upstream: its port."""
+    yield from fake_upstream(tmp_path, {"tokens": 8})
+
+
+def fake_upstream(tmp_path, behaviour_doc: dict):
+    """Run a fake instance of ``behaviour_doc`` on its own port (an upstream):
+    yields its port, stops it after."""
     behaviour = tmp_path / "remote.json"
-    behaviour.write_text(json.dumps({"tokens": 8}))
+    behaviour.write_text(json.dumps(behaviour_doc))
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "ggmux.instance", "--fake", "--model", str(behaviour),
@@ -304,15 +313,19 @@ def test_upstream_over_its_spend_quota_is_skipped_and_the_local_replica_serves(
     # million and the prompt at 100 are ~0.009 a request) is spent
     seen = []
 
+    # (max_tokens 8: a request reserves its worst case of the budget, ~0.008;
+    # the third would pass it, so two are the upstream's)
     def spent() -> bool:
-        st, _, body = s.request("POST", CHAT, chat_body("m"), headers=bearer("sk-free"))
+        st, _, body = s.request("POST", CHAT, chat_body("m", max_tokens=8),
+                                headers=bearer("sk-free"))
         assert st == 200, body
         seen.append(b"[remote:" in body)
-        return sum(seen) >= 3
+        return sum(seen) >= 2
 
     wait_for(spent, 60, 0.02, "the upstream to spend its budget")
     for _ in range(12):
-        st, _, body = s.request("POST", CHAT, chat_body("m"), headers=bearer("sk-free"))
+        st, _, body = s.request("POST", CHAT, chat_body("m", max_tokens=8),
+                                headers=bearer("sk-free"))
         assert st == 200 and b"[remote:" not in body  # the local replica serves
     # price 0 never blocks, whatever its budget
     for _ in range(3):
@@ -323,14 +336,15 @@ def test_upstream_over_its_spend_quota_is_skipped_and_the_local_replica_serves(
 def test_key_spend_per_month_refuses_once_spent(serve, fakes, remote, tmp_path):
     s = keyed(serve, fakes, tmp_path, "[k]\nkey = sk-k\nspend-per-month = 0.01\n",
               preset=f"[up]\nupstream = http://127.0.0.1:{remote}\nprice-output = 1000\n")
-    # 8 completion tokens at 1000 per million: 0.008 a request
-    assert s.request("POST", CHAT, chat_body("up"), headers=bearer("sk-k"))[0] == 200
-    assert s.request("POST", CHAT, chat_body("up"), headers=bearer("sk-k"))[0] == 200
-    st, hdr, body = s.request("POST", CHAT, chat_body("up"), headers=bearer("sk-k"))
+    # 8 completion tokens at 1000 per million: 0.008 a request; each reserves
+    # its worst case (max_tokens 8: 0.008) first, so a second would pass 0.01
+    eight = chat_body("up", max_tokens=8)
+    assert s.request("POST", CHAT, eight, headers=bearer("sk-k"))[0] == 200
+    st, hdr, body = s.request("POST", CHAT, eight, headers=bearer("sk-k"))
     err = json.loads(body)["error"]
     assert st == 429 and err["code"] == "insufficient_quota"
     assert "spend-per-month" in err["message"] and int(hdr["retry-after"]) > 0
-    assert abs(usage_of(s, "k")["spend_this_month"] - 0.016) < 1e-9
+    assert abs(usage_of(s, "k")["spend_this_month"] - 0.008) < 1e-9
     # the same refusal in Anthropic's and Ollama's envelopes
     st, hdr, body = s.request("POST", "/v1/messages", {
         "model": "up", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},

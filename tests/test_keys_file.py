@@ -7,6 +7,7 @@ import hashlib
 import os
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from ggmux.proxy.admission import KeyAdmission, Refusal
@@ -14,6 +15,9 @@ from ggmux.shm.keytable import KeyTable, TableShape, period_end, periods
 from ggmux.supervisor.keys import KeyRegistry, builtin_hashes, hash_secret, read_keys_file
 from ggmux.supervisor.presets import PresetError
 from manual import fenced
+
+# keys files hold secrets: private, as ggmux requires (keys.check_file_mode)
+pytestmark = pytest.mark.usefixtures("private_files")
 
 
 def test_the_manuals_keys_example_reads(tmp_path, monkeypatch):
@@ -173,3 +177,72 @@ def test_a_dead_proxys_requests_in_flight_are_given_back(table, tmp_path):
     for x in held:  # a late settle of the dead proxy's requests takes nothing back
         dead.settle(x, 1, 0, 1, 0)
     assert alive.usage(0)["in_flight"] == 1
+
+
+# ---- who may read or steer the keys file ------------------------------------------------
+
+@pytest.mark.parametrize("text, mode, refused", [
+    ("[a]\nkey = sk-secret-x\n", 0o644, "line 2"),
+    ("[a]\nkey = 'sk-secret-x' ; quoted\n", 0o640, "line 2"),
+    ("[a]\nkey = sk-secret-x\n", 0o600, None),
+    ("[a]\nkey-sha256 = " + "0" * 64 + "\n", 0o644, None),  # a hash opens nothing
+    ("[a]\nkey = ${env.GGMUX_TEST_KEY}\n", 0o644, None),  # the secret is not in the file
+    ("[a]\nkey-sha256 = " + "0" * 64 + "\n", 0o664, "written by other users"),
+    ("[a]\nkey-sha256 = " + "0" * 64 + "\n", 0o646, "written by other users"),
+])
+def test_a_keys_file_others_may_read_secrets_from_or_write_is_refused(
+        tmp_path, monkeypatch, text, mode, refused):
+    monkeypatch.setenv("GGMUX_TEST_KEY", "sk-from-env")
+    f = tmp_path / "k.ini"
+    f.write_text(text)
+    f.chmod(mode)
+    if refused is None:
+        assert [p.name for p in read_keys_file(str(f))] == ["a"]
+        return
+    with pytest.raises(PresetError) as e:
+        read_keys_file(str(f))
+    msg = str(e.value)
+    assert str(f) in msg and "sk-secret-x" not in msg and f"{mode:o}" in msg
+    assert refused in msg or f"{f}:2:" in msg
+
+
+def test_an_admin_edit_of_a_linked_keys_file_writes_the_links_target(table, tmp_path):
+    real = tmp_path / "config" / "keys.ini"
+    real.parent.mkdir()
+    real.write_text("[a]\nkey = sk-a\n")
+    link = tmp_path / "keys.ini"
+    link.symlink_to(real)
+    reg = KeyRegistry(str(link), table)
+    assert reg.load() is None
+    assert reg.edit("create", "b", hash_secret("sk-b"), {"rpm": "3"}) is None
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert "[b]" in real.read_text() and set(reg.keys) == {"a", "b"}
+    assert reg.load() is None and set(reg.keys) == {"a", "b"}  # read back through the link
+    # a target that cannot be written (a ConfigMap's read-only mount; as root,
+    # a file of /proc): refused, naming the link and its target
+    real.parent.chmod(0o500)
+    target = real
+    try:
+        if os.access(real.parent, os.W_OK):  # root writes a read-only folder
+            target = Path("/proc/version")
+            link.unlink()
+            link.symlink_to(target)
+        err = reg.edit("create", "c", hash_secret("sk-c"))
+    finally:
+        real.parent.chmod(0o700)
+    assert err is not None and str(link) in err and str(target) in err and "link" in err
+    assert link.is_symlink() and "[c]" not in target.read_text() and "c" not in reg.keys
+
+
+def test_the_sqlite_ledger_is_readable_by_its_owner_only(tmp_path):
+    from ggmux.ledger.sqlite import SqliteStore
+
+    fresh = tmp_path / "fresh" / "usage.sqlite3"
+    old = tmp_path / "old.sqlite3"
+    old.touch()
+    old.chmod(0o644)  # made by an older ggmux
+    for path in (fresh, old):
+        store = SqliteStore(str(path))
+        store.schema()
+        store.close()
+        assert path.stat().st_mode & 0o777 == 0o600, path

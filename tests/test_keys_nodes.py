@@ -13,6 +13,9 @@ import pytest
 from conftest import chat_body, wait_for
 from pgserver import pg_or_skip
 
+# keys files hold secrets: private, as ggmux requires (keys.check_file_mode)
+pytestmark = pytest.mark.usefixtures("private_files")
+
 CHAT = "/v1/chat/completions"
 ADMIN = {"authorization": "Bearer adm"}
 KEY = {"authorization": "Bearer sk-k"}
@@ -84,7 +87,8 @@ def test_a_day_budget_holds_across_two_servers_sharing_the_ledger(serve, fakes, 
     # a restart under its name is not two servers of one name
     for s in (a, b2):
         n = ledger_status(s)["syncs"]
-        wait_for(lambda: ledger_status(s)["syncs"] > n + 2, 30, 0.05, "three more syncs")
+        wait_for(lambda s=s, n=n: ledger_status(s)["syncs"] > n + 2, 30, 0.05,
+                 "three more syncs")
         assert ledger_status(s)["warning"] is None
 
 
@@ -104,7 +108,7 @@ def test_two_servers_with_one_node_name_are_told_so(serve, fakes, tmp_path):
                   "--keys", str(kf), "--admin-key", "adm", "--ledger", ledger,
                   "--node-name", "twin", "--ledger-sync", SYNC_S) for _ in range(2)]
     for s in same:
-        wait_for(lambda: (ledger_status(s)["warning"] or "").startswith(
+        wait_for(lambda s=s: (ledger_status(s)["warning"] or "").startswith(
             "another server writes"), 30, 0.1, "the warning")
         assert "give each server its own --node-name" in s.logs()
 

@@ -133,3 +133,64 @@ def test_messages_and_token_ids_over_their_limits_are_413_on_every_route(serve, 
     status, _, out = s.request("POST", "/v1/embeddings", {"model": "m", "input": ["a"] * 6})
     assert status == 413 and "--max-input-items" in json.loads(out)["error"]["message"], out
     assert s.request("POST", "/completion", {"model": "m", "prompt": [1] * 100})[0] == 200
+
+
+def parts(n: int) -> dict:
+    return {"model": "m", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "a"}] * n}]}
+
+
+def test_the_issues_million_content_parts_are_413_before_anything_parses_them(monkeypatch):
+    # one message of 1.7 M one-letter parts (46 MB, under the body limit): orjson
+    # held the GIL 0.58 s parsing it, on whatever thread, and every stream waited
+    from ggmux.proxy import bodies
+
+    data = json.dumps(parts(1_700_000)).encode()
+    assert len(data) < HttpLimits().max_body_bytes
+
+    def no_parse(_data):
+        raise AssertionError("parsed")
+
+    monkeypatch.setattr(bodies.orjson, "loads", no_parse)
+    conn, proxy, _ = translate(json.dumps({"model": "m", "input": [{
+        "role": "user", "content": [{"type": "input_text", "text": "a"}] * 1_700_000}]}).encode(),
+        HttpLimits())
+    (status, body), = conn.out
+    assert status == 413 and proxy.forwarded == []
+    assert "--max-content-parts" in json.loads(body)["error"]["message"]
+    try:
+        bodies.parse_object(HttpLimits(), data)
+        raise AssertionError("not refused")
+    except bodies.BodyError as e:
+        assert e.status == 413 and "JSON objects" in str(e)
+
+
+def test_content_parts_are_counted_over_messages_input_items_and_system():
+    from ggmux.proxy.bodies import content_parts, item_refusal, object_refusal
+
+    body = {"system": [{"type": "text", "text": "s"}] * 2,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 3},
+                         {"role": "user", "content": "plain"}],
+            "input": [{"content": [{"type": "input_text", "text": "b"}] * 4}, "x"]}
+    assert content_parts(body) == 9
+    assert item_refusal(HttpLimits(max_content_parts=9), body) is None
+    assert "--max-content-parts" in item_refusal(HttpLimits(max_content_parts=8), body)
+    # objects are counted outside strings only ("{" in text, escaped quotes and all)
+    few = HttpLimits(max_messages=1, max_input_items=1, max_content_parts=1)
+    assert object_refusal(few, b'{"a": "{{{{\\"{{ \\\\", "b": {}, "c": "}"}') is None
+    assert object_refusal(few, b'{"a": {}, "b": {}, "c": [{}]}') is not None
+
+
+def test_content_parts_over_their_limit_are_413_on_the_routes(serve, fakes):
+    fakes.add("m", tokens=2)
+    s = serve("--fake-models-dir", str(fakes), "--no-hf-cache", "--proxies", "1",
+              "--max-content-parts", "50")
+    assert s.request("POST", "/v1/chat/completions", parts(50))[0] == 200
+    status, _, out = s.request("POST", "/v1/chat/completions", parts(51))
+    assert status == 413 and "--max-content-parts" in json.loads(out)["error"]["message"], out
+    status, _, out = s.request("POST", "/v1/messages", {**parts(51), "max_tokens": 4})
+    assert status == 413 and json.loads(out)["error"]["type"] == "request_too_large", out
+    # the issue's body, on a real server: 413 before the proxy parses it
+    status, _, out = s.request("POST", "/v1/chat/completions", parts(1_700_000), timeout=120)
+    assert status == 413 and "JSON objects" in json.loads(out)["error"]["message"], out
+    assert s.request("POST", "/v1/chat/completions", chat_body("m"))[0] == 200

@@ -9,12 +9,14 @@ served."""
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 
 import pytest
-from conftest import chat_body, wait_for, write_fake
+from conftest import alive, chat_body, children_of, wait_for, write_fake
 from pgserver import pg_or_skip
 
 ADMIN = "adm-secret"
@@ -253,3 +255,52 @@ def test_a_shared_ledger_shows_each_servers_rows_with_a_node_column(serve, fakes
     st, doc = b.json("GET", "/usage?group=model", headers=AUTH)
     assert st == 200 and doc["group"] == ["model", "node"]
     assert sorted((r["node"], r["requests"]) for r in doc["data"]) == [("a", 2), ("b", 1)]
+
+
+def test_a_supervisor_killed_with_sigkill_loses_no_answered_requests_row(
+        serve, fakes, tmp_path, private_files):
+    fakes.add("alpha", tokens=3, token_s=0.01, parallel=8)
+    state = tmp_path / "st"
+    keys = tmp_path / "keys.ini"
+    keys.write_text("[k]\nkey = sk-k\ntokens-per-day = 1000000\n")
+    args = ("--fake-models-dir", str(fakes), "--proxies", "2", "--admin-key", ADMIN,
+            "--state-dir", str(state), "--keys", str(keys))
+    s = serve(*args)
+    body = chat_body("alpha", max_tokens=3)
+    key = {"authorization": "Bearer sk-k"}
+    assert s.request("POST", "/v1/chat/completions", body, headers=key)[0] == 200
+    ledger = state / f"usage-{s.port}.sqlite3"  # the server's own file (its port)
+    wait_for(lambda: rows(ledger) == 1, 20, 0.05, "the first row")
+    kids = children_of(s.proc.pid)
+    # a burst, and the supervisor killed as soon as it is answered: before the
+    # ledger's next write (every 0.5 s) takes its rows from the request ring
+    codes: list[int] = []
+
+    def one() -> None:
+        codes.append(s.request("POST", "/v1/chat/completions", body, headers=key)[0])
+
+    threads = [threading.Thread(target=one) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    s.proc.send_signal(signal.SIGKILL)
+    s.proc.wait(10)
+    answered = 1 + codes.count(200)
+    assert codes.count(200) == 16
+    for pid in kids:  # the proxies drain and exit once their supervisor is gone
+        wait_for(lambda p=pid: not alive(p), 30, 0.05, f"child {pid} to exit")
+    # (here the crash left the burst's rows unwritten: the ring held them)
+    port = s.port
+    s.stop = lambda *a, **k: None  # (the next server owns the name now)
+    s2 = serve(*args, port=port)
+    wait_for(lambda: rows(ledger) == answered, 20, 0.05,
+             f"{answered} rows after the restart")
+    # and the key's day window counts them all: 3 tokens each, and a prompt
+    st, doc = s2.json("GET", "/keys/k", headers=AUTH)
+    assert st == 200 and doc["usage"]["tokens_today"] >= 3 * answered
+    # once written, a second restart writes none of them again
+    s2.stop()
+    s2.stop = lambda *a, **k: None
+    serve(*args, port=port)
+    assert rows(ledger) == answered

@@ -435,9 +435,10 @@ def test_the_playground_sends_an_image_to_a_model_that_reads_images(serve, brows
     """A model whose projector reads images gets an image button in the
     playground (chat mode, though its GGUF has no template: the default
     ChatML places the image); the attached file goes as an image_url part."""
+    from playwright.sync_api import expect
+
     from bench import vision_parity as vp
     from bench.vision_model import NAME, write_folder
-    from playwright.sync_api import expect
 
     write_folder(tmp_path / "models", audio=False)
     s = serve("--models-dir", str(tmp_path / "models"), "--no-hf-cache", "--proxies", "1")
@@ -460,6 +461,6 @@ def test_the_playground_sends_an_image_to_a_model_that_reads_images(serve, brows
     expect(page.locator("#pg-attached")).to_have_text("")  # sent with that message only
     st, _, metrics = s.request("GET", f"/metrics?model={NAME}")
     assert st == 200
-    tokens = re.search(rb"^ggmux_media_tokens_total (\S+)$", metrics, re.M)
+    tokens = re.search(rb"^ggmux_media_tokens_total (\S+)$", metrics, re.MULTILINE)
     assert tokens and float(tokens.group(1)) > 0, metrics[-2000:]
     assert page.errors == []

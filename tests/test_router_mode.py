@@ -177,8 +177,11 @@ def test_cors_origins_localhost_reflects_pages_of_this_machine_only():
     both = Cors("localhost, http://a.example")
     assert both.allows(b"http://a.example") and both.allows(b"http://127.0.0.1:1")
     assert not both.allows(b"http://b.example")
-    assert Cors("*").headers(b"http://localhost:3000").startswith(
-        b"Access-Control-Allow-Origin: *\r\n")  # the default, unchanged
+    # the default echoes the origin as llama-server does, never with credentials
+    star = Cors("*").headers(b"http://localhost:3000")
+    assert star.startswith(b"Access-Control-Allow-Origin: http://localhost:3000\r\nVary: Origin")
+    assert b"Credentials" not in star
+    assert Cors("*").headers(b"bad\x01origin").startswith(b"Access-Control-Allow-Origin: *\r\n")
     assert PREFLIGHT_METHODS == b"GET, POST, DELETE, OPTIONS"  # llama-server's (DELETE /models)
 
 

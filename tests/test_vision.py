@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import Server, free_port, wait_for
+from conftest import Server, free_port, open_stream, wait_for
 
 from bench import vision_parity as vp
 from bench.vision_model import IMAGE_TOKENS, NAME, write_folder
@@ -186,6 +186,11 @@ def test_bad_media_are_400s_in_each_apis_envelope_and_reach_no_engine(server):
     chat(server, [vp.text_part("warm")])
     before = _encoded(server)
     bomb = _bomb()
+    # another client's stream runs meanwhile and ends as a stream ends
+    other = open_stream(server.port, {"model": NAME, "stream": True, "max_tokens": 24,
+                                      "temperature": 0, "ignore_eos": True,
+                                      "messages": [{"role": "user", "content": "Go on."}]},
+                        timeout=300)
     for part, words in BAD:
         body = {"model": NAME, "max_tokens": 4,
                 "messages": [{"role": "user", "content": [vp.text_part("x"), part]}]}
@@ -212,12 +217,19 @@ def test_bad_media_are_400s_in_each_apis_envelope_and_reach_no_engine(server):
         "model": NAME, "messages": [{"role": "user", "content": too_many}]})
     assert st == 400 and "--max-media-items" in doc["error"]["message"], doc
     assert _encoded(server) == before  # nothing reached the projector
+    streamed = b""
+    while chunk := other.recv(65536):
+        streamed += chunk
+    other.close()
+    assert streamed.startswith(b"HTTP/1.1 200") and b"data: [DONE]" in streamed
+    assert streamed.count(b'"content":') >= 24
     # the replica counts none of them as its fault, and still answers
     assert vp.answer("chat", chat(server, [vp.text_part("Still here?")]))
 
 
 def test_one_tenants_cached_image_serves_no_other_tenant(folder, serve, tmp_path):
     kf = tmp_path / "keys.ini"
+    kf.touch(mode=0o600)  # its secrets readable by no one else, as ggmux requires
     kf.write_text(KEYS)
     s = serve("--models-dir", str(folder.parent), "--no-hf-cache", "--keys", str(kf))
     content = [vp.text_part("Whose picture?"), vp.image_part(vp.gradient_png())]

@@ -24,7 +24,11 @@
   ``messages`` loads the model (``done_reason: "load"``), as any request
   would, or, with ``keep_alive: 0``, unloads it (``"unload"``), as Ollama
   does: that needs the admin key (403 otherwise). Each order names the
-  route it came from, for the supervisor's log.
+  route it came from, for the supervisor's log. A keys-file key's
+  ``models`` is checked on every translated route before anything waits,
+  loads or orders, and the load form counts in the key's limits as any
+  request does (a key that may not use a model never loads it, nor drains
+  another tenant's model for it).
 * Names: ``NAME:latest`` resolves to ``NAME`` when no model is called that
   (Ollama's default tag).
 * Ollama's model management (``/api/pull``, ``/api/push``, ``/api/create``,
@@ -52,7 +56,7 @@ from ...http1 import HttpConnection, Request
 from ...http1.limits import tokenize_body_refusal
 from ...shm import layout as L
 from ..bodies import BodyError, is_large, off_loop, parse_object
-from ..listing import model_object, unknown_model
+from ..listing import Scope, model_object, unknown_model
 from ..modelinfo import ModelFacts
 from .adapters import anthropic, ollama, openai, responses, tools
 from .adapters.common import MAX_DEPTH, Adapter, BadRequest, Translated, check_depth, encode_body
@@ -63,6 +67,7 @@ if TYPE_CHECKING:
 
     from ...http1.exchange import Exchange
     from ...shm.segment import Segment
+    from ..activity import Activity
     from ..waiting import ModelWaiters
 
 log = logging.getLogger(__name__)
@@ -83,6 +88,7 @@ class Proxy(Protocol):
     ready: set[int]
     seg: Segment
     waiters: ModelWaiters
+    activity: Activity  # the request ring's writer (a load order is a request too)
     stream_keepalive: float  # seconds (--stream-keepalive)
 
     def refresh(self) -> None: ...
@@ -97,7 +103,16 @@ class Proxy(Protocol):
 
     def _key_allows(self, req: Request, mdl: dict) -> bool: ...
 
+    def _key_admit(self, conn: HttpConnection, req: Request, m: int, name: str,
+                   body: dict | None, counted: bool) -> bool: ...
+
     def _listed(self, req: Request) -> list[dict]: ...
+
+    def _scope(self, req: Request) -> Scope | None: ...
+
+    def _wait_join(self, req: Request, m: int) -> tuple[int, int, int]: ...
+
+    def _wait_served(self, req: Request, m: int, token: tuple[int, int, int]) -> None: ...
 
     async def _forward(
         self, conn: HttpConnection, req: Request, m: int, name: str, body: dict | None,
@@ -268,6 +283,8 @@ class ClientApis:
         if m is None:
             wrap.send_error(req, 404, unknown_model(name, p._listed(req)))
             return
+        if req.key_row >= 0 and not p._key_admit(wrap, req, m, name, body, False):
+            return  # a model outside the key's list: 403 before any load, wait or order
         if native and p.reg_models[m].get("kind") in NATIVE_KINDS and not p.reg_models[m].get(
                 "translate"):
             await p._forward(ApiErrors(conn, adapter), req, m, name, body,
@@ -282,7 +299,8 @@ class ClientApis:
                 if keep is not None:
                     order.refusal = p.admin_refusal(req)
                 if isinstance(adapter, ollama.Chat) and _empty(body, adapter.generate):
-                    await self._load_or_unload(wrap, req, m, name, keep, adapter.generate, order)
+                    await self._load_order(wrap, req, m, name, body, keep, adapter.generate,
+                                           order)
                     return
                 if (isinstance(adapter, ollama.Chat) and adapter.generate and not body.get("raw")
                         and not body.get("system") and not body.get("images")
@@ -395,6 +413,24 @@ class ClientApis:
             cmd["extend"] = True
         p.command(cmd)
 
+    async def _load_order(self, wrap: TranslatedConnection, req: Request, m: int, name: str,
+                          body: dict, keep: float | None, generate: bool, order: Order) -> None:
+        """Ollama's empty request (:meth:`_load_or_unload`) as a request of
+        its key: a keys-file key's limits admit and count it (one request,
+        in flight while its model loads) before anything loads, waits or
+        drains, as any other request of the key (a load is the costliest
+        thing a request can cause); recorded as any request that names a
+        model (its settlement gives its token reservation back: it
+        generates nothing)."""
+        p = self.proxy
+        if req.key_row >= 0 and not p._key_admit(wrap, req, m, name, body, True):
+            p.activity.record(req, m, -1, None, req.status or 429)
+            return
+        try:
+            await self._load_or_unload(wrap, req, m, name, keep, generate, order)
+        finally:
+            p.activity.record(req, m, -1, None, req.status or 499)
+
     async def _load_or_unload(self, wrap: TranslatedConnection, req: Request, m: int, name: str,
                               keep: float | None, generate: bool, order: Order) -> None:
         """Ollama's empty request: load the model (answered once it is
@@ -409,11 +445,16 @@ class ClientApis:
             reason = "unload"
         else:
             if m not in p.ready:
-                p.waiters.join(m)
+                token = p._wait_join(req, m)  # a load waits as any request (a key's penalty)
+                served = False
                 try:
                     outcome = await p.waiters.wait(m, req)
+                    if outcome == "ready":
+                        served = True
+                        p._wait_served(req, m, token)
                 finally:
-                    p.waiters.leave(m)
+                    if not served:
+                        p.waiters.leave(m, token[0])
                 if outcome == "gone":
                     wrap.conn.finish(req)
                     return
@@ -452,9 +493,9 @@ class ClientApis:
         now_ns, wall = time.monotonic_ns(), time.time()
         for i, mdl in enumerate(p.reg_models):
             row = p.model_rows[i]
-            if mdl.get("removed") or int(row[L.M_STATUS]) not in (L.ModelStatus.LOADED,
-                                                                  L.ModelStatus.SLEEPING):
-                continue
+            if mdl.get("removed") or int(row[L.M_STATUS]) not in (
+                    L.ModelStatus.LOADED, L.ModelStatus.SLEEPING) or not p._key_allows(req, mdl):
+                continue  # (a keys-file key sees its own models only)
             facts = await self._facts(mdl)
             ttl = mdl.get("ttl")
             expires = None
@@ -536,8 +577,8 @@ class ClientApis:
             conn.send_error(req, 403, f"this key may not use model '{name}'",
                             code="model_not_allowed")
             return
-        obj = model_object(m, p.reg_models[m], p.model_rows[m], p.errors)
-        conn.send_json(req, 200, p._key_model(req, obj))
+        conn.send_json(req, 200, model_object(m, p.reg_models[m], p.model_rows[m], p.errors,
+                                              p.reg_models, p._scope(req)))
 
 
 # llama.cpp options that give a model its multimodal projector

@@ -16,6 +16,7 @@ from ...shm.segment import Segment
 from ...shm.seqlock import read_table
 from ..cluster import annotate_model
 from ..contention import queue_status
+from ..listing import Scope
 
 NS = 1_000_000_000
 
@@ -49,7 +50,8 @@ def _device_name(row: np.ndarray) -> str:
 
 def overview(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
              replica_rows: np.ndarray, remotes: dict[int, dict], errors: dict[str, str],
-             now_ns: int | None = None, cluster: dict | None = None) -> dict:
+             now_ns: int | None = None, cluster: dict | None = None,
+             scope: Scope | None = None) -> dict:
     """``{"object": "ps", "version", "models": [...], "devices": [...], "models_max": N}``,
     and in cluster mode ``node`` (this node's name).
 
@@ -73,14 +75,21 @@ def overview(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
     None when none holds it) and ``nodes`` (``[{"node", "state"}]``, every
     node holding or loading it).
     Per device: ``name`` (host, gpuN) and ``total``, ``external``, ``held``,
-    ``free`` bytes at the last calibration."""
+    ``free`` bytes at the last calibration. With a ``scope`` (a keys-file
+    key's, :class:`~..listing.Scope`) only the models it sees, a waiting
+    model's holder as it may read it."""
     now = time.monotonic_ns() if now_ns is None else now_ns
     cnt = seg.counters  # (proxies, replicas, C_WORDS)
     mc = seg.mcounters.sum(axis=0)
     waiting = seg.waiters[:, :, L.W_COUNT].sum(axis=0)
     models_out = []
+    def name_of(h: int) -> str:
+        if scope is not None:
+            return scope.name(h)
+        return reg_models[h]["name"] if 0 <= h < len(reg_models) else ""
+
     for i, mdl in enumerate(reg_models):
-        if mdl.get("removed"):
+        if mdl.get("removed") or (scope is not None and not scope.sees(i)):
             continue
         row = model_rows[i]
         st = int(row[L.M_STATUS])
@@ -139,8 +148,7 @@ def overview(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
             "unload_in_s": (round(max(0.0, ttl - idle), 1)
                             if idle is not None and ttl and ttl > 0 else None),
         }
-        doc["queue"] = queue_status(row, lambda h: (reg_models[h]["name"]
-                                                    if 0 <= h < len(reg_models) else ""), now)
+        doc["queue"] = queue_status(row, name_of, now)
         doc["swaps"], doc["drains"] = int(row[L.M_SWAPS]), int(row[L.M_DRAINS])
         if row[L.M_FAILED] and str(i) in errors:
             doc["error"] = errors[str(i)]

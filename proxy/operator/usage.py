@@ -91,14 +91,18 @@ def _label(s: str) -> str:
     return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def usage_metrics(status: dict | None) -> bytes:
+def usage_metrics(status: dict | None, only_key: str | None = None) -> bytes:
     """Prometheus text of the ledger's status: per key name (``key=""``: no
     policy key) requests, prompt, cached and completion tokens and cost
-    since the server started; the ledger's health and its row counts."""
+    since the server started (``only_key``: that key's alone, for a caller
+    who presents it: a tenant sees no other tenant's name or usage); the
+    ledger's health and its row counts."""
     if status is None:
         return b""
     out: list[str] = []
     keys = status.get("keys") or {}
+    if only_key is not None:
+        keys = {k: v for k, v in keys.items() if k == only_key}
     for i, (name, kind, help_) in enumerate((
             ("ggmux_key_requests_total", "counter", "Requests per key name."),
             ("ggmux_key_prompt_tokens_total", "counter", "Prompt tokens per key name."),
