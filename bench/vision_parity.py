@@ -147,7 +147,8 @@ def cases(model: str = vision_model.NAME) -> list[Case]:
                            image_part(photo, "image/jpeg")]),
             ("chat-two-images", [text_part("Delta. Compare"), image_part(grad), text_part("with"),
                                  image_part(stripes), text_part("Which is brighter?")]),
-            ("chat-audio", [text_part("Echo. What do you hear?"), audio_part(tone)])):
+            ("chat-audio", [text_part("Echo. What do you hear?"), audio_part(tone)]),
+            ("chat-stripes-again", [text_part("Kilo. Which colours?"), image_part(stripes)])):
         body = _chat(model, content)
         out.append(Case(name, ("/v1/chat/completions", body), ("/v1/chat/completions", body)))
     anth = {"model": model, "max_tokens": MAX_TOKENS, "temperature": 0,
@@ -182,6 +183,27 @@ def cases(model: str = vision_model.NAME) -> list[Case]:
     out.append(Case("completion-gradient", ("/completion", comp), ("/completion", comp),
                     "completion"))
     return out
+
+
+CONCURRENT = ("chat-stripes-again", "chat-stripes", "chat-jpeg", "chat-two-images")
+"""Cases sent four at once (each read cold: ``cache_prompt`` false) to both
+servers, whose answers are the same as alone. ``chat-gradient`` and
+``chat-audio`` are left out: their greedy answers are near ties, and four at
+once they change with which requests share a batch and when, on
+llama-server as on ggmux (the same four requests, round after round: other
+answers from each; bench/RESULTS.md)."""
+
+
+def concurrently(base: str, names, cases_by_name: dict) -> list[str]:
+    """Each case of ``names`` sent at once to ``base``, cold; their answers."""
+    import concurrent.futures
+
+    def one(n: str) -> str:
+        c = cases_by_name[n]
+        path, body = c.ggmux if base.endswith("#g") else c.peer
+        return answer("chat", post(base.removesuffix("#g"), path, {**body, "cache_prompt": False}))
+    with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
+        return list(pool.map(one, names))
 
 
 def answer(kind: str, doc: dict) -> str:
@@ -286,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the peer (default: the engine-source build, else any found)")
     ap.add_argument("--record", type=Path, default=None,
                     help="write llama-server's answers here (tests/data/vision_parity.json)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the four-at-once cases")
     a = ap.parse_args(argv)
     binary = a.llama_server or llama_server.find_engine() or llama_server.find()
     if binary is None:
@@ -307,17 +330,29 @@ def main(argv: list[str] | None = None) -> int:
                           else "chat", post(base_l, *c.peer))
             record[c.name] = peer
             rows.append((c.name, mine == peer, mine, peer))
+        by_name = {c.name: c for c in cases()}
+        together = {}
+        for r in range(a.rounds):  # four at once, cold
+            mine = concurrently(base_g + "#g", CONCURRENT, by_name)
+            peer = concurrently(base_l, CONCURRENT, by_name)
+            for n, x, y in zip(CONCURRENT, mine, peer, strict=True):
+                rows.append((f"{n} (4 at once, round {r})", x == y, x, y))
+                together.setdefault(n, y)
+        tie = [concurrently(base_l, ("chat-gradient", *CONCURRENT[1:]), by_name)[0]
+               for _ in range(a.rounds)]
         print(f"llama-server: {binary} ({llama_server.version(binary)})")
         for name, same, mine, peer in rows:
-            print(f"{'same' if same else 'DIFFERENT':9} {name:24} ggmux {mine!r}")
+            print(f"{'same' if same else 'DIFFERENT':9} {name:40} ggmux {mine!r}")
             if not same:
-                print(f"{'':34} peer  {peer!r}")
+                print(f"{'':50} peer  {peer!r}")
+        print(f"chat-gradient 4 at once on llama-server, {a.rounds} rounds: "
+              f"{len(set(tie))} distinct answers {sorted(set(tie))!r}")
         if a.record:
             a.record.parent.mkdir(parents=True, exist_ok=True)
             a.record.write_text(json.dumps({**depends_on(), "llama_server": str(
-                llama_server.version(binary)), "max_tokens": MAX_TOKENS, "answers": record},
-                indent=1) + "\n")
-            print(f"recorded {len(record)} answers in {a.record}")
+                llama_server.version(binary)), "max_tokens": MAX_TOKENS, "answers": record,
+                "four_at_once": together}, indent=1) + "\n")
+            print(f"recorded {len(record) + len(together)} answers in {a.record}")
         return 0 if all(r[1] for r in rows) else 2
     finally:
         stop_all((g, ls))

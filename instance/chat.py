@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .builtin_templates import builtin_names, render_builtin
+from .checkpoint_hints import specialized, user_start_marker
 from .template import JinjaTemplate, TemplateRefused
 from .tools import ChatPlan, ToolFormat, ToolRequest, format_for
 from .tools.base import regex_escape
@@ -156,6 +157,7 @@ class ChatTemplate:
         self.bos = bos
         self.jinja: JinjaTemplate | None = None
         self.jinja_tools: JinjaTemplate | None = None  # tokenizer.chat_template.tool_use
+        self._markers: dict[int, str] = {}  # id(template) -> its user-turn start marker
         # no template of its own: llama-server's default (see the module docstring)
         self.default = chat_format is None and not self.template and self.builtin is None
         text = self.template or (metadata.get("tokenizer.chat_template.tool_use")
@@ -237,6 +239,22 @@ class ChatTemplate:
         if prefill is not None:
             plan.prompt += prefill
         return fmt, plan
+
+    def user_marker(self, tools: bool) -> str:
+        """The user turn's start marker that llama-server's template analyser
+        finds in the template that renders a request (with ``tools``, the
+        GGUF's ``tool_use`` template when it has one;
+        :func:`~.checkpoint_hints.user_start_marker`), "" for a template
+        llama-server parses with its own code (it finds no message spans
+        then) or one the probe cannot render. Cached per template."""
+        tmpl = self.jinja_tools if tools and self.jinja_tools else self.jinja
+        if tmpl is None:
+            return ""
+        key = id(tmpl)
+        if key not in self._markers:
+            self._markers[key] = "" if specialized(tmpl.source) else user_start_marker(
+                lambda ms: tmpl.render(ms, None, False, {"enable_thinking": True}))
+        return self._markers[key]
 
     def chat(self, messages: list[dict], req: ToolRequest,
              prefill: str | None = None,

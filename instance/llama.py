@@ -20,7 +20,7 @@ from .backend import Backend, Sink
 from .builtin_templates import render_builtin
 from .cache.tiers import CacheSettings
 from .chat import ChatTemplate
-from .checkpoint_hints import user_starts
+from .checkpoint_hints import delimiter_starts, user_starts
 from .engine import Embedding, Engine, Generation, InvalidRequest
 from .engine.jobs import deliver
 from .engine.model import EngineConfig
@@ -114,6 +114,7 @@ class LlamaBackend(Backend):
         self.template = None
         self.slots = self._config().parallel
         self._deliver = None  # the engine's per-step hand-off (use_loop)
+        self._marker_ids: dict[str, list[int]] = {}  # a user-turn marker's tokens
 
     def _config(self):
         kw = llama_kwargs(getattr(self.args, "llama_args", []) or [])
@@ -304,12 +305,7 @@ class LlamaBackend(Backend):
                 triggers = (cp.trigger_patterns, cp.trigger_tokens)
             prompt, stops = cp.tokens, list(plan.stops)
             if self.engine.checkpoints_wanted:  # user messages' starts (issue 35)
-                bos = not (self.template.bos and plan.prompt.startswith(self.template.bos))
-                hints = user_starts(messages, plan.prompt,
-                                    lambda t: self.engine.count_tokens(t, bos, True),
-                                    self.engine.cfg.checkpoint_min_step)
-                if spans:  # counted on text: exact up to the first media item only
-                    hints = tuple(h for h in hints if h <= spans[0].start)
+                hints = self._user_starts(messages, plan.prompt, prompt, req.tools, spans)
             preserved = cp.preserved
             fmt = cp.fmt
             parser = lambda: ChatStream(fmt, plan)
@@ -395,6 +391,27 @@ class LlamaBackend(Backend):
         job = self.engine.submit(gen, answer.on_event)
         answer.job = job
         return job
+
+    def _user_starts(self, messages: list[dict], text: str, prompt: list[int], tools,
+                     spans: list) -> tuple[int, ...]:
+        """Where the chat's user messages start in ``prompt`` (checkpoints
+        and batch cuts there): where its tokens hold the template's user-turn
+        marker, as llama-server finds its message spans (so both read the
+        prompt in the same batches); else, for a template llama-server parses
+        with its own code, where the messages' texts are
+        (:mod:`.checkpoint_hints`)."""
+        marker = self.template.user_marker(bool(tools))
+        if marker:
+            ids = self._marker_ids.get(marker)
+            if ids is None:
+                ids = self._marker_ids[marker] = self.engine.tokenize(marker, False, True)
+            return delimiter_starts(prompt, ids)
+        bos = not (self.template.bos and text.startswith(self.template.bos))
+        hints = user_starts(messages, text, lambda t: self.engine.count_tokens(t, bos, True),
+                            self.engine.cfg.checkpoint_min_step)
+        if spans:  # counted on text: exact up to the first media item only
+            hints = tuple(h for h in hints if h <= spans[0].start)
+        return hints
 
     def _sampling(self, body: dict, gbnf: str | None, n_vocab: int):
         s = default_sampling(self.sampling_defaults)  # --temp, --top-k, ...

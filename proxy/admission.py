@@ -73,6 +73,60 @@ PROMPT_BYTES_PER_TOKEN = 4
 """The prompt's tokens are estimated at admission as its body's bytes / this
 (English text runs 4 bytes a token); the answer's usage settles it."""
 MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")
+MEDIA_TOKENS = 1024
+"""An image's or audio clip's tokens at admission: what a projector makes of
+one (Gemma 3: 256 embeddings, LLaVA 576, a 30 s clip 750, a large
+dynamic-resolution image more), not its base64 bytes / 4 (a 1 MB image
+would reserve 340,000 tokens); the answer's usage settles it."""
+_MEDIA_PARTS = frozenset(("image_url", "input_image", "image", "input_audio"))
+
+
+def _media(body: dict) -> tuple[int, int]:
+    """``(bytes, items)`` of the media a request body carries: content parts
+    of :data:`_MEDIA_PARTS` in ``messages`` or ``input``, Ollama's
+    ``images`` (a message's or ``/api/generate``'s) and ``/completion``'s
+    ``multimodal_data``; their bytes as their strings' lengths."""
+    size = items = 0
+
+    def strings(v) -> int:
+        if isinstance(v, str):
+            return len(v)
+        if isinstance(v, dict):
+            return sum(strings(x) for x in v.values())
+        return 0
+
+    def lists(v) -> None:
+        nonlocal size, items
+        if isinstance(v, list):
+            for x in v:
+                if isinstance(x, str):
+                    size, items = size + len(x), items + 1
+    for conv in (body.get("messages"), body.get("input")):
+        if not isinstance(conv, list):
+            continue
+        for m in conv:
+            if not isinstance(m, dict):
+                continue
+            lists(m.get("images"))
+            content = m.get("content")
+            if isinstance(content, list):
+                for p in content:
+                    if isinstance(p, dict) and p.get("type") in _MEDIA_PARTS:
+                        size, items = size + strings(p), items + 1
+    lists(body.get("images"))
+    prompt = body.get("prompt")
+    for p in prompt if isinstance(prompt, list) else (prompt,):
+        if isinstance(p, dict):
+            lists(p.get("multimodal_data"))
+    return size, items
+
+
+def prompt_estimate(body: dict | None, body_bytes: int) -> int:
+    """A request's prompt tokens at admission: its body's bytes /
+    :data:`PROMPT_BYTES_PER_TOKEN`, each media item counted as
+    :data:`MEDIA_TOKENS` instead of its bytes."""
+    size, items = _media(body) if type(body) is dict else (0, 0)
+    return max(0, body_bytes - size) // PROMPT_BYTES_PER_TOKEN + items * MEDIA_TOKENS
 
 
 @dataclass(slots=True)
@@ -274,7 +328,7 @@ class KeyAdmission:
         t = self.table
         now = t.now()
         ids = periods(now)
-        est = body_bytes // PROMPT_BYTES_PER_TOKEN
+        est = prompt_estimate(body, body_bytes)
         gen = requested_tokens(body, p.reserve)
         raw = est + gen
         w = round(est * p.w_in + gen * p.w_out)  # weighed(), nothing cached yet

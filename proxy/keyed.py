@@ -38,10 +38,10 @@ from ..http1.auth import given_key
 from ..shm import layout as L
 from ..shm.keytable import DEFAULT_RESERVE_TOKENS, period_end, periods
 from .admission import (
-    PROMPT_BYTES_PER_TOKEN,
     KeyAdmission,
     Refusal,
     cost_nano,
+    prompt_estimate,
     requested_tokens,
     worst_cost,
 )
@@ -227,10 +227,10 @@ class KeyedProxy:
         if not counted:
             return self.keys.over_budget(m, mdl)
         p = self.keys.by_row.get(req.key_row)
-        gen = requested_tokens(self._limits_source(conn, req, body),
-                               p.reserve if p is not None else DEFAULT_RESERVE_TOKENS)
+        src = self._limits_source(conn, req, body)
+        gen = requested_tokens(src, p.reserve if p is not None else DEFAULT_RESERVE_TOKENS)
         got = self.keys.reserve_budget(
-            m, mdl, worst_cost(mdl, len(req.body) // PROMPT_BYTES_PER_TOKEN, gen))
+            m, mdl, worst_cost(mdl, prompt_estimate(src, len(req.body)), gen))
         if isinstance(got, Refusal):
             return got
         self.spend_holds[req] = got

@@ -62,3 +62,46 @@ def test_at_most_max_hints_earlier_starts_newest_first():
     got = user_starts(msgs, text, count, min_step=1)
     assert len(got) == MAX_HINTS + 1
     assert got[-1] == count(text[:text.rfind(f"q{MAX_HINTS + 4}")]) - MARGIN
+
+
+# ---- llama-server's message spans: the user-turn marker -------------------------------------
+def _marker(name: str) -> str:
+    from pathlib import Path
+
+    from ggmux.instance.checkpoint_hints import user_start_marker
+    from ggmux.instance.template import JinjaTemplate
+
+    src = (Path(__file__).parent / "templates" / f"{name}.jinja").read_text()
+    t = JinjaTemplate(src, "<s>", "</s>")
+    return user_start_marker(lambda ms: t.render(ms, None, False, {"enable_thinking": True}))
+
+
+def test_the_user_turn_marker_is_what_llama_servers_template_analyser_finds():
+    """Rendered without messages and with one (llama.cpp's first probe), or,
+    for a template that refuses an empty conversation, after a user and an
+    assistant turn (its second): the markers before the message's text."""
+    from ggmux.instance.chat import CHATML_TEMPLATE
+    from ggmux.instance.checkpoint_hints import user_start_marker
+    from ggmux.instance.template import JinjaTemplate
+
+    chatml = JinjaTemplate(CHATML_TEMPLATE)
+    assert user_start_marker(lambda ms: chatml.render(ms, None, False)) == "<|im_start|>user"
+    assert _marker("Qwen-Qwen2.5-7B-Instruct") == "<|im_start|>user"  # needs the second probe
+    assert _marker("google-gemma-2-2b-it") == "<start_of_turn>user"
+    assert _marker("ibm-granite-granite-3.3-2B-Instruct") == \
+        "<|start_of_role|>user<|end_of_role|>"
+    assert user_start_marker(lambda ms: 1 / 0) == ""  # a template that renders nothing
+
+
+def test_templates_llama_server_parses_itself_are_known_and_markers_match_tokens():
+    from pathlib import Path
+
+    from ggmux.instance.checkpoint_hints import delimiter_starts, specialized
+
+    t = Path(__file__).parent / "templates"
+    assert specialized((t / "openai-gpt-oss-120b.jinja").read_text())
+    assert specialized((t / "meetkai-functionary-medium-v3.2.jinja").read_text())
+    assert not specialized((t / "Qwen-Qwen3-0.6B.jinja").read_text())
+    # every place the marker's tokens stand; media placeholders (negative) never match
+    assert delimiter_starts([1, 5, 6, 9, 5, 6, -3, -4, 5, 6], [5, 6]) == (1, 4, 8)
+    assert delimiter_starts([5], [5, 6]) == () and delimiter_starts([5, 6], []) == ()

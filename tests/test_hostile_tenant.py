@@ -170,6 +170,30 @@ def test_a_reservation_takes_the_largest_limit_field_each_choice_and_each_prompt
     assert requested_tokens({"max_tokens": 10, "prompt": [1, 2, 3]}, 512) == 10
 
 
+def test_an_image_reserves_the_embeddings_it_may_become_not_its_base64():
+    """A 1 MB image is a few hundred tokens to the model: reserving a
+    quarter of its base64 (about 340,000 tokens) would refuse it to any key
+    with a tpm, and count megabytes of text against a budget."""
+    import orjson
+    from ggmux.proxy.admission import MEDIA_TOKENS, prompt_estimate
+
+    data = "A" * 1_400_000
+    chat = {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "x" * 400},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}]}]}
+    est = prompt_estimate(chat, len(orjson.dumps(chat)))
+    assert MEDIA_TOKENS <= est <= MEDIA_TOKENS + 200
+    two = {"messages": [{"role": "user", "content": "look", "images": [data, data]}]}
+    assert prompt_estimate(two, len(orjson.dumps(two))) < 2 * MEDIA_TOKENS + 50
+    anth = {"messages": [{"role": "user", "content": [{"type": "image", "source": {
+        "type": "base64", "media_type": "image/png", "data": data}}]}]}
+    assert prompt_estimate(anth, len(orjson.dumps(anth))) < MEDIA_TOKENS + 50
+    native = {"prompt": {"prompt_string": "<m>", "multimodal_data": [data]}}
+    assert prompt_estimate(native, len(orjson.dumps(native))) < MEDIA_TOKENS + 50
+    text = {"messages": [{"role": "user", "content": "y" * 4000}]}
+    assert prompt_estimate(text, len(orjson.dumps(text))) >= 1000  # text as before
+
+
 # ---- item 4: a key sees its own models only, everywhere ---------------------------------
 
 def sse_events(port: int, key: str, n: int, timeout: float = 10.0) -> list[dict]:

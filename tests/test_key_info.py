@@ -22,6 +22,7 @@ def bearer(key: str) -> dict:
 def keys_server(serve, fakes, tmp_path, keys: str, *args):
     fakes.add("m", tokens=2)
     kf = tmp_path / "keys.ini"
+    kf.touch(mode=0o600)  # its secrets readable by no one else, as ggmux requires
     kf.write_text(keys)
     return serve("--fake-models-dir", str(fakes), "--no-hf-cache", "--proxies", "1",
                  "--keys", str(kf), *args)

@@ -17,7 +17,6 @@ qwen2a projector) served from a models folder as a user's would be.
 from __future__ import annotations
 
 import base64
-import concurrent.futures
 import json
 import re
 from pathlib import Path
@@ -78,18 +77,25 @@ def ask(s: Server, case: vp.Case, headers: dict | None = None) -> dict:
 CASES = {c.name: c for c in vp.cases()}
 
 
+@pytest.fixture(scope="module")
+def four(record) -> dict:
+    """llama-server's answers to the four-at-once cases."""
+    return json.loads(RECORD.read_text())["four_at_once"]
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_each_api_answers_a_media_prompt_as_llama_server_does(server, record, name):
     case = CASES[name]
     assert vp.answer(case.kind, ask(server, case)) == record[name]
 
 
-def test_four_image_requests_at_once_answer_as_each_alone(server, record):
-    names = ["chat-gradient", "chat-stripes", "chat-jpeg", "anthropic-gradient"]
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        docs = list(pool.map(lambda n: ask(server, CASES[n]), names))
-    for n, doc in zip(names, docs, strict=True):
-        assert vp.answer(CASES[n].kind, doc) == record[n], n
+def test_four_media_requests_at_once_answer_as_llama_server_does(server, record, four):
+    """Four slots at once, each read cold (``cache_prompt`` false), in
+    batches of four sequences: llama-server's answers to the same four at
+    once (bench/vision_parity.CONCURRENT, whose answers are also each one's
+    alone)."""
+    got = vp.concurrently(server.base + "#g", vp.CONCURRENT, CASES)
+    assert dict(zip(vp.CONCURRENT, got, strict=True)) == four
 
 
 def chat(s: Server, content: list, headers: dict | None = None, **extra) -> dict:
@@ -257,6 +263,7 @@ def test_record_is_what_bench_writes():
     """The recorded file names what it depends on and holds every case."""
     doc = json.loads(RECORD.read_text())
     assert set(doc["answers"]) == set(CASES)
+    assert set(doc["four_at_once"]) == set(vp.CONCURRENT)
     assert doc["max_tokens"] == vp.MAX_TOKENS
     assert {"llama_cpp_python", "text_model_sha256", "projector_sha256"} <= set(doc)
 
@@ -273,3 +280,21 @@ def test_anthropic_count_tokens_counts_an_image_as_its_embeddings(server):
     assert st == 200, answer
     assert doc["input_tokens"] == answer["usage"]["input_tokens"] + answer["usage"].get(
         "cache_read_input_tokens", 0) > IMAGE_TOKENS
+
+
+def test_a_cached_image_comes_back_after_the_server_restarts(folder, serve, tmp_path):
+    """A whole new ggmux serve on the same disk tier restores the
+    conversation's image from the entry the first one's stop wrote."""
+    args = ("--models-dir", str(folder.parent), "--no-hf-cache", "--cache-disk",
+            str(tmp_path / "kv"))
+    content = [vp.text_part("Across a restart: what is it?"), vp.image_part(vp.stripes_png())]
+    first = serve(*args)
+    chat(first, content)
+    hit = chat(first, content)
+    assert cached(hit) == hit["usage"]["prompt_tokens"] - 1
+    first.stop()
+    again = serve(*args)
+    after = chat(again, content)
+    assert after["timings"].get("cache_tier") == "disk"
+    assert cached(after) == cached(hit) > IMAGE_TOKENS
+    assert after["choices"][0]["message"] == hit["choices"][0]["message"]

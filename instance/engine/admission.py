@@ -155,4 +155,6 @@ class AdmissionSteps:
                 s.state, s.n_cached = WAIT, keep
         first.children = chosen[1:]
         first.state = PROMPT
+        if job.request.media:
+            self._prefetch(job, keep)  # the encoder starts on its images and audio now
         job.progress(keep)

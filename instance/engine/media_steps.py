@@ -10,10 +10,12 @@ span it has no embeddings for sits out of the batches (state ``encoding``)
 while the others' tokens go on; when the embeddings are ready, at the
 start of a step, they are decoded into the slot's sequence
 (``mtmd_helper_decode_image_chunk``: llama-server's call, with its
-non-causal attention and ``n_batch`` pieces), at most one span a step, so
-the other slots' tokens wait for at most one span's decode (about a
-prompt chunk of as many tokens). The text after the span joins the same
-step's batch.
+non-causal attention and ``n_batch`` pieces); the other slots' tokens
+wait for that decode (about a prompt chunk of as many tokens), never for
+an encode. The text after the span joins the same step's batch. A
+request's spans are sent to the encoder as soon as it has a slot
+(:meth:`MediaSteps._prefetch`), so their encodes overlap the reading of
+the text before them.
 
 Embeddings are kept a while by content hash (:data:`EMBD_CACHE_BYTES`): the
 same image in requests sent together, or in a conversation's next turn
@@ -128,27 +130,36 @@ class MediaSteps:
 
     # ---- the step -------------------------------------------------------------------
     def _media(self) -> None:
-        """Take the encoder's results, then read at most one span into its
-        slot; a prompt slot at a span without embeddings asks the encoder
-        and waits (``encoding``)."""
+        """Take the encoder's results, then read every prompt slot's span
+        whose embeddings are ready into it (each its own decode, as
+        llama-server reads a step's media chunks, so the text batches
+        around them are llama-server's too); a prompt slot at a span
+        without embeddings waits for the encoder (``encoding``)."""
         if self._encoded:
             self._collect_encoded()
-        decoded = False
         waiting = [s for s in self.slots if s.state in (PROMPT, ENCODE) and s.job is not None
                    and s.job.request.media]
-        for s in sorted(waiting, key=lambda s: s.job.id):
+        ready = []
+        for s in sorted(waiting, key=lambda s: s.id):
             span = span_at(s.job.request.media, len(s.tokens))
             if span is None:
                 s.state = PROMPT
-                continue
-            if span.embd is None and not self._embd_for(span):
+            elif span.embd is None and not self._embd_for(span):
                 s.state = ENCODE
-                continue
-            s.state = PROMPT
-            if decoded:
-                continue  # one span a step: the others' tokens wait at most that long
-            decoded = True
+            else:
+                s.state = PROMPT
+                ready.append((s, span))
+        for s, span in ready:
             self._media_decode(s, span)
+
+    def _prefetch(self, job, keep: int) -> None:
+        """Ask the encoder for the media spans of ``job``'s prompt past its
+        ``keep`` cached tokens now (the request has its slot): the encodes
+        run while its text before them is read, so the slot seldom waits at
+        a span; a cached span is never encoded."""
+        for span in job.request.media:
+            if span.start >= keep and span.embd is None:
+                self._embd_for(span)
 
     def _embd_for(self, span: MediaSpan) -> bool:
         """Give ``span`` its embeddings from the cache (True), or have the
