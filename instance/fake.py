@@ -27,7 +27,8 @@ llama.cpp aborts on an out-of-vocabulary token id;
 (without the GIL); ``parallel`` (1) slots: requests served at once, the rest queued round robin
 by tenant (:mod:`ggmux.instance.engine.fairness`), as the built-in instance's
 engine does (reported in the ``ready`` line, so the balancer counts
-in-flight relative to it). The request limits ``--max-tokens-limit`` and
+in-flight relative to it); ``kv_size`` (0: none) KV cells its ``/metrics``
+reports, each busy slot reserving ``kv_size / parallel`` of them. The request limits ``--max-tokens-limit`` and
 ``--n-predict`` (in ``--llama-args``) apply as in the built-in instance.
 
 A prompt cache (issue 20), with ``prefix_cache`` (bool): each slot keeps
@@ -532,7 +533,11 @@ class FakeBackend(Backend):
     def metrics(self) -> dict:
         with self._lock:
             busy = sum(j is not None for j in self._busy)
-            return {"slots_busy": busy, "slots_total": self.slots, "queue_depth": len(self._queue)}
+            out = {"slots_busy": busy, "slots_total": self.slots, "queue_depth": len(self._queue)}
+        kv = int(self.cfg.get("kv_size", 0))
+        if kv > 0:  # each busy slot reserves its share of the cache, as ctx-size x parallel
+            out.update(kv_size=kv, kv_busy=busy * kv // self.slots, kv_used=busy * kv // self.slots)
+        return out
 
     def _tokenizer_time(self) -> None:
         time.sleep(float(self.cfg.get("tokenize_s", 0)))

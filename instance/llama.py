@@ -31,6 +31,7 @@ from .grammar.structured import (
     schema_grammar,
     structured_output,
 )
+from .kv_events import kv_events_hook
 from .llama_args import llama_kwargs
 from .measure_model import measure_model, model_parts
 from .media import requests as media_req
@@ -170,6 +171,7 @@ class LlamaBackend(Backend):
         # the weights' progress as llama-server reports it to its router
         self.engine = Engine(self._config(), on_progress=protocol.LoadProgress())
         self.engine.deliver = self._deliver
+        self.engine.kv_events = kv_events_hook(self.args, self.name, self.engine)
         info = self.engine.load()
         e = self.engine
         special = e.special_tokens()
@@ -208,6 +210,8 @@ class LlamaBackend(Backend):
     def close(self, reason: str) -> None:
         if self.engine is not None:
             self.engine.close(reason)
+            if self.engine.kv_events is not None:
+                self.engine.kv_events.close()
 
     def refuse_queued(self, reason: str) -> None:
         """Requests still waiting for a slot end with ``("error", reason)``."""
@@ -579,3 +583,4 @@ class LlamaBackend(Backend):
 
     def metrics(self) -> dict:
         return self.engine.metrics() if self.engine is not None else {}
+

@@ -79,6 +79,10 @@ def metrics_text(backend: Backend, requests: int, in_flight: int) -> str:
          "KV cache cells reserved or holding a slot's cache"),
         ("kv_cache_size", "gauge", m.get("kv_size"), "KV cache cells"),
     )
+    if m.get("kv_busy") is not None:  # ggmux's: what the router's vllm:kv_cache_usage_perc counts
+        lines += ["# HELP ggmux_kv_cache_busy_tokens KV cache cells reserved by running requests",
+                  "# TYPE ggmux_kv_cache_busy_tokens gauge",
+                  f"ggmux_kv_cache_busy_tokens {m['kv_busy']:g}"]
     for name, kind, v, what in families:
         if v is not None:
             lines += [f"# HELP llamacpp:{name} {what}", f"# TYPE llamacpp:{name} {kind}",

@@ -10,6 +10,7 @@ import os
 from ..http1.limits import add_http_limit_options, instance_limits
 from .backend import Backend
 from .cache.options import add_cache_options
+from .kv_events import add_kv_events_options
 from .reasoning import add_reasoning_option
 from .validate import CACHE_SCOPES, add_request_limit_options
 
@@ -52,6 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--slot", type=int, default=None,
                     help="the supervisor's replica slot, for the process title")
     add_cache_options(ap)
+    add_kv_events_options(ap)
     # the supervisor passes the header and body limits that fit its proxies'
     add_http_limit_options(ap, instance_limits())
     return ap.parse_args(argv)

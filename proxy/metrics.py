@@ -26,6 +26,7 @@ from ..http1.auth import secret_header
 from ..shm import layout as L
 from ..shm.segment import Segment
 from ..shm.seqlock import read_table
+from .vllm_metrics import DEFAULT_BLOCK_SIZE, vllm_text
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ REPLICA_FAMILIES = {
                                  "KV cache cells reserved or holding a slot's cache."),
     "llamacpp:kv_cache_size": ("ggmux_model_kv_cache_size", "gauge",
                                "KV cache cells of the ready replicas."),
+    "ggmux_kv_cache_busy_tokens": ("ggmux_model_kv_cache_busy_tokens", "gauge",
+                                   "KV cache cells reserved by running requests."),
     "llamacpp:spec_decode_num_draft_tokens_total": (
         "ggmux_model_draft_tokens_total", "counter",
         "Speculative decoding: draft tokens the model's replicas verified."),
@@ -155,13 +158,17 @@ async def scrape_replicas(replica_rows: np.ndarray, timeout: float = 1.0) -> dic
 
 def metrics_text(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
                  replica_rows: np.ndarray, replicas: dict[int, dict] | None = None,
-                 sees: Callable[[int], bool] | None = None) -> bytes:
+                 sees: Callable[[int], bool] | None = None,
+                 router: dict | None = None) -> bytes:
     """Prometheus text exposition (version 0.0.4) for the whole server,
     summed over every proxy's counter rows: per model requests, errors, in
     flight, waiting, the TTFT histogram (seconds), loads, evictions, load
     seconds, memory (bytes) and open circuits; per device memory (bytes);
     and, from ``replicas`` (:func:`scrape_replicas`), the replicas' own
-    token, slot, queue and KV figures per model.
+    token, slot, queue and KV figures per model. With ``router``'s
+    ``metrics_compat`` ``vllm`` (the default), the same models' figures
+    under vLLM's names too (:mod:`.vllm_metrics`: the pod's sums and the
+    adapter lists are of the models the caller sees).
 
     ``sees(i)``: whether the caller may see model ``i`` (a keys-file key
     sees its own models only: :class:`~.keyed.KeyScope`); None: every
@@ -299,6 +306,11 @@ def metrics_text(seg: Segment, reg_models: list[dict], model_rows: np.ndarray,
                            for t in TIER_NAMES if f"cache:hits:{t}" in got)
             else:
                 out.append(f'{name}{{model="{n}"}} {got[f"cache:{k}"]:g}\n')
+    router = router or {}
+    if router.get("metrics_compat", "vllm") == "vllm":
+        out.extend(vllm_text(models, {i: m["name"] for i, m in enumerate(reg_models)}, rows,
+                             in_flight, replicas, models_max=router.get("models_max", 0),
+                             block_size=router.get("kv_block_size", DEFAULT_BLOCK_SIZE)))
     fam("ggmux_device_memory_bytes", "gauge", "Memory per device at the last calibration.")
     for d in read_table(seg.devices):
         dev = ("host" if int(d[L.D_KIND]) == 0 else f"gpu{int(d[L.D_INDEX])}")

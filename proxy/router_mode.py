@@ -207,7 +207,7 @@ class RouterMode:
         replicas = await scrape_replicas(self.replica_rows)
         self.refresh()
         text = metrics_text(self.seg, self.reg_models, self.model_rows, self.replica_rows,
-                            replicas, scope.sees if scope is not None else None)
+                            replicas, scope.sees if scope is not None else None, self.router)
         if scope is None:  # the nodes' figures count every tenant's models and requests
             text += "".join(metrics_lines(self.cluster)).encode()
         # per key name, the ledger (issue 36)

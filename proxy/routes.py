@@ -71,6 +71,7 @@ _API_PREFIXES = (b"/api/", b"/v1/models/", b"/v1/responses/")
 
 ROUTES: tuple[Route, ...] = (
     Route(b"/health", "_health", public=True, preflight=False),
+    Route(b"/readyz", "_readyz", public=True, preflight=False),
     Route(b"/", "_page", public=True),
     Route(b"/ui/", "_page", public=True, prefix=True),
     *(Route(p, "_client_api", foreign=True) for p in apis.ROUTES

@@ -500,6 +500,15 @@ class Proxy(Forwarding, Accounting, ReplicaFailures, RouterMode, KeyedProxy, Adm
             return
         conn.send_response(req, 200, b'{"status":"ok"}')
 
+    async def _readyz(self, conn: HttpConnection, req: Request) -> None:
+        """200 ``{"status":"ok"}`` while this proxy takes requests, whatever
+        the models' loads: a Kubernetes readiness probe asks whether the pod
+        can serve (a request for a model that is not loaded waits for its
+        load here), not whether a model is loaded, which ``/health``
+        answers for ``load-on-startup`` models as llama-server does. A
+        draining proxy no longer listens, so the probe fails then."""
+        conn.send_response(req, 200, b'{"status":"ok"}')
+
     def _startup_loading(self) -> bool:
         if self.cluster is not None:  # a startup model may be placed on another node
             return False

@@ -17,6 +17,7 @@ import copy
 import importlib.util
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -49,6 +50,7 @@ from .cluster.options import from_args as cluster_options
 from .demo import demo_models
 from .hf_cache import hf_cache_dir, scan_hf_cache
 from .keys import read_keys_file
+from .kv_events import kv_events_options
 from .kvtiers.files import tenant_secret
 from .logs import install as install_ring_handler
 from .main import Config, StartupError, Supervisor
@@ -127,6 +129,8 @@ def build_registry(args: argparse.Namespace) -> Registry:
     instance_args += request_limit_argv(request_limits_from_args(args))
     scope = getattr(args, "cache_scope", None) or default_cache_scope(args)
     instance_args += reasoning_argv(getattr(args, "reasoning_format", "deepseek"))
+    if getattr(args, "kv_events_opts", None) is not None:  # where their KV events go
+        instance_args += args.kv_events_opts.instance_argv()
     if getattr(args, "media_fetch", False):
         instance_args.append("--media-fetch")
     for e in registry.entries:
@@ -306,6 +310,16 @@ def resumed_argv(argv: list[str]) -> tuple[list[str], dict[str, str]]:
 
 
 def serve(args: argparse.Namespace) -> int:
+    """``ggmux serve``: the exit code. The KV events' collector folder
+    (``--kv-events``) goes with the server, whatever ends it."""
+    try:
+        return _serve(args)
+    finally:
+        if getattr(args, "kv_events_opts", None) is not None:
+            shutil.rmtree(args.kv_events_opts.folder, ignore_errors=True)
+
+
+def _serve(args: argparse.Namespace) -> int:
     log_to_stderr(args.log_level.upper(), "%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_ring_handler()  # start-up lines too reach GET /logs
     if getattr(args, "resumed", False):
@@ -319,6 +333,11 @@ def serve(args: argparse.Namespace) -> int:
             print(f"ggmux: --{flag.replace('_', '-')} must be 0 or more, not {v}",
                   file=sys.stderr)
             return 2
+    try:
+        args.kv_events_opts = kv_events_options(args)
+    except ValueError as e:
+        print(f"ggmux: {e}", file=sys.stderr)
+        return 2
     pristine = copy.copy(args)  # build_registry fills defaults into what it is given
     try:
         registry = build_registry(args)
@@ -425,6 +444,8 @@ def serve(args: argparse.Namespace) -> int:
         node_name=cluster.node if cluster is not None else args.node_name or "",
         # --- end usage ledger ---
         keys_file=os.path.abspath(args.keys) if args.keys else None, keys_max=args.keys_max,
+        metrics_compat=args.metrics_compat, kv_events=args.kv_events_opts,
+        kv_block_size=args.kv_events_block_size,
     )
     if cfg.ledger:  # the proxies' GET /usage reads it too (a password: through the pipe)
         cfg.proxy_keys["ledger"] = cfg.ledger

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .cluster.options import ClusterOptions
+from .kv_events import KVEventsOptions
 
 
 @dataclass(slots=True)
@@ -61,3 +62,7 @@ class Config:
     # --- keys with limits (issue 36) ---
     keys_file: str | None = None  # --keys: the keys file (supervisor/keys.py)
     keys_max: int = 256  # --keys-max: rows of the key table
+    # --- Kubernetes (issue 44) ---
+    metrics_compat: str = "vllm"  # --metrics-compat: also vLLM's names in GET /metrics ("none")
+    kv_events: KVEventsOptions | None = None  # --kv-events: the publisher child's options
+    kv_block_size: int = 16  # tokens per KV block (events, vllm:cache_config_info)

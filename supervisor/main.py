@@ -43,6 +43,7 @@ from .cluster.node import ClusterNode
 from .config import Config
 from .jobs import Jobs
 from .keys import KeyRegistry, builtin_hashes, model_prices
+from .kv_events import KVEventsChild
 from .ledger_wiring import close_ledger, open_ledger, start_windows
 from .logs import install as install_ring_handler
 from .measure import Measurer
@@ -127,6 +128,8 @@ class Supervisor(ProxyChildren):
                 apply_entries=self.apply_cluster_entries, drain_timeout=cfg.drain_timeout,
                 log_level=cfg.log_level)
             self.reconciler.gate = self.cluster.allows
+        self.kv_events = (KVEventsChild(cfg.kv_events, self.children, cfg.log_level)
+                          if cfg.kv_events is not None else None)  # the KV events' publisher
         self.proxy_ready: set[int] = set()
         self._serving = False  # every proxy listened once
         self.startup_failed = False
@@ -206,6 +209,8 @@ class Supervisor(ProxyChildren):
         self.remotes.add()
         if self.cluster is not None:
             self.cluster.start()  # its view is in the registry blob from the start
+        if self.kv_events is not None:
+            self.kv_events.start()
         self.publisher.registry()  # with the remotes' addresses
         st.calibrate()
         self.replicas.kv.scan_all()  # the models' disk tiers, before any replica runs
@@ -215,7 +220,8 @@ class Supervisor(ProxyChildren):
         st = self.state
         return bool(st.replicas or st.proxies or self.measurer.measuring
                     or self.replicas.spares.pool
-                    or (self.cluster is not None and self.cluster.alive()))
+                    or (self.cluster is not None and self.cluster.alive())
+                    or (self.kv_events is not None and self.kv_events.alive()))
 
     def teardown(self) -> None:
         """Stop every child (exit, then SIGTERM, then SIGKILL) and remove the
@@ -231,6 +237,8 @@ class Supervisor(ProxyChildren):
         self.replicas.spares.close()
         if self.cluster is not None:
             self.cluster.close()
+        if self.kv_events is not None:  # it exits at EOF; the instances' last events are lost
+            self.kv_events.close()
         # each replica's exit -> SIGTERM (its save to the disk tier, or a cmd
         # llama-server's slot save first, included: issue 29), then SIGTERM -> SIGKILL
         # and the proxies' drain (issue 37, item 8): never SIGKILL a proxy
@@ -250,6 +258,8 @@ class Supervisor(ProxyChildren):
                           *self.measurer.measuring.values(),
                           *(c for c, _ in self.replicas.spares.pool), *agent]:
                     c.kill(signal.SIGKILL)
+                if self.kv_events is not None:
+                    self.kv_events.kill()
             if self._children_left():
                 self._poll_once(20)
         self.replicas.close()
@@ -330,6 +340,8 @@ class Supervisor(ProxyChildren):
         self._probe_step(now)
         if self.cluster is not None and not self.state.stopping_all:
             self.cluster.step(now)
+        if self.kv_events is not None:
+            self.kv_events.step()
         if not self.state.stopping_all:
             if self.watch is not None and (why := self.watch.check(now)):
                 self.reload(why)
@@ -353,6 +365,8 @@ class Supervisor(ProxyChildren):
         self.replicas.reap()
         if self.cluster is not None:
             self.cluster.reap()
+        if self.kv_events is not None:
+            self.kv_events.reap()
 
     def _probe_step(self, now: int) -> None:
         """Readiness of ``cmd`` instances, health of ``upstream`` replicas."""

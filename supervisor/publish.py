@@ -66,7 +66,9 @@ class Publisher:
         # the router's own settings, for GET /props without a model (llama.cpp router)
         doc["router"] = {"models_max": st.cfg.models_max,
                          "models_autoload": st.cfg.models_autoload,
-                         "model_fallback": st.cfg.model_fallback, "metrics": st.cfg.metrics}
+                         "model_fallback": st.cfg.model_fallback, "metrics": st.cfg.metrics,
+                         "metrics_compat": st.cfg.metrics_compat,
+                         "kv_block_size": st.cfg.kv_block_size}
         if st.cluster_doc is not None:
             doc["cluster"] = st.cluster_doc
         st.seg.write_registry(doc)

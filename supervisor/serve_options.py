@@ -18,6 +18,7 @@ from ..instance.validate import CACHE_SCOPES, add_request_limit_options
 from ..ledger.options import add_ledger_options
 from ..shm.requestring import REQUEST_EXCERPT_BYTES
 from .cluster.options import add_cluster_options
+from .kv_events import add_kv_events_options
 from .registry import ModelEntry
 from .routing import add_routing_options
 
@@ -149,6 +150,12 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
                         "model's replica when there is one); --no-metrics answers 501 there "
                         "as llama-server does without --metrics (on by default: the router's "
                         "own figures, no request contents)")
+    s.add_argument("--metrics-compat", choices=("vllm", "none"), default="vllm",
+                   help="GET /metrics also says the endpoint picker's signals under vLLM's "
+                        "names (vllm:num_requests_waiting, vllm:num_requests_running, "
+                        "vllm:kv_cache_usage_perc, vllm:cache_config_info, "
+                        "vllm:lora_requests_info), for a Gateway API Inference Extension "
+                        "InferencePool; none: only ggmux's")
     # Model options: None when not given, so build_registry can tell a default
     # (under every source) from an explicit value (over every source, as
     # llama.cpp's router overlays its own command line on every preset).
@@ -343,6 +350,7 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     add_cluster_options(s)
     # --- usage ledger (issue 36): --ledger, --ledger-buffer, --state-dir ---
     add_ledger_options(s)
+    add_kv_events_options(s)
     # --- end usage ledger ---
     s.add_argument("--node-drain-timeout", type=float, default=120.0, metavar="S",
                    help="cluster mode: a drain (SIGTERM, POST /cluster/drain) waits at most "

@@ -110,8 +110,13 @@ OTHER_TOOLS = {
     # llama-server's own, which its router or web UI has and ggmux does not
     # (named to say so), or that ggmux passes to a cmd replica
     "--ui-mcp-proxy", "--api-key-file", "--slot-save-path", "--jinja",
-    # mkdocs
+    # mkdocs (and helm lint)
     "--strict",
+    # helm; pip's install of vLLM's event classes without vLLM's dependencies
+    "--set", "--no-deps",
+    # the Inference Extension's endpoint picker, and vLLM's KV events option
+    "--total-queued-requests-metric", "--kv-cache-usage-percentage-metric",
+    "--lora-info-metric", "--kv-events-config",
 }
 """Options of other programs that the manual's examples and comparisons
 name: each is in an example that runs that program, or in a sentence about

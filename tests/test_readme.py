@@ -55,6 +55,18 @@ SH_BLOCKS: dict[str, str | None] = {
         "Dockerfile and compose file, and builds and runs the image with GGMUX_TEST_CONTAINER=1",
     "docker build --build-arg BASE=nvidia/cuda":
         "needs nvidia/cuda images and a GPU; tests/test_container.py checks the recipe",
+    "helm install llm deploy/helm/ggmux -n ai --set":
+        "needs a Kubernetes cluster; tests/test_helm_chart.py lints and renders the chart with "
+        "these values and validates the manifests against the Kubernetes schemas",
+    "docker push registry.example/ggmux":
+        "needs a Docker engine and a registry; tests/test_container.py builds the image with "
+        "GGMUX_TEST_CONTAINER=1, and tests/test_helm_chart.py checks the chart runs it",
+    "kubectl create namespace ai":
+        "needs a Kubernetes cluster with the Inference Extension's CRDs; tests/test_helm_chart.py "
+        "renders the chart with these values and validates the manifests",
+    "python -m bench.pool":
+        "a benchmark of several minutes on three servers; its figures, command and load are in "
+        "bench/RESULTS.md",
     "claude --model qwen3-8b":
         "Claude Code against a model this machine does not have: tests/test_agents.py runs "
         "Claude Code against ggmux",

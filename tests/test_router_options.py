@@ -16,7 +16,8 @@ def test_no_models_autoload_loads_only_on_an_explicit_load(serve, fakes):
               "--load-wait", "1")
     _, doc = s.seg.read_registry()
     assert doc["router"] == {"models_max": 4, "models_autoload": False, "model_fallback": None,
-                             "metrics": True}  # for GET /props
+                             "metrics": True, "metrics_compat": "vllm",
+                             "kv_block_size": 16}  # for GET /props and /metrics
     st, _, body = s.request("POST", CHAT, chat_body("a"))
     assert st == 400 and b"model is not loaded" in body, body  # llama-server's answer
     assert s.models()["a"]["status"]["value"] == "unloaded"

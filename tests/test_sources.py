@@ -162,6 +162,8 @@ def test_health_is_503_loading_model_until_the_load_on_startup_models_first_load
 
     first = wait_for(answered, 30, 0.05, "the proxy to answer")
     assert first[0] == 503, first
+    # Kubernetes' readiness: the pod can serve (a request waits for the load)
+    assert s.request("GET", "/readyz")[0] == 200
     assert json.loads(first[2]) == {"error": {"code": 503, "message": "Loading model",
                                               "type": "unavailable_error"}}
     wait_for(lambda: s.request("GET", "/health")[0] == 200, 30, 0.05, "the startup loads")

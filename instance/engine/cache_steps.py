@@ -52,6 +52,7 @@ class CacheSteps:
     ``slots``, ``_cond`` and ``_model_lock``."""
 
     cache: KVTiers | None = None
+    kv_events = None  # the Engine's KVEvents hook (--kv-events), or None
     _persist_done: threading.Event | None = None
     _clear_done: threading.Event | None = None
     _cleared_slots = 0
@@ -287,6 +288,8 @@ class CacheSteps:
                         "%.0f s; it will at its next step", timeout)
         out = self.cache.clear() if self.cache is not None else {"ram": 0, "disk": 0}
         out["slots"] = self._cleared_slots
+        if self.kv_events is not None:
+            self.kv_events.cleared()
         return out
 
     def _do_clear(self) -> None:

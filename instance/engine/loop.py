@@ -108,6 +108,9 @@ class Engine(AdmissionSteps, CacheSteps, CheckpointSteps, EmbeddingSteps, Genera
     (e.g. ``lambda b: loop.call_soon_threadsafe(jobs.deliver, b)``)."""
 
     deliver: Callable[[list[tuple[Job, tuple]]], None] | None = None
+    kv_events = None
+    """None, or the :class:`~ggmux.instance.kv_events.KVEvents` hook (``--kv-events``):
+    its ``sync(slots)`` runs on the decode thread once per loop turn."""
 
     def __init__(self, config: EngineConfig,
                  on_progress: Callable[[float], None] | None = None) -> None:
@@ -348,14 +351,16 @@ class Engine(AdmissionSteps, CacheSteps, CheckpointSteps, EmbeddingSteps, Genera
     def metrics(self) -> dict:
         """Counters since load (tokens, seconds) and gauges: ``slots_busy``,
         ``slots_total``, ``queue_depth`` (requests waiting for a slot or KV),
-        ``kv_used`` (cells reserved or cached, of ``kv_size``),
-        ``checkpoint_bytes`` (the slots' context checkpoints)."""
+        ``kv_used`` (cells reserved or cached, of ``kv_size``), ``kv_busy``
+        (cells reserved by running requests: idle slots' caches are
+        evictable), ``checkpoint_bytes`` (the slots' context checkpoints)."""
         busy = [s for s in self.slots if s.state != IDLE]
-        used = sum(s.reserved for s in busy) + sum(len(s.tokens) for s in self.slots
-                                                   if s.state == IDLE)
+        reserved = sum(s.reserved for s in busy)
+        used = reserved + sum(len(s.tokens) for s in self.slots if s.state == IDLE)
         return {**self.stats, "slots_busy": len(busy), "slots_total": len(self.slots),
                 "queue_depth": len(self._waiting) + len(self._inbox),
                 "kv_used": min(used, self.kv_size), "kv_size": self.kv_size,
+                "kv_busy": min(reserved, self.kv_size),
                 "checkpoint_bytes": self._ckpt_bytes()}
 
     # ---- the decode thread --------------------------------------------------
@@ -417,6 +422,8 @@ class Engine(AdmissionSteps, CacheSteps, CheckpointSteps, EmbeddingSteps, Genera
         try:
             while True:
                 self._flush()
+                if self.kv_events is not None:  # what the slots' caches hold now
+                    self.kv_events.sync(self.slots)
                 with self._cond:
                     while not (self._inbox or self._kicked or self._close_reason is not None
                                or self._sleep_done is not None or self._refuse is not None
@@ -434,6 +441,8 @@ class Engine(AdmissionSteps, CacheSteps, CheckpointSteps, EmbeddingSteps, Genera
                 if reason is not None:
                     self._shutdown(reason)
                     self._flush()
+                    if self.kv_events is not None:  # the slots' blocks are gone
+                        self.kv_events.sync(self.slots)
                     return
                 while refuse is not None and self._waiting:
                     self._fail(self._waiting.popleft(), refuse)
