@@ -91,42 +91,30 @@ def nginx_measure(instance_port: str, args, tmp: Path) -> dict[str, tuple]:
     conf = nd / "nginx.conf"
     conf.write_text(NGINX_CONF.format(user="user root;\n" if os.geteuid() == 0 else "",
                                       workers=1, tmp=nd, upstream=instance_port, port=port))
-    out = tmp / "cg-nginx.out"
-    proc = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-         *(["--cache-sim=yes"] if args.cache_sim else []), nginx, "-p", str(nd), "-c",
-         str(conf), "-g", "daemon off; master_process off;"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    results = {}
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health", 120)
-        for i, (name, request) in enumerate(WORKLOADS.items()):
-            request = request.replace(b"/upstream/m/health", b"/health")
-            results[name] = _count(proc.pid, port, request, out, i, args)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return results
+    return _peer([nginx, "-p", str(nd), "-c", str(conf), "-g",
+                  "daemon off; master_process off;"], port, tmp / "cg-nginx.out", args, 120)
 
 
 def floor_measure(instance_port: str, args, tmp: Path) -> dict[str, tuple]:
     """The same counts for :mod:`bench.relay_floor` in front of the same
     instance: a relay on uvloop and httptools with none of ggmux's work."""
     port = free_port()
-    out = tmp / "cg-floor.out"
+    return _peer([sys.executable, "-m", "bench.relay_floor", "--port", str(port),
+                  "--upstream", instance_port], port, tmp / "cg-floor.out", args, 300)
+
+
+def _peer(cmd: list[str], port: int, out: Path, args, start_s: float) -> dict[str, tuple]:
+    """Every workload's counts for ``cmd`` (a server listening on ``port``,
+    forwarding to the instance) run under callgrind into ``out``; the
+    workloads' ``/upstream/m/`` is the instance's own path there."""
     proc = subprocess.Popen(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-         *(["--cache-sim=yes"] if args.cache_sim else []), sys.executable, "-m",
-         "bench.relay_floor", "--port", str(port), "--upstream", instance_port],
+         *(["--cache-sim=yes"] if args.cache_sim else []), *cmd],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         cwd=Path(__file__).resolve().parents[1])
     results = {}
     try:
-        wait_http(f"http://127.0.0.1:{port}/health", 300)
+        wait_http(f"http://127.0.0.1:{port}/health", start_s)
         for i, (name, request) in enumerate(WORKLOADS.items()):
             request = request.replace(b"/upstream/m/health", b"/health")
             results[name] = _count(proc.pid, port, request, out, i, args)
