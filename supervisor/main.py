@@ -42,7 +42,8 @@ from .children import ChildSet
 from .cluster.node import ClusterNode
 from .config import Config
 from .jobs import Jobs
-from .keys import KeyRegistry, builtin_hashes, model_prices
+from .keys import KeyRegistry, model_prices
+from .keys_file import builtin_hashes
 from .kv_events import KVEventsChild
 from .ledger_wiring import close_ledger, open_ledger, start_windows
 from .logs import install as install_ring_handler
