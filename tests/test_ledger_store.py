@@ -36,7 +36,7 @@ from ggmux.supervisor.jobs import Jobs
 from ggmux.supervisor.keys import KeyRegistry
 from pgserver import pg_or_skip
 
-# keys files hold secrets: private, as ggmux requires (keys.check_file_mode)
+# keys files hold secrets: private, as ggmux requires (keys_file.check_file_mode)
 pytestmark = pytest.mark.usefixtures("private_files")
 
 PRICES = {"paid": (2.0, 0.5, 8.0)}  # per million: input, cached input, output
