@@ -42,6 +42,8 @@ HOT_MODULES = (
     "ggmux.http1.response",
     "ggmux.http1.connection",
     "ggmux.http1.exchange",
+    "ggmux.http1.upstream_state",
+    "ggmux.http1.upstream_failure",
     "ggmux.http1.upstream",
     "ggmux.http1.heads",
     "ggmux.http1.pool",

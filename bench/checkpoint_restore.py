@@ -31,7 +31,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.agentic import tools_text
-from bench.compare import demo_model_paths
+from bench.targets import demo_model_paths
 
 
 def prompt(system: str, question: str) -> tuple[str, str]:

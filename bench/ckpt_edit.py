@@ -73,9 +73,9 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 from bench import llama_server
 from bench.agentic import WORDS, tools_text
-from bench.compare import demo_model_paths, free_port
 from bench.prefix_routing import end_process
 from bench.stats import percentile
+from bench.targets import demo_model_paths, free_port
 
 MODEL = "gemma3-270m"
 KINDS = ("new", "edit", "regen", "append", "edit", "regen", "append", "edit")

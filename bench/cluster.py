@@ -244,7 +244,7 @@ def _unloaded(node: str, b: str, model: str) -> bool:
 
 
 def _demo_preset(tmp: Path) -> Path:
-    from bench.compare import demo_model_paths
+    from bench.targets import demo_model_paths
 
     path = demo_model_paths()["smollm2-135m"]
     p = tmp / "demo.ini"

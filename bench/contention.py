@@ -66,18 +66,10 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import llama_server
-from bench.compare import (
-    ProcessSet,
-    TargetError,
-    cleanup_on_exit,
-    demo_model_paths,
-    free_port,
-    http_request,
-    machine_info,
-    remove_ggmux_ipc,
-    wait_ready,
-)
 from bench.contention_load import WORKLOADS, Workload, drive, figures, workloads
+from bench.processes import ProcessSet, cleanup_on_exit, remove_ggmux_ipc
+from bench.report import machine_info
+from bench.targets import TargetError, demo_model_paths, free_port, http_request, wait_ready
 
 logger = logging.getLogger(__name__)
 

@@ -46,17 +46,8 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 from bench import llama_server
 from bench.aiperf_check import aiperf_profile, tokenizer_dir
-from bench.compare import (
-    Context,
-    ProcessSet,
-    TargetError,
-    check_alive,
-    cleanup_on_exit,
-    demo_model_paths,
-    ggmux_env,
-    machine_info,
-    publish,
-)
+from bench.processes import ProcessSet, cleanup_on_exit, ggmux_env
+from bench.report import machine_info, publish
 from bench.slots import (
     MODEL,
     NEEDS_LLAMA_SERVER,
@@ -67,6 +58,7 @@ from bench.slots import (
     settings_from_args,
     warm,
 )
+from bench.targets import Context, TargetError, check_alive, demo_model_paths
 
 logger = logging.getLogger("bench.engine_aiperf")
 

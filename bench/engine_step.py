@@ -43,7 +43,7 @@ from ggmux.instance.answers import Answer
 from ggmux.instance.engine import Engine, EngineConfig, Generation, Sampling
 from ggmux.instance.engine.slots import GENERATE
 
-from bench.compare import demo_model_paths
+from bench.targets import demo_model_paths
 
 
 def _loop_thread() -> tuple[asyncio.AbstractEventLoop, list[int]]:

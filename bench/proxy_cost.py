@@ -51,7 +51,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from .compare import NGINX_CONF
+from .compare_targets import NGINX_CONF
 
 # a 1 KiB chat request (the body's length, bytes: 1024)
 _PAD = 1024 - len('{"model":"m","messages":[{"role":"user","content":""}],"max_tokens":1}')

@@ -1,13 +1,22 @@
 """Human-readable reports of :mod:`bench.serving` runs: tables of one run,
 one line per level of a concurrency sweep, and PNG charts (matplotlib,
-when installed)."""
+when installed); and what every harness's report carries: the machine it
+ran on (:func:`machine_info`) and its publication (:func:`publish`: printed,
+and saved as JSON)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
+import platform
+import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.processes import REPO_ROOT
 from bench.stats import PERCENTILES
 
 logger = logging.getLogger(__name__)
@@ -131,3 +140,51 @@ def plot(results: dict[str, Any], directory: Path, label: str = "") -> list[Path
     fig.savefig(written[-1], dpi=100)
     plt.close(fig)
     return written
+
+
+def publish(report: dict[str, Any], header: str, table: str, out: Path | None) -> None:
+    """Print a harness's ``header`` and ``table``; with ``out``, write the
+    whole ``report`` there as JSON (folders made as needed)."""
+    print()
+    print(header)
+    print(table)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1))
+        print(f"results: {out}")
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model, core count, OS, Python, llama-cpp-python version, git commit, UTC time.
+
+    ``loadavg_1m`` is taken when called: a load far above the core count
+    means other work shared the machine and the figures are noisy.
+    """
+    cpu = platform.processor()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+    ).stdout.strip()
+    llama_version = None
+    with contextlib.suppress(Exception):
+        from importlib.metadata import version
+
+        llama_version = version("llama-cpp-python")
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "llama_cpp_python": llama_version,
+        "git_commit": commit or None,
+        "loadavg_1m": os.getloadavg()[0],
+    }

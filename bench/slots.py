@@ -69,26 +69,22 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import llama_server
-from bench.compare import (
+from bench.processes import ProcessSet, cleanup_on_exit, ggmux_env, remove_ggmux_ipc
+from bench.prompts import gguf_vocabulary
+from bench.report import machine_info, publish
+from bench.serving import BenchConfig, run
+from bench.stats import percentile
+from bench.targets import (
     Context,
-    ProcessSet,
     Target,
     TargetError,
     check_alive,
-    cleanup_on_exit,
     demo_model_paths,
     free_port,
-    ggmux_env,
     http_request,
-    machine_info,
-    publish,
-    remove_ggmux_ipc,
     settle,
     wait_ready,
 )
-from bench.prompts import gguf_vocabulary
-from bench.serving import BenchConfig, run
-from bench.stats import percentile
 
 logger = logging.getLogger(__name__)
 

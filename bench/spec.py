@@ -71,22 +71,18 @@ if __package__ in (None, ""):
 import itertools
 
 from bench import llama_server
-from bench.compare import (
+from bench.processes import ProcessSet, cleanup_on_exit, ggmux_env, remove_ggmux_ipc
+from bench.report import machine_info, publish
+from bench.stats import percentile
+from bench.targets import (
     Context,
-    ProcessSet,
     Target,
     TargetError,
-    cleanup_on_exit,
     demo_model_paths,
     free_port,
-    ggmux_env,
-    machine_info,
-    publish,
-    remove_ggmux_ipc,
     settle,
     wait_ready,
 )
-from bench.stats import percentile
 
 logger = logging.getLogger(__name__)
 

@@ -61,8 +61,8 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 from bench import llama_server
 from bench.agentic import tools_text
-from bench.compare import demo_model_paths, free_port
 from bench.prefix_routing import end_process
+from bench.targets import demo_model_paths, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 CODEX = REPO / "tests" / "agent_requests" / "codex_first.json"

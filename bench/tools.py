@@ -35,8 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.compare import ProcessSet, demo_model_paths, free_port, machine_info, publish, wait_ready
 from bench.llama_server import find as find_llama_server
+from bench.processes import ProcessSet
+from bench.report import machine_info, publish
+from bench.targets import demo_model_paths, free_port, wait_ready
 
 logger = logging.getLogger("bench.tools")
 

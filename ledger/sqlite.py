@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 
 from .store import SqlStore
 
@@ -68,9 +69,28 @@ class SqliteStore(SqlStore):
         # one thread at a time, but not always the one that opened it (the jobs)
         conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
+            _wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
         except sqlite3.Error:
             conn.close()
             raise
         return conn
+
+
+def _wal(conn: sqlite3.Connection, timeout: float = BUSY_TIMEOUT_S) -> None:
+    """Put the database of ``conn`` in WAL mode, trying again for up to
+    ``timeout`` seconds while it is locked. Turning a new file to WAL takes
+    an exclusive lock from a shared one; two connections doing it at once
+    (the ledger's writer and the start's other-nodes query open the same new
+    file together) are a deadlock that SQLite answers with an immediate
+    ``database is locked``, without its busy handler. Raises
+    ``sqlite3.Error`` past the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)

@@ -117,7 +117,7 @@ class Plan:
 
 
 def _needed(p) -> tuple[bool, bool, bool, bool]:
-    """Which windows key policy ``p`` (a :class:`~..keys.KeyPolicy`) limits:
+    """Which windows key policy ``p`` (a :class:`~ggmux.supervisor.keys_file.KeyPolicy`) limits:
     (minute, day, week, month)."""
     return (bool(p.rpm or p.tpm), bool(p.tokens_per_day), bool(p.tokens_per_week),
             bool(p.tokens_per_month or p.spend_per_month))

@@ -49,7 +49,7 @@ from .cluster.names import check_node_name
 from .cluster.options import from_args as cluster_options
 from .demo import demo_models
 from .hf_cache import hf_cache_dir, scan_hf_cache
-from .keys import read_keys_file
+from .keys_file import read_keys_file
 from .kv_events import kv_events_options
 from .kvtiers.files import tenant_secret
 from .logs import install as install_ring_handler

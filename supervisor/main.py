@@ -8,18 +8,19 @@ deadlines past due), probes, ``schedule`` (desired vs actual: loads and
 evictions, :mod:`.reconcile`), ``publish`` (shared memory, generation,
 proxy wake-ups, :mod:`.publish`). No threads.
 
-This module holds the loop, setup and teardown, signals, commands and
-reloads; the proxies are :mod:`.proxies`. What it drives lives beside it: :mod:`.state` (the shared
-books and records), :mod:`.children` (processes and their pipes),
-:mod:`.replicas` (instances and ``cmd`` replicas, stop and escalation),
-:mod:`.spares`, :mod:`.remotes` (``upstream`` replicas), :mod:`.measure`,
-:mod:`.reconcile` and :mod:`.publish`.
+This module holds the loop, setup and teardown and signals; the proxies'
+commands through the queue are :mod:`.commands`, reloads :mod:`.reloader`
+and the proxies :mod:`.proxies` (mixins of :class:`Supervisor`). What it
+drives lives beside it: :mod:`.state` (the shared books and records),
+:mod:`.children` (processes and their pipes), :mod:`.replicas` (instances
+and ``cmd`` replicas, stop and escalation), :mod:`.spares`,
+:mod:`.remotes` (``upstream`` replicas), :mod:`.measure`, :mod:`.reconcile`
+and :mod:`.publish`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import select
 import signal
@@ -27,7 +28,6 @@ import socket
 import time
 from collections.abc import Callable
 
-import orjson
 import posix_ipc
 
 from ..http1.drain import DRAIN_FLUSH_S, drain_budget
@@ -40,9 +40,11 @@ from ..shm.requestring import RequestRing, RingShape, request_ring_name
 from ..shm.segment import Segment
 from .children import ChildSet
 from .cluster.node import ClusterNode
+from .commands import QueueCommands
 from .config import Config
 from .jobs import Jobs
-from .keys import KeyRegistry, builtin_hashes, model_prices
+from .keys import KeyRegistry, model_prices
+from .keys_file import builtin_hashes
 from .kv_events import KVEventsChild
 from .ledger_wiring import close_ledger, open_ledger, start_windows
 from .logs import install as install_ring_handler
@@ -52,10 +54,10 @@ from .proxies import ProxyChildren
 from .publish import Publisher
 from .reconcile import Reconciler
 from .registry import Registry
-from .reload import plan_reload
+from .reloader import Reloader
 from .remotes import Remotes
 from .replicas import Replicas, backoff_s, load_budget_s
-from .state import ModelRuntime, State
+from .state import State
 from .watch import ConfigWatch
 
 __all__ = ["Config", "StartupError", "Supervisor", "backoff_s", "load_budget_s"]
@@ -98,7 +100,7 @@ def _check_no_live_owner(name: str) -> None:
         raise StartupError(f"shared memory {name} belongs to a running ggmux (pid {pid})")
 
 
-class Supervisor(ProxyChildren):
+class Supervisor(ProxyChildren, QueueCommands, Reloader):
     """See the module docstring. ``run()`` returns the process exit code.
 
     ``rebuild`` rescans every source (SIGHUP, ``GET /models?reload=1``);
@@ -374,7 +376,7 @@ class Supervisor(ProxyChildren):
         self.replicas.probe_step(now)
         self.remotes.probe_step(now)
 
-    # ---- signals and commands ----------------------------------------------
+    # ---- signals -------------------------------------------------------------
     def _drain_signals(self) -> None:
         try:
             data = os.read(self._sig_r, 512)
@@ -391,237 +393,6 @@ class Supervisor(ProxyChildren):
             elif signum == signal.SIGHUP:
                 self.reload("SIGHUP")
 
-    def _drain_queue(self) -> None:
-        mq = self.mq
-        if mq is None:
-            return
-        while True:
-            try:
-                msg, _ = mq.receive(0)
-            except posix_ipc.BusyError:
-                return
-            try:
-                cmd = orjson.loads(msg)
-            except orjson.JSONDecodeError:
-                log.warning("bad command %r", msg[:80])
-                continue
-            self._command(cmd)
-
-    def _command(self, cmd: dict) -> None:
-        """One order from a proxy's queue. ``route`` names the request it
-        came from (``"POST /api/generate"``), for the log line; the proxy
-        has judged the caller (issue 18, finding 1): ``keep_alive`` with
-        ``extend`` comes from one without the admin key (:meth:`keep_alive`)."""
-        op = cmd.get("op")
-        if op == "want":
-            return  # demand itself is read from the waiters table each tick
-        route = cmd.get("route")
-        route = route[:120] if isinstance(route, str) and route else None
-        if op == "reload":
-            self.reload(route or "GET /models?reload=1", cmd.get("id"))
-            return
-        if op == "keys":
-            if self.keys is not None:
-                self.keys.command(cmd)
-            return
-        if op == "unload_idle":
-            self.unload_idle(f"requested by {route or 'POST /models/unload *'}")
-            return
-        if op == "cache_clear":
-            self._cache_clear(cmd)
-            return
-        if op == "drain":
-            if self.cluster is not None:
-                self.cluster.drain(route or "POST /cluster/drain")
-            return
-        m = cmd.get("model")
-        if not isinstance(m, int) or not 0 <= m < len(self.state.registry):
-            log.warning("command %r for unknown model %r", op, m)
-            return
-        if op == "load":
-            self.load(m, f"requested by {route or 'POST /models/load'}")
-        elif op == "unload":
-            self.unload(m, f"requested by {route or 'POST /models/unload'}")
-        elif op == "keep_alive":
-            s = cmd.get("seconds")
-            if isinstance(s, (int, float)) and not isinstance(s, bool) and not math.isnan(s):
-                self.keep_alive(m, float("inf") if s < 0 else float(s),
-                                cmd.get("extend") is True, route or "an Ollama request")
-        else:
-            log.warning("unknown command %r", op)
-
-    def _cache_clear(self, cmd: dict) -> None:
-        """``POST /cache/clear`` (issue 29): empty the KV tiers of model
-        ``cmd["model"]`` (None: every model); the answer is published under
-        ``cmd["id"]`` (:meth:`~.kvtiers.cache.KvCache.clear`)."""
-        st = self.state
-        m, rid = cmd.get("model"), cmd.get("id")
-        if not isinstance(rid, str) or not rid:
-            log.warning("cache_clear without an id")
-            return
-        if m is None:
-            models = [i for i in range(len(st.registry)) if i not in st.removed]
-        elif isinstance(m, int) and 0 <= m < len(st.registry):
-            models = [m]
-        else:
-            log.warning("cache_clear of unknown model %r", m)
-            return
-        log.info("emptying the KV tiers of %s: %s", "every model" if m is None else st.name(m),
-                 cmd.get("route") or "POST /cache/clear")
-        self.replicas.kv.clear(models, rid[:64])
-
-    def keep_alive(self, m: int, seconds: float, extend: bool, route: str) -> None:
-        """Ollama's ``keep_alive`` of a request to model ``m``: ``seconds``
-        (inf: never) become its idle timer, instead of its ``ttl``, until it
-        unloads. ``extend`` (a caller without the admin key, issue 18
-        finding 1): the timer may only grow, and at most to the ``ttl`` the
-        operator set (none: never), so such a caller can neither make the
-        model unload sooner for everyone nor keep it beyond the ttl."""
-        st = self.state
-        rt = st.models[m]
-        ttl = st.registry.entries[m].ttl
-        ttl = ttl if ttl and ttl > 0 else float("inf")
-        if extend:
-            now = rt.keep_alive_s if rt.keep_alive_s is not None else ttl
-            seconds = max(now, min(seconds, ttl))
-            if seconds == now:
-                log.debug("%s: keep_alive from %s (no admin key) leaves the idle timer at %s",
-                          st.name(m), route, _seconds(now))
-                return
-        rt.keep_alive_s = seconds
-        log.info("%s: keep_alive %s from %s: idle timer until it unloads", st.name(m),
-                 _seconds(seconds), route)
-
-    def reload(self, why: str, rid: str | None = None) -> None:
-        """Rescan every source (llama.cpp router's reload, llama-swap's config
-        reload). New models appear; removed ones stop being listed or routed
-        and unload once idle; a model whose configuration changed keeps
-        serving on its old replicas until they are idle, then reloads on the
-        next request. Nothing loads merely because of a reload. A reload
-        that fails (a source that does not parse, an alias two models claim)
-        changes nothing; the error is logged. ``rid``, a proxy's reload id,
-        is published once the reload ran, with the error when it failed
-        (``reload_errors``), so ``GET /models?reload=1`` answers with the
-        list it produced or says why there is none (issue 23), or why the keys file did not."""
-        st = self.state
-        keys_err = self.keys.reload(why) if self.keys is not None else None
-        error = self._reload(why)
-        error = "; ".join(filter(None, (error and f"the models are unchanged: {error}",
-                                        keys_err))) or None
-        if rid is not None:
-            st.reload_ids.append(str(rid))
-            kept = set(st.reload_ids)
-            st.reload_errors = {k: v for k, v in st.reload_errors.items() if k in kept}
-            if error is not None:
-                st.reload_errors[str(rid)] = error
-            st.errors_dirty = True  # republish the registry: the id, and the new list
-
-    def _reload(self, why: str) -> str | None:
-        """Rescan and apply; the error when the reload failed, else None."""
-        if self.rebuild is None:
-            log.warning("%s: no sources to rescan", why)
-            return None
-        try:
-            new = self.rebuild()
-        except (OSError, ValueError) as e:
-            log.error("%s: reload failed, keeping the current models: %s", why, e)
-            return str(e)
-        except Exception as e:  # a bug in a source's reader must not end the server
-            log.exception("%s: reload failed, keeping the current models", why)
-            return f"{type(e).__name__}: {e}"
-        return self._apply(new, why)
-
-    def apply_cluster_entries(self, entries: list, why: str) -> None:
-        """Cluster mode: make the registry's ``cluster``-kind entries (models
-        only other nodes have) exactly ``entries``, without rescanning the
-        local sources (the same bookkeeping as a reload)."""
-        st = self.state
-        local = [e for i, e in enumerate(st.registry.entries)
-                 if e.kind != "cluster" and i not in st.removed]
-        try:
-            new = Registry(local + entries)
-        except ValueError as e:
-            log.error("%s: cannot register the cluster's models: %s", why, e)
-            return
-        self._apply(new, why)
-
-    def _apply(self, new: Registry, why: str) -> str | None:
-        """Merge registry ``new`` into the running one (see :meth:`reload`):
-        the merge is planned first (:func:`.reload.plan_reload`) and
-        committed only when it is valid. Returns the error of a merge that
-        failed (nothing changed), else None."""
-        st = self.state
-        if self.cluster is not None and why != "cluster":
-            names = {e.name for e in new.entries}
-            keep = [e for i, e in enumerate(st.registry.entries)
-                    if e.kind == "cluster" and i not in st.removed and e.name not in names]
-            if keep:
-                try:
-                    new = Registry(new.entries + keep)
-                except ValueError:
-                    pass
-        try:
-            plan = plan_reload(st.registry, st.removed, new, st.sizes.models)
-        except ValueError as e:
-            log.error("%s: reload failed, keeping the current models: %s", why, e)
-            return str(e)
-        for name in plan.skipped:
-            log.error("%s: no room for model %s (raise the model-row headroom)", why, name)
-        st.models.extend(ModelRuntime() for _ in range(plan.new_rows))
-        for i in plan.changed:
-            st.models[i].measure = "pending"
-            st.models[i].mem_min = st.models[i].mem_max = None
-        for i in plan.gone:
-            st.models[i].requested_ns = 0
-        outdated = plan.changed | plan.gone
-        st.stale |= {r.slot for r in st.replicas.values() if r.model in outdated}
-        st.registry, st.removed = plan.registry, plan.removed
-        self.measurer.recheck()  # a touched model file is measured again
-        self.remotes.add()
-        self.remotes.drop_removed()
-        log.info("%s: reloaded models: %d added %s, %d changed %s, %d removed %s", why,
-                 len(plan.added), plan.added, len(plan.edited), plan.edited,
-                 len(plan.dropped), plan.dropped)
-        st.errors_dirty = True
-        return None
-
-    def load(self, m: int, why: str) -> None:
-        """Queue an explicit load of model ``m`` (no-op when it is running)."""
-        st = self.state
-        if any(r.model == m and r.stop_stage == 0 for r in st.replicas.values()):
-            return
-        rt = st.models[m]
-        if rt.requested_ns == 0:
-            rt.requested_ns = time.monotonic_ns()
-            log.info("load of %s queued: %s", st.name(m), why)
-
-    def unload_idle(self, why: str) -> None:
-        """Unload every model that is idle: replicas running, none with a
-        request in flight, no request waiting for it (``POST /models/unload``
-        of ``"*"``, ``ggmux unload --all``). A busy model keeps serving."""
-        st = self.state
-        inflight = st.in_flight()
-        waiting, _ = st.demand()
-        busy = {r.model for r in st.replicas.values() if inflight[r.slot] > 0}
-        for m in sorted({r.model for r in st.replicas.values() if r.stop_stage == 0}):
-            if m not in busy and waiting[m] <= 0:
-                self.unload(m, why)
-
-    def unload(self, m: int, why: str) -> None:
-        """Stop every replica of model ``m``; a loading one is stopped at
-        once (``exit``, then SIGKILL after ``unload_grace``) instead of
-        after ``stop-timeout``, since it serves nothing yet."""
-        st = self.state
-        st.models[m].requested_ns = 0
-        for r in list(st.replicas.values()):
-            if r.model == m and r.stop_stage == 0:
-                loading = r.status == L.ReplicaStatus.LOADING
-                self.replicas.stop(r, why, self.cfg.unload_grace if loading else None)
-
 
 def _noop(signum, frame) -> None:
     pass
-
-
-def _seconds(s: float) -> str:
-    return "forever" if s == float("inf") else f"{s:g} s"

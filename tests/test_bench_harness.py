@@ -343,15 +343,10 @@ def test_percentile_interpolates_like_numpy():
 
 def test_compare_alternates_targets_and_reports_ratios_to_direct(tmp_path, monkeypatch):
     import bench.compare
-    from bench.compare import (
-        Context,
-        ProcessSet,
-        Settings,
-        Target,
-        figures,
-        format_report,
-        measure_hot,
-    )
+    from bench.compare import Settings, measure_hot
+    from bench.compare_report import figures, format_report
+    from bench.processes import ProcessSet
+    from bench.targets import Context, Target
 
     settings = Settings(
         rounds=2,
@@ -404,8 +399,9 @@ def test_compare_alternates_targets_and_reports_ratios_to_direct(tmp_path, monke
 
 def test_slots_runs_every_level_on_every_target_in_turn_and_reports_ratios(tmp_path, monkeypatch):
     import bench.slots
-    from bench.compare import Context, ProcessSet, Target
+    from bench.processes import ProcessSet
     from bench.slots import Settings, figures, format_report, level_config, measure
+    from bench.targets import Context, Target
 
     settings = Settings(rounds=2, levels=(1, 3), per_stream=2, min_requests=2, max_tokens=4,
                         prompt_tokens=12)

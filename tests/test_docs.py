@@ -16,8 +16,8 @@ import importlib.util
 import re
 
 import pytest
-from ggmux.supervisor.keys import KNOWN as KEY_SETTINGS
-from ggmux.supervisor.keys import read_keys_file
+from ggmux.supervisor.keys_file import KNOWN as KEY_SETTINGS
+from ggmux.supervisor.keys_file import read_keys_file
 from ggmux.supervisor.llama_options import LLAMA_OPTIONS
 from ggmux.supervisor.options_reference import option_names, reference_markdown
 from ggmux.supervisor.presets import load_preset

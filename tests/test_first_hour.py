@@ -13,9 +13,9 @@ from pathlib import Path
 
 from ggmux.instance.cache.tiers import size_text
 from ggmux.instance.engine.jobs import Generation, Job
-from ggmux.instance.engine.loop import spec_summary
 from ggmux.instance.engine.sampling import Sampling
 from ggmux.instance.engine.spec_options import SpecConfig
+from ggmux.instance.engine.speculation import spec_summary
 from manual import manual
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from ggmux.shm import layout as L
 from ggmux.shm.seqlock import read_table
 from test_keys import ADMIN, bearer, fake_upstream, keyed, usage_of
 
-# keys files hold secrets: private, as ggmux requires (keys.check_file_mode)
+# keys files hold secrets: private, as ggmux requires (keys_file.check_file_mode)
 pytestmark = pytest.mark.usefixtures("private_files")
 
 

@@ -13,7 +13,7 @@ import time
 import pytest
 from conftest import chat_body, connectable, free_port, open_stream, wait_for
 
-# keys files hold secrets: private, as ggmux requires (keys.check_file_mode)
+# keys files hold secrets: private, as ggmux requires (keys_file.check_file_mode)
 pytestmark = pytest.mark.usefixtures("private_files")
 
 CHAT = "/v1/chat/completions"

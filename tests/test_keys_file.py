@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from ggmux.proxy.admission import KeyAdmission, Refusal
 from ggmux.shm.keytable import KeyTable, TableShape, period_end, periods
-from ggmux.supervisor.keys import KeyRegistry, builtin_hashes, hash_secret, read_keys_file
+from ggmux.supervisor.keys import KeyRegistry
+from ggmux.supervisor.keys_file import builtin_hashes, hash_secret, read_keys_file
 from ggmux.supervisor.presets import PresetError
 from manual import fenced
 
-# keys files hold secrets: private, as ggmux requires (keys.check_file_mode)
+# keys files hold secrets: private, as ggmux requires (keys_file.check_file_mode)
 pytestmark = pytest.mark.usefixtures("private_files")
 
 

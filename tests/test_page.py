@@ -326,7 +326,7 @@ def _within(page, locator, width: int) -> bool:
 
 
 def test_the_page_under_contention_and_with_a_team_at_420_and_1280_px(
-        serve, fakes, browser_page, tmp_path):
+        serve, fakes, browser_page, tmp_path, private_files):
     """A waiting model is "waiting", its reason a line under its row (the
     table's headers stay in view at 1280 px) and the figure /ps gives; the
     usage charts share one scale with an axis, and every figure of the usage
