@@ -27,6 +27,8 @@ CHECKPOINT_FAMILIES = (  # context checkpoints (issue 35): (name, kind, metrics 
      "Seconds the decode thread spent reading media embeddings into slots"),
     ("media_tokens_total", "counter", "media_tokens_total",
      "Media embeddings read into slots (tokens)"),
+    ("media_hold_seconds_total", "counter", "media_hold_seconds_total",
+     "Seconds ready media waited for other slots' encodes (a burst starts together)"),
 )
 
 

@@ -131,6 +131,49 @@ def test_the_same_image_sent_together_is_encoded_once(engine):
     assert enc.calls == 1
 
 
+def noise_png(seed: int) -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rgb = np.random.default_rng(seed).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    b = io.BytesIO()
+    Image.fromarray(rgb).save(b, "PNG")
+    return b.getvalue()
+
+
+class HoldSecond(Blocked):
+    """The projector's encode: the first call runs, the next ones are held
+    until :meth:`release`."""
+
+    def __call__(self, span):
+        self.calls += 1
+        if self.calls == 1:
+            return self.real(span)
+        return super().__call__(span)
+
+
+def test_requests_that_came_together_wait_for_each_others_encode_to_start_together(engine):
+    """Two images sent at once to an engine with nothing else to do: the
+    first image's slot, ready, waits (counted in ``media_hold_seconds_total``)
+    for the second's encode instead of taking its steps beside the encoder,
+    and both answer once it is done."""
+    held = engine.stats["media_hold_seconds_total"]
+    with HoldSecond(engine) as enc:
+        jobs = []
+        for seed, word in ((1, "First: "), (2, "Second: ")):  # images no other test sent
+            prompt, spans = image_prompt(engine, noise_png(seed), word)
+            jobs.append(engine.submit(Generation(prompt, GREEDY, max_tokens=2, media=spans)))
+        assert enc.entered.wait(60)  # the first image is encoded, the second held
+        wait_for(lambda: engine.stats["media_hold_seconds_total"] > held, 60,
+                 what="the ready image's slot holding for the other's encode")
+        enc.release()
+        for j in jobs:
+            j.result(300)
+    assert enc.calls >= 2  # (a request another test left may come first)
+
+
 def test_a_request_that_leaves_during_its_encode_frees_its_media_later(engine):
     with Blocked(engine) as enc:
         prompt, spans = image_prompt(engine, vp.stripes_png(), "Gone: ")

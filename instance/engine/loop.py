@@ -151,7 +151,8 @@ class Engine(AdmissionSteps, CacheSteps, CheckpointSteps, EmbeddingSteps, Genera
                       "checkpoints_made_total": 0, "checkpoints_restored_total": 0,
                       "checkpoint_bytes_made_total": 0, "checkpoint_tokens_total": 0,
                       "media_encoded_total": 0, "media_encode_seconds_total": 0.0,
-                      "media_decode_seconds_total": 0.0, "media_tokens_total": 0}
+                      "media_decode_seconds_total": 0.0, "media_tokens_total": 0,
+                      "media_hold_seconds_total": 0.0}
         self._media_init()
 
     @property

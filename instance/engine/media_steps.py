@@ -36,13 +36,18 @@ import numpy as np
 from ..backend import ReplicaFault
 from ..media.spans import MediaSpan, span_at
 from .jobs import RAISE_CTX, ContextExceeded, Generation, InvalidRequest
-from .slots import ENCODE, PROMPT, Slot
+from .slots import ENCODE, IDLE, PROMPT, Slot
 
 log = logging.getLogger(__name__)
 
 EMBD_CACHE_BYTES = 64 << 20
 """Most bytes of recent media embeddings kept by content hash (an image of
 Gemma 3 4B: 256 x 2560 floats, 2.5 MiB)."""
+MEDIA_HOLD_S = 30.0
+"""Most seconds ready media wait for other slots' encodes (:meth:`MediaSteps._hold`)."""
+MEDIA_HOLD_SHARE = 1.5
+"""Ready media wait for at most this many times the measured encode time of
+each encode still out."""
 MEDIA_FAILED = "failed to process mtmd chunk"
 """llama-server's message when a media chunk cannot be encoded or decoded."""
 
@@ -58,6 +63,7 @@ class MediaSteps:
     _in_flight: dict  # media_id -> Future of its encode
     _embd_cache: OrderedDict
     _embd_bytes = 0
+    _hold_until = 0.0  # monotonic s: ready media wait for other slots' encodes until then
 
     # ---- the HTTP side's calls (any thread) ------------------------------------------
     def modalities(self) -> dict[str, bool]:
@@ -149,8 +155,44 @@ class MediaSteps:
             else:
                 s.state = PROMPT
                 ready.append((s, span))
+        if not ready or self._hold(waiting):
+            return
         for s, span in ready:
             self._media_decode(s, span)
+
+    def _hold(self, waiting: list[Slot]) -> bool:
+        """Whether ready media wait for the encodes of the other media
+        slots' images, while no slot has other work (every busy slot is one
+        of ``waiting``, the media prompt slots): requests that came together
+        start generating together, as on llama-server (one batch of every
+        slot a step), where the first one alone would take its steps beside
+        the encoder, which on few cores slows both. Never while a slot
+        generates or reads a text-only prompt: their tokens do not wait for
+        an encode (a media slot's text before its image may wait for one).
+        At most :data:`MEDIA_HOLD_SHARE` of the encodes still out (their
+        measured time) and :data:`MEDIA_HOLD_S`; one wait lasts until the
+        encoder's next result, so a request that comes meanwhile is taken
+        after at most one encode."""
+        pending = sum(1 for s in waiting for sp in s.job.request.media
+                      if sp.embd is None and sp.media_id in self._in_flight)
+        now = time.monotonic()
+        busy = sum(1 for s in self.slots if s.state != IDLE)
+        if not pending or busy > len(waiting):
+            self._hold_until = 0.0
+            return False
+        if not self._hold_until:
+            st = self.stats
+            per = (st["media_encode_seconds_total"] / st["media_encoded_total"]
+                   if st["media_encoded_total"] else MEDIA_HOLD_S)
+            self._hold_until = now + min(MEDIA_HOLD_S, MEDIA_HOLD_SHARE * pending * per)
+        if now < self._hold_until:
+            with self._cond:  # woken by the encoder's next result, or at the bound
+                if not self._encoded:
+                    self._cond.wait(self._hold_until - now)
+            self.stats["media_hold_seconds_total"] += time.monotonic() - now
+            return True
+        self._hold_until = 0.0
+        return False
 
     def _prefetch(self, job, keep: int) -> None:
         """Ask the encoder for the media spans of ``job``'s prompt past its
