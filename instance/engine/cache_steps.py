@@ -140,7 +140,7 @@ class CacheSteps:
             return []
         piece = m.piece
         points = []
-        for p in range(hi, lo - 1, -1):
+        for p in range(hi, lo - 1, -1):  # (a media placeholder's piece is b"": no line end)
             if b"\n" in piece(s.tokens[p - 1]) and not any(0 <= p - c.n_tokens <= END_OFFSET
                                                           for c in have):
                 points.append(p)

@@ -352,7 +352,12 @@ class ModelContext:
 
     def piece(self, token: int, special: bool = False) -> bytes:
         """The bytes ``token`` stands for (``special``: control tokens as
-        their text, else as nothing, llama-server's output rule). Cached."""
+        their text, else as nothing, llama-server's output rule). Cached. A
+        media placeholder (a negative id, :mod:`~ggmux.instance.media.spans`)
+        or an id past the vocabulary stands for no text: ``b""`` (llama.cpp
+        aborts the process on one)."""
+        if not 0 <= token < self.n_vocab:
+            return b""
         key = token if not special else -2 - token
         p = self._pieces.get(key)
         if p is None:
