@@ -91,7 +91,14 @@ def test_a_model_waiting_past_its_bound_drains_the_busy_one_which_takes_no_new_r
         old_pid = served_by(hog.results[0][3])[1]
         with ThreadPoolExecutor(1) as ex:
             fut = ex.submit(post, s.port, "one")
-            seen = wait_for(lambda: draining_slot(s), 60, 0.005, "hog to drain")
+
+            def drain_seen():
+                seen = draining_slot(s)
+                # an answer before any drain was seen says why (not a 60 s timeout)
+                assert seen or not fut.done(), (fut.result()[1:], s.logs()[-3000:])
+                return seen
+
+            seen = wait_for(drain_seen, 60, 0.005, "hog to drain")
             seen_at = time.monotonic()
             assert seen[1] == old_pid
             _, status, headers, body = fut.result()
