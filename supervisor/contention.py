@@ -40,6 +40,11 @@ before any was seen: undecided, so a model holds only once its clients came
 back within the grace (a round robin's clients, which never come back in
 time, never make a waiting model wait for a grace)."""
 
+HOLD_MIN_S = 0.25
+"""The shortest hold of a model whose clients come back (:meth:`Returns.hold_s`):
+a return gap measured near zero still leaves room for a client's network
+and its next request's parse."""
+
 RETURN_WEIGHT = 0.5
 """Weight of the newest spell in that share (the last two or three count)."""
 
@@ -88,6 +93,7 @@ class Returns:
     grace_s: float = DEMAND_GRACE_S
     idle_since: dict[int, int | None] = field(default_factory=dict)  # None: counted already
     share: dict[int, float] = field(default_factory=dict)
+    gap: dict[int, float] = field(default_factory=dict)  # mean seconds of spells that returned
 
     def step(self, now_ns: int, demand: dict[int, int], loaded: set[int]) -> None:
         """One tick: ``demand`` is requests waiting or in flight per model,
@@ -99,7 +105,12 @@ class Returns:
             start = self.idle_since[m]
             if demand.get(m, 0) > 0:  # its clients are back: the spell ends
                 if start is not None:
-                    self._count(m, now_ns - start <= grace)
+                    back = now_ns - start <= grace
+                    self._count(m, back)
+                    if back:
+                        old = self.gap.get(m, self.grace_s / 2)
+                        self.gap[m] = ((1 - RETURN_WEIGHT) * old
+                                       + RETURN_WEIGHT * (now_ns - start) / 1e9)
                 del self.idle_since[m]
             elif start is not None and now_ns - start > grace:
                 self._count(m, False)  # past the grace: counted once, then wait for demand
@@ -115,3 +126,25 @@ class Returns:
     def holds(self, m: int) -> bool:
         """Whether model ``m``'s idle replica is held through its grace."""
         return self.grace_s > 0 and self.share.get(m, RETURN_START) > 0.5
+
+    def pays(self, m: int, load_s: float, waiting: int) -> bool:
+        """Whether holding model ``m`` (it :meth:`holds`; its replica took
+        ``load_s`` seconds to load) pays while ``waiting`` requests for
+        other models wait for its capacity. A hold costs each of them about
+        the model's mean return gap (its clients' think time when they come
+        back); it saves a returning client the model's reload, as often as
+        its clients come back: hold only when ``share x load_s >= waiting x
+        gap``. A round robin's clients come back to a small model after a
+        second (the other model's turn): not worth holding a waiter for; a
+        burst's come back within tens of milliseconds, and a model that
+        loads in 10 s is worth a few waiters' think time."""
+        if not self.holds(m):
+            return False
+        return (self.share.get(m, RETURN_START) * load_s
+                >= waiting * self.gap.get(m, self.grace_s / 2))
+
+    def hold_s(self, m: int) -> float:
+        """How long model ``m``'s idle replica is held: three of its mean
+        return gaps (most returns come within them), at least
+        :data:`HOLD_MIN_S`, at most the grace."""
+        return min(self.grace_s, max(HOLD_MIN_S, 3 * self.gap.get(m, self.grace_s / 2)))

@@ -105,7 +105,10 @@ class Reconciler:
             demand[r.model] = demand.get(r.model, 0) + int(inflight[r.slot])
         self.returns.step(now, demand, {r.model for r in st.replicas.values()
                                         if not r.stop_stage})
-        replicas = [self._view(r, int(inflight[r.slot]), int(last_used[r.slot]), now)
+        waiting = int(counts.sum())
+        replicas = [self._view(r, int(inflight[r.slot]), int(last_used[r.slot]), now,
+                               waiting - int(counts[r.model]) if r.model < len(counts)
+                               else waiting)
                     for r in st.replicas.values()]
         mem = MemoryView(
             headroom=st.ledger.headroom(st.held()),
@@ -148,18 +151,20 @@ class Reconciler:
         self._idle_step(now, counts, inflight, last_used)
         self.replicas.spares.step()
 
-    def _view(self, r, inflight: int, last_used: int, now: int) -> ReplicaView:
+    def _view(self, r, inflight: int, last_used: int, now: int, others: int) -> ReplicaView:
         """The scheduler's view of replica ``r`` (its model's pin, eviction
         priority and minimum residency, from its own load time; its grace
-        when its model's clients come back, :class:`~.contention.Returns`)."""
+        when its model's clients come back and the hold pays for the
+        ``others`` requests waiting for other models,
+        :class:`~.contention.Returns`)."""
         st = self.state
         e = st.registry.entries[r.model]
         load_s = (r.ready_ns - r.started_ns) / NS if r.ready_ns and r.started_ns else 0.0
         stopping = r.stop_stage or r.status == L.ReplicaStatus.STOPPING
         used = max(last_used, r.ready_ns)
         grace = 0
-        if inflight <= 0 and r.ready_ns and self.returns.holds(r.model):
-            until = used + int(NS * self.returns.grace_s)
+        if inflight <= 0 and r.ready_ns and self.returns.pays(r.model, load_s, others):
+            until = used + int(NS * self.returns.hold_s(r.model))
             grace = until if until > now else 0
         return ReplicaView(
             r.slot, r.model, "stopping" if stopping else _STATUS_NAMES[r.status], inflight,

@@ -215,8 +215,10 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     s.add_argument("--demand-grace", type=float, default=2.0, metavar="S",
                    help="a model whose clients come back within this many seconds of its "
                         "last request (a chat, an agent: they think between requests) keeps "
-                        "its capacity that long after each request instead of being evicted "
-                        "for another the moment it is idle; 0: off (default: %(default)s)")
+                        "its capacity after each request, for three of its clients' measured "
+                        "return gaps at most this long, instead of being evicted for another "
+                        "the moment it is idle, where its reload is worth the waiting "
+                        "requests' wait; 0: off (default: %(default)s)")
     s.add_argument("--models-memory-margin", type=float, default=0.0, metavar="MiB",
                    help="memory (MiB) that must stay free on every device after a load, "
                         "judged against the model's measured minimum")

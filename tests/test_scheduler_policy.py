@@ -282,6 +282,37 @@ def test_a_model_holds_through_its_grace_only_while_its_clients_come_back_within
     assert not Returns(grace_s=0).holds(0)  # --demand-grace 0: off
 
 
+def test_a_hold_pays_only_where_the_reload_it_saves_outweighs_the_waits_it_costs():
+    """A model whose clients come back holds over waiting requests only
+    while its reload (load time x how often they come back) is worth the
+    think time it makes them wait (its measured return gap each): a
+    half-second model does not hold a round robin's waiter through a 1 s
+    gap, a burst's 20 ms gaps do pay, a 10-second model holds for a few;
+    with nobody waiting a hold costs nothing; a hold lasts three gaps,
+    within the grace."""
+    from ggmux.supervisor.contention import HOLD_MIN_S, Returns
+
+    r = Returns(grace_s=2.0)
+    t = NOW
+    r.step(t, {0: 1}, {0})
+    for _ in range(4):  # its clients come back after 1 s each time (a round robin)
+        r.step(t, {}, {0})
+        t += 1 * S
+        r.step(t, {0: 1}, {0})
+    assert r.holds(0) and abs(r.gap[0] - 1.0) < 0.1
+    assert not r.pays(0, 0.5, 1) and r.pays(0, 0.5, 0)
+    assert r.pays(0, 10.0, 3) and not r.pays(0, 10.0, 11)
+    assert r.hold_s(0) == 2.0  # three gaps, capped at the grace
+    for _ in range(6):  # now 20 ms gaps (a burst's clients)
+        r.step(t, {}, {0})
+        t += S // 50
+        r.step(t, {0: 1}, {0})
+    assert r.pays(0, 0.5, 4)
+    assert r.hold_s(0) == HOLD_MIN_S
+    r.share[0] = 0.4  # does not hold at all
+    assert not r.pays(0, 100.0, 0)
+
+
 def test_a_grace_yields_to_eviction_priority():
     """An idle replica the operator ranked above (eviction-priority 5) is
     not evicted instead of one in its grace ranked below."""
