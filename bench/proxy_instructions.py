@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .compare import NGINX_CONF
+from .compare_targets import NGINX_CONF
 from .proxy_cost import CHAT_BODY, FAKE_CMD, free_port, wait_http
 
 WORKLOADS = {
@@ -120,12 +120,17 @@ def _peer(cmd: list[str], port: int, out: Path, args, start_s: float) -> dict[st
             results[name] = _count(proc.pid, port, request, out, i, args)
     finally:
         proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _wait_or_kill(proc, 60)
     return results
+
+
+def _wait_or_kill(proc: subprocess.Popen, timeout: float) -> None:
+    """Wait ``timeout`` seconds for ``proc`` to exit, then kill it."""
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _count(pid: int, port: int, request: bytes, out: Path, i: int, args) -> tuple:
@@ -171,12 +176,8 @@ def measure(build: str, shm: str, mq: str, args, tmp: Path) -> dict[str, tuple]:
         for i, (name, request) in enumerate(WORKLOADS.items()):
             results[name] = _count(proc.pid, port, request, out, i, args)
     finally:
-        proc.stdin.close()
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        proc.stdin.close()  # the proxy's parent is gone: it drains and exits
+        _wait_or_kill(proc, 120)
     return results
 
 

@@ -167,3 +167,21 @@ def test_the_proxy_imports_nothing_of_the_supervisor():
            if m.startswith("ggmux.proxy")
            for t in targets if t.startswith("ggmux.supervisor")}
     assert bad == set()
+
+
+def test_every_bench_script_imports():
+    """Every harness in bench/ imports (as ``ggmux.bench.NAME``, how the
+    ones with package-relative imports run): a module split elsewhere
+    cannot leave a benchmark naming what moved (proxy_instructions once
+    imported NGINX_CONF from bench.compare after it moved out)."""
+    import importlib
+
+    bench = ROOT / "bench"
+    failed = {}
+    for path in sorted(bench.glob("*.py")):
+        name = f"ggmux.bench.{path.stem}"
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - each module's own error, reported together
+            failed[name] = repr(e)
+    assert failed == {}
