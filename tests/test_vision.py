@@ -214,6 +214,11 @@ def test_bad_media_are_400s_in_each_apis_envelope_and_reach_no_engine(server):
     st, doc = server.json("POST", "/api/chat", {"model": NAME, "stream": False, "messages": [
         {"role": "user", "content": "x", "images": [base64.b64encode(b"junk").decode()]}]})
     assert st == 400 and "not an image or audio" in doc["error"], doc
+    assert doc["error"].startswith("messages[0].images[0]"), doc  # the Ollama request's place
+    st, doc = server.json("POST", "/api/generate", {"model": NAME, "stream": False,
+                                                    "prompt": "x", "system": "s", "images": [
+        vp.b64(vp.stripes_png()), base64.b64encode(b"junk").decode()]})
+    assert st == 400 and doc["error"].startswith("images[1]"), doc
     st, doc = server.json("POST", "/v1/responses", {"model": NAME, "input": [
         {"role": "user", "content": [{"type": "input_image",
                                       "image_url": "https://example.com/x.png"}]}]})

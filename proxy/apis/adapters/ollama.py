@@ -453,6 +453,24 @@ class NdjsonStream(StreamState):
         return orjson.dumps({"error": message}) + b"\n"
 
 
+_PART = re.compile(r"messages\[(\d+)\]\.content\[(\d+)\]")
+
+
+def ollama_where(message: str, generate: bool) -> str:
+    """``message`` (an error from the chat completion an Ollama request
+    became) with the places it names in the chat request's content parts
+    named as the Ollama request's: part 0 is the message's text, part ``j``
+    its ``images[j - 1]`` (:func:`_with_images`); ``/api/generate`` has one
+    ``images`` list at the top."""
+    def sub(m: re.Match) -> str:
+        j = int(m.group(2))
+        if j == 0:
+            return "prompt" if generate else f"messages[{m.group(1)}].content"
+        return f"images[{j - 1}]" if generate else f"messages[{m.group(1)}].images[{j - 1}]"
+
+    return _PART.sub(sub, message)
+
+
 def error_body(message: str) -> bytes:
     """Ollama's error envelope."""
     return orjson.dumps({"error": message})
@@ -469,6 +487,9 @@ class Chat(_Ollama):
     """``POST /api/chat`` (and, ``generate``, ``POST /api/generate``)."""
 
     generate = False
+
+    def error(self, status: int, message: str) -> tuple[bytes, bytes]:
+        return b"application/json", error_body(ollama_where(message, self.generate))
 
     def request(self, body: dict) -> Translated:
         t = generate_request(body) if self.generate else chat_request(body)
