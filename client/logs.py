@@ -81,7 +81,15 @@ def cmd_requests(client: Client, args: argparse.Namespace) -> int:
         for rec in reversed(items(client, "GET", "/requests", doc, "data", ())):
             print(request_line(rec))
         return 0
-    for event, data in client.events("GET", "/requests/stream" + qs, admin=True):
+    for rec in _json_events(client, "/requests/stream" + qs):
+        print(request_line(rec), flush=True)
+    return 0
+
+
+def _json_events(client: Client, path: str):
+    """The JSON objects of the admin event stream ``path``, in order: its
+    comments (keep-alives) and any event that is not a JSON object left out."""
+    for event, data in client.events("GET", path, admin=True):
         if event == "comment":
             continue
         try:
@@ -89,8 +97,7 @@ def cmd_requests(client: Client, args: argparse.Namespace) -> int:
         except ValueError:
             continue
         if isinstance(rec, dict):
-            print(request_line(rec), flush=True)
-    return 0
+            yield rec
 
 
 def cmd_logs(client: Client, args: argparse.Namespace) -> int:
@@ -116,15 +123,9 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
             lines.pop()
         sys.stdout.write("".join(escape_controls(line) + "\n" for line in lines))
         return 0
-    for event, data in client.events("GET", "/logs/stream" + qs, admin=True):
-        if event == "comment":
-            continue
-        try:
-            rec = parse_json(data)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):  # a time that is not a number shows as the epoch
-            print(format_line({**rec, "ts": number(rec.get("ts")) or 0.0}), flush=True)
+    for rec in _json_events(client, "/logs/stream" + qs):
+        # a time that is not a number shows as the epoch
+        print(format_line({**rec, "ts": number(rec.get("ts")) or 0.0}), flush=True)
     return 0
 
 
