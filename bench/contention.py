@@ -67,7 +67,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 from bench import llama_server
 from bench.contention_load import WORKLOADS, Workload, drive, figures, workloads
-from bench.processes import ProcessSet, cleanup_on_exit, remove_ggmux_ipc
+from bench.processes import ProcessSet, cleanup_on_exit, group_cpu_seconds, remove_ggmux_ipc
 from bench.report import machine_info
 from bench.targets import TargetError, demo_model_paths, free_port, http_request, wait_ready
 
@@ -241,22 +241,8 @@ def router_cpu_s(proc: subprocess.Popen[bytes]) -> float:
     and proxies (by process title), llama-server's router process itself.
     Read from /proc over ``proc``'s process group; what exited is not
     counted (the supervisor and the proxies live the whole run)."""
-    total = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        if int(fields[2]) != proc.pid:
-            continue
-        if int(entry.name) == proc.pid or b"ggmux: proxy" in cmd or b"ggmux: supervisor" in cmd:
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+    return group_cpu_seconds({proc.pid}, lambda pid, cmd: pid == proc.pid
+                             or b"ggmux: proxy" in cmd or b"ggmux: supervisor" in cmd)
 
 
 def measure(peer: Peer, w: Workload, procs: ProcessSet, preset: Path, seed: int,

@@ -78,19 +78,7 @@ class ProcessSet:
 
         Reads /proc; processes that already exited are not counted.
         """
-        groups = {proc.pid for child, proc in self._procs if child in names}
-        total = 0
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) in groups:  # pgrp; then utime, stime in ticks
-                total += int(fields[11]) + int(fields[12])
-        return total / os.sysconf("SC_CLK_TCK")
+        return group_cpu_seconds({proc.pid for child, proc in self._procs if child in names})
 
     def log_tail(self, name: str, lines: int = 15) -> str:
         """The last ``lines`` lines of a child's log."""
@@ -130,6 +118,30 @@ class ProcessSet:
                 self.stop(proc)
         finally:
             signal.signal(signal.SIGINT, previous)
+
+
+def group_cpu_seconds(groups: set[int],
+                      keep: Callable[[int, bytes], bool] | None = None) -> float:
+    """User + system CPU seconds used so far by the live processes of the
+    process groups ``groups`` (read from /proc; what exited is not counted),
+    only those for which ``keep(pid, cmdline)`` is true when it is given."""
+    total = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if int(fields[2]) not in groups:  # pgrp; then utime, stime in ticks
+                continue
+            if keep is not None:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    if not keep(int(entry.name), f.read()):
+                        continue
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _interrupt(signum: int, _frame: object) -> None:
