@@ -113,19 +113,25 @@ def test_two_servers_with_one_node_name_are_told_so(serve, fakes, tmp_path):
         assert "give each server its own --node-name" in s.logs()
 
 
-@pytest.fixture
-def pg():
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
+def store_url(request):
+    """The shared ledger's URL: None (a SQLite file the pair shares) or a
+    real PostgreSQL server's. Named before ``serve`` by the tests, so the
+    servers stop (and write their last rows) while the database is still up:
+    stopped first, each server's last write waited out its retries (10 s)."""
+    if request.param == "sqlite":
+        yield None
+        return
     srv, why = pg_or_skip()
     if srv is None:
         pytest.skip(f"PostgreSQL: {why}")
-    yield srv
+    yield srv.url
     srv.close()
 
 
-@pytest.mark.parametrize("store", ["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
-def test_rpm_holds_across_two_servers_and_the_other_server_refuses(serve, fakes, tmp_path,
-                                                                  request, store):
-    url = request.getfixturevalue("pg").url if store == "postgresql" else None
+def test_rpm_holds_across_two_servers_and_the_other_server_refuses(store_url, serve, fakes,
+                                                                  tmp_path):
+    url = store_url
     a, b, _ = pair(serve, fakes, tmp_path, "[k]\nkey = sk-k\nrpm = 4\n", url)
     minute = int(time.time() // 60)
     codes = [a.request("POST", CHAT, chat_body("m"), headers=KEY)[0] for _ in range(3)]

@@ -1,7 +1,8 @@
 """A client that gives up during a long prefill and sends the same prompt
 again (Claude Code does, after its own timeout) finds the part of the
 prompt already read in the slot, as llama-server's slot keeps it: only the
-rest is read. The demo model end to end, one slot, one thread."""
+rest is read. The demo model end to end, one slot, one thread, 128-token
+batches (a prompt of five batches is read in a few seconds)."""
 
 from __future__ import annotations
 
@@ -19,16 +20,19 @@ pytestmark = [pytest.mark.slow,
 
 
 def long_prompt() -> list[dict]:
-    """About 2,000 tokens: several batches of prefill on one CPU thread."""
+    """About 650 tokens: five batches of 128 (the preset's ``batch-size``)."""
     text = " ".join(f"Line {i}: the router keeps what it read, and the client comes back."
-                    for i in range(140))
+                    for i in range(45))
     return [{"role": "user", "content": text + "\nSummarise the lines in one sentence."}]
 
 
 @pytest.mark.timeout(600)
-def test_a_retry_after_the_client_left_mid_prefill_reads_only_the_rest(serve):
-    s = serve("--proxies", "1", "--threads", "1", "--ctx-size", "4096", "--parallel", "1",
-              "--spares", "0")
+def test_a_retry_after_the_client_left_mid_prefill_reads_only_the_rest(serve, tmp_path):
+    path = next(e.path for e in demo_models() if e.name == SMOL)
+    ini = tmp_path / "presets.ini"
+    ini.write_text(f"[{SMOL}]\nmodel = {path}\nbatch-size = 128\n")
+    s = serve("--models-preset", str(ini), "--no-hf-cache", "--proxies", "1", "--threads", "1",
+              "--ctx-size", "4096", "--parallel", "1", "--spares", "0")
     body = {"model": SMOL, "messages": long_prompt(), "max_tokens": 1, "temperature": 0}
     sock = open_stream(s.port, {**body, "stream": True, "return_progress": True})
     got, read = b"", 0
