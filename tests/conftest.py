@@ -413,15 +413,17 @@ def recorder(tmp_path):
     srv.server_close()
 
 
-# The longest modules first (measured wall seconds on 2 cores, December 2026:
-# test_cluster 165, test_parallel_slots 138, test_engine 106, ...): the
-# workers (-n 2 --dist loadscope, whole modules each) take them while the
-# short ones fill in after, instead of one worker running a long module
-# alone at the end. Order inside each module is unchanged.
-LONGEST_FIRST = ("test_cluster", "test_parallel_slots", "test_engine", "test_scheduler",
-                 "test_readme", "test_page_models", "test_cluster_rejoin", "test_tools_real",
-                 "test_forwarding_faults", "test_real_prefix_routing", "test_cli", "test_page",
-                 "test_skeleton", "test_real_models", "test_sources", "test_first_run")
+# The longest modules first (measured seconds on 2 cores, December 2026:
+# test_kv_tiers 86, test_checkpoints 83, test_contention 80, test_cluster 78,
+# ...): the workers (-n 2 --dist loadscope, whole modules each) take them
+# while the short ones fill in after, instead of one worker running a long
+# module alone at the end. Order inside each module is unchanged.
+LONGEST_FIRST = ("test_kv_tiers", "test_checkpoints", "test_contention", "test_cluster",
+                 "test_spec_decoding", "test_scheduler", "test_page_models", "test_vision",
+                 "test_parallel_slots", "test_engine", "test_readme", "test_page",
+                 "test_forwarding_faults", "test_tools_real", "test_cluster_rejoin",
+                 "test_cluster_agent", "test_ledger", "test_kv_tiers_router",
+                 "test_hostile_tenant", "test_cli_answers")
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
