@@ -596,7 +596,9 @@ async function send(ev) {
     refreshPs(); // it is in flight now
     if (!resp.ok) throw new Error(await errorText(resp));
     for await (const e of sseEvents(resp)) {
-      if (e.data === "[DONE]") break;
+      // read on to the body's end: the proxy counts the request out of flight
+      // before the response ends, not before [DONE] (which may leave first)
+      if (e.data === "[DONE]") continue;
       const chunk = JSON.parse(e.data);
       if (chunk.error) throw new Error(chunk.error.message || "error");
       if (chunk.usage) usage = chunk.usage;
