@@ -241,7 +241,13 @@ def slot_of(s, pid: int) -> int:
 
 
 def start(serve, fakes, tmp_path, *args, replicas: int = 2, **fake):
-    f = fakes.add("m", **{"prefix_cache": True, "tokens": 2, **fake})
+    # a cold prompt's prefill takes 0.1-0.4 s (2.5x the fake's default): the
+    # balancer weighs each replica's measured prefill per token against the
+    # cache bonus, and a loaded machine's 0.3 s pause in a replica's first
+    # sample at the default made the holder look 6x slower than the other
+    # (a restart test sent a held prompt to the other replica once)
+    f = fakes.add("m", **{"prefix_cache": True, "tokens": 2, "prefill_token_s": 0.0005,
+                          **fake})
     ini = tmp_path / "prefix.ini"
     ini.write_text(f"[m]\nmodel = {f}\nreplicas = {replicas}\n")
     s = serve("--models-preset", str(ini), "--no-hf-cache", "--models-max", str(replicas),
@@ -324,12 +330,8 @@ def proxy_pids(s) -> dict[int, int]:
 @pytest.mark.slow
 def test_the_index_is_bounded_and_a_restarted_proxy_starts_with_its_part_zeroed(
         serve, fakes, tmp_path):
-    # a cold prompt's prefill takes 0.1-0.4 s here (2.5x the fake's default): the
-    # balancer weighs each replica's measured prefill per token against the cache
-    # bonus, and a loaded machine's 0.3 s pause in a replica's first sample at the
-    # default made the holder look 6x slower than the other after the restart
     s = start(serve, fakes, tmp_path, "--proxies", "2", "--prefix-index-entries", "64",
-              parallel=16, prefill_token_s=0.0005)
+              parallel=16)
     assert s.seg.prefix.shape[1] * s.seg.prefix.shape[2] == 64  # per proxy, as asked
     # prompts of 3-15 blocks; an entry's X_BLOCKS is its depth in its chain, so any longer
     # prompt has entries of a shorter one's length too: whose an entry is, its time tells
