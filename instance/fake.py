@@ -89,7 +89,12 @@ from .backend import Backend, ReplicaFault
 from .cache.report import empty_report
 from .engine.fairness import FairQueue
 from .fake_cache import FakeTiers
-from .validate import BadRequest, generation_limit, request_limits_from_args
+from .validate import (
+    BadRequest,
+    function_parameters,
+    generation_limit,
+    request_limits_from_args,
+)
 
 
 def _check_shapes(body: dict) -> None:
@@ -106,6 +111,8 @@ def _check_shapes(body: dict) -> None:
             and isinstance(t["function"].get("name"), str) for t in tools)):
         raise BadRequest("'tools' must be a list of {\"type\": \"function\", \"function\": "
                          "{\"name\": ...}}", "tools")
+    for i, t in enumerate(tools or ()):
+        function_parameters(t["function"].get("parameters"), f"tools[{i}].function.parameters")
     choice = body.get("tool_choice")
     if choice is not None and not isinstance(choice, (str, dict)):
         raise BadRequest("'tool_choice' must be a string or an object", "tool_choice")
@@ -299,10 +306,12 @@ class FakeBackend(Backend):
             args = given.get(fn.get("name"))
             if args is None:
                 try:
-                    args = example_value(fn.get("parameters") or {"type": "object"},
+                    args = example_value(function_parameters(fn.get("parameters"), ""),
                                          fn.get("name"))
                 except (TypeError, ValueError, AttributeError, KeyError, RecursionError):
                     args = {}  # a schema the fake cannot read (a fuzzed one): no arguments
+                if not isinstance(args, dict):  # (an object schema's own "default": 5)
+                    args = {}  # a grammar-constrained replica writes an object, always
             self._calls += 1
             calls.append({"id": f"call_{os.getpid()}_{self._calls}", "type": "function",
                           "function": {"name": fn.get("name"),

@@ -46,6 +46,16 @@ import pytest
 from ggmux.shm.segment import Segment, queue_name, segment_name
 
 
+def minute_left(seconds: float = 10.0) -> int:
+    """The calendar minute (``time.time() // 60``) once at least ``seconds``
+    of it are left: per-minute limits (rpm, tpm) count a calendar minute, and
+    a test that reads a count after its requests must not see it start again
+    at 0 in between (waits ``seconds`` at most)."""
+    wait_for(lambda: time.time() % 60 <= 60 - seconds, seconds + 1, 0.05,
+             f"a minute with {seconds:g} s left")
+    return int(time.time() // 60)
+
+
 def wait_for(cond, timeout: float = 10.0, interval: float = 0.01, what: str = "condition"):
     """Poll ``cond()`` until it returns a truthy value; fail after ``timeout`` s."""
     deadline = time.monotonic() + timeout

@@ -616,6 +616,24 @@ def test_no_request_body_gives_a_5xx_through_a_real_server(fake_server, api):
     run_served(fake_server, api, SERVE_EXAMPLES)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_function_whose_schema_has_no_type_is_called_with_an_object(fake_server, stream):
+    """What the served fuzz test found once: a Responses function tool whose
+    ``parameters`` name no ``type`` was answered with ``null`` arguments, a
+    502 (or, streamed, a cut stream) for the client's schema; a function's
+    arguments are an object, as every replica's grammar now makes them."""
+    body = {"model": "m", "input": "hi", "max_output_tokens": 4, "stream": stream,
+            "parallel_tool_calls": False, "tool_choice": "auto",
+            "tools": [{"type": "function", "name": "_", "description": "",
+                       "parameters": {"": None}}]}
+    st, _, raw = fake_server.request("POST", "/v1/responses", body)
+    assert st == 200 and not ERROR_IN_ANSWER.search(raw), raw[-400:]
+    doc = json.loads(raw) if not stream else json.loads(raw.split(
+        b"event: response.completed\ndata: ")[1].split(b"\n")[0])["response"]
+    (call,) = [o for o in doc["output"] if o["type"] == "function_call"]
+    assert json.loads(call["arguments"]) == {}
+
+
 @pytest.mark.fuzz
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("api", list(APIS))

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from conftest import chat_body, wait_for
+from conftest import chat_body, minute_left, wait_for
 from ggmux.shm import layout as L
 from ggmux.shm.seqlock import read_table
 from test_keys import ADMIN, bearer, fake_upstream, keyed, usage_of
@@ -106,7 +106,7 @@ def test_a_load_form_for_a_model_the_key_may_not_use_never_drains_another_tenant
 def test_the_load_form_counts_in_the_keys_limits(serve, fakes, tmp_path):
     fakes.add("mine", load_s=0.05)
     s = keyed(serve, fakes, tmp_path, "[alice]\nkey = sk-alice\nmodels = mine\nrpm = 2\n")
-    minute = int(time.time() // 60)
+    minute = minute_left()
     got = [s.request("POST", "/api/generate", {"model": "mine", "prompt": ""},
                      headers=bearer("sk-alice"))[0] for _ in range(3)]
     if int(time.time() // 60) != minute:

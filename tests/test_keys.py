@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from conftest import chat_body, connectable, free_port, open_stream, wait_for
+from conftest import chat_body, connectable, free_port, minute_left, open_stream, wait_for
 
 # keys files hold secrets: private, as ggmux requires (keys_file.check_file_mode)
 pytestmark = pytest.mark.usefixtures("private_files")
@@ -50,7 +50,7 @@ def test_rpm_holds_across_proxies_in_each_apis_envelope(serve, fakes, tmp_path):
     s = keyed(serve, fakes, tmp_path, "[alice]\nkey = sk-alice\nrpm = 4\n", "--api-key", "plain")
     # fresh connections: spread over both proxies, one limit
     codes = []
-    minute = int(time.time() // 60)
+    minute = minute_left()
     for _ in range(4):
         codes.append(s.request("POST", CHAT, chat_body("m"), headers=bearer("sk-alice"))[0])
     assert codes == [200] * 4
@@ -89,7 +89,7 @@ def test_tpm_reserves_prompt_and_max_tokens_and_settles_with_usage(serve, fakes,
     big = chat_body("m", max_tokens=500)
     st, _, body = s.request("POST", CHAT, big, headers=bearer("sk-t"))
     assert st == 429 and "tpm 200" in json.loads(body)["error"]["message"]
-    minute = int(time.time() // 60)
+    minute = minute_left()
     used = 0
     for _ in range(40):
         b = chat_body("m", max_tokens=8)

@@ -10,7 +10,7 @@ import json
 import time
 
 import pytest
-from conftest import chat_body, wait_for
+from conftest import chat_body, minute_left, wait_for
 from pgserver import pg_or_skip
 
 # keys files hold secrets: private, as ggmux requires (keys_file.check_file_mode)
@@ -133,9 +133,7 @@ def test_rpm_holds_across_two_servers_and_the_other_server_refuses(store_url, se
                                                                   tmp_path):
     url = store_url
     a, b, _ = pair(serve, fakes, tmp_path, "[k]\nkey = sk-k\nrpm = 4\n", url)
-    # rpm counts a calendar minute: start with 15 s of it left at least
-    wait_for(lambda: time.time() % 60 < 45, 16, 0.1, "a minute with 15 s left")
-    minute = int(time.time() // 60)
+    minute = minute_left(15)
 
     def this_minute(n: int):
         def seen(s) -> bool:

@@ -107,6 +107,26 @@ def test_bad_tool_fields_are_400s_naming_the_field():
         ({"add_generation_prompt": 1}, "add_generation_prompt"),
         # (a maximum over llama.cpp's 2000 is no maximum: a minimum is refused)
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-            "type": "string", "minLength": 10**6}}}]}, "tools[0].function.parameters.minLength"),
+            "type": "object", "properties": {"s": {"type": "string", "minLength": 10**6}}}}}]},
+         "tools[0].function.parameters.properties.s.minLength"),
+        # a function's arguments are one object: a schema of another type is refused
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "string"}}}]}, "tools[0].function.parameters"),
     ]:
         assert param(tool_request, body, LIMITS) == where, body
+
+
+def test_a_function_schema_without_a_type_describes_an_object():
+    """A function's arguments are one object (what Anthropic's ``input`` and
+    Ollama's ``arguments`` must be): a schema without ``type`` (llama-server
+    takes it) gets ``"object"``, so no grammar lets a model write a string or
+    ``null`` there, an answer no API could translate (a 502 for the client's
+    schema, which the served fuzz test found)."""
+    loose = {"type": "function", "function": {"name": "f", "parameters": {"": None}}}
+    either = {"type": "function", "function": {"name": "e", "parameters": {
+        "type": ["object", "null"], "properties": {"a": {"type": "integer"}}}}}
+    r = tool_request({"tools": [loose, either, G]}, LIMITS)
+    assert [t["function"]["parameters"] for t in r.tools] == [
+        {"": None, "type": "object"},
+        {"type": "object", "properties": {"a": {"type": "integer"}}},
+        {"type": "object", "properties": {}}]

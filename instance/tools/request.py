@@ -21,7 +21,7 @@ import re
 
 from ..grammar.structured import schema_grammar
 from ..reasoning import REASONING_FORMATS
-from ..validate import BadRequest, RequestLimits, shown
+from ..validate import BadRequest, RequestLimits, function_parameters, shown
 from .base import ToolRequest
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
@@ -40,12 +40,10 @@ def _function(f, field: str) -> dict:
         # colons: a name is written into grammars and parsed back out of the answer
         raise BadRequest(f"{field}.name {shown(f['name'])} must be 1 to 128 letters, digits, "
                          "'_', '-', '.' or ':'", f"{field}.name")
-    if f.get("parameters") is not None and not isinstance(f["parameters"], dict):
-        raise BadRequest(f"{field}.parameters must be a JSON schema object", f"{field}.parameters")
+    parameters = function_parameters(f.get("parameters"), f"{field}.parameters")
     if f.get("description") is not None and not isinstance(f["description"], str):
         raise BadRequest(f"{field}.description must be a string", f"{field}.description")
-    out = {"name": f["name"], "parameters": f.get("parameters") or {"type": "object",
-                                                                    "properties": {}}}
+    out = {"name": f["name"], "parameters": parameters}
     if f.get("description"):
         out["description"] = f["description"]
     return out
