@@ -165,8 +165,11 @@ def test_bad_tool_requests_and_images_are_400s_naming_the_field(smol):
     # a minimum over --max-grammar-repetitions (a maximum over llama.cpp's 2000 is
     # no maximum: tests/test_agent_schemas.py)
     assert err({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "string", "minLength": 10**6}}}]})["param"] == \
-        "tools[0].function.parameters.minLength"
+        "type": "object", "properties": {"s": {"type": "string", "minLength": 10**6}}}}}]})[
+        "param"] == "tools[0].function.parameters.properties.s.minLength"
+    # a function's arguments are one object
+    assert err({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "string"}}}]})["param"] == "tools[0].function.parameters"
     assert err({"tools": TOOLS, "parallel_tool_calls": "yes"})["param"] == "parallel_tool_calls"
     e = err({"messages": [{"role": "user", "content": [
         {"type": "text", "text": "What is this?"},
