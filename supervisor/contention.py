@@ -108,8 +108,7 @@ class Returns:
                     back = now_ns - start <= grace
                     self._count(m, back)
                     if back:
-                        old = self.gap.get(m, self.grace_s / 2)
-                        self.gap[m] = ((1 - RETURN_WEIGHT) * old
+                        self.gap[m] = ((1 - RETURN_WEIGHT) * self.mean_gap(m)
                                        + RETURN_WEIGHT * (now_ns - start) / 1e9)
                 del self.idle_since[m]
             elif start is not None and now_ns - start > grace:
@@ -140,11 +139,15 @@ class Returns:
         loads in 10 s is worth a few waiters' think time."""
         if not self.holds(m):
             return False
-        return (self.share.get(m, RETURN_START) * load_s
-                >= waiting * self.gap.get(m, self.grace_s / 2))
+        return self.share.get(m, RETURN_START) * load_s >= waiting * self.mean_gap(m)
 
     def hold_s(self, m: int) -> float:
         """How long model ``m``'s idle replica is held: three of its mean
         return gaps (most returns come within them), at least
         :data:`HOLD_MIN_S`, at most the grace."""
-        return min(self.grace_s, max(HOLD_MIN_S, 3 * self.gap.get(m, self.grace_s / 2)))
+        return min(self.grace_s, max(HOLD_MIN_S, 3 * self.mean_gap(m)))
+
+    def mean_gap(self, m: int) -> float:
+        """Model ``m``'s mean return gap (seconds), half the grace until one
+        return was measured."""
+        return self.gap.get(m, self.grace_s / 2)

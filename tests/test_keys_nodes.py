@@ -135,20 +135,20 @@ def test_rpm_holds_across_two_servers_and_the_other_server_refuses(store_url, se
     a, b, _ = pair(serve, fakes, tmp_path, "[k]\nkey = sk-k\nrpm = 4\n", url)
     minute = minute_left(15)
 
-    def this_minute(n: int):
-        def seen(s) -> bool:
-            if int(time.time() // 60) != minute:  # the count started again at 0
-                pytest.skip("the minute turned during the test")
-            return usage(s)["requests_this_minute"] == n
-        return seen
+    def same_minute() -> None:  # after a turn every count starts again at 0
+        if int(time.time() // 60) != minute:
+            pytest.skip("the minute turned during the test")
+
+    def counted(s, n: int) -> bool:
+        same_minute()
+        return usage(s)["requests_this_minute"] == n
 
     codes = [a.request("POST", CHAT, chat_body("m"), headers=KEY)[0] for _ in range(3)]
     assert codes == [200] * 3
-    wait_for(lambda: this_minute(3)(b), 30, 0.05, "b sees a's 3 requests")
+    wait_for(lambda: counted(b, 3), 30, 0.05, "b sees a's 3 requests")
     codes = [b.request("POST", CHAT, chat_body("m"), headers=KEY)[0] for _ in range(2)]
-    wait_for(lambda: this_minute(4)(a), 30, 0.05, "a sees b's request")
+    wait_for(lambda: counted(a, 4), 30, 0.05, "a sees b's request")
     codes.append(a.request("POST", CHAT, chat_body("m"), headers=KEY)[0])
-    if int(time.time() // 60) != minute:
-        pytest.skip("the minute turned during the test")
+    same_minute()
     assert codes == [200, 429, 429], codes
     assert usage(a)["admitted"] + usage(b)["admitted"] == 4

@@ -82,12 +82,11 @@ def probe(data: bytes, where: str, max_pixels: int, max_seconds: float) -> Probe
     try:
         with Image.open(io.BytesIO(data)) as im:  # the header only: no pixels read
             width, height, name = im.size[0], im.size[1], im.format or "?"
-    except UnidentifiedImageError:  # (its message names an in-memory object: no help)
+    except (OSError, ValueError, SyntaxError) as e:  # (UnidentifiedImageError is an OSError)
+        # an unidentified image's message names an in-memory object: no help
+        why = "" if isinstance(e, UnidentifiedImageError) else f": {e}"
         raise BadRequest(f"{where}: not an image or audio this server can read (images: PNG, "
-                         "JPEG, GIF, BMP, WebP, ...; audio: WAV, MP3, FLAC)", where) from None
-    except (OSError, ValueError, SyntaxError) as e:
-        raise BadRequest(f"{where}: not an image or audio this server can read (images: PNG, "
-                         f"JPEG, GIF, BMP, WebP, ...; audio: WAV, MP3, FLAC): {e}", where) from None
+                         f"JPEG, GIF, BMP, WebP, ...; audio: WAV, MP3, FLAC){why}", where) from None
     if width <= 0 or height <= 0:
         raise BadRequest(f"{where}: the image has no pixels ({width} x {height})", where)
     if width * height > max_pixels:
